@@ -1,0 +1,142 @@
+//! The engine and sandbox contract every backend implements.
+//!
+//! An [`Engine`] creates [`Sandbox`]es: leases of one engine instance with a persistent
+//! workdir. The scheduler pools sandboxes, so the contract follows deadpool's manager:
+//! `create`, `recycle` (reset or reject), `destroy`.
+
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::cancel::CancelToken;
+use crate::error::Result;
+use crate::exec::{ExecRequest, ExecResult, OutputChunk};
+use crate::isolation::{Capabilities, EngineKind, IsolationLevel, NetworkPolicy};
+use crate::limits::Limits;
+
+/// What a new sandbox must provide.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxSpec {
+    /// The isolation level required; engines refuse levels they cannot give.
+    #[serde(default)]
+    pub level: IsolationLevel,
+    /// The network policy; engines refuse policies they cannot enforce.
+    #[serde(default)]
+    pub network: NetworkPolicy,
+    /// Default limits for executions in this sandbox.
+    #[serde(default)]
+    pub limits: Limits,
+    /// The tenant that owns the sandbox.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+}
+
+/// The life-cycle state of a sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxStatus {
+    /// Idle and able to run.
+    Ready,
+    /// Running at least one execution.
+    Busy,
+    /// Destroyed; every further call is refused with `ENGINE_DISPOSED`.
+    Destroyed,
+}
+
+/// One entry of [`Sandbox::list_files`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileEntry {
+    /// The absolute path inside the sandbox (rooted at the workdir as the program sees it).
+    pub path: String,
+    /// Size in bytes (0 for directories).
+    pub size: u64,
+    /// Whether it is a directory.
+    pub is_dir: bool,
+}
+
+/// Receives output while an execution runs.
+///
+/// `chunk` is awaited before more output is read, so a slow sink slows the program
+/// down through its pipe (backpressure) instead of buffering without bound.
+#[async_trait]
+pub trait OutputSink: Send + Sync {
+    /// Delivers a chunk. An error means the receiver is gone; the engine then keeps
+    /// capturing for the result but stops delivering.
+    async fn chunk(&self, chunk: OutputChunk) -> Result<()>;
+}
+
+/// A sink that drops every chunk (the result still carries the captured output).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DiscardSink;
+
+#[async_trait]
+impl OutputSink for DiscardSink {
+    async fn chunk(&self, _chunk: OutputChunk) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// A backend that creates sandboxes.
+#[async_trait]
+pub trait Engine: Send + Sync + fmt::Debug {
+    /// The engine kind.
+    fn kind(&self) -> EngineKind;
+
+    /// What the engine can do on this host.
+    fn capabilities(&self) -> &Capabilities;
+
+    /// Creates a sandbox for `spec`, or refuses with `LEVEL_NOT_SUPPORTED` /
+    /// `CAPABILITY_NOT_SUPPORTED` when the engine cannot meet it.
+    async fn create(&self, spec: &SandboxSpec) -> Result<Arc<dyn Sandbox>>;
+}
+
+/// A lease of one engine instance with a persistent workdir.
+///
+/// Every method takes `&self` and is safe to call concurrently. After
+/// [`destroy`](Sandbox::destroy) every call fails with `ENGINE_DISPOSED`.
+#[async_trait]
+pub trait Sandbox: Send + Sync + fmt::Debug {
+    /// The instance id.
+    fn id(&self) -> &str;
+
+    /// The engine kind.
+    fn kind(&self) -> EngineKind;
+
+    /// The workdir on the host.
+    fn root_dir(&self) -> &Path;
+
+    /// The current status.
+    fn status(&self) -> SandboxStatus;
+
+    /// Runs one execution, streaming output to `sink`. Cancelling `cancel` kills the
+    /// program's whole process tree and yields [`crate::Outcome::Cancelled`].
+    ///
+    /// Errors are reserved for requests that never ran (refused or invalid); anything
+    /// that happens once the program started is reported in the result's outcome.
+    async fn exec(
+        &self,
+        request: ExecRequest,
+        sink: &dyn OutputSink,
+        cancel: CancelToken,
+    ) -> Result<ExecResult>;
+
+    /// Writes a file, creating parent directories.
+    async fn write_file(&self, path: &str, data: &[u8]) -> Result<()>;
+
+    /// Reads a file.
+    async fn read_file(&self, path: &str) -> Result<Vec<u8>>;
+
+    /// Lists a directory recursively; a missing directory lists as empty.
+    async fn list_files(&self, path: &str) -> Result<Vec<FileEntry>>;
+
+    /// Resets the sandbox for reuse by another lease, or fails if it cannot be reused.
+    async fn recycle(&self) -> Result<()>;
+
+    /// Kills everything the sandbox runs and frees its resources. Idempotent, and safe
+    /// to call concurrently.
+    async fn destroy(&self) -> Result<()>;
+}

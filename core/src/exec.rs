@@ -1,0 +1,338 @@
+//! Execution requests, results and output chunks.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, ErrorCode, Result};
+use crate::isolation::EngineKind;
+use crate::limits::{LimitKind, Limits};
+use crate::program::Program;
+
+/// A globally unique execution id (UUIDv7, so ids sort by creation time).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ExecutionId(String);
+
+impl ExecutionId {
+    /// A fresh UUIDv7 id.
+    pub fn new() -> ExecutionId {
+        ExecutionId(uuid::Uuid::now_v7().to_string())
+    }
+
+    /// Parses an id received from a caller; it must be a UUID.
+    pub fn parse(s: &str) -> Result<ExecutionId> {
+        uuid::Uuid::parse_str(s)
+            .map(|u| ExecutionId(u.to_string()))
+            .map_err(|e| Error::invalid_options("id", format!("`{s}` is not a UUID: {e}")))
+    }
+
+    /// The id as a string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Default for ExecutionId {
+    fn default() -> Self {
+        ExecutionId::new()
+    }
+}
+
+impl fmt::Display for ExecutionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// One execution inside a sandbox.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecRequest {
+    /// The execution's id; a fresh one when absent on the wire.
+    #[serde(default)]
+    pub id: ExecutionId,
+    /// What to run.
+    pub program: Program,
+    /// Bytes written to the program's stdin, which is then closed. Empty when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin: Option<String>,
+    /// Extra environment variables, set after the host environment is sanitized.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Working directory relative to the sandbox workdir; the workdir when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// Limits for this execution; unset fields take the sandbox's limits.
+    #[serde(default)]
+    pub limits: Limits,
+    /// The tenant the execution is accounted to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+}
+
+impl ExecRequest {
+    /// A request for `program` with everything else defaulted.
+    pub fn new(program: Program) -> ExecRequest {
+        ExecRequest {
+            id: ExecutionId::new(),
+            program,
+            stdin: None,
+            env: BTreeMap::new(),
+            cwd: None,
+            limits: Limits::default(),
+            tenant: None,
+        }
+    }
+
+    /// Sets the wall-clock timeout.
+    pub fn with_timeout_ms(mut self, ms: u64) -> ExecRequest {
+        self.limits.timeout_ms = Some(ms);
+        self
+    }
+
+    /// Checks the request's own fields.
+    pub fn validate(&self) -> Result<()> {
+        self.program.validate()?;
+        self.limits.validate("limits", false)?;
+        for key in self.env.keys() {
+            if key.is_empty() || key.contains('=') || key.contains('\0') {
+                return Err(Error::invalid_options(
+                    "env",
+                    format!("`{key}` is not a valid variable name"),
+                ));
+            }
+        }
+        if self.env.values().any(|v| v.contains('\0')) {
+            return Err(Error::invalid_options(
+                "env",
+                "values must not contain NUL bytes",
+            ));
+        }
+        if self.stdin.as_deref().is_some_and(|s| s.len() > 64 << 20) {
+            return Err(Error::invalid_options("stdin", "is larger than 64 MiB"));
+        }
+        Ok(())
+    }
+}
+
+/// Which output stream a chunk came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StreamKind {
+    /// Standard output.
+    Stdout,
+    /// Standard error.
+    Stderr,
+}
+
+/// A piece of output, delivered while the program runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputChunk {
+    /// The stream.
+    pub stream: StreamKind,
+    /// The bytes, as produced (not necessarily valid UTF-8 or whole lines).
+    pub data: Vec<u8>,
+}
+
+/// How an execution ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Outcome {
+    /// The program ran to its end. `exit_code` is 128+N when it died of signal N.
+    Completed {
+        /// The exit status.
+        exit_code: i32,
+        /// The signal that ended it, if any.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signal: Option<i32>,
+    },
+    /// The wall-clock deadline passed and the program was killed.
+    TimedOut,
+    /// The execution was cancelled and the program was killed.
+    Cancelled,
+    /// A resource limit ended the program.
+    LimitExceeded {
+        /// Which limit.
+        limit: LimitKind,
+    },
+    /// The execution could not run or the engine failed.
+    Failed {
+        /// The cause.
+        error: Error,
+    },
+}
+
+impl Outcome {
+    /// The wire name of the outcome.
+    pub const fn name(&self) -> &'static str {
+        match self {
+            Outcome::Completed { .. } => "completed",
+            Outcome::TimedOut => "timed_out",
+            Outcome::Cancelled => "cancelled",
+            Outcome::LimitExceeded { .. } => "limit_exceeded",
+            Outcome::Failed { .. } => "failed",
+        }
+    }
+
+    /// The error code a caller would see for this outcome, if it is not a completion.
+    pub fn error_code(&self) -> Option<ErrorCode> {
+        match self {
+            Outcome::Completed { .. } => None,
+            Outcome::TimedOut => Some(ErrorCode::Timeout),
+            Outcome::Cancelled => Some(ErrorCode::Cancelled),
+            Outcome::LimitExceeded {
+                limit: LimitKind::Memory,
+            } => Some(ErrorCode::MemoryExceeded),
+            Outcome::LimitExceeded { .. } => Some(ErrorCode::LimitsExceeded),
+            Outcome::Failed { error } => Some(error.code),
+        }
+    }
+}
+
+/// Resources an execution used. `0` means "not measured".
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// CPU time (user + system) of the program and its waited-for children.
+    pub cpu_ms: u64,
+    /// Wall-clock time from start to exit.
+    pub wall_ms: u64,
+    /// Peak resident memory.
+    pub peak_memory_bytes: u64,
+}
+
+/// When an execution was queued, started and finished, in Unix milliseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Timings {
+    /// Accepted by Paddock.
+    pub queued_at_ms: u64,
+    /// The program started.
+    pub started_at_ms: u64,
+    /// The result was ready.
+    pub finished_at_ms: u64,
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// The result of one execution.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExecResult {
+    /// The execution id.
+    pub id: ExecutionId,
+    /// How it ended.
+    #[serde(flatten)]
+    pub outcome: Outcome,
+    /// Captured stdout (lossy UTF-8), capped.
+    pub stdout: String,
+    /// Captured stderr (lossy UTF-8), capped.
+    pub stderr: String,
+    /// Whether stdout went past the cap and was cut.
+    pub stdout_truncated: bool,
+    /// Whether stderr went past the cap and was cut.
+    pub stderr_truncated: bool,
+    /// A JSON value returned by a handler or isolate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<serde_json::Value>,
+    /// Resources used.
+    pub usage: Usage,
+    /// The engine that ran it.
+    pub engine: EngineKind,
+    /// The engine instance (sandbox) that ran it.
+    pub instance_id: String,
+    /// Timestamps.
+    pub timings: Timings,
+    /// Non-fatal notes, such as policy warnings.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+impl ExecResult {
+    /// A result for an execution that failed before or instead of running.
+    pub fn failed(id: ExecutionId, engine: EngineKind, error: Error) -> ExecResult {
+        let now = unix_ms();
+        ExecResult {
+            id,
+            outcome: Outcome::Failed { error },
+            stdout: String::new(),
+            stderr: String::new(),
+            stdout_truncated: false,
+            stderr_truncated: false,
+            value: None,
+            usage: Usage::default(),
+            engine,
+            instance_id: String::new(),
+            timings: Timings {
+                queued_at_ms: now,
+                started_at_ms: now,
+                finished_at_ms: now,
+            },
+            warnings: Vec::new(),
+        }
+    }
+
+    /// Completed with exit code 0.
+    pub fn is_success(&self) -> bool {
+        matches!(self.outcome, Outcome::Completed { exit_code: 0, .. })
+    }
+
+    /// The exit code, when the program completed.
+    pub fn exit_code(&self) -> Option<i32> {
+        match self.outcome {
+            Outcome::Completed { exit_code, .. } => Some(exit_code),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn result_wire_form_flattens_the_outcome() {
+        let mut r = ExecResult::failed(
+            ExecutionId::new(),
+            EngineKind::Subprocess,
+            Error::new(ErrorCode::SpawnFailed, "x"),
+        );
+        r.outcome = Outcome::Completed {
+            exit_code: 3,
+            signal: None,
+        };
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["outcome"], "completed");
+        assert_eq!(v["exit_code"], 3);
+        let back: ExecResult = serde_json::from_value(v).unwrap();
+        assert_eq!(back, r);
+        r.outcome = Outcome::LimitExceeded {
+            limit: LimitKind::Memory,
+        };
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["outcome"], "limit_exceeded");
+        assert_eq!(v["limit"], "memory");
+        assert_eq!(r.outcome.error_code(), Some(ErrorCode::MemoryExceeded));
+    }
+
+    #[test]
+    fn request_defaults_and_validation() {
+        let r: ExecRequest = serde_json::from_str(r#"{"program":{"command":["true"]}}"#).unwrap();
+        assert!(r.validate().is_ok());
+        assert!(ExecutionId::parse(r.id.as_str()).is_ok());
+        let mut bad = r.clone();
+        bad.env.insert("A=B".into(), "x".into());
+        assert_eq!(bad.validate().unwrap_err().code, ErrorCode::InvalidOptions);
+        assert!(serde_json::from_str::<ExecRequest>(
+            r#"{"program":{"command":["true"]},"bogus":1}"#
+        )
+        .is_err());
+        assert!(ExecutionId::parse("nope").is_err());
+    }
+}

@@ -1,0 +1,45 @@
+//! # paddock-core
+//!
+//! The vocabulary of Paddock, the embeddable scheduler for running untrusted code:
+//! request and result types, the [`Engine`] / [`Sandbox`] contract every backend
+//! implements, the stable [`ErrorCode`]s, configuration with validation, the
+//! json-stdio [`protocol`], and the [`CancelToken`] with exactly one terminal state.
+//!
+//! This crate has no actors and no engines; it is what every other Paddock crate and
+//! every embedder shares.
+//!
+//! ```
+//! use paddock_core::{ExecRequest, Program, Language, ErrorCode};
+//!
+//! let req = ExecRequest::new(Program::code(Language::Python, "print(6 * 7)"))
+//!     .with_timeout_ms(5_000);
+//! assert!(req.validate().is_ok());
+//!
+//! let bad = ExecRequest::new(Program::command(Vec::<String>::new()));
+//! assert_eq!(bad.validate().unwrap_err().code, ErrorCode::InvalidOptions);
+//! ```
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+#![forbid(unsafe_code)]
+
+pub mod cancel;
+pub mod config;
+pub mod engine;
+pub mod error;
+pub mod exec;
+mod hash;
+pub mod isolation;
+pub mod limits;
+mod loom;
+pub mod program;
+
+pub use cancel::{CancelToken, TokenState};
+pub use config::{CgroupMode, PaddockConfig, SubprocessConfig};
+pub use engine::{DiscardSink, Engine, FileEntry, OutputSink, Sandbox, SandboxSpec, SandboxStatus};
+pub use error::{Error, ErrorCode, Result};
+pub use exec::{
+    unix_ms, ExecRequest, ExecResult, ExecutionId, Outcome, OutputChunk, StreamKind, Timings, Usage,
+};
+pub use hash::code_hash;
+pub use isolation::{Capabilities, EngineKind, IsolationLevel, NetworkPolicy};
+pub use limits::{LimitKind, Limits};
+pub use program::{Language, Program, ProgramKind};
