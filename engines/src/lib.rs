@@ -1,1 +1,31 @@
-//! Placeholder.
+//! # paddock-engines
+//!
+//! The engines that run Paddock executions: today the [`subprocess`] engine (host
+//! processes with a cgroup, rlimits, an empty network namespace and a kill that
+//! catches the whole tree). Every engine implements [`paddock_core::Engine`].
+//!
+//! ```no_run
+//! # async fn demo() -> paddock_core::Result<()> {
+//! use paddock_core::{CancelToken, DiscardSink, Engine, ExecRequest, Program, SandboxSpec, SubprocessConfig};
+//! use paddock_engines::subprocess::SubprocessEngine;
+//!
+//! let engine = SubprocessEngine::new(&SubprocessConfig::default())?;
+//! let sandbox = engine.create(&SandboxSpec::default()).await?;
+//! let result = sandbox
+//!     .exec(ExecRequest::new(Program::command(["echo", "hi"])), &DiscardSink, CancelToken::new())
+//!     .await?;
+//! assert_eq!(result.stdout, "hi\n");
+//! sandbox.destroy().await?;
+//! # Ok(()) }
+//! ```
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod capture;
+pub mod cgroup;
+pub mod env;
+pub mod netns;
+mod spawn;
+pub mod subprocess;
+mod sys;
+pub mod workdir;

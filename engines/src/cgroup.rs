@@ -1,0 +1,346 @@
+//! Per-sandbox cgroups: a pids and memory limit, peak and OOM accounting, and a kill
+//! that no process escapes (`setsid` included), through the freezer.
+//!
+//! Paddock places its groups under the cgroup the host process already lives in, one
+//! parent per engine (`paddock-<pid>-<n>`) and one child per sandbox. The v1
+//! controllers `pids`, `memory` and (optionally) `freezer` are used; on a pure v2 host
+//! without a delegated subtree the engine falls back to rlimits and says why.
+
+use std::ffi::CString;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::sys;
+
+static NEXT_ROOT: AtomicU64 = AtomicU64::new(0);
+
+/// The engine-level parent groups, one directory per controller.
+#[derive(Debug)]
+pub struct CgroupRoot {
+    pids: PathBuf,
+    memory: PathBuf,
+    freezer: Option<PathBuf>,
+}
+
+/// One sandbox's groups.
+#[derive(Debug)]
+pub struct Cgroup {
+    pids: PathBuf,
+    memory: PathBuf,
+    freezer: Option<PathBuf>,
+    procs_files: Vec<CString>,
+}
+
+/// A v1 mount: its mount point and our own path inside it, for one controller.
+fn v1_dir(controller: &str) -> Option<PathBuf> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let mount = mountinfo.lines().find_map(|line| {
+        let (left, right) = line.split_once(" - ")?;
+        let mut rf = right.split_whitespace();
+        if rf.next()? != "cgroup" {
+            return None;
+        }
+        let _source = rf.next()?;
+        let super_opts = rf.next()?;
+        if !super_opts.split(',').any(|o| o == controller) {
+            return None;
+        }
+        let fields: Vec<&str> = left.split_whitespace().collect();
+        Some((fields.get(3)?.to_string(), PathBuf::from(fields.get(4)?)))
+    })?;
+    let (mount_root, mount_point) = mount;
+    let cgroups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let own = cgroups.lines().find_map(|line| {
+        let mut parts = line.splitn(3, ':');
+        let _id = parts.next()?;
+        let controllers = parts.next()?;
+        let path = parts.next()?;
+        controllers
+            .split(',')
+            .any(|c| c == controller)
+            .then(|| path.to_string())
+    })?;
+    // Our path is relative to the hierarchy root; the mount may expose a subtree.
+    let rel = own.strip_prefix(&mount_root).unwrap_or(&own);
+    Some(mount_point.join(rel.trim_start_matches('/')))
+}
+
+impl CgroupRoot {
+    /// Finds the controllers and creates this engine's parent groups, or says why not.
+    pub fn create() -> Result<CgroupRoot, String> {
+        let pids = v1_dir("pids").ok_or("no cgroup v1 `pids` hierarchy is mounted")?;
+        let memory = v1_dir("memory").ok_or("no cgroup v1 `memory` hierarchy is mounted")?;
+        let freezer = v1_dir("freezer");
+        remove_stale(&pids, &memory, freezer.as_deref());
+        let name = format!(
+            "paddock-{}-{}",
+            std::process::id(),
+            NEXT_ROOT.fetch_add(1, Ordering::Relaxed)
+        );
+        let mut made = Vec::new();
+        let mut mk = |base: &Path| -> Result<PathBuf, String> {
+            let dir = base.join(&name);
+            std::fs::create_dir(&dir)
+                .map_err(|e| format!("cannot create cgroup `{}`: {e}", dir.display()))?;
+            made.push(dir.clone());
+            Ok(dir)
+        };
+        let result = (|| {
+            let pids = mk(&pids)?;
+            let memory = mk(&memory)?;
+            let freezer = match &freezer {
+                Some(f) => Some(mk(f)?),
+                None => None,
+            };
+            Ok(CgroupRoot {
+                pids,
+                memory,
+                freezer,
+            })
+        })();
+        if result.is_err() {
+            for dir in made.iter().rev() {
+                let _ = std::fs::remove_dir(dir);
+            }
+        }
+        result
+    }
+
+    /// Whether a freezer is available (a kill that cannot race a fork bomb).
+    pub fn has_freezer(&self) -> bool {
+        self.freezer.is_some()
+    }
+
+    /// Creates a sandbox's groups.
+    pub fn create_group(&self, name: &str) -> io::Result<Cgroup> {
+        let pids = self.pids.join(name);
+        let memory = self.memory.join(name);
+        let freezer = self.freezer.as_ref().map(|f| f.join(name));
+        std::fs::create_dir(&pids)?;
+        let rest = (|| {
+            std::fs::create_dir(&memory)?;
+            if let Some(f) = &freezer {
+                if let Err(e) = std::fs::create_dir(f) {
+                    let _ = std::fs::remove_dir(&memory);
+                    return Err(e);
+                }
+            }
+            Ok(())
+        })();
+        if let Err(e) = rest {
+            let _ = std::fs::remove_dir(&pids);
+            return Err(e);
+        }
+        let mut procs_files = Vec::new();
+        for dir in [Some(&pids), Some(&memory), freezer.as_ref()]
+            .into_iter()
+            .flatten()
+        {
+            procs_files.push(sys::cstring(
+                dir.join("cgroup.procs")
+                    .into_os_string()
+                    .into_encoded_bytes(),
+            )?);
+        }
+        Ok(Cgroup {
+            pids,
+            memory,
+            freezer,
+            procs_files,
+        })
+    }
+}
+
+impl Drop for CgroupRoot {
+    fn drop(&mut self) {
+        for dir in [Some(&self.pids), Some(&self.memory), self.freezer.as_ref()]
+            .into_iter()
+            .flatten()
+        {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+/// Removes groups left behind by Paddock processes that no longer exist.
+fn remove_stale(pids: &Path, memory: &Path, freezer: Option<&Path>) {
+    for base in [Some(pids), Some(memory), freezer].into_iter().flatten() {
+        let Ok(entries) = std::fs::read_dir(base) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some(rest) = name.strip_prefix("paddock-") else {
+                continue;
+            };
+            let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+                continue;
+            };
+            if Path::new(&format!("/proc/{pid}")).exists() {
+                continue;
+            }
+            if let Ok(children) = std::fs::read_dir(entry.path()) {
+                for child in children.flatten() {
+                    if child.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                        let _ = kill_procs(&child.path());
+                        let _ = std::fs::remove_dir(child.path());
+                    }
+                }
+            }
+            let _ = std::fs::remove_dir(entry.path());
+        }
+    }
+}
+
+fn write(path: &Path, value: &str) -> io::Result<()> {
+    std::fs::write(path, value)
+}
+
+fn read_u64(path: &Path) -> Option<u64> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+impl Cgroup {
+    /// The `cgroup.procs` files a child writes "0" to, to join every controller.
+    pub(crate) fn procs_files(&self) -> &[CString] {
+        &self.procs_files
+    }
+
+    /// Sets the memory limit (swap included where accounted) and the pids limit.
+    pub fn set_limits(&self, memory_bytes: Option<u64>, pids: Option<u64>) -> io::Result<()> {
+        let mem = memory_bytes.map_or_else(|| "-1".to_string(), |m| m.to_string());
+        // memsw must stay >= limit: lower memsw last, raise it first.
+        let memsw = self.memory.join("memory.memsw.limit_in_bytes");
+        if memsw.exists() {
+            let _ = write(&memsw, "-1");
+        }
+        write(&self.memory.join("memory.limit_in_bytes"), &mem)?;
+        if memsw.exists() {
+            let _ = write(&memsw, &mem);
+        }
+        let pids = pids.map_or_else(|| "max".to_string(), |p| p.to_string());
+        write(&self.pids.join("pids.max"), &pids)
+    }
+
+    /// Resets the peak-memory counter before an execution.
+    pub fn reset_peak(&self) {
+        let _ = write(&self.memory.join("memory.max_usage_in_bytes"), "0");
+    }
+
+    /// Peak memory charged to the group since the last reset (includes page cache).
+    pub fn peak_memory(&self) -> u64 {
+        read_u64(&self.memory.join("memory.max_usage_in_bytes")).unwrap_or(0)
+    }
+
+    /// How many processes the kernel OOM-killed in this group so far.
+    pub fn oom_kills(&self) -> u64 {
+        std::fs::read_to_string(self.memory.join("memory.oom_control"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse().ok())
+            })
+            .unwrap_or(0)
+    }
+
+    /// How many forks the pids limit refused so far.
+    pub fn pids_max_hits(&self) -> u64 {
+        std::fs::read_to_string(self.pids.join("pids.events"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("max ")?.trim().parse().ok())
+            })
+            .unwrap_or(0)
+    }
+
+    /// Whether any process is still in the group.
+    pub fn is_populated(&self) -> bool {
+        std::fs::read_to_string(self.pids.join("cgroup.procs"))
+            .map(|s| !s.trim().is_empty())
+            .unwrap_or(false)
+    }
+
+    /// Kills every process in the group and waits (up to 5 s) until it is empty.
+    pub fn kill_all(&self) -> io::Result<()> {
+        if let Some(f) = &self.freezer {
+            // Frozen tasks cannot fork, so one pass catches every one of them; they
+            // die once thawed.
+            if freeze(f) {
+                let _ = signal_procs(&self.pids);
+            }
+            let _ = write(&f.join("freezer.state"), "THAWED");
+        }
+        kill_procs(&self.pids)
+    }
+
+    /// Kills everything and removes the group's directories.
+    pub fn remove(&self) -> io::Result<()> {
+        self.kill_all()?;
+        for dir in [Some(&self.pids), Some(&self.memory), self.freezer.as_ref()]
+            .into_iter()
+            .flatten()
+        {
+            // The kernel may take a moment to drop exited tasks from the group.
+            let mut tries = 0;
+            loop {
+                match std::fs::remove_dir(dir) {
+                    Ok(()) => break,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+                    Err(e) if e.raw_os_error() == Some(libc::EBUSY) && tries < 500 => {
+                        tries += 1;
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Freezes the group and waits until the kernel reports it frozen (up to 1 s).
+fn freeze(dir: &Path) -> bool {
+    if write(&dir.join("freezer.state"), "FROZEN").is_err() {
+        return false;
+    }
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < deadline {
+        match std::fs::read_to_string(dir.join("freezer.state")) {
+            Ok(s) if s.trim() == "FROZEN" => return true,
+            Ok(_) => std::thread::sleep(Duration::from_micros(200)),
+            Err(_) => return false,
+        }
+    }
+    false
+}
+
+/// Kills what is listed in `dir/cgroup.procs` until it stays empty (up to 5 s).
+fn kill_procs(dir: &Path) -> io::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if signal_procs(dir)? == 0 {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("processes in `{}` survived SIGKILL for 5 s", dir.display()),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Sends SIGKILL to every process listed in `dir/cgroup.procs`; returns how many.
+fn signal_procs(dir: &Path) -> io::Result<usize> {
+    let procs = std::fs::read_to_string(dir.join("cgroup.procs"))?;
+    let mut n = 0;
+    for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+        sys::kill_pid(pid, libc::SIGKILL);
+        n += 1;
+    }
+    Ok(n)
+}

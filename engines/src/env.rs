@@ -1,0 +1,100 @@
+//! Environment sanitization for programs started on the host.
+
+use std::collections::BTreeMap;
+
+/// Substrings that mark a variable as secret (matched case-insensitively).
+pub const SECRET_MARKERS: &[&str] = &["SECRET", "KEY", "TOKEN", "PASSWORD", "CREDENTIAL", "AUTH"];
+/// Variables that describe the host user and are always dropped.
+pub const DROPPED: &[&str] = &["HOME", "USER", "SHELL", "LOGNAME"];
+/// `PATH` given to programs when the host has none.
+pub const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin";
+
+/// Whether the host variable `name` may pass to a program: not secret-looking and not
+/// a host identity variable, unless `passthrough` names it explicitly.
+pub fn allowed(name: &str, passthrough: &[String]) -> bool {
+    if passthrough.iter().any(|p| p == name) {
+        return true;
+    }
+    let upper = name.to_ascii_uppercase();
+    !DROPPED.contains(&upper.as_str()) && !SECRET_MARKERS.iter().any(|m| upper.contains(m))
+}
+
+/// The sanitized base environment: the host's variables that are [`allowed`], with a
+/// `PATH` guaranteed. Captured once per engine, so the spawn path never reads the
+/// process environment.
+pub fn sanitized_host_env(passthrough: &[String]) -> BTreeMap<String, String> {
+    let mut env: BTreeMap<String, String> = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .filter(|(k, _)| allowed(k, passthrough))
+        .collect();
+    env.entry("PATH".into())
+        .or_insert_with(|| DEFAULT_PATH.into());
+    env
+}
+
+/// Looks `program` up on `path` (a `PATH` value) the way `execvp` would; names with a
+/// `/` are taken as they are.
+pub fn resolve_program(
+    program: &str,
+    path: &str,
+    cwd: &std::path::Path,
+) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &std::path::Path| {
+        std::fs::metadata(p)
+            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+            .unwrap_or(false)
+    };
+    if program.contains('/') {
+        let p = cwd.join(program);
+        return executable(&p).then_some(p);
+    }
+    path.split(':')
+        .filter(|d| !d.is_empty())
+        .map(|d| std::path::Path::new(d).join(program))
+        .find(|p| executable(p))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secret_looking_and_identity_variables_are_dropped() {
+        for name in [
+            "SECRET_X",
+            "API_KEY",
+            "github_token",
+            "DB_PASSWORD",
+            "AWS_CREDENTIALS",
+            "AUTH",
+            "HOME",
+            "user",
+            "SHELL",
+            "LOGNAME",
+            "keychain",
+        ] {
+            assert!(!allowed(name, &[]), "{name}");
+        }
+        for name in ["PATH", "LANG", "TERM", "TZ"] {
+            assert!(allowed(name, &[]), "{name}");
+        }
+        assert!(allowed("API_KEY", &["API_KEY".to_string()]));
+    }
+
+    #[test]
+    fn resolves_on_path() {
+        let sh = resolve_program("sh", DEFAULT_PATH, std::path::Path::new("/")).unwrap();
+        assert!(sh.is_absolute());
+        assert!(resolve_program(
+            "no-such-program-xyz",
+            DEFAULT_PATH,
+            std::path::Path::new("/")
+        )
+        .is_none());
+        assert_eq!(
+            resolve_program("/bin/sh", "", std::path::Path::new("/")).unwrap(),
+            std::path::PathBuf::from("/bin/sh")
+        );
+    }
+}

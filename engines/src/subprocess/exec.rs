@@ -1,0 +1,445 @@
+//! One execution in a subprocess sandbox.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use paddock_core::{
+    unix_ms, CancelToken, EngineKind, Error, ErrorCode, ExecRequest, ExecResult, Language,
+    LimitKind, Limits, Outcome, OutputSink, Program, Result, StreamKind, Timings, Usage,
+};
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::sandbox::SubprocessSandbox;
+use crate::capture::{pump, Captured};
+use crate::env::resolve_program;
+use crate::spawn::{spawn, SpawnSpec, SpawnedChild};
+use crate::sys::{self, cstring, ExitStatus};
+
+/// How long output pipes may stay open after the program and its group are gone.
+const DRAIN_GRACE: Duration = Duration::from_millis(200);
+/// Sources longer than this go through a file instead of an argument.
+const MAX_INLINE_SOURCE: usize = 96 * 1024;
+
+/// Why the wait for the program ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    Exited,
+    Deadline,
+    Cancelled,
+    Destroyed,
+}
+
+/// Decrements the active count however the execution ends.
+struct ActiveGuard<'a>(&'a SubprocessSandbox);
+
+impl Drop for ActiveGuard<'_> {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Kills and reaps the child if the execution future is dropped midway.
+struct ChildGuard {
+    child: Option<SpawnedChild>,
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.take() {
+            let _ = sys::pidfd_send_signal(&child.pidfd, libc::SIGKILL);
+            sys::kill_group(child.pid, libc::SIGKILL);
+            // Reap off-thread: the child is already dying, wait4 returns promptly.
+            let pid = child.pid;
+            std::thread::spawn(move || {
+                let _ = sys::reap(pid);
+                drop(child);
+            });
+        }
+    }
+}
+
+impl SubprocessSandbox {
+    pub(super) async fn run(
+        &self,
+        request: ExecRequest,
+        sink: &dyn OutputSink,
+        cancel: CancelToken,
+    ) -> Result<ExecResult> {
+        let queued_at_ms = unix_ms();
+        self.check_live()?;
+        request.validate()?;
+        self.engine
+            .caps
+            .check_program(EngineKind::Subprocess, request.program.kind())?;
+        let limits = request
+            .limits
+            .or(&self.spec.limits)
+            .or(&self.engine.defaults);
+
+        self.active.fetch_add(1, Ordering::AcqRel);
+        let _active = ActiveGuard(self);
+        let _run = self.run_lock.lock().await;
+        self.check_live()?;
+
+        let destroyed = self.destroy_signal.notified();
+        tokio::pin!(destroyed);
+        destroyed.as_mut().enable();
+        if self.destroying.load(Ordering::Acquire) {
+            return Err(Error::disposed(&format!("sandbox {}", self.id)));
+        }
+
+        let (mut spec, stdin_data) = self.prepare(&request, &limits)?;
+        let (out_r, out_w) = sys::pipe().map_err(|e| Error::engine_io("creating a pipe", e))?;
+        let (err_r, err_w) = sys::pipe().map_err(|e| Error::engine_io("creating a pipe", e))?;
+        let (in_r, in_w) = match &stdin_data {
+            Some(_) => {
+                let (r, w) = sys::pipe().map_err(|e| Error::engine_io("creating a pipe", e))?;
+                (r, Some(w))
+            }
+            None => (
+                std::fs::File::open("/dev/null")
+                    .map_err(|e| Error::engine_io("opening /dev/null", e))?
+                    .into(),
+                None,
+            ),
+        };
+        spec.stdio = [in_r, out_w, err_w];
+
+        if let Some(g) = &self.cgroup {
+            g.set_limits(limits.memory_bytes, limits.pids)
+                .map_err(|e| Error::engine_io("setting cgroup limits", e))?;
+            g.reset_peak();
+        }
+        let oom_before = self.cgroup.as_ref().map_or(0, |g| g.oom_kills());
+
+        let child = spawn(&spec).map_err(|e| {
+            let stage = e.stage.map_or("starting the program", |s| s.describe());
+            Error::new(
+                ErrorCode::SpawnFailed,
+                format!(
+                    "{stage} failed: {}; check the program and its limits",
+                    e.error
+                ),
+            )
+        })?;
+        let started = Instant::now();
+        let started_at_ms = unix_ms();
+        drop(spec);
+        let mut guard = ChildGuard { child: Some(child) };
+        let (pid, pidfd) = {
+            let c = guard.child.as_ref().expect("just set");
+            (
+                c.pid,
+                c.pidfd
+                    .try_clone()
+                    .map_err(|e| Error::engine_io("cloning the pidfd", e))?,
+            )
+        };
+
+        let cap = limits.max_output_bytes.unwrap_or(u64::MAX);
+        let (stop_tx, stop_rx) = watch::channel(None::<Instant>);
+        let stdout = pump(out_r, StreamKind::Stdout, cap, sink, stop_rx.clone());
+        let stderr = pump(err_r, StreamKind::Stderr, cap, sink, stop_rx);
+        let feed = feed_stdin(in_w, stdin_data);
+        let deadline = limits.timeout().map(|t| started + t);
+
+        let waiter = async {
+            // SAFETY: the OwnedFd keeps the pidfd open for the AsyncFd's whole life.
+            let exit = unsafe { AsyncFd::register_with_interest(pidfd, Interest::READABLE) }
+                .map_err(|e| Error::engine_io("watching the child", e.into()))?;
+            let ending = tokio::select! {
+                biased;
+                _ = cancel.cancelled() => Ending::Cancelled,
+                _ = &mut destroyed => Ending::Destroyed,
+                _ = sleep_until_opt(deadline) => Ending::Deadline,
+                r = exit.readable() => { let _ready = r.map_err(|e| Error::engine_io("waiting for the child", e))?; Ending::Exited }
+            };
+            if ending != Ending::Exited {
+                self.kill_everything(pid, exit.get_ref()).await;
+                let _ = exit
+                    .readable()
+                    .await
+                    .map_err(|e| Error::engine_io("waiting for the child", e))?;
+            }
+            // The child is a zombie: its pid cannot be reused yet, so the group kill
+            // cannot hit a stranger. Then reap, then sweep what escaped the group.
+            sys::kill_group(pid, libc::SIGKILL);
+            let status = sys::reap(pid).map_err(|e| Error::engine_io("reaping the child", e))?;
+            if let Some(g) = &self.cgroup {
+                if g.is_populated() {
+                    let g = g.clone();
+                    super::sandbox::blocking(move || {
+                        g.kill_all()
+                            .map_err(|e| Error::engine_io("killing leftover processes", e))
+                    })
+                    .await?;
+                }
+            }
+            let _ = stop_tx.send(Some(Instant::now() + DRAIN_GRACE));
+            Ok::<_, Error>((ending, status))
+        };
+
+        let (waited, out, err, ()) = tokio::join!(waiter, stdout, stderr, feed);
+        // The child was reaped (or the waiter failed and the guard kills it).
+        let (ending, status) = match waited {
+            Ok(v) => {
+                guard.child = None;
+                v
+            }
+            Err(e) => return Err(e),
+        };
+        let wall_ms = started.elapsed().as_millis() as u64;
+        let out = out.unwrap_or_default();
+        let err = err.unwrap_or_default();
+
+        let oom = self
+            .cgroup
+            .as_ref()
+            .is_some_and(|g| g.oom_kills() > oom_before);
+        let mut outcome = classify(ending, &status, oom, &limits);
+        // Exactly one terminal state: a cancel that won the race is reported as such.
+        if ending != Ending::Cancelled && !cancel.finish() {
+            outcome = Outcome::Cancelled;
+        }
+        let mut warnings = Vec::new();
+        if let Some(g) = &self.cgroup {
+            if g.pids_max_hits() > 0 && ending == Ending::Exited {
+                warnings.push(format!(
+                    "the pids limit ({}) refused at least one fork",
+                    limits.pids.unwrap_or(0)
+                ));
+            }
+        }
+        Ok(ExecResult {
+            id: request.id,
+            outcome,
+            stdout_truncated: out.truncated,
+            stderr_truncated: err.truncated,
+            stdout: Captured::into_string(out),
+            stderr: Captured::into_string(err),
+            value: None,
+            usage: Usage {
+                cpu_ms: status.cpu_ms,
+                wall_ms,
+                peak_memory_bytes: status.max_rss_bytes,
+            },
+            engine: EngineKind::Subprocess,
+            instance_id: self.id.clone(),
+            timings: Timings {
+                queued_at_ms,
+                started_at_ms,
+                finished_at_ms: unix_ms(),
+            },
+            warnings,
+        })
+    }
+
+    /// SIGKILL to the child, its group and (if any) everything in the cgroup.
+    async fn kill_everything(&self, pid: libc::pid_t, pidfd: &OwnedFd) {
+        let _ = sys::pidfd_send_signal(pidfd, libc::SIGKILL);
+        sys::kill_group(pid, libc::SIGKILL);
+        if let Some(g) = &self.cgroup {
+            let g = g.clone();
+            let _ = super::sandbox::blocking(move || {
+                g.kill_all()
+                    .map_err(|e| Error::engine_io("killing the sandbox's processes", e))
+            })
+            .await;
+        }
+    }
+
+    /// Builds the spawn spec (argv, env, rlimits, cgroup, netns) for a request.
+    fn prepare(
+        &self,
+        request: &ExecRequest,
+        limits: &Limits,
+    ) -> Result<(SpawnSpec, Option<Vec<u8>>)> {
+        let engine = &self.engine;
+        let root = self.workdir.root();
+        let argv: Vec<String> = match &request.program {
+            Program::Command { argv } => argv.clone(),
+            Program::Code { language, source } => {
+                let interp = match engine.support.interpreters.get(language) {
+                    Some(Ok(p)) => p.to_string_lossy().into_owned(),
+                    _ => return Err(super::missing_interpreter(engine, *language)),
+                };
+                let flag = match language {
+                    Language::Python => "-c",
+                    Language::Javascript => "-e",
+                    Language::Shell => "-c",
+                };
+                if source.len() <= MAX_INLINE_SOURCE {
+                    vec![interp, flag.into(), source.clone()]
+                } else {
+                    // Too long for one argument (the kernel caps each at 128 KiB).
+                    let file = self.private_source_file(*language, source)?;
+                    vec![interp, file]
+                }
+            }
+            Program::Invoke { .. } => {
+                return Err(Error::new(
+                    ErrorCode::CapabilityNotSupported,
+                    "cold subprocess sandboxes do not run json-stdio handlers",
+                ))
+            }
+        };
+
+        let mut env = engine.base_env.clone();
+        env.insert("HOME".into(), root.to_string_lossy().into_owned());
+        env.insert("PWD".into(), root.to_string_lossy().into_owned());
+        env.insert("TMPDIR".into(), root.to_string_lossy().into_owned());
+        for (k, v) in &request.env {
+            env.insert(k.clone(), v.clone());
+        }
+        let cwd = match &request.cwd {
+            Some(c) => root.join(self.workdir.relative(c)?),
+            None => root.to_path_buf(),
+        };
+        let path_var = env.get("PATH").cloned().unwrap_or_default();
+        let program = resolve_program(&argv[0], &path_var, &cwd).ok_or_else(|| {
+            Error::new(
+                ErrorCode::SpawnFailed,
+                format!(
+                    "`{}` was not found or is not executable (PATH={path_var})",
+                    argv[0]
+                ),
+            )
+        })?;
+
+        let io_err = |e: std::io::Error| Error::invalid_options("program", e.to_string());
+        let mut rlimits = vec![(libc::RLIMIT_CORE, 0u64)];
+        let clamp = |resource, want: u64| {
+            let (_, hard) = sys::getrlimit(resource);
+            (resource, want.min(hard))
+        };
+        if let Some(ms) = limits.cpu_ms {
+            rlimits.push(clamp(libc::RLIMIT_CPU, ms.div_ceil(1000).max(1)));
+        }
+        if let Some(b) = limits.file_size_bytes {
+            rlimits.push(clamp(libc::RLIMIT_FSIZE, b));
+        }
+        if let Some(n) = limits.open_files {
+            rlimits.push(clamp(libc::RLIMIT_NOFILE, n));
+        }
+        if self.cgroup.is_none() {
+            // Fallbacks without a cgroup: address space for memory (coarse: it counts
+            // reservations) and RLIMIT_NPROC (binds nothing for root).
+            if let Some(m) = limits.memory_bytes {
+                rlimits.push(clamp(libc::RLIMIT_AS, m));
+            }
+            if let Some(p) = limits.pids {
+                rlimits.push(clamp(libc::RLIMIT_NPROC, p));
+            }
+        }
+
+        let spec = SpawnSpec {
+            path: cstring(program.into_os_string().into_encoded_bytes()).map_err(io_err)?,
+            argv: argv
+                .into_iter()
+                .map(cstring)
+                .collect::<std::io::Result<_>>()
+                .map_err(io_err)?,
+            env: env
+                .into_iter()
+                .map(|(k, v)| cstring(format!("{k}={v}")))
+                .collect::<std::io::Result<_>>()
+                .map_err(io_err)?,
+            cwd: cstring(cwd.into_os_string().into_encoded_bytes()).map_err(io_err)?,
+            stdio: placeholder_stdio()?,
+            rlimits,
+            cgroup_procs: self
+                .cgroup
+                .as_ref()
+                .map(|g| g.procs_files().to_vec())
+                .unwrap_or_default(),
+            netns: self.netns.as_ref().map(|fd| fd.as_raw_fd()),
+        };
+        Ok((spec, request.stdin.clone().map(String::into_bytes)))
+    }
+
+    /// Writes a long source to a file beside (not inside) the workdir.
+    fn private_source_file(&self, language: Language, source: &str) -> Result<String> {
+        let ext = match language {
+            Language::Python => "py",
+            Language::Javascript => "js",
+            Language::Shell => "sh",
+        };
+        let path = self
+            .engine
+            .workdir_root
+            .join(format!("{}.source.{ext}", self.id));
+        std::fs::write(&path, source)
+            .map_err(|e| Error::engine_io("writing the source file", e))?;
+        Ok(path.to_string_lossy().into_owned())
+    }
+}
+
+fn placeholder_stdio() -> Result<[OwnedFd; 3]> {
+    let open = || -> Result<OwnedFd> {
+        Ok(std::fs::File::open("/dev/null")
+            .map_err(|e| Error::engine_io("opening /dev/null", e))?
+            .into())
+    };
+    Ok([open()?, open()?, open()?])
+}
+
+async fn sleep_until_opt(deadline: Option<Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn feed_stdin(pipe: Option<OwnedFd>, data: Option<Vec<u8>>) {
+    let (Some(fd), Some(data)) = (pipe, data) else {
+        return;
+    };
+    use tokio::io::AsyncWriteExt;
+    if let Ok(mut tx) = tokio::net::unix::pipe::Sender::from_owned_fd(fd) {
+        // A program that exits without reading closes the pipe: that is not an error.
+        let _ = tx.write_all(&data).await;
+    }
+}
+
+/// Maps how the program ended to an outcome.
+fn classify(ending: Ending, status: &ExitStatus, oom: bool, limits: &Limits) -> Outcome {
+    match ending {
+        Ending::Cancelled | Ending::Destroyed => return Outcome::Cancelled,
+        Ending::Deadline => return Outcome::TimedOut,
+        Ending::Exited => {}
+    }
+    if oom {
+        return Outcome::LimitExceeded {
+            limit: LimitKind::Memory,
+        };
+    }
+    match status.signal {
+        Some(libc::SIGXCPU) => Outcome::LimitExceeded {
+            limit: LimitKind::Cpu,
+        },
+        Some(libc::SIGKILL)
+            if limits
+                .cpu_ms
+                .is_some_and(|ms| status.cpu_ms + 10 >= ms.div_ceil(1000) * 1000) =>
+        {
+            Outcome::LimitExceeded {
+                limit: LimitKind::Cpu,
+            }
+        }
+        Some(libc::SIGXFSZ) => Outcome::LimitExceeded {
+            limit: LimitKind::FileSize,
+        },
+        Some(sig) => Outcome::Completed {
+            exit_code: 128 + sig,
+            signal: Some(sig),
+        },
+        None => Outcome::Completed {
+            exit_code: status.code.unwrap_or(-1),
+            signal: None,
+        },
+    }
+}

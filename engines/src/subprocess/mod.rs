@@ -1,0 +1,212 @@
+//! The subprocess engine: each execution is a fresh host process.
+//!
+//! Cold mode starts a new process per execution in the sandbox's workdir. The process
+//! leads its own session and process group, runs with a sanitized environment and
+//! rlimits, joins the sandbox's cgroup (pids, memory, freezer) where the host allows
+//! it, and enters an empty network namespace under network policy `none`. Deadline,
+//! cancel and destroy kill the whole group and everything left in the cgroup.
+//!
+//! Spawning never forks the host (see [`crate::spawn`]), so its cost does not grow
+//! with the embedding process's memory.
+
+mod exec;
+mod sandbox;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use paddock_core::{
+    Capabilities, CgroupMode, Engine, EngineKind, Error, ErrorCode, IsolationLevel, Language,
+    Limits, ProgramKind, Result, Sandbox, SandboxSpec, SubprocessConfig,
+};
+
+pub use sandbox::SubprocessSandbox;
+
+use crate::cgroup::CgroupRoot;
+use crate::env;
+
+static NEXT_ENGINE: AtomicU64 = AtomicU64::new(0);
+
+/// What the engine found out about the host when it started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostSupport {
+    /// Whether sandboxes get cgroups; otherwise why not.
+    pub cgroup: std::result::Result<(), String>,
+    /// Whether the freezer is available for kills.
+    pub freezer: bool,
+    /// Whether empty network namespaces can be created; otherwise why not.
+    pub netns: std::result::Result<(), String>,
+    /// Interpreters found, by language; the error says which binary is missing.
+    pub interpreters: BTreeMap<Language, std::result::Result<PathBuf, String>>,
+}
+
+/// The subprocess engine. Cheap to clone; clones share one host setup.
+#[derive(Debug, Clone)]
+pub struct SubprocessEngine {
+    inner: Arc<EngineInner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct EngineInner {
+    pub(crate) caps: Capabilities,
+    pub(crate) defaults: Limits,
+    pub(crate) base_env: BTreeMap<String, String>,
+    pub(crate) workdir_root: PathBuf,
+    pub(crate) cgroups: Option<CgroupRoot>,
+    pub(crate) support: HostSupport,
+    pub(crate) next_sandbox: AtomicU64,
+}
+
+impl Drop for EngineInner {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.workdir_root);
+    }
+}
+
+impl SubprocessEngine {
+    /// Starts the engine with [`Limits::defaults`] as the default limits.
+    pub fn new(config: &SubprocessConfig) -> Result<SubprocessEngine> {
+        SubprocessEngine::with_defaults(config, Limits::defaults())
+    }
+
+    /// Starts the engine with the given default limits (unset fields fall back to
+    /// [`Limits::defaults`]).
+    pub fn with_defaults(config: &SubprocessConfig, defaults: Limits) -> Result<SubprocessEngine> {
+        if !config.enabled {
+            return Err(Error::invalid_config(
+                "subprocess.enabled",
+                "the subprocess engine is disabled in the configuration",
+            ));
+        }
+        let defaults = defaults.or(&Limits::defaults());
+        defaults.validate("limits", true)?;
+        let base_env = env::sanitized_host_env(&config.env_passthrough);
+        let path = base_env.get("PATH").cloned().unwrap_or_default();
+
+        let (cgroups, cgroup) = match config.cgroup {
+            CgroupMode::Off => (
+                None,
+                Err("disabled by configuration (`subprocess.cgroup = \"off\"`)".to_string()),
+            ),
+            CgroupMode::Auto | CgroupMode::Required => match CgroupRoot::create() {
+                Ok(root) => (Some(root), Ok(())),
+                Err(reason) => {
+                    if config.cgroup == CgroupMode::Required {
+                        return Err(Error::invalid_config(
+                            "subprocess.cgroup",
+                            format!("`required`, but cgroups are unavailable: {reason}"),
+                        ));
+                    }
+                    (None, Err(reason))
+                }
+            },
+        };
+        let freezer = cgroups.as_ref().is_some_and(CgroupRoot::has_freezer);
+        let netns = crate::netns::create_empty()
+            .map(drop)
+            .map_err(|e| format!("cannot create a network namespace: {e}"));
+
+        let root_dir = std::path::Path::new("/");
+        let mut interpreters = BTreeMap::new();
+        for (lang, program) in [
+            (Language::Python, &config.python),
+            (Language::Javascript, &config.node),
+            (Language::Shell, &config.shell),
+        ] {
+            let found = env::resolve_program(program, &path, root_dir)
+                .ok_or_else(|| format!("`{program}` was not found on PATH ({path})"));
+            interpreters.insert(lang, found);
+        }
+
+        let mut programs = vec![ProgramKind::Command];
+        for (lang, found) in &interpreters {
+            if found.is_ok() {
+                programs.push(ProgramKind::Code(*lang));
+            }
+        }
+        let mut network = vec!["unrestricted"];
+        if netns.is_ok() {
+            network.push("none");
+        }
+        let mut features = vec!["streaming", "files"];
+        if cgroups.is_some() {
+            features.push("cgroup");
+        }
+        let caps = Capabilities::new(IsolationLevel::None, &programs, &network, &features);
+
+        let parent = config
+            .workdir_root
+            .clone()
+            .unwrap_or_else(std::env::temp_dir);
+        let workdir_root = parent.join(format!(
+            "paddock-{}-{}",
+            std::process::id(),
+            NEXT_ENGINE.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&workdir_root).map_err(|e| {
+            Error::invalid_config(
+                "subprocess.workdir_root",
+                format!("cannot create `{}`: {e}", workdir_root.display()),
+            )
+        })?;
+
+        Ok(SubprocessEngine {
+            inner: Arc::new(EngineInner {
+                caps,
+                defaults,
+                base_env,
+                workdir_root,
+                cgroups,
+                support: HostSupport {
+                    cgroup,
+                    freezer,
+                    netns,
+                    interpreters,
+                },
+                next_sandbox: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// What the engine found out about the host.
+    pub fn host_support(&self) -> &HostSupport {
+        &self.inner.support
+    }
+
+    /// Opens a sandbox with its concrete type (the trait's `create` boxes it).
+    pub async fn open(&self, spec: &SandboxSpec) -> Result<SubprocessSandbox> {
+        SubprocessSandbox::create(self.inner.clone(), spec).await
+    }
+}
+
+#[async_trait]
+impl Engine for SubprocessEngine {
+    fn kind(&self) -> EngineKind {
+        EngineKind::Subprocess
+    }
+
+    fn capabilities(&self) -> &Capabilities {
+        &self.inner.caps
+    }
+
+    async fn create(&self, spec: &SandboxSpec) -> Result<Arc<dyn Sandbox>> {
+        Ok(Arc::new(self.open(spec).await?))
+    }
+}
+
+/// `CAPABILITY_NOT_SUPPORTED` naming the missing interpreter.
+pub(crate) fn missing_interpreter(inner: &EngineInner, lang: Language) -> Error {
+    let why = match inner.support.interpreters.get(&lang) {
+        Some(Err(why)) => why.clone(),
+        _ => "no interpreter is configured".into(),
+    };
+    Error::new(
+        ErrorCode::CapabilityNotSupported,
+        format!(
+            "{lang} code cannot run on this host: {why}; install it or set its path in the config"
+        ),
+    )
+}

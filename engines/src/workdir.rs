@@ -1,0 +1,458 @@
+//! A sandbox's workdir and the file operations on it, confined by the kernel.
+//!
+//! Every path a caller gives is resolved with `openat2(RESOLVE_BENEATH)` from an fd of
+//! the workdir, so `..`, absolute paths outside it and symlinks that lead out (even
+//! ones a program creates while we resolve) are refused with `PATH_ESCAPE` without a
+//! check-then-use race.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::{Component, Path, PathBuf};
+
+use paddock_core::{Error, ErrorCode, FileEntry, Result};
+
+/// Largest file [`Workdir::read_file`] returns.
+pub const MAX_READ_BYTES: u64 = 256 << 20;
+/// Most entries [`Workdir::list_files`] returns.
+pub const MAX_LIST_ENTRIES: usize = 50_000;
+
+/// A directory owned by one sandbox, removed by [`Workdir::remove`].
+#[derive(Debug)]
+pub struct Workdir {
+    root: PathBuf,
+    fd: OwnedFd,
+}
+
+impl Workdir {
+    /// Creates a fresh, private (0700) workdir under `parent`.
+    pub fn create(parent: &Path, name: &str) -> io::Result<Workdir> {
+        std::fs::create_dir_all(parent)?;
+        let root = parent.join(name);
+        std::fs::create_dir(&root)?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700))?;
+        let root = root.canonicalize()?;
+        let fd = open_dir_path(&root)?;
+        Ok(Workdir { root, fd })
+    }
+
+    /// The workdir's absolute host path.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Turns a caller's path into a relative path below the root, lexically.
+    ///
+    /// `""`, `"."` and `"/"` name the root; an absolute path must lie under the root;
+    /// `..` is refused outright.
+    pub fn relative(&self, path: &str) -> Result<PathBuf> {
+        if path.contains('\0') {
+            return Err(Error::invalid_options("path", "must not contain NUL bytes"));
+        }
+        let p = Path::new(path);
+        let rel: &Path = if p.is_absolute() {
+            if p == Path::new("/") {
+                Path::new("")
+            } else {
+                match p.strip_prefix(&self.root) {
+                    Ok(rest) => rest,
+                    Err(_) => return Err(escape(path)),
+                }
+            }
+        } else {
+            p
+        };
+        let mut out = PathBuf::new();
+        for comp in rel.components() {
+            match comp {
+                Component::Normal(c) => out.push(c),
+                Component::CurDir => {}
+                Component::ParentDir | Component::RootDir | Component::Prefix(_) => {
+                    return Err(escape(path))
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes `data` to `path`, creating parent directories.
+    pub fn write_file(&self, path: &str, data: &[u8]) -> Result<()> {
+        let rel = self.relative(path)?;
+        let Some(name) = rel.file_name() else {
+            return Err(Error::invalid_options(
+                "path",
+                "must name a file, not the workdir",
+            ));
+        };
+        let parent = self.mkdirs(rel.parent().unwrap_or(Path::new("")), path)?;
+        let name = cpath(Path::new(name))?;
+        let fd = openat_beneath(
+            parent.as_raw_fd(),
+            &name,
+            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+            0o644,
+        )
+        .map_err(|e| map_io(e, path))?;
+        let mut file = File::from(fd);
+        file.write_all(data).map_err(|e| map_io(e, path))?;
+        Ok(())
+    }
+
+    /// Reads the file at `path`.
+    pub fn read_file(&self, path: &str) -> Result<Vec<u8>> {
+        let rel = self.relative(path)?;
+        let fd = openat_beneath(
+            self.fd.as_raw_fd(),
+            &cpath(&rel)?,
+            libc::O_RDONLY | libc::O_CLOEXEC,
+            0,
+        )
+        .map_err(|e| map_io(e, path))?;
+        let mut file = File::from(fd);
+        let meta = file.metadata().map_err(|e| map_io(e, path))?;
+        if meta.is_dir() {
+            return Err(Error::invalid_options(
+                "path",
+                format!("`{path}` is a directory; use list_files"),
+            ));
+        }
+        if meta.len() > MAX_READ_BYTES {
+            return Err(Error::new(
+                ErrorCode::LimitsExceeded,
+                format!(
+                    "`{path}` is {} bytes; read_file returns at most {MAX_READ_BYTES}",
+                    meta.len()
+                ),
+            ));
+        }
+        let mut buf = Vec::with_capacity(meta.len() as usize);
+        (&mut file)
+            .take(MAX_READ_BYTES + 1)
+            .read_to_end(&mut buf)
+            .map_err(|e| map_io(e, path))?;
+        if buf.len() as u64 > MAX_READ_BYTES {
+            return Err(Error::new(
+                ErrorCode::LimitsExceeded,
+                format!("`{path}` grew past {MAX_READ_BYTES} bytes while being read"),
+            ));
+        }
+        Ok(buf)
+    }
+
+    /// Lists `path` recursively: absolute host paths with sizes. A missing directory
+    /// lists as empty; symlinks are listed, never followed.
+    pub fn list_files(&self, path: &str) -> Result<Vec<FileEntry>> {
+        let rel = self.relative(path)?;
+        let dir = match openat_beneath(
+            self.fd.as_raw_fd(),
+            &cpath(&rel)?,
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            0,
+        ) {
+            Ok(fd) => fd,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(Vec::new()),
+            Err(e) => return Err(map_io(e, path)),
+        };
+        let mut out = Vec::new();
+        self.walk(dir, &self.root.join(&rel), &mut out, path)?;
+        out.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(out)
+    }
+
+    fn walk(&self, dir: OwnedFd, shown: &Path, out: &mut Vec<FileEntry>, arg: &str) -> Result<()> {
+        // Reading through the fd's /proc link reads the directory we opened, even if
+        // the path has since been swapped for a symlink.
+        let proc_path = format!("/proc/self/fd/{}", dir.as_raw_fd());
+        let entries = std::fs::read_dir(&proc_path).map_err(|e| map_io(e, arg))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| map_io(e, arg))?;
+            if out.len() >= MAX_LIST_ENTRIES {
+                return Err(Error::new(
+                    ErrorCode::LimitsExceeded,
+                    format!(
+                        "`{arg}` holds more than {MAX_LIST_ENTRIES} entries; list a subdirectory"
+                    ),
+                ));
+            }
+            let name = entry.file_name();
+            let file_type = entry.file_type().map_err(|e| map_io(e, arg))?;
+            let shown_child = shown.join(&name);
+            if file_type.is_dir() {
+                out.push(FileEntry {
+                    path: shown_child.to_string_lossy().into_owned(),
+                    size: 0,
+                    is_dir: true,
+                });
+                let cname = cpath(Path::new(&name))?;
+                match openat_beneath(
+                    dir.as_raw_fd(),
+                    &cname,
+                    libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+                    0,
+                ) {
+                    Ok(child) => self.walk(child, &shown_child, out, arg)?,
+                    // Removed or replaced while we walked: skip it.
+                    Err(_) => continue,
+                }
+            } else {
+                let size = if file_type.is_symlink() {
+                    0
+                } else {
+                    entry.metadata().map(|m| m.len()).unwrap_or(0)
+                };
+                out.push(FileEntry {
+                    path: shown_child.to_string_lossy().into_owned(),
+                    size,
+                    is_dir: false,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates every directory of `rel` below the root, and returns an fd of the last.
+    fn mkdirs(&self, rel: &Path, arg: &str) -> Result<OwnedFd> {
+        let mut current = open_dir_fd(self.fd.as_raw_fd(), c".").map_err(|e| map_io(e, arg))?;
+        for comp in rel.components() {
+            let name = cpath(Path::new(comp.as_os_str()))?;
+            // SAFETY: mkdirat with an fd we own and a valid C string.
+            let r = unsafe { libc::mkdirat(current.as_raw_fd(), name.as_ptr(), 0o755) };
+            if r == -1 {
+                let e = io::Error::last_os_error();
+                if e.raw_os_error() != Some(libc::EEXIST) {
+                    return Err(map_io(e, arg));
+                }
+            }
+            current = open_dir_fd(current.as_raw_fd(), &name).map_err(|e| map_io(e, arg))?;
+        }
+        Ok(current)
+    }
+
+    /// Deletes everything inside the workdir, keeping the directory itself.
+    pub fn clear(&self) -> io::Result<()> {
+        for entry in std::fs::read_dir(&self.root)? {
+            let entry = entry?;
+            let path = entry.path();
+            if entry.file_type()?.is_dir() {
+                remove_tree(&path)?;
+            } else {
+                std::fs::remove_file(&path)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes the workdir and everything in it.
+    pub fn remove(&self) -> io::Result<()> {
+        match remove_tree(&self.root) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            other => other,
+        }
+    }
+}
+
+/// `remove_dir_all`, after making every directory writable (a program may have
+/// `chmod 0`'d one to make the cleanup fail).
+fn remove_tree(path: &Path) -> io::Result<()> {
+    match std::fs::remove_dir_all(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(_) => {
+            use std::os::unix::fs::PermissionsExt;
+            fn open_up(p: &Path) {
+                let _ = std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o700));
+                if let Ok(rd) = std::fs::read_dir(p) {
+                    for e in rd.flatten() {
+                        if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                            open_up(&e.path());
+                        }
+                    }
+                }
+            }
+            open_up(path);
+            std::fs::remove_dir_all(path)
+        }
+    }
+}
+
+fn escape(path: &str) -> Error {
+    Error::new(
+        ErrorCode::PathEscape,
+        format!("`{path}` leads outside the sandbox workdir; use a relative path inside it without `..` or escaping symlinks"),
+    )
+}
+
+fn map_io(e: io::Error, path: &str) -> Error {
+    match e.raw_os_error() {
+        Some(libc::EXDEV) | Some(libc::ELOOP) => escape(path),
+        Some(libc::ENOENT) => Error::new(ErrorCode::NotFound, format!("`{path}` does not exist")),
+        Some(libc::ENOTDIR) => Error::new(
+            ErrorCode::NotFound,
+            format!("`{path}`: a parent component is not a directory"),
+        ),
+        Some(libc::EISDIR) => Error::invalid_options("path", format!("`{path}` is a directory")),
+        Some(libc::EFBIG) | Some(libc::ENOSPC) | Some(libc::EDQUOT) => Error::new(
+            ErrorCode::LimitsExceeded,
+            format!("`{path}`: {e}; free space or raise the limit"),
+        ),
+        _ => Error::engine_io(&format!("file operation on `{path}`"), e),
+    }
+}
+
+fn cpath(p: &Path) -> Result<CString> {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = if p.as_os_str().is_empty() {
+        b"."
+    } else {
+        p.as_os_str().as_bytes()
+    };
+    CString::new(bytes).map_err(|_| Error::invalid_options("path", "must not contain NUL bytes"))
+}
+
+fn open_dir_path(p: &Path) -> io::Result<OwnedFd> {
+    let c = cpath(p).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.message))?;
+    // SAFETY: open with a valid C string.
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    };
+    if fd == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh fd we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn open_dir_fd(dir: RawFd, name: &std::ffi::CStr) -> io::Result<OwnedFd> {
+    openat_beneath(
+        dir,
+        name,
+        libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        0,
+    )
+}
+
+/// `openat2(dir, path, flags, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`.
+fn openat_beneath(
+    dir: RawFd,
+    path: &std::ffi::CStr,
+    flags: libc::c_int,
+    mode: u32,
+) -> io::Result<OwnedFd> {
+    // SAFETY: open_how is plain data; all-zero is its documented default.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = flags as u64;
+    how.mode = if flags & libc::O_CREAT != 0 {
+        mode as u64
+    } else {
+        0
+    };
+    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
+    loop {
+        // SAFETY: openat2 with a valid dirfd, C string and open_how of the right size.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_openat2,
+                dir,
+                path.as_ptr(),
+                &how as *const libc::open_how,
+                std::mem::size_of::<libc::open_how>(),
+            )
+        };
+        if fd == -1 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EAGAIN) || e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        // SAFETY: a fresh fd we own.
+        return Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wd() -> (tempfile::TempDir, Workdir) {
+        let t = tempfile::tempdir().unwrap();
+        let w = Workdir::create(t.path(), "sb").unwrap();
+        (t, w)
+    }
+
+    #[test]
+    fn round_trips_and_nested_dirs() {
+        let (_t, w) = wd();
+        w.write_file("a/b/c.txt", "héllo".as_bytes()).unwrap();
+        assert_eq!(w.read_file("a/b/c.txt").unwrap(), "héllo".as_bytes());
+        let bin: Vec<u8> = (0..=255u8).collect();
+        w.write_file("./bin", &bin).unwrap();
+        assert_eq!(w.read_file("bin").unwrap(), bin);
+        let abs = w.root().join("a/b/c.txt");
+        assert_eq!(
+            w.read_file(abs.to_str().unwrap()).unwrap(),
+            "héllo".as_bytes()
+        );
+        let list = w.list_files("/").unwrap();
+        let c = list.iter().find(|e| e.path.ends_with("a/b/c.txt")).unwrap();
+        assert_eq!(c.size, 6);
+        assert!(Path::new(&c.path).is_absolute());
+        assert_eq!(list.len(), 4, "{list:?}");
+        assert!(w.list_files("missing/dir").unwrap().is_empty());
+    }
+
+    #[test]
+    fn escapes_are_refused() {
+        let (_t, w) = wd();
+        for p in ["../x", "a/../../x", "/etc/passwd"] {
+            assert_eq!(
+                w.read_file(p).unwrap_err().code,
+                ErrorCode::PathEscape,
+                "{p}"
+            );
+            assert_eq!(
+                w.write_file(p, b"x").unwrap_err().code,
+                ErrorCode::PathEscape,
+                "{p}"
+            );
+        }
+        std::os::unix::fs::symlink("/etc", w.root().join("out")).unwrap();
+        std::os::unix::fs::symlink("../../..", w.root().join("up")).unwrap();
+        for p in ["out/passwd", "up/etc/passwd"] {
+            assert_eq!(
+                w.read_file(p).unwrap_err().code,
+                ErrorCode::PathEscape,
+                "{p}"
+            );
+        }
+        assert_eq!(
+            w.write_file("out/x", b"x").unwrap_err().code,
+            ErrorCode::PathEscape
+        );
+        assert_eq!(w.list_files("out").unwrap_err().code, ErrorCode::PathEscape);
+        // A symlink that stays inside is fine.
+        w.write_file("real/f", b"1").unwrap();
+        std::os::unix::fs::symlink("real", w.root().join("alias")).unwrap();
+        assert_eq!(w.read_file("alias/f").unwrap(), b"1");
+        assert_eq!(w.read_file("nope").unwrap_err().code, ErrorCode::NotFound);
+    }
+
+    #[test]
+    fn clear_and_remove() {
+        let (_t, w) = wd();
+        w.write_file("d/e/f", b"1").unwrap();
+        w.clear().unwrap();
+        assert!(w.list_files("").unwrap().is_empty());
+        w.write_file("d/f", b"1").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(w.root().join("d"), std::fs::Permissions::from_mode(0)).unwrap();
+        w.remove().unwrap();
+        assert!(!w.root().exists());
+        w.remove().unwrap();
+    }
+}

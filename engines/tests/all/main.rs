@@ -1,0 +1,3 @@
+//! Integration tests of the engines against the real host.
+
+mod subprocess;

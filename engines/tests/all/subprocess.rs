@@ -1,0 +1,386 @@
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use paddock_core::{
+    CancelToken, DiscardSink, Engine, ErrorCode, ExecRequest, ExecResult, Language, LimitKind,
+    Limits, NetworkPolicy, Outcome, OutputChunk, OutputSink, Program, Sandbox, SandboxSpec,
+    SubprocessConfig,
+};
+use paddock_engines::subprocess::SubprocessEngine;
+
+fn engine() -> SubprocessEngine {
+    SubprocessEngine::new(&SubprocessConfig::default()).expect("engine starts")
+}
+
+async fn sandbox(spec: SandboxSpec) -> Arc<dyn Sandbox> {
+    engine().create(&spec).await.expect("sandbox opens")
+}
+
+async fn run(sb: &dyn Sandbox, req: ExecRequest) -> ExecResult {
+    sb.exec(req, &DiscardSink, CancelToken::new())
+        .await
+        .expect("exec runs")
+}
+
+fn sh(script: &str) -> ExecRequest {
+    ExecRequest::new(Program::command(["sh", "-c", script]))
+}
+
+#[derive(Default)]
+struct Collect(Mutex<Vec<(Instant, OutputChunk)>>);
+
+#[async_trait::async_trait]
+impl OutputSink for Collect {
+    async fn chunk(&self, chunk: OutputChunk) -> paddock_core::Result<()> {
+        self.0.lock().unwrap().push((Instant::now(), chunk));
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_commands_and_code_in_every_language() {
+    let sb = sandbox(SandboxSpec::default()).await;
+    let r = run(&*sb, sh("echo out; echo err >&2; exit 3")).await;
+    assert_eq!(
+        r.outcome,
+        Outcome::Completed {
+            exit_code: 3,
+            signal: None
+        }
+    );
+    assert_eq!(r.stdout, "out\n");
+    assert_eq!(r.stderr, "err\n");
+    for (lang, src) in [
+        (Language::Python, "import sys; print(6*7); sys.exit(0)"),
+        (Language::Javascript, "console.log(6*7)"),
+        (Language::Shell, "echo $((6*7))"),
+    ] {
+        let r = run(&*sb, ExecRequest::new(Program::code(lang, src))).await;
+        assert!(r.is_success(), "{lang}: {r:?}");
+        assert_eq!(r.stdout.trim(), "42", "{lang}");
+    }
+    // A source longer than one argument may be goes through a file.
+    let long = format!("x = 0\n{}print(x)\n", "x += 1\n".repeat(30_000));
+    let r = run(
+        &*sb,
+        ExecRequest::new(Program::code(Language::Python, long)),
+    )
+    .await;
+    assert_eq!(r.stdout.trim(), "30000", "{r:?}");
+    sb.destroy().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stdin_cwd_env_and_usage() {
+    let sb = sandbox(SandboxSpec::default()).await;
+    sb.write_file("sub/dir/keep", b"").await.unwrap();
+    let mut req = sh("cat; pwd; echo \"$GREETING\"; echo \"home=$HOME\"");
+    req.stdin = Some("from stdin\n".into());
+    req.cwd = Some("sub/dir".into());
+    req.env.insert("GREETING".into(), "hello".into());
+    let r = run(&*sb, req).await;
+    let root = sb.root_dir().to_string_lossy().into_owned();
+    assert_eq!(
+        r.stdout,
+        format!("from stdin\n{root}/sub/dir\nhello\nhome={root}\n")
+    );
+    let mut bad = sh("true");
+    bad.cwd = Some("../..".into());
+    assert_eq!(
+        sb.exec(bad, &DiscardSink, CancelToken::new())
+            .await
+            .unwrap_err()
+            .code,
+        ErrorCode::PathEscape
+    );
+    // CPU time and peak memory are measured.
+    let r = run(
+        &*sb,
+        ExecRequest::new(Program::code(
+            Language::Python,
+            "b = bytearray(64 << 20)\nx = 0\nfor i in range(3_000_000): x += i\n",
+        )),
+    )
+    .await;
+    assert!(r.is_success(), "{r:?}");
+    assert!(r.usage.cpu_ms > 0, "{:?}", r.usage);
+    assert!(r.usage.peak_memory_bytes >= 64 << 20, "{:?}", r.usage);
+    assert!(r.usage.wall_ms > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_program_is_spawn_failed() {
+    let sb = sandbox(SandboxSpec::default()).await;
+    let e = sb
+        .exec(
+            ExecRequest::new(Program::command(["no-such-binary-xyz"])),
+            &DiscardSink,
+            CancelToken::new(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::SpawnFailed);
+    assert!(e.message.contains("no-such-binary-xyz"), "{}", e.message);
+    // A directory is not executable either.
+    sb.write_file("d/f", b"").await.unwrap();
+    let e = sb
+        .exec(
+            ExecRequest::new(Program::command(["./d"])),
+            &DiscardSink,
+            CancelToken::new(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::SpawnFailed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streaming_is_live() {
+    let sb = sandbox(SandboxSpec::default()).await;
+    let sink = Collect::default();
+    let start = Instant::now();
+    let r = sb
+        .exec(
+            sh("echo first; sleep 1; echo second"),
+            &sink,
+            CancelToken::new(),
+        )
+        .await
+        .unwrap();
+    let done = Instant::now();
+    assert!(r.is_success());
+    let chunks = sink.0.lock().unwrap();
+    let first = chunks.first().expect("a chunk arrived");
+    assert_eq!(first.1.data, b"first\n");
+    assert!(
+        done - first.0 >= Duration::from_millis(700),
+        "first chunk came late: {:?} after start, exec took {:?}",
+        first.0 - start,
+        done - start
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deadline_and_cancel_kill_the_whole_tree() {
+    let sb = sandbox(SandboxSpec::default()).await;
+    let root = sb.root_dir().to_path_buf();
+    // A TERM-trapping child and a setsid'd daemon, each writing a marker later.
+    let script = "trap '' TERM; (trap '' TERM; sleep 1.5; touch child_marker) & setsid sh -c 'sleep 1.5; touch daemon_marker' & sleep 30";
+    let start = Instant::now();
+    let r = run(&*sb, sh(script).with_timeout_ms(400)).await;
+    assert_eq!(r.outcome, Outcome::TimedOut);
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
+
+    let cancel = CancelToken::new();
+    let c2 = cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        c2.cancel();
+    });
+    let r = sb.exec(sh(script), &DiscardSink, cancel).await.unwrap();
+    assert_eq!(r.outcome, Outcome::Cancelled);
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    assert!(
+        !root.join("child_marker").exists(),
+        "a TERM-trapping child survived"
+    );
+    let has_cgroup = engine().capabilities().has_feature("cgroup");
+    if has_cgroup {
+        assert!(
+            !root.join("daemon_marker").exists(),
+            "a setsid daemon survived"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_children_do_not_outlive_the_execution() {
+    let sb = sandbox(SandboxSpec::default()).await;
+    let r = run(
+        &*sb,
+        sh("(sleep 1; touch late) & setsid sh -c 'sleep 1; touch late2' & echo started"),
+    )
+    .await;
+    assert!(r.is_success(), "{r:?}");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!sb.root_dir().join("late").exists());
+    if engine().capabilities().has_feature("cgroup") {
+        assert!(!sb.root_dir().join("late2").exists());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_cap_bounds_a_flood() {
+    let sb = sandbox(SandboxSpec::default()).await;
+    let mut req = sh("head -c 200000000 /dev/zero");
+    req.limits.max_output_bytes = Some(4096);
+    let r = run(&*sb, req).await;
+    assert!(r.is_success(), "{:?}", r.outcome);
+    assert!(r.stdout_truncated);
+    assert!(r.stdout.len() < 4096 + 64, "{}", r.stdout.len());
+    assert!(r.stdout.ends_with("[output truncated at 4096 bytes]\n"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_are_enforced_and_typed() {
+    let e = engine();
+    let sb = e.create(&SandboxSpec::default()).await.unwrap();
+    let cpu = run(
+        &*sb,
+        ExecRequest {
+            limits: Limits {
+                cpu_ms: Some(1000),
+                ..Limits::default()
+            },
+            ..ExecRequest::new(Program::code(Language::Python, "while True: pass"))
+        },
+    )
+    .await;
+    assert_eq!(
+        cpu.outcome,
+        Outcome::LimitExceeded {
+            limit: LimitKind::Cpu
+        },
+        "{cpu:?}"
+    );
+
+    let fsize = run(
+        &*sb,
+        ExecRequest {
+            limits: Limits {
+                file_size_bytes: Some(1 << 20),
+                ..Limits::default()
+            },
+            ..sh("exec head -c 5000000 /dev/zero > big")
+        },
+    )
+    .await;
+    assert_eq!(
+        fsize.outcome,
+        Outcome::LimitExceeded {
+            limit: LimitKind::FileSize
+        },
+        "{fsize:?}"
+    );
+
+    if e.capabilities().has_feature("cgroup") {
+        let mem = run(
+            &*sb,
+            ExecRequest {
+                limits: Limits {
+                    memory_bytes: Some(64 << 20),
+                    ..Limits::default()
+                },
+                ..ExecRequest::new(Program::code(
+                    Language::Python,
+                    "b = []\nwhile True: b.append(bytearray(8 << 20))",
+                ))
+            },
+        )
+        .await;
+        assert_eq!(
+            mem.outcome,
+            Outcome::LimitExceeded {
+                limit: LimitKind::Memory
+            },
+            "{mem:?}"
+        );
+        assert_eq!(mem.outcome.error_code(), Some(ErrorCode::MemoryExceeded));
+
+        let pids = run(
+            &*sb,
+            ExecRequest {
+                limits: Limits {
+                    pids: Some(8),
+                    ..Limits::default()
+                },
+                ..sh("for i in $(seq 1 20); do sleep 2 & done; wait")
+            },
+        )
+        .await;
+        assert!(
+            !pids.warnings.is_empty(),
+            "pids limit did not bind: {pids:?}"
+        );
+        assert!(
+            pids.stderr.contains("fork") || pids.stderr.contains("Resource"),
+            "{}",
+            pids.stderr
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn network_none_has_no_route_to_the_host() {
+    let e = engine();
+    if !e.capabilities().network.contains("none") {
+        eprintln!("skipped: {:?}", e.host_support().netns);
+        return;
+    }
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let probe = format!(
+        "import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n    print('connected')\nexcept OSError as e:\n    print('refused', e.errno)\n"
+    );
+    let isolated = e.create(&SandboxSpec::default()).await.unwrap();
+    let r = run(
+        &*isolated,
+        ExecRequest::new(Program::code(Language::Python, probe.clone())),
+    )
+    .await;
+    assert!(r.stdout.starts_with("refused"), "{r:?}");
+    let open = e
+        .create(&SandboxSpec {
+            network: NetworkPolicy::Unrestricted,
+            ..SandboxSpec::default()
+        })
+        .await
+        .unwrap();
+    let r = run(
+        &*open,
+        ExecRequest::new(Program::code(Language::Python, probe)),
+    )
+    .await;
+    assert_eq!(r.stdout.trim(), "connected", "{r:?}");
+    let e2 = e
+        .create(&SandboxSpec {
+            network: NetworkPolicy::Allowlist {
+                hosts: vec!["localhost".into()],
+            },
+            ..SandboxSpec::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e2.code, ErrorCode::CapabilityNotSupported);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn destroy_kills_a_running_execution_and_cleans_up() {
+    let sb = sandbox(SandboxSpec::default()).await;
+    let root = sb.root_dir().to_path_buf();
+    let sb2 = sb.clone();
+    let running = tokio::spawn(async move {
+        sb2.exec(sh("sleep 30"), &DiscardSink, CancelToken::new())
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let start = Instant::now();
+    sb.destroy().await.unwrap();
+    let r = running.await.unwrap().unwrap();
+    assert_eq!(r.outcome, Outcome::Cancelled);
+    assert!(start.elapsed() < Duration::from_secs(5));
+    assert!(!root.exists(), "workdir left behind");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn works_on_a_current_thread_runtime() {
+    let sb = sandbox(SandboxSpec::default()).await;
+    sb.write_file("f", b"x").await.unwrap();
+    let r = run(&*sb, sh("cat f")).await;
+    assert_eq!(r.stdout, "x");
+    sb.destroy().await.unwrap();
+}
