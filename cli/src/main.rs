@@ -1,1 +1,59 @@
-fn main() {}
+//! The `paddock` binary: a thin command-line layer over the Paddock crates.
+
+use clap::{Parser, Subcommand};
+
+mod bench;
+mod doctor;
+mod run;
+mod units;
+
+/// Paddock runs untrusted code in pooled sandboxes: subprocesses with cgroup limits,
+/// QuickJS isolates and OCI containers.
+#[derive(Debug, Parser)]
+#[command(name = "paddock", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run one program in a fresh sandbox and stream its output.
+    Run(run::RunArgs),
+    /// Measure Paddock against raw baselines on this machine.
+    Bench(bench::BenchArgs),
+    /// Check what this host supports (cgroups, namespaces, interpreters).
+    Doctor(doctor::DoctorArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("paddock: cannot start the async runtime: {e}");
+            std::process::exit(run::EXIT_INTERNAL);
+        }
+    };
+    let status = runtime.block_on(async {
+        match cli.command {
+            Command::Run(args) => run::run(args).await,
+            Command::Bench(args) => bench::bench(args).await,
+            Command::Doctor(args) => doctor::doctor(args).await,
+        }
+    });
+    let code = match status {
+        Ok(code) => code,
+        Err(run::UsageError(msg)) => {
+            eprintln!("error: {msg}\n\nFor more information, try '--help'.");
+            2
+        }
+    };
+    // Leave without waiting for stdin readers or other blocked runtime threads.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(100));
+    std::process::exit(code);
+}

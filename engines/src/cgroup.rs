@@ -31,6 +31,11 @@ pub struct Cgroup {
     memory: PathBuf,
     freezer: Option<PathBuf>,
     procs_files: Vec<CString>,
+    /// The (memory, pids) limits last written, to skip rewriting them.
+    applied: parking_lot::Mutex<Option<(Option<u64>, Option<u64>)>>,
+    /// Event counters as last seen, so each check reports only new events.
+    seen_oom: AtomicU64,
+    seen_pids_max: AtomicU64,
 }
 
 /// A v1 mount: its mount point and our own path inside it, for one controller.
@@ -149,6 +154,9 @@ impl CgroupRoot {
             memory,
             freezer,
             procs_files,
+            applied: parking_lot::Mutex::new(None),
+            seen_oom: AtomicU64::new(0),
+            seen_pids_max: AtomicU64::new(0),
         })
     }
 }
@@ -198,62 +206,59 @@ fn write(path: &Path, value: &str) -> io::Result<()> {
     std::fs::write(path, value)
 }
 
-fn read_u64(path: &Path) -> Option<u64> {
-    std::fs::read_to_string(path).ok()?.trim().parse().ok()
-}
-
 impl Cgroup {
     /// The `cgroup.procs` files a child writes "0" to, to join every controller.
     pub(crate) fn procs_files(&self) -> &[CString] {
         &self.procs_files
     }
 
-    /// Sets the memory limit (swap included where accounted) and the pids limit.
+    /// Sets the memory limit (swap included where accounted) and the pids limit;
+    /// a no-op when they are what was last written.
     pub fn set_limits(&self, memory_bytes: Option<u64>, pids: Option<u64>) -> io::Result<()> {
+        let mut applied = self.applied.lock();
+        if *applied == Some((memory_bytes, pids)) {
+            return Ok(());
+        }
+        *applied = None;
         let mem = memory_bytes.map_or_else(|| "-1".to_string(), |m| m.to_string());
-        // memsw must stay >= limit: lower memsw last, raise it first.
+        // memsw must stay >= limit: lift it first, then set both.
         let memsw = self.memory.join("memory.memsw.limit_in_bytes");
-        if memsw.exists() {
+        let has_memsw = memsw.exists();
+        if has_memsw {
             let _ = write(&memsw, "-1");
         }
         write(&self.memory.join("memory.limit_in_bytes"), &mem)?;
-        if memsw.exists() {
+        if has_memsw {
             let _ = write(&memsw, &mem);
         }
-        let pids = pids.map_or_else(|| "max".to_string(), |p| p.to_string());
-        write(&self.pids.join("pids.max"), &pids)
+        let pids_value = pids.map_or_else(|| "max".to_string(), |p| p.to_string());
+        write(&self.pids.join("pids.max"), &pids_value)?;
+        *applied = Some((memory_bytes, pids));
+        Ok(())
     }
 
-    /// Resets the peak-memory counter before an execution.
-    pub fn reset_peak(&self) {
-        let _ = write(&self.memory.join("memory.max_usage_in_bytes"), "0");
-    }
-
-    /// Peak memory charged to the group since the last reset (includes page cache).
-    pub fn peak_memory(&self) -> u64 {
-        read_u64(&self.memory.join("memory.max_usage_in_bytes")).unwrap_or(0)
-    }
-
-    /// How many processes the kernel OOM-killed in this group so far.
-    pub fn oom_kills(&self) -> u64 {
-        std::fs::read_to_string(self.memory.join("memory.oom_control"))
+    /// How many processes the kernel OOM-killed in the group since the last call.
+    pub fn new_oom_kills(&self) -> u64 {
+        let now: u64 = std::fs::read_to_string(self.memory.join("memory.oom_control"))
             .ok()
             .and_then(|s| {
                 s.lines()
                     .find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse().ok())
             })
-            .unwrap_or(0)
+            .unwrap_or(0);
+        now.saturating_sub(self.seen_oom.swap(now, Ordering::AcqRel))
     }
 
-    /// How many forks the pids limit refused so far.
-    pub fn pids_max_hits(&self) -> u64 {
-        std::fs::read_to_string(self.pids.join("pids.events"))
+    /// How many forks the pids limit refused since the last call.
+    pub fn new_pids_max_hits(&self) -> u64 {
+        let now: u64 = std::fs::read_to_string(self.pids.join("pids.events"))
             .ok()
             .and_then(|s| {
                 s.lines()
                     .find_map(|l| l.strip_prefix("max ")?.trim().parse().ok())
             })
-            .unwrap_or(0)
+            .unwrap_or(0);
+        now.saturating_sub(self.seen_pids_max.swap(now, Ordering::AcqRel))
     }
 
     /// Whether any process is still in the group.

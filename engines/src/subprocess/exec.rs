@@ -92,10 +92,9 @@ impl SubprocessSandbox {
             return Err(Error::disposed(&format!("sandbox {}", self.id)));
         }
 
-        let (mut spec, stdin_data) = self.prepare(&request, &limits)?;
         let (out_r, out_w) = sys::pipe().map_err(|e| Error::engine_io("creating a pipe", e))?;
         let (err_r, err_w) = sys::pipe().map_err(|e| Error::engine_io("creating a pipe", e))?;
-        let (in_r, in_w) = match &stdin_data {
+        let (in_r, in_w) = match &request.stdin {
             Some(_) => {
                 let (r, w) = sys::pipe().map_err(|e| Error::engine_io("creating a pipe", e))?;
                 (r, Some(w))
@@ -107,14 +106,13 @@ impl SubprocessSandbox {
                 None,
             ),
         };
-        spec.stdio = [in_r, out_w, err_w];
+        let spec = self.prepare(&request, &limits, [in_r, out_w, err_w])?;
+        let stdin_data = request.stdin.clone().map(String::into_bytes);
 
         if let Some(g) = &self.cgroup {
             g.set_limits(limits.memory_bytes, limits.pids)
                 .map_err(|e| Error::engine_io("setting cgroup limits", e))?;
-            g.reset_peak();
         }
-        let oom_before = self.cgroup.as_ref().map_or(0, |g| g.oom_kills());
 
         let child = spawn(&spec).map_err(|e| {
             let stage = e.stage.map_or("starting the program", |s| s.describe());
@@ -196,10 +194,7 @@ impl SubprocessSandbox {
         let out = out.unwrap_or_default();
         let err = err.unwrap_or_default();
 
-        let oom = self
-            .cgroup
-            .as_ref()
-            .is_some_and(|g| g.oom_kills() > oom_before);
+        let oom = self.cgroup.as_ref().is_some_and(|g| g.new_oom_kills() > 0);
         let mut outcome = classify(ending, &status, oom, &limits);
         // Exactly one terminal state: a cancel that won the race is reported as such.
         if ending != Ending::Cancelled && !cancel.finish() {
@@ -207,7 +202,7 @@ impl SubprocessSandbox {
         }
         let mut warnings = Vec::new();
         if let Some(g) = &self.cgroup {
-            if g.pids_max_hits() > 0 && ending == Ending::Exited {
+            if g.new_pids_max_hits() > 0 && ending == Ending::Exited {
                 warnings.push(format!(
                     "the pids limit ({}) refused at least one fork",
                     limits.pids.unwrap_or(0)
@@ -257,7 +252,8 @@ impl SubprocessSandbox {
         &self,
         request: &ExecRequest,
         limits: &Limits,
-    ) -> Result<(SpawnSpec, Option<Vec<u8>>)> {
+        stdio: [OwnedFd; 3],
+    ) -> Result<SpawnSpec> {
         let engine = &self.engine;
         let root = self.workdir.root();
         let argv: Vec<String> = match &request.program {
@@ -349,7 +345,7 @@ impl SubprocessSandbox {
                 .collect::<std::io::Result<_>>()
                 .map_err(io_err)?,
             cwd: cstring(cwd.into_os_string().into_encoded_bytes()).map_err(io_err)?,
-            stdio: placeholder_stdio()?,
+            stdio,
             rlimits,
             cgroup_procs: self
                 .cgroup
@@ -358,7 +354,7 @@ impl SubprocessSandbox {
                 .unwrap_or_default(),
             netns: self.netns.as_ref().map(|fd| fd.as_raw_fd()),
         };
-        Ok((spec, request.stdin.clone().map(String::into_bytes)))
+        Ok(spec)
     }
 
     /// Writes a long source to a file beside (not inside) the workdir.
@@ -376,15 +372,6 @@ impl SubprocessSandbox {
             .map_err(|e| Error::engine_io("writing the source file", e))?;
         Ok(path.to_string_lossy().into_owned())
     }
-}
-
-fn placeholder_stdio() -> Result<[OwnedFd; 3]> {
-    let open = || -> Result<OwnedFd> {
-        Ok(std::fs::File::open("/dev/null")
-            .map_err(|e| Error::engine_io("opening /dev/null", e))?
-            .into())
-    };
-    Ok([open()?, open()?, open()?])
 }
 
 async fn sleep_until_opt(deadline: Option<Instant>) {

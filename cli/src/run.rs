@@ -1,0 +1,356 @@
+//! `paddock run`: one execution, output streamed to the terminal.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use paddock_core::{
+    CancelToken, Engine, ErrorCode, ExecRequest, ExecResult, Language, LimitKind, Limits,
+    NetworkPolicy, Outcome, OutputChunk, OutputSink, PaddockConfig, Program, SandboxSpec,
+    StreamKind,
+};
+use paddock_engines::subprocess::SubprocessEngine;
+use tokio::io::AsyncWriteExt;
+
+use crate::units::{parse_duration, parse_size};
+
+/// Exit status when Paddock itself failed (not the program).
+pub(crate) const EXIT_INTERNAL: i32 = 125;
+/// Exit status when the program could not be started.
+pub(crate) const EXIT_SPAWN: i32 = 127;
+/// Exit status on timeout, as coreutils `timeout` uses.
+pub(crate) const EXIT_TIMEOUT: i32 = 124;
+
+/// Engines `paddock run` can use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum EngineArg {
+    /// Host processes with cgroup limits.
+    Subprocess,
+}
+
+/// Network choices on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum NetworkArg {
+    /// An empty network namespace.
+    None,
+    /// The host's network.
+    Host,
+}
+
+/// Languages on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum LangArg {
+    /// Python 3.
+    Python,
+    /// JavaScript (node).
+    Javascript,
+    /// POSIX shell.
+    Shell,
+}
+
+impl From<LangArg> for Language {
+    fn from(l: LangArg) -> Language {
+        match l {
+            LangArg::Python => Language::Python,
+            LangArg::Javascript => Language::Javascript,
+            LangArg::Shell => Language::Shell,
+        }
+    }
+}
+
+/// Arguments of `paddock run`.
+#[derive(Debug, Args)]
+#[command(after_help = "\
+Exit status: the program's own exit code; 128+N when it was killed by signal N;
+124 on timeout; 130 when interrupted; 137 when the memory or pids limit ended it;
+152 for the CPU-time limit; 153 for the file size limit; 127 when the program
+could not be started; 125 when Paddock itself failed; 2 for a bad command line.")]
+pub(crate) struct RunArgs {
+    /// Engine to run in.
+    #[arg(long, value_enum, default_value_t = EngineArg::Subprocess)]
+    engine: EngineArg,
+    /// Wall-clock timeout (e.g. 500ms, 5s, 2m).
+    #[arg(long, value_parser = parse_duration)]
+    timeout: Option<Duration>,
+    /// CPU-time limit (e.g. 2s).
+    #[arg(long, value_parser = parse_duration)]
+    cpu: Option<Duration>,
+    /// Memory limit (e.g. 256M, 1G).
+    #[arg(long, value_parser = parse_size)]
+    memory: Option<u64>,
+    /// Maximum number of processes and threads.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pids: Option<u64>,
+    /// Bytes of stdout and of stderr kept, each (e.g. 64k).
+    #[arg(long, value_parser = parse_size)]
+    max_output: Option<u64>,
+    /// Network: `none` (an empty namespace) or `host`.
+    #[arg(long, value_enum, default_value_t = NetworkArg::None)]
+    network: NetworkArg,
+    /// Extra environment variable for the program (repeatable).
+    #[arg(long = "env", value_name = "K=V", value_parser = parse_env)]
+    env: Vec<(String, String)>,
+    /// Pass Paddock's own stdin to the program.
+    #[arg(long)]
+    stdin: bool,
+    /// Print one JSON result line on stdout instead of streaming output.
+    #[arg(long)]
+    json: bool,
+    /// A configuration file (TOML).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Run source code in this language instead of a command.
+    #[arg(long, value_enum, requires = "source")]
+    lang: Option<LangArg>,
+    /// The source code (`-` reads it from stdin).
+    #[arg(long, group = "source", conflicts_with = "file")]
+    code: Option<String>,
+    /// A file holding the source code.
+    #[arg(long, group = "source")]
+    file: Option<PathBuf>,
+    /// The command and its arguments (after `--`).
+    #[arg(last = true, value_name = "CMD")]
+    command: Vec<String>,
+}
+
+fn parse_env(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("`{s}` is not K=V")),
+    }
+}
+
+/// A sink that writes chunks to Paddock's own stdout and stderr as they come.
+struct Terminal {
+    out: tokio::sync::Mutex<tokio::io::Stdout>,
+    err: tokio::sync::Mutex<tokio::io::Stderr>,
+}
+
+#[async_trait::async_trait]
+impl OutputSink for Terminal {
+    async fn chunk(&self, chunk: OutputChunk) -> paddock_core::Result<()> {
+        let r = match chunk.stream {
+            StreamKind::Stdout => {
+                let mut out = self.out.lock().await;
+                match out.write_all(&chunk.data).await {
+                    Ok(()) => out.flush().await,
+                    Err(e) => Err(e),
+                }
+            }
+            StreamKind::Stderr => {
+                let mut err = self.err.lock().await;
+                match err.write_all(&chunk.data).await {
+                    Ok(()) => err.flush().await,
+                    Err(e) => Err(e),
+                }
+            }
+        };
+        r.map_err(|e| paddock_core::Error::new(ErrorCode::StreamClosed, e.to_string()))
+    }
+}
+
+/// A usage error: exit 2 with a message, like clap's own.
+pub(crate) struct UsageError(pub(crate) String);
+
+impl RunArgs {
+    fn program(&self) -> Result<Program, UsageError> {
+        match (&self.lang, &self.command.is_empty()) {
+            (Some(lang), true) => {
+                let source = match (&self.code, &self.file) {
+                    (Some(c), None) if c == "-" => {
+                        let mut s = String::new();
+                        std::io::stdin()
+                            .read_to_string(&mut s)
+                            .map_err(|e| UsageError(format!("reading code from stdin: {e}")))?;
+                        s
+                    }
+                    (Some(c), None) => c.clone(),
+                    (None, Some(f)) => std::fs::read_to_string(f)
+                        .map_err(|e| UsageError(format!("reading `{}`: {e}", f.display())))?,
+                    _ => {
+                        return Err(UsageError(
+                            "--lang needs exactly one of --code or --file".into(),
+                        ))
+                    }
+                };
+                Ok(Program::code((*lang).into(), source))
+            }
+            (Some(_), false) => Err(UsageError(
+                "give either --lang with --code/--file, or a command after `--`, not both".into(),
+            )),
+            (None, false) => Ok(Program::Command {
+                argv: self.command.clone(),
+            }),
+            (None, true) => Err(UsageError(
+                "nothing to run: give a command after `--` or --lang with --code/--file".into(),
+            )),
+        }
+    }
+}
+
+/// Runs `paddock run`; returns the process exit status.
+pub(crate) async fn run(args: RunArgs) -> Result<i32, UsageError> {
+    let program = args.program()?;
+    if args.code.is_some() && args.lang.is_none() || args.file.is_some() && args.lang.is_none() {
+        return Err(UsageError("--code and --file need --lang".into()));
+    }
+    let config = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| UsageError(format!("reading `{}`: {e}", path.display())))?;
+            PaddockConfig::from_toml_str(&text)
+                .map_err(|e| UsageError(format!("{}: {e}", path.display())))?
+        }
+        None => PaddockConfig::default(),
+    };
+    let stdin = if args.stdin {
+        let mut s = String::new();
+        std::io::stdin()
+            .read_to_string(&mut s)
+            .map_err(|e| UsageError(format!("reading stdin: {e}")))?;
+        Some(s)
+    } else {
+        None
+    };
+
+    let engine = match args.engine {
+        EngineArg::Subprocess => {
+            match SubprocessEngine::with_defaults(&config.subprocess, config.limits.clone()) {
+                Ok(e) => e,
+                Err(e) => {
+                    eprintln!("paddock: {e}");
+                    return Ok(EXIT_INTERNAL);
+                }
+            }
+        }
+    };
+    let spec = SandboxSpec {
+        network: match args.network {
+            NetworkArg::None => NetworkPolicy::None,
+            NetworkArg::Host => NetworkPolicy::Unrestricted,
+        },
+        ..SandboxSpec::default()
+    };
+    let mut request = ExecRequest::new(program);
+    request.stdin = stdin;
+    request.env = args.env.iter().cloned().collect::<BTreeMap<_, _>>();
+    request.limits = Limits {
+        timeout_ms: args.timeout.map(|d| d.as_millis().max(1) as u64),
+        cpu_ms: args.cpu.map(|d| d.as_millis().max(1) as u64),
+        memory_bytes: args.memory,
+        pids: args.pids,
+        max_output_bytes: args.max_output,
+        ..Limits::default()
+    };
+    if let Err(e) = request.validate() {
+        return Err(UsageError(e.message));
+    }
+
+    let sandbox = match engine.create(&spec).await {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("paddock: {e}");
+            return Ok(exit_for_error(e.code));
+        }
+    };
+    let cancel = CancelToken::new();
+    let interrupted = {
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                cancel.cancel();
+            }
+        })
+    };
+    let terminal = Terminal {
+        out: tokio::sync::Mutex::new(tokio::io::stdout()),
+        err: tokio::sync::Mutex::new(tokio::io::stderr()),
+    };
+    let result = if args.json {
+        sandbox
+            .exec(request, &paddock_core::DiscardSink, cancel)
+            .await
+    } else {
+        sandbox.exec(request, &terminal, cancel).await
+    };
+    interrupted.abort();
+    let destroyed = sandbox.destroy().await;
+    let status = match result {
+        Ok(r) => {
+            if args.json {
+                println!("{}", json_line(&r));
+            } else if let Some(note) = note(&r) {
+                eprintln!("paddock: {note}");
+            }
+            exit_status(&r)
+        }
+        Err(e) => {
+            eprintln!("paddock: {e}");
+            exit_for_error(e.code)
+        }
+    };
+    if let Err(e) = destroyed {
+        eprintln!("paddock: cleaning up the sandbox failed: {e}");
+    }
+    Ok(status)
+}
+
+/// The one-line JSON result: the result's wire form plus `timed_out`, with
+/// `exit_code` and `signal` always present.
+pub(crate) fn json_line(r: &ExecResult) -> String {
+    let mut v = serde_json::to_value(r).unwrap_or_default();
+    if let Some(obj) = v.as_object_mut() {
+        obj.insert("timed_out".into(), (r.outcome == Outcome::TimedOut).into());
+        obj.entry("exit_code").or_insert(serde_json::Value::Null);
+        obj.entry("signal").or_insert(serde_json::Value::Null);
+    }
+    v.to_string()
+}
+
+fn note(r: &ExecResult) -> Option<String> {
+    match &r.outcome {
+        Outcome::Completed { .. } => None,
+        Outcome::TimedOut => Some("timed out; the program was killed".into()),
+        Outcome::Cancelled => Some("interrupted; the program was killed".into()),
+        Outcome::LimitExceeded { limit } => Some(format!(
+            "the {} limit was exceeded; the program was killed",
+            limit.as_str()
+        )),
+        Outcome::Failed { error } => Some(error.to_string()),
+    }
+}
+
+/// The exit status for a result.
+pub(crate) fn exit_status(r: &ExecResult) -> i32 {
+    match &r.outcome {
+        Outcome::Completed { exit_code, .. } => *exit_code,
+        Outcome::TimedOut => EXIT_TIMEOUT,
+        Outcome::Cancelled => 130,
+        Outcome::LimitExceeded { limit } => match limit {
+            LimitKind::Memory | LimitKind::Pids | LimitKind::Output => 137,
+            LimitKind::Cpu => 128 + libc_sigxcpu(),
+            LimitKind::FileSize => 128 + libc_sigxfsz(),
+        },
+        Outcome::Failed { error } => exit_for_error(error.code),
+    }
+}
+
+const fn libc_sigxcpu() -> i32 {
+    24
+}
+
+const fn libc_sigxfsz() -> i32 {
+    25
+}
+
+fn exit_for_error(code: ErrorCode) -> i32 {
+    match code {
+        ErrorCode::SpawnFailed => EXIT_SPAWN,
+        ErrorCode::InvalidOptions
+        | ErrorCode::CapabilityNotSupported
+        | ErrorCode::LevelNotSupported => 2,
+        _ => EXIT_INTERNAL,
+    }
+}
