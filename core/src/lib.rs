@@ -26,11 +26,13 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod exec;
+pub mod fuzzing;
 mod hash;
 pub mod isolation;
 pub mod limits;
 mod loom;
 pub mod program;
+pub mod protocol;
 
 pub use cancel::{CancelToken, TokenState};
 pub use config::{CgroupMode, PaddockConfig, SubprocessConfig};
