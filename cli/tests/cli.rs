@@ -1,0 +1,178 @@
+//! The `paddock` binary, driven as a user would.
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn paddock(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_paddock"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("paddock runs")
+}
+
+#[test]
+fn exit_status_is_the_programs_own() {
+    let out = paddock(&["run", "--", "sh", "-c", "echo hi; echo oops >&2; exit 7"]);
+    assert_eq!(out.status.code(), Some(7));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hi\n");
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "oops\n");
+}
+
+#[test]
+fn killed_by_signal_is_128_plus_n() {
+    let out = paddock(&["run", "--", "sh", "-c", "kill -TERM $$"]);
+    assert_eq!(out.status.code(), Some(128 + 15));
+}
+
+#[test]
+fn timeout_is_124_and_json_reports_it() {
+    let start = Instant::now();
+    let out = paddock(&["run", "--timeout", "300ms", "--json", "--", "sleep", "10"]);
+    assert!(start.elapsed() < Duration::from_secs(5));
+    assert_eq!(out.status.code(), Some(124));
+    let line = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(line.lines().count(), 1, "{line}");
+    let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(v["outcome"], "timed_out");
+    assert_eq!(v["timed_out"], true);
+    assert!(v["exit_code"].is_null());
+    assert!(v["signal"].is_null());
+    assert_eq!(v["stdout_truncated"], false);
+    assert!(v["usage"]["wall_ms"].as_u64().unwrap() >= 250);
+}
+
+#[test]
+fn json_carries_output_flags_and_usage() {
+    let out = paddock(&[
+        "run",
+        "--json",
+        "--max-output",
+        "10",
+        "--",
+        "sh",
+        "-c",
+        "echo 0123456789abcdef; exit 3",
+    ]);
+    assert_eq!(out.status.code(), Some(3));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["outcome"], "completed");
+    assert_eq!(v["exit_code"], 3);
+    assert_eq!(v["stdout_truncated"], true);
+    assert!(v["stdout"]
+        .as_str()
+        .unwrap()
+        .starts_with("0123456789\n[output truncated at 10 bytes]"));
+    assert!(v["usage"]["peak_memory_bytes"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn code_from_flag_file_and_stdin() {
+    let out = paddock(&["run", "--lang", "python", "--code", "print(6*7)"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "42\n");
+    assert_eq!(out.status.code(), Some(0));
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("prog.js");
+    std::fs::write(&file, "console.log([1,2,3].map(x => x * 2).join(','))").unwrap();
+    let out = paddock(&[
+        "run",
+        "--lang",
+        "javascript",
+        "--file",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "2,4,6\n");
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_paddock"))
+        .args(["run", "--lang", "shell", "--code", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"echo from-stdin")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "from-stdin\n");
+}
+
+#[test]
+fn output_streams_as_it_comes() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_paddock"))
+        .args(["run", "--", "sh", "-c", "echo first; sleep 2; echo second"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut buf = [0u8; 6];
+    stdout.read_exact(&mut buf).unwrap();
+    let first_at = start.elapsed();
+    assert_eq!(&buf, b"first\n");
+    let status = child.wait().unwrap();
+    assert!(status.success());
+    assert!(
+        start.elapsed() - first_at >= Duration::from_millis(1500),
+        "the first line arrived only at the end ({first_at:?})"
+    );
+}
+
+#[test]
+fn bad_flags_exit_2_with_a_message() {
+    for args in [
+        &["run", "--timeout", "soon", "--", "true"][..],
+        &["run", "--memory", "12X", "--", "true"],
+        &["run", "--network", "wifi", "--", "true"],
+        &["run", "--bogus"],
+        &["run"],
+        &["run", "--env", "NOEQUALS", "--", "true"],
+        &["run", "--lang", "python"],
+    ] {
+        let out = paddock(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("error"), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn secrets_stay_out_and_env_flags_go_in() {
+    let out = Command::new(env!("CARGO_BIN_EXE_paddock"))
+        .args([
+            "run",
+            "--env",
+            "GIVEN=yes",
+            "--",
+            "sh",
+            "-c",
+            "echo \"${SECRET_X:-none} ${API_KEY:-none} $GIVEN\"; test -n \"$PATH\"",
+        ])
+        .env("SECRET_X", "s3cret")
+        .env("API_KEY", "k")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "none none yes\n");
+    assert!(out.status.success());
+}
+
+#[test]
+fn missing_program_is_127() {
+    let out = paddock(&["run", "--", "definitely-not-a-program"]);
+    assert_eq!(out.status.code(), Some(127));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("SPAWN_FAILED"));
+}
+
+#[test]
+fn doctor_reports_the_host() {
+    let out = paddock(&["doctor", "--json"]);
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["subprocess"]["capabilities"]["programs"].is_array());
+}
