@@ -1,0 +1,9 @@
+//! The case bodies, grouped by area.
+
+pub(crate) mod environment;
+pub(crate) mod exec;
+pub(crate) mod files;
+pub(crate) mod lifecycle;
+pub(crate) mod limits;
+pub(crate) mod process;
+pub(crate) mod refusals;

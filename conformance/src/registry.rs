@@ -1,0 +1,118 @@
+//! The table of cases, in the order they run.
+
+use paddock_core::ProgramKind;
+
+use crate::case::{Case, Requirement};
+
+const COMMAND: &[Requirement] = &[Requirement::Program(ProgramKind::Command)];
+
+macro_rules! entry {
+    ($module:ident :: $name:ident, $requires:expr, $description:literal) => {
+        Case {
+            name: stringify!($name),
+            description: $description,
+            requires: $requires,
+            body: |ctx| Box::pin(crate::cases::$module::$name(ctx)),
+        }
+    };
+}
+
+static CASES: &[Case] = &[
+    entry!(exec::exec_exit_code, COMMAND,
+        "the exit code comes back as `completed`, with the request id, engine kind and instance id"),
+    entry!(exec::exec_reports_signal, COMMAND,
+        "a program killed by a signal completes with exit code 128+N and the signal"),
+    entry!(exec::exec_captures_output, COMMAND,
+        "stdout and stderr are captured separately, stdin is delivered, and the sink sees the same bytes"),
+    entry!(exec::exec_stdin_is_closed, COMMAND,
+        "a program reading stdin without request stdin sees end-of-file at once"),
+    entry!(exec::exec_streams_live, COMMAND,
+        "output printed before a sleep reaches the sink before the program exits"),
+    entry!(process::exec_reaps_background, COMMAND,
+        "a background process left by an execution does not outlive it"),
+    entry!(lifecycle::status_busy_while_running, COMMAND,
+        "status is `busy` while an execution runs and `ready` before and after"),
+    entry!(process::abort_kills_process_tree, COMMAND,
+        "cancel kills the whole tree, including a TERM-trapping child and a background grandchild, and reports `cancelled`"),
+    entry!(process::abort_is_never_success, COMMAND,
+        "a cancel that wins the token race is never reported as a clean success, and a completion settles the token"),
+    entry!(process::timeout_kills_process_tree, COMMAND,
+        "the wall-clock deadline yields `timed_out` promptly and kills a TERM-trapping tree"),
+    entry!(files::files_round_trip, &[],
+        "UTF-8 and binary files round-trip, parents are created, overwrites truncate, missing files are NOT_FOUND"),
+    entry!(files::files_list, COMMAND,
+        "list_files gives absolute paths with sizes from the workdir root (``, `.`, `/`) and subdirectories; a missing directory lists empty"),
+    entry!(files::files_path_escape, COMMAND,
+        "`..`, absolute paths outside the workdir and symlink escapes are refused with PATH_ESCAPE"),
+    entry!(files::files_shared_with_program, COMMAND,
+        "a program reads files the caller wrote and the caller reads files the program wrote"),
+    entry!(lifecycle::sandboxes_are_separate, COMMAND,
+        "sandboxes of one engine, and of two engines, have their own ids and workdirs"),
+    entry!(lifecycle::destroy_is_idempotent, &[],
+        "destroy twice, and eight destroys at once, all succeed and leave the sandbox `destroyed`"),
+    entry!(lifecycle::destroy_refuses_later_calls, &[],
+        "after destroy every call is refused with ENGINE_DISPOSED and the workdir is gone"),
+    entry!(lifecycle::destroy_kills_running_exec, COMMAND,
+        "destroy during an execution ends it promptly and never as a clean success"),
+    entry!(environment::env_is_sanitized, COMMAND,
+        "secret-looking host variables are hidden, ordinary ones and request env are visible"),
+    entry!(limits::output_is_capped, COMMAND,
+        "`max_output_bytes` bounds stdout and stderr and sets the truncated flags"),
+    entry!(refusals::refuses_unsupported_program, &[],
+        "a program kind outside the capabilities is refused with CAPABILITY_NOT_SUPPORTED"),
+    entry!(refusals::refuses_stronger_level, &[],
+        "an isolation level above `max_level` is refused with LEVEL_NOT_SUPPORTED; weaker ones are met"),
+    entry!(refusals::refuses_unenforceable_network, &[],
+        "a network policy the engine cannot enforce is refused with CAPABILITY_NOT_SUPPORTED"),
+    entry!(refusals::refuses_invalid_request, &[],
+        "a malformed request is refused with INVALID_OPTIONS before anything runs"),
+];
+
+/// Every case, in the order [`run_all`](crate::run_all) runs them.
+pub fn cases() -> &'static [Case] {
+    CASES
+}
+
+/// The case called `name`.
+pub fn case(name: &str) -> Option<&'static Case> {
+    CASES.iter().find(|c| c.name == name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn macro_names_match_the_table() {
+        let stamped: &[&str] = crate::__with_case_names!(__case_name_list {});
+        let table: Vec<&str> = cases().iter().map(|c| c.name).collect();
+        assert_eq!(stamped, table.as_slice());
+        let mut unique = table.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), table.len(), "duplicate case names");
+        assert!(case("abort_kills_process_tree").is_some());
+        assert!(case("no_such_case").is_none());
+    }
+
+    #[test]
+    fn can_run_checks_programs_and_features() {
+        use paddock_core::{Capabilities, IsolationLevel, Language};
+        let shell_only = Capabilities::new(
+            IsolationLevel::None,
+            &[ProgramKind::Code(Language::Shell)],
+            &["none"],
+            &[],
+        );
+        let c = case("exec_exit_code").unwrap();
+        let reason = c.can_run(&shell_only).unwrap_err();
+        assert!(reason.contains("command"), "{reason}");
+        let commands = Capabilities::new(IsolationLevel::None, &[ProgramKind::Command], &[], &[]);
+        assert!(c.can_run(&commands).is_ok());
+        let needs_feature = Case {
+            requires: &[Requirement::Feature("terminal")],
+            ..*c
+        };
+        assert!(needs_feature.can_run(&commands).is_err());
+    }
+}

@@ -1,0 +1,4 @@
+//! Integration tests of the conformance suite, in one binary.
+
+mod broken;
+mod subprocess;
