@@ -101,6 +101,9 @@ pub struct Error {
     pub code: ErrorCode,
     /// Human-readable detail: what was wrong and what to do.
     pub message: String,
+    /// For `RATE_LIMITED` and `POOL_EXHAUSTED`: how long to wait before retrying.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
 }
 
 impl Error {
@@ -109,7 +112,14 @@ impl Error {
         Error {
             code,
             message: message.into(),
+            retry_after_ms: None,
         }
+    }
+
+    /// Adds a retry hint (for `RATE_LIMITED` and `POOL_EXHAUSTED`).
+    pub fn with_retry_after_ms(mut self, ms: u64) -> Self {
+        self.retry_after_ms = Some(ms);
+        self
     }
 
     /// `INVALID_CONFIG` for a named field.
@@ -181,5 +191,10 @@ mod tests {
             e.to_string(),
             "INVALID_CONFIG: config field `pool.max_size`: must be at least 1"
         );
+        assert!(v.get("retry_after_ms").is_none());
+        let r = Error::new(ErrorCode::RateLimited, "slow down").with_retry_after_ms(250);
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["retry_after_ms"], 250);
+        assert_eq!(serde_json::from_value::<Error>(v).unwrap(), r);
     }
 }
