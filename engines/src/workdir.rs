@@ -450,7 +450,8 @@ mod tests {
         assert!(w.list_files("").unwrap().is_empty());
         w.write_file("d/f", b"1").unwrap();
         use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(w.root().join("d"), std::fs::Permissions::from_mode(0)).unwrap();
+        std::fs::set_permissions(w.root().join("d"), std::fs::Permissions::from_mode(0o000))
+            .unwrap();
         w.remove().unwrap();
         assert!(!w.root().exists());
         w.remove().unwrap();
