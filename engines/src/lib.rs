@@ -25,6 +25,7 @@ pub mod capture;
 pub mod cgroup;
 pub mod env;
 pub mod netns;
+pub mod noop;
 mod spawn;
 pub mod subprocess;
 mod sys;

@@ -6,7 +6,7 @@
 //! it, and enters an empty network namespace under network policy `none`. Deadline,
 //! cancel and destroy kill the whole group and everything left in the cgroup.
 //!
-//! Spawning never forks the host (see [`crate::spawn`]), so its cost does not grow
+//! Spawning never forks the host (`clone(CLONE_VM | CLONE_VFORK)`), so its cost does not grow
 //! with the embedding process's memory.
 
 mod exec;
