@@ -18,6 +18,106 @@ pub struct PaddockConfig {
     pub limits: Limits,
     /// The subprocess engine.
     pub subprocess: SubprocessConfig,
+    /// Engine pools (the same settings for every engine).
+    pub pool: PoolConfig,
+}
+
+/// Sizing, waiting and recycling of an engine pool.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PoolConfig {
+    /// Instances kept ready ahead of need. Default 1.
+    pub min_idle: usize,
+    /// Most instances at once. Default 8.
+    pub max_size: usize,
+    /// Most callers queued for an instance; beyond it `POOL_EXHAUSTED` at once.
+    /// Default 1024.
+    pub max_waiting: usize,
+    /// How long a queued caller waits before `POOL_EXHAUSTED`. Default 5000 ms.
+    pub acquire_timeout_ms: u64,
+    /// An instance is retired after this many executions. Default 1000.
+    pub max_executions_per_engine: u64,
+    /// An instance is retired this long after creation. Default 600000 ms.
+    pub max_age_ms: u64,
+    /// Idle instances above `min_idle` are reaped after this long. Default 60000 ms.
+    pub idle_timeout_ms: u64,
+    /// Consecutive creation failures that open the circuit breaker. Default 5.
+    pub failure_threshold: u32,
+    /// First backoff after the breaker opens; doubles up to `backoff_max_ms`.
+    /// Default 200 ms.
+    pub backoff_initial_ms: u64,
+    /// Longest backoff. Default 30000 ms.
+    pub backoff_max_ms: u64,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            min_idle: 1,
+            max_size: 8,
+            max_waiting: 1024,
+            acquire_timeout_ms: 5_000,
+            max_executions_per_engine: 1_000,
+            max_age_ms: 600_000,
+            idle_timeout_ms: 60_000,
+            failure_threshold: 5,
+            backoff_initial_ms: 200,
+            backoff_max_ms: 30_000,
+        }
+    }
+}
+
+impl PoolConfig {
+    /// Checks the values; the error names the first bad field.
+    pub fn validate(&self, prefix: &str) -> Result<()> {
+        let field = |name: &str| format!("{prefix}.{name}");
+        if self.max_size == 0 || self.max_size > 100_000 {
+            return Err(Error::invalid_config(
+                &field("max_size"),
+                "must be in 1..=100000",
+            ));
+        }
+        if self.min_idle > self.max_size {
+            return Err(Error::invalid_config(
+                &field("min_idle"),
+                format!("{} exceeds max_size {}", self.min_idle, self.max_size),
+            ));
+        }
+        if self.max_waiting > 1_000_000 {
+            return Err(Error::invalid_config(
+                &field("max_waiting"),
+                "must be at most 1000000",
+            ));
+        }
+        for (name, v) in [
+            ("acquire_timeout_ms", self.acquire_timeout_ms),
+            ("max_executions_per_engine", self.max_executions_per_engine),
+            ("max_age_ms", self.max_age_ms),
+            ("idle_timeout_ms", self.idle_timeout_ms),
+            ("backoff_initial_ms", self.backoff_initial_ms),
+            ("backoff_max_ms", self.backoff_max_ms),
+        ] {
+            if v == 0 {
+                return Err(Error::invalid_config(
+                    &field(name),
+                    "must be greater than 0",
+                ));
+            }
+        }
+        if self.failure_threshold == 0 {
+            return Err(Error::invalid_config(
+                &field("failure_threshold"),
+                "must be greater than 0",
+            ));
+        }
+        if self.backoff_initial_ms > self.backoff_max_ms {
+            return Err(Error::invalid_config(
+                &field("backoff_initial_ms"),
+                "must not exceed backoff_max_ms",
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// How the subprocess engine uses cgroups.
@@ -96,6 +196,7 @@ impl PaddockConfig {
     /// Checks every value is usable; the error names the first bad field.
     pub fn validate(&self) -> Result<()> {
         self.limits.validate("limits", true)?;
+        self.pool.validate("pool")?;
         let s = &self.subprocess;
         for (field, value) in [
             ("subprocess.python", &s.python),
@@ -164,6 +265,16 @@ mod tests {
         );
         let e = PaddockConfig::from_toml_str("[subprocess]\ncgroup = \"maybe\"\n").unwrap_err();
         assert_eq!(e.code, ErrorCode::InvalidConfig);
+    }
+
+    #[test]
+    fn pool_values_are_checked() {
+        let e = PaddockConfig::from_toml_str("[pool]\nmax_size = 0\n").unwrap_err();
+        assert!(e.message.contains("pool.max_size"), "{}", e.message);
+        let e = PaddockConfig::from_toml_str("[pool]\nmin_idle = 9\nmax_size = 2\n").unwrap_err();
+        assert!(e.message.contains("pool.min_idle"), "{}", e.message);
+        let c = PaddockConfig::from_toml_str("[pool]\nmax_size = 2\nmin_idle = 0\n").unwrap();
+        assert_eq!(c.pool.max_size, 2);
     }
 
     #[test]

@@ -30,7 +30,8 @@ pub mod fuzzing;
 mod hash;
 pub mod isolation;
 pub mod limits;
-mod loom;
+pub mod loom;
+pub mod output;
 pub mod program;
 pub mod protocol;
 
