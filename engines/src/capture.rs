@@ -12,10 +12,7 @@ use tokio::time::Instant;
 /// Bytes read from a pipe at a time.
 const READ_SIZE: usize = 64 * 1024;
 
-/// The text appended (and streamed) when output passes its cap.
-pub fn truncation_marker(cap: u64) -> String {
-    format!("\n[output truncated at {cap} bytes]\n")
-}
+pub use paddock_core::output::truncation_marker;
 
 /// What one stream produced.
 #[derive(Debug, Default)]
