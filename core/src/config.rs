@@ -48,6 +48,15 @@ pub struct PoolConfig {
     pub backoff_initial_ms: u64,
     /// Longest backoff. Default 30000 ms.
     pub backoff_max_ms: u64,
+    /// Creating an instance that takes longer fails (and counts for the breaker).
+    /// Default 30000 ms.
+    pub create_timeout_ms: u64,
+    /// Recycling (the health check) that takes longer retires the instance.
+    /// Default 10000 ms.
+    pub recycle_timeout_ms: u64,
+    /// How long past an execution's deadline the engine may take to return before
+    /// the supervisor reports `timed_out` and retires the instance. Default 5000 ms.
+    pub watchdog_grace_ms: u64,
 }
 
 impl Default for PoolConfig {
@@ -63,6 +72,9 @@ impl Default for PoolConfig {
             failure_threshold: 5,
             backoff_initial_ms: 200,
             backoff_max_ms: 30_000,
+            create_timeout_ms: 30_000,
+            recycle_timeout_ms: 10_000,
+            watchdog_grace_ms: 5_000,
         }
     }
 }
@@ -96,6 +108,9 @@ impl PoolConfig {
             ("idle_timeout_ms", self.idle_timeout_ms),
             ("backoff_initial_ms", self.backoff_initial_ms),
             ("backoff_max_ms", self.backoff_max_ms),
+            ("create_timeout_ms", self.create_timeout_ms),
+            ("recycle_timeout_ms", self.recycle_timeout_ms),
+            ("watchdog_grace_ms", self.watchdog_grace_ms),
         ] {
             if v == 0 {
                 return Err(Error::invalid_config(

@@ -42,7 +42,7 @@ impl fmt::Display for IsolationLevel {
 
 /// What network a program may reach. Engines fail closed: a policy an engine cannot
 /// enforce is refused, never relaxed.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum NetworkPolicy {
     /// No network at all: an empty network namespace (loopback only, down).

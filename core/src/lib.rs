@@ -34,9 +34,11 @@ pub mod loom;
 pub mod output;
 pub mod program;
 pub mod protocol;
+pub mod slots;
+pub mod stream_buffer;
 
 pub use cancel::{CancelToken, TokenState};
-pub use config::{CgroupMode, PaddockConfig, SubprocessConfig};
+pub use config::{CgroupMode, PaddockConfig, PoolConfig, SubprocessConfig};
 pub use engine::{DiscardSink, Engine, FileEntry, OutputSink, Sandbox, SandboxSpec, SandboxStatus};
 pub use error::{Error, ErrorCode, Result};
 pub use exec::{

@@ -27,3 +27,16 @@ pub mod audit;
 pub mod clock;
 pub mod limiter;
 pub mod policy;
+
+pub mod engine_actor;
+mod engine_pool;
+pub mod messages;
+mod paddock;
+pub use paddock_core::{slots, stream_buffer};
+pub mod streamer;
+mod supervisor;
+
+pub use engine_pool::PoolStats;
+pub use messages::*;
+pub use paddock::{ExecutionStream, Paddock, PaddockBuilder, SandboxHandle, StreamEvent};
+pub use supervisor::Supervisor;

@@ -1,0 +1,561 @@
+//! An engine pool: warm instances of one engine (for one network policy), leased one
+//! execution at a time.
+//!
+//! Sizing: prewarm to `min_idle`, grow lazily to `max_size`. Waiting: at most
+//! `max_waiting` queued callers, each for at most `acquire_timeout`, then
+//! `POOL_EXHAUSTED`. Recycling: an instance is retired after
+//! `max_executions_per_engine`, after `max_age`, and at once after anything that
+//! taints it (timeout, kill, crash, protocol error); otherwise it is recycled — the
+//! health check — before it is leased again. Idle instances past `idle_timeout` are
+//! reaped down to `min_idle`. Consecutive creation failures open a circuit breaker:
+//! the pool reports itself degraded with the cause and refuses fast until a backoff
+//! passes.
+//!
+//! Pools live on the supervisor's arbiter; their counts are read by stats and gauges
+//! from other threads and are eventually consistent.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use paddock_core::{
+    CancelToken, Engine, EngineKind, Error, ErrorCode, NetworkPolicy, PoolConfig, Sandbox,
+    SandboxSpec,
+};
+use serde::Serialize;
+
+use crate::engine_actor::{caught, DestroyInstance, EngineActor, Recycle};
+use paddock_core::slots::{Acquire, Slots, Waiter};
+use paddock_telemetry::{labels, PoolGaugeSource, PoolSnapshot, Telemetry};
+
+/// One pooled instance.
+#[derive(Debug)]
+pub(crate) struct Instance {
+    pub(crate) actor: Addr<EngineActor>,
+    pub(crate) sandbox: Arc<dyn Sandbox>,
+    pub(crate) created: Instant,
+    pub(crate) last_used: Instant,
+    pub(crate) executions: u64,
+}
+
+#[derive(Debug, Default)]
+struct Breaker {
+    consecutive_failures: u32,
+    open_until: Option<Instant>,
+    backoff: Duration,
+    last_error: Option<Error>,
+}
+
+/// Counters of one pool, for stats.
+#[derive(Debug, Clone, Serialize)]
+pub struct PoolStats {
+    /// The engine.
+    pub engine: EngineKind,
+    /// The network policy the pool's instances enforce.
+    pub network: String,
+    /// Instances that exist or are being created.
+    pub size: usize,
+    /// Ready instances.
+    pub idle: usize,
+    /// Leased instances.
+    pub busy: usize,
+    /// Instances being created.
+    pub creating: usize,
+    /// Queued callers.
+    pub waiting: usize,
+    /// Largest size.
+    pub max_size: usize,
+    /// Whether the circuit breaker is open.
+    pub degraded: bool,
+    /// The last creation error, while degraded.
+    pub degraded_cause: Option<String>,
+    /// Instances created so far.
+    pub created_total: u64,
+    /// Instances retired so far.
+    pub retired_total: u64,
+    /// Creation failures so far.
+    pub create_failures_total: u64,
+}
+
+/// How a lease ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Release {
+    /// Clean: recycle and reuse.
+    Reuse,
+    /// Tainted: retire now.
+    Retire,
+}
+
+/// The pool.
+#[derive(Debug)]
+pub(crate) struct EnginePool {
+    pub(crate) kind: EngineKind,
+    pub(crate) network: NetworkPolicy,
+    engine: Arc<dyn Engine>,
+    spec: SandboxSpec,
+    pub(crate) config: PoolConfig,
+    slots: Slots<Instance>,
+    breaker: parking_lot::Mutex<Breaker>,
+    telemetry: Telemetry,
+    created_total: std::sync::atomic::AtomicU64,
+    retired_total: std::sync::atomic::AtomicU64,
+    create_failures_total: std::sync::atomic::AtomicU64,
+}
+
+/// A leased instance. Dropping a lease without [`EnginePool::release`] retires the
+/// instance (its execution was interrupted, so it is not trusted again).
+#[derive(Debug)]
+pub(crate) struct Lease {
+    pool: Arc<EnginePool>,
+    instance: Option<Instance>,
+}
+
+impl Lease {
+    pub(crate) fn pool_config(&self) -> &PoolConfig {
+        &self.pool.config
+    }
+
+    pub(crate) fn instance(&self) -> &Instance {
+        self.instance
+            .as_ref()
+            .expect("a lease holds its instance until released")
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some(inst) = self.instance.take() {
+            self.pool.retire(inst, true);
+        }
+    }
+}
+
+use std::sync::atomic::Ordering::Relaxed;
+
+impl EnginePool {
+    pub(crate) fn new(
+        engine: Arc<dyn Engine>,
+        network: NetworkPolicy,
+        config: PoolConfig,
+        telemetry: Telemetry,
+    ) -> Arc<EnginePool> {
+        let spec = SandboxSpec {
+            level: engine.capabilities().max_level,
+            network: network.clone(),
+            ..SandboxSpec::default()
+        };
+        Arc::new(EnginePool {
+            kind: engine.kind(),
+            network,
+            engine,
+            spec,
+            slots: Slots::new(config.max_size, config.max_waiting),
+            config,
+            breaker: parking_lot::Mutex::new(Breaker::default()),
+            telemetry,
+            created_total: Default::default(),
+            retired_total: Default::default(),
+            create_failures_total: Default::default(),
+        })
+    }
+
+    pub(crate) fn engine(&self) -> &Arc<dyn Engine> {
+        &self.engine
+    }
+
+    pub(crate) fn stats(&self) -> PoolStats {
+        let c = self.slots.counts();
+        let b = self.breaker.lock();
+        let degraded = b.open_until.is_some();
+        PoolStats {
+            engine: self.kind,
+            network: self.network.name().to_string(),
+            size: c.size(),
+            idle: c.idle,
+            busy: c.busy,
+            creating: c.creating,
+            waiting: c.waiting,
+            max_size: self.slots.max_size(),
+            degraded,
+            degraded_cause: if degraded {
+                b.last_error.as_ref().map(|e| e.to_string())
+            } else {
+                None
+            },
+            created_total: self.created_total.load(Relaxed),
+            retired_total: self.retired_total.load(Relaxed),
+            create_failures_total: self.create_failures_total.load(Relaxed),
+        }
+    }
+
+    /// `ENGINE_FAILED` naming the cause while the breaker is open.
+    fn check_breaker(&self) -> Result<(), Error> {
+        let b = self.breaker.lock();
+        match b.open_until {
+            Some(until) if Instant::now() < until => {
+                let cause = b
+                    .last_error
+                    .as_ref()
+                    .map_or_else(|| "unknown".to_string(), |e| e.to_string());
+                Err(Error::new(
+                    ErrorCode::EngineFailed,
+                    format!(
+                        "the {} pool is degraded: creating instances failed {} times in a row (last: {cause}); retrying in {} ms",
+                        self.kind,
+                        b.consecutive_failures,
+                        until.saturating_duration_since(Instant::now()).as_millis()
+                    ),
+                )
+                .with_retry_after_ms(until.saturating_duration_since(Instant::now()).as_millis() as u64))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn record_create(&self, result: &Result<Instance, Error>) {
+        let mut b = self.breaker.lock();
+        match result {
+            Ok(_) => {
+                self.created_total.fetch_add(1, Relaxed);
+                *b = Breaker::default();
+            }
+            Err(e) => {
+                self.create_failures_total.fetch_add(1, Relaxed);
+                b.consecutive_failures += 1;
+                b.last_error = Some(e.clone());
+                if b.consecutive_failures >= self.config.failure_threshold {
+                    b.backoff = if b.backoff.is_zero() {
+                        Duration::from_millis(self.config.backoff_initial_ms)
+                    } else {
+                        (b.backoff * 2).min(Duration::from_millis(self.config.backoff_max_ms))
+                    };
+                    b.open_until = Some(Instant::now() + b.backoff);
+                    tracing::warn!(engine = %self.kind, failures = b.consecutive_failures, error = %e, "pool degraded");
+                }
+            }
+        }
+    }
+
+    async fn create_instance(&self) -> Result<Instance, Error> {
+        let engine = self.engine.clone();
+        let spec = self.spec.clone();
+        let limit = Duration::from_millis(self.config.create_timeout_ms);
+        let create = caught("create", async move { engine.create(&spec).await });
+        let result = match tokio::time::timeout(limit, create).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::new(
+                ErrorCode::EngineFailed,
+                format!(
+                    "creating a {} instance took longer than {} ms",
+                    self.kind,
+                    limit.as_millis()
+                ),
+            )),
+        }
+        .map(|sandbox| {
+            let now = Instant::now();
+            Instance {
+                actor: EngineActor::new(sandbox.clone()).start(),
+                sandbox,
+                created: now,
+                last_used: now,
+                executions: 0,
+            }
+        });
+        self.record_create(&result);
+        result
+    }
+
+    /// Leases an instance: idle, freshly created, or handed over after waiting.
+    pub(crate) async fn acquire(self: &Arc<Self>, cancel: &CancelToken) -> Result<Lease, Error> {
+        let result = self.acquire_inner(cancel).await;
+        let label = match &result {
+            Ok(_) => labels::acquire::OK,
+            Err(e) if e.code == ErrorCode::PoolExhausted && e.message.starts_with("no ") => {
+                labels::acquire::TIMEOUT
+            }
+            Err(e) if e.code == ErrorCode::PoolExhausted => labels::acquire::EXHAUSTED,
+            Err(e) if e.code == ErrorCode::Cancelled => "cancelled",
+            Err(_) => labels::acquire::FAILED,
+        };
+        self.telemetry
+            .record_pool_acquisition(self.kind.as_str(), label);
+        result
+    }
+
+    async fn acquire_inner(self: &Arc<Self>, cancel: &CancelToken) -> Result<Lease, Error> {
+        self.check_breaker()?;
+        let max_age = Duration::from_millis(self.config.max_age_ms);
+        let mut retired = Vec::new();
+        let step = self
+            .slots
+            .acquire(|i| i.created.elapsed() < max_age, &mut retired);
+        for inst in retired {
+            self.destroy(inst);
+        }
+        let instance = match step {
+            Acquire::Ready(inst) => inst,
+            Acquire::Create => {
+                let guard = CreateGuard {
+                    pool: self,
+                    armed: true,
+                };
+                let created = self.create_instance().await;
+                let mut guard = guard;
+                guard.armed = false;
+                match created {
+                    Ok(inst) => {
+                        self.slots.created();
+                        inst
+                    }
+                    Err(e) => {
+                        if self.slots.create_failed() {
+                            self.replenish();
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+            Acquire::Wait(waiter) => {
+                let wait = WaitFor {
+                    pool: self,
+                    waiter: Some(waiter),
+                };
+                let timeout = Duration::from_millis(self.config.acquire_timeout_ms);
+                tokio::select! {
+                    got = wait => match got {
+                        Some(inst) => inst,
+                        None => return Err(Error::new(ErrorCode::EngineDisposed, "the pool is shutting down; no new executions are accepted")),
+                    },
+                    _ = tokio::time::sleep(timeout) => {
+                        return Err(self.exhausted(format!("no {} instance became free within {} ms", self.kind, timeout.as_millis())));
+                    }
+                    _ = cancel.cancelled() => {
+                        return Err(Error::new(ErrorCode::Cancelled, "cancelled while waiting for an engine instance"));
+                    }
+                }
+            }
+            Acquire::Full => {
+                if self.slots.is_closed() {
+                    return Err(Error::new(
+                        ErrorCode::EngineDisposed,
+                        "the pool is shutting down; no new executions are accepted",
+                    ));
+                }
+                return Err(self.exhausted(format!(
+                    "all {} {} instances are busy and {} callers are already waiting",
+                    self.slots.max_size(),
+                    self.kind,
+                    self.config.max_waiting
+                )));
+            }
+        };
+        Ok(Lease {
+            pool: self.clone(),
+            instance: Some(instance),
+        })
+    }
+
+    fn exhausted(&self, why: String) -> Error {
+        Error::new(
+            ErrorCode::PoolExhausted,
+            format!("{why}; retry later or raise pool.max_size / pool.acquire_timeout_ms"),
+        )
+        .with_retry_after_ms(100)
+    }
+
+    /// Ends a lease. A clean instance is recycled (in the background) and reused,
+    /// unless it reached its execution or age limit.
+    pub(crate) fn release(self: &Arc<Self>, mut lease: Lease, how: Release) {
+        let Some(mut inst) = lease.instance.take() else {
+            return;
+        };
+        inst.executions += 1;
+        inst.last_used = Instant::now();
+        let worn_out = inst.executions >= self.config.max_executions_per_engine
+            || inst.created.elapsed() >= Duration::from_millis(self.config.max_age_ms);
+        if how == Release::Retire || worn_out {
+            self.retire(inst, how == Release::Retire);
+            return;
+        }
+        let pool = self.clone();
+        let limit = Duration::from_millis(self.config.recycle_timeout_ms);
+        actix::spawn(async move {
+            match tokio::time::timeout(limit, inst.actor.send(Recycle))
+                .await
+                .unwrap_or(Ok(Err(Error::new(
+                    ErrorCode::EngineFailed,
+                    format!("recycling took longer than {} ms", limit.as_millis()),
+                )))) {
+                Ok(Ok(())) => {
+                    if let Some(inst) = pool.slots.release(inst) {
+                        // Closed meanwhile.
+                        pool.destroy(inst);
+                    }
+                }
+                Ok(Err(e)) => {
+                    tracing::info!(engine = %pool.kind, error = %e, "recycle failed; retiring the instance");
+                    pool.retire(inst, true);
+                }
+                Err(_) => pool.retire(inst, true),
+            }
+        });
+    }
+
+    /// Removes a leased instance for good and, if callers wait, creates a replacement.
+    fn retire(self: &Arc<Self>, inst: Instance, tainted: bool) {
+        tracing::debug!(engine = %self.kind, tainted, executions = inst.executions, "retiring an instance");
+        let waiters = self.slots.retire_busy();
+        self.destroy(inst);
+        if waiters {
+            self.replenish();
+        } else {
+            self.prewarm();
+        }
+    }
+
+    fn destroy(&self, inst: Instance) {
+        self.retired_total.fetch_add(1, Relaxed);
+        let actor = inst.actor.clone();
+        let sandbox = inst.sandbox.clone();
+        actix::spawn(async move {
+            if actor.send(DestroyInstance).await.is_err() {
+                let _ = sandbox.destroy().await;
+            }
+        });
+    }
+
+    /// Creates an instance for a queued caller if there is room.
+    fn replenish(self: &Arc<Self>) {
+        if self.check_breaker().is_err() || !self.slots.reserve_for_waiter() {
+            return;
+        }
+        let pool = self.clone();
+        actix::spawn(async move {
+            match pool.create_instance().await {
+                Ok(inst) => {
+                    if let Some(inst) = pool.slots.add_prewarmed(inst) {
+                        pool.destroy(inst);
+                    }
+                }
+                Err(_) => {
+                    pool.slots.create_failed();
+                }
+            }
+        });
+    }
+
+    /// Creates instances in the background until `min_idle` are idle or being created.
+    pub(crate) fn prewarm(self: &Arc<Self>) {
+        while self.check_breaker().is_ok() && self.slots.reserve_prewarm(self.config.min_idle) {
+            let pool = self.clone();
+            actix::spawn(async move {
+                match pool.create_instance().await {
+                    Ok(inst) => {
+                        if let Some(inst) = pool.slots.add_prewarmed(inst) {
+                            pool.destroy(inst);
+                        }
+                    }
+                    Err(e) => {
+                        tracing::info!(engine = %pool.kind, error = %e, "prewarming failed");
+                        pool.slots.create_failed();
+                    }
+                }
+            });
+        }
+    }
+
+    /// Reaps idle instances past `idle_timeout` (down to `min_idle`) or `max_age`,
+    /// then tops the pool back up to `min_idle`.
+    pub(crate) fn maintain(self: &Arc<Self>) {
+        let idle_timeout = Duration::from_millis(self.config.idle_timeout_ms);
+        let max_age = Duration::from_millis(self.config.max_age_ms);
+        let reaped = self.slots.reap_idle(self.config.min_idle, |i| {
+            i.last_used.elapsed() >= idle_timeout || i.created.elapsed() >= max_age
+        });
+        for inst in reaped {
+            self.destroy(inst);
+        }
+        self.prewarm();
+    }
+
+    /// Closes the pool and destroys its idle instances; leased ones are destroyed as
+    /// they come back.
+    pub(crate) fn close(&self) {
+        for inst in self.slots.close() {
+            self.destroy(inst);
+        }
+    }
+}
+
+/// Gives a reservation back if the creating caller goes away midway.
+struct CreateGuard<'a> {
+    pool: &'a EnginePool,
+    armed: bool,
+}
+
+impl Drop for CreateGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.pool.slots.create_failed();
+        }
+    }
+}
+
+/// Waits to be handed an instance; aborting gives it back.
+struct WaitFor<'a> {
+    pool: &'a EnginePool,
+    waiter: Option<Waiter<Instance>>,
+}
+
+impl Future for WaitFor<'_> {
+    type Output = Option<Instance>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Instance>> {
+        let Some(waiter) = self.waiter.as_ref() else {
+            return Poll::Ready(None);
+        };
+        match self.pool.slots.poll_waiter(waiter, cx) {
+            Poll::Ready(got) => {
+                self.waiter = None;
+                Poll::Ready(got)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl Drop for WaitFor<'_> {
+    fn drop(&mut self) {
+        if let Some(waiter) = self.waiter.take() {
+            if let Some(inst) = self.pool.slots.abort_waiter(&waiter) {
+                // The pool closed while the instance was handed over.
+                self.pool.destroy(inst);
+            }
+        }
+    }
+}
+
+/// Pool occupancy for the telemetry gauges, read at collection time.
+#[derive(Debug)]
+pub(crate) struct Gauges(pub(crate) std::sync::Weak<EnginePool>);
+
+impl PoolGaugeSource for Gauges {
+    fn snapshot(&self) -> PoolSnapshot {
+        match self.0.upgrade() {
+            Some(pool) => {
+                let c = pool.slots.counts();
+                PoolSnapshot {
+                    size: c.size() as u64,
+                    idle: c.idle as u64,
+                    busy: c.busy as u64,
+                    waiting: c.waiting as u64,
+                }
+            }
+            None => PoolSnapshot::default(),
+        }
+    }
+}

@@ -1,0 +1,213 @@
+//! The public message API of the [`Supervisor`](crate::Supervisor).
+//!
+//! Any actix actor holding an `Addr<Supervisor>` drives Paddock with these messages;
+//! the [`Paddock`](crate::Paddock) handle is a thin layer over the same messages.
+//! Send them with `send` (or `try_send`), never `do_send`: a full mailbox is then an
+//! answer instead of an unbounded queue.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use paddock_core::{
+    EngineKind, Error, ExecRequest, ExecResult, ExecutionId, FileEntry, IsolationLevel,
+    NetworkPolicy, OutputSink, SandboxSpec, SandboxStatus,
+};
+use serde::Serialize;
+
+use crate::audit::{AuditEntry, AuditQuery, AuditStats};
+use crate::engine_pool::PoolStats;
+
+/// Runs one execution in a pooled engine instance.
+#[derive(Message, Clone)]
+#[rtype(result = "Result<ExecResult, Error>")]
+pub struct Execute {
+    /// The request (its `id` names the execution for cancel and streaming).
+    pub request: ExecRequest,
+    /// The engine; the configured default when `None`.
+    pub engine: Option<EngineKind>,
+    /// The isolation level required; refused, never downgraded, if the engine
+    /// cannot give it.
+    pub level: IsolationLevel,
+    /// The network policy.
+    pub network: NetworkPolicy,
+    /// W3C `traceparent` of the caller, if any.
+    pub traceparent: Option<String>,
+    /// An extra sink that receives output as it is produced (besides the streamer).
+    pub sink: Option<Arc<dyn OutputSink>>,
+}
+
+impl Execute {
+    /// An execution of `request` on the default engine with default policy.
+    pub fn new(request: ExecRequest) -> Execute {
+        Execute {
+            request,
+            engine: None,
+            level: IsolationLevel::None,
+            network: NetworkPolicy::None,
+            traceparent: None,
+            sink: None,
+        }
+    }
+
+    /// Chooses the engine.
+    pub fn on(mut self, engine: EngineKind) -> Execute {
+        self.engine = Some(engine);
+        self
+    }
+}
+
+impl std::fmt::Debug for Execute {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Execute")
+            .field("id", &self.request.id)
+            .field("engine", &self.engine)
+            .field("level", &self.level)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Cancels a queued or running execution by id. Answers whether this call cancelled
+/// it (`false` when it is unknown or already finished).
+#[derive(Debug, Message, Clone)]
+#[rtype(result = "bool")]
+pub struct Cancel(pub ExecutionId);
+
+/// Opens a sandbox session: a lease of one engine instance with a persistent workdir.
+#[derive(Debug, Message, Clone)]
+#[rtype(result = "Result<SandboxInfo, Error>")]
+pub struct OpenSandbox {
+    /// The engine; the configured default when `None`.
+    pub engine: Option<EngineKind>,
+    /// Level, network, default limits and tenant.
+    pub spec: SandboxSpec,
+}
+
+/// A session's description.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SandboxInfo {
+    /// The session id.
+    pub id: String,
+    /// The engine.
+    pub engine: EngineKind,
+    /// Its status.
+    pub status: SandboxStatus,
+    /// The workdir on the host.
+    pub root_dir: String,
+}
+
+/// Runs an execution in a session.
+#[derive(Message, Clone)]
+#[rtype(result = "Result<ExecResult, Error>")]
+pub struct SandboxExec {
+    /// The session id.
+    pub sandbox: String,
+    /// The request.
+    pub request: ExecRequest,
+    /// An extra sink for live output.
+    pub sink: Option<Arc<dyn OutputSink>>,
+}
+
+impl std::fmt::Debug for SandboxExec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SandboxExec")
+            .field("sandbox", &self.sandbox)
+            .field("id", &self.request.id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Writes a file in a session.
+#[derive(Debug, Message, Clone)]
+#[rtype(result = "Result<(), Error>")]
+pub struct WriteFile {
+    /// The session id.
+    pub sandbox: String,
+    /// Path inside the workdir.
+    pub path: String,
+    /// The bytes.
+    pub data: Vec<u8>,
+}
+
+/// Reads a file in a session.
+#[derive(Debug, Message, Clone)]
+#[rtype(result = "Result<Vec<u8>, Error>")]
+pub struct ReadFile {
+    /// The session id.
+    pub sandbox: String,
+    /// Path inside the workdir.
+    pub path: String,
+}
+
+/// Lists files in a session.
+#[derive(Debug, Message, Clone)]
+#[rtype(result = "Result<Vec<FileEntry>, Error>")]
+pub struct ListFiles {
+    /// The session id.
+    pub sandbox: String,
+    /// Directory inside the workdir.
+    pub path: String,
+}
+
+/// A session's status (`destroyed` for unknown ids that existed once is not kept:
+/// unknown ids are `NOT_FOUND`).
+#[derive(Debug, Message, Clone)]
+#[rtype(result = "Result<SandboxStatus, Error>")]
+pub struct GetSandboxStatus(pub String);
+
+/// Destroys a session. Idempotent for a session that was destroyed by this supervisor.
+#[derive(Debug, Message, Clone)]
+#[rtype(result = "Result<(), Error>")]
+pub struct DestroySandbox(pub String);
+
+/// Scheduler statistics.
+#[derive(Debug, Message, Clone)]
+#[rtype(result = "Stats")]
+pub struct GetStats;
+
+/// A snapshot of the scheduler (eventually consistent).
+#[derive(Debug, Clone, Serialize)]
+pub struct Stats {
+    /// One entry per pool.
+    pub pools: Vec<PoolStats>,
+    /// Executions accepted so far.
+    pub accepted_total: u64,
+    /// Executions refused before acceptance (validation, policy, limiter).
+    pub refused_total: u64,
+    /// Executions queued or running now.
+    pub in_flight: usize,
+    /// Open sandbox sessions.
+    pub sandboxes: usize,
+    /// Whether the supervisor still admits work.
+    pub admitting: bool,
+}
+
+/// Searches the audit log.
+#[derive(Debug, Message, Clone)]
+#[rtype(result = "Vec<AuditEntry>")]
+pub struct SearchAudit(pub AuditQuery);
+
+/// Audit statistics.
+#[derive(Debug, Message, Clone)]
+#[rtype(result = "AuditStats")]
+pub struct AuditStatistics;
+
+/// Graceful shutdown: stop admitting, let in-flight work finish up to `drain`, cancel
+/// what remains, destroy every instance and session, flush the audit log.
+#[derive(Debug, Message, Clone)]
+#[rtype(result = "ShutdownReport")]
+pub struct Shutdown {
+    /// How long in-flight executions may take to finish.
+    pub drain: Duration,
+}
+
+/// What shutdown did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ShutdownReport {
+    /// Executions that finished during the drain.
+    pub drained: usize,
+    /// Executions cancelled when the drain deadline passed.
+    pub cancelled: usize,
+    /// Sessions destroyed.
+    pub sandboxes_destroyed: usize,
+}

@@ -1,0 +1,517 @@
+//! The `Paddock` handle: the scheduler for plain async Rust.
+//!
+//! [`Paddock::builder`] starts an actix system on its own thread with the supervisor,
+//! limiter, streamer and audit actors, and returns a cloneable, `Send + Sync` handle
+//! whose methods work from any tokio runtime (or any executor).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use paddock_core::{
+    Engine, EngineKind, Error, ErrorCode, ExecRequest, ExecResult, ExecutionId, FileEntry,
+    OutputChunk, PaddockConfig, SandboxSpec, SandboxStatus,
+};
+use paddock_engines::subprocess::SubprocessEngine;
+
+use crate::audit::{Audit, AuditConfig, AuditEntry, AuditLog, AuditQuery, AuditStats};
+use crate::clock::SystemClock;
+use crate::limiter::{Limiter, LimiterConfig, LimiterCore};
+use crate::messages::*;
+use crate::policy::{Policy, PolicyConfig};
+use crate::streamer::{Streamer, StreamerConfig, Subscribe, Subscription};
+use crate::supervisor::{cancel_running, Shared, Supervisor, SupervisorParts};
+use paddock_telemetry::Telemetry;
+
+/// Configures and starts Paddock.
+#[must_use]
+pub struct PaddockBuilder {
+    config: PaddockConfig,
+    engines: Vec<Arc<dyn Engine>>,
+    default_engine: Option<EngineKind>,
+    builtin_subprocess: bool,
+    policy: PolicyConfig,
+    limiter: LimiterConfig,
+    audit: AuditConfig,
+    on_audit: Option<crate::audit::OnLog>,
+    streamer: StreamerConfig,
+    telemetry: Option<Telemetry>,
+}
+
+impl std::fmt::Debug for PaddockBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PaddockBuilder")
+            .field("config", &self.config)
+            .field("engines", &self.engines)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for PaddockBuilder {
+    fn default() -> Self {
+        PaddockBuilder {
+            config: PaddockConfig::default(),
+            engines: Vec::new(),
+            default_engine: None,
+            builtin_subprocess: true,
+            policy: PolicyConfig::default(),
+            limiter: LimiterConfig::default(),
+            audit: AuditConfig::default(),
+            on_audit: None,
+            streamer: StreamerConfig::default(),
+            telemetry: None,
+        }
+    }
+}
+
+impl PaddockBuilder {
+    /// The configuration (limits, pool sizing, the subprocess engine). Default: the
+    /// embedded defaults.
+    pub fn config(mut self, config: PaddockConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Adds an engine. The subprocess engine is added from the config unless
+    /// [`without_subprocess`](Self::without_subprocess) is called.
+    pub fn engine(mut self, engine: Arc<dyn Engine>) -> Self {
+        self.engines.push(engine);
+        self
+    }
+
+    /// Does not start the built-in subprocess engine.
+    pub fn without_subprocess(mut self) -> Self {
+        self.builtin_subprocess = false;
+        self
+    }
+
+    /// The engine used when a request names none. Default: subprocess, or the first
+    /// engine added.
+    pub fn default_engine(mut self, kind: EngineKind) -> Self {
+        self.default_engine = Some(kind);
+        self
+    }
+
+    /// Policy rules. Default: the built-in rules and a 100,000-character cap.
+    pub fn policy(mut self, policy: PolicyConfig) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Rate and concurrency limits. Default: none.
+    pub fn limiter(mut self, limiter: LimiterConfig) -> Self {
+        self.limiter = limiter;
+        self
+    }
+
+    /// The audit log. Default: an in-memory ring of 10,000 entries, no file.
+    pub fn audit(mut self, audit: AuditConfig) -> Self {
+        self.audit = audit;
+        self
+    }
+
+    /// A callback invoked once for every audit entry.
+    pub fn on_audit(mut self, f: impl Fn(&AuditEntry) + Send + Sync + 'static) -> Self {
+        self.on_audit = Some(Arc::new(f));
+        self
+    }
+
+    /// Output streaming buffers.
+    pub fn streamer(mut self, streamer: StreamerConfig) -> Self {
+        self.streamer = streamer;
+        self
+    }
+
+    /// The telemetry handle the scheduler records into. Default: a Prometheus
+    /// exporter (render it with [`Paddock::telemetry`]).
+    pub fn telemetry(mut self, telemetry: Telemetry) -> Self {
+        self.telemetry = Some(telemetry);
+        self
+    }
+
+    /// Validates everything, starts the actors on their own thread and returns the
+    /// handle.
+    pub fn start(self) -> Result<Paddock, Error> {
+        self.config.validate()?;
+        self.limiter.validate()?;
+        self.audit.validate()?;
+        let policy = Arc::new(Policy::new(self.policy)?);
+        let mut engines = self.engines;
+        if self.builtin_subprocess && self.config.subprocess.enabled {
+            let e = SubprocessEngine::with_defaults(
+                &self.config.subprocess,
+                self.config.limits.clone(),
+            )?;
+            engines.insert(0, Arc::new(e));
+        }
+        let Some(first) = engines.first().map(|e| e.kind()) else {
+            return Err(Error::invalid_config(
+                "engines",
+                "no engine is enabled; enable the subprocess engine or add one",
+            ));
+        };
+        let default_engine = self.default_engine.unwrap_or(first);
+        if !engines.iter().any(|e| e.kind() == default_engine) {
+            return Err(Error::invalid_config(
+                "default_engine",
+                format!("`{default_engine}` is not among the configured engines"),
+            ));
+        }
+        let mut audit_log = AuditLog::new(self.audit)?;
+        if let Some(cb) = self.on_audit {
+            audit_log.set_on_log(cb);
+        }
+        let limiter_core = LimiterCore::new(self.limiter, Arc::new(SystemClock))?;
+        let shared = Arc::new(Shared::default());
+        let parts_shared = shared.clone();
+        let pool_config = self.config.pool.clone();
+        let defaults = self
+            .config
+            .limits
+            .clone()
+            .or(&paddock_core::Limits::defaults());
+        let streamer_config = self.streamer;
+        let telemetry = match self.telemetry {
+            Some(t) => t,
+            None => Telemetry::prometheus()
+                .map_err(|e| Error::new(ErrorCode::InvalidConfig, format!("telemetry: {e}")))?,
+        };
+        let parts_telemetry = telemetry.clone();
+
+        let (tx, rx) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("paddock-actors".into())
+            .spawn(move || {
+                let system = actix::System::new();
+                system.block_on(async move {
+                    let limiter = Limiter::new(limiter_core).start();
+                    let audit = Audit::new(audit_log).start();
+                    let streamer = Streamer::new(streamer_config).start();
+                    let supervisor = Supervisor::from_parts(SupervisorParts {
+                        engines,
+                        default_engine,
+                        pool_config,
+                        defaults,
+                        policy,
+                        limiter,
+                        audit,
+                        streamer: streamer.clone(),
+                        shared: parts_shared,
+                        telemetry: parts_telemetry,
+                    })
+                    .start();
+                    let _ = tx.send((
+                        supervisor,
+                        streamer,
+                        actix::System::current(),
+                        actix::Arbiter::current(),
+                    ));
+                });
+                let _ = system.run();
+            })
+            .map_err(|e| Error::engine_io("starting the actor thread", e))?;
+        let (supervisor, streamer, system, arbiter) = rx
+            .recv()
+            .map_err(|_| Error::new(ErrorCode::EngineFailed, "the actor thread failed to start"))?;
+        Ok(Paddock {
+            supervisor,
+            streamer,
+            shared,
+            telemetry,
+            runtime: Arc::new(RuntimeHandle {
+                system,
+                arbiter,
+                thread: parking_lot::Mutex::new(Some(thread)),
+            }),
+        })
+    }
+}
+
+#[derive(Debug)]
+struct RuntimeHandle {
+    system: actix::System,
+    arbiter: actix::ArbiterHandle,
+    thread: parking_lot::Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+/// A handle on a running Paddock. Cheap to clone, `Send + Sync`, usable from any
+/// async runtime.
+#[derive(Debug, Clone)]
+pub struct Paddock {
+    supervisor: Addr<Supervisor>,
+    streamer: Addr<Streamer>,
+    shared: Arc<Shared>,
+    telemetry: Telemetry,
+    runtime: Arc<RuntimeHandle>,
+}
+
+fn gone(e: MailboxError) -> Error {
+    Error::new(
+        ErrorCode::EngineDisposed,
+        format!("Paddock is not running ({e}); start a new instance"),
+    )
+}
+
+impl Paddock {
+    /// A builder with the embedded defaults.
+    pub fn builder() -> PaddockBuilder {
+        PaddockBuilder::default()
+    }
+
+    /// The supervisor's address, for actix actors that drive Paddock by messages.
+    pub fn supervisor(&self) -> Addr<Supervisor> {
+        self.supervisor.clone()
+    }
+
+    /// The arbiter the supervisor runs on. An actor started there
+    /// (`MyActor::start_in_arbiter(&paddock.arbiter(), ...)`) talks to the supervisor
+    /// without a thread hand-off.
+    pub fn arbiter(&self) -> actix::ArbiterHandle {
+        self.runtime.arbiter.clone()
+    }
+
+    /// The telemetry handle (metrics in Prometheus text with `render_prometheus`).
+    pub fn telemetry(&self) -> &Telemetry {
+        &self.telemetry
+    }
+
+    /// Runs one execution on the default engine.
+    pub async fn execute(&self, request: ExecRequest) -> Result<ExecResult, Error> {
+        self.execute_with(Execute::new(request)).await
+    }
+
+    /// Runs one execution with full control over engine, level and network.
+    pub async fn execute_with(&self, msg: Execute) -> Result<ExecResult, Error> {
+        self.supervisor.send(msg).await.map_err(gone)?
+    }
+
+    /// Runs one execution and streams its output: chunks as they are produced, then
+    /// the final result.
+    pub async fn execute_stream(&self, msg: Execute) -> Result<ExecutionStream, Error> {
+        let subscription = self
+            .streamer
+            .send(Subscribe(msg.request.id.clone()))
+            .await
+            .map_err(gone)??;
+        let supervisor = self.supervisor.clone();
+        let result: PendingResult =
+            Box::pin(async move { supervisor.send(msg).await.map_err(gone)? });
+        Ok(ExecutionStream {
+            subscription: Some(subscription),
+            result: Some(result),
+            finished: None,
+        })
+    }
+
+    /// Cancels a queued or running execution. Returns whether this call cancelled it.
+    pub fn cancel(&self, id: &ExecutionId) -> bool {
+        cancel_running(&self.shared, id)
+    }
+
+    /// Opens a sandbox session on the default engine (or `engine`).
+    pub async fn open_sandbox(
+        &self,
+        spec: SandboxSpec,
+        engine: Option<EngineKind>,
+    ) -> Result<SandboxHandle, Error> {
+        let info = self
+            .supervisor
+            .send(OpenSandbox { engine, spec })
+            .await
+            .map_err(gone)??;
+        Ok(SandboxHandle {
+            paddock: self.clone(),
+            info,
+        })
+    }
+
+    /// Searches the audit log (newest first).
+    pub async fn audit(&self, query: AuditQuery) -> Result<Vec<AuditEntry>, Error> {
+        self.supervisor.send(SearchAudit(query)).await.map_err(gone)
+    }
+
+    /// Audit statistics.
+    pub async fn audit_statistics(&self) -> Result<AuditStats, Error> {
+        self.supervisor.send(AuditStatistics).await.map_err(gone)
+    }
+
+    /// Scheduler statistics.
+    pub async fn stats(&self) -> Result<Stats, Error> {
+        self.supervisor.send(GetStats).await.map_err(gone)
+    }
+
+    /// Graceful shutdown: stop admitting, drain in-flight executions for up to
+    /// `drain`, cancel the rest, destroy every engine instance and session, flush the
+    /// audit log, and stop the actor thread.
+    pub async fn shutdown(&self, drain: Duration) -> Result<ShutdownReport, Error> {
+        let report = self
+            .supervisor
+            .send(Shutdown { drain })
+            .await
+            .map_err(gone)?;
+        // Let instance destruction (spawned on the arbiter) run before stopping.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let stats = self.stats().await?;
+            if stats.pools.iter().all(|p| p.size == 0) || std::time::Instant::now() > deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        self.runtime.system.stop();
+        let thread = self.runtime.thread.lock().take();
+        if let Some(t) = thread {
+            let _ = tokio::task::spawn_blocking(move || t.join()).await;
+        }
+        Ok(report)
+    }
+}
+
+type PendingResult = Pin<Box<dyn Future<Output = Result<ExecResult, Error>> + Send>>;
+
+/// Output of a streamed execution, then its result.
+pub struct ExecutionStream {
+    subscription: Option<Subscription>,
+    result: Option<PendingResult>,
+    finished: Option<Result<ExecResult, Error>>,
+}
+
+impl std::fmt::Debug for ExecutionStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExecutionStream").finish_non_exhaustive()
+    }
+}
+
+/// One item of an [`ExecutionStream`].
+#[derive(Debug)]
+pub enum StreamEvent {
+    /// Output as it was produced.
+    Output(OutputChunk),
+    /// The final result; the stream ends after it.
+    Finished(Box<Result<ExecResult, Error>>),
+}
+
+impl ExecutionStream {
+    /// The next event, or `None` after [`StreamEvent::Finished`].
+    pub async fn next(&mut self) -> Option<StreamEvent> {
+        loop {
+            if let Some(sub) = self.subscription.as_mut() {
+                match self.result.as_mut() {
+                    Some(result) => {
+                        tokio::select! {
+                            chunk = sub.next() => match chunk {
+                                Some(c) => return Some(StreamEvent::Output(c)),
+                                None => self.subscription = None,
+                            },
+                            r = result => {
+                                self.result = None;
+                                self.finished = Some(r);
+                            }
+                        }
+                    }
+                    None => match sub.next().await {
+                        Some(c) => return Some(StreamEvent::Output(c)),
+                        None => self.subscription = None,
+                    },
+                }
+                continue;
+            }
+            if let Some(r) = self.finished.take() {
+                return Some(StreamEvent::Finished(Box::new(r)));
+            }
+            if let Some(result) = self.result.take() {
+                return Some(StreamEvent::Finished(Box::new(result.await)));
+            }
+            return None;
+        }
+    }
+}
+
+/// A sandbox session opened through [`Paddock::open_sandbox`].
+#[derive(Debug, Clone)]
+pub struct SandboxHandle {
+    paddock: Paddock,
+    info: SandboxInfo,
+}
+
+impl SandboxHandle {
+    /// The session id.
+    pub fn id(&self) -> &str {
+        &self.info.id
+    }
+
+    /// The session's description as opened.
+    pub fn info(&self) -> &SandboxInfo {
+        &self.info
+    }
+
+    /// Runs an execution in the session.
+    pub async fn exec(&self, request: ExecRequest) -> Result<ExecResult, Error> {
+        self.paddock
+            .supervisor
+            .send(SandboxExec {
+                sandbox: self.info.id.clone(),
+                request,
+                sink: None,
+            })
+            .await
+            .map_err(gone)?
+    }
+
+    /// Writes a file, creating parent directories.
+    pub async fn write_file(&self, path: &str, data: &[u8]) -> Result<(), Error> {
+        self.paddock
+            .supervisor
+            .send(WriteFile {
+                sandbox: self.info.id.clone(),
+                path: path.into(),
+                data: data.to_vec(),
+            })
+            .await
+            .map_err(gone)?
+    }
+
+    /// Reads a file.
+    pub async fn read_file(&self, path: &str) -> Result<Vec<u8>, Error> {
+        self.paddock
+            .supervisor
+            .send(ReadFile {
+                sandbox: self.info.id.clone(),
+                path: path.into(),
+            })
+            .await
+            .map_err(gone)?
+    }
+
+    /// Lists a directory (absolute paths with sizes; missing lists as empty).
+    pub async fn list_files(&self, path: &str) -> Result<Vec<FileEntry>, Error> {
+        self.paddock
+            .supervisor
+            .send(ListFiles {
+                sandbox: self.info.id.clone(),
+                path: path.into(),
+            })
+            .await
+            .map_err(gone)?
+    }
+
+    /// The session's status.
+    pub async fn status(&self) -> Result<SandboxStatus, Error> {
+        self.paddock
+            .supervisor
+            .send(GetSandboxStatus(self.info.id.clone()))
+            .await
+            .map_err(gone)?
+    }
+
+    /// Destroys the session. Idempotent; every later call is refused.
+    pub async fn destroy(&self) -> Result<(), Error> {
+        self.paddock
+            .supervisor
+            .send(DestroySandbox(self.info.id.clone()))
+            .await
+            .map_err(gone)?
+    }
+}

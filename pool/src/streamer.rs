@@ -1,0 +1,178 @@
+//! The streamer actor: the registry of per-execution output buffers.
+//!
+//! The supervisor opens a buffer when an execution is accepted and hands it to the
+//! engine as the output sink; subscribers (the `Paddock` handle's `execute_stream`,
+//! HTTP streaming) subscribe by execution id — before the execution starts, or late,
+//! in which case they get what is still buffered. A finished execution's buffer
+//! lingers for a while for late subscribers, then is dropped. The number of open
+//! buffers is capped, so the registry never grows without bound.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use async_trait::async_trait;
+use paddock_core::{Error, ErrorCode, ExecutionId, OutputChunk, OutputSink};
+
+use paddock_core::stream_buffer::{StreamBuffer, SubscriberId};
+
+/// Settings of the streamer.
+#[derive(Debug, Clone)]
+pub struct StreamerConfig {
+    /// Unread bytes buffered per execution before the engine is slowed down.
+    pub buffer_bytes: usize,
+    /// Largest batch a subscriber receives at once.
+    pub flush_bytes: usize,
+    /// How long a finished execution's output stays available to late subscribers.
+    pub linger: Duration,
+    /// Most buffers open at once.
+    pub max_streams: usize,
+}
+
+impl Default for StreamerConfig {
+    fn default() -> Self {
+        StreamerConfig {
+            buffer_bytes: 256 << 10,
+            flush_bytes: 64 << 10,
+            linger: Duration::from_secs(10),
+            max_streams: 100_000,
+        }
+    }
+}
+
+/// The streamer actor.
+#[derive(Debug)]
+pub struct Streamer {
+    config: StreamerConfig,
+    streams: HashMap<ExecutionId, Arc<StreamBuffer>>,
+}
+
+impl Streamer {
+    /// A streamer with the given settings.
+    pub fn new(config: StreamerConfig) -> Streamer {
+        Streamer {
+            config,
+            streams: HashMap::new(),
+        }
+    }
+}
+
+impl Actor for Streamer {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.set_mailbox_capacity(4096);
+    }
+}
+
+/// Opens (or returns the already opened) buffer of an execution.
+#[derive(Debug, Message)]
+#[rtype(result = "Result<Arc<StreamBuffer>, Error>")]
+pub struct OpenStream(pub ExecutionId);
+
+impl Handler<OpenStream> for Streamer {
+    type Result = Result<Arc<StreamBuffer>, Error>;
+
+    fn handle(&mut self, msg: OpenStream, _ctx: &mut Self::Context) -> Self::Result {
+        if let Some(b) = self.streams.get(&msg.0) {
+            return Ok(b.clone());
+        }
+        if self.streams.len() >= self.config.max_streams {
+            return Err(Error::new(
+                ErrorCode::PoolExhausted,
+                format!(
+                    "{} output streams are open; wait for executions to finish",
+                    self.config.max_streams
+                ),
+            ));
+        }
+        let b = Arc::new(StreamBuffer::new(self.config.buffer_bytes));
+        self.streams.insert(msg.0, b.clone());
+        Ok(b)
+    }
+}
+
+/// Subscribes to an execution's output, opening its buffer if the execution has not
+/// started yet.
+#[derive(Debug, Message)]
+#[rtype(result = "Result<Subscription, Error>")]
+pub struct Subscribe(pub ExecutionId);
+
+impl Handler<Subscribe> for Streamer {
+    type Result = Result<Subscription, Error>;
+
+    fn handle(&mut self, msg: Subscribe, ctx: &mut Self::Context) -> Self::Result {
+        let buffer = self.handle(OpenStream(msg.0), ctx)?;
+        let id = buffer.subscribe();
+        Ok(Subscription {
+            buffer,
+            id,
+            flush_bytes: self.config.flush_bytes,
+        })
+    }
+}
+
+/// Closes an execution's buffer; it stays readable for the linger period.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct CloseStream(pub ExecutionId);
+
+impl Handler<CloseStream> for Streamer {
+    type Result = ();
+
+    fn handle(&mut self, msg: CloseStream, ctx: &mut Self::Context) {
+        if let Some(b) = self.streams.get(&msg.0) {
+            b.close();
+            ctx.run_later(self.config.linger, move |act, _| {
+                act.streams.remove(&msg.0);
+            });
+        }
+    }
+}
+
+/// How many buffers are open.
+#[derive(Debug, Message)]
+#[rtype(result = "usize")]
+pub struct OpenStreams;
+
+impl Handler<OpenStreams> for Streamer {
+    type Result = usize;
+
+    fn handle(&mut self, _msg: OpenStreams, _ctx: &mut Self::Context) -> usize {
+        self.streams.len()
+    }
+}
+
+/// A subscriber's handle on one execution's output. Dropping it unsubscribes.
+#[derive(Debug)]
+pub struct Subscription {
+    buffer: Arc<StreamBuffer>,
+    id: SubscriberId,
+    flush_bytes: usize,
+}
+
+impl Subscription {
+    /// The next batch of output, or `None` once the execution's output has ended.
+    pub async fn next(&mut self) -> Option<OutputChunk> {
+        self.buffer.next(self.id, self.flush_bytes).await
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.buffer.unsubscribe(self.id);
+    }
+}
+
+/// The engine-facing side of a buffer: pushes wait for room (backpressure); after
+/// close they fail with `STREAM_CLOSED`.
+#[derive(Debug, Clone)]
+pub struct BufferSink(pub Arc<StreamBuffer>);
+
+#[async_trait]
+impl OutputSink for BufferSink {
+    async fn chunk(&self, chunk: OutputChunk) -> Result<(), Error> {
+        self.0.push(chunk).await
+    }
+}

@@ -1,0 +1,731 @@
+//! The supervisor actor: owns one engine pool per engine (and network policy), and
+//! routes every execution through policy → limiter → pool → engine → streamer →
+//! audit.
+
+use std::collections::{HashMap, VecDeque};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use async_trait::async_trait;
+use dashmap::DashMap;
+use paddock_core::{
+    code_hash, unix_ms, CancelToken, Engine, EngineKind, Error, ErrorCode, ExecRequest, ExecResult,
+    ExecutionId, Limits, NetworkPolicy, Outcome, OutputChunk, OutputSink, PoolConfig,
+    SandboxStatus,
+};
+
+use crate::audit::{Audit, AuditEntry, Record};
+use crate::engine_actor::RunExec;
+use crate::engine_pool::{EnginePool, Lease, Release};
+use crate::limiter::{Admit, Limiter};
+use crate::messages::*;
+use crate::policy::Policy;
+use crate::streamer::{BufferSink, CloseStream, OpenStream, Streamer};
+use paddock_telemetry::{labels, Telemetry};
+use tracing::Instrument;
+
+/// How many destroyed session ids are remembered, so a repeated destroy is Ok.
+const REMEMBERED_DESTROYED: usize = 10_000;
+
+/// State shared between the supervisor and `Paddock` handles on other threads.
+#[derive(Debug, Default)]
+pub(crate) struct Shared {
+    /// Accepted executions not yet finished, by id.
+    pub(crate) running: DashMap<ExecutionId, CancelToken>,
+    pub(crate) accepted_total: AtomicU64,
+    pub(crate) refused_total: AtomicU64,
+    pub(crate) stopping: AtomicBool,
+}
+
+/// Everything an execution needs after it left the supervisor's mailbox.
+#[derive(Debug)]
+struct Pipeline {
+    shared: Arc<Shared>,
+    telemetry: Telemetry,
+    policy: Arc<Policy>,
+    limiter: Addr<Limiter>,
+    audit: Addr<Audit>,
+    streamer: Addr<Streamer>,
+    defaults: Limits,
+}
+
+#[derive(Debug)]
+struct Session {
+    engine: EngineKind,
+    lease: Lease,
+    tenant: Option<String>,
+    limits: Limits,
+}
+
+/// The supervisor actor. Build it with [`crate::PaddockBuilder`] (which also starts
+/// it on its own thread) or [`Supervisor::new`] inside a running actix system.
+#[derive(Debug)]
+pub struct Supervisor {
+    engines: HashMap<EngineKind, Arc<dyn Engine>>,
+    default_engine: EngineKind,
+    pools: HashMap<(EngineKind, NetworkPolicy), Arc<EnginePool>>,
+    pool_config: PoolConfig,
+    pipeline: Rc<Pipeline>,
+    sessions: HashMap<String, Rc<Session>>,
+    destroyed_sessions: VecDeque<String>,
+}
+
+/// Parts of a supervisor, assembled by the builder.
+#[derive(Debug)]
+pub(crate) struct SupervisorParts {
+    pub(crate) engines: Vec<Arc<dyn Engine>>,
+    pub(crate) default_engine: EngineKind,
+    pub(crate) pool_config: PoolConfig,
+    pub(crate) defaults: Limits,
+    pub(crate) policy: Arc<Policy>,
+    pub(crate) limiter: Addr<Limiter>,
+    pub(crate) audit: Addr<Audit>,
+    pub(crate) streamer: Addr<Streamer>,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) telemetry: Telemetry,
+}
+
+impl Supervisor {
+    pub(crate) fn from_parts(parts: SupervisorParts) -> Supervisor {
+        Supervisor {
+            engines: parts.engines.into_iter().map(|e| (e.kind(), e)).collect(),
+            default_engine: parts.default_engine,
+            pools: HashMap::new(),
+            pool_config: parts.pool_config,
+            pipeline: Rc::new(Pipeline {
+                shared: parts.shared,
+                telemetry: parts.telemetry,
+                policy: parts.policy,
+                limiter: parts.limiter,
+                audit: parts.audit,
+                streamer: parts.streamer,
+                defaults: parts.defaults,
+            }),
+            sessions: HashMap::new(),
+            destroyed_sessions: VecDeque::new(),
+        }
+    }
+
+    /// The pool for an engine and network policy, created (and prewarmed) on first use.
+    fn pool(
+        &mut self,
+        engine: Option<EngineKind>,
+        network: &NetworkPolicy,
+    ) -> Result<Arc<EnginePool>, Error> {
+        let kind = engine.unwrap_or(self.default_engine);
+        let key = (kind, network.clone());
+        if let Some(p) = self.pools.get(&key) {
+            return Ok(p.clone());
+        }
+        let Some(engine) = self.engines.get(&kind).cloned() else {
+            let configured: Vec<&str> = self.engines.keys().map(|k| k.as_str()).collect();
+            return Err(Error::new(
+                ErrorCode::CapabilityNotSupported,
+                format!(
+                    "the {kind} engine is not configured; configured engines: {}",
+                    configured.join(", ")
+                ),
+            ));
+        };
+        engine.capabilities().check_network(kind, network)?;
+        let mut config = self.pool_config.clone();
+        if *network != NetworkPolicy::None {
+            // Only the default policy is kept warm; others grow on demand.
+            config.min_idle = 0;
+        }
+        let pool = EnginePool::new(
+            engine,
+            network.clone(),
+            config,
+            self.pipeline.telemetry.clone(),
+        );
+        if *network == NetworkPolicy::None {
+            self.pipeline.telemetry.register_pool(
+                kind.as_str(),
+                Arc::new(crate::engine_pool::Gauges(Arc::downgrade(&pool))),
+            );
+        }
+        pool.prewarm();
+        self.pools.insert(key, pool.clone());
+        Ok(pool)
+    }
+
+    fn prewarm_all(&mut self) {
+        let kinds: Vec<EngineKind> = self.engines.keys().copied().collect();
+        for kind in kinds {
+            if let Err(e) = self.pool(Some(kind), &NetworkPolicy::None) {
+                tracing::info!(engine = %kind, error = %e, "no default pool");
+            }
+        }
+    }
+
+    fn refuse(&self, e: Error) -> Error {
+        self.pipeline
+            .shared
+            .refused_total
+            .fetch_add(1, Ordering::Relaxed);
+        e
+    }
+
+    fn session(&self, id: &str) -> Result<Rc<Session>, Error> {
+        if let Some(s) = self.sessions.get(id) {
+            return Ok(s.clone());
+        }
+        if self.destroyed_sessions.iter().any(|d| d == id) {
+            return Err(Error::disposed(&format!("sandbox {id}")));
+        }
+        Err(Error::new(
+            ErrorCode::NotFound,
+            format!("no sandbox with id `{id}`; open one first"),
+        ))
+    }
+}
+
+impl Actor for Supervisor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.set_mailbox_capacity(65_536);
+        self.prewarm_all();
+        ctx.run_interval(Duration::from_millis(500), |act, _| {
+            for pool in act.pools.values() {
+                pool.maintain();
+            }
+        });
+    }
+}
+
+/// A sink that feeds the streamer's buffer and, optionally, the caller's own sink.
+struct Tee {
+    buffer: BufferSink,
+    extra: Option<Arc<dyn OutputSink>>,
+}
+
+#[async_trait]
+impl OutputSink for Tee {
+    async fn chunk(&self, chunk: OutputChunk) -> Result<(), Error> {
+        match &self.extra {
+            Some(extra) => {
+                let first = self.buffer.chunk(chunk.clone()).await;
+                let second = extra.chunk(chunk).await;
+                first.and(second)
+            }
+            None => self.buffer.chunk(chunk).await,
+        }
+    }
+}
+
+/// Where an accepted execution runs.
+enum Target {
+    Pool(Arc<EnginePool>),
+    Session(Rc<Session>),
+}
+
+impl Pipeline {
+    /// Runs one accepted-or-refused execution to its end. Exactly one audit entry is
+    /// recorded for every execution the limiter admitted.
+    async fn run(
+        self: Rc<Self>,
+        target: Target,
+        request: ExecRequest,
+        engine: EngineKind,
+        sink: Option<Arc<dyn OutputSink>>,
+        traceparent: Option<String>,
+    ) -> Result<ExecResult, Error> {
+        let queued_at_ms = unix_ms();
+        let refuse = |e: Error| {
+            self.shared.refused_total.fetch_add(1, Ordering::Relaxed);
+            e
+        };
+        if self.shared.stopping.load(Ordering::Acquire) {
+            return Err(refuse(Error::new(
+                ErrorCode::EngineDisposed,
+                "Paddock is shutting down; no new executions are accepted",
+            )));
+        }
+        request.validate().map_err(refuse)?;
+        let warnings = self.policy.check(&request.program).map_err(|r| {
+            tracing::info!(rule = %r.rule, "policy refused an execution");
+            self.telemetry.record_rule_block(&r.rule);
+            refuse(r.error)
+        })?;
+        let tenant = request.tenant.clone();
+        let permit = match self
+            .limiter
+            .send(Admit::tenant(tenant.clone().unwrap_or_default()))
+            .await
+        {
+            Ok(Ok(p)) => p,
+            Ok(Err(e)) => return Err(refuse(e)),
+            Err(e) => return Err(refuse(mailbox_error("limiter", e))),
+        };
+        let id = request.id.clone();
+        let token = CancelToken::new();
+        {
+            use dashmap::mapref::entry::Entry;
+            match self.shared.running.entry(id.clone()) {
+                Entry::Occupied(_) => {
+                    return Err(refuse(Error::invalid_options(
+                        "id",
+                        format!("an execution with id {id} is already running; use a fresh id"),
+                    )))
+                }
+                Entry::Vacant(v) => {
+                    v.insert(token.clone());
+                }
+            }
+        }
+        // Accepted from here on.
+        self.shared.accepted_total.fetch_add(1, Ordering::Relaxed);
+        let hash = code_hash(&request.program.audit_text());
+        let span = paddock_telemetry::execution_span(
+            &id,
+            engine.as_str(),
+            tenant.as_deref().unwrap_or(""),
+            traceparent.as_deref(),
+        );
+        let outcome = self
+            .clone()
+            .run_accepted(target, request, engine, sink, token)
+            .instrument(span)
+            .await;
+        self.record_metrics(engine, &outcome);
+        let _ = self.streamer.send(CloseStream(id.clone())).await;
+
+        let entry_result = match &outcome {
+            Ok(r) => AuditEntry::from_result(r, tenant.as_deref(), hash),
+            Err(e) => {
+                let mut failed = ExecResult::failed(id.clone(), engine, e.clone());
+                failed.timings.queued_at_ms = queued_at_ms;
+                AuditEntry::from_result(&failed, tenant.as_deref(), hash)
+            }
+        };
+        if let Err(e) = self.audit.send(Record(entry_result)).await {
+            tracing::error!(error = %e, "the audit actor is gone; an entry was lost");
+        }
+        self.shared.running.remove(&id);
+        drop(permit);
+        outcome.map(|mut r| {
+            r.timings.queued_at_ms = queued_at_ms;
+            r.warnings.extend(warnings);
+            r
+        })
+    }
+
+    fn record_metrics(&self, engine: EngineKind, outcome: &Result<ExecResult, Error>) {
+        let t = &self.telemetry;
+        let (name, wall_ms) = match outcome {
+            Ok(r) => (r.outcome.name(), r.usage.wall_ms as f64),
+            Err(_) => (labels::outcome::FAILED, 0.0),
+        };
+        t.record_execution(engine.as_str(), name);
+        t.record_duration(engine.as_str(), name, wall_ms);
+        if let Ok(r) = outcome {
+            let reason = match &r.outcome {
+                Outcome::TimedOut => Some(labels::kill::TIMEOUT),
+                Outcome::Cancelled => Some(labels::kill::CANCEL),
+                Outcome::LimitExceeded { limit } => Some(match limit {
+                    paddock_core::LimitKind::Memory => labels::kill::MEMORY,
+                    paddock_core::LimitKind::Pids => labels::kill::PIDS,
+                    paddock_core::LimitKind::Output => labels::kill::OUTPUT,
+                    paddock_core::LimitKind::Cpu => labels::kill::CPU,
+                    paddock_core::LimitKind::FileSize => "file_size",
+                }),
+                _ => None,
+            };
+            if let Some(reason) = reason {
+                t.record_kill(reason);
+            }
+        }
+    }
+
+    async fn run_accepted(
+        self: Rc<Self>,
+        target: Target,
+        request: ExecRequest,
+        engine: EngineKind,
+        sink: Option<Arc<dyn OutputSink>>,
+        token: CancelToken,
+    ) -> Result<ExecResult, Error> {
+        let buffer = match self.streamer.send(OpenStream(request.id.clone())).await {
+            Ok(Ok(b)) => b,
+            Ok(Err(e)) => return Err(e),
+            Err(e) => return Err(mailbox_error("streamer", e)),
+        };
+        let tee: Arc<dyn OutputSink> = Arc::new(Tee {
+            buffer: BufferSink(buffer),
+            extra: sink,
+        });
+        match target {
+            Target::Pool(pool) => {
+                let lease = match pool.acquire(&token).await {
+                    Ok(l) => l,
+                    Err(e) if e.code == ErrorCode::Cancelled => {
+                        return Ok(cancelled_result(request.id, engine));
+                    }
+                    Err(e) => return Err(e),
+                };
+                let limits = request.limits.clone().or(&self.defaults);
+                let grace = Duration::from_millis(pool.config.watchdog_grace_ms);
+                let result = run_on(&lease, request, tee, token, &limits, grace).await;
+                pool.release(lease, release_for(&result));
+                result
+            }
+            Target::Session(session) => {
+                let mut request = request;
+                request.limits = request.limits.or(&session.limits);
+                let limits = request.limits.clone().or(&self.defaults);
+                let grace = Duration::from_millis(session.lease.pool_config().watchdog_grace_ms);
+                run_on(&session.lease, request, tee, token, &limits, grace).await
+            }
+        }
+    }
+}
+
+/// Runs on a leased instance, with a watchdog in case the engine ignores its deadline.
+async fn run_on(
+    lease: &Lease,
+    request: ExecRequest,
+    sink: Arc<dyn OutputSink>,
+    cancel: CancelToken,
+    limits: &Limits,
+    grace: Duration,
+) -> Result<ExecResult, Error> {
+    let inst = lease.instance();
+    let id = request.id.clone();
+    let engine = inst.sandbox.kind();
+    let instance_id = inst.sandbox.id().to_string();
+    let deadline = limits.timeout().unwrap_or(Duration::from_secs(30)) + grace;
+    let started = Instant::now();
+    let fut = inst.actor.send(RunExec {
+        request,
+        sink,
+        cancel: cancel.clone(),
+    });
+    match tokio::time::timeout(deadline, fut).await {
+        Ok(Ok(result)) => result,
+        Ok(Err(e)) => Err(mailbox_error("engine instance", e)),
+        Err(_) => {
+            cancel.cancel();
+            let mut r = ExecResult::failed(id, engine, Error::new(ErrorCode::Timeout, "timed out"));
+            r.outcome = Outcome::TimedOut;
+            r.instance_id = instance_id;
+            r.usage.wall_ms = started.elapsed().as_millis() as u64;
+            r.warnings.push(format!(
+                "the engine did not stop within {} ms of its deadline; the instance was retired",
+                grace.as_millis()
+            ));
+            Ok(r)
+        }
+    }
+}
+
+/// Anything but a clean completion taints the instance.
+fn release_for(result: &Result<ExecResult, Error>) -> Release {
+    match result {
+        Ok(r) if matches!(r.outcome, Outcome::Completed { .. }) => Release::Reuse,
+        Ok(_) => Release::Retire,
+        Err(e) => match e.code {
+            ErrorCode::EngineFailed
+            | ErrorCode::WorkerFailed
+            | ErrorCode::ProtocolError
+            | ErrorCode::EngineDisposed
+            | ErrorCode::Timeout => Release::Retire,
+            _ => Release::Reuse,
+        },
+    }
+}
+
+fn cancelled_result(id: ExecutionId, engine: EngineKind) -> ExecResult {
+    let mut r = ExecResult::failed(id, engine, Error::new(ErrorCode::Cancelled, "cancelled"));
+    r.outcome = Outcome::Cancelled;
+    r
+}
+
+fn mailbox_error(what: &str, e: MailboxError) -> Error {
+    Error::new(
+        ErrorCode::EngineFailed,
+        format!("the {what} actor did not answer ({e}); retry"),
+    )
+}
+
+impl Handler<Execute> for Supervisor {
+    type Result = ResponseFuture<Result<ExecResult, Error>>;
+
+    fn handle(&mut self, msg: Execute, _ctx: &mut Self::Context) -> Self::Result {
+        let prepared = self.pool(msg.engine, &msg.network).and_then(|pool| {
+            let caps = pool.engine().capabilities();
+            caps.check_level(pool.kind, msg.level)?;
+            caps.check_program(pool.kind, msg.request.program.kind())?;
+            Ok(pool)
+        });
+        let pool = match prepared {
+            Ok(p) => p,
+            Err(e) => {
+                let e = self.refuse(e);
+                return Box::pin(async move { Err(e) });
+            }
+        };
+        let pipeline = self.pipeline.clone();
+        let kind = pool.kind;
+        Box::pin(pipeline.run(
+            Target::Pool(pool),
+            msg.request,
+            kind,
+            msg.sink,
+            msg.traceparent,
+        ))
+    }
+}
+
+impl Handler<Cancel> for Supervisor {
+    type Result = bool;
+
+    fn handle(&mut self, msg: Cancel, _ctx: &mut Self::Context) -> bool {
+        cancel_running(&self.pipeline.shared, &msg.0)
+    }
+}
+
+/// Cancels a running execution through the shared registry.
+pub(crate) fn cancel_running(shared: &Shared, id: &ExecutionId) -> bool {
+    match shared.running.get(id) {
+        Some(token) => token.cancel(),
+        None => false,
+    }
+}
+
+impl Handler<OpenSandbox> for Supervisor {
+    type Result = ResponseActFuture<Self, Result<SandboxInfo, Error>>;
+
+    fn handle(&mut self, msg: OpenSandbox, _ctx: &mut Self::Context) -> Self::Result {
+        let prepared = self.pool(msg.engine, &msg.spec.network).and_then(|pool| {
+            let caps = pool.engine().capabilities();
+            caps.check_level(pool.kind, msg.spec.level)?;
+            msg.spec.limits.validate("limits", false)?;
+            Ok(pool)
+        });
+        let stopping = self.pipeline.shared.stopping.load(Ordering::Acquire);
+        Box::pin(
+            async move {
+                if stopping {
+                    return Err(Error::new(
+                        ErrorCode::EngineDisposed,
+                        "Paddock is shutting down; no new sandboxes are opened",
+                    ));
+                }
+                let pool = prepared?;
+                let lease = pool.acquire(&CancelToken::new()).await?;
+                Ok((pool.kind, lease))
+            }
+            .into_actor(self)
+            .map(move |r, act, _ctx| {
+                let (engine, lease) = r?;
+                let inst = lease.instance();
+                let info = SandboxInfo {
+                    id: inst.sandbox.id().to_string(),
+                    engine,
+                    status: inst.sandbox.status(),
+                    root_dir: inst.sandbox.root_dir().to_string_lossy().into_owned(),
+                };
+                act.sessions.insert(
+                    info.id.clone(),
+                    Rc::new(Session {
+                        engine,
+                        lease,
+                        tenant: msg.spec.tenant.clone(),
+                        limits: msg.spec.limits.clone(),
+                    }),
+                );
+                Ok(info)
+            }),
+        )
+    }
+}
+
+impl Handler<SandboxExec> for Supervisor {
+    type Result = ResponseFuture<Result<ExecResult, Error>>;
+
+    fn handle(&mut self, msg: SandboxExec, _ctx: &mut Self::Context) -> Self::Result {
+        let session = match self.session(&msg.sandbox) {
+            Ok(s) => s,
+            Err(e) => return Box::pin(async move { Err(e) }),
+        };
+        let mut request = msg.request;
+        if request.tenant.is_none() {
+            request.tenant = session.tenant.clone();
+        }
+        let engine = session.engine;
+        let pipeline = self.pipeline.clone();
+        Box::pin(pipeline.run(Target::Session(session), request, engine, msg.sink, None))
+    }
+}
+
+macro_rules! session_op {
+    ($msg:ty, $out:ty, |$s:ident, $m:ident| $body:expr) => {
+        impl Handler<$msg> for Supervisor {
+            type Result = ResponseFuture<Result<$out, Error>>;
+
+            fn handle(&mut self, $m: $msg, _ctx: &mut Self::Context) -> Self::Result {
+                let session = match self.session(&$m.sandbox) {
+                    Ok(s) => s,
+                    Err(e) => return Box::pin(async move { Err(e) }),
+                };
+                Box::pin(async move {
+                    let $s = session.lease.instance().sandbox.clone();
+                    $body.await
+                })
+            }
+        }
+    };
+}
+
+session_op!(WriteFile, (), |sb, msg| async move {
+    sb.write_file(&msg.path, &msg.data).await
+});
+session_op!(ReadFile, Vec<u8>, |sb, msg| async move {
+    sb.read_file(&msg.path).await
+});
+session_op!(
+    ListFiles,
+    Vec<paddock_core::FileEntry>,
+    |sb, msg| async move { sb.list_files(&msg.path).await }
+);
+
+impl Handler<GetSandboxStatus> for Supervisor {
+    type Result = Result<SandboxStatus, Error>;
+
+    fn handle(&mut self, msg: GetSandboxStatus, _ctx: &mut Self::Context) -> Self::Result {
+        match self.session(&msg.0) {
+            Ok(s) => Ok(s.lease.instance().sandbox.status()),
+            Err(e) if e.code == ErrorCode::EngineDisposed => Ok(SandboxStatus::Destroyed),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+impl Handler<DestroySandbox> for Supervisor {
+    type Result = ResponseFuture<Result<(), Error>>;
+
+    fn handle(&mut self, msg: DestroySandbox, _ctx: &mut Self::Context) -> Self::Result {
+        let Some(session) = self.sessions.remove(&msg.0) else {
+            let known = self.destroyed_sessions.iter().any(|d| *d == msg.0);
+            return Box::pin(async move {
+                if known {
+                    Ok(())
+                } else {
+                    Err(Error::new(
+                        ErrorCode::NotFound,
+                        format!("no sandbox with id `{}`", msg.0),
+                    ))
+                }
+            });
+        };
+        if self.destroyed_sessions.len() >= REMEMBERED_DESTROYED {
+            self.destroyed_sessions.pop_front();
+        }
+        self.destroyed_sessions.push_back(msg.0.clone());
+        Box::pin(async move {
+            let sandbox = session.lease.instance().sandbox.clone();
+            // Destroy now (it kills running executions and waits for them); the lease
+            // then retires the instance when the last reference goes.
+            let r = sandbox.destroy().await;
+            drop(session);
+            r
+        })
+    }
+}
+
+impl Handler<GetStats> for Supervisor {
+    type Result = MessageResult<GetStats>;
+
+    fn handle(&mut self, _msg: GetStats, _ctx: &mut Self::Context) -> Self::Result {
+        let shared = &self.pipeline.shared;
+        MessageResult(Stats {
+            pools: self.pools.values().map(|p| p.stats()).collect(),
+            accepted_total: shared.accepted_total.load(Ordering::Relaxed),
+            refused_total: shared.refused_total.load(Ordering::Relaxed),
+            in_flight: shared.running.len(),
+            sandboxes: self.sessions.len(),
+            admitting: !shared.stopping.load(Ordering::Relaxed),
+        })
+    }
+}
+
+impl Handler<SearchAudit> for Supervisor {
+    type Result = ResponseFuture<Vec<AuditEntry>>;
+
+    fn handle(&mut self, msg: SearchAudit, _ctx: &mut Self::Context) -> Self::Result {
+        let audit = self.pipeline.audit.clone();
+        Box::pin(async move {
+            audit
+                .send(crate::audit::Search(msg.0))
+                .await
+                .unwrap_or_default()
+        })
+    }
+}
+
+impl Handler<AuditStatistics> for Supervisor {
+    type Result = ResponseFuture<crate::audit::AuditStats>;
+
+    fn handle(&mut self, _msg: AuditStatistics, _ctx: &mut Self::Context) -> Self::Result {
+        let audit = self.pipeline.audit.clone();
+        Box::pin(async move {
+            audit
+                .send(crate::audit::Statistics)
+                .await
+                .unwrap_or_default()
+        })
+    }
+}
+
+impl Handler<Shutdown> for Supervisor {
+    type Result = ResponseActFuture<Self, ShutdownReport>;
+
+    fn handle(&mut self, msg: Shutdown, _ctx: &mut Self::Context) -> Self::Result {
+        let shared = self.pipeline.shared.clone();
+        shared.stopping.store(true, Ordering::Release);
+        let audit = self.pipeline.audit.clone();
+        let in_flight_at_start = shared.running.len();
+        let sessions: Vec<Rc<Session>> = self.sessions.drain().map(|(_, s)| s).collect();
+        let pools: Vec<Arc<EnginePool>> = self.pools.values().cloned().collect();
+        Box::pin(
+            async move {
+                let deadline = Instant::now() + msg.drain;
+                while !shared.running.is_empty() && Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                let mut cancelled = 0;
+                for entry in shared.running.iter() {
+                    if entry.value().cancel() {
+                        cancelled += 1;
+                    }
+                }
+                // Cancelled executions finish promptly; give them a moment to record.
+                let grace = Instant::now() + Duration::from_secs(10);
+                while !shared.running.is_empty() && Instant::now() < grace {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                let mut destroyed = 0;
+                for s in sessions {
+                    let sandbox = s.lease.instance().sandbox.clone();
+                    let _ = sandbox.destroy().await;
+                    destroyed += 1;
+                }
+                for p in &pools {
+                    p.close();
+                }
+                let _ = audit.send(crate::audit::Flush).await;
+                ShutdownReport {
+                    drained: in_flight_at_start.saturating_sub(cancelled),
+                    cancelled,
+                    sandboxes_destroyed: destroyed,
+                }
+            }
+            .into_actor(self),
+        )
+    }
+}

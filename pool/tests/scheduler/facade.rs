@@ -1,0 +1,200 @@
+use std::sync::Arc;
+use std::time::Duration;
+
+use paddock_core::{EngineKind, ErrorCode, ExecRequest, Language, Outcome, PaddockConfig, Program};
+use paddock_engines::noop::NoopEngine;
+use paddock_pool::{Execute, Paddock, StreamEvent};
+
+fn sh(script: &str) -> ExecRequest {
+    ExecRequest::new(Program::command(["sh", "-c", script]))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn executes_through_the_whole_pipeline() {
+    let paddock = Paddock::builder().start().unwrap();
+    let r = paddock.execute(sh("echo hi; exit 3")).await.unwrap();
+    assert_eq!(
+        r.outcome,
+        Outcome::Completed {
+            exit_code: 3,
+            signal: None
+        }
+    );
+    assert_eq!(r.stdout, "hi\n");
+    let r = paddock
+        .execute(ExecRequest::new(Program::code(
+            Language::Python,
+            "print(6*7)",
+        )))
+        .await
+        .unwrap();
+    assert_eq!(r.stdout, "42\n");
+    let blocked = paddock
+        .execute(ExecRequest::new(Program::code(
+            Language::Javascript,
+            "process.exit(1)",
+        )))
+        .await
+        .unwrap_err();
+    assert_eq!(blocked.code, ErrorCode::CodeBlocked);
+    let audit = paddock.audit(Default::default()).await.unwrap();
+    assert_eq!(
+        audit.len(),
+        2,
+        "one entry per accepted execution: {audit:?}"
+    );
+    let stats = paddock.stats().await.unwrap();
+    assert_eq!(stats.accepted_total, 2);
+    assert_eq!(stats.refused_total, 1);
+    let report = paddock.shutdown(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(report.cancelled, 0);
+    let after = paddock.execute(sh("true")).await.unwrap_err();
+    assert_eq!(after.code, ErrorCode::EngineDisposed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_output_then_the_result() {
+    let paddock = Paddock::builder().start().unwrap();
+    let mut stream = paddock
+        .execute_stream(Execute::new(sh("echo one; sleep 0.3; echo two >&2")))
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    let mut result = None;
+    while let Some(ev) = stream.next().await {
+        match ev {
+            StreamEvent::Output(c) => out.push((c.stream, String::from_utf8(c.data).unwrap())),
+            StreamEvent::Finished(r) => result = Some(r.unwrap()),
+        }
+    }
+    let result = result.expect("a final result");
+    assert!(result.is_success());
+    assert_eq!(
+        out,
+        vec![
+            (paddock_core::StreamKind::Stdout, "one\n".to_string()),
+            (paddock_core::StreamKind::Stderr, "two\n".to_string())
+        ]
+    );
+    paddock.shutdown(Duration::from_secs(5)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_by_id_while_running() {
+    let paddock = Paddock::builder().start().unwrap();
+    let req = sh("sleep 30");
+    let id = req.id.clone();
+    let p2 = paddock.clone();
+    let running = tokio::spawn(async move { p2.execute(req).await });
+    let mut cancelled = false;
+    for _ in 0..200 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        if paddock.cancel(&id) {
+            cancelled = true;
+            break;
+        }
+    }
+    assert!(cancelled, "the execution never showed up as running");
+    let r = running.await.unwrap().unwrap();
+    assert_eq!(r.outcome, Outcome::Cancelled);
+    assert!(!paddock.cancel(&id), "cancel after finish is a no-op");
+    paddock.shutdown(Duration::from_secs(5)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_keep_files_and_refuse_after_destroy() {
+    let paddock = Paddock::builder().start().unwrap();
+    let sb = paddock
+        .open_sandbox(Default::default(), None)
+        .await
+        .unwrap();
+    sb.write_file("notes/a.txt", b"hello").await.unwrap();
+    let r = sb
+        .exec(sh("cat notes/a.txt; echo more >> notes/a.txt"))
+        .await
+        .unwrap();
+    assert_eq!(r.stdout, "hello");
+    assert_eq!(sb.read_file("notes/a.txt").await.unwrap(), b"hellomore\n");
+    let list = sb.list_files("").await.unwrap();
+    assert!(
+        list.iter()
+            .any(|e| e.path.ends_with("notes/a.txt") && e.size == 10),
+        "{list:?}"
+    );
+    assert_eq!(
+        sb.read_file("../x").await.unwrap_err().code,
+        ErrorCode::PathEscape
+    );
+    sb.destroy().await.unwrap();
+    sb.destroy().await.unwrap();
+    assert_eq!(
+        sb.exec(sh("true")).await.unwrap_err().code,
+        ErrorCode::EngineDisposed
+    );
+    assert_eq!(
+        sb.status().await.unwrap(),
+        paddock_core::SandboxStatus::Destroyed
+    );
+    paddock.shutdown(Duration::from_secs(5)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_are_typed() {
+    let paddock = Paddock::builder()
+        .engine(Arc::new(NoopEngine::new()))
+        .start()
+        .unwrap();
+    let mut msg = Execute::new(sh("true"));
+    msg.level = paddock_core::IsolationLevel::Strict;
+    assert_eq!(
+        paddock.execute_with(msg).await.unwrap_err().code,
+        ErrorCode::LevelNotSupported
+    );
+    let msg = Execute::new(ExecRequest::new(Program::Invoke {
+        handler: "h".into(),
+        input: serde_json::json!({}),
+    }));
+    assert_eq!(
+        paddock.execute_with(msg).await.unwrap_err().code,
+        ErrorCode::CapabilityNotSupported
+    );
+    let msg = Execute::new(sh("true")).on(EngineKind::Container);
+    assert_eq!(
+        paddock.execute_with(msg).await.unwrap_err().code,
+        ErrorCode::CapabilityNotSupported
+    );
+    let r = paddock
+        .execute_with(Execute::new(sh("true")).on(EngineKind::Noop))
+        .await
+        .unwrap();
+    assert!(r.is_success());
+    assert_eq!(r.engine, EngineKind::Noop);
+    paddock.shutdown(Duration::from_secs(5)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_pool_answers_pool_exhausted() {
+    let mut config = PaddockConfig::default();
+    config.pool.max_size = 1;
+    config.pool.min_idle = 0;
+    config.pool.max_waiting = 1;
+    config.pool.acquire_timeout_ms = 300;
+    let paddock = Paddock::builder().config(config).start().unwrap();
+    let p = paddock.clone();
+    let first = tokio::spawn(async move { p.execute(sh("sleep 1")).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let p = paddock.clone();
+    let second = tokio::spawn(async move { p.execute(sh("true")).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let third = paddock.execute(sh("true")).await.unwrap_err();
+    assert_eq!(third.code, ErrorCode::PoolExhausted, "{third}");
+    assert!(third.retry_after_ms.is_some());
+    let second = second.await.unwrap().unwrap_err();
+    assert_eq!(
+        second.code,
+        ErrorCode::PoolExhausted,
+        "waited past acquire_timeout"
+    );
+    assert!(first.await.unwrap().unwrap().is_success());
+    paddock.shutdown(Duration::from_secs(5)).await.unwrap();
+}
