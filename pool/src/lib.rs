@@ -1,12 +1,35 @@
 //! # paddock-pool
 //!
 //! Paddock's scheduler: the actors between a caller and the engines that run its
-//! code. The supervisor validates a request, puts it through the [`policy`] stage and
-//! the [`limiter`], takes a warm engine from a pool, streams the output and records
-//! the result in the [`audit`] log; the `Paddock` handle is how an embedder drives
-//! all of it. The supervisor, pools, streamer and handle are still to come; this
-//! crate holds the stages they are built from, each a pure core with an actor around
-//! it, all reading time from an injectable [`clock`].
+//! code. Every execution goes through
+//! **policy → limiter → pool → engine → streamer → audit**:
+//!
+//! - the [`Supervisor`] actor validates a request, puts it through the [`policy`]
+//!   stage and the [`limiter`], leases a warm instance from the engine's pool (bounded
+//!   wait queue, `POOL_EXHAUSTED` when full), runs it on the instance's
+//!   [`engine_actor`] with a watchdog, and recycles or retires the instance;
+//! - the [`streamer`] keeps each execution's output in a bounded buffer whose slowest
+//!   subscriber slows the engine down (backpressure to the child's pipe);
+//! - the [`audit`] actor records exactly one entry per accepted execution;
+//! - [`Paddock`] is the handle for plain async Rust, and the [`messages`] are the API
+//!   other actors use on `Addr<Supervisor>`.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), paddock_core::Error> {
+//! use paddock_core::{ExecRequest, Language, Program};
+//! use paddock_pool::Paddock;
+//!
+//! let paddock = Paddock::builder().start()?;
+//! let result = paddock
+//!     .execute(ExecRequest::new(Program::code(Language::Python, "print(6 * 7)")))
+//!     .await?;
+//! assert_eq!(result.stdout, "42\n");
+//! paddock.shutdown(std::time::Duration::from_secs(5)).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! The stages are pure cores with an actor around each, reading time from an
+//! injectable [`clock`]:
 //!
 //! ```
 //! use paddock_core::{ErrorCode, Language, Program};

@@ -61,7 +61,7 @@ struct Session {
 }
 
 /// The supervisor actor. Build it with [`crate::PaddockBuilder`] (which also starts
-/// it on its own thread) or [`Supervisor::new`] inside a running actix system.
+/// it on its own thread; `Paddock::supervisor` gives its address).
 #[derive(Debug)]
 pub struct Supervisor {
     engines: HashMap<EngineKind, Arc<dyn Engine>>,
