@@ -7,11 +7,10 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use paddock_core::{
-    CancelToken, Engine, ErrorCode, ExecRequest, ExecResult, Language, LimitKind, Limits,
-    NetworkPolicy, Outcome, OutputChunk, OutputSink, PaddockConfig, Program, SandboxSpec,
-    StreamKind,
+    EngineKind, ErrorCode, ExecRequest, ExecResult, Language, LimitKind, Limits, NetworkPolicy,
+    Outcome, PaddockConfig, Program, StreamKind,
 };
-use paddock_engines::subprocess::SubprocessEngine;
+use paddock_pool::{Execute, Paddock, StreamEvent};
 use tokio::io::AsyncWriteExt;
 
 use crate::units::{parse_duration, parse_size};
@@ -122,35 +121,6 @@ fn parse_env(s: &str) -> Result<(String, String), String> {
     }
 }
 
-/// A sink that writes chunks to Paddock's own stdout and stderr as they come.
-struct Terminal {
-    out: tokio::sync::Mutex<tokio::io::Stdout>,
-    err: tokio::sync::Mutex<tokio::io::Stderr>,
-}
-
-#[async_trait::async_trait]
-impl OutputSink for Terminal {
-    async fn chunk(&self, chunk: OutputChunk) -> paddock_core::Result<()> {
-        let r = match chunk.stream {
-            StreamKind::Stdout => {
-                let mut out = self.out.lock().await;
-                match out.write_all(&chunk.data).await {
-                    Ok(()) => out.flush().await,
-                    Err(e) => Err(e),
-                }
-            }
-            StreamKind::Stderr => {
-                let mut err = self.err.lock().await;
-                match err.write_all(&chunk.data).await {
-                    Ok(()) => err.flush().await,
-                    Err(e) => Err(e),
-                }
-            }
-        };
-        r.map_err(|e| paddock_core::Error::new(ErrorCode::StreamClosed, e.to_string()))
-    }
-}
-
 /// A usage error: exit 2 with a message, like clap's own.
 pub(crate) struct UsageError(pub(crate) String);
 
@@ -215,23 +185,15 @@ pub(crate) async fn run(args: RunArgs) -> Result<i32, UsageError> {
         None
     };
 
-    let engine = match args.engine {
-        EngineArg::Subprocess => {
-            match SubprocessEngine::with_defaults(&config.subprocess, config.limits.clone()) {
-                Ok(e) => e,
-                Err(e) => {
-                    eprintln!("paddock: {e}");
-                    return Ok(EXIT_INTERNAL);
-                }
-            }
+    let mut config = config;
+    // A one-shot run needs no instance kept warm ahead of it.
+    config.pool.min_idle = 0;
+    let paddock = match Paddock::builder().config(config).start() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("paddock: {e}");
+            return Ok(exit_for_error(e.code));
         }
-    };
-    let spec = SandboxSpec {
-        network: match args.network {
-            NetworkArg::None => NetworkPolicy::None,
-            NetworkArg::Host => NetworkPolicy::Unrestricted,
-        },
-        ..SandboxSpec::default()
     };
     let mut request = ExecRequest::new(program);
     request.stdin = stdin;
@@ -247,36 +209,28 @@ pub(crate) async fn run(args: RunArgs) -> Result<i32, UsageError> {
     if let Err(e) = request.validate() {
         return Err(UsageError(e.message));
     }
-
-    let sandbox = match engine.create(&spec).await {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("paddock: {e}");
-            return Ok(exit_for_error(e.code));
-        }
+    let id = request.id.clone();
+    let mut msg = Execute::new(request).on(match args.engine {
+        EngineArg::Subprocess => EngineKind::Subprocess,
+    });
+    msg.network = match args.network {
+        NetworkArg::None => NetworkPolicy::None,
+        NetworkArg::Host => NetworkPolicy::Unrestricted,
     };
-    let cancel = CancelToken::new();
     let interrupted = {
-        let cancel = cancel.clone();
+        let paddock = paddock.clone();
         tokio::spawn(async move {
             if tokio::signal::ctrl_c().await.is_ok() {
-                cancel.cancel();
+                paddock.cancel(&id);
             }
         })
     };
-    let terminal = Terminal {
-        out: tokio::sync::Mutex::new(tokio::io::stdout()),
-        err: tokio::sync::Mutex::new(tokio::io::stderr()),
-    };
     let result = if args.json {
-        sandbox
-            .exec(request, &paddock_core::DiscardSink, cancel)
-            .await
+        paddock.execute_with(msg).await
     } else {
-        sandbox.exec(request, &terminal, cancel).await
+        stream_to_terminal(&paddock, msg).await
     };
     interrupted.abort();
-    let destroyed = sandbox.destroy().await;
     let status = match result {
         Ok(r) => {
             if args.json {
@@ -291,10 +245,42 @@ pub(crate) async fn run(args: RunArgs) -> Result<i32, UsageError> {
             exit_for_error(e.code)
         }
     };
-    if let Err(e) = destroyed {
-        eprintln!("paddock: cleaning up the sandbox failed: {e}");
+    if let Err(e) = paddock.shutdown(Duration::from_secs(5)).await {
+        eprintln!("paddock: shutting down failed: {e}");
     }
     Ok(status)
+}
+
+/// Runs the execution and copies its output to the terminal as it comes.
+async fn stream_to_terminal(paddock: &Paddock, msg: Execute) -> Result<ExecResult, paddock_core::Error> {
+    let mut stream = paddock.execute_stream(msg).await?;
+    let mut out = tokio::io::stdout();
+    let mut err = tokio::io::stderr();
+    let mut terminal_open = true;
+    while let Some(event) = stream.next().await {
+        match event {
+            StreamEvent::Output(chunk) if terminal_open => {
+                let written = match chunk.stream {
+                    StreamKind::Stdout => match out.write_all(&chunk.data).await {
+                        Ok(()) => out.flush().await,
+                        Err(e) => Err(e),
+                    },
+                    StreamKind::Stderr => match err.write_all(&chunk.data).await {
+                        Ok(()) => err.flush().await,
+                        Err(e) => Err(e),
+                    },
+                };
+                // A closed terminal (`| head`) stops the copying, not the program.
+                terminal_open = written.is_ok();
+            }
+            StreamEvent::Output(_) => {}
+            StreamEvent::Finished(result) => return *result,
+        }
+    }
+    Err(paddock_core::Error::new(
+        ErrorCode::EngineFailed,
+        "the execution stream ended without a result",
+    ))
 }
 
 /// The one-line JSON result: the result's wire form plus `timed_out`, with

@@ -176,3 +176,25 @@ fn doctor_reports_the_host() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(v["subprocess"]["capabilities"]["programs"].is_array());
 }
+
+#[test]
+fn interrupt_kills_the_program_and_exits_130() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_paddock"))
+        .args(["run", "--", "sh", "-c", "echo started; sleep 30"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut buf = [0u8; 8];
+    stdout.read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"started\n");
+    let start = Instant::now();
+    let status = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+    assert!(start.elapsed() < Duration::from_secs(5), "{:?}", start.elapsed());
+}
