@@ -85,6 +85,11 @@ impl StreamBuffer {
         lock(&self.state).bytes
     }
 
+    /// Current subscribers.
+    pub fn subscribers(&self) -> usize {
+        lock(&self.state).subs.len()
+    }
+
     /// Bytes dropped unread because nobody was subscribed.
     pub fn evicted_bytes(&self) -> u64 {
         lock(&self.state).evicted_bytes

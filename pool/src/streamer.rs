@@ -46,6 +46,14 @@ impl Default for StreamerConfig {
 pub struct Streamer {
     config: StreamerConfig,
     streams: HashMap<ExecutionId, Arc<StreamBuffer>>,
+    /// Closed streams in closing order, with the time they may be dropped. One
+    /// periodic sweep drops them (a timer per stream would make every message cost
+    /// time proportional to the number of lingering streams).
+    lingering: std::collections::VecDeque<(std::time::Instant, ExecutionId)>,
+    /// Recently finished executions whose buffers are gone (nothing was left to
+    /// read), so a late subscriber sees the end at once instead of waiting.
+    ended: std::collections::VecDeque<ExecutionId>,
+    ended_set: std::collections::HashSet<ExecutionId>,
 }
 
 impl Streamer {
@@ -54,6 +62,35 @@ impl Streamer {
         Streamer {
             config,
             streams: HashMap::new(),
+            lingering: std::collections::VecDeque::new(),
+            ended: std::collections::VecDeque::new(),
+            ended_set: std::collections::HashSet::new(),
+        }
+    }
+}
+
+impl Streamer {
+    fn remember_ended(&mut self, id: ExecutionId) {
+        if self.ended.len() >= self.config.max_streams {
+            if let Some(old) = self.ended.pop_front() {
+                self.ended_set.remove(&old);
+            }
+        }
+        if self.ended_set.insert(id.clone()) {
+            self.ended.push_back(id);
+        }
+    }
+
+    /// Drops closed streams whose linger period has passed.
+    fn sweep(&mut self, now: std::time::Instant) {
+        while let Some((at, _)) = self.lingering.front() {
+            if *at > now {
+                break;
+            }
+            if let Some((_, id)) = self.lingering.pop_front() {
+                self.streams.remove(&id);
+                self.remember_ended(id);
+            }
         }
     }
 }
@@ -63,6 +100,8 @@ impl Actor for Streamer {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.set_mailbox_capacity(4096);
+        let every = (self.config.linger / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+        ctx.run_interval(every, |act, _| act.sweep(std::time::Instant::now()));
     }
 }
 
@@ -78,14 +117,27 @@ impl Handler<OpenStream> for Streamer {
         if let Some(b) = self.streams.get(&msg.0) {
             return Ok(b.clone());
         }
+        if self.ended_set.contains(&msg.0) {
+            // Finished and fully gone: an already-ended, empty stream.
+            let b = Arc::new(StreamBuffer::new(0));
+            b.close();
+            return Ok(b);
+        }
         if self.streams.len() >= self.config.max_streams {
-            return Err(Error::new(
-                ErrorCode::PoolExhausted,
-                format!(
-                    "{} output streams are open; wait for executions to finish",
-                    self.config.max_streams
-                ),
-            ));
+            // Make room from finished streams first, oldest first.
+            if let Some((_, id)) = self.lingering.pop_front() {
+                self.streams.remove(&id);
+                self.remember_ended(id);
+            } else {
+                return Err(Error::new(
+                    ErrorCode::PoolExhausted,
+                    format!(
+                        "{} output streams are open; wait for executions to finish",
+                        self.config.max_streams
+                    ),
+                )
+                .with_retry_after_ms(100));
+            }
         }
         let b = Arc::new(StreamBuffer::new(self.config.buffer_bytes));
         self.streams.insert(msg.0, b.clone());
@@ -121,12 +173,17 @@ pub struct CloseStream(pub ExecutionId);
 impl Handler<CloseStream> for Streamer {
     type Result = ();
 
-    fn handle(&mut self, msg: CloseStream, ctx: &mut Self::Context) {
+    fn handle(&mut self, msg: CloseStream, _ctx: &mut Self::Context) {
         if let Some(b) = self.streams.get(&msg.0) {
             b.close();
-            ctx.run_later(self.config.linger, move |act, _| {
-                act.streams.remove(&msg.0);
-            });
+            if b.buffered_bytes() == 0 && b.subscribers() == 0 {
+                // Nothing left for anyone: drop it now, remember that it ended.
+                self.streams.remove(&msg.0);
+                self.remember_ended(msg.0);
+            } else {
+                self.lingering
+                    .push_back((std::time::Instant::now() + self.config.linger, msg.0));
+            }
         }
     }
 }

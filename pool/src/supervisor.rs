@@ -253,6 +253,10 @@ impl Pipeline {
             refuse(r.error)
         })?;
         let tenant = request.tenant.clone();
+        let max_output = request
+            .limits
+            .max_output_bytes
+            .or(self.defaults.max_output_bytes);
         let permit = match self
             .limiter
             .send(Admit::tenant(tenant.clone().unwrap_or_default()))
@@ -311,6 +315,11 @@ impl Pipeline {
         outcome.map(|mut r| {
             r.timings.queued_at_ms = queued_at_ms;
             r.warnings.extend(warnings);
+            // Engines cap output while capturing; this holds the cap for any engine
+            // that does not.
+            if let Some(cap) = max_output {
+                crate::limiter::enforce_output_cap(&mut r, cap);
+            }
             r
         })
     }

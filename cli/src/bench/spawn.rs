@@ -1,106 +1,15 @@
-//! `paddock bench`: Paddock measured against raw baselines in the same run.
+//! The `spawn` scenario: cold `/bin/true` through the subprocess engine against a raw
+//! `std::process::Command` spawn, without and with ballast in the host.
 
 use std::time::{Duration, Instant};
 
-use clap::{Args, Subcommand};
 use paddock_core::{
     CancelToken, DiscardSink, ExecRequest, Program, Sandbox, SandboxSpec, SubprocessConfig,
 };
 use paddock_engines::subprocess::SubprocessEngine;
 use serde_json::json;
 
-/// Arguments of `paddock bench`.
-#[derive(Debug, Args)]
-pub(crate) struct BenchArgs {
-    #[command(subcommand)]
-    scenario: Scenario,
-    /// Print one JSON object per scenario and line.
-    #[arg(long, global = true)]
-    json: bool,
-}
-
-/// Cgroup use in benchmarks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum CgroupArg {
-    /// Use cgroups when the host allows it.
-    Auto,
-    /// No cgroups.
-    Off,
-}
-
-#[derive(Debug, Subcommand)]
-enum Scenario {
-    /// Cold `/bin/true` through the subprocess engine vs. `std::process::Command`,
-    /// without and with 1 GiB of touched ballast in this process.
-    Spawn {
-        /// Measured executions per variant.
-        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(10..=100_000))]
-        iterations: u32,
-        /// Ballast size in MiB for the second scenario.
-        #[arg(long, default_value_t = 1024)]
-        ballast_mib: usize,
-        /// Give the sandbox a cgroup (the default when the host allows it).
-        #[arg(long, value_enum, default_value_t = CgroupArg::Auto)]
-        cgroup: CgroupArg,
-        /// The sandbox's network: `none` (an empty namespace) or `host`.
-        #[arg(long, value_enum, default_value_t = crate::run::NetworkArg::None)]
-        network: crate::run::NetworkArg,
-    },
-}
-
-/// Runs `paddock bench`.
-pub(crate) async fn bench(args: BenchArgs) -> Result<i32, crate::run::UsageError> {
-    match args.scenario {
-        Scenario::Spawn {
-            iterations,
-            ballast_mib,
-            cgroup,
-            network,
-        } => {
-            let mut config = SubprocessConfig::default();
-            if cgroup == CgroupArg::Off {
-                config.cgroup = paddock_core::CgroupMode::Off;
-            }
-            let spec = SandboxSpec {
-                network: match network {
-                    crate::run::NetworkArg::None => paddock_core::NetworkPolicy::None,
-                    crate::run::NetworkArg::Host => paddock_core::NetworkPolicy::Unrestricted,
-                },
-                ..SandboxSpec::default()
-            };
-            // Measured on a runtime worker, where the I/O driver runs, as a server's
-            // request handlers are; `block_on`'s thread would add a thread hand-off.
-            let task = tokio::spawn(spawn(
-                config,
-                spec,
-                iterations as usize,
-                ballast_mib,
-                args.json,
-            ));
-            task.await
-                .map_err(|e| crate::run::UsageError(format!("the benchmark task failed: {e}")))?
-        }
-    }
-}
-
-/// Latency summary of one measured series, in microseconds.
-#[derive(Debug, Clone, Copy)]
-struct Summary {
-    p50: f64,
-    p99: f64,
-}
-
-fn summarize(mut samples: Vec<Duration>) -> Summary {
-    samples.sort();
-    let at = |q: f64| {
-        let i = ((samples.len() as f64 - 1.0) * q).round() as usize;
-        samples[i].as_secs_f64() * 1e6
-    };
-    Summary {
-        p50: at(0.50),
-        p99: at(0.99),
-    }
-}
+use super::{report, round, round3, summarize, Summary};
 
 fn raw_spawn() -> Duration {
     let start = Instant::now();
@@ -127,7 +36,7 @@ fn raw_fork_spawn() -> Duration {
     start.elapsed()
 }
 
-async fn engine_exec(sandbox: &dyn Sandbox) -> Duration {
+pub(super) async fn engine_exec(sandbox: &dyn Sandbox) -> Duration {
     let start = Instant::now();
     let r = sandbox
         .exec(
@@ -155,7 +64,7 @@ async fn measure(sandbox: &dyn Sandbox, n: usize) -> (Summary, Summary) {
     (summarize(eng), summarize(raw))
 }
 
-async fn spawn(
+pub(super) async fn spawn(
     config: SubprocessConfig,
     spec: SandboxSpec,
     n: usize,
@@ -224,21 +133,3 @@ async fn spawn(
     Ok(0)
 }
 
-fn round(v: f64) -> f64 {
-    (v * 10.0).round() / 10.0
-}
-
-fn round3(v: f64) -> f64 {
-    (v * 1000.0).round() / 1000.0
-}
-
-fn report(v: &serde_json::Value, as_json: bool) {
-    use std::io::Write;
-    let text = if as_json {
-        v.to_string()
-    } else {
-        serde_json::to_string_pretty(v).unwrap_or_default()
-    };
-    // A closed stdout (`| head -1`) ends the report quietly, not with a panic.
-    let _ = writeln!(std::io::stdout().lock(), "{text}");
-}
