@@ -252,7 +252,10 @@ pub(crate) async fn run(args: RunArgs) -> Result<i32, UsageError> {
 }
 
 /// Runs the execution and copies its output to the terminal as it comes.
-async fn stream_to_terminal(paddock: &Paddock, msg: Execute) -> Result<ExecResult, paddock_core::Error> {
+async fn stream_to_terminal(
+    paddock: &Paddock,
+    msg: Execute,
+) -> Result<ExecResult, paddock_core::Error> {
     let mut stream = paddock.execute_stream(msg).await?;
     let mut out = tokio::io::stdout();
     let mut err = tokio::io::stderr();

@@ -196,5 +196,9 @@ fn interrupt_kills_the_program_and_exits_130() {
     assert!(status.success());
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(130));
-    assert!(start.elapsed() < Duration::from_secs(5), "{:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
 }

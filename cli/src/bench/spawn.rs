@@ -132,4 +132,3 @@ pub(super) async fn spawn(
     let _ = sandbox.destroy().await;
     Ok(0)
 }
-

@@ -1,0 +1,181 @@
+//! `paddock bench`: Paddock measured against raw baselines in the same run.
+//!
+//! Every scenario prints one JSON object per line with `--json`, and finishes within
+//! a minute with its defaults.
+
+mod load;
+mod pipeline;
+mod spawn;
+
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use paddock_core::{SandboxSpec, SubprocessConfig};
+
+/// Arguments of `paddock bench`.
+#[derive(Debug, Args)]
+pub(crate) struct BenchArgs {
+    #[command(subcommand)]
+    scenario: Scenario,
+    /// Print one JSON object per scenario and line.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+/// Cgroup use in benchmarks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum CgroupArg {
+    /// Use cgroups when the host allows it.
+    Auto,
+    /// No cgroups.
+    Off,
+}
+
+#[derive(Debug, Subcommand)]
+enum Scenario {
+    /// Cold `/bin/true` through the subprocess engine vs. `std::process::Command`,
+    /// without and with 1 GiB of touched ballast in this process.
+    Spawn {
+        /// Measured executions per variant.
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(10..=100_000))]
+        iterations: u32,
+        /// Ballast size in MiB for the second scenario.
+        #[arg(long, default_value_t = 1024)]
+        ballast_mib: usize,
+        /// Give the sandbox a cgroup (the default when the host allows it).
+        #[arg(long, value_enum, default_value_t = CgroupArg::Auto)]
+        cgroup: CgroupArg,
+        /// The sandbox's network: `none` (an empty namespace) or `host`.
+        #[arg(long, value_enum, default_value_t = crate::run::NetworkArg::None)]
+        network: crate::run::NetworkArg,
+    },
+    /// A no-op engine through the whole scheduler vs. called directly: the added
+    /// latency for an actor caller and for the `Paddock` handle, and throughput.
+    Pipeline {
+        /// Measured executions per caller kind.
+        #[arg(long, default_value_t = 20_000)]
+        iterations: usize,
+        /// Concurrent callers for the throughput run.
+        #[arg(long, default_value_t = 64)]
+        callers: usize,
+        /// Executions in the throughput run.
+        #[arg(long, default_value_t = 200_000)]
+        total: usize,
+    },
+    /// Many short subprocess executions from many callers against a small pool.
+    Load {
+        /// Executions in all.
+        #[arg(long, default_value_t = 10_000)]
+        executions: usize,
+        /// Concurrent callers.
+        #[arg(long, default_value_t = 256)]
+        callers: usize,
+        /// The pool's max_size.
+        #[arg(long, default_value_t = 8)]
+        max_size: usize,
+        /// The pool's max_waiting (callers beyond it are rejected with POOL_EXHAUSTED).
+        #[arg(long, default_value_t = 128)]
+        max_waiting: usize,
+    },
+}
+
+/// Runs `paddock bench`.
+pub(crate) async fn bench(args: BenchArgs) -> Result<i32, crate::run::UsageError> {
+    match args.scenario {
+        Scenario::Pipeline {
+            iterations,
+            callers,
+            total,
+        } => {
+            pipeline::pipeline(
+                iterations.max(100),
+                callers.max(1),
+                total.max(callers),
+                args.json,
+            )
+            .await
+        }
+        Scenario::Load {
+            executions,
+            callers,
+            max_size,
+            max_waiting,
+        } => {
+            load::load(
+                executions,
+                callers.max(1),
+                max_size.max(1),
+                max_waiting,
+                args.json,
+            )
+            .await
+        }
+        Scenario::Spawn {
+            iterations,
+            ballast_mib,
+            cgroup,
+            network,
+        } => {
+            let mut config = SubprocessConfig::default();
+            if cgroup == CgroupArg::Off {
+                config.cgroup = paddock_core::CgroupMode::Off;
+            }
+            let spec = SandboxSpec {
+                network: match network {
+                    crate::run::NetworkArg::None => paddock_core::NetworkPolicy::None,
+                    crate::run::NetworkArg::Host => paddock_core::NetworkPolicy::Unrestricted,
+                },
+                ..SandboxSpec::default()
+            };
+            // Measured on a runtime worker, where the I/O driver runs, as a server's
+            // request handlers are; `block_on`'s thread would add a thread hand-off.
+            let task = tokio::spawn(spawn::spawn(
+                config,
+                spec,
+                iterations as usize,
+                ballast_mib,
+                args.json,
+            ));
+            task.await
+                .map_err(|e| crate::run::UsageError(format!("the benchmark task failed: {e}")))?
+        }
+    }
+}
+
+/// Latency summary of one measured series, in microseconds.
+#[derive(Debug, Clone, Copy)]
+struct Summary {
+    pub(super) p50: f64,
+    pub(super) p99: f64,
+}
+
+fn summarize(mut samples: Vec<Duration>) -> Summary {
+    samples.sort();
+    let at = |q: f64| {
+        let i = ((samples.len() as f64 - 1.0) * q).round() as usize;
+        samples[i].as_secs_f64() * 1e6
+    };
+    Summary {
+        p50: at(0.50),
+        p99: at(0.99),
+    }
+}
+
+fn round(v: f64) -> f64 {
+    (v * 10.0).round() / 10.0
+}
+
+fn round3(v: f64) -> f64 {
+    (v * 1000.0).round() / 1000.0
+}
+
+fn report(v: &serde_json::Value, as_json: bool) {
+    use std::io::Write;
+    let text = if as_json {
+        v.to_string()
+    } else {
+        serde_json::to_string_pretty(v).unwrap_or_default()
+    };
+    // A closed stdout (`| head -1`) ends the report quietly, not with a panic.
+    let _ = writeln!(std::io::stdout().lock(), "{text}");
+}
