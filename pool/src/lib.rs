@@ -63,3 +63,8 @@ pub use engine_pool::PoolStats;
 pub use messages::*;
 pub use paddock::{ExecutionStream, Paddock, PaddockBuilder, SandboxHandle, StreamEvent};
 pub use supervisor::Supervisor;
+
+/// The README's Rust examples, compiled as doctests so they stay true.
+#[doc = include_str!("../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
