@@ -29,6 +29,7 @@ pub mod exec;
 pub mod fuzzing;
 mod hash;
 pub mod isolation;
+pub mod lifecycle;
 pub mod limits;
 pub mod loom;
 pub mod output;

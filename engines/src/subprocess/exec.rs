@@ -70,7 +70,7 @@ impl SubprocessSandbox {
         cancel: CancelToken,
     ) -> Result<ExecResult> {
         let queued_at_ms = unix_ms();
-        self.check_live()?;
+        let _op = self.enter()?;
         request.validate()?;
         self.engine
             .caps
@@ -83,12 +83,11 @@ impl SubprocessSandbox {
         self.active.fetch_add(1, Ordering::AcqRel);
         let _active = ActiveGuard(self);
         let _run = self.run_lock.lock().await;
-        self.check_live()?;
 
         let destroyed = self.destroy_signal.notified();
         tokio::pin!(destroyed);
         destroyed.as_mut().enable();
-        if self.destroying.load(Ordering::Acquire) {
+        if self.destroying() {
             return Err(Error::disposed(&format!("sandbox {}", self.id)));
         }
 

@@ -3,15 +3,16 @@
 
 use std::os::fd::OwnedFd;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use paddock_core::lifecycle::{DestroyRole, Lifecycle, OpGuard, Phase};
 use paddock_core::{
     CancelToken, EngineKind, Error, ExecRequest, ExecResult, FileEntry, NetworkPolicy, OutputSink,
     Result, Sandbox, SandboxSpec, SandboxStatus,
 };
-use tokio::sync::{Mutex, Notify, OnceCell};
+use tokio::sync::{Mutex, Notify};
 
 use super::EngineInner;
 use crate::cgroup::Cgroup;
@@ -31,11 +32,12 @@ pub struct SubprocessSandbox {
     pub(super) run_lock: Mutex<()>,
     /// Executions admitted and not yet returned (waiting or running).
     pub(super) active: AtomicUsize,
-    /// Set once destroy starts; every later call is refused.
-    pub(super) destroying: AtomicBool,
+    /// Live → destroying → destroyed; admits operations and runs the teardown once.
+    pub(super) lifecycle: Lifecycle,
     /// Woken when destroy starts, so running executions kill their programs.
     pub(super) destroy_signal: Notify,
-    teardown: OnceCell<std::result::Result<(), Error>>,
+    /// The teardown's error, for destroy calls that followed the one that ran it.
+    teardown_error: parking_lot::Mutex<Option<Error>>,
 }
 
 impl SubprocessSandbox {
@@ -98,17 +100,22 @@ impl SubprocessSandbox {
             netns,
             run_lock: Mutex::new(()),
             active: AtomicUsize::new(0),
-            destroying: AtomicBool::new(false),
+            lifecycle: Lifecycle::new(),
             destroy_signal: Notify::new(),
-            teardown: OnceCell::new(),
+            teardown_error: parking_lot::Mutex::new(None),
         })
     }
 
-    pub(super) fn check_live(&self) -> Result<()> {
-        if self.destroying.load(Ordering::Acquire) {
-            return Err(Error::disposed(&format!("sandbox {}", self.id)));
-        }
-        Ok(())
+    /// Admits an operation while the sandbox is live; destroy waits for it.
+    pub(super) fn enter(&self) -> Result<OpGuard<'_>> {
+        self.lifecycle
+            .enter()
+            .ok_or_else(|| Error::disposed(&format!("sandbox {}", self.id)))
+    }
+
+    /// Whether a destroy has begun.
+    pub(super) fn destroying(&self) -> bool {
+        self.lifecycle.phase() != Phase::Live
     }
 
     /// Runs a blocking file operation on the blocking pool.
@@ -116,7 +123,7 @@ impl SubprocessSandbox {
         &self,
         op: impl FnOnce(&Workdir) -> Result<T> + Send + 'static,
     ) -> Result<T> {
-        self.check_live()?;
+        let _op = self.enter()?;
         let workdir = self.workdir.clone();
         blocking(move || op(&workdir)).await
     }
@@ -174,7 +181,7 @@ impl Sandbox for SubprocessSandbox {
     }
 
     fn status(&self) -> SandboxStatus {
-        if self.destroying.load(Ordering::Acquire) {
+        if self.destroying() {
             SandboxStatus::Destroyed
         } else if self.active.load(Ordering::Acquire) > 0 {
             SandboxStatus::Busy
@@ -209,34 +216,74 @@ impl Sandbox for SubprocessSandbox {
     }
 
     async fn recycle(&self) -> Result<()> {
-        self.check_live()?;
+        let _op = self.enter()?;
         let _guard = self.run_lock.lock().await;
-        self.check_live()?;
+        if self.destroying() {
+            return Err(Error::disposed(&format!("sandbox {}", self.id)));
+        }
         self.sweep(false).await
     }
 
     async fn destroy(&self) -> Result<()> {
-        self.destroying.store(true, Ordering::Release);
-        self.destroy_signal.notify_waiters();
-        self.teardown
-            .get_or_init(|| async {
-                // Running executions see the signal, kill their programs and return;
-                // taking the lock waits for them.
-                let _guard = self.run_lock.lock().await;
-                self.sweep(true).await
-            })
-            .await
-            .clone()
+        match self.lifecycle.begin_destroy() {
+            DestroyRole::Leader => {
+                // If this future is dropped midway, the guard finishes the teardown
+                // synchronously so that followers are never left waiting.
+                let mut guard = TeardownGuard {
+                    sandbox: self,
+                    done: false,
+                };
+                // Running executions see the signal, kill their programs and return.
+                self.destroy_signal.notify_waiters();
+                self.lifecycle.ops_drained().await;
+                let result = self.sweep(true).await;
+                if let Err(e) = &result {
+                    *self.teardown_error.lock() = Some(e.clone());
+                }
+                guard.done = true;
+                self.lifecycle.finish_destroy();
+                result
+            }
+            DestroyRole::Follower => {
+                self.lifecycle.destroyed().await;
+                match self.teardown_error.lock().clone() {
+                    Some(e) => Err(e),
+                    None => Ok(()),
+                }
+            }
+        }
+    }
+}
+
+/// Completes an interrupted teardown synchronously.
+struct TeardownGuard<'a> {
+    sandbox: &'a SubprocessSandbox,
+    done: bool,
+}
+
+impl Drop for TeardownGuard<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.sandbox.teardown_now();
+            self.sandbox.lifecycle.finish_destroy();
+        }
+    }
+}
+
+impl SubprocessSandbox {
+    /// Kills everything and removes the cgroup and workdir, blocking.
+    fn teardown_now(&self) {
+        if let Some(g) = &self.cgroup {
+            let _ = g.remove();
+        }
+        let _ = self.workdir.remove();
     }
 }
 
 impl Drop for SubprocessSandbox {
     fn drop(&mut self) {
-        if self.teardown.get().is_none() {
-            if let Some(g) = &self.cgroup {
-                let _ = g.remove();
-            }
-            let _ = self.workdir.remove();
+        if self.lifecycle.phase() != Phase::Destroyed {
+            self.teardown_now();
         }
     }
 }
