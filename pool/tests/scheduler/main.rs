@@ -4,3 +4,4 @@
 mod actor_api;
 mod chaos;
 mod facade;
+mod lifecycle;
