@@ -35,8 +35,17 @@ impl Captured {
     }
 }
 
-/// Reads `fd` to EOF, or until the `stop` deadline passes (a writer that outlived the
-/// program must not hold the execution open).
+/// How long after the stop deadline a stalled subscriber may hold back delivery before
+/// the engine stops streaming to it (the result still carries the output).
+pub const DELIVERY_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Reads `fd` to EOF, or until the `stop` deadline passes while waiting for more bytes
+/// (a writer that outlived the program must not hold the execution open).
+///
+/// Only waiting for *more* bytes is cut short by `stop`: bytes already in the pipe are
+/// read, and a chunk already read is delivered to the sink — the subscriber gets every
+/// byte in order — unless the sink stalls past `stop + DELIVERY_GRACE`, after which
+/// streaming ends for it and the rest is only captured.
 pub async fn pump(
     fd: OwnedFd,
     stream: StreamKind,
@@ -49,58 +58,77 @@ pub async fn pump(
     let mut sink_open = true;
     let mut buf = vec![0u8; READ_SIZE];
     loop {
-        let step = async {
-            let n = pipe.read(&mut buf).await?;
-            if n == 0 {
-                return Ok::<bool, std::io::Error>(false);
-            }
-            out.total += n as u64;
-            let room = cap.saturating_sub(out.data.len() as u64) as usize;
-            let mut deliver = Vec::new();
-            if !out.truncated {
-                let keep = room.min(n);
-                out.data.extend_from_slice(&buf[..keep]);
-                deliver.extend_from_slice(&buf[..keep]);
-                if keep < n {
-                    out.truncated = true;
-                    let marker = truncation_marker(cap);
-                    out.data.extend_from_slice(marker.as_bytes());
-                    deliver.extend_from_slice(marker.as_bytes());
-                }
-            }
-            if sink_open && !deliver.is_empty() {
-                let chunk = OutputChunk {
-                    stream,
-                    data: deliver,
-                };
-                if sink.chunk(chunk).await.is_err() {
-                    sink_open = false;
-                }
-            }
-            Ok(true)
-        };
-        let deadline = *stop.borrow();
-        let more = match deadline {
-            Some(at) => match tokio::time::timeout_at(at, step).await {
-                Ok(r) => r?,
-                Err(_) => false,
-            },
-            None => {
-                tokio::select! {
-                    r = step => r?,
+        // Read: interrupted by the stop deadline only while no byte is available.
+        let n = loop {
+            let deadline = *stop.borrow();
+            match deadline {
+                Some(at) => match tokio::time::timeout_at(at, pipe.read(&mut buf)).await {
+                    Ok(r) => break r?,
+                    Err(_) => return Ok(out),
+                },
+                None => tokio::select! {
+                    r = pipe.read(&mut buf) => break r?,
                     changed = stop.changed() => {
                         if changed.is_err() {
-                            // The sender is gone: treat as an immediate stop.
-                            false
-                        } else {
-                            true
+                            return Ok(out);
                         }
                     }
-                }
+                },
             }
         };
-        if !more {
+        if n == 0 {
             return Ok(out);
+        }
+        out.total += n as u64;
+        if out.truncated {
+            continue;
+        }
+        let room = cap.saturating_sub(out.data.len() as u64) as usize;
+        let keep = room.min(n);
+        let mut deliver = buf[..keep].to_vec();
+        out.data.extend_from_slice(&buf[..keep]);
+        if keep < n {
+            out.truncated = true;
+            let marker = truncation_marker(cap);
+            out.data.extend_from_slice(marker.as_bytes());
+            deliver.extend_from_slice(marker.as_bytes());
+        }
+        if sink_open && !deliver.is_empty() {
+            let chunk = OutputChunk {
+                stream,
+                data: deliver,
+            };
+            sink_open = deliver_chunk(sink, chunk, &mut stop).await;
+        }
+    }
+}
+
+/// Delivers one chunk, waiting for the sink; gives up (returns `false`) when the sink
+/// fails or stalls past the stop deadline plus [`DELIVERY_GRACE`].
+async fn deliver_chunk(
+    sink: &dyn OutputSink,
+    chunk: OutputChunk,
+    stop: &mut watch::Receiver<Option<Instant>>,
+) -> bool {
+    let delivery = sink.chunk(chunk);
+    tokio::pin!(delivery);
+    loop {
+        let deadline = *stop.borrow();
+        match deadline {
+            Some(at) => {
+                return matches!(
+                    tokio::time::timeout_at(at + DELIVERY_GRACE, &mut delivery).await,
+                    Ok(Ok(()))
+                )
+            }
+            None => tokio::select! {
+                r = &mut delivery => return r.is_ok(),
+                changed = stop.changed() => {
+                    if changed.is_err() {
+                        return false;
+                    }
+                }
+            },
         }
     }
 }

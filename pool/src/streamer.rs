@@ -100,7 +100,8 @@ impl Actor for Streamer {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.set_mailbox_capacity(4096);
-        let every = (self.config.linger / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+        let every =
+            (self.config.linger / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
         ctx.run_interval(every, |act, _| act.sweep(std::time::Instant::now()));
     }
 }

@@ -636,10 +636,6 @@ async fn a_slow_subscriber_slows_the_program_down() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug in engines/src/capture.rs `pump`: when the program exits, `stop.changed()` \
-            wins the select against a `step` blocked on a full stream buffer and drops it, \
-            so that chunk (already kept for the result) is never streamed; a slow \
-            subscriber misses up to 64 KiB near the end"]
 async fn a_slow_subscriber_receives_every_byte_in_order() {
     let paddock = streaming_paddock();
     let expected = seq_output();
