@@ -55,6 +55,7 @@ pub mod engine_actor;
 mod engine_pool;
 pub mod messages;
 mod paddock;
+mod spin;
 pub use paddock_core::{slots, stream_buffer};
 pub mod streamer;
 mod supervisor;

@@ -38,6 +38,7 @@ pub struct PaddockBuilder {
     on_audit: Option<crate::audit::OnLog>,
     streamer: StreamerConfig,
     telemetry: Option<Telemetry>,
+    spin: Duration,
 }
 
 impl std::fmt::Debug for PaddockBuilder {
@@ -62,6 +63,7 @@ impl Default for PaddockBuilder {
             on_audit: None,
             streamer: StreamerConfig::default(),
             telemetry: None,
+            spin: Duration::from_micros(50),
         }
     }
 }
@@ -131,6 +133,14 @@ impl PaddockBuilder {
         self
     }
 
+    /// How long a call through the handle polls for its answer before parking, while
+    /// recent answers came back within that time (see `spin.rs`). Default 50 µs;
+    /// zero turns it off.
+    pub fn spin_before_park(mut self, budget: Duration) -> Self {
+        self.spin = budget;
+        self
+    }
+
     /// Validates everything, starts the actors on their own thread and returns the
     /// handle.
     pub fn start(self) -> Result<Paddock, Error> {
@@ -173,6 +183,7 @@ impl PaddockBuilder {
             .clone()
             .or(&paddock_core::Limits::defaults());
         let streamer_config = self.streamer;
+        let self_spin = self.spin.min(Duration::from_millis(1));
         let telemetry = match self.telemetry {
             Some(t) => t,
             None => Telemetry::prometheus()
@@ -221,6 +232,7 @@ impl PaddockBuilder {
             shared,
             telemetry,
             runtime: Arc::new(RuntimeHandle {
+                spin: crate::spin::Spin::new(self_spin),
                 system,
                 arbiter,
                 thread: parking_lot::Mutex::new(Some(thread)),
@@ -231,6 +243,7 @@ impl PaddockBuilder {
 
 #[derive(Debug)]
 struct RuntimeHandle {
+    spin: crate::spin::Spin,
     system: actix::System,
     arbiter: actix::ArbiterHandle,
     thread: parking_lot::Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -284,7 +297,11 @@ impl Paddock {
 
     /// Runs one execution with full control over engine, level and network.
     pub async fn execute_with(&self, msg: Execute) -> Result<ExecResult, Error> {
-        self.supervisor.send(msg).await.map_err(gone)?
+        self.runtime
+            .spin
+            .run(self.supervisor.send(msg))
+            .await
+            .map_err(gone)?
     }
 
     /// Runs one execution and streams its output: chunks as they are produced, then
