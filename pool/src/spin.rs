@@ -41,20 +41,28 @@ impl Spin {
             self.skip.store(skip - 1, Ordering::Relaxed);
             return fut.await;
         }
-        let start = Instant::now();
-        let mut cx = Context::from_waker(Waker::noop());
-        loop {
-            if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
-                return v;
-            }
-            if start.elapsed() >= self.budget {
-                break;
-            }
-            std::hint::spin_loop();
+        if let Some(v) = self.spin(fut.as_mut()) {
+            return v;
         }
         // Too slow to be worth spinning for: park for this and the next calls.
         self.skip.store(COOL_DOWN, Ordering::Relaxed);
         fut.await
+    }
+
+    /// Polls `fut` with a no-op waker until it is ready or the budget is spent. A plain
+    /// function, so that nothing non-`Send` is held across the caller's `.await`.
+    fn spin<F: Future>(&self, mut fut: std::pin::Pin<&mut F>) -> Option<F::Output> {
+        let start = Instant::now();
+        let mut cx = Context::from_waker(Waker::noop());
+        loop {
+            if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+                return Some(v);
+            }
+            if start.elapsed() >= self.budget {
+                return None;
+            }
+            std::hint::spin_loop();
+        }
     }
 }
 
