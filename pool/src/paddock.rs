@@ -63,7 +63,7 @@ impl Default for PaddockBuilder {
             on_audit: None,
             streamer: StreamerConfig::default(),
             telemetry: None,
-            spin: Duration::from_micros(50),
+            spin: Duration::from_micros(200),
         }
     }
 }

@@ -297,7 +297,11 @@ impl Pipeline {
             .instrument(span)
             .await;
         self.record_metrics(engine, &outcome);
-        let _ = self.streamer.send(CloseStream(id.clone())).await;
+        // Queued without waiting for the answer when the mailbox has room; a full
+        // mailbox waits (bounded, never dropped).
+        if let Err(SendError::Full(msg)) = self.streamer.try_send(CloseStream(id.clone())) {
+            let _ = self.streamer.send(msg).await;
+        }
 
         let entry_result = match &outcome {
             Ok(r) => AuditEntry::from_result(r, tenant.as_deref(), hash),
@@ -307,8 +311,18 @@ impl Pipeline {
                 AuditEntry::from_result(&failed, tenant.as_deref(), hash)
             }
         };
-        if let Err(e) = self.audit.send(Record(entry_result)).await {
-            tracing::error!(error = %e, "the audit actor is gone; an entry was lost");
+        // Exactly one entry per accepted execution: queued in order (a later `Flush`
+        // or query sees it), waiting only when the mailbox is full.
+        match self.audit.try_send(Record(entry_result)) {
+            Ok(()) => {}
+            Err(SendError::Full(msg)) => {
+                if let Err(e) = self.audit.send(msg).await {
+                    tracing::error!(error = %e, "the audit actor is gone; an entry was lost");
+                }
+            }
+            Err(SendError::Closed(_)) => {
+                tracing::error!("the audit actor is gone; an entry was lost");
+            }
         }
         self.shared.running.remove(&id);
         drop(permit);
