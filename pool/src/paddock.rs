@@ -134,7 +134,7 @@ impl PaddockBuilder {
     }
 
     /// How long a call through the handle polls for its answer before parking, while
-    /// recent answers came back within that time (see `spin.rs`). Default 50 µs;
+    /// recent answers came back within that time (see `spin.rs`). Default 200 µs;
     /// zero turns it off.
     pub fn spin_before_park(mut self, budget: Duration) -> Self {
         self.spin = budget;

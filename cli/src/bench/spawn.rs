@@ -124,6 +124,10 @@ pub(super) async fn spawn(
         "baseline_p99_us": round(raw_b.p99),
         "ratio_p50": round3(eng_b.p50 / raw_b.p50),
         "ratio_to_no_ballast_p50": round3(eng_b.p50 / eng.p50),
+        // The same, corrected for machine drift between the two phases with each
+        // phase's own raw-spawn baseline: (engine/raw with ballast) / (engine/raw without).
+        "ratio_to_no_ballast_normalized_p50": round3((eng_b.p50 / raw_b.p50) / (eng.p50 / raw.p50)),
+        "baseline_ratio_to_no_ballast_p50": round3(raw_b.p50 / raw.p50),
         "fork_exec_p50_us": round(fork_b.p50),
     });
     std::hint::black_box(&ballast);
