@@ -55,7 +55,9 @@ pub struct PoolConfig {
     /// Default 10000 ms.
     pub recycle_timeout_ms: u64,
     /// How long past an execution's deadline the engine may take to return before
-    /// the supervisor reports `timed_out` and retires the instance. Default 5000 ms.
+    /// the supervisor reports `timed_out` and retires the instance. Default 10000 ms
+    /// (longer than an engine's own output grace after a kill, so a slow subscriber
+    /// is not mistaken for a stuck engine).
     pub watchdog_grace_ms: u64,
 }
 
@@ -74,7 +76,7 @@ impl Default for PoolConfig {
             backoff_max_ms: 30_000,
             create_timeout_ms: 30_000,
             recycle_timeout_ms: 10_000,
-            watchdog_grace_ms: 5_000,
+            watchdog_grace_ms: 10_000,
         }
     }
 }

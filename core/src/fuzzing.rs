@@ -1005,8 +1005,10 @@ mod tests {
                 refused += 1;
             }
         }
+        // A floor that keeps the accepted path exercised (mutations of the now
+        // larger default document break it more often than not).
         assert!(
-            accepted >= 100,
+            accepted >= 50,
             "only {accepted} mutated configs still parsed"
         );
         assert!(

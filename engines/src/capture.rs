@@ -45,7 +45,9 @@ pub const DELIVERY_GRACE: std::time::Duration = std::time::Duration::from_secs(5
 /// Only waiting for *more* bytes is cut short by `stop`: bytes already in the pipe are
 /// read, and a chunk already read is delivered to the sink — the subscriber gets every
 /// byte in order — unless the sink stalls past `stop + DELIVERY_GRACE`, after which
-/// streaming ends for it and the rest is only captured.
+/// streaming ends for it and the rest is only captured. Reading itself ends at
+/// `stop + DELIVERY_GRACE` at the latest (the output is then marked truncated), so a
+/// descendant that escaped the kill and writes forever cannot hold the execution.
 pub async fn pump(
     fd: OwnedFd,
     stream: StreamKind,
@@ -58,6 +60,15 @@ pub async fn pump(
     let mut sink_open = true;
     let mut buf = vec![0u8; READ_SIZE];
     loop {
+        // A writer that escaped the kill and keeps writing must not hold the
+        // execution open: past the stop deadline plus the delivery grace, reading
+        // ends even while bytes keep coming, and the output is marked truncated.
+        if let Some(at) = *stop.borrow() {
+            if Instant::now() >= at + DELIVERY_GRACE {
+                out.truncated = true;
+                return Ok(out);
+            }
+        }
         // Read: interrupted by the stop deadline only while no byte is available.
         let n = loop {
             let deadline = *stop.borrow();

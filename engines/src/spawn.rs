@@ -206,7 +206,7 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         // must never run in the child).
         let mut dfl: libc::sigaction = std::mem::zeroed();
         dfl.sa_sigaction = libc::SIG_DFL;
-        for sig in 1..libc::SIGRTMAX() {
+        for sig in 1..=libc::SIGRTMAX() {
             if sig != libc::SIGKILL && sig != libc::SIGSTOP {
                 libc::sigaction(sig, &dfl, std::ptr::null_mut());
             }
@@ -255,13 +255,17 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
                 return fail(ctx, SpawnStage::Stdio);
             }
         }
-        // Nothing but stdio survives the exec, whatever the host leaked.
-        libc::syscall(
+        // Nothing but stdio survives the exec, whatever the host leaked. Fail closed
+        // on kernels without CLOSE_RANGE_CLOEXEC (before 5.11).
+        if libc::syscall(
             libc::SYS_close_range,
             3u32,
             u32::MAX,
             libc::CLOSE_RANGE_CLOEXEC as libc::c_uint,
-        );
+        ) == -1
+        {
+            return fail(ctx, SpawnStage::Stdio);
+        }
 
         if libc::chdir(ctx.cwd) == -1 {
             return fail(ctx, SpawnStage::Chdir);

@@ -17,6 +17,8 @@ use paddock_core::{Error, ErrorCode, FileEntry, Result};
 pub const MAX_READ_BYTES: u64 = 256 << 20;
 /// Most entries [`Workdir::list_files`] returns.
 pub const MAX_LIST_ENTRIES: usize = 50_000;
+/// Deepest nesting [`Workdir::list_files`] walks.
+pub const MAX_LIST_DEPTH: usize = 256;
 
 /// A directory owned by one sandbox, removed by [`Workdir::remove`].
 #[derive(Debug)]
@@ -88,14 +90,21 @@ impl Workdir {
         };
         let parent = self.mkdirs(rel.parent().unwrap_or(Path::new("")), path)?;
         let name = cpath(Path::new(name))?;
+        // O_NONBLOCK: a FIFO a program left here must not block the caller.
         let fd = openat_beneath(
             parent.as_raw_fd(),
             &name,
-            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+            libc::O_WRONLY
+                | libc::O_CREAT
+                | libc::O_TRUNC
+                | libc::O_CLOEXEC
+                | libc::O_NOFOLLOW
+                | libc::O_NONBLOCK,
             0o644,
         )
         .map_err(|e| map_io(e, path))?;
         let mut file = File::from(fd);
+        regular_only(&file, path)?;
         file.write_all(data).map_err(|e| map_io(e, path))?;
         Ok(())
     }
@@ -103,10 +112,11 @@ impl Workdir {
     /// Reads the file at `path`.
     pub fn read_file(&self, path: &str) -> Result<Vec<u8>> {
         let rel = self.relative(path)?;
+        // O_NONBLOCK: opening a FIFO a program left here must not block the caller.
         let fd = openat_beneath(
             self.fd.as_raw_fd(),
             &cpath(&rel)?,
-            libc::O_RDONLY | libc::O_CLOEXEC,
+            libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NONBLOCK,
             0,
         )
         .map_err(|e| map_io(e, path))?;
@@ -118,6 +128,7 @@ impl Workdir {
                 format!("`{path}` is a directory; use list_files"),
             ));
         }
+        regular_only(&file, path)?;
         if meta.len() > MAX_READ_BYTES {
             return Err(Error::new(
                 ErrorCode::LimitsExceeded,
@@ -156,57 +167,80 @@ impl Workdir {
             Err(e) => return Err(map_io(e, path)),
         };
         let mut out = Vec::new();
-        self.walk(dir, &self.root.join(&rel), &mut out, path)?;
+        self.walk(dir, &rel, &mut out, path)?;
         out.sort_by(|a, b| a.path.cmp(&b.path));
         Ok(out)
     }
 
-    fn walk(&self, dir: OwnedFd, shown: &Path, out: &mut Vec<FileEntry>, arg: &str) -> Result<()> {
-        // Reading through the fd's /proc link reads the directory we opened, even if
-        // the path has since been swapped for a symlink.
-        let proc_path = format!("/proc/self/fd/{}", dir.as_raw_fd());
-        let entries = std::fs::read_dir(&proc_path).map_err(|e| map_io(e, arg))?;
-        for entry in entries {
-            let entry = entry.map_err(|e| map_io(e, arg))?;
-            if out.len() >= MAX_LIST_ENTRIES {
-                return Err(Error::new(
-                    ErrorCode::LimitsExceeded,
-                    format!(
-                        "`{arg}` holds more than {MAX_LIST_ENTRIES} entries; list a subdirectory"
-                    ),
-                ));
+    /// Walks iteratively (no recursion, one directory fd open at a time): each
+    /// directory is opened from the workdir's fd with `RESOLVE_BENEATH`, so the walk
+    /// stays inside whatever a program does meanwhile.
+    fn walk(&self, first: OwnedFd, rel: &Path, out: &mut Vec<FileEntry>, arg: &str) -> Result<()> {
+        let too_many = || {
+            Error::new(
+                ErrorCode::LimitsExceeded,
+                format!("`{arg}` holds more than {MAX_LIST_ENTRIES} entries or is nested deeper than {MAX_LIST_DEPTH} levels; list a subdirectory"),
+            )
+        };
+        let mut pending: Vec<(PathBuf, usize)> = Vec::new();
+        let mut current = Some((first, rel.to_path_buf(), 0usize));
+        while let Some((dir, dir_rel, depth)) = current.take() {
+            // Reading through the fd's /proc link reads the directory we opened, even
+            // if the path has since been swapped for a symlink.
+            let proc_path = format!("/proc/self/fd/{}", dir.as_raw_fd());
+            let entries = std::fs::read_dir(&proc_path).map_err(|e| map_io(e, arg))?;
+            for entry in entries {
+                let entry = entry.map_err(|e| map_io(e, arg))?;
+                if out.len() >= MAX_LIST_ENTRIES {
+                    return Err(too_many());
+                }
+                let name = entry.file_name();
+                let file_type = entry.file_type().map_err(|e| map_io(e, arg))?;
+                let child_rel = dir_rel.join(&name);
+                let shown = self.root.join(&child_rel).to_string_lossy().into_owned();
+                if file_type.is_dir() {
+                    out.push(FileEntry {
+                        path: shown,
+                        size: 0,
+                        is_dir: true,
+                    });
+                    if depth + 1 > MAX_LIST_DEPTH {
+                        return Err(too_many());
+                    }
+                    pending.push((child_rel, depth + 1));
+                } else {
+                    let size = if file_type.is_symlink() {
+                        0
+                    } else {
+                        entry.metadata().map(|m| m.len()).unwrap_or(0)
+                    };
+                    out.push(FileEntry {
+                        path: shown,
+                        size,
+                        is_dir: false,
+                    });
+                }
             }
-            let name = entry.file_name();
-            let file_type = entry.file_type().map_err(|e| map_io(e, arg))?;
-            let shown_child = shown.join(&name);
-            if file_type.is_dir() {
-                out.push(FileEntry {
-                    path: shown_child.to_string_lossy().into_owned(),
-                    size: 0,
-                    is_dir: true,
-                });
-                let cname = cpath(Path::new(&name))?;
+            drop(dir);
+            while let Some((next_rel, next_depth)) = pending.pop() {
                 match openat_beneath(
-                    dir.as_raw_fd(),
-                    &cname,
+                    self.fd.as_raw_fd(),
+                    &cpath(&next_rel)?,
                     libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC | libc::O_NOFOLLOW,
                     0,
                 ) {
-                    Ok(child) => self.walk(child, &shown_child, out, arg)?,
-                    // Removed or replaced while we walked: skip it.
-                    Err(_) => continue,
+                    Ok(fd) => {
+                        current = Some((fd, next_rel, next_depth));
+                        break;
+                    }
+                    // Removed or replaced by something else while we walked: skip it.
+                    Err(e)
+                        if matches!(
+                            e.raw_os_error(),
+                            Some(libc::ENOENT) | Some(libc::ENOTDIR) | Some(libc::ELOOP)
+                        ) => {}
+                    Err(e) => return Err(map_io(e, arg)),
                 }
-            } else {
-                let size = if file_type.is_symlink() {
-                    0
-                } else {
-                    entry.metadata().map(|m| m.len()).unwrap_or(0)
-                };
-                out.push(FileEntry {
-                    path: shown_child.to_string_lossy().into_owned(),
-                    size,
-                    is_dir: false,
-                });
             }
         }
         Ok(())
@@ -277,6 +311,18 @@ fn remove_tree(path: &Path) -> io::Result<()> {
     }
 }
 
+/// Refuses anything but a regular file (FIFOs, sockets and devices a program created).
+fn regular_only(file: &File, path: &str) -> Result<()> {
+    let meta = file.metadata().map_err(|e| map_io(e, path))?;
+    if meta.is_file() {
+        return Ok(());
+    }
+    Err(Error::invalid_options(
+        "path",
+        format!("`{path}` is not a regular file (a FIFO, socket or device); only regular files can be read or written"),
+    ))
+}
+
 fn escape(path: &str) -> Error {
     Error::new(
         ErrorCode::PathEscape,
@@ -293,6 +339,10 @@ fn map_io(e: io::Error, path: &str) -> Error {
             format!("`{path}`: a parent component is not a directory"),
         ),
         Some(libc::EISDIR) => Error::invalid_options("path", format!("`{path}` is a directory")),
+        Some(libc::ENXIO) => Error::invalid_options(
+            "path",
+            format!("`{path}` is a FIFO or device, not a regular file"),
+        ),
         Some(libc::EFBIG) | Some(libc::ENOSPC) | Some(libc::EDQUOT) => Error::new(
             ErrorCode::LimitsExceeded,
             format!("`{path}`: {e}; free space or raise the limit"),
@@ -440,6 +490,35 @@ mod tests {
         std::os::unix::fs::symlink("real", w.root().join("alias")).unwrap();
         assert_eq!(w.read_file("alias/f").unwrap(), b"1");
         assert_eq!(w.read_file("nope").unwrap_err().code, ErrorCode::NotFound);
+    }
+
+    #[test]
+    fn fifos_and_deep_trees_are_answered_not_hung_on() {
+        let (_t, w) = wd();
+        let fifo = w.root().join("pipe");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo with a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        assert_eq!(
+            w.read_file("pipe").unwrap_err().code,
+            ErrorCode::InvalidOptions
+        );
+        assert_eq!(
+            w.write_file("pipe", b"x").unwrap_err().code,
+            ErrorCode::InvalidOptions
+        );
+        let mut deep = String::new();
+        for _ in 0..(MAX_LIST_DEPTH + 5) {
+            deep.push_str("d/");
+        }
+        std::fs::create_dir_all(w.root().join(&deep)).unwrap();
+        assert_eq!(
+            w.list_files("").unwrap_err().code,
+            ErrorCode::LimitsExceeded
+        );
+        let shallow = w.list_files("d/d").unwrap_err();
+        assert_eq!(shallow.code, ErrorCode::LimitsExceeded);
+        w.remove().unwrap();
     }
 
     #[test]

@@ -21,7 +21,7 @@ use crate::clock::SystemClock;
 use crate::limiter::{Limiter, LimiterConfig, LimiterCore};
 use crate::messages::*;
 use crate::policy::{Policy, PolicyConfig};
-use crate::streamer::{Streamer, StreamerConfig, Subscribe, Subscription};
+use crate::streamer::{CloseStream, Streamer, StreamerConfig, Subscribe, Subscription};
 use crate::supervisor::{cancel_running, Shared, Supervisor, SupervisorParts};
 use paddock_telemetry::Telemetry;
 
@@ -313,13 +313,27 @@ impl Paddock {
             .await
             .map_err(gone)??;
         let supervisor = self.supervisor.clone();
-        let result: PendingResult =
-            Box::pin(async move { supervisor.send(msg).await.map_err(gone)? });
+        let streamer = self.streamer.clone();
+        let id = msg.request.id.clone();
+        let result: PendingResult = Box::pin(async move {
+            let r = supervisor.send(msg).await.map_err(gone)?;
+            if r.is_err() {
+                // Refused before it ran: nothing else will close the stream we opened.
+                let _ = streamer.send(CloseStream(id)).await;
+            }
+            r
+        });
         Ok(ExecutionStream {
             subscription: Some(subscription),
             result: Some(result),
             finished: None,
         })
+    }
+
+    /// Subscribes to an execution's output by id: before it starts (nothing is missed)
+    /// or late (what is still buffered). The subscription ends when the output does.
+    pub async fn subscribe(&self, id: ExecutionId) -> Result<Subscription, Error> {
+        self.streamer.send(Subscribe(id)).await.map_err(gone)?
     }
 
     /// Cancels a queued or running execution. Returns whether this call cancelled it.
@@ -424,6 +438,10 @@ impl ExecutionStream {
                             },
                             r = result => {
                                 self.result = None;
+                                if r.is_err() {
+                                    // A refusal produces no output: end now.
+                                    self.subscription = None;
+                                }
                                 self.finished = Some(r);
                             }
                         }

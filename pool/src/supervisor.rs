@@ -253,6 +253,10 @@ impl Pipeline {
             refuse(r.error)
         })?;
         let tenant = request.tenant.clone();
+        let engine_caps_output = match &target {
+            Target::Pool(p) => p.engine().capabilities().has_feature("output_cap"),
+            Target::Session(s) => s.lease.engine_has_feature("output_cap"),
+        };
         let max_output = request
             .limits
             .max_output_bytes
@@ -331,7 +335,10 @@ impl Pipeline {
             r.warnings.extend(warnings);
             // Engines cap output while capturing; this holds the cap for any engine
             // that does not.
-            if let Some(cap) = max_output {
+            // (An engine that caps by bytes while capturing says so with the
+            // `output_cap` feature; re-cutting its lossy UTF-8 text by length would
+            // flag binary output that never passed the cap.)
+            if let Some(cap) = max_output.filter(|_| !engine_caps_output) {
                 crate::limiter::enforce_output_cap(&mut r, cap);
             }
             r

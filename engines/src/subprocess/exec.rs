@@ -42,23 +42,46 @@ impl Drop for ActiveGuard<'_> {
     }
 }
 
-/// Kills and reaps the child if the execution future is dropped midway.
+/// Kills the whole tree (group and cgroup) and reaps the child if the execution ends
+/// without reaping it: its future dropped midway, or an error in the waiter.
 struct ChildGuard {
     child: Option<SpawnedChild>,
+    /// Set once `wait4` collected the child: its pid may be reused from then on, so
+    /// the guard must not signal or wait for it.
+    reaped: std::sync::atomic::AtomicBool,
+    cgroup: Option<std::sync::Arc<crate::cgroup::Cgroup>>,
 }
 
 impl Drop for ChildGuard {
     fn drop(&mut self) {
-        if let Some(child) = self.child.take() {
+        let Some(child) = self.child.take() else {
+            return;
+        };
+        let reaped = self.reaped.load(Ordering::Acquire);
+        if !reaped {
             let _ = sys::pidfd_send_signal(&child.pidfd, libc::SIGKILL);
             sys::kill_group(child.pid, libc::SIGKILL);
-            // Reap off-thread: the child is already dying, wait4 returns promptly.
-            let pid = child.pid;
-            std::thread::spawn(move || {
-                let _ = sys::reap(pid);
-                drop(child);
-            });
         }
+        let cgroup = self.cgroup.clone();
+        // Off-thread: the freezer kill and wait4 may take a moment.
+        std::thread::spawn(move || {
+            if let Some(g) = cgroup {
+                let _ = g.kill_all();
+            }
+            if !reaped {
+                let _ = sys::reap(child.pid);
+            }
+            drop(child);
+        });
+    }
+}
+
+/// Tells the output pumps to finish when the waiter ends, however it ends.
+struct StopOnDrop<'a>(&'a watch::Sender<Option<Instant>>);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.send(Some(Instant::now() + DRAIN_GRACE));
     }
 }
 
@@ -126,7 +149,11 @@ impl SubprocessSandbox {
         let started = Instant::now();
         let started_at_ms = unix_ms();
         drop(spec);
-        let mut guard = ChildGuard { child: Some(child) };
+        let mut guard = ChildGuard {
+            child: Some(child),
+            reaped: std::sync::atomic::AtomicBool::new(false),
+            cgroup: self.cgroup.clone(),
+        };
         let (pid, pidfd) = {
             let c = guard.child.as_ref().expect("just set");
             (
@@ -140,11 +167,14 @@ impl SubprocessSandbox {
         let cap = limits.max_output_bytes.unwrap_or(u64::MAX);
         let (stop_tx, stop_rx) = watch::channel(None::<Instant>);
         let stdout = pump(out_r, StreamKind::Stdout, cap, sink, stop_rx.clone());
+        let stop_rx_feed = stop_rx.clone();
         let stderr = pump(err_r, StreamKind::Stderr, cap, sink, stop_rx);
-        let feed = feed_stdin(in_w, stdin_data);
+        let feed = feed_stdin(in_w, stdin_data, stop_rx_feed);
         let deadline = limits.timeout().map(|t| started + t);
+        let reaped = &guard.reaped;
 
         let waiter = async {
+            let _stop = StopOnDrop(&stop_tx);
             // SAFETY: the OwnedFd keeps the pidfd open for the AsyncFd's whole life.
             let exit = unsafe { AsyncFd::register_with_interest(pidfd, Interest::READABLE) }
                 .map_err(|e| Error::engine_io("watching the child", e.into()))?;
@@ -166,6 +196,7 @@ impl SubprocessSandbox {
             // cannot hit a stranger. Then reap, then sweep what escaped the group.
             sys::kill_group(pid, libc::SIGKILL);
             let status = sys::reap(pid).map_err(|e| Error::engine_io("reaping the child", e))?;
+            reaped.store(true, Ordering::Release);
             if let Some(g) = &self.cgroup {
                 if g.is_populated() {
                     let g = g.clone();
@@ -176,7 +207,6 @@ impl SubprocessSandbox {
                     .await?;
                 }
             }
-            let _ = stop_tx.send(Some(Instant::now() + DRAIN_GRACE));
             Ok::<_, Error>((ending, status))
         };
 
@@ -184,9 +214,11 @@ impl SubprocessSandbox {
         // The child was reaped (or the waiter failed and the guard kills it).
         let (ending, status) = match waited {
             Ok(v) => {
+                // Reaped and swept: nothing left for the guard to do.
                 guard.child = None;
                 v
             }
+            // The guard kills what is left (cgroup included) and reaps if needed.
             Err(e) => return Err(e),
         };
         let wall_ms = started.elapsed().as_millis() as u64;
@@ -380,14 +412,24 @@ async fn sleep_until_opt(deadline: Option<Instant>) {
     }
 }
 
-async fn feed_stdin(pipe: Option<OwnedFd>, data: Option<Vec<u8>>) {
+async fn feed_stdin(
+    pipe: Option<OwnedFd>,
+    data: Option<Vec<u8>>,
+    mut stop: watch::Receiver<Option<Instant>>,
+) {
     let (Some(fd), Some(data)) = (pipe, data) else {
         return;
     };
     use tokio::io::AsyncWriteExt;
-    if let Ok(mut tx) = tokio::net::unix::pipe::Sender::from_owned_fd(fd) {
-        // A program that exits without reading closes the pipe: that is not an error.
-        let _ = tx.write_all(&data).await;
+    let Ok(mut tx) = tokio::net::unix::pipe::Sender::from_owned_fd(fd) else {
+        return;
+    };
+    // A program that exits without reading closes the pipe: not an error. A reader
+    // that outlives the program (an escaped descendant that never reads) must not
+    // hold the execution open: writing stops when the program is gone.
+    tokio::select! {
+        _ = tx.write_all(&data) => {}
+        _ = stop.wait_for(Option::is_some) => {}
     }
 }
 

@@ -131,7 +131,7 @@ impl SubprocessEngine {
         if netns.is_ok() {
             network.push("none");
         }
-        let mut features = vec!["streaming", "files"];
+        let mut features = vec!["streaming", "files", "output_cap"];
         if cgroups.is_some() {
             features.push("cgroup");
         }

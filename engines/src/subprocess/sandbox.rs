@@ -128,10 +128,25 @@ impl SubprocessSandbox {
         blocking(move || op(&workdir)).await
     }
 
+    /// Files beside the workdir that hold long sources (see `exec.rs`).
+    fn source_files(&self) -> Vec<std::path::PathBuf> {
+        ["py", "js", "sh"]
+            .iter()
+            .map(|ext| {
+                self.engine
+                    .workdir_root
+                    .join(format!("{}.source.{ext}", self.id))
+            })
+            .collect()
+    }
+
     /// Kills what is left in the cgroup and wipes or removes the workdir.
     async fn sweep(&self, remove: bool) -> Result<()> {
         let workdir = self.workdir.clone();
         let cgroup = self.cgroup.clone();
+        for f in self.source_files() {
+            let _ = std::fs::remove_file(f);
+        }
         blocking(move || {
             let mut first_err = None;
             if let Some(g) = &cgroup {
@@ -273,6 +288,9 @@ impl Drop for TeardownGuard<'_> {
 impl SubprocessSandbox {
     /// Kills everything and removes the cgroup and workdir, blocking.
     fn teardown_now(&self) {
+        for f in self.source_files() {
+            let _ = std::fs::remove_file(f);
+        }
         if let Some(g) = &self.cgroup {
             let _ = g.remove();
         }

@@ -202,7 +202,12 @@ async fn run_combo(create: Behaviour, recycle: Behaviour, exec: Behaviour) -> St
                     .await
                     .ok()
             } else {
-                Some(fut.await)
+                // A caller that waits must get its answer (bounded: a hang fails).
+                Some(
+                    tokio::time::timeout(Duration::from_secs(10), fut)
+                        .await
+                        .expect("a waiting caller got no answer within 10 s"),
+                )
             }
         }));
     }

@@ -198,3 +198,42 @@ async fn a_full_pool_answers_pool_exhausted() {
     assert!(first.await.unwrap().unwrap().is_success());
     paddock.shutdown(Duration::from_secs(5)).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_streamed_execution_ends_at_once() {
+    let paddock = Paddock::builder().start().unwrap();
+    let msg = Execute::new(ExecRequest::new(Program::code(
+        Language::Javascript,
+        "process.exit(1)",
+    )));
+    let mut stream = paddock.execute_stream(msg).await.unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(5), stream.next())
+        .await
+        .expect("a refused execution must not leave its stream hanging");
+    match first {
+        Some(StreamEvent::Finished(r)) => assert_eq!(r.unwrap_err().code, ErrorCode::CodeBlocked),
+        other => panic!("{other:?}"),
+    }
+    assert!(stream.next().await.is_none());
+    paddock.shutdown(Duration::from_secs(5)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_subscriber_by_id_gets_the_buffered_output() {
+    let paddock = Paddock::builder().start().unwrap();
+    let req = sh("echo kept-for-later");
+    let id = req.id.clone();
+    let r = paddock.execute(req).await.unwrap();
+    assert!(r.is_success());
+    let mut sub = paddock.subscribe(id).await.unwrap();
+    let chunk = tokio::time::timeout(Duration::from_secs(5), sub.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(chunk.data, b"kept-for-later\n");
+    assert!(tokio::time::timeout(Duration::from_secs(5), sub.next())
+        .await
+        .unwrap()
+        .is_none());
+    paddock.shutdown(Duration::from_secs(5)).await.unwrap();
+}
