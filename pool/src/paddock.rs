@@ -2,7 +2,7 @@
 //!
 //! [`Paddock::builder`] starts an actix system on its own thread with the supervisor,
 //! limiter, streamer and audit actors, and returns a cloneable, `Send + Sync` handle
-//! whose methods work from any tokio runtime (or any executor).
+//! whose methods work from any tokio runtime.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -249,8 +249,8 @@ struct RuntimeHandle {
     thread: parking_lot::Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
-/// A handle on a running Paddock. Cheap to clone, `Send + Sync`, usable from any
-/// async runtime.
+/// A handle on a running Paddock. Cheap to clone, `Send + Sync`, usable from any tokio
+/// runtime.
 #[derive(Debug, Clone)]
 pub struct Paddock {
     supervisor: Addr<Supervisor>,
