@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod doctor;
 mod run;
+mod serve;
 mod units;
 
 /// Paddock runs untrusted code in pooled sandboxes: subprocesses with cgroup limits,
@@ -20,6 +21,8 @@ struct Cli {
 enum Command {
     /// Run one program in a fresh sandbox and stream its output.
     Run(run::RunArgs),
+    /// Serve the HTTP API (127.0.0.1:7878 by default).
+    Serve(serve::ServeArgs),
     /// Measure Paddock against raw baselines on this machine.
     Bench(bench::BenchArgs),
     /// Check what this host supports (cgroups, namespaces, interpreters).
@@ -42,6 +45,7 @@ fn main() {
     let status = runtime.block_on(async {
         match cli.command {
             Command::Run(args) => run::run(args).await,
+            Command::Serve(args) => serve::serve(args).await,
             Command::Bench(args) => bench::bench(args).await,
             Command::Doctor(args) => doctor::doctor(args).await,
         }

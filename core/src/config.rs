@@ -20,6 +20,103 @@ pub struct PaddockConfig {
     pub subprocess: SubprocessConfig,
     /// Engine pools (the same settings for every engine).
     pub pool: PoolConfig,
+    /// The HTTP server of `paddock serve`.
+    pub server: ServerConfig,
+}
+
+/// Settings of the HTTP server (`paddock serve`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Address to listen on. Default `127.0.0.1:7878`; port 0 picks a free port.
+    pub listen: String,
+    /// API keys and the tenant each one stands for. Empty (the default) turns
+    /// authentication off; the tenant then comes from the `X-Paddock-Tenant` header.
+    pub api_keys: Vec<ApiKey>,
+    /// Largest JSON request body, in bytes. Default 1 MiB.
+    pub max_body_bytes: usize,
+    /// Largest file upload, in bytes. Default 64 MiB.
+    pub max_file_bytes: usize,
+    /// How long finished results stay available by id and idempotency key, in
+    /// seconds. Default 600.
+    pub result_retention_s: u64,
+    /// Most results kept at once. Default 10000.
+    pub max_results: usize,
+    /// How long a graceful shutdown lets running executions finish, in ms. Default 10000.
+    pub drain_ms: u64,
+    /// HTTP worker threads. Default 2.
+    pub workers: usize,
+}
+
+/// An API key and its tenant.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiKey {
+    /// The bearer token.
+    pub key: String,
+    /// The tenant requests with this key are accounted to.
+    pub tenant: String,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: "127.0.0.1:7878".into(),
+            api_keys: Vec::new(),
+            max_body_bytes: 1 << 20,
+            max_file_bytes: 64 << 20,
+            result_retention_s: 600,
+            max_results: 10_000,
+            drain_ms: 10_000,
+            workers: 2,
+        }
+    }
+}
+
+impl ServerConfig {
+    /// Checks the values; the error names the first bad field.
+    pub fn validate(&self) -> Result<()> {
+        if self.listen.parse::<std::net::SocketAddr>().is_err() {
+            return Err(Error::invalid_config(
+                "server.listen",
+                format!(
+                    "`{}` is not ADDR:PORT (for example 127.0.0.1:7878)",
+                    self.listen
+                ),
+            ));
+        }
+        for (i, k) in self.api_keys.iter().enumerate() {
+            if k.key.len() < 16 {
+                return Err(Error::invalid_config(
+                    &format!("server.api_keys[{i}].key"),
+                    "must be at least 16 characters",
+                ));
+            }
+            if k.tenant.is_empty() || k.tenant.len() > 256 {
+                return Err(Error::invalid_config(
+                    &format!("server.api_keys[{i}].tenant"),
+                    "must be 1 to 256 characters",
+                ));
+            }
+        }
+        for (name, v) in [
+            ("server.max_body_bytes", self.max_body_bytes),
+            ("server.max_file_bytes", self.max_file_bytes),
+            ("server.max_results", self.max_results),
+            ("server.workers", self.workers),
+        ] {
+            if v == 0 {
+                return Err(Error::invalid_config(name, "must be greater than 0"));
+            }
+        }
+        if self.workers > 64 {
+            return Err(Error::invalid_config(
+                "server.workers",
+                "must be at most 64",
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Sizing, waiting and recycling of an engine pool.
@@ -214,6 +311,7 @@ impl PaddockConfig {
     pub fn validate(&self) -> Result<()> {
         self.limits.validate("limits", true)?;
         self.pool.validate("pool")?;
+        self.server.validate()?;
         let s = &self.subprocess;
         for (field, value) in [
             ("subprocess.python", &s.python),

@@ -53,6 +53,7 @@ pub mod policy;
 
 pub mod engine_actor;
 mod engine_pool;
+pub mod http;
 pub mod messages;
 mod paddock;
 mod spin;

@@ -425,6 +425,15 @@ pub enum StreamEvent {
 }
 
 impl ExecutionStream {
+    /// A stream over an existing subscription and the execution's pending answer.
+    pub(crate) fn from_parts(subscription: Subscription, result: PendingResult) -> ExecutionStream {
+        ExecutionStream {
+            subscription: Some(subscription),
+            result: Some(result),
+            finished: None,
+        }
+    }
+
     /// The next event, or `None` after [`StreamEvent::Finished`].
     pub async fn next(&mut self) -> Option<StreamEvent> {
         loop {

@@ -1,0 +1,92 @@
+//! `paddock serve`: the HTTP API on embedded defaults or a config file.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use paddock_core::PaddockConfig;
+use paddock_pool::Paddock;
+
+use crate::run::UsageError;
+
+/// Arguments of `paddock serve`.
+#[derive(Debug, Args)]
+pub(crate) struct ServeArgs {
+    /// Address to listen on (default from the config: 127.0.0.1:7878; port 0 picks a
+    /// free port).
+    #[arg(long, value_name = "ADDR:PORT")]
+    listen: Option<String>,
+    /// A configuration file (TOML).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+}
+
+/// Loads a config file, or the embedded defaults.
+pub(crate) fn load_config(path: Option<&PathBuf>) -> Result<PaddockConfig, UsageError> {
+    match path {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| UsageError(format!("reading `{}`: {e}", path.display())))?;
+            PaddockConfig::from_toml_str(&text)
+                .map_err(|e| UsageError(format!("{}: {e}", path.display())))
+        }
+        None => Ok(PaddockConfig::default()),
+    }
+}
+
+/// Runs the server until SIGINT or SIGTERM, then shuts down gracefully.
+pub(crate) async fn serve(args: ServeArgs) -> Result<i32, UsageError> {
+    let mut config = load_config(args.config.as_ref())?;
+    if let Some(listen) = args.listen {
+        config.server.listen = listen;
+    }
+    config.validate().map_err(|e| UsageError(e.to_string()))?;
+    let server_config = config.server.clone();
+    let drain = Duration::from_millis(server_config.drain_ms);
+    let paddock = match Paddock::builder().config(config).start() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("paddock serve: {e}");
+            return Ok(1);
+        }
+    };
+    let server = match paddock_pool::http::start(paddock.clone(), server_config) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("paddock serve: {e}");
+            let _ = paddock.shutdown(Duration::ZERO).await;
+            return Ok(1);
+        }
+    };
+    {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "http://{}", server.local_addr());
+        let _ = out.flush();
+    }
+    eprintln!("paddock serve: listening on http://{}", server.local_addr());
+
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| UsageError(format!("installing the SIGTERM handler: {e}")))?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    eprintln!("paddock serve: draining (up to {} ms)", drain.as_millis());
+    server.begin_drain();
+    let report = paddock.shutdown(drain).await;
+    server.stop().await;
+    match report {
+        Ok(r) => {
+            eprintln!(
+                "paddock serve: stopped; {} drained, {} cancelled, {} sandboxes destroyed",
+                r.drained, r.cancelled, r.sandboxes_destroyed
+            );
+            Ok(0)
+        }
+        Err(e) => {
+            eprintln!("paddock serve: shutdown failed: {e}");
+            Ok(1)
+        }
+    }
+}

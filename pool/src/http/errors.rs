@@ -1,0 +1,69 @@
+//! Errors on the wire: `{"error":{"code":"…","message":"…"}}` with a status per code.
+
+use actix_web::http::{header, StatusCode};
+use actix_web::{HttpResponse, ResponseError};
+use paddock_core::{Error, ErrorCode};
+
+/// An error answered over HTTP.
+#[derive(Debug)]
+pub struct ApiError {
+    /// The error.
+    pub error: Error,
+    /// Overrides the status chosen from the code.
+    pub status: Option<StatusCode>,
+}
+
+impl From<Error> for ApiError {
+    fn from(error: Error) -> Self {
+        ApiError {
+            error,
+            status: None,
+        }
+    }
+}
+
+impl ApiError {
+    /// An error with an explicit status.
+    pub fn with_status(status: StatusCode, code: ErrorCode, message: impl Into<String>) -> Self {
+        ApiError {
+            error: Error::new(code, message),
+            status: Some(status),
+        }
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+/// The status for an error code.
+pub fn status_for(code: ErrorCode) -> StatusCode {
+    match code {
+        ErrorCode::NotFound => StatusCode::NOT_FOUND,
+        ErrorCode::EngineDisposed => StatusCode::CONFLICT,
+        ErrorCode::RateLimited => StatusCode::TOO_MANY_REQUESTS,
+        ErrorCode::PoolExhausted => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorCode::EngineFailed | ErrorCode::WorkerFailed | ErrorCode::InvalidConfig => {
+            StatusCode::INTERNAL_SERVER_ERROR
+        }
+        ErrorCode::Timeout => StatusCode::GATEWAY_TIMEOUT,
+        ErrorCode::StreamClosed => StatusCode::GONE,
+        _ => StatusCode::BAD_REQUEST,
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        self.status.unwrap_or_else(|| status_for(self.error.code))
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        let mut res = HttpResponse::build(self.status_code());
+        if let Some(ms) = self.error.retry_after_ms {
+            res.insert_header((header::RETRY_AFTER, ms.div_ceil(1000).max(1).to_string()));
+        }
+        res.json(serde_json::json!({ "error": self.error }))
+    }
+}

@@ -1,0 +1,750 @@
+//! The HTTP API (`paddock serve`): JSON over actix-web, on top of the [`Paddock`]
+//! handle. See `docs/http-api.md` for every route.
+//!
+//! [`start`] runs the server on its own thread (its own actix system) and returns the
+//! bound address; [`HttpServerHandle::stop`] stops it gracefully.
+
+mod errors;
+mod results;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_web::http::{header, StatusCode};
+use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
+use bytes::Bytes;
+use paddock_core::{
+    EngineKind, Error, ErrorCode, ExecRequest, ExecutionId, IsolationLevel, Limits, NetworkPolicy,
+    Program, SandboxSpec, ServerConfig,
+};
+use serde::Deserialize;
+use subtle::ConstantTimeEq;
+
+pub use errors::{status_for, ApiError};
+use results::{Answer, Begin, ResultStore};
+
+use crate::audit::AuditQuery;
+use crate::{Execute, Paddock, StreamEvent};
+
+/// Shared by every worker.
+#[derive(Debug)]
+struct State {
+    paddock: Paddock,
+    config: ServerConfig,
+    results: ResultStore,
+    draining: AtomicBool,
+}
+
+/// A running server.
+#[derive(Debug)]
+pub struct HttpServerHandle {
+    addr: SocketAddr,
+    state: Arc<State>,
+    server: actix_web::dev::ServerHandle,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl HttpServerHandle {
+    /// The address the server is bound to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops admitting work: new executions get 503 and `/readyz` fails.
+    pub fn begin_drain(&self) {
+        self.state.draining.store(true, Ordering::Release);
+    }
+
+    /// Stops the server (after in-flight requests finish) and joins its thread.
+    pub async fn stop(mut self) {
+        self.begin_drain();
+        self.server.stop(true).await;
+        if let Some(t) = self.thread.take() {
+            let _ = tokio::task::spawn_blocking(move || t.join()).await;
+        }
+    }
+}
+
+/// Starts the HTTP server for `paddock` with `config`.
+pub fn start(paddock: Paddock, config: ServerConfig) -> Result<HttpServerHandle, Error> {
+    config.validate()?;
+    let listen: SocketAddr = config
+        .listen
+        .parse()
+        .map_err(|e| Error::invalid_config("server.listen", e))?;
+    let state = Arc::new(State {
+        results: ResultStore::new(
+            Duration::from_secs(config.result_retention_s),
+            config.max_results,
+        ),
+        paddock,
+        config,
+        draining: AtomicBool::new(false),
+    });
+    let app_state = state.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let thread = std::thread::Builder::new()
+        .name("paddock-http".into())
+        .spawn(move || {
+            let system = actix_rt::System::new();
+            system.block_on(async move {
+                let workers = app_state.config.workers;
+                let data = web::Data::from(app_state);
+                let server =
+                    HttpServer::new(move || App::new().app_data(data.clone()).configure(routes))
+                        .workers(workers)
+                        .disable_signals()
+                        .shutdown_timeout(30)
+                        .bind(listen);
+                let server = match server {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let _ = tx.send(Err(Error::invalid_config(
+                            "server.listen",
+                            format!("cannot listen on {listen}: {e}"),
+                        )));
+                        return;
+                    }
+                };
+                let addr = server.addrs().first().copied().unwrap_or(listen);
+                let running = server.run();
+                let _ = tx.send(Ok((addr, running.handle())));
+                let _ = running.await;
+            });
+        })
+        .map_err(|e| Error::engine_io("starting the HTTP thread", e))?;
+    let (addr, server) = rx
+        .recv()
+        .map_err(|_| Error::new(ErrorCode::EngineFailed, "the HTTP thread failed to start"))??;
+    Ok(HttpServerHandle {
+        addr,
+        state,
+        server,
+        thread: Some(thread),
+    })
+}
+
+/// Registers every route (usable to mount the API in another actix-web app that
+/// provides the same `State`).
+fn routes(cfg: &mut web::ServiceConfig) {
+    cfg.app_data(web::QueryConfig::default().error_handler(|err, _req| {
+        ApiError::from(Error::invalid_options("query", err.to_string())).into()
+    }))
+    .app_data(web::PathConfig::default().error_handler(|err, _req| {
+        ApiError::from(Error::invalid_options("path", err.to_string())).into()
+    }))
+    .default_service(web::to(|| async {
+        Err::<HttpResponse, ApiError>(ApiError::from(Error::new(
+            ErrorCode::NotFound,
+            "no such route; see docs/http-api.md",
+        )))
+    }))
+    .route("/healthz", web::get().to(healthz))
+    .route("/readyz", web::get().to(readyz))
+    .route("/metrics", web::get().to(metrics))
+    .route("/v1/stats", web::get().to(stats))
+    .route("/v1/audit", web::get().to(audit))
+    .route("/v1/executions", web::post().to(create_execution))
+    .route("/v1/executions/{id}", web::get().to(get_execution))
+    .route("/v1/executions/{id}", web::delete().to(cancel_execution))
+    .route("/v1/sandboxes", web::post().to(create_sandbox))
+    .route("/v1/sandboxes/{id}", web::get().to(sandbox_status))
+    .route("/v1/sandboxes/{id}", web::delete().to(destroy_sandbox))
+    .route("/v1/sandboxes/{id}/exec", web::post().to(sandbox_exec))
+    .route("/v1/sandboxes/{id}/files", web::get().to(list_files))
+    .route(
+        "/v1/sandboxes/{id}/files/{path:.*}",
+        web::get().to(read_file),
+    )
+    .route(
+        "/v1/sandboxes/{id}/files/{path:.*}",
+        web::put().to(write_file),
+    );
+}
+
+type Shared = web::Data<State>;
+
+/// The tenant of a request: the API key's when keys are configured (401 without a
+/// valid key), else the `X-Paddock-Tenant` header.
+fn tenant(state: &State, req: &HttpRequest) -> Result<Option<String>, ApiError> {
+    if state.config.api_keys.is_empty() {
+        return Ok(req
+            .headers()
+            .get("x-paddock-tenant")
+            .and_then(|v| v.to_str().ok())
+            .filter(|t| !t.is_empty())
+            .map(str::to_owned));
+    }
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    // Compare against every key in constant time; no early exit on a match.
+    let mut found: Option<&str> = None;
+    for k in &state.config.api_keys {
+        let eq: bool = k.key.as_bytes().ct_eq(presented.as_bytes()).into();
+        if eq && found.is_none() {
+            found = Some(&k.tenant);
+        }
+    }
+    match found {
+        Some(t) => Ok(Some(t.to_string())),
+        None => Err(ApiError::with_status(
+            StatusCode::UNAUTHORIZED,
+            ErrorCode::InvalidOptions,
+            "missing or wrong API key: send `Authorization: Bearer <key>`",
+        )),
+    }
+}
+
+fn admitting(state: &State) -> Result<(), ApiError> {
+    if state.draining.load(Ordering::Acquire) {
+        return Err(ApiError::with_status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ErrorCode::EngineDisposed,
+            "the server is shutting down; retry on another instance",
+        ));
+    }
+    Ok(())
+}
+
+/// The body of `POST /v1/executions` and `POST /v1/sandboxes/{id}/exec`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExecBody {
+    #[serde(default)]
+    engine: Option<EngineKind>,
+    program: Program,
+    #[serde(default)]
+    stdin: Option<String>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    #[serde(default)]
+    cwd: Option<String>,
+    #[serde(default)]
+    limits: Limits,
+    #[serde(default)]
+    network: NetworkPolicy,
+    #[serde(default)]
+    level: IsolationLevel,
+}
+
+impl ExecBody {
+    fn request(
+        self,
+        tenant: Option<String>,
+    ) -> (
+        ExecRequest,
+        Option<EngineKind>,
+        NetworkPolicy,
+        IsolationLevel,
+    ) {
+        let mut r = ExecRequest::new(self.program);
+        r.stdin = self.stdin;
+        r.env = self.env;
+        r.cwd = self.cwd;
+        r.limits = self.limits;
+        r.tenant = tenant;
+        (r, self.engine, self.network, self.level)
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct StreamQuery {
+    #[serde(default)]
+    stream: bool,
+}
+
+/// Reads a body up to `limit` bytes (413 beyond it).
+async fn read_body(
+    mut payload: web::Payload,
+    limit: usize,
+    what: &str,
+) -> Result<Vec<u8>, ApiError> {
+    use futures_util::StreamExt;
+    let mut data = Vec::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|e| Error::invalid_options("body", e.to_string()))?;
+        if data.len() + chunk.len() > limit {
+            return Err(ApiError::with_status(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                ErrorCode::InvalidOptions,
+                format!("the {what} exceeds {limit} bytes"),
+            ));
+        }
+        data.extend_from_slice(&chunk);
+    }
+    Ok(data)
+}
+
+async fn parse_body<T: serde::de::DeserializeOwned>(
+    state: &State,
+    payload: web::Payload,
+) -> Result<T, ApiError> {
+    let body = read_body(
+        payload,
+        state.config.max_body_bytes,
+        "request body (server.max_body_bytes)",
+    )
+    .await?;
+    serde_json::from_slice(&body).map_err(|e| {
+        ApiError::from(Error::invalid_options(
+            "body",
+            format!("{e}; see docs/http-api.md"),
+        ))
+    })
+}
+
+fn answer_json(answer: &Answer) -> HttpResponse {
+    match answer.as_ref() {
+        Ok(r) => HttpResponse::Ok().json(r),
+        Err(e) => {
+            let err = ApiError::from(e.clone());
+            actix_web::ResponseError::error_response(&err)
+        }
+    }
+}
+
+async fn create_execution(
+    state: Shared,
+    req: HttpRequest,
+    query: web::Query<StreamQuery>,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    admitting(&state)?;
+    let tenant = tenant(&state, &req)?;
+    let body: ExecBody = parse_body(&state, payload).await?;
+    let (request, engine, network, level) = body.request(tenant.clone());
+    let mut msg = Execute::new(request);
+    msg.engine = engine;
+    msg.network = network;
+    msg.level = level;
+    msg.traceparent = req
+        .headers()
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let key = req
+        .headers()
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let id = msg.request.id.clone();
+    match state
+        .results
+        .begin(&id, tenant.as_deref().unwrap_or(""), key.as_deref())
+    {
+        Begin::Attach(mut rx) => {
+            let answer = loop {
+                if let Some(a) = rx.borrow().clone() {
+                    break a;
+                }
+                if rx.changed().await.is_err() {
+                    return Err(
+                        Error::new(ErrorCode::NotFound, "the original execution is gone").into(),
+                    );
+                }
+            };
+            Ok(answer_json(&answer))
+        }
+        Begin::Run(tx) => {
+            if query.stream {
+                let stream = state.paddock.execute_stream(msg).await?;
+                Ok(stream_response(state.into_inner(), stream, id, Some(tx)))
+            } else {
+                let answer = Arc::new(state.paddock.execute_with(msg).await);
+                state.results.finish(&id, tx, answer.clone());
+                Ok(answer_json(&answer))
+            }
+        }
+    }
+}
+
+/// NDJSON: `started`, then `stdout`/`stderr` chunks as produced, then `result` (or
+/// `error` when the execution was refused).
+fn stream_response(
+    state: Arc<State>,
+    stream: crate::ExecutionStream,
+    id: ExecutionId,
+    tx: Option<tokio::sync::watch::Sender<Option<Answer>>>,
+) -> HttpResponse {
+    use futures_util::StreamExt;
+    let started = ndjson(&serde_json::json!({"type": "started", "id": id}));
+    struct Ctx {
+        stream: crate::ExecutionStream,
+        state: Arc<State>,
+        tx: Option<tokio::sync::watch::Sender<Option<Answer>>>,
+        id: ExecutionId,
+        done: bool,
+    }
+    let ctx = Ctx {
+        stream,
+        state,
+        tx,
+        id,
+        done: false,
+    };
+    let rest = futures_util::stream::unfold(ctx, |mut ctx| async move {
+        if ctx.done {
+            return None;
+        }
+        match ctx.stream.next().await {
+            Some(StreamEvent::Output(chunk)) => {
+                let kind = match chunk.stream {
+                    paddock_core::StreamKind::Stdout => "stdout",
+                    paddock_core::StreamKind::Stderr => "stderr",
+                };
+                let line = ndjson(&serde_json::json!({
+                    "type": kind,
+                    "data": String::from_utf8_lossy(&chunk.data),
+                }));
+                Some((Ok::<Bytes, actix_web::Error>(line), ctx))
+            }
+            Some(StreamEvent::Finished(result)) => {
+                ctx.done = true;
+                let answer: Answer = Arc::new(*result);
+                let line = match answer.as_ref() {
+                    Ok(r) => {
+                        let mut v = serde_json::to_value(r).unwrap_or_default();
+                        if let Some(o) = v.as_object_mut() {
+                            o.insert("type".into(), "result".into());
+                        }
+                        ndjson(&v)
+                    }
+                    Err(e) => ndjson(&serde_json::json!({"type": "error", "error": e})),
+                };
+                if let Some(tx) = ctx.tx.take() {
+                    ctx.state.results.finish(&ctx.id, tx, answer);
+                }
+                Some((Ok(line), ctx))
+            }
+            None => None,
+        }
+    });
+    let body = futures_util::stream::once(async move { Ok::<Bytes, actix_web::Error>(started) })
+        .chain(rest);
+    HttpResponse::Ok()
+        .content_type("application/x-ndjson")
+        .streaming(body.boxed_local())
+}
+
+fn ndjson(v: &serde_json::Value) -> Bytes {
+    let mut line = serde_json::to_vec(v).unwrap_or_default();
+    line.push(b'\n');
+    Bytes::from(line)
+}
+
+fn parse_id(raw: &str) -> Result<ExecutionId, ApiError> {
+    Ok(ExecutionId::parse(raw)?)
+}
+
+async fn get_execution(
+    state: Shared,
+    req: HttpRequest,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    tenant(&state, &req)?;
+    let id = parse_id(&path)?;
+    match state.results.get(&id) {
+        Some(Some(answer)) => Ok(answer_json(&answer)),
+        Some(None) => {
+            Ok(HttpResponse::Ok().json(serde_json::json!({"id": id, "status": "running"})))
+        }
+        None => Err(Error::new(
+            ErrorCode::NotFound,
+            format!(
+                "no execution {id} is running or kept (results are kept for {} s)",
+                state.config.result_retention_s
+            ),
+        )
+        .into()),
+    }
+}
+
+async fn cancel_execution(
+    state: Shared,
+    req: HttpRequest,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    tenant(&state, &req)?;
+    let id = parse_id(&path)?;
+    let cancelled = state.paddock.cancel(&id);
+    if !cancelled && state.results.get(&id).is_none() {
+        return Err(
+            Error::new(ErrorCode::NotFound, format!("no execution {id} is running")).into(),
+        );
+    }
+    Ok(HttpResponse::Ok().json(serde_json::json!({"id": id, "cancelled": cancelled})))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SandboxBody {
+    #[serde(default)]
+    engine: Option<EngineKind>,
+    #[serde(default)]
+    limits: Limits,
+    #[serde(default)]
+    network: NetworkPolicy,
+    #[serde(default)]
+    level: IsolationLevel,
+}
+
+async fn create_sandbox(
+    state: Shared,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    admitting(&state)?;
+    let tenant = tenant(&state, &req)?;
+    let body = read_body(
+        payload,
+        state.config.max_body_bytes,
+        "request body (server.max_body_bytes)",
+    )
+    .await?;
+    let body: SandboxBody = if body.iter().all(u8::is_ascii_whitespace) {
+        SandboxBody {
+            engine: None,
+            limits: Limits::default(),
+            network: NetworkPolicy::None,
+            level: IsolationLevel::None,
+        }
+    } else {
+        serde_json::from_slice(&body).map_err(|e| {
+            ApiError::from(Error::invalid_options(
+                "body",
+                format!("{e}; see docs/http-api.md"),
+            ))
+        })?
+    };
+    let spec = SandboxSpec {
+        level: body.level,
+        network: body.network,
+        limits: body.limits,
+        tenant,
+    };
+    let handle = state.paddock.open_sandbox(spec, body.engine).await?;
+    Ok(HttpResponse::Created().json(handle.info()))
+}
+
+async fn sandbox_status(
+    state: Shared,
+    req: HttpRequest,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    tenant(&state, &req)?;
+    let status = state
+        .paddock
+        .supervisor()
+        .send(crate::GetSandboxStatus(path.into_inner()))
+        .await
+        .map_err(|e| Error::new(ErrorCode::EngineFailed, e.to_string()))??;
+    Ok(HttpResponse::Ok().json(serde_json::json!({"status": status})))
+}
+
+async fn destroy_sandbox(
+    state: Shared,
+    req: HttpRequest,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    tenant(&state, &req)?;
+    state
+        .paddock
+        .supervisor()
+        .send(crate::DestroySandbox(path.into_inner()))
+        .await
+        .map_err(|e| Error::new(ErrorCode::EngineFailed, e.to_string()))??;
+    Ok(HttpResponse::NoContent().finish())
+}
+
+async fn sandbox_exec(
+    state: Shared,
+    req: HttpRequest,
+    path: web::Path<String>,
+    query: web::Query<StreamQuery>,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    admitting(&state)?;
+    let tenant = tenant(&state, &req)?;
+    let body: ExecBody = parse_body(&state, payload).await?;
+    let (request, _, _, _) = body.request(tenant);
+    let sandbox = path.into_inner();
+    if query.stream {
+        let id = request.id.clone();
+        let sub = state.paddock.subscribe(id.clone()).await?;
+        let supervisor = state.paddock.supervisor();
+        let result = Box::pin(async move {
+            supervisor
+                .send(crate::SandboxExec {
+                    sandbox,
+                    request,
+                    sink: None,
+                })
+                .await
+                .map_err(|e| Error::new(ErrorCode::EngineFailed, e.to_string()))?
+        });
+        let stream = crate::ExecutionStream::from_parts(sub, result);
+        return Ok(stream_response(state.into_inner(), stream, id, None));
+    }
+    let r = state
+        .paddock
+        .supervisor()
+        .send(crate::SandboxExec {
+            sandbox,
+            request,
+            sink: None,
+        })
+        .await
+        .map_err(|e| Error::new(ErrorCode::EngineFailed, e.to_string()))??;
+    Ok(HttpResponse::Ok().json(r))
+}
+
+#[derive(Debug, Deserialize)]
+struct DirQuery {
+    #[serde(default)]
+    dir: String,
+}
+
+async fn list_files(
+    state: Shared,
+    req: HttpRequest,
+    path: web::Path<String>,
+    q: web::Query<DirQuery>,
+) -> Result<HttpResponse, ApiError> {
+    tenant(&state, &req)?;
+    let files = state
+        .paddock
+        .supervisor()
+        .send(crate::ListFiles {
+            sandbox: path.into_inner(),
+            path: q.dir.clone(),
+        })
+        .await
+        .map_err(|e| Error::new(ErrorCode::EngineFailed, e.to_string()))??;
+    let out: Vec<_> = files
+        .iter()
+        .map(|f| serde_json::json!({"path": f.path, "size": f.size, "is_dir": f.is_dir}))
+        .collect();
+    Ok(HttpResponse::Ok().json(out))
+}
+
+async fn read_file(
+    state: Shared,
+    req: HttpRequest,
+    path: web::Path<(String, String)>,
+) -> Result<HttpResponse, ApiError> {
+    tenant(&state, &req)?;
+    let (sandbox, file) = path.into_inner();
+    let data = state
+        .paddock
+        .supervisor()
+        .send(crate::ReadFile {
+            sandbox,
+            path: file,
+        })
+        .await
+        .map_err(|e| Error::new(ErrorCode::EngineFailed, e.to_string()))??;
+    Ok(HttpResponse::Ok()
+        .content_type("application/octet-stream")
+        .body(data))
+}
+
+async fn write_file(
+    state: Shared,
+    req: HttpRequest,
+    path: web::Path<(String, String)>,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    admitting(&state)?;
+    tenant(&state, &req)?;
+    let (sandbox, file) = path.into_inner();
+    let data = read_body(
+        payload,
+        state.config.max_file_bytes,
+        "upload (server.max_file_bytes)",
+    )
+    .await?;
+    state
+        .paddock
+        .supervisor()
+        .send(crate::WriteFile {
+            sandbox,
+            path: file,
+            data,
+        })
+        .await
+        .map_err(|e| Error::new(ErrorCode::EngineFailed, e.to_string()))??;
+    Ok(HttpResponse::NoContent().finish())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AuditParams {
+    success: Option<bool>,
+    tenant: Option<String>,
+    engine: Option<EngineKind>,
+    after: Option<String>,
+    before: Option<String>,
+    limit: Option<usize>,
+}
+
+async fn audit(
+    state: Shared,
+    req: HttpRequest,
+    q: web::Query<AuditParams>,
+) -> Result<HttpResponse, ApiError> {
+    tenant(&state, &req)?;
+    let q = q.into_inner();
+    let parse = |t: &Option<String>, field: &str| -> Result<_, ApiError> {
+        match t {
+            Some(s) => Ok(Some(
+                crate::audit::Timestamp::parse_rfc3339(s)
+                    .map_err(|e| Error::invalid_options(field, e.message))?,
+            )),
+            None => Ok(None),
+        }
+    };
+    let query = AuditQuery {
+        success: q.success,
+        tenant: q.tenant,
+        engine: q.engine,
+        after: parse(&q.after, "after")?,
+        before: parse(&q.before, "before")?,
+        limit: q.limit,
+    };
+    let entries = state.paddock.audit(query).await?;
+    Ok(HttpResponse::Ok().json(entries))
+}
+
+async fn stats(state: Shared, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    tenant(&state, &req)?;
+    let stats = state.paddock.stats().await?;
+    let audit = state.paddock.audit_statistics().await?;
+    Ok(HttpResponse::Ok().json(serde_json::json!({"scheduler": stats, "audit": audit})))
+}
+
+async fn metrics(state: Shared) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type(paddock_telemetry::PROMETHEUS_CONTENT_TYPE)
+        .body(state.paddock.telemetry().render_prometheus())
+}
+
+async fn healthz() -> HttpResponse {
+    HttpResponse::Ok().json(serde_json::json!({"status": "ok"}))
+}
+
+async fn readyz(state: Shared) -> HttpResponse {
+    if state.draining.load(Ordering::Acquire) {
+        return HttpResponse::ServiceUnavailable().json(serde_json::json!({"status": "draining"}));
+    }
+    match state.paddock.stats().await {
+        Ok(s) if s.admitting => HttpResponse::Ok().json(serde_json::json!({"status": "ready"})),
+        _ => HttpResponse::ServiceUnavailable().json(serde_json::json!({"status": "not ready"})),
+    }
+}
