@@ -5,6 +5,7 @@
 //! bound address; [`HttpServerHandle::stop`] stops it gracefully.
 
 mod errors;
+mod openapi;
 mod results;
 
 use std::collections::BTreeMap;
@@ -127,8 +128,8 @@ pub fn start(paddock: Paddock, config: ServerConfig) -> Result<HttpServerHandle,
     })
 }
 
-/// Registers every route (usable to mount the API in another actix-web app that
-/// provides the same `State`).
+/// Registers every route. `openapi::ROUTES` lists the same routes; a test checks
+/// that every one of them is served.
 fn routes(cfg: &mut web::ServiceConfig) {
     cfg.app_data(web::QueryConfig::default().error_handler(|err, _req| {
         ApiError::from(Error::invalid_options("query", err.to_string())).into()
@@ -143,6 +144,7 @@ fn routes(cfg: &mut web::ServiceConfig) {
         )))
     }))
     .route("/healthz", web::get().to(healthz))
+    .route("/v1/openapi.json", web::get().to(openapi_json))
     .route("/readyz", web::get().to(readyz))
     .route("/metrics", web::get().to(metrics))
     .route("/v1/stats", web::get().to(stats))
@@ -735,6 +737,10 @@ async fn metrics(state: Shared) -> HttpResponse {
         .body(state.paddock.telemetry().render_prometheus())
 }
 
+async fn openapi_json() -> HttpResponse {
+    HttpResponse::Ok().json(openapi::document())
+}
+
 async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(serde_json::json!({"status": "ok"}))
 }
@@ -746,5 +752,58 @@ async fn readyz(state: Shared) -> HttpResponse {
     match state.paddock.stats().await {
         Ok(s) if s.admitting => HttpResponse::Ok().json(serde_json::json!({"status": "ready"})),
         _ => HttpResponse::ServiceUnavailable().json(serde_json::json!({"status": "not ready"})),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use actix_web::test;
+
+    #[actix_web::test]
+    async fn every_documented_route_is_served() {
+        let paddock = Paddock::builder()
+            .without_subprocess()
+            .engine(Arc::new(paddock_engines::noop::NoopEngine::new()))
+            .start()
+            .unwrap();
+        let config = ServerConfig::default();
+        let state = Arc::new(State {
+            results: ResultStore::new(Duration::from_secs(60), 100),
+            paddock: paddock.clone(),
+            config,
+            draining: AtomicBool::new(false),
+        });
+        let app = test::init_service(
+            App::new()
+                .app_data(web::Data::from(state))
+                .configure(routes),
+        )
+        .await;
+        for (method, path, _, _) in openapi::ROUTES {
+            let uri = path
+                .replace("{id}", "01a2299e-3e83-714b-8bc9-412c5fb1452d")
+                .replace("{path}", "f");
+            let method =
+                actix_web::http::Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
+            let req = test::TestRequest::default()
+                .method(method.clone())
+                .uri(&uri)
+                .set_payload("{\"program\":{\"command\":[\"x\"]}}")
+                .to_request();
+            let resp = test::call_service(&app, req).await;
+            let body = test::read_body(resp).await;
+            assert!(
+                !String::from_utf8_lossy(&body).contains("no such route"),
+                "{method} {path} is documented but not served"
+            );
+        }
+        // And an undocumented one is not.
+        let req = test::TestRequest::get()
+            .uri("/v1/nothing-here")
+            .to_request();
+        let resp = test::call_service(&app, req).await;
+        assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+        paddock.shutdown(Duration::from_secs(5)).await.unwrap();
     }
 }
