@@ -23,6 +23,8 @@ enum Command {
     Run(run::RunArgs),
     /// Serve the HTTP API (127.0.0.1:7878 by default).
     Serve(serve::ServeArgs),
+    /// Check a configuration file, or print the defaults.
+    Config(serve::ConfigArgs),
     /// Measure Paddock against raw baselines on this machine.
     Bench(bench::BenchArgs),
     /// Check what this host supports (cgroups, namespaces, interpreters).
@@ -46,6 +48,7 @@ fn main() {
         match cli.command {
             Command::Run(args) => run::run(args).await,
             Command::Serve(args) => serve::serve(args).await,
+            Command::Config(args) => serve::config(args).await,
             Command::Bench(args) => bench::bench(args).await,
             Command::Doctor(args) => doctor::doctor(args).await,
         }

@@ -22,8 +22,32 @@ pub(crate) struct ServeArgs {
     config: Option<PathBuf>,
 }
 
-/// Loads a config file, or the embedded defaults.
+/// Loads a config file (or the embedded defaults), then applies the environment:
+/// `PADDOCK_LISTEN` overrides `server.listen`; `PADDOCK_API_KEYS`
+/// (`tenant=key,tenant2=key2`) adds API keys.
 pub(crate) fn load_config(path: Option<&PathBuf>) -> Result<PaddockConfig, UsageError> {
+    let mut config = load_file(path)?;
+    if let Ok(listen) = std::env::var("PADDOCK_LISTEN") {
+        config.server.listen = listen;
+    }
+    if let Ok(keys) = std::env::var("PADDOCK_API_KEYS") {
+        for pair in keys.split(',').filter(|p| !p.trim().is_empty()) {
+            let Some((tenant, key)) = pair.split_once('=') else {
+                return Err(UsageError(
+                    "PADDOCK_API_KEYS must look like tenant=key,tenant2=key2".into(),
+                ));
+            };
+            config.server.api_keys.push(paddock_core::ApiKey {
+                key: key.trim().to_string(),
+                tenant: tenant.trim().to_string(),
+            });
+        }
+    }
+    config.validate().map_err(|e| UsageError(e.to_string()))?;
+    Ok(config)
+}
+
+fn load_file(path: Option<&PathBuf>) -> Result<PaddockConfig, UsageError> {
     match path {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -87,6 +111,50 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<i32, UsageError> {
         Err(e) => {
             eprintln!("paddock serve: shutdown failed: {e}");
             Ok(1)
+        }
+    }
+}
+
+/// Arguments of `paddock config`.
+#[derive(Debug, Args)]
+pub(crate) struct ConfigArgs {
+    #[command(subcommand)]
+    command: ConfigCommand,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum ConfigCommand {
+    /// Validate a configuration file; `INVALID_CONFIG` names the bad field.
+    Check {
+        /// The TOML file.
+        file: PathBuf,
+    },
+    /// Print the embedded defaults as TOML.
+    Defaults,
+}
+
+/// Runs `paddock config`.
+pub(crate) async fn config(args: ConfigArgs) -> Result<i32, UsageError> {
+    match args.command {
+        ConfigCommand::Check { file } => match load_file(Some(&file)) {
+            Ok(_) => {
+                println!("{}: ok", file.display());
+                Ok(0)
+            }
+            Err(UsageError(msg)) => {
+                eprintln!("{msg}");
+                Ok(1)
+            }
+        },
+        ConfigCommand::Defaults => {
+            match toml::to_string(&PaddockConfig::default()) {
+                Ok(text) => print!("{text}"),
+                Err(e) => {
+                    eprintln!("paddock config defaults: {e}");
+                    return Ok(1);
+                }
+            }
+            Ok(0)
         }
     }
 }

@@ -202,3 +202,29 @@ fn interrupt_kills_the_program_and_exits_130() {
         start.elapsed()
     );
 }
+
+#[test]
+fn config_check_names_the_bad_field_and_defaults_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[pool]\nmax_size = 0\n").unwrap();
+    let out = paddock(&["config", "check", bad.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("INVALID_CONFIG") && err.contains("pool.max_size"),
+        "{err}"
+    );
+
+    let defaults = paddock(&["config", "defaults"]);
+    assert!(defaults.status.success());
+    let good = dir.path().join("good.toml");
+    std::fs::write(&good, &defaults.stdout).unwrap();
+    let out = paddock(&["config", "check", good.to_str().unwrap()]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
