@@ -39,7 +39,9 @@ pub mod slots;
 pub mod stream_buffer;
 
 pub use cancel::{CancelToken, TokenState};
-pub use config::{ApiKey, CgroupMode, PaddockConfig, PoolConfig, ServerConfig, SubprocessConfig};
+pub use config::{
+    ApiKey, AuditConfig, CgroupMode, PaddockConfig, PoolConfig, ServerConfig, SubprocessConfig,
+};
 pub use engine::{DiscardSink, Engine, FileEntry, OutputSink, Sandbox, SandboxSpec, SandboxStatus};
 pub use error::{Error, ErrorCode, Result};
 pub use exec::{

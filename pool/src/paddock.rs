@@ -34,7 +34,7 @@ pub struct PaddockBuilder {
     builtin_subprocess: bool,
     policy: PolicyConfig,
     limiter: LimiterConfig,
-    audit: AuditConfig,
+    audit: Option<AuditConfig>,
     on_audit: Option<crate::audit::OnLog>,
     streamer: StreamerConfig,
     telemetry: Option<Telemetry>,
@@ -59,7 +59,7 @@ impl Default for PaddockBuilder {
             builtin_subprocess: true,
             policy: PolicyConfig::default(),
             limiter: LimiterConfig::default(),
-            audit: AuditConfig::default(),
+            audit: None,
             on_audit: None,
             streamer: StreamerConfig::default(),
             telemetry: None,
@@ -108,9 +108,10 @@ impl PaddockBuilder {
         self
     }
 
-    /// The audit log. Default: an in-memory ring of 10,000 entries, no file.
+    /// The audit log. Default: the config's `[audit]` section (an in-memory ring of
+    /// 10,000 entries, no file).
     pub fn audit(mut self, audit: AuditConfig) -> Self {
-        self.audit = audit;
+        self.audit = Some(audit);
         self
     }
 
@@ -146,7 +147,8 @@ impl PaddockBuilder {
     pub fn start(self) -> Result<Paddock, Error> {
         self.config.validate()?;
         self.limiter.validate()?;
-        self.audit.validate()?;
+        let audit = self.audit.unwrap_or_else(|| self.config.audit.clone());
+        audit.validate()?;
         let policy = Arc::new(Policy::new(self.policy)?);
         let mut engines = self.engines;
         if self.builtin_subprocess && self.config.subprocess.enabled {
@@ -169,7 +171,7 @@ impl PaddockBuilder {
                 format!("`{default_engine}` is not among the configured engines"),
             ));
         }
-        let mut audit_log = AuditLog::new(self.audit)?;
+        let mut audit_log = AuditLog::new(audit)?;
         if let Some(cb) = self.on_audit {
             audit_log.set_on_log(cb);
         }
