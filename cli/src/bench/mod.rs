@@ -3,6 +3,7 @@
 //! Every scenario prints one JSON object per line with `--json`, and finishes within
 //! a minute with its defaults.
 
+mod http;
 mod load;
 mod pipeline;
 mod spawn;
@@ -62,6 +63,15 @@ enum Scenario {
         #[arg(long, default_value_t = 200_000)]
         total: usize,
     },
+    /// Executions per second over HTTP vs. the in-process handle (no-op engine).
+    Http {
+        /// Concurrent clients.
+        #[arg(long, default_value_t = 64)]
+        callers: usize,
+        /// Executions per measured run.
+        #[arg(long, default_value_t = 50_000)]
+        executions: usize,
+    },
     /// Many short subprocess executions from many callers against a small pool.
     Load {
         /// Executions in all.
@@ -95,6 +105,10 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32, crate::run::UsageError
             )
             .await
         }
+        Scenario::Http {
+            callers,
+            executions,
+        } => http::http(callers.max(1), executions.max(callers), args.json).await,
         Scenario::Load {
             executions,
             callers,
