@@ -215,6 +215,19 @@ fn admitting(state: &State) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// An error from Paddock. While the server drains, Paddock refuses new work with
+/// `ENGINE_DISPOSED` (it is shutting down): a request admitted just before the drain
+/// began gets the same 503 as those after it, not the 409 of a destroyed sandbox.
+fn refusal(state: &State, error: Error) -> ApiError {
+    if error.code == ErrorCode::EngineDisposed && state.draining.load(Ordering::Acquire) {
+        return ApiError {
+            error,
+            status: Some(StatusCode::SERVICE_UNAVAILABLE),
+        };
+    }
+    ApiError::from(error)
+}
+
 /// The body of `POST /v1/executions` and `POST /v1/sandboxes/{id}/exec`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -302,11 +315,11 @@ async fn parse_body<T: serde::de::DeserializeOwned>(
     })
 }
 
-fn answer_json(answer: &Answer) -> HttpResponse {
+fn answer_json(state: &State, answer: &Answer) -> HttpResponse {
     match answer.as_ref() {
         Ok(r) => HttpResponse::Ok().json(r),
         Err(e) => {
-            let err = ApiError::from(e.clone());
+            let err = refusal(state, e.clone());
             actix_web::ResponseError::error_response(&err)
         }
     }
@@ -352,16 +365,20 @@ async fn create_execution(
                     );
                 }
             };
-            Ok(answer_json(&answer))
+            Ok(answer_json(&state, &answer))
         }
         Begin::Run(tx) => {
             if query.stream {
-                let stream = state.paddock.execute_stream(msg).await?;
+                let stream = state
+                    .paddock
+                    .execute_stream(msg)
+                    .await
+                    .map_err(|e| refusal(&state, e))?;
                 Ok(stream_response(state.into_inner(), stream, id, Some(tx)))
             } else {
                 let answer = Arc::new(state.paddock.execute_with(msg).await);
                 state.results.finish(&id, tx, answer.clone());
-                Ok(answer_json(&answer))
+                Ok(answer_json(&state, &answer))
             }
         }
     }
@@ -369,64 +386,62 @@ async fn create_execution(
 
 /// NDJSON: `started`, then `stdout`/`stderr` chunks as produced, then `result` (or
 /// `error` when the execution was refused).
+///
+/// The execution is driven by a task of its own, not by the response body, so that
+/// its answer is recorded (for `GET /v1/executions/{id}` and the idempotency key)
+/// even when the caller hangs up mid-stream.
 fn stream_response(
     state: Arc<State>,
-    stream: crate::ExecutionStream,
+    mut stream: crate::ExecutionStream,
     id: ExecutionId,
-    tx: Option<tokio::sync::watch::Sender<Option<Answer>>>,
+    mut tx: Option<tokio::sync::watch::Sender<Option<Answer>>>,
 ) -> HttpResponse {
     use futures_util::StreamExt;
     let started = ndjson(&serde_json::json!({"type": "started", "id": id}));
-    struct Ctx {
-        stream: crate::ExecutionStream,
-        state: Arc<State>,
-        tx: Option<tokio::sync::watch::Sender<Option<Answer>>>,
-        id: ExecutionId,
-        done: bool,
-    }
-    let ctx = Ctx {
-        stream,
-        state,
-        tx,
-        id,
-        done: false,
-    };
-    let rest = futures_util::stream::unfold(ctx, |mut ctx| async move {
-        if ctx.done {
-            return None;
-        }
-        match ctx.stream.next().await {
-            Some(StreamEvent::Output(chunk)) => {
-                let kind = match chunk.stream {
-                    paddock_core::StreamKind::Stdout => "stdout",
-                    paddock_core::StreamKind::Stderr => "stderr",
-                };
-                let line = ndjson(&serde_json::json!({
-                    "type": kind,
-                    "data": String::from_utf8_lossy(&chunk.data),
-                }));
-                Some((Ok::<Bytes, actix_web::Error>(line), ctx))
-            }
-            Some(StreamEvent::Finished(result)) => {
-                ctx.done = true;
-                let answer: Answer = Arc::new(*result);
-                let line = match answer.as_ref() {
-                    Ok(r) => {
-                        let mut v = serde_json::to_value(r).unwrap_or_default();
-                        if let Some(o) = v.as_object_mut() {
-                            o.insert("type".into(), "result".into());
-                        }
-                        ndjson(&v)
-                    }
-                    Err(e) => ndjson(&serde_json::json!({"type": "error", "error": e})),
-                };
-                if let Some(tx) = ctx.tx.take() {
-                    ctx.state.results.finish(&ctx.id, tx, answer);
+    let (lines_tx, lines_rx) = tokio::sync::mpsc::channel::<Bytes>(16);
+    actix_rt::spawn(async move {
+        let mut reader_gone = false;
+        while let Some(event) = stream.next().await {
+            let line = match event {
+                StreamEvent::Output(chunk) => {
+                    let kind = match chunk.stream {
+                        paddock_core::StreamKind::Stdout => "stdout",
+                        paddock_core::StreamKind::Stderr => "stderr",
+                    };
+                    ndjson(&serde_json::json!({
+                        "type": kind,
+                        "data": String::from_utf8_lossy(&chunk.data),
+                    }))
                 }
-                Some((Ok(line), ctx))
+                StreamEvent::Finished(result) => {
+                    let answer: Answer = Arc::new(*result);
+                    let line = match answer.as_ref() {
+                        Ok(r) => {
+                            let mut v = serde_json::to_value(r).unwrap_or_default();
+                            if let Some(o) = v.as_object_mut() {
+                                o.insert("type".into(), "result".into());
+                            }
+                            ndjson(&v)
+                        }
+                        Err(e) => ndjson(&serde_json::json!({"type": "error", "error": e})),
+                    };
+                    if let Some(tx) = tx.take() {
+                        state.results.finish(&id, tx, answer);
+                    }
+                    line
+                }
+            };
+            // A caller that went away stops reading; the output is still drained so
+            // the result above is reached.
+            if !reader_gone && lines_tx.send(line).await.is_err() {
+                reader_gone = true;
             }
-            None => None,
         }
+    });
+    let rest = futures_util::stream::unfold(lines_rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|line| (Ok::<Bytes, actix_web::Error>(line), rx))
     });
     let body = futures_util::stream::once(async move { Ok::<Bytes, actix_web::Error>(started) })
         .chain(rest);
@@ -453,7 +468,7 @@ async fn get_execution(
     tenant(&state, &req)?;
     let id = parse_id(&path)?;
     match state.results.get(&id) {
-        Some(Some(answer)) => Ok(answer_json(&answer)),
+        Some(Some(answer)) => Ok(answer_json(&state, &answer)),
         Some(None) => {
             Ok(HttpResponse::Ok().json(serde_json::json!({"id": id, "status": "running"})))
         }
@@ -531,7 +546,11 @@ async fn create_sandbox(
         limits: body.limits,
         tenant,
     };
-    let handle = state.paddock.open_sandbox(spec, body.engine).await?;
+    let handle = state
+        .paddock
+        .open_sandbox(spec, body.engine)
+        .await
+        .map_err(|e| refusal(&state, e))?;
     Ok(HttpResponse::Created().json(handle.info()))
 }
 
@@ -603,7 +622,8 @@ async fn sandbox_exec(
             sink: None,
         })
         .await
-        .map_err(|e| Error::new(ErrorCode::EngineFailed, e.to_string()))??;
+        .map_err(|e| Error::new(ErrorCode::EngineFailed, e.to_string()))?
+        .map_err(|e| refusal(&state, e))?;
     Ok(HttpResponse::Ok().json(r))
 }
 

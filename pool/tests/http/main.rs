@@ -1,0 +1,14 @@
+//! The HTTP API end to end: a real server on a loopback port per test, driven by a
+//! small HTTP/1.1 client over TCP.
+
+mod client;
+mod support;
+
+mod concurrency;
+mod errors;
+mod executions;
+mod idempotency;
+mod malformed;
+mod operations;
+mod sandboxes;
+mod streaming;

@@ -1,0 +1,166 @@
+//! `/healthz`, `/readyz`, `/metrics`, `/v1/stats` and `/v1/audit`.
+
+use serde_json::Value;
+
+use crate::client::{get, Request};
+use crate::support::{sh, TestServer};
+
+async fn run_as(t: &TestServer, tenant: &str, script: &str) -> Value {
+    Request::post("/v1/executions")
+        .header("X-Paddock-Tenant", tenant)
+        .json(&sh(script))
+        .send(t.addr)
+        .await
+        .expect(200)
+}
+
+fn ids(entries: &Value) -> Vec<&str> {
+    entries
+        .as_array()
+        .unwrap_or_else(|| panic!("a list: {entries}"))
+        .iter()
+        .map(|e| e["id"].as_str().unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_readiness_metrics_and_stats() {
+    let t = TestServer::start();
+    let r = get(t.addr, "/healthz").await.expect(200);
+    assert_eq!(r["status"], "ok");
+    let r = get(t.addr, "/readyz").await.expect(200);
+    assert_eq!(r["status"], "ready");
+
+    run_as(&t, "ops", "echo one").await;
+    run_as(&t, "ops", "exit 1").await;
+
+    let m = get(t.addr, "/metrics").await;
+    assert_eq!(m.status, 200);
+    assert!(
+        m.header("content-type").unwrap().starts_with("text/plain"),
+        "{:?}",
+        m.header("content-type")
+    );
+    let text = m.text();
+    let completed = text
+        .lines()
+        .find(|l| {
+            l.starts_with("paddock_executions_total{")
+                && l.contains("engine=\"subprocess\"")
+                && l.contains("outcome=\"completed\"")
+        })
+        .unwrap_or_else(|| panic!("no completed counter in:\n{text}"));
+    assert!(completed.ends_with(" 2"), "{completed}");
+    for family in [
+        "# TYPE paddock_execution_duration_ms histogram",
+        "# TYPE paddock_pool_acquisitions_total counter",
+        "paddock_pool_size{engine=\"subprocess\"",
+        "paddock_pool_idle{engine=\"subprocess\"",
+    ] {
+        assert!(text.contains(family), "{family} missing from:\n{text}");
+    }
+
+    let s = get(t.addr, "/v1/stats").await.expect(200);
+    let sched = &s["scheduler"];
+    assert_eq!(sched["accepted_total"], 2, "{s}");
+    assert_eq!(sched["in_flight"], 0, "{s}");
+    assert_eq!(sched["admitting"], true, "{s}");
+    let pools = sched["pools"].as_array().expect("pools");
+    assert!(
+        pools
+            .iter()
+            .any(|p| p["engine"] == "subprocess" && p["network"] == "none" && p["max_size"] == 8),
+        "{s}"
+    );
+    let audit = &s["audit"];
+    assert_eq!(audit["total"], 2, "{s}");
+    assert_eq!(audit["success"], 1, "{s}");
+    assert_eq!(audit["failure"], 1, "{s}");
+    assert_eq!(audit["success_rate"], 0.5, "{s}");
+    t.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_filters() {
+    let t = TestServer::start();
+    let a_ok = run_as(&t, "alpha", "true").await;
+    let b_fail = run_as(&t, "beta", "exit 2").await;
+    let b_ok = run_as(&t, "beta", "true").await;
+    let id = |v: &Value| v["id"].as_str().unwrap().to_string();
+    let (a_ok, b_fail, b_ok) = (id(&a_ok), id(&b_fail), id(&b_ok));
+
+    // Newest first.
+    let all = get(t.addr, "/v1/audit").await.expect(200);
+    assert_eq!(ids(&all), [&b_ok, &b_fail, &a_ok]);
+    let first = &all.as_array().unwrap()[1];
+    assert_eq!(first["tenant"], "beta");
+    assert_eq!(first["engine"], "subprocess");
+    assert_eq!(first["outcome"], "completed");
+    assert_eq!(first["exit_code"], 2);
+
+    let q = |query: &'static str| get(t.addr, query);
+    assert_eq!(ids(&q("/v1/audit?tenant=alpha").await.expect(200)), [&a_ok]);
+    assert_eq!(
+        ids(&q("/v1/audit?tenant=beta&success=false").await.expect(200)),
+        [&b_fail]
+    );
+    assert_eq!(
+        ids(&q("/v1/audit?success=true").await.expect(200)),
+        [&b_ok, &a_ok]
+    );
+    assert_eq!(
+        ids(&q("/v1/audit?engine=subprocess&limit=1").await.expect(200)),
+        [&b_ok]
+    );
+    assert_eq!(
+        ids(&q("/v1/audit?tenant=nobody").await.expect(200)).len(),
+        0
+    );
+    assert_eq!(
+        ids(&q("/v1/audit?after=2000-01-01T00:00:00Z").await.expect(200)).len(),
+        3
+    );
+    assert_eq!(
+        ids(&q("/v1/audit?before=2000-01-01T00:00:00Z").await.expect(200)).len(),
+        0
+    );
+    assert_eq!(
+        ids(&q("/v1/audit?after=2999-01-01T00:00:00%2B01:00")
+            .await
+            .expect(200))
+        .len(),
+        0
+    );
+    // The window between two entries' own timestamps holds exactly what it should.
+    let stamp = all.as_array().unwrap()[1]["timestamp"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let between = get(
+        t.addr,
+        &format!("/v1/audit?after={stamp}&tenant=beta&success=false"),
+    )
+    .await;
+    assert_eq!(ids(&between.expect(200)), [&b_fail]);
+    let before = get(t.addr, &format!("/v1/audit?before={stamp}"))
+        .await
+        .expect(200);
+    assert!(
+        !ids(&before).contains(&b_fail.as_str()),
+        "before is exclusive"
+    );
+
+    // Bad parameters are 400 and name themselves.
+    for (query, field) in [
+        ("/v1/audit?after=yesterday", "after"),
+        ("/v1/audit?before=2024-13-45", "before"),
+        ("/v1/audit?success=maybe", "query"),
+        ("/v1/audit?limit=-1", "query"),
+        ("/v1/audit?engine=vm", "query"),
+        ("/v1/audit?tenat=alpha", "query"),
+    ] {
+        let msg = q(query).await.expect_error(400, "INVALID_OPTIONS");
+        assert!(msg.contains(field), "{query}: {msg}");
+    }
+    t.stop().await;
+}

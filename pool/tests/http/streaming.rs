@@ -1,0 +1,85 @@
+//! `?stream=true`: NDJSON lines as output is produced.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::client::Request;
+use crate::support::{finish_stream, open_stream, sh, TestServer};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_delivers_output_as_it_is_produced() {
+    let t = TestServer::start();
+    let mut s = Request::post("/v1/executions?stream=true")
+        .json(&sh("echo a; echo e >&2; sleep 1; echo b"))
+        .stream(t.addr)
+        .await;
+    assert_eq!(s.status, 200);
+    assert_eq!(s.header("content-type"), Some("application/x-ndjson"));
+    assert_eq!(s.header("transfer-encoding"), Some("chunked"));
+    let mut lines = Vec::new();
+    while let Some(line) = s.next_line().await {
+        lines.push(line);
+    }
+    let (_, started) = &lines[0];
+    assert_eq!(started["type"], "started", "{started}");
+    let id = started["id"].as_str().unwrap();
+    let (result_at, result) = lines.last().unwrap();
+    assert_eq!(result["type"], "result", "{result}");
+    assert_eq!(result["id"], id);
+    assert_eq!(result["outcome"], "completed");
+    assert_eq!(result["exit_code"], 0);
+    assert_eq!(result["stdout"], "a\nb\n");
+    assert_eq!(result["stderr"], "e\n");
+
+    let middle = &lines[1..lines.len() - 1];
+    let data = |kind: &str| -> String {
+        middle
+            .iter()
+            .filter(|(_, l)| l["type"] == kind)
+            .map(|(_, l)| l["data"].as_str().unwrap())
+            .collect()
+    };
+    for (_, l) in middle {
+        assert!(l["type"] == "stdout" || l["type"] == "stderr", "{l}");
+    }
+    assert_eq!(data("stdout"), "a\nb\n");
+    assert_eq!(data("stderr"), "e\n");
+    let (first_out_at, first_out) = middle.iter().find(|(_, l)| l["type"] == "stdout").unwrap();
+    assert_eq!(
+        first_out["data"], "a\n",
+        "`a` arrives on its own, before `b` exists"
+    );
+    let gap = result_at.duration_since(*first_out_at);
+    assert!(
+        gap >= Duration::from_millis(500),
+        "the first stdout line came only {gap:?} before the result"
+    );
+    t.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_stream_ends_with_an_error_line() {
+    let t = TestServer::start();
+    let (s, _) = open_stream(
+        t.addr,
+        "/v1/executions",
+        &json!({"program": {"command": ["true"]}, "limits": {"timeout_ms": 0}}),
+    )
+    .await;
+    let (out, err, last) = finish_stream(s).await;
+    assert_eq!((out.as_str(), err.as_str()), ("", ""));
+    assert_eq!(last["type"], "error", "{last}");
+    assert_eq!(last["error"]["code"], "INVALID_OPTIONS", "{last}");
+    let msg = last["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("limits.timeout_ms"), "{msg}");
+
+    // A streamed execution that runs and fails still ends with its result.
+    let (s, id) = open_stream(t.addr, "/v1/executions", &sh("echo partial; exit 4")).await;
+    let (out, _, last) = finish_stream(s).await;
+    assert_eq!(out, "partial\n");
+    assert_eq!(last["type"], "result");
+    assert_eq!(last["id"], id.as_str());
+    assert_eq!(last["exit_code"], 4);
+    t.stop().await;
+}
