@@ -289,13 +289,7 @@ async fn stream_to_terminal(
 /// The one-line JSON result: the result's wire form plus `timed_out`, with
 /// `exit_code` and `signal` always present.
 pub(crate) fn json_line(r: &ExecResult) -> String {
-    let mut v = serde_json::to_value(r).unwrap_or_default();
-    if let Some(obj) = v.as_object_mut() {
-        obj.insert("timed_out".into(), (r.outcome == Outcome::TimedOut).into());
-        obj.entry("exit_code").or_insert(serde_json::Value::Null);
-        obj.entry("signal").or_insert(serde_json::Value::Null);
-    }
-    v.to_string()
+    r.to_wire_json().to_string()
 }
 
 fn note(r: &ExecResult) -> Option<String> {

@@ -283,6 +283,21 @@ impl ExecResult {
         matches!(self.outcome, Outcome::Completed { exit_code: 0, .. })
     }
 
+    /// The wire form with `exit_code` and `signal` always present (`null` when the
+    /// program did not complete) and `timed_out`, as the CLI and the HTTP API print it.
+    pub fn to_wire_json(&self) -> serde_json::Value {
+        let mut v = serde_json::to_value(self).unwrap_or_default();
+        if let Some(obj) = v.as_object_mut() {
+            obj.entry("exit_code").or_insert(serde_json::Value::Null);
+            obj.entry("signal").or_insert(serde_json::Value::Null);
+            obj.insert(
+                "timed_out".into(),
+                (self.outcome == Outcome::TimedOut).into(),
+            );
+        }
+        v
+    }
+
     /// The exit code, when the program completed.
     pub fn exit_code(&self) -> Option<i32> {
         match self.outcome {

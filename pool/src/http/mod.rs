@@ -307,9 +307,16 @@ async fn parse_body<T: serde::de::DeserializeOwned>(
         "request body (server.max_body_bytes)",
     )
     .await?;
-    serde_json::from_slice(&body).map_err(|e| {
+    let mut de = serde_json::Deserializer::from_slice(&body);
+    serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let field = if path == "." || path.is_empty() {
+            "body".to_string()
+        } else {
+            path
+        };
         ApiError::from(Error::invalid_options(
-            "body",
+            &field,
             format!("{e}; see docs/http-api.md"),
         ))
     })
@@ -317,7 +324,7 @@ async fn parse_body<T: serde::de::DeserializeOwned>(
 
 fn answer_json(state: &State, answer: &Answer) -> HttpResponse {
     match answer.as_ref() {
-        Ok(r) => HttpResponse::Ok().json(r),
+        Ok(r) => HttpResponse::Ok().json(r.to_wire_json()),
         Err(e) => {
             let err = refusal(state, e.clone());
             actix_web::ResponseError::error_response(&err)
@@ -417,7 +424,7 @@ fn stream_response(
                     let answer: Answer = Arc::new(*result);
                     let line = match answer.as_ref() {
                         Ok(r) => {
-                            let mut v = serde_json::to_value(r).unwrap_or_default();
+                            let mut v = r.to_wire_json();
                             if let Some(o) = v.as_object_mut() {
                                 o.insert("type".into(), "result".into());
                             }
@@ -624,7 +631,7 @@ async fn sandbox_exec(
         .await
         .map_err(|e| Error::new(ErrorCode::EngineFailed, e.to_string()))?
         .map_err(|e| refusal(&state, e))?;
-    Ok(HttpResponse::Ok().json(r))
+    Ok(HttpResponse::Ok().json(r.to_wire_json()))
 }
 
 #[derive(Debug, Deserialize)]
@@ -818,6 +825,16 @@ mod tests {
                 "{method} {path} is documented but not served"
             );
         }
+        // A wrongly typed field is named in the 400.
+        let req = test::TestRequest::post()
+            .uri("/v1/executions")
+            .set_payload(r#"{"program":{"command":["true"]},"stdin":5}"#)
+            .to_request();
+        let resp = test::call_service(&app, req).await;
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+        let body: serde_json::Value = test::read_body_json(resp).await;
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains("`stdin`"), "{message}");
         // And an undocumented one is not.
         let req = test::TestRequest::get()
             .uri("/v1/nothing-here")
