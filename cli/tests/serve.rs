@@ -220,7 +220,12 @@ fn in_flight(addr: SocketAddr) -> u64 {
 
 #[test]
 fn serve_runs_executions_and_drains_on_sigterm() {
-    let mut serve = Serve::start("[server]\ndrain_ms = 500\n");
+    let audit_dir = tempfile::tempdir().unwrap();
+    let audit_file = audit_dir.path().join("audit.ndjson");
+    let mut serve = Serve::start(&format!(
+        "[server]\ndrain_ms = 500\n\n[audit]\nfile = {:?}\n",
+        audit_file.to_str().unwrap()
+    ));
     let addr = serve.addr;
 
     let health = request(addr, "GET", "/healthz", None).unwrap();
@@ -230,6 +235,7 @@ fn serve_runs_executions_and_drains_on_sigterm() {
     let v = r.json();
     assert_eq!(v["outcome"], "completed", "{v}");
     assert_eq!(v["stdout"], "hi\n");
+    let first_id = v["id"].as_str().unwrap().to_string();
 
     // A long execution is running when SIGTERM arrives.
     let long = std::thread::spawn(move || {
@@ -294,6 +300,29 @@ fn serve_runs_executions_and_drains_on_sigterm() {
     assert!(
         stderr.contains("0 drained, 1 cancelled"),
         "the shutdown report counts it: {stderr}"
+    );
+    // Nothing accepted is lost: the flushed audit log holds exactly one entry per
+    // accepted execution — the completed one and the one cancelled by the drain.
+    let text = std::fs::read_to_string(&audit_file).expect("the audit log was flushed");
+    let entries: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("an NDJSON line"))
+        .collect();
+    assert_eq!(entries.len(), 2, "{text}");
+    assert_eq!(
+        entries
+            .iter()
+            .filter(|e| e["id"] == first_id.as_str())
+            .count(),
+        1
+    );
+    assert_eq!(
+        entries
+            .iter()
+            .filter(|e| e["outcome"] == "cancelled")
+            .count(),
+        1,
+        "{text}"
     );
 }
 
