@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, ErrorCode, Result};
 use crate::limits::Limits;
+use crate::program::Language;
 
 /// The whole Paddock configuration.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -24,6 +25,10 @@ pub struct PaddockConfig {
     pub server: ServerConfig,
     /// The audit log.
     pub audit: AuditConfig,
+    /// Per-tenant rate and concurrency limits.
+    pub limiter: LimiterConfig,
+    /// The policy stage (code length cap, deny and warn rules).
+    pub policy: PolicyConfig,
 }
 
 /// Audit settings. Every field has a default, so `{}` keeps a 10 000-entry ring and
@@ -90,6 +95,178 @@ impl AuditConfig {
         }
         Ok(())
     }
+}
+
+/// Most admissions `max_executions_per_window` may allow.
+pub const MAX_EXECUTIONS_PER_WINDOW: u32 = 1_000_000;
+
+/// Limiter settings. Every field has a default, so `{}` limits nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimiterConfig {
+    /// Admissions a tenant may have in any window. Default `None`: unlimited.
+    pub max_executions_per_window: Option<u32>,
+    /// The window's length in milliseconds. Default 60 000.
+    pub window_ms: u64,
+    /// Permits a tenant may hold at once. Default `None`: unlimited.
+    pub max_concurrent_per_tenant: Option<u32>,
+    /// Permits all tenants together may hold at once. Default `None`: unlimited.
+    pub max_concurrent: Option<u32>,
+    /// Tenants tracked at most. Default 100 000.
+    pub max_tenants: usize,
+    /// The `retry_after_ms` hint given for a concurrency refusal. Default 100.
+    pub busy_retry_after_ms: u64,
+}
+
+impl Default for LimiterConfig {
+    fn default() -> Self {
+        LimiterConfig {
+            max_executions_per_window: None,
+            window_ms: 60_000,
+            max_concurrent_per_tenant: None,
+            max_concurrent: None,
+            max_tenants: 100_000,
+            busy_retry_after_ms: 100,
+        }
+    }
+}
+
+impl LimiterConfig {
+    /// Checks every value; the error names the first bad field.
+    pub fn validate(&self) -> Result<()> {
+        if self.window_ms == 0 || self.window_ms > 7 * 24 * 3600 * 1000 {
+            return Err(Error::invalid_config(
+                "limiter.window_ms",
+                format!("{} is out of range 1..=604800000", self.window_ms),
+            ));
+        }
+        if let Some(n) = self.max_executions_per_window {
+            if n == 0 || n > MAX_EXECUTIONS_PER_WINDOW {
+                return Err(Error::invalid_config(
+                    "limiter.max_executions_per_window",
+                    format!(
+                        "{n} is out of range 1..={MAX_EXECUTIONS_PER_WINDOW}; leave it unset for no rate limit"
+                    ),
+                ));
+            }
+        }
+        for (field, value) in [
+            (
+                "limiter.max_concurrent_per_tenant",
+                self.max_concurrent_per_tenant,
+            ),
+            ("limiter.max_concurrent", self.max_concurrent),
+        ] {
+            if value == Some(0) {
+                return Err(Error::invalid_config(
+                    field,
+                    "must be at least 1; leave it unset for no cap",
+                ));
+            }
+        }
+        if self.max_tenants == 0 {
+            return Err(Error::invalid_config(
+                "limiter.max_tenants",
+                "must be at least 1",
+            ));
+        }
+        if self.busy_retry_after_ms == 0 {
+            return Err(Error::invalid_config(
+                "limiter.busy_retry_after_ms",
+                "must be at least 1",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The default `max_code_length` of the policy stage.
+pub const DEFAULT_MAX_CODE_LENGTH: usize = 100_000;
+
+/// Policy settings. Every field has a default, so `{}` is the built-in policy.
+///
+/// ```
+/// use paddock_core::config::PolicyConfig;
+///
+/// let c: PolicyConfig = serde_json::from_str(r#"{
+///     "max_code_length": 20000,
+///     "disable": ["warn-while-true"],
+///     "custom_rules": [{
+///         "name": "no-curl",
+///         "target": "command",
+///         "pattern": "(^| )curl( |$)",
+///         "message": "no network fetches from commands"
+///     }]
+/// }"#).unwrap();
+/// assert_eq!(c.custom_rules[0].name, "no-curl");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicyConfig {
+    /// Longest accepted program, in bytes of UTF-8 source (or of the argv joined by
+    /// spaces for a command). Default 100 000.
+    pub max_code_length: usize,
+    /// Names of built-in rules to turn off. Default: none. A name that is not a
+    /// built-in rule is refused, so a typo cannot silently leave a rule on.
+    pub disable: Vec<String>,
+    /// Rules checked after the built-in ones. Default: none.
+    pub custom_rules: Vec<Rule>,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig {
+            max_code_length: DEFAULT_MAX_CODE_LENGTH,
+            disable: Vec::new(),
+            custom_rules: Vec::new(),
+        }
+    }
+}
+
+/// What a matching rule does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RuleAction {
+    /// Refuse the program with `CODE_BLOCKED`. The default.
+    #[default]
+    Block,
+    /// Run the program and add a warning to its result.
+    Warn,
+}
+
+/// Which text of a program a rule reads.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RuleTarget {
+    /// The source of a `Code` program. The default.
+    #[default]
+    Code,
+    /// The argv of a `Command` program, joined by single spaces.
+    Command,
+}
+
+/// One deny or warn rule.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rule {
+    /// A unique name, reported in refusals and warnings: lowercase ASCII letters,
+    /// digits, `-`, `_` and `.`, at most 64 characters.
+    pub name: String,
+    /// For `RuleTarget::Code`: the language the rule applies to; absent means every
+    /// language. Must be absent for `RuleTarget::Command`.
+    #[serde(default)]
+    pub language: Option<Language>,
+    /// What the rule reads. Default `RuleTarget::Code`.
+    #[serde(default)]
+    pub target: RuleTarget,
+    /// A regular expression (`regex` crate syntax) searched for anywhere in the text.
+    pub pattern: String,
+    /// What a match does. Default `RuleAction::Block`.
+    #[serde(default)]
+    pub action: RuleAction,
+    /// What is wrong, for the caller. Default: a mention of the pattern.
+    #[serde(default)]
+    pub message: String,
 }
 
 /// Settings of the HTTP server (`paddock serve`).
@@ -381,6 +558,7 @@ impl PaddockConfig {
         self.pool.validate("pool")?;
         self.server.validate()?;
         self.audit.validate()?;
+        self.limiter.validate()?;
         let s = &self.subprocess;
         for (field, value) in [
             ("subprocess.python", &s.python),
@@ -459,6 +637,25 @@ mod tests {
         assert!(e.message.contains("pool.min_idle"), "{}", e.message);
         let c = PaddockConfig::from_toml_str("[pool]\nmax_size = 2\nmin_idle = 0\n").unwrap();
         assert_eq!(c.pool.max_size, 2);
+    }
+
+    #[test]
+    fn limiter_and_policy_sections_are_checked() {
+        let e =
+            PaddockConfig::from_toml_str("[limiter]\nmax_executions_per_window = 0\n").unwrap_err();
+        assert!(
+            e.message.contains("limiter.max_executions_per_window"),
+            "{}",
+            e.message
+        );
+        let c = PaddockConfig::from_toml_str(
+            "[limiter]\nmax_executions_per_window = 5\n\n[policy]\nmax_code_length = 10\ndisable = [\"warn-while-true\"]\n",
+        )
+        .unwrap();
+        assert_eq!(c.limiter.max_executions_per_window, Some(5));
+        assert_eq!(c.policy.max_code_length, 10);
+        let e = PaddockConfig::from_toml_str("[policy]\nmax_lenght = 1\n").unwrap_err();
+        assert!(e.message.contains("max_lenght"), "{}", e.message);
     }
 
     #[test]

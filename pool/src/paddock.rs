@@ -32,8 +32,8 @@ pub struct PaddockBuilder {
     engines: Vec<Arc<dyn Engine>>,
     default_engine: Option<EngineKind>,
     builtin_subprocess: bool,
-    policy: PolicyConfig,
-    limiter: LimiterConfig,
+    policy: Option<PolicyConfig>,
+    limiter: Option<LimiterConfig>,
     audit: Option<AuditConfig>,
     on_audit: Option<crate::audit::OnLog>,
     streamer: StreamerConfig,
@@ -57,8 +57,8 @@ impl Default for PaddockBuilder {
             engines: Vec::new(),
             default_engine: None,
             builtin_subprocess: true,
-            policy: PolicyConfig::default(),
-            limiter: LimiterConfig::default(),
+            policy: None,
+            limiter: None,
             audit: None,
             on_audit: None,
             streamer: StreamerConfig::default(),
@@ -96,15 +96,17 @@ impl PaddockBuilder {
         self
     }
 
-    /// Policy rules. Default: the built-in rules and a 100,000-character cap.
+    /// Policy rules. Default: the config's `[policy]` section (the built-in rules and
+    /// a 100,000-character cap).
     pub fn policy(mut self, policy: PolicyConfig) -> Self {
-        self.policy = policy;
+        self.policy = Some(policy);
         self
     }
 
-    /// Rate and concurrency limits. Default: none.
+    /// Rate and concurrency limits. Default: the config's `[limiter]` section (no
+    /// limits).
     pub fn limiter(mut self, limiter: LimiterConfig) -> Self {
-        self.limiter = limiter;
+        self.limiter = Some(limiter);
         self
     }
 
@@ -146,10 +148,13 @@ impl PaddockBuilder {
     /// handle.
     pub fn start(self) -> Result<Paddock, Error> {
         self.config.validate()?;
-        self.limiter.validate()?;
+        let limiter = self.limiter.unwrap_or_else(|| self.config.limiter.clone());
+        limiter.validate()?;
         let audit = self.audit.unwrap_or_else(|| self.config.audit.clone());
         audit.validate()?;
-        let policy = Arc::new(Policy::new(self.policy)?);
+        let policy = Arc::new(Policy::new(
+            self.policy.unwrap_or_else(|| self.config.policy.clone()),
+        )?);
         let mut engines = self.engines;
         if self.builtin_subprocess && self.config.subprocess.enabled {
             let e = SubprocessEngine::with_defaults(
@@ -175,7 +180,7 @@ impl PaddockBuilder {
         if let Some(cb) = self.on_audit {
             audit_log.set_on_log(cb);
         }
-        let limiter_core = LimiterCore::new(self.limiter, Arc::new(SystemClock))?;
+        let limiter_core = LimiterCore::new(limiter, Arc::new(SystemClock))?;
         let shared = Arc::new(Shared::default());
         let parts_shared = shared.clone();
         let pool_config = self.config.pool.clone();

@@ -52,90 +52,13 @@ pub use paddock_core::output::{truncate_output, truncation_marker};
 pub const MAX_TENANT_LEN: usize = 256;
 
 /// Largest accepted `max_executions_per_window` (it bounds a tenant's memory).
-pub const MAX_EXECUTIONS_PER_WINDOW: u32 = 1_000_000;
+pub use paddock_core::config::MAX_EXECUTIONS_PER_WINDOW;
 
-/// Limiter settings. Every field has a default, so `{}` limits nothing.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct LimiterConfig {
-    /// Admissions a tenant may have in any window. Default `None`: unlimited.
-    pub max_executions_per_window: Option<u32>,
-    /// The window's length in milliseconds. Default 60 000.
-    pub window_ms: u64,
-    /// Permits a tenant may hold at once. Default `None`: unlimited.
-    pub max_concurrent_per_tenant: Option<u32>,
-    /// Permits all tenants together may hold at once. Default `None`: unlimited.
-    pub max_concurrent: Option<u32>,
-    /// Tenants tracked at most. Default 100 000.
-    pub max_tenants: usize,
-    /// The `retry_after_ms` hint given for a concurrency refusal. Default 100.
-    pub busy_retry_after_ms: u64,
-}
+pub use paddock_core::config::LimiterConfig;
 
-impl Default for LimiterConfig {
-    fn default() -> Self {
-        LimiterConfig {
-            max_executions_per_window: None,
-            window_ms: 60_000,
-            max_concurrent_per_tenant: None,
-            max_concurrent: None,
-            max_tenants: 100_000,
-            busy_retry_after_ms: 100,
-        }
-    }
-}
-
-impl LimiterConfig {
-    /// Checks every value; the error names the first bad field.
-    pub fn validate(&self) -> Result<(), Error> {
-        if self.window_ms == 0 || self.window_ms > 7 * 24 * 3600 * 1000 {
-            return Err(Error::invalid_config(
-                "limiter.window_ms",
-                format!("{} is out of range 1..=604800000", self.window_ms),
-            ));
-        }
-        if let Some(n) = self.max_executions_per_window {
-            if n == 0 || n > MAX_EXECUTIONS_PER_WINDOW {
-                return Err(Error::invalid_config(
-                    "limiter.max_executions_per_window",
-                    format!(
-                        "{n} is out of range 1..={MAX_EXECUTIONS_PER_WINDOW}; leave it unset for no rate limit"
-                    ),
-                ));
-            }
-        }
-        for (field, value) in [
-            (
-                "limiter.max_concurrent_per_tenant",
-                self.max_concurrent_per_tenant,
-            ),
-            ("limiter.max_concurrent", self.max_concurrent),
-        ] {
-            if value == Some(0) {
-                return Err(Error::invalid_config(
-                    field,
-                    "must be at least 1; leave it unset for no cap",
-                ));
-            }
-        }
-        if self.max_tenants == 0 {
-            return Err(Error::invalid_config(
-                "limiter.max_tenants",
-                "must be at least 1",
-            ));
-        }
-        if self.busy_retry_after_ms == 0 {
-            return Err(Error::invalid_config(
-                "limiter.busy_retry_after_ms",
-                "must be at least 1",
-            ));
-        }
-        Ok(())
-    }
-
-    fn tracks_tenants(&self) -> bool {
-        self.max_executions_per_window.is_some() || self.max_concurrent_per_tenant.is_some()
-    }
+/// Whether per-tenant state must be kept.
+fn tracks_tenants(config: &LimiterConfig) -> bool {
+    config.max_executions_per_window.is_some() || config.max_concurrent_per_tenant.is_some()
 }
 
 /// A held admission. Dropping it releases its concurrency slots.
@@ -319,7 +242,7 @@ impl LimiterCore {
                 .with_retry_after_ms(self.config.busy_retry_after_ms));
             }
         }
-        let tenant = if self.config.tracks_tenants() {
+        let tenant = if tracks_tenants(&self.config) {
             let now = self.now();
             Some(self.admit_tenant(tenant, now)?)
         } else {
