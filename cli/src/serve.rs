@@ -137,10 +137,17 @@ enum ConfigCommand {
 pub(crate) async fn config(args: ConfigArgs) -> Result<i32, UsageError> {
     match args.command {
         ConfigCommand::Check { file } => match load_file(Some(&file)) {
-            Ok(_) => {
-                println!("{}: ok", file.display());
-                Ok(0)
-            }
+            // The policy's regexes are compiled only by the policy itself.
+            Ok(config) => match paddock_pool::policy::Policy::new(config.policy) {
+                Ok(_) => {
+                    println!("{}: ok", file.display());
+                    Ok(0)
+                }
+                Err(e) => {
+                    eprintln!("{}: {e}", file.display());
+                    Ok(1)
+                }
+            },
             Err(UsageError(msg)) => {
                 eprintln!("{msg}");
                 Ok(1)
