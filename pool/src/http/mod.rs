@@ -384,11 +384,24 @@ async fn create_execution(
                 Ok(stream_response(state.into_inner(), stream, id, Some(tx)))
             } else {
                 let answer = Arc::new(state.paddock.execute_with(msg).await);
-                state.results.finish(&id, tx, answer.clone());
+                if answer.as_ref().as_ref().is_err_and(retryable) {
+                    state.results.finish_and_forget(&id, tx, answer.clone());
+                } else {
+                    state.results.finish(&id, tx, answer.clone());
+                }
                 Ok(answer_json(&state, &answer))
             }
         }
     }
+}
+
+/// A refusal a client should retry (after `Retry-After`): never replayed for an
+/// idempotency key.
+fn retryable(e: &Error) -> bool {
+    matches!(
+        e.code,
+        ErrorCode::RateLimited | ErrorCode::PoolExhausted | ErrorCode::EngineDisposed
+    )
 }
 
 /// NDJSON: `started`, then `stdout`/`stderr` chunks as produced, then `result` (or
@@ -433,7 +446,11 @@ fn stream_response(
                         Err(e) => ndjson(&serde_json::json!({"type": "error", "error": e})),
                     };
                     if let Some(tx) = tx.take() {
-                        state.results.finish(&id, tx, answer);
+                        if answer.as_ref().as_ref().is_err_and(retryable) {
+                            state.results.finish_and_forget(&id, tx, answer);
+                        } else {
+                            state.results.finish(&id, tx, answer);
+                        }
                     }
                     line
                 }

@@ -95,6 +95,21 @@ impl ResultStore {
         }
     }
 
+    /// Records an answer that must not be replayed (a refusal worth retrying, such
+    /// as `RATE_LIMITED` or `POOL_EXHAUSTED`): callers attached now get it, and the id
+    /// and key are forgotten so that a retry with the same key runs.
+    pub(crate) fn finish_and_forget(
+        &self,
+        id: &ExecutionId,
+        tx: watch::Sender<Option<Answer>>,
+        answer: Answer,
+    ) {
+        let _ = tx.send(Some(answer));
+        let mut inner = self.inner.lock();
+        inner.by_id.remove(id);
+        inner.keys.retain(|_, v| v != id);
+    }
+
     /// The answer of a finished execution, `Some(None)` while it runs, `None` if unknown.
     pub(crate) fn get(&self, id: &ExecutionId) -> Option<Option<Answer>> {
         let mut inner = self.inner.lock();
@@ -126,5 +141,54 @@ impl ResultStore {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use paddock_core::ErrorCode;
+
+    #[test]
+    fn a_forgotten_refusal_lets_the_same_key_run_again() {
+        let store = ResultStore::new(Duration::from_secs(60), 10);
+        let id = ExecutionId::new();
+        let Begin::Run(tx) = store.begin(&id, "t", Some("k")) else {
+            panic!("a new key runs")
+        };
+        let Begin::Attach(rx) = store.begin(&ExecutionId::new(), "t", Some("k")) else {
+            panic!("a repeated key attaches")
+        };
+        let refusal: Answer = Arc::new(Err(Error::new(ErrorCode::RateLimited, "slow down")));
+        store.finish_and_forget(&id, tx, refusal);
+        assert!(
+            rx.borrow().is_some(),
+            "an attached caller still gets the answer"
+        );
+        assert!(store.get(&id).is_none());
+        assert!(matches!(
+            store.begin(&ExecutionId::new(), "t", Some("k")),
+            Begin::Run(_)
+        ));
+    }
+
+    #[test]
+    fn results_are_bounded_and_keys_are_per_tenant() {
+        let store = ResultStore::new(Duration::from_secs(60), 2);
+        let ids: Vec<ExecutionId> = (0..3).map(|_| ExecutionId::new()).collect();
+        for id in &ids {
+            assert!(matches!(store.begin(id, "t", None), Begin::Run(_)));
+        }
+        assert!(
+            store.get(&ids[0]).is_none(),
+            "the oldest was evicted at the cap"
+        );
+        assert!(store.get(&ids[2]).is_some());
+        let a = ExecutionId::new();
+        assert!(matches!(store.begin(&a, "one", Some("k")), Begin::Run(_)));
+        assert!(matches!(
+            store.begin(&ExecutionId::new(), "two", Some("k")),
+            Begin::Run(_)
+        ));
     }
 }
