@@ -10,8 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use paddock_core::{EngineKind, ExecRequest, PaddockConfig, Program};
-use paddock_engines::noop::NoopEngine;
-use paddock_pool::{Execute, Paddock};
+use paddock_pool::Execute;
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -60,18 +59,9 @@ pub(super) async fn http(
     as_json: bool,
 ) -> Result<i32, crate::run::UsageError> {
     let mut config = PaddockConfig::default();
-    config.pool.max_size = callers.max(8);
-    config.pool.min_idle = callers.max(8);
-    config.pool.max_waiting = callers * 4;
-    config.pool.max_executions_per_engine = u64::MAX / 2;
     config.server.listen = "127.0.0.1:0".into();
     let server_config = config.server.clone();
-    let paddock = match Paddock::builder()
-        .config(config)
-        .without_subprocess()
-        .engine(Arc::new(NoopEngine::new()))
-        .start()
-    {
+    let paddock = match super::pipeline::noop_paddock(callers, config) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("paddock bench: {e}");

@@ -133,17 +133,7 @@ pub(super) async fn pipeline(
     total: usize,
     as_json: bool,
 ) -> Result<i32, crate::run::UsageError> {
-    let mut config = PaddockConfig::default();
-    config.pool.max_size = callers.max(8);
-    config.pool.min_idle = callers.max(8);
-    config.pool.max_waiting = callers * 4;
-    config.pool.max_executions_per_engine = u64::MAX / 2;
-    let paddock = match Paddock::builder()
-        .config(config)
-        .without_subprocess()
-        .engine(Arc::new(NoopEngine::new()))
-        .start()
-    {
+    let paddock = match noop_paddock(callers, PaddockConfig::default()) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("paddock bench: {e}");
@@ -251,4 +241,21 @@ pub(super) async fn pipeline(
         as_json,
     );
     Ok(0)
+}
+
+/// A Paddock on the no-op engine only, its pool sized (and prewarmed) for `callers`
+/// concurrent callers and never retiring instances.
+pub(super) fn noop_paddock(
+    callers: usize,
+    mut config: PaddockConfig,
+) -> Result<Paddock, paddock_core::Error> {
+    config.pool.max_size = callers.max(8);
+    config.pool.min_idle = callers.max(8);
+    config.pool.max_waiting = callers * 4;
+    config.pool.max_executions_per_engine = u64::MAX / 2;
+    Paddock::builder()
+        .config(config)
+        .without_subprocess()
+        .engine(Arc::new(NoopEngine::new()))
+        .start()
 }

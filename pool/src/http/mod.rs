@@ -480,6 +480,21 @@ fn ndjson(v: &serde_json::Value) -> Bytes {
     Bytes::from(line)
 }
 
+/// Asks the supervisor; a supervisor that no longer answers is `ENGINE_FAILED`.
+async fn ask<M, R>(supervisor: actix::Addr<crate::Supervisor>, msg: M) -> Result<R, Error>
+where
+    M: actix::Message<Result = Result<R, Error>> + Send + 'static,
+    R: Send + 'static,
+    crate::Supervisor: actix::Handler<M>,
+{
+    supervisor.send(msg).await.map_err(|e| {
+        Error::new(
+            ErrorCode::EngineFailed,
+            format!("the scheduler did not answer ({e}); retry"),
+        )
+    })?
+}
+
 fn parse_id(raw: &str) -> Result<ExecutionId, ApiError> {
     Ok(ExecutionId::parse(raw)?)
 }
@@ -584,12 +599,11 @@ async fn sandbox_status(
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     tenant(&state, &req)?;
-    let status = state
-        .paddock
-        .supervisor()
-        .send(crate::GetSandboxStatus(path.into_inner()))
-        .await
-        .map_err(|e| Error::new(ErrorCode::EngineFailed, e.to_string()))??;
+    let status = ask(
+        state.paddock.supervisor(),
+        crate::GetSandboxStatus(path.into_inner()),
+    )
+    .await?;
     Ok(HttpResponse::Ok().json(serde_json::json!({"status": status})))
 }
 
@@ -599,12 +613,11 @@ async fn destroy_sandbox(
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     tenant(&state, &req)?;
-    state
-        .paddock
-        .supervisor()
-        .send(crate::DestroySandbox(path.into_inner()))
-        .await
-        .map_err(|e| Error::new(ErrorCode::EngineFailed, e.to_string()))??;
+    ask(
+        state.paddock.supervisor(),
+        crate::DestroySandbox(path.into_inner()),
+    )
+    .await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -625,29 +638,29 @@ async fn sandbox_exec(
         let sub = state.paddock.subscribe(id.clone()).await?;
         let supervisor = state.paddock.supervisor();
         let result = Box::pin(async move {
-            supervisor
-                .send(crate::SandboxExec {
+            ask(
+                supervisor,
+                crate::SandboxExec {
                     sandbox,
                     request,
                     sink: None,
-                })
-                .await
-                .map_err(|e| Error::new(ErrorCode::EngineFailed, e.to_string()))?
+                },
+            )
+            .await
         });
         let stream = crate::ExecutionStream::from_parts(sub, result);
         return Ok(stream_response(state.into_inner(), stream, id, None));
     }
-    let r = state
-        .paddock
-        .supervisor()
-        .send(crate::SandboxExec {
+    let r = ask(
+        state.paddock.supervisor(),
+        crate::SandboxExec {
             sandbox,
             request,
             sink: None,
-        })
-        .await
-        .map_err(|e| Error::new(ErrorCode::EngineFailed, e.to_string()))?
-        .map_err(|e| refusal(&state, e))?;
+        },
+    )
+    .await
+    .map_err(|e| refusal(&state, e))?;
     Ok(HttpResponse::Ok().json(r.to_wire_json()))
 }
 
@@ -664,15 +677,14 @@ async fn list_files(
     q: web::Query<DirQuery>,
 ) -> Result<HttpResponse, ApiError> {
     tenant(&state, &req)?;
-    let files = state
-        .paddock
-        .supervisor()
-        .send(crate::ListFiles {
+    let files = ask(
+        state.paddock.supervisor(),
+        crate::ListFiles {
             sandbox: path.into_inner(),
             path: q.dir.clone(),
-        })
-        .await
-        .map_err(|e| Error::new(ErrorCode::EngineFailed, e.to_string()))??;
+        },
+    )
+    .await?;
     let out: Vec<_> = files
         .iter()
         .map(|f| serde_json::json!({"path": f.path, "size": f.size, "is_dir": f.is_dir}))
@@ -687,15 +699,14 @@ async fn read_file(
 ) -> Result<HttpResponse, ApiError> {
     tenant(&state, &req)?;
     let (sandbox, file) = path.into_inner();
-    let data = state
-        .paddock
-        .supervisor()
-        .send(crate::ReadFile {
+    let data = ask(
+        state.paddock.supervisor(),
+        crate::ReadFile {
             sandbox,
             path: file,
-        })
-        .await
-        .map_err(|e| Error::new(ErrorCode::EngineFailed, e.to_string()))??;
+        },
+    )
+    .await?;
     Ok(HttpResponse::Ok()
         .content_type("application/octet-stream")
         .body(data))
@@ -716,16 +727,15 @@ async fn write_file(
         "upload (server.max_file_bytes)",
     )
     .await?;
-    state
-        .paddock
-        .supervisor()
-        .send(crate::WriteFile {
+    ask(
+        state.paddock.supervisor(),
+        crate::WriteFile {
             sandbox,
             path: file,
             data,
-        })
-        .await
-        .map_err(|e| Error::new(ErrorCode::EngineFailed, e.to_string()))??;
+        },
+    )
+    .await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
