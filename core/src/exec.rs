@@ -255,12 +255,18 @@ pub struct ExecResult {
 }
 
 impl ExecResult {
-    /// A result for an execution that failed before or instead of running.
-    pub fn failed(id: ExecutionId, engine: EngineKind, error: Error) -> ExecResult {
+    /// A result without output, all timestamps now: what an engine that ran nothing
+    /// (or a scheduler that stopped an execution itself) reports.
+    pub fn empty(
+        id: ExecutionId,
+        outcome: Outcome,
+        engine: EngineKind,
+        instance_id: impl Into<String>,
+    ) -> ExecResult {
         let now = unix_ms();
         ExecResult {
             id,
-            outcome: Outcome::Failed { error },
+            outcome,
             stdout: String::new(),
             stderr: String::new(),
             stdout_truncated: false,
@@ -268,13 +274,31 @@ impl ExecResult {
             value: None,
             usage: Usage::default(),
             engine,
-            instance_id: String::new(),
+            instance_id: instance_id.into(),
             timings: Timings {
                 queued_at_ms: now,
                 started_at_ms: now,
                 finished_at_ms: now,
             },
             warnings: Vec::new(),
+        }
+    }
+
+    /// A result for an execution that failed before or instead of running.
+    pub fn failed(id: ExecutionId, engine: EngineKind, error: Error) -> ExecResult {
+        ExecResult::empty(id, Outcome::Failed { error }, engine, "")
+    }
+
+    /// Completed with exit code 0 if `cancel` can still finish, else cancelled: the
+    /// outcome of a no-op run under the exactly-one-terminal-state rule.
+    pub fn noop_outcome(cancel: &crate::CancelToken) -> Outcome {
+        if cancel.finish() {
+            Outcome::Completed {
+                exit_code: 0,
+                signal: None,
+            }
+        } else {
+            Outcome::Cancelled
         }
     }
 

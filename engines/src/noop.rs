@@ -11,9 +11,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use paddock_core::{
-    unix_ms, CancelToken, Capabilities, Engine, EngineKind, Error, ErrorCode, ExecRequest,
-    ExecResult, FileEntry, IsolationLevel, Outcome, OutputSink, ProgramKind, Result, Sandbox,
-    SandboxSpec, SandboxStatus, Timings, Usage,
+    CancelToken, Capabilities, Engine, EngineKind, Error, ErrorCode, ExecRequest, ExecResult,
+    FileEntry, IsolationLevel, OutputSink, ProgramKind, Result, Sandbox, SandboxSpec,
+    SandboxStatus,
 };
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -98,33 +98,12 @@ impl NoopSandbox {
     pub fn exec_now(&self, request: ExecRequest, cancel: &CancelToken) -> Result<ExecResult> {
         self.live()?;
         request.validate()?;
-        let now = unix_ms();
-        let outcome = if cancel.finish() {
-            Outcome::Completed {
-                exit_code: 0,
-                signal: None,
-            }
-        } else {
-            Outcome::Cancelled
-        };
-        Ok(ExecResult {
-            id: request.id,
-            outcome,
-            stdout: String::new(),
-            stderr: String::new(),
-            stdout_truncated: false,
-            stderr_truncated: false,
-            value: None,
-            usage: Usage::default(),
-            engine: EngineKind::Noop,
-            instance_id: self.id.clone(),
-            timings: Timings {
-                queued_at_ms: now,
-                started_at_ms: now,
-                finished_at_ms: now,
-            },
-            warnings: Vec::new(),
-        })
+        Ok(ExecResult::empty(
+            request.id,
+            ExecResult::noop_outcome(cancel),
+            EngineKind::Noop,
+            self.id.clone(),
+        ))
     }
 
     fn key(&self, path: &str) -> Result<String> {

@@ -440,9 +440,7 @@ async fn run_on(
         Ok(Err(e)) => Err(mailbox_error("engine instance", e)),
         Err(_) => {
             cancel.cancel();
-            let mut r = ExecResult::failed(id, engine, Error::new(ErrorCode::Timeout, "timed out"));
-            r.outcome = Outcome::TimedOut;
-            r.instance_id = instance_id;
+            let mut r = ExecResult::empty(id, Outcome::TimedOut, engine, instance_id);
             r.usage.wall_ms = started.elapsed().as_millis() as u64;
             r.warnings.push(format!(
                 "the engine did not stop within {} ms of its deadline; the instance was retired",
@@ -470,9 +468,7 @@ fn release_for(result: &Result<ExecResult, Error>) -> Release {
 }
 
 fn cancelled_result(id: ExecutionId, engine: EngineKind) -> ExecResult {
-    let mut r = ExecResult::failed(id, engine, Error::new(ErrorCode::Cancelled, "cancelled"));
-    r.outcome = Outcome::Cancelled;
-    r
+    ExecResult::empty(id, Outcome::Cancelled, engine, "")
 }
 
 fn mailbox_error(what: &str, e: MailboxError) -> Error {

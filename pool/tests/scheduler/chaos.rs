@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use paddock_core::{
-    unix_ms, CancelToken, Capabilities, Engine, EngineKind, Error, ErrorCode, ExecRequest,
-    ExecResult, FileEntry, IsolationLevel, Outcome, OutputSink, PaddockConfig, Program,
-    ProgramKind, Result, Sandbox, SandboxSpec, SandboxStatus, Timings, Usage,
+    CancelToken, Capabilities, Engine, EngineKind, Error, ErrorCode, ExecRequest, ExecResult,
+    FileEntry, IsolationLevel, Outcome, OutputSink, PaddockConfig, Program, ProgramKind, Result,
+    Sandbox, SandboxSpec, SandboxStatus,
 };
 use paddock_pool::{Execute, Paddock};
 
@@ -109,32 +109,12 @@ impl Sandbox for ScriptedSandbox {
             r = act(self.exec, "exec") => r?,
             _ = cancel.cancelled() => {}
         }
-        let now = unix_ms();
-        Ok(ExecResult {
-            id: request.id,
-            outcome: if cancel.finish() {
-                Outcome::Completed {
-                    exit_code: 0,
-                    signal: None,
-                }
-            } else {
-                Outcome::Cancelled
-            },
-            stdout: String::new(),
-            stderr: String::new(),
-            stdout_truncated: false,
-            stderr_truncated: false,
-            value: None,
-            usage: Usage::default(),
-            engine: EngineKind::Noop,
-            instance_id: "scripted".into(),
-            timings: Timings {
-                queued_at_ms: now,
-                started_at_ms: now,
-                finished_at_ms: now,
-            },
-            warnings: Vec::new(),
-        })
+        Ok(ExecResult::empty(
+            request.id,
+            ExecResult::noop_outcome(&cancel),
+            EngineKind::Noop,
+            "scripted",
+        ))
     }
     async fn write_file(&self, _: &str, _: &[u8]) -> Result<()> {
         Ok(())

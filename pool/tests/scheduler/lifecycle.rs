@@ -13,10 +13,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use paddock_core::{
-    unix_ms, CancelToken, Capabilities, Engine, EngineKind, Error, ErrorCode, ExecRequest,
-    ExecResult, ExecutionId, FileEntry, IsolationLevel, Language, Outcome, OutputChunk, OutputSink,
+    CancelToken, Capabilities, Engine, EngineKind, Error, ErrorCode, ExecRequest, ExecResult,
+    ExecutionId, FileEntry, IsolationLevel, Language, Outcome, OutputChunk, OutputSink,
     PaddockConfig, Program, ProgramKind, Result, Sandbox, SandboxSpec, SandboxStatus, StreamKind,
-    Timings, Usage,
 };
 use paddock_pool::audit::{AuditConfig, AuditEntry, AuditOutcome, AuditQuery, KillReason};
 use paddock_pool::limiter::LimiterConfig;
@@ -153,32 +152,12 @@ impl Sandbox for FlakySandbox {
         if self.panic_next.swap(false, Ordering::SeqCst) {
             panic!("scripted exec panic in {}", self.id);
         }
-        let now = unix_ms();
-        Ok(ExecResult {
-            id: request.id,
-            outcome: if cancel.finish() {
-                Outcome::Completed {
-                    exit_code: 0,
-                    signal: None,
-                }
-            } else {
-                Outcome::Cancelled
-            },
-            stdout: String::new(),
-            stderr: String::new(),
-            stdout_truncated: false,
-            stderr_truncated: false,
-            value: None,
-            usage: Usage::default(),
-            engine: EngineKind::Noop,
-            instance_id: self.id.clone(),
-            timings: Timings {
-                queued_at_ms: now,
-                started_at_ms: now,
-                finished_at_ms: now,
-            },
-            warnings: Vec::new(),
-        })
+        Ok(ExecResult::empty(
+            request.id,
+            ExecResult::noop_outcome(&cancel),
+            EngineKind::Noop,
+            self.id.clone(),
+        ))
     }
     async fn write_file(&self, _: &str, _: &[u8]) -> Result<()> {
         Ok(())
