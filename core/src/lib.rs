@@ -36,11 +36,13 @@ pub mod output;
 pub mod program;
 pub mod protocol;
 pub mod slots;
+pub mod spin;
 pub mod stream_buffer;
 
 pub use cancel::{CancelToken, TokenState};
 pub use config::{
-    ApiKey, AuditConfig, CgroupMode, PaddockConfig, PoolConfig, ServerConfig, SubprocessConfig,
+    ApiKey, AuditConfig, CgroupMode, IsolateConfig, PaddockConfig, PoolConfig, ServerConfig,
+    SubprocessConfig,
 };
 pub use engine::{DiscardSink, Engine, FileEntry, OutputSink, Sandbox, SandboxSpec, SandboxStatus};
 pub use error::{Error, ErrorCode, Result};

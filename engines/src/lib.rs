@@ -24,6 +24,7 @@
 pub mod capture;
 pub mod cgroup;
 pub mod env;
+pub mod isolate;
 pub mod netns;
 pub mod noop;
 mod spawn;

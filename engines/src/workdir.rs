@@ -152,6 +152,23 @@ impl Workdir {
         Ok(buf)
     }
 
+    /// Whether `path` exists (a symlink counts as itself, never followed).
+    pub fn exists(&self, path: &str) -> Result<bool> {
+        let rel = self.relative(path)?;
+        match openat_beneath(
+            self.fd.as_raw_fd(),
+            &cpath(&rel)?,
+            libc::O_PATH | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+            0,
+        ) {
+            Ok(_) => Ok(true),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {
+                Ok(false)
+            }
+            Err(e) => Err(map_io(e, path)),
+        }
+    }
+
     /// Lists `path` recursively: absolute host paths with sizes. A missing directory
     /// lists as empty; symlinks are listed, never followed.
     pub fn list_files(&self, path: &str) -> Result<Vec<FileEntry>> {

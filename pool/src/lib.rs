@@ -56,7 +56,6 @@ mod engine_pool;
 pub mod http;
 pub mod messages;
 mod paddock;
-mod spin;
 pub use paddock_core::{slots, stream_buffer};
 pub mod streamer;
 mod supervisor;

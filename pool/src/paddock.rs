@@ -239,7 +239,7 @@ impl PaddockBuilder {
             shared,
             telemetry,
             runtime: Arc::new(RuntimeHandle {
-                spin: crate::spin::Spin::new(self_spin),
+                spin: paddock_core::spin::Spin::new(self_spin),
                 system,
                 arbiter,
                 thread: parking_lot::Mutex::new(Some(thread)),
@@ -250,7 +250,7 @@ impl PaddockBuilder {
 
 #[derive(Debug)]
 struct RuntimeHandle {
-    spin: crate::spin::Spin,
+    spin: paddock_core::spin::Spin,
     system: actix::System,
     arbiter: actix::ArbiterHandle,
     thread: parking_lot::Mutex<Option<std::thread::JoinHandle<()>>>,

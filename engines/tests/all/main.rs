@@ -1,3 +1,4 @@
 //! Integration tests of the engines against the real host.
 
+mod isolate;
 mod subprocess;

@@ -15,15 +15,17 @@ use std::time::{Duration, Instant};
 /// Calls that skip spinning after one answer took longer than the budget.
 const COOL_DOWN: u32 = 64;
 
-/// The spin policy of one `Paddock` handle (shared by its clones).
+/// An adaptive spin-before-park policy, shared by the callers that use it (for
+/// example the clones of one `Paddock` handle, or one isolate's executions).
 #[derive(Debug)]
-pub(crate) struct Spin {
+pub struct Spin {
     budget: Duration,
     skip: AtomicU32,
 }
 
 impl Spin {
-    pub(crate) fn new(budget: Duration) -> Spin {
+    /// A policy that polls for up to `budget` before parking; zero never spins.
+    pub fn new(budget: Duration) -> Spin {
         Spin {
             budget,
             skip: AtomicU32::new(0),
@@ -31,7 +33,7 @@ impl Spin {
     }
 
     /// Awaits `fut`, first polling it for up to the budget if recent answers were fast.
-    pub(crate) async fn run<F: Future>(&self, fut: F) -> F::Output {
+    pub async fn run<F: Future>(&self, fut: F) -> F::Output {
         let mut fut = std::pin::pin!(fut);
         if self.budget.is_zero() {
             return fut.await;

@@ -1,0 +1,153 @@
+//! The isolate engine: JavaScript in pooled QuickJS runtimes, one per dedicated
+//! thread (the `context-isolated` level).
+//!
+//! A sandbox is one isolate thread plus a workdir. Each execution gets a fresh
+//! context, built while the isolate is idle; the runtime is replaced after
+//! `recycle_after` executions, after any execution that was stopped or hit a limit,
+//! and when the tenant changes, so no state leaks from one execution to the next.
+//!
+//! - `Code { language: javascript }` runs a script; its completion value (awaited when
+//!   it is a promise) is the result's `value`. Source with `import`/`export`
+//!   statements runs as a module whose default export is the value. Top-level `await`
+//!   works in both.
+//! - `Invoke { handler, input }` calls a function: `handler` names a configured
+//!   handler or is itself a function expression; an array `input` is spread into the
+//!   arguments, `null` passes none, and any other value is the single argument.
+//! - Limits: the isolate's heap (`memory_bytes`, `MEMORY_EXCEEDED` even if the script
+//!   catches the allocation failure), its stack, and the deadline and cancel through
+//!   QuickJS's interrupt handler. `console.*` is captured, capped and streamed.
+//! - Modules: registered host modules and `sandbox:fs` only; Node's system modules are
+//!   refused with `BLOCKED_MODULE` (see [`modules`]).
+//!
+//! ```no_run
+//! # async fn demo() -> paddock_core::Result<()> {
+//! use paddock_core::{CancelToken, DiscardSink, Engine, ExecRequest, Program, SandboxSpec};
+//! use paddock_engines::isolate::IsolateEngine;
+//!
+//! let engine = IsolateEngine::with_defaults()?;
+//! let sandbox = engine.create(&SandboxSpec::default()).await?;
+//! let call = Program::Invoke { handler: "(a, b) => a * b".into(), input: serde_json::json!([6, 7]) };
+//! let result = sandbox.exec(ExecRequest::new(call), &DiscardSink, CancelToken::new()).await?;
+//! assert_eq!(result.value, Some(serde_json::json!(42)));
+//! sandbox.destroy().await?;
+//! # Ok(()) }
+//! ```
+
+mod alloc;
+mod host;
+pub mod modules;
+mod sandbox;
+mod worker;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use paddock_core::{
+    Capabilities, Engine, EngineKind, Error, IsolateConfig, IsolationLevel, Language, ProgramKind,
+    Result, Sandbox, SandboxSpec,
+};
+
+pub use modules::{HostFn, HostModules};
+pub use sandbox::IsolateSandbox;
+
+static NEXT_ENGINE: AtomicU64 = AtomicU64::new(0);
+
+/// The QuickJS isolate engine.
+#[derive(Debug, Clone)]
+pub struct IsolateEngine {
+    inner: Arc<EngineInner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct EngineInner {
+    pub(crate) config: IsolateConfig,
+    pub(crate) modules: HostModules,
+    pub(crate) handlers: BTreeMap<String, String>,
+    pub(crate) caps: Capabilities,
+    pub(crate) workdir_root: PathBuf,
+    pub(crate) next_sandbox: AtomicU64,
+}
+
+impl Drop for EngineInner {
+    fn drop(&mut self) {
+        // Sandboxes remove their own workdirs; the engine's directory goes when empty.
+        let _ = std::fs::remove_dir(&self.workdir_root);
+    }
+}
+
+impl IsolateEngine {
+    /// An engine with the configuration's JSON host modules and handlers.
+    pub fn new(config: &IsolateConfig) -> Result<IsolateEngine> {
+        IsolateEngine::with_modules(config, HostModules::new())
+    }
+
+    /// An engine with the default configuration.
+    pub fn with_defaults() -> Result<IsolateEngine> {
+        IsolateEngine::new(&IsolateConfig::default())
+    }
+
+    /// An engine with `modules` (which may hold Rust host functions) plus the
+    /// configuration's JSON modules. A name registered twice is `INVALID_MODULE`.
+    pub fn with_modules(config: &IsolateConfig, mut modules: HostModules) -> Result<IsolateEngine> {
+        config.validate()?;
+        for (name, exports) in &config.modules {
+            modules.json(name, exports.clone())?;
+        }
+        let caps = Capabilities::new(
+            IsolationLevel::ContextIsolated,
+            &[ProgramKind::Code(Language::Javascript), ProgramKind::Invoke],
+            &["none"],
+            &["streaming", "files", "output_cap", "value", "sandbox_fs"],
+        );
+        let parent = config
+            .workdir_root
+            .clone()
+            .unwrap_or_else(std::env::temp_dir);
+        let workdir_root = parent.join(format!(
+            "paddock-isolate-{}-{}",
+            std::process::id(),
+            NEXT_ENGINE.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&workdir_root).map_err(|e| {
+            Error::invalid_config(
+                "isolate.workdir_root",
+                format!("cannot create `{}`: {e}", workdir_root.display()),
+            )
+        })?;
+        Ok(IsolateEngine {
+            inner: Arc::new(EngineInner {
+                config: config.clone(),
+                handlers: config.handlers.clone(),
+                modules,
+                caps,
+                workdir_root,
+                next_sandbox: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// The host modules scripts may import (besides `sandbox:fs`).
+    pub fn modules(&self) -> &HostModules {
+        &self.inner.modules
+    }
+}
+
+#[async_trait]
+impl Engine for IsolateEngine {
+    fn kind(&self) -> EngineKind {
+        EngineKind::Isolate
+    }
+
+    fn capabilities(&self) -> &Capabilities {
+        &self.inner.caps
+    }
+
+    async fn create(&self, spec: &SandboxSpec) -> Result<Arc<dyn Sandbox>> {
+        Ok(Arc::new(
+            IsolateSandbox::create(self.inner.clone(), spec).await?,
+        ))
+    }
+}

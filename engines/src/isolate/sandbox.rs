@@ -1,0 +1,534 @@
+//! An isolate sandbox: one isolate thread and a workdir.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use crossbeam_channel::Sender;
+use paddock_core::exec::unix_ms;
+use paddock_core::lifecycle::{DestroyRole, Lifecycle, OpGuard, Phase};
+use paddock_core::spin::Spin;
+use paddock_core::{
+    CancelToken, EngineKind, Error, ErrorCode, ExecRequest, ExecResult, FileEntry, LimitKind,
+    Limits, Outcome, OutputSink, Program, Result, Sandbox, SandboxSpec, SandboxStatus, Timings,
+    Usage,
+};
+use tokio::sync::{mpsc, oneshot, Mutex};
+
+use super::host::{Control, CANCELLED, DESTROYED};
+use super::worker::{self, Ending, ExecJob, Job, JsProgram, Report, WorkerConfig};
+use super::EngineInner;
+use crate::workdir::Workdir;
+
+/// Chunks in flight between the isolate thread and the caller's sink; a slower sink
+/// makes `console.log` wait.
+const EVENTS: usize = 64;
+/// How long past its deadline an execution may take before the isolate is declared
+/// stuck (only a host function that never returns can do that).
+const STUCK_GRACE: Duration = Duration::from_secs(5);
+/// How long destroy waits for the isolate thread to end.
+const JOIN_GRACE: Duration = Duration::from_secs(5);
+/// The stack of an isolate thread beyond the JavaScript stack limit.
+const THREAD_STACK_EXTRA: usize = 2 << 20;
+
+/// A sandbox of the isolate engine. Executions run one at a time on its thread.
+#[derive(Debug)]
+pub struct IsolateSandbox {
+    id: String,
+    engine: Arc<EngineInner>,
+    limits: Limits,
+    workdir: Arc<Workdir>,
+    jobs: Sender<Job>,
+    thread: parking_lot::Mutex<Option<std::thread::JoinHandle<()>>>,
+    run_lock: Mutex<()>,
+    busy: AtomicBool,
+    /// The control flag of the running execution, for destroy.
+    current: parking_lot::Mutex<Option<Control>>,
+    /// Set when an execution overran its deadline by [`STUCK_GRACE`]: the thread is
+    /// inside a host call that does not return, and the sandbox cannot be reused.
+    stuck: AtomicBool,
+    lifecycle: Lifecycle,
+    spin: Spin,
+    teardown_error: parking_lot::Mutex<Option<Error>>,
+}
+
+impl IsolateSandbox {
+    pub(super) async fn create(engine: Arc<EngineInner>, spec: &SandboxSpec) -> Result<Self> {
+        let caps = &engine.caps;
+        caps.check_level(EngineKind::Isolate, spec.level)?;
+        caps.check_network(EngineKind::Isolate, &spec.network)?;
+        spec.limits.validate("limits", false)?;
+        let n = engine.next_sandbox.fetch_add(1, Ordering::Relaxed);
+        let id = format!("iso-{}-{n}", uuid::Uuid::now_v7().simple());
+        let workdir = Workdir::create(&engine.workdir_root, &id)
+            .map_err(|e| Error::engine_io("creating the sandbox workdir", e))?;
+        let config = WorkerConfig {
+            stack_bytes: engine.config.stack_bytes as usize,
+            recycle_after: engine.config.recycle_after,
+            idle_spin: Duration::from_micros(engine.config.idle_spin_us),
+            modules: engine.modules.clone(),
+        };
+        let (jobs, rx) = crossbeam_channel::bounded(4);
+        let (ready_tx, ready_rx) = oneshot::channel();
+        let thread = std::thread::Builder::new()
+            .name(format!("paddock-isolate-{n}"))
+            .stack_size(config.stack_bytes + THREAD_STACK_EXTRA)
+            .spawn(move || worker::main(config, rx, ready_tx));
+        let thread = match thread {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = workdir.remove();
+                return Err(Error::engine_io("starting the isolate thread", e));
+            }
+        };
+        match ready_rx.await {
+            Ok(Ok(())) => {}
+            Ok(Err(message)) => {
+                let _ = workdir.remove();
+                let _ = thread.join();
+                return Err(Error::new(ErrorCode::EngineFailed, message));
+            }
+            Err(_) => {
+                let _ = workdir.remove();
+                let _ = thread.join();
+                return Err(Error::new(
+                    ErrorCode::EngineFailed,
+                    "the isolate thread ended before it was ready",
+                ));
+            }
+        }
+        Ok(IsolateSandbox {
+            id,
+            limits: spec.limits.or(&Limits::defaults()),
+            spin: Spin::new(Duration::from_micros(engine.config.reply_spin_us)),
+            engine,
+            workdir: Arc::new(workdir),
+            jobs,
+            thread: parking_lot::Mutex::new(Some(thread)),
+            run_lock: Mutex::new(()),
+            busy: AtomicBool::new(false),
+            current: parking_lot::Mutex::new(None),
+            stuck: AtomicBool::new(false),
+            lifecycle: Lifecycle::new(),
+            teardown_error: parking_lot::Mutex::new(None),
+        })
+    }
+
+    fn enter(&self) -> Result<OpGuard<'_>> {
+        self.lifecycle
+            .enter()
+            .ok_or_else(|| Error::disposed(&format!("sandbox {}", self.id)))
+    }
+
+    fn destroying(&self) -> bool {
+        self.lifecycle.phase() != Phase::Live
+    }
+
+    fn stuck_error(&self) -> Error {
+        Error::new(
+            ErrorCode::EngineFailed,
+            format!(
+                "isolate {} is stuck in a host function that did not return; destroy the sandbox",
+                self.id
+            ),
+        )
+    }
+
+    /// The program as the isolate runs it, or why it cannot.
+    fn js_program(&self, request: &ExecRequest) -> Result<JsProgram> {
+        self.engine
+            .caps
+            .check_program(EngineKind::Isolate, request.program.kind())?;
+        let refuse = |what: &str| {
+            Err(Error::new(
+                ErrorCode::CapabilityNotSupported,
+                format!("the isolate engine has no {what}; pass data in the source or as the `input` of an Invoke"),
+            ))
+        };
+        if request.stdin.is_some() {
+            return refuse("stdin");
+        }
+        if !request.env.is_empty() {
+            return refuse("environment variables");
+        }
+        if request.cwd.is_some() {
+            return refuse("working directory (`sandbox:fs` paths are relative to the workdir)");
+        }
+        match &request.program {
+            Program::Code { source, .. } => Ok(JsProgram::Script(source.clone())),
+            Program::Invoke { handler, input } => Ok(JsProgram::Call {
+                function: self
+                    .engine
+                    .handlers
+                    .get(handler)
+                    .cloned()
+                    .unwrap_or_else(|| handler.clone()),
+                input: input.clone(),
+            }),
+            Program::Command { .. } => Err(Error::new(
+                ErrorCode::CapabilityNotSupported,
+                "the isolate engine does not run commands",
+            )),
+        }
+    }
+
+    /// Waits for the isolate's answer while forwarding output, passing a cancel on, and
+    /// watching for a thread that overran its deadline.
+    async fn wait(
+        &self,
+        mut events: mpsc::Receiver<paddock_core::OutputChunk>,
+        mut reply: oneshot::Receiver<Report>,
+        sink: &dyn OutputSink,
+        cancel: &CancelToken,
+        control: &Control,
+        deadline: Instant,
+    ) -> Report {
+        let mut delivery: Option<Pin<Box<dyn Future<Output = Result<()>> + Send + '_>>> = None;
+        let mut delivering = true;
+        let mut cancel_sent = false;
+        let stuck_at = tokio::time::Instant::from_std(deadline + STUCK_GRACE);
+        let report = loop {
+            tokio::select! {
+                biased;
+                r = &mut reply => break r.unwrap_or_else(|_| Report::thread_died()),
+                _ = cancel.cancelled(), if !cancel_sent => {
+                    cancel_sent = true;
+                    control.store(CANCELLED, Ordering::Relaxed);
+                }
+                r = std::future::poll_fn(|cx| match delivery.as_mut() {
+                    Some(f) => f.as_mut().poll(cx),
+                    None => Poll::Pending,
+                }), if delivery.is_some() => {
+                    delivery = None;
+                    if r.is_err() {
+                        delivering = false;
+                    }
+                }
+                chunk = events.recv(), if delivery.is_none() => {
+                    if let Some(chunk) = chunk {
+                        if delivering {
+                            delivery = Some(sink.chunk(chunk));
+                        }
+                    }
+                }
+                _ = tokio::time::sleep_until(stuck_at) => {
+                    self.stuck.store(true, Ordering::Release);
+                    tracing::warn!(sandbox = %self.id, "an isolate overran its deadline in a host function; retiring it");
+                    break Report::stuck(self.stuck_error());
+                }
+            }
+        };
+        // Every chunk was queued before the answer: deliver them in order.
+        if let Some(f) = delivery.take() {
+            if f.await.is_err() {
+                delivering = false;
+            }
+        }
+        while let Ok(chunk) = events.try_recv() {
+            if delivering && sink.chunk(chunk).await.is_err() {
+                delivering = false;
+            }
+        }
+        report
+    }
+}
+
+impl Report {
+    fn thread_died() -> Report {
+        Report::stuck(Error::new(
+            ErrorCode::EngineFailed,
+            "the isolate thread ended during the execution",
+        ))
+    }
+
+    fn stuck(error: Error) -> Report {
+        Report {
+            ending: Ending::Failed(error),
+            stdout: Default::default(),
+            stderr: Default::default(),
+            value: None,
+            peak_memory: 0,
+            cpu: Duration::ZERO,
+            wall: Duration::ZERO,
+        }
+    }
+}
+
+fn outcome_of(ending: Ending, id: &str) -> Outcome {
+    match ending {
+        Ending::Completed(exit_code) => Outcome::Completed {
+            exit_code,
+            signal: None,
+        },
+        Ending::TimedOut => Outcome::TimedOut,
+        Ending::Cancelled => Outcome::Cancelled,
+        Ending::Destroyed => {
+            tracing::debug!(sandbox = %id, "execution ended by destroy");
+            Outcome::Cancelled
+        }
+        Ending::Memory => Outcome::LimitExceeded {
+            limit: LimitKind::Memory,
+        },
+        Ending::Output => Outcome::LimitExceeded {
+            limit: LimitKind::Output,
+        },
+        Ending::Failed(error) => Outcome::Failed { error },
+    }
+}
+
+fn text(kept: Vec<u8>) -> String {
+    String::from_utf8(kept).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+#[async_trait]
+impl Sandbox for IsolateSandbox {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn kind(&self) -> EngineKind {
+        EngineKind::Isolate
+    }
+
+    fn root_dir(&self) -> &std::path::Path {
+        self.workdir.root()
+    }
+
+    fn status(&self) -> SandboxStatus {
+        if self.destroying() {
+            SandboxStatus::Destroyed
+        } else if self.busy.load(Ordering::Acquire) {
+            SandboxStatus::Busy
+        } else {
+            SandboxStatus::Ready
+        }
+    }
+
+    async fn exec(
+        &self,
+        request: ExecRequest,
+        sink: &dyn OutputSink,
+        cancel: CancelToken,
+    ) -> Result<ExecResult> {
+        let _op = self.enter()?;
+        request.validate()?;
+        let program = self.js_program(&request)?;
+        let limits = request.limits.or(&self.limits);
+        let queued_at_ms = unix_ms();
+        let _run = self.run_lock.lock().await;
+        if self.stuck.load(Ordering::Acquire) {
+            return Err(self.stuck_error());
+        }
+        if self.destroying() {
+            return Err(Error::disposed(&format!("sandbox {}", self.id)));
+        }
+        let timeout = limits.timeout().unwrap_or(Duration::from_secs(30));
+        let to_usize = |v: Option<u64>, default: usize| {
+            v.map_or(default, |v| usize::try_from(v).unwrap_or(usize::MAX))
+        };
+        let control: Control = Arc::new(AtomicU8::new(0));
+        *self.current.lock() = Some(control.clone());
+        if self.destroying() {
+            control.store(DESTROYED, Ordering::Relaxed);
+        }
+        let (events_tx, events) = mpsc::channel(EVENTS);
+        let (reply_tx, reply) = oneshot::channel();
+        let started_at_ms = unix_ms();
+        let deadline = Instant::now() + timeout;
+        let job = ExecJob {
+            program,
+            tenant: request.tenant.clone(),
+            memory_bytes: to_usize(limits.memory_bytes, 512 << 20),
+            deadline,
+            output_cap: to_usize(limits.max_output_bytes, 1 << 20),
+            control: control.clone(),
+            events: events_tx,
+            workdir: self.workdir.clone(),
+        };
+        if self.jobs.send(Job::Exec(Box::new(job), reply_tx)).is_err() {
+            *self.current.lock() = None;
+            return Err(Error::new(
+                ErrorCode::EngineFailed,
+                format!("isolate {} has stopped; destroy the sandbox", self.id),
+            ));
+        }
+        self.busy.store(true, Ordering::Release);
+        let report = self
+            .spin
+            .run(self.wait(events, reply, sink, &cancel, &control, deadline))
+            .await;
+        self.busy.store(false, Ordering::Release);
+        *self.current.lock() = None;
+
+        let mut outcome = outcome_of(report.ending, &self.id);
+        // Exactly one terminal state: a cancel that won the race is reported as such.
+        if outcome != Outcome::Cancelled && !cancel.finish() {
+            outcome = Outcome::Cancelled;
+        }
+        Ok(ExecResult {
+            id: request.id,
+            outcome,
+            stdout_truncated: report.stdout.truncated,
+            stderr_truncated: report.stderr.truncated,
+            stdout: text(report.stdout.kept),
+            stderr: text(report.stderr.kept),
+            value: report.value,
+            usage: Usage {
+                cpu_ms: report.cpu.as_millis() as u64,
+                wall_ms: report.wall.as_millis() as u64,
+                peak_memory_bytes: report.peak_memory,
+            },
+            engine: EngineKind::Isolate,
+            instance_id: self.id.clone(),
+            timings: Timings {
+                queued_at_ms,
+                started_at_ms,
+                finished_at_ms: unix_ms(),
+            },
+            warnings: Vec::new(),
+        })
+    }
+
+    async fn write_file(&self, path: &str, data: &[u8]) -> Result<()> {
+        let _op = self.enter()?;
+        let workdir = self.workdir.clone();
+        let (path, data) = (path.to_string(), data.to_vec());
+        blocking(move || workdir.write_file(&path, &data)).await
+    }
+
+    async fn read_file(&self, path: &str) -> Result<Vec<u8>> {
+        let _op = self.enter()?;
+        let workdir = self.workdir.clone();
+        let path = path.to_string();
+        blocking(move || workdir.read_file(&path)).await
+    }
+
+    async fn list_files(&self, path: &str) -> Result<Vec<FileEntry>> {
+        let _op = self.enter()?;
+        let workdir = self.workdir.clone();
+        let path = path.to_string();
+        blocking(move || workdir.list_files(&path)).await
+    }
+
+    async fn recycle(&self) -> Result<()> {
+        let _op = self.enter()?;
+        let _run = self.run_lock.lock().await;
+        if self.stuck.load(Ordering::Acquire) {
+            return Err(self.stuck_error());
+        }
+        if self.destroying() {
+            return Err(Error::disposed(&format!("sandbox {}", self.id)));
+        }
+        // The next execution gets a fresh context anyway; only files carry over.
+        let dirty = std::fs::read_dir(self.workdir.root())
+            .map(|mut d| d.next().is_some())
+            .unwrap_or(true);
+        if dirty {
+            let workdir = self.workdir.clone();
+            blocking(move || {
+                workdir
+                    .clear()
+                    .map_err(|e| Error::engine_io("cleaning the sandbox workdir", e))
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
+    async fn destroy(&self) -> Result<()> {
+        match self.lifecycle.begin_destroy() {
+            DestroyRole::Leader => {
+                let mut guard = TeardownGuard {
+                    sandbox: self,
+                    done: false,
+                };
+                if let Some(c) = self.current.lock().as_ref() {
+                    c.store(DESTROYED, Ordering::Relaxed);
+                }
+                self.lifecycle.ops_drained().await;
+                let _ = self.jobs.try_send(Job::Stop);
+                let thread = self.thread.lock().take();
+                let mut result = Ok(());
+                if let Some(thread) = thread {
+                    let joined = tokio::time::timeout(
+                        JOIN_GRACE,
+                        tokio::task::spawn_blocking(move || thread.join()),
+                    )
+                    .await;
+                    if joined.is_err() {
+                        tracing::warn!(sandbox = %self.id, "the isolate thread did not end in time; it ends when its host call returns");
+                    }
+                }
+                let workdir = self.workdir.clone();
+                if let Err(e) = blocking(move || {
+                    workdir
+                        .remove()
+                        .map_err(|e| Error::engine_io("removing the sandbox workdir", e))
+                })
+                .await
+                {
+                    *self.teardown_error.lock() = Some(e.clone());
+                    result = Err(e);
+                }
+                guard.done = true;
+                self.lifecycle.finish_destroy();
+                result
+            }
+            DestroyRole::Follower => {
+                self.lifecycle.destroyed().await;
+                match self.teardown_error.lock().clone() {
+                    Some(e) => Err(e),
+                    None => Ok(()),
+                }
+            }
+        }
+    }
+}
+
+/// Completes an interrupted teardown synchronously.
+struct TeardownGuard<'a> {
+    sandbox: &'a IsolateSandbox,
+    done: bool,
+}
+
+impl Drop for TeardownGuard<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.sandbox.teardown_now();
+            self.sandbox.lifecycle.finish_destroy();
+        }
+    }
+}
+
+impl IsolateSandbox {
+    /// Stops the thread (without waiting) and removes the workdir.
+    fn teardown_now(&self) {
+        if let Some(c) = self.current.lock().as_ref() {
+            c.store(DESTROYED, Ordering::Relaxed);
+        }
+        let _ = self.jobs.try_send(Job::Stop);
+        let _ = self.workdir.remove();
+    }
+}
+
+impl Drop for IsolateSandbox {
+    fn drop(&mut self) {
+        if self.lifecycle.phase() != Phase::Destroyed {
+            self.teardown_now();
+        }
+    }
+}
+
+/// Runs `f` on tokio's blocking pool.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| {
+        Error::new(
+            ErrorCode::EngineFailed,
+            format!("a blocking file task failed: {e}"),
+        )
+    })?
+}
