@@ -14,6 +14,7 @@ use paddock_core::{
     Engine, EngineKind, Error, ErrorCode, ExecRequest, ExecResult, ExecutionId, FileEntry,
     OutputChunk, PaddockConfig, SandboxSpec, SandboxStatus,
 };
+use paddock_engines::isolate::IsolateEngine;
 use paddock_engines::subprocess::SubprocessEngine;
 
 use crate::audit::{Audit, AuditConfig, AuditEntry, AuditLog, AuditQuery, AuditStats};
@@ -32,6 +33,7 @@ pub struct PaddockBuilder {
     engines: Vec<Arc<dyn Engine>>,
     default_engine: Option<EngineKind>,
     builtin_subprocess: bool,
+    builtin_isolate: bool,
     policy: Option<PolicyConfig>,
     limiter: Option<LimiterConfig>,
     audit: Option<AuditConfig>,
@@ -57,6 +59,7 @@ impl Default for PaddockBuilder {
             engines: Vec::new(),
             default_engine: None,
             builtin_subprocess: true,
+            builtin_isolate: true,
             policy: None,
             limiter: None,
             audit: None,
@@ -76,8 +79,11 @@ impl PaddockBuilder {
         self
     }
 
-    /// Adds an engine. The subprocess engine is added from the config unless
-    /// [`without_subprocess`](Self::without_subprocess) is called.
+    /// Adds an engine. The subprocess and isolate engines are added from the config
+    /// unless [`without_subprocess`](Self::without_subprocess) /
+    /// [`without_isolate`](Self::without_isolate) is called (or the config disables
+    /// them). To give isolates Rust host functions, add an
+    /// `IsolateEngine::with_modules(…)` here and call `without_isolate`.
     pub fn engine(mut self, engine: Arc<dyn Engine>) -> Self {
         self.engines.push(engine);
         self
@@ -89,8 +95,15 @@ impl PaddockBuilder {
         self
     }
 
-    /// The engine used when a request names none. Default: subprocess, or the first
-    /// engine added.
+    /// Does not start the built-in QuickJS isolate engine.
+    pub fn without_isolate(mut self) -> Self {
+        self.builtin_isolate = false;
+        self
+    }
+
+    /// The engine used when a request names none and the engine provides the
+    /// requested isolation level (otherwise the engine with the weakest level that
+    /// provides it is chosen). Default: subprocess, or the first engine added.
     pub fn default_engine(mut self, kind: EngineKind) -> Self {
         self.default_engine = Some(kind);
         self
@@ -162,6 +175,12 @@ impl PaddockBuilder {
                 self.config.limits.clone(),
             )?;
             engines.insert(0, Arc::new(e));
+        }
+        if self.builtin_isolate
+            && self.config.isolate.enabled
+            && !engines.iter().any(|e| e.kind() == EngineKind::Isolate)
+        {
+            engines.push(Arc::new(IsolateEngine::new(&self.config.isolate)?));
         }
         let Some(first) = engines.first().map(|e| e.kind()) else {
             return Err(Error::invalid_config(

@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use dashmap::DashMap;
 use paddock_core::{
     code_hash, unix_ms, CancelToken, Engine, EngineKind, Error, ErrorCode, ExecRequest, ExecResult,
-    ExecutionId, Limits, NetworkPolicy, Outcome, OutputChunk, OutputSink, PoolConfig,
+    ExecutionId, IsolationLevel, Limits, NetworkPolicy, Outcome, OutputChunk, OutputSink, PoolConfig,
     SandboxStatus,
 };
 
@@ -109,13 +109,37 @@ impl Supervisor {
         }
     }
 
+    /// The engine for a request that names `engine` (or none) and needs `level`: the
+    /// named engine, else the default engine when it provides the level, else the
+    /// configured engine with the weakest isolation that still provides it. A level no
+    /// engine provides is left to the capability check, which refuses it.
+    fn choose(&self, engine: Option<EngineKind>, level: IsolationLevel) -> EngineKind {
+        if let Some(kind) = engine {
+            return kind;
+        }
+        let provides = |kind: &EngineKind| {
+            self.engines
+                .get(kind)
+                .is_some_and(|e| e.capabilities().max_level >= level)
+        };
+        if provides(&self.default_engine) {
+            return self.default_engine;
+        }
+        self.engines
+            .iter()
+            .filter(|(kind, _)| provides(kind))
+            .min_by_key(|(kind, e)| (e.capabilities().max_level, **kind))
+            .map_or(self.default_engine, |(kind, _)| *kind)
+    }
+
     /// The pool for an engine and network policy, created (and prewarmed) on first use.
     fn pool(
         &mut self,
         engine: Option<EngineKind>,
+        level: IsolationLevel,
         network: &NetworkPolicy,
     ) -> Result<Arc<EnginePool>, Error> {
-        let kind = engine.unwrap_or(self.default_engine);
+        let kind = self.choose(engine, level);
         let key = (kind, network.clone());
         if let Some(p) = self.pools.get(&key) {
             return Ok(p.clone());
@@ -156,7 +180,7 @@ impl Supervisor {
     fn prewarm_all(&mut self) {
         let kinds: Vec<EngineKind> = self.engines.keys().copied().collect();
         for kind in kinds {
-            if let Err(e) = self.pool(Some(kind), &NetworkPolicy::None) {
+            if let Err(e) = self.pool(Some(kind), IsolationLevel::None, &NetworkPolicy::None) {
                 tracing::info!(engine = %kind, error = %e, "no default pool");
             }
         }
@@ -482,7 +506,7 @@ impl Handler<Execute> for Supervisor {
     type Result = ResponseFuture<Result<ExecResult, Error>>;
 
     fn handle(&mut self, msg: Execute, _ctx: &mut Self::Context) -> Self::Result {
-        let prepared = self.pool(msg.engine, &msg.network).and_then(|pool| {
+        let prepared = self.pool(msg.engine, msg.level, &msg.network).and_then(|pool| {
             let caps = pool.engine().capabilities();
             caps.check_level(pool.kind, msg.level)?;
             caps.check_program(pool.kind, msg.request.program.kind())?;
@@ -527,7 +551,7 @@ impl Handler<OpenSandbox> for Supervisor {
     type Result = ResponseActFuture<Self, Result<SandboxInfo, Error>>;
 
     fn handle(&mut self, msg: OpenSandbox, _ctx: &mut Self::Context) -> Self::Result {
-        let prepared = self.pool(msg.engine, &msg.spec.network).and_then(|pool| {
+        let prepared = self.pool(msg.engine, msg.spec.level, &msg.spec.network).and_then(|pool| {
             let caps = pool.engine().capabilities();
             caps.check_level(pool.kind, msg.spec.level)?;
             msg.spec.limits.validate("limits", false)?;

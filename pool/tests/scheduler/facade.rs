@@ -237,3 +237,43 @@ async fn a_late_subscriber_by_id_gets_the_buffered_output() {
         .is_none());
     paddock.shutdown(Duration::from_secs(5)).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn isolates_are_pooled_engines_chosen_by_name_or_by_level() {
+    let paddock = Paddock::builder().start().unwrap();
+    let js = |src: &str| ExecRequest::new(Program::code(Language::Javascript, src));
+    let r = paddock
+        .execute_with(Execute::new(js("console.log('hi'); 6 * 7")).on(EngineKind::Isolate))
+        .await
+        .unwrap();
+    assert_eq!(r.engine, EngineKind::Isolate, "{r:?}");
+    assert_eq!(r.value, Some(serde_json::json!(42)));
+    assert_eq!(r.stdout, "hi\n");
+    // No engine named: the level picks the weakest engine that provides it.
+    let mut level = Execute::new(js("typeof process"));
+    level.level = paddock_core::IsolationLevel::ContextIsolated;
+    let r = paddock.execute_with(level).await.unwrap();
+    assert_eq!(r.engine, EngineKind::Isolate, "{r:?}");
+    assert_eq!(r.value, Some(serde_json::json!("undefined")));
+    // Still never a downgrade: strict is refused while no engine provides it.
+    let mut strict = Execute::new(js("1"));
+    strict.level = paddock_core::IsolationLevel::Strict;
+    let e = paddock.execute_with(strict).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::LevelNotSupported);
+    let stats = paddock.stats().await.unwrap();
+    let pool = stats
+        .pools
+        .iter()
+        .find(|p| p.engine == EngineKind::Isolate)
+        .expect("an isolate pool");
+    assert!(pool.size >= 1, "{pool:?}");
+    let text = paddock.telemetry().render_prometheus();
+    assert!(
+        text.lines().any(|l| l.starts_with("paddock_executions_total")
+            && l.contains("engine=\"isolate\"")
+            && l.contains("outcome=\"completed\"")
+            && l.ends_with(" 2")),
+        "{text}"
+    );
+    paddock.shutdown(Duration::from_secs(5)).await.unwrap();
+}
