@@ -74,12 +74,14 @@ impl Flaw {
     /// engine passes them).
     pub fn caught_by(self) -> &'static [&'static str] {
         match self {
-            Flaw::IgnoresCancel | Flaw::ReportsSuccessOnCancel => {
-                &["abort_kills_process_tree", "abort_is_never_success"]
-            }
+            Flaw::IgnoresCancel | Flaw::ReportsSuccessOnCancel => &[
+                "abort_kills_process_tree",
+                "abort_is_never_success",
+                "js_cancel_stops_busy_loop",
+            ],
             Flaw::LosesCancelRace => &["abort_is_never_success"],
-            Flaw::IgnoresTimeout => &["timeout_kills_process_tree"],
-            Flaw::BuffersOutput => &["exec_streams_live"],
+            Flaw::IgnoresTimeout => &["timeout_kills_process_tree", "js_timeout_stops_busy_loop"],
+            Flaw::BuffersOutput => &["exec_streams_live", "js_console_streams_live"],
             Flaw::NoPathConfinement => &["files_path_escape"],
             Flaw::LeaksSecrets => &["env_is_sanitized"],
         }

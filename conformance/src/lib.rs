@@ -121,6 +121,17 @@ macro_rules! __with_case_names {
             refuses_stronger_level,
             refuses_unenforceable_network,
             refuses_invalid_request,
+            js_exit_status,
+            js_console_streams_live,
+            js_timeout_stops_busy_loop,
+            js_cancel_stops_busy_loop,
+            js_output_is_capped,
+            js_no_state_between_executions,
+            js_values_round_trip,
+            js_invoke_calls_function,
+            js_heap_limit,
+            js_blocked_modules,
+            js_sandbox_fs_shares_files,
         }
     };
 }

@@ -1,10 +1,12 @@
 //! The table of cases, in the order they run.
 
-use paddock_core::ProgramKind;
+use paddock_core::{Language, ProgramKind};
 
 use crate::case::{Case, Requirement};
 
 const COMMAND: &[Requirement] = &[Requirement::Program(ProgramKind::Command)];
+const JS: Requirement = Requirement::Program(ProgramKind::Code(Language::Javascript));
+const JS_ONLY: &[Requirement] = &[JS];
 
 macro_rules! entry {
     ($module:ident :: $name:ident, $requires:expr, $description:literal) => {
@@ -66,6 +68,28 @@ static CASES: &[Case] = &[
         "a network policy the engine cannot enforce is refused with CAPABILITY_NOT_SUPPORTED"),
     entry!(refusals::refuses_invalid_request, &[],
         "a malformed request is refused with INVALID_OPTIONS before anything runs"),
+    entry!(javascript::js_exit_status, JS_ONLY,
+        "a script that prints completes with exit code 0; an uncaught error completes with exit code 1 and is printed on stderr"),
+    entry!(javascript::js_console_streams_live, JS_ONLY,
+        "console output reaches the sink while the script still runs, stdout and stderr apart"),
+    entry!(javascript::js_timeout_stops_busy_loop, JS_ONLY,
+        "`while (true) {}` ends as timed_out shortly after its deadline, and the sandbox runs again"),
+    entry!(javascript::js_cancel_stops_busy_loop, JS_ONLY,
+        "cancel stops `while (true) {}` promptly and reports cancelled"),
+    entry!(javascript::js_output_is_capped, JS_ONLY,
+        "console output past `max_output_bytes` is cut and flagged truncated"),
+    entry!(javascript::js_no_state_between_executions, JS_ONLY,
+        "a global or prototype change made by one execution is invisible to the next"),
+    entry!(javascript::js_values_round_trip, &[JS, Requirement::Feature("value")],
+        "the script's completion value (a promise awaited) comes back as JSON; BigInt in string form, undefined as none"),
+    entry!(javascript::js_invoke_calls_function, &[Requirement::Program(ProgramKind::Invoke), Requirement::Feature("js_invoke")],
+        "an Invoke of a function expression with an array input spreads it into the arguments and returns the value"),
+    entry!(javascript::js_heap_limit, &[JS, Requirement::Feature("js_heap_limit")],
+        "a memory bomb ends as MEMORY_EXCEEDED even when the script catches the allocation failure, and the sandbox recovers"),
+    entry!(javascript::js_blocked_modules, &[JS, Requirement::Feature("module_denylist")],
+        "static and dynamic imports of denylisted modules (with or without `node:`) are refused with BLOCKED_MODULE"),
+    entry!(javascript::js_sandbox_fs_shares_files, &[JS, Requirement::Feature("sandbox_fs")],
+        "`sandbox:fs` reads what the caller wrote, writes what the caller reads, and refuses escapes with PATH_ESCAPE"),
 ];
 
 /// Every case, in the order [`run_all`](crate::run_all) runs them.

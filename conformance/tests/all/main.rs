@@ -1,4 +1,5 @@
 //! Integration tests of the conformance suite, in one binary.
 
 mod broken;
+mod isolate;
 mod subprocess;

@@ -100,7 +100,16 @@ impl IsolateEngine {
             IsolationLevel::ContextIsolated,
             &[ProgramKind::Code(Language::Javascript), ProgramKind::Invoke],
             &["none"],
-            &["streaming", "files", "output_cap", "value", "sandbox_fs"],
+            &[
+                "streaming",
+                "files",
+                "output_cap",
+                "value",
+                "js_invoke",
+                "js_heap_limit",
+                "module_denylist",
+                "sandbox_fs",
+            ],
         );
         let parent = config
             .workdir_root

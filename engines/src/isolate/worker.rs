@@ -484,17 +484,20 @@ fn evaluate<'js>(ctx: &Ctx<'js>, program: &JsProgram) -> Result<Value<'js>, Stop
             let v: Value = ctx
                 .eval_with_options(source.as_str(), eval_options(asynchronous, "main.js"))
                 .map_err(|e| caught(ctx, e))?;
-            if asynchronous {
+            let v = if asynchronous {
                 // Top-level await: the promise resolves to `{ value: <completion> }`.
                 let wrapped = match v.into_promise() {
                     Some(p) => settle(ctx, p)?,
                     None => return Ok(Value::new_undefined(ctx.clone())),
                 };
-                return match wrapped.as_object() {
-                    Some(o) => o.get::<_, Value>("value").map_err(|e| caught(ctx, e)),
-                    None => Ok(wrapped),
-                };
-            }
+                match wrapped.as_object() {
+                    Some(o) => o.get::<_, Value>("value").map_err(|e| caught(ctx, e))?,
+                    None => wrapped,
+                }
+            } else {
+                v
+            };
+            // A completion value that is a promise is awaited too.
             match v.as_promise() {
                 Some(p) => settle(ctx, p.clone()),
                 None => Ok(v),

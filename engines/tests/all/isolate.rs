@@ -129,6 +129,7 @@ async fn values_round_trip_and_unserializable_ones_come_back_as_strings() {
             Some(json!("[object Object]")),
         ),
         ("Promise.resolve(5)", Some(json!(5))),
+        ("Promise.resolve('awaited')", Some(json!("awaited"))),
         ("(async () => 7)()", Some(json!(7))),
         (
             "await new Promise(r => setTimeout(() => r('late'), 20))",
