@@ -51,7 +51,7 @@ pub(super) struct RunState {
     delivering: bool,
     control: Control,
     deadline: Instant,
-    workdir: Arc<Workdir>,
+    workdir: Option<Arc<Workdir>>,
     /// The first denylisted import the script attempted.
     pub(super) blocked: Option<Error>,
     timers: BTreeMap<u64, Timer>,
@@ -75,7 +75,7 @@ impl RunState {
         events: mpsc::Sender<OutputChunk>,
         control: Control,
         deadline: Instant,
-        workdir: Arc<Workdir>,
+        workdir: Option<Arc<Workdir>>,
     ) -> RunState {
         RunState {
             stdout: Capture::default(),
@@ -513,7 +513,7 @@ struct SandboxFs;
 const FS_EXPORTS: &[&str] = &["readFile", "writeFile", "listFiles", "exists"];
 
 fn workdir() -> Option<Arc<Workdir>> {
-    with_run(|r| r.workdir.clone())
+    with_run(|r| r.workdir.clone()).flatten()
 }
 
 fn fs_call<'js, T>(
@@ -523,7 +523,10 @@ fn fs_call<'js, T>(
     let Some(dir) = workdir() else {
         return Err(throw_coded(
             ctx,
-            &Error::new(ErrorCode::EngineDisposed, "no execution is running"),
+            &Error::new(
+                ErrorCode::CapabilityNotSupported,
+                "`sandbox:fs` needs a sandbox workdir; this execution runs without one",
+            ),
         ));
     };
     f(&dir).map_err(|e| throw_coded(ctx, &e))

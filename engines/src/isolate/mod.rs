@@ -46,8 +46,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use paddock_core::{
-    Capabilities, Engine, EngineKind, Error, IsolateConfig, IsolationLevel, Language, ProgramKind,
-    Result, Sandbox, SandboxSpec,
+    CancelToken, Capabilities, Engine, EngineKind, Error, ErrorCode, ExecRequest, ExecResult,
+    IsolateConfig, IsolationLevel, Language, Limits, Program, ProgramKind, Result, Sandbox,
+    SandboxSpec,
 };
 
 pub use modules::{HostFn, HostModules};
@@ -75,6 +76,64 @@ impl Drop for EngineInner {
     fn drop(&mut self) {
         // Sandboxes remove their own workdirs; the engine's directory goes when empty.
         let _ = std::fs::remove_dir(&self.workdir_root);
+    }
+}
+
+impl EngineInner {
+    pub(super) fn worker_config(&self) -> worker::WorkerConfig {
+        worker::WorkerConfig {
+            stack_bytes: self.config.stack_bytes as usize,
+            recycle_after: self.config.recycle_after,
+            idle_spin: std::time::Duration::from_micros(self.config.idle_spin_us),
+            modules: self.modules.clone(),
+        }
+    }
+
+    /// The program as the isolate runs it and the limits it runs under, or why it
+    /// cannot run.
+    pub(super) fn prepare(
+        &self,
+        request: &ExecRequest,
+        base: &Limits,
+    ) -> Result<(worker::JsProgram, Limits)> {
+        request.validate()?;
+        let program = self.js_program(request)?;
+        Ok((program, request.limits.or(base)))
+    }
+
+    fn js_program(&self, request: &ExecRequest) -> Result<worker::JsProgram> {
+        self.caps
+            .check_program(EngineKind::Isolate, request.program.kind())?;
+        let refuse = |what: &str| {
+            Err(Error::new(
+                ErrorCode::CapabilityNotSupported,
+                format!("the isolate engine has no {what}; pass data in the source or as the `input` of an Invoke"),
+            ))
+        };
+        if request.stdin.is_some() {
+            return refuse("stdin");
+        }
+        if !request.env.is_empty() {
+            return refuse("environment variables");
+        }
+        if request.cwd.is_some() {
+            return refuse("working directory (`sandbox:fs` paths are relative to the workdir)");
+        }
+        match &request.program {
+            Program::Code { source, .. } => Ok(worker::JsProgram::Script(source.clone())),
+            Program::Invoke { handler, input } => Ok(worker::JsProgram::Call {
+                function: self
+                    .handlers
+                    .get(handler)
+                    .cloned()
+                    .unwrap_or_else(|| handler.clone()),
+                input: input.clone(),
+            }),
+            Program::Command { .. } => Err(Error::new(
+                ErrorCode::CapabilityNotSupported,
+                "the isolate engine does not run commands",
+            )),
+        }
     }
 }
 
@@ -136,6 +195,35 @@ impl IsolateEngine {
                 next_sandbox: AtomicU64::new(0),
             }),
         })
+    }
+
+    /// Runs one execution in a brand-new runtime on the calling thread and drops the
+    /// runtime: no pool, no thread hand-off, no workdir (`sandbox:fs` is refused) and
+    /// no streaming (output comes back in the result). Blocks until the script ends
+    /// or its deadline passes, so call it where blocking is fine.
+    pub fn run_blocking(&self, request: ExecRequest) -> Result<ExecResult> {
+        let (program, limits) = self.inner.prepare(&request, &Limits::defaults())?;
+        let (events, _dropped) = tokio::sync::mpsc::channel(1);
+        let control = Arc::new(std::sync::atomic::AtomicU8::new(0));
+        let job = sandbox::new_job(
+            program,
+            &limits,
+            request.tenant.clone(),
+            control,
+            events,
+            None,
+        );
+        let config = self.inner.worker_config();
+        let started = paddock_core::exec::unix_ms();
+        let report = worker::run_once(&config, &job);
+        Ok(sandbox::into_result(
+            report,
+            request.id,
+            "oneshot",
+            &CancelToken::new(),
+            started,
+            started,
+        ))
     }
 
     /// The host modules scripts may import (besides `sandbox:fs`).

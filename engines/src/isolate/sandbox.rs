@@ -14,13 +14,12 @@ use paddock_core::lifecycle::{DestroyRole, Lifecycle, OpGuard, Phase};
 use paddock_core::spin::Spin;
 use paddock_core::{
     CancelToken, EngineKind, Error, ErrorCode, ExecRequest, ExecResult, FileEntry, LimitKind,
-    Limits, Outcome, OutputSink, Program, Result, Sandbox, SandboxSpec, SandboxStatus, Timings,
-    Usage,
+    Limits, Outcome, OutputSink, Result, Sandbox, SandboxSpec, SandboxStatus, Timings, Usage,
 };
 use tokio::sync::{mpsc, oneshot, Mutex};
 
 use super::host::{Control, CANCELLED, DESTROYED};
-use super::worker::{self, Ending, ExecJob, Job, JsProgram, Report, WorkerConfig};
+use super::worker::{self, Ending, ExecJob, Job, JsProgram, Report};
 use super::EngineInner;
 use crate::workdir::Workdir;
 
@@ -66,12 +65,7 @@ impl IsolateSandbox {
         let id = format!("iso-{}-{n}", uuid::Uuid::now_v7().simple());
         let workdir = Workdir::create(&engine.workdir_root, &id)
             .map_err(|e| Error::engine_io("creating the sandbox workdir", e))?;
-        let config = WorkerConfig {
-            stack_bytes: engine.config.stack_bytes as usize,
-            recycle_after: engine.config.recycle_after,
-            idle_spin: Duration::from_micros(engine.config.idle_spin_us),
-            modules: engine.modules.clone(),
-        };
+        let config = engine.worker_config();
         let (jobs, rx) = crossbeam_channel::bounded(4);
         let (ready_tx, ready_rx) = oneshot::channel();
         let thread = std::thread::Builder::new()
@@ -136,44 +130,6 @@ impl IsolateSandbox {
                 self.id
             ),
         )
-    }
-
-    /// The program as the isolate runs it, or why it cannot.
-    fn js_program(&self, request: &ExecRequest) -> Result<JsProgram> {
-        self.engine
-            .caps
-            .check_program(EngineKind::Isolate, request.program.kind())?;
-        let refuse = |what: &str| {
-            Err(Error::new(
-                ErrorCode::CapabilityNotSupported,
-                format!("the isolate engine has no {what}; pass data in the source or as the `input` of an Invoke"),
-            ))
-        };
-        if request.stdin.is_some() {
-            return refuse("stdin");
-        }
-        if !request.env.is_empty() {
-            return refuse("environment variables");
-        }
-        if request.cwd.is_some() {
-            return refuse("working directory (`sandbox:fs` paths are relative to the workdir)");
-        }
-        match &request.program {
-            Program::Code { source, .. } => Ok(JsProgram::Script(source.clone())),
-            Program::Invoke { handler, input } => Ok(JsProgram::Call {
-                function: self
-                    .engine
-                    .handlers
-                    .get(handler)
-                    .cloned()
-                    .unwrap_or_else(|| handler.clone()),
-                input: input.clone(),
-            }),
-            Program::Command { .. } => Err(Error::new(
-                ErrorCode::CapabilityNotSupported,
-                "the isolate engine does not run commands",
-            )),
-        }
     }
 
     /// Waits for the isolate's answer while forwarding output, passing a cancel on, and
@@ -280,6 +236,68 @@ fn outcome_of(ending: Ending, id: &str) -> Outcome {
     }
 }
 
+/// The job for one execution under `limits`.
+pub(super) fn new_job(
+    program: JsProgram,
+    limits: &Limits,
+    tenant: Option<String>,
+    control: Control,
+    events: mpsc::Sender<paddock_core::OutputChunk>,
+    workdir: Option<Arc<Workdir>>,
+) -> ExecJob {
+    let to_usize = |v: Option<u64>, default: usize| {
+        v.map_or(default, |v| usize::try_from(v).unwrap_or(usize::MAX))
+    };
+    ExecJob {
+        program,
+        tenant,
+        memory_bytes: to_usize(limits.memory_bytes, 512 << 20),
+        deadline: Instant::now() + limits.timeout().unwrap_or(Duration::from_secs(30)),
+        output_cap: to_usize(limits.max_output_bytes, 1 << 20),
+        control,
+        events,
+        workdir,
+    }
+}
+
+/// The result for the isolate's report.
+pub(super) fn into_result(
+    report: Report,
+    id: paddock_core::ExecutionId,
+    instance_id: &str,
+    cancel: &CancelToken,
+    queued_at_ms: u64,
+    started_at_ms: u64,
+) -> ExecResult {
+    let mut outcome = outcome_of(report.ending, instance_id);
+    // Exactly one terminal state: a cancel that won the race is reported as such.
+    if outcome != Outcome::Cancelled && !cancel.finish() {
+        outcome = Outcome::Cancelled;
+    }
+    ExecResult {
+        id,
+        outcome,
+        stdout_truncated: report.stdout.truncated,
+        stderr_truncated: report.stderr.truncated,
+        stdout: text(report.stdout.kept),
+        stderr: text(report.stderr.kept),
+        value: report.value,
+        usage: Usage {
+            cpu_ms: report.cpu.as_millis() as u64,
+            wall_ms: report.wall.as_millis() as u64,
+            peak_memory_bytes: report.peak_memory,
+        },
+        engine: EngineKind::Isolate,
+        instance_id: instance_id.to_string(),
+        timings: Timings {
+            queued_at_ms,
+            started_at_ms,
+            finished_at_ms: unix_ms(),
+        },
+        warnings: Vec::new(),
+    }
+}
+
 fn text(kept: Vec<u8>) -> String {
     String::from_utf8(kept).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
@@ -315,9 +333,7 @@ impl Sandbox for IsolateSandbox {
         cancel: CancelToken,
     ) -> Result<ExecResult> {
         let _op = self.enter()?;
-        request.validate()?;
-        let program = self.js_program(&request)?;
-        let limits = request.limits.or(&self.limits);
+        let (program, limits) = self.engine.prepare(&request, &self.limits)?;
         let queued_at_ms = unix_ms();
         let _run = self.run_lock.lock().await;
         if self.stuck.load(Ordering::Acquire) {
@@ -326,10 +342,6 @@ impl Sandbox for IsolateSandbox {
         if self.destroying() {
             return Err(Error::disposed(&format!("sandbox {}", self.id)));
         }
-        let timeout = limits.timeout().unwrap_or(Duration::from_secs(30));
-        let to_usize = |v: Option<u64>, default: usize| {
-            v.map_or(default, |v| usize::try_from(v).unwrap_or(usize::MAX))
-        };
         let control: Control = Arc::new(AtomicU8::new(0));
         *self.current.lock() = Some(control.clone());
         if self.destroying() {
@@ -338,17 +350,15 @@ impl Sandbox for IsolateSandbox {
         let (events_tx, events) = mpsc::channel(EVENTS);
         let (reply_tx, reply) = oneshot::channel();
         let started_at_ms = unix_ms();
-        let deadline = Instant::now() + timeout;
-        let job = ExecJob {
+        let job = new_job(
             program,
-            tenant: request.tenant.clone(),
-            memory_bytes: to_usize(limits.memory_bytes, 512 << 20),
-            deadline,
-            output_cap: to_usize(limits.max_output_bytes, 1 << 20),
-            control: control.clone(),
-            events: events_tx,
-            workdir: self.workdir.clone(),
-        };
+            &limits,
+            request.tenant.clone(),
+            control.clone(),
+            events_tx,
+            Some(self.workdir.clone()),
+        );
+        let deadline = job.deadline;
         if self.jobs.send(Job::Exec(Box::new(job), reply_tx)).is_err() {
             *self.current.lock() = None;
             return Err(Error::new(
@@ -364,33 +374,14 @@ impl Sandbox for IsolateSandbox {
         self.busy.store(false, Ordering::Release);
         *self.current.lock() = None;
 
-        let mut outcome = outcome_of(report.ending, &self.id);
-        // Exactly one terminal state: a cancel that won the race is reported as such.
-        if outcome != Outcome::Cancelled && !cancel.finish() {
-            outcome = Outcome::Cancelled;
-        }
-        Ok(ExecResult {
-            id: request.id,
-            outcome,
-            stdout_truncated: report.stdout.truncated,
-            stderr_truncated: report.stderr.truncated,
-            stdout: text(report.stdout.kept),
-            stderr: text(report.stderr.kept),
-            value: report.value,
-            usage: Usage {
-                cpu_ms: report.cpu.as_millis() as u64,
-                wall_ms: report.wall.as_millis() as u64,
-                peak_memory_bytes: report.peak_memory,
-            },
-            engine: EngineKind::Isolate,
-            instance_id: self.id.clone(),
-            timings: Timings {
-                queued_at_ms,
-                started_at_ms,
-                finished_at_ms: unix_ms(),
-            },
-            warnings: Vec::new(),
-        })
+        Ok(into_result(
+            report,
+            request.id,
+            &self.id,
+            &cancel,
+            queued_at_ms,
+            started_at_ms,
+        ))
     }
 
     async fn write_file(&self, path: &str, data: &[u8]) -> Result<()> {

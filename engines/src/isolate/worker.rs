@@ -66,7 +66,7 @@ pub(super) struct ExecJob {
     pub(super) output_cap: usize,
     pub(super) control: Control,
     pub(super) events: mpsc::Sender<OutputChunk>,
-    pub(super) workdir: Arc<Workdir>,
+    pub(super) workdir: Option<Arc<Workdir>>,
 }
 
 /// How an execution ended, as the thread saw it.
@@ -297,6 +297,23 @@ fn panicked(panic: Box<dyn std::any::Any + Send>) -> Report {
     Report::failed(format!(
         "the isolate panicked while running the execution: {what}"
     ))
+}
+
+/// Runs one execution in a brand-new runtime on the calling thread, then drops it.
+pub(super) fn run_once(config: &WorkerConfig, job: &ExecJob) -> Report {
+    host::set_modules(config.modules.clone());
+    let isolate = match Isolate::new(config) {
+        Ok(i) => i,
+        Err(e) => return Report::failed(e),
+    };
+    let ctx = match isolate.fresh_context() {
+        Ok(c) => c,
+        Err(e) => return Report::failed(e),
+    };
+    match std::panic::catch_unwind(AssertUnwindSafe(|| run(&isolate, &ctx, job))) {
+        Ok(report) => report,
+        Err(panic) => panicked(panic),
+    }
 }
 
 /// CPU time of the calling thread.

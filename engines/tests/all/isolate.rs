@@ -603,3 +603,28 @@ async fn runtimes_are_recycled_after_n_executions_and_on_tenant_change() {
     }
     sb.destroy().await.unwrap();
 }
+
+#[test]
+fn run_blocking_uses_a_fresh_runtime_on_the_calling_thread() {
+    let engine = IsolateEngine::with_defaults().unwrap();
+    let r = engine
+        .run_blocking(js("console.log('hi'); [1, 2, 3].map(x => x * 2)"))
+        .unwrap();
+    assert_eq!(r.outcome, completed(0), "{r:?}");
+    assert_eq!(r.value, Some(json!([2, 4, 6])));
+    assert_eq!(r.stdout, "hi\n");
+    let mut spin = js("while (true) {}");
+    spin.limits.timeout_ms = Some(100);
+    assert_eq!(engine.run_blocking(spin).unwrap().outcome, Outcome::TimedOut);
+    let r = engine
+        .run_blocking(js("import { readFile } from 'sandbox:fs'; let c; try { readFile('x') } catch (e) { c = e.code } export default c"))
+        .unwrap();
+    assert_eq!(r.value, Some(json!("CAPABILITY_NOT_SUPPORTED")), "{r:?}");
+    assert_eq!(
+        engine
+            .run_blocking(ExecRequest::new(Program::command(["true"])))
+            .unwrap_err()
+            .code,
+        ErrorCode::CapabilityNotSupported
+    );
+}
