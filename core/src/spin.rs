@@ -5,7 +5,8 @@
 //! 20–45 µs, more than a no-op execution takes. When answers have recently come back
 //! fast, a caller polls for the answer for a short budget before it parks, saving the
 //! second wake-up; as soon as an answer takes longer than the budget, spinning is
-//! switched off for the next calls, so slow executions never burn CPU waiting.
+//! switched off for the next calls, so slow executions never burn CPU waiting, until
+//! an answer comes back within the budget again.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -40,8 +41,14 @@ impl Spin {
         }
         let skip = self.skip.load(Ordering::Relaxed);
         if skip > 0 {
-            self.skip.store(skip - 1, Ordering::Relaxed);
-            return fut.await;
+            let start = Instant::now();
+            let v = fut.await;
+            // An answer that came within the budget even while parked means answers
+            // are fast again: spin for the next call.
+            let fast = start.elapsed() <= self.budget;
+            self.skip
+                .store(if fast { 0 } else { skip - 1 }, Ordering::Relaxed);
+            return v;
         }
         if let Some(v) = self.spin(fut.as_mut()) {
             return v;
@@ -80,9 +87,13 @@ mod tests {
         spin.run(tokio::time::sleep(Duration::from_millis(20)))
             .await;
         assert_eq!(spin.skip.load(Ordering::Relaxed), COOL_DOWN);
-        // The next call parks without spinning and counts down.
-        spin.run(std::future::ready(())).await;
+        // The next call parks without spinning and counts down while answers stay
+        // slow; one fast answer switches spinning back on.
+        spin.run(tokio::time::sleep(Duration::from_millis(20)))
+            .await;
         assert_eq!(spin.skip.load(Ordering::Relaxed), COOL_DOWN - 1);
+        spin.run(std::future::ready(())).await;
+        assert_eq!(spin.skip.load(Ordering::Relaxed), 0);
         let off = Spin::new(Duration::ZERO);
         assert_eq!(off.run(std::future::ready(1)).await, 1);
     }

@@ -4,7 +4,9 @@
 //! a minute with its defaults.
 
 mod http;
+mod isolate;
 mod load;
+mod peers;
 mod pipeline;
 mod spawn;
 
@@ -63,6 +65,28 @@ enum Scenario {
         #[arg(long, default_value_t = 200_000)]
         total: usize,
     },
+    /// JavaScript in pooled and fresh QuickJS isolates vs. node's `vm` and
+    /// `isolated-vm` (installed with npm into a temporary directory on first use).
+    Isolate {
+        /// Measured executions per series.
+        #[arg(long, default_value_t = 2000)]
+        iterations: usize,
+        /// Measured operations per peer series.
+        #[arg(long, default_value_t = 1000)]
+        peer_iterations: usize,
+        /// Pause between pooled requests, in microseconds.
+        #[arg(long, default_value_t = 150)]
+        gap_us: u64,
+        /// The engine's `idle_spin_us` (default: the configuration default).
+        #[arg(long)]
+        idle_spin_us: Option<u64>,
+        /// The engine's `reply_spin_us` (default: the configuration default).
+        #[arg(long)]
+        reply_spin_us: Option<u64>,
+        /// Skip the node peers.
+        #[arg(long)]
+        no_peers: bool,
+    },
     /// Executions per second over HTTP vs. the in-process handle (no-op engine).
     Http {
         /// Concurrent clients.
@@ -104,6 +128,27 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32, crate::run::UsageError
                 args.json,
             )
             .await
+        }
+        Scenario::Isolate {
+            iterations,
+            peer_iterations,
+            gap_us,
+            idle_spin_us,
+            reply_spin_us,
+            no_peers,
+        } => {
+            let mut config = paddock_core::IsolateConfig::default();
+            config.idle_spin_us = idle_spin_us.unwrap_or(config.idle_spin_us);
+            config.reply_spin_us = reply_spin_us.unwrap_or(config.reply_spin_us);
+            let task = tokio::spawn(isolate::isolate(
+                config,
+                iterations.max(20),
+                (!no_peers).then_some(peer_iterations.max(20)),
+                Duration::from_micros(gap_us),
+                args.json,
+            ));
+            task.await
+                .map_err(|e| crate::run::UsageError(format!("the benchmark task failed: {e}")))?
         }
         Scenario::Http {
             callers,

@@ -80,7 +80,7 @@ impl Drop for EngineInner {
 }
 
 impl EngineInner {
-    pub(super) fn worker_config(&self) -> worker::WorkerConfig {
+    fn worker_config(&self) -> worker::WorkerConfig {
         worker::WorkerConfig {
             stack_bytes: self.config.stack_bytes as usize,
             recycle_after: self.config.recycle_after,
@@ -91,11 +91,7 @@ impl EngineInner {
 
     /// The program as the isolate runs it and the limits it runs under, or why it
     /// cannot run.
-    pub(super) fn prepare(
-        &self,
-        request: &ExecRequest,
-        base: &Limits,
-    ) -> Result<(worker::JsProgram, Limits)> {
+    fn prepare(&self, request: &ExecRequest, base: &Limits) -> Result<(worker::JsProgram, Limits)> {
         request.validate()?;
         let program = self.js_program(request)?;
         Ok((program, request.limits.or(base)))

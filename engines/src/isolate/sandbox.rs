@@ -31,6 +31,9 @@ const EVENTS: usize = 64;
 const STUCK_GRACE: Duration = Duration::from_secs(5);
 /// How long destroy waits for the isolate thread to end.
 const JOIN_GRACE: Duration = Duration::from_secs(5);
+/// How long creating and destroying a sandbox poll for the isolate thread's answer
+/// before parking.
+const HANDOFF_SPIN: Duration = Duration::from_micros(300);
 /// The stack of an isolate thread beyond the JavaScript stack limit.
 const THREAD_STACK_EXTRA: usize = 2 << 20;
 
@@ -42,7 +45,8 @@ pub struct IsolateSandbox {
     limits: Limits,
     workdir: Arc<Workdir>,
     jobs: Sender<Job>,
-    thread: parking_lot::Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The isolate thread and the signal it fires once its runtime is gone.
+    thread: parking_lot::Mutex<Option<(std::thread::JoinHandle<()>, oneshot::Receiver<()>)>>,
     run_lock: Mutex<()>,
     busy: AtomicBool,
     /// The control flag of the running execution, for destroy.
@@ -68,10 +72,12 @@ impl IsolateSandbox {
         let config = engine.worker_config();
         let (jobs, rx) = crossbeam_channel::bounded(4);
         let (ready_tx, ready_rx) = oneshot::channel();
+        let (exited_tx, exited) = oneshot::channel();
+        let signal = worker::ExitSignal(Some(exited_tx));
         let thread = std::thread::Builder::new()
             .name(format!("paddock-isolate-{n}"))
             .stack_size(config.stack_bytes + THREAD_STACK_EXTRA)
-            .spawn(move || worker::main(config, rx, ready_tx));
+            .spawn(move || worker::main(config, rx, ready_tx, signal));
         let thread = match thread {
             Ok(t) => t,
             Err(e) => {
@@ -79,7 +85,9 @@ impl IsolateSandbox {
                 return Err(Error::engine_io("starting the isolate thread", e));
             }
         };
-        match ready_rx.await {
+        // A runtime and a context take about 100 µs: poll for that long before
+        // parking, which would add a thread wake-up to every sandbox creation.
+        match Spin::new(HANDOFF_SPIN).run(ready_rx).await {
             Ok(Ok(())) => {}
             Ok(Err(message)) => {
                 let _ = workdir.remove();
@@ -102,7 +110,7 @@ impl IsolateSandbox {
             engine,
             workdir: Arc::new(workdir),
             jobs,
-            thread: parking_lot::Mutex::new(Some(thread)),
+            thread: parking_lot::Mutex::new(Some((thread, exited))),
             run_lock: Mutex::new(()),
             busy: AtomicBool::new(false),
             current: parking_lot::Mutex::new(None),
@@ -444,13 +452,14 @@ impl Sandbox for IsolateSandbox {
                 let _ = self.jobs.try_send(Job::Stop);
                 let thread = self.thread.lock().take();
                 let mut result = Ok(());
-                if let Some(thread) = thread {
-                    let joined = tokio::time::timeout(
-                        JOIN_GRACE,
-                        tokio::task::spawn_blocking(move || thread.join()),
-                    )
-                    .await;
-                    if joined.is_err() {
+                if let Some((thread, exited)) = thread {
+                    let ended =
+                        tokio::time::timeout(JOIN_GRACE, Spin::new(HANDOFF_SPIN).run(exited)).await;
+                    if ended.is_ok() {
+                        // The runtime is gone and the thread is returning: joining
+                        // takes microseconds.
+                        let _ = thread.join();
+                    } else {
                         tracing::warn!(sandbox = %self.id, "the isolate thread did not end in time; it ends when its host call returns");
                     }
                 }

@@ -175,12 +175,27 @@ impl Isolate {
     }
 }
 
-/// The thread's main loop. `ready` hears once whether the first runtime came up.
+/// Fires when the thread's main loop ends, however it ends.
+pub(super) struct ExitSignal(pub(super) Option<oneshot::Sender<()>>);
+
+impl Drop for ExitSignal {
+    fn drop(&mut self) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// The thread's main loop. `ready` hears once whether the first runtime came up;
+/// `exited` fires after the runtime is gone.
 pub(super) fn main(
     config: WorkerConfig,
     jobs: Receiver<Job>,
     ready: oneshot::Sender<Result<(), String>>,
+    exited: ExitSignal,
 ) {
+    // Declared first: dropped last, after the runtime.
+    let _exited = exited;
     host::set_modules(config.modules.clone());
     let mut isolate = match Isolate::new(&config) {
         Ok(i) => i,

@@ -615,7 +615,10 @@ fn run_blocking_uses_a_fresh_runtime_on_the_calling_thread() {
     assert_eq!(r.stdout, "hi\n");
     let mut spin = js("while (true) {}");
     spin.limits.timeout_ms = Some(100);
-    assert_eq!(engine.run_blocking(spin).unwrap().outcome, Outcome::TimedOut);
+    assert_eq!(
+        engine.run_blocking(spin).unwrap().outcome,
+        Outcome::TimedOut
+    );
     let r = engine
         .run_blocking(js("import { readFile } from 'sandbox:fs'; let c; try { readFile('x') } catch (e) { c = e.code } export default c"))
         .unwrap();
