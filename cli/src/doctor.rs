@@ -1,7 +1,8 @@
 //! `paddock doctor`: what this host supports.
 
 use clap::Args;
-use paddock_core::{Engine, SubprocessConfig};
+use paddock_core::{Engine, ExecRequest, IsolateConfig, Language, Program, SubprocessConfig};
+use paddock_engines::isolate::IsolateEngine;
 use paddock_engines::subprocess::SubprocessEngine;
 
 /// Arguments of `paddock doctor`.
@@ -39,8 +40,13 @@ pub(crate) async fn doctor(args: DoctorArgs) -> Result<i32, crate::run::UsageErr
             )
         })
         .collect();
+    let isolate = isolate_check();
     if args.json {
         let v = serde_json::json!({
+            "isolate": match &isolate {
+                Ok(caps) => serde_json::json!({"status": "ok", "capabilities": caps}),
+                Err(why) => serde_json::json!({"status": format!("unavailable: {why}")}),
+            },
             "subprocess": {
                 "cgroup": status(&s.cgroup),
                 "freezer": s.freezer,
@@ -68,6 +74,23 @@ pub(crate) async fn doctor(args: DoctorArgs) -> Result<i32, crate::run::UsageErr
         for (lang, found) in &interpreters {
             println!("  {lang:<23}: {found}");
         }
+        println!("isolate engine (QuickJS)");
+        match &isolate {
+            Ok(_) => println!("  runs JavaScript        : ok"),
+            Err(why) => println!("  runs JavaScript        : unavailable: {why}"),
+        }
     }
     Ok(0)
+}
+
+/// Starts the isolate engine and runs `6 * 7` in a fresh runtime.
+fn isolate_check() -> Result<paddock_core::Capabilities, String> {
+    let engine = IsolateEngine::new(&IsolateConfig::default()).map_err(|e| e.to_string())?;
+    let r = engine
+        .run_blocking(ExecRequest::new(Program::code(Language::Javascript, "6 * 7")))
+        .map_err(|e| e.to_string())?;
+    if r.value != Some(serde_json::json!(42)) {
+        return Err(format!("`6 * 7` gave {:?} ({:?})", r.value, r.outcome));
+    }
+    Ok(engine.capabilities().clone())
 }

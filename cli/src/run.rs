@@ -27,6 +27,8 @@ pub(crate) const EXIT_TIMEOUT: i32 = 124;
 pub(crate) enum EngineArg {
     /// Host processes with cgroup limits.
     Subprocess,
+    /// JavaScript in a QuickJS isolate (`--lang javascript` only).
+    Isolate,
 }
 
 /// Network choices on the command line.
@@ -212,6 +214,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<i32, UsageError> {
     let id = request.id.clone();
     let mut msg = Execute::new(request).on(match args.engine {
         EngineArg::Subprocess => EngineKind::Subprocess,
+        EngineArg::Isolate => EngineKind::Isolate,
     });
     msg.network = match args.network {
         NetworkArg::None => NetworkPolicy::None,
@@ -235,8 +238,14 @@ pub(crate) async fn run(args: RunArgs) -> Result<i32, UsageError> {
         Ok(r) => {
             if args.json {
                 println!("{}", json_line(&r));
-            } else if let Some(note) = note(&r) {
-                eprintln!("paddock: {note}");
+            } else {
+                // An isolate's result value (`6*7` → 42), after the output.
+                if let Some(value) = &r.value {
+                    println!("{value}");
+                }
+                if let Some(note) = note(&r) {
+                    eprintln!("paddock: {note}");
+                }
             }
             exit_status(&r)
         }

@@ -175,6 +175,49 @@ fn doctor_reports_the_host() {
     assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(v["subprocess"]["capabilities"]["programs"].is_array());
+    assert_eq!(v["isolate"]["status"], "ok", "{v}");
+    assert_eq!(v["isolate"]["capabilities"]["max_level"], "context-isolated");
+}
+
+#[test]
+fn javascript_runs_in_an_isolate_with_its_value_printed() {
+    let out = paddock(&[
+        "run",
+        "--engine",
+        "isolate",
+        "--lang",
+        "javascript",
+        "--code",
+        "console.log('from the isolate'); 6 * 7",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "from the isolate\n42\n"
+    );
+    let out = paddock(&[
+        "run",
+        "--engine",
+        "isolate",
+        "--json",
+        "--timeout",
+        "200ms",
+        "--lang",
+        "javascript",
+        "--code",
+        "while (true) {}",
+    ]);
+    assert_eq!(out.status.code(), Some(124), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["engine"], "isolate");
+    assert_eq!(v["timed_out"], true);
+    // Commands are not JavaScript: refused with a typed error.
+    let out = paddock(&["run", "--engine", "isolate", "--", "true"]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("CAPABILITY_NOT_SUPPORTED"),
+        "{out:?}"
+    );
 }
 
 #[test]

@@ -13,8 +13,8 @@ use async_trait::async_trait;
 use dashmap::DashMap;
 use paddock_core::{
     code_hash, unix_ms, CancelToken, Engine, EngineKind, Error, ErrorCode, ExecRequest, ExecResult,
-    ExecutionId, IsolationLevel, Limits, NetworkPolicy, Outcome, OutputChunk, OutputSink, PoolConfig,
-    SandboxStatus,
+    ExecutionId, IsolationLevel, Limits, NetworkPolicy, Outcome, OutputChunk, OutputSink,
+    PoolConfig, SandboxStatus,
 };
 
 use crate::audit::{Audit, AuditEntry, Record};
@@ -506,12 +506,14 @@ impl Handler<Execute> for Supervisor {
     type Result = ResponseFuture<Result<ExecResult, Error>>;
 
     fn handle(&mut self, msg: Execute, _ctx: &mut Self::Context) -> Self::Result {
-        let prepared = self.pool(msg.engine, msg.level, &msg.network).and_then(|pool| {
-            let caps = pool.engine().capabilities();
-            caps.check_level(pool.kind, msg.level)?;
-            caps.check_program(pool.kind, msg.request.program.kind())?;
-            Ok(pool)
-        });
+        let prepared = self
+            .pool(msg.engine, msg.level, &msg.network)
+            .and_then(|pool| {
+                let caps = pool.engine().capabilities();
+                caps.check_level(pool.kind, msg.level)?;
+                caps.check_program(pool.kind, msg.request.program.kind())?;
+                Ok(pool)
+            });
         let pool = match prepared {
             Ok(p) => p,
             Err(e) => {
@@ -551,12 +553,14 @@ impl Handler<OpenSandbox> for Supervisor {
     type Result = ResponseActFuture<Self, Result<SandboxInfo, Error>>;
 
     fn handle(&mut self, msg: OpenSandbox, _ctx: &mut Self::Context) -> Self::Result {
-        let prepared = self.pool(msg.engine, msg.spec.level, &msg.spec.network).and_then(|pool| {
-            let caps = pool.engine().capabilities();
-            caps.check_level(pool.kind, msg.spec.level)?;
-            msg.spec.limits.validate("limits", false)?;
-            Ok(pool)
-        });
+        let prepared = self
+            .pool(msg.engine, msg.spec.level, &msg.spec.network)
+            .and_then(|pool| {
+                let caps = pool.engine().capabilities();
+                caps.check_level(pool.kind, msg.spec.level)?;
+                msg.spec.limits.validate("limits", false)?;
+                Ok(pool)
+            });
         let stopping = self.pipeline.shared.stopping.load(Ordering::Acquire);
         Box::pin(
             async move {

@@ -256,6 +256,7 @@ pub(super) fn noop_paddock(
     Paddock::builder()
         .config(config)
         .without_subprocess()
+        .without_isolate()
         .engine(Arc::new(NoopEngine::new()))
         .start()
 }

@@ -818,6 +818,7 @@ mod tests {
     async fn every_documented_route_is_served() {
         let paddock = Paddock::builder()
             .without_subprocess()
+            .without_isolate()
             .engine(Arc::new(paddock_engines::noop::NoopEngine::new()))
             .start()
             .unwrap();

@@ -212,3 +212,29 @@ async fn delete_cancels_a_running_execution() {
     assert_eq!(without_type(last), answer);
     t.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn javascript_runs_in_an_isolate_with_a_value() {
+    let t = TestServer::start();
+    let r = post_json(
+        t.addr,
+        "/v1/executions",
+        &json!({"engine": "isolate", "program": {"handler": "(a, b) => a * b", "input": [6, 7]}}),
+    )
+    .await
+    .expect(200);
+    assert_eq!(r["engine"], "isolate", "{r}");
+    assert_eq!(r["outcome"], "completed", "{r}");
+    assert_eq!(r["value"], 42, "{r}");
+    // The level alone picks the isolate engine; a blocked import is a typed failure.
+    let r = post_json(
+        t.addr,
+        "/v1/executions",
+        &json!({"level": "context-isolated", "program": {"language": "javascript", "code": "import fs from 'fs'"}}),
+    )
+    .await
+    .expect(200);
+    assert_eq!(r["engine"], "isolate", "{r}");
+    assert_eq!(r["outcome"], "failed", "{r}");
+    assert_eq!(r["error"]["code"], "BLOCKED_MODULE", "{r}");
+}

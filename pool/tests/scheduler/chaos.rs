@@ -167,6 +167,7 @@ async fn run_combo(create: Behaviour, recycle: Behaviour, exec: Behaviour) -> St
     let paddock = Paddock::builder()
         .config(config())
         .without_subprocess()
+        .without_isolate()
         .engine(engine)
         .start()
         .unwrap();

@@ -269,10 +269,11 @@ async fn isolates_are_pooled_engines_chosen_by_name_or_by_level() {
     assert!(pool.size >= 1, "{pool:?}");
     let text = paddock.telemetry().render_prometheus();
     assert!(
-        text.lines().any(|l| l.starts_with("paddock_executions_total")
-            && l.contains("engine=\"isolate\"")
-            && l.contains("outcome=\"completed\"")
-            && l.ends_with(" 2")),
+        text.lines()
+            .any(|l| l.starts_with("paddock_executions_total")
+                && l.contains("engine=\"isolate\"")
+                && l.contains("outcome=\"completed\"")
+                && l.ends_with(" 2")),
         "{text}"
     );
     paddock.shutdown(Duration::from_secs(5)).await.unwrap();

@@ -180,6 +180,7 @@ fn start_flaky(engine: Arc<Flaky>, config: PaddockConfig) -> Paddock {
     Paddock::builder()
         .config(config)
         .without_subprocess()
+        .without_isolate()
         .engine(engine)
         .start()
         .unwrap()
