@@ -87,7 +87,10 @@ pub(crate) async fn doctor(args: DoctorArgs) -> Result<i32, crate::run::UsageErr
 fn isolate_check() -> Result<paddock_core::Capabilities, String> {
     let engine = IsolateEngine::new(&IsolateConfig::default()).map_err(|e| e.to_string())?;
     let r = engine
-        .run_blocking(ExecRequest::new(Program::code(Language::Javascript, "6 * 7")))
+        .run_blocking(ExecRequest::new(Program::code(
+            Language::Javascript,
+            "6 * 7",
+        )))
         .map_err(|e| e.to_string())?;
     if r.value != Some(serde_json::json!(42)) {
         return Err(format!("`6 * 7` gave {:?} ({:?})", r.value, r.outcome));

@@ -176,7 +176,10 @@ fn doctor_reports_the_host() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(v["subprocess"]["capabilities"]["programs"].is_array());
     assert_eq!(v["isolate"]["status"], "ok", "{v}");
-    assert_eq!(v["isolate"]["capabilities"]["max_level"], "context-isolated");
+    assert_eq!(
+        v["isolate"]["capabilities"]["max_level"],
+        "context-isolated"
+    );
 }
 
 #[test]

@@ -11,7 +11,10 @@
 //! - **fresh** `1+1` in a brand-new runtime and context each time, on the calling
 //!   thread (`IsolateEngine::run_blocking`), and `fresh_sandbox`: create a sandbox
 //!   (thread, runtime, context), run, destroy.
-//! - **loop**: a 10,000-iteration loop in a pooled isolate, paced like `pooled`.
+//! - **loop**: a 10,000-iteration loop in a pooled isolate, paced like `pooled`; and
+//!   the interrupt handler's cost: the same loop in a bare QuickJS runtime without a
+//!   handler and with one that does what the engine's does (an atomic load and a clock
+//!   read), interleaved.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,7 +27,7 @@ use paddock_engines::isolate::IsolateEngine;
 use serde_json::{json, Value};
 
 use super::peers::{self, PeerStats};
-use super::{report, round, summarize, Summary};
+use super::{report, round, round3, summarize, Summary};
 
 const ONE_PLUS_ONE: &str = "1+1";
 const LOOP: &str = "let s = 0; for (let i = 0; i < 10000; i++) s += i; s";
@@ -101,6 +104,49 @@ async fn fresh_sandbox(engine: &IsolateEngine, n: usize) -> Summary {
         }
     }
     summarize(samples)
+}
+
+/// The loop in a bare runtime without an interrupt handler, and with one doing what
+/// the engine's does, interleaved: (without, with).
+fn interrupt_overhead(n: usize) -> Result<(Summary, Summary), String> {
+    use std::sync::atomic::{AtomicU8, Ordering};
+
+    use rquickjs::{Context, Runtime};
+    let setup = |handler: bool| -> Result<Context, String> {
+        let rt = Runtime::new().map_err(|e| e.to_string())?;
+        if handler {
+            let stop = Arc::new(AtomicU8::new(0));
+            let deadline = Instant::now() + Duration::from_secs(3600);
+            rt.set_interrupt_handler(Some(Box::new(move || {
+                stop.load(Ordering::Relaxed) != 0 || Instant::now() >= deadline
+            })));
+        }
+        Context::full(&rt).map_err(|e| e.to_string())
+    };
+    let (plain, watched) = (setup(false)?, setup(true)?);
+    // A block, so that `let s` can be declared again in the same live context.
+    let source = format!("{{ {LOOP} }}");
+    let once = |ctx: &Context| -> Result<Duration, String> {
+        let start = Instant::now();
+        let v: f64 = ctx
+            .with(|c| c.eval::<f64, _>(source.as_str()))
+            .map_err(|e| e.to_string())?;
+        let took = start.elapsed();
+        if v != 49_995_000.0 {
+            return Err(format!("the loop gave {v}"));
+        }
+        Ok(took)
+    };
+    for _ in 0..n / 10 {
+        once(&plain)?;
+        once(&watched)?;
+    }
+    let (mut without, mut with) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for _ in 0..n {
+        without.push(once(&plain)?);
+        with.push(once(&watched)?);
+    }
+    Ok((summarize(without), summarize(with)))
 }
 
 /// A peer's figures, or the reason it could not run.
@@ -218,6 +264,25 @@ pub(super) async fn isolate(
     out.insert("gap_us".into(), (gap.as_micros() as u64).into());
     out.insert("p50_us".into(), round(looped.p50).into());
     out.insert("p99_us".into(), round(looped.p99).into());
+    match tokio::task::spawn_blocking(move || interrupt_overhead(n))
+        .await
+        .unwrap_or_else(|e| Err(format!("the task failed: {e}")))
+    {
+        Ok((without, with)) => {
+            out.insert("bare_loop_p50_us".into(), round(without.p50).into());
+            out.insert(
+                "bare_loop_with_handler_p50_us".into(),
+                round(with.p50).into(),
+            );
+            out.insert(
+                "interrupt_handler_overhead".into(),
+                round3(with.p50 / without.p50.max(0.001) - 1.0).into(),
+            );
+        }
+        Err(e) => {
+            out.insert("bare_loop_error".into(), e.into());
+        }
+    }
     add_peer(&mut out, "node_vm", looped.p50, &vm_loop);
     add_peer(&mut out, "isolated_vm", looped.p50, &ivm_loop);
     report(&Value::Object(out), as_json);
