@@ -18,7 +18,7 @@ use paddock_core::{
 };
 use tokio::sync::{mpsc, oneshot, Mutex};
 
-use super::host::{Control, CANCELLED, DESTROYED};
+use super::host::{Control, CANCELLED, DESTROYED, RUNNING};
 use super::worker::{self, Ending, ExecJob, Job, JsProgram, Report};
 use super::EngineInner;
 use crate::workdir::Workdir;
@@ -375,12 +375,17 @@ impl Sandbox for IsolateSandbox {
             ));
         }
         self.busy.store(true, Ordering::Release);
+        // If this future is dropped before the answer (the caller gave up), the
+        // script is stopped rather than left running into the next execution.
+        let running = Running {
+            sandbox: self,
+            control: &control,
+        };
         let report = self
             .spin
             .run(self.wait(events, reply, sink, &cancel, &control, deadline))
             .await;
-        self.busy.store(false, Ordering::Release);
-        *self.current.lock() = None;
+        drop(running);
 
         Ok(into_result(
             report,
@@ -486,6 +491,24 @@ impl Sandbox for IsolateSandbox {
                 }
             }
         }
+    }
+}
+
+/// Marks the sandbox idle again when an execution ends, and stops the script if it
+/// ends by the caller dropping the execution.
+struct Running<'a> {
+    sandbox: &'a IsolateSandbox,
+    control: &'a Control,
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        // Harmless after the answer: the isolate no longer looks at this flag.
+        let _ =
+            self.control
+                .compare_exchange(RUNNING, CANCELLED, Ordering::Relaxed, Ordering::Relaxed);
+        self.sandbox.busy.store(false, Ordering::Release);
+        *self.sandbox.current.lock() = None;
     }
 }
 

@@ -631,3 +631,21 @@ fn run_blocking_uses_a_fresh_runtime_on_the_calling_thread() {
         ErrorCode::CapabilityNotSupported
     );
 }
+
+#[tokio::test]
+async fn an_abandoned_execution_is_stopped_not_left_running() {
+    let sb = sandbox().await;
+    let abandoned = tokio::time::timeout(
+        Duration::from_millis(100),
+        sb.exec(js("while (true) {}"), &DiscardSink, CancelToken::new()),
+    )
+    .await;
+    assert!(abandoned.is_err(), "the caller gave up");
+    assert_eq!(sb.status(), paddock_core::SandboxStatus::Ready);
+    // The next execution runs at once instead of waiting out the first one's 10 s.
+    let t = Instant::now();
+    let r = run(&*sb, js("'next'")).await;
+    assert_eq!(r.value, Some(json!("next")), "{r:?}");
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    sb.destroy().await.unwrap();
+}
