@@ -127,6 +127,8 @@ macro_rules! __with_case_names {
             js_cancel_stops_busy_loop,
             js_output_is_capped,
             js_no_state_between_executions,
+            js_status_busy_while_running,
+            js_destroy_stops_running_script,
             js_values_round_trip,
             js_invoke_calls_function,
             js_heap_limit,

@@ -6,11 +6,12 @@
 use std::time::{Duration, Instant};
 
 use paddock_core::{
-    CancelToken, ErrorCode, ExecRequest, Language, LimitKind, Outcome, Program, StreamKind,
+    CancelToken, ErrorCode, ExecRequest, Language, LimitKind, Outcome, Program, SandboxStatus,
+    StreamKind,
 };
 use serde_json::json;
 
-use crate::case::{clip, Check, OrFail};
+use crate::case::{clip, Check, OrFail, Stop};
 use crate::context::{brief, exec, Ctx, RecordingSink};
 
 fn js(source: &str) -> ExecRequest {
@@ -277,6 +278,105 @@ pub(crate) async fn js_sandbox_fs_shares_files(ctx: Ctx) -> Check {
         back == b"WRITTEN BY THE CALLER",
         "the caller must read what the script wrote; got {:?}",
         String::from_utf8_lossy(&back)
+    );
+    Ok(())
+}
+
+/// A script that keeps the CPU busy for `ms` milliseconds.
+fn busy(ms: u64) -> ExecRequest {
+    js(&format!(
+        "const t = Date.now(); while (Date.now() - t < {ms}) {{}} console.log('done')"
+    ))
+}
+
+pub(crate) async fn js_status_busy_while_running(ctx: Ctx) -> Check {
+    let sandbox = ctx.sandbox().await?;
+    ensure!(
+        sandbox.status() == SandboxStatus::Ready,
+        "a new sandbox must be Ready; it is {:?}",
+        sandbox.status()
+    );
+    let task = {
+        let sandbox = sandbox.clone();
+        tokio::spawn(async move {
+            sandbox
+                .exec(busy(1_000), &paddock_core::DiscardSink, CancelToken::new())
+                .await
+        })
+    };
+    let deadline = Instant::now() + Duration::from_millis(800);
+    let mut last = sandbox.status();
+    while last != SandboxStatus::Busy && Instant::now() < deadline && !task.is_finished() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        last = sandbox.status();
+    }
+    let running = !task.is_finished();
+    let r = task
+        .await
+        .map_err(|e| Stop::Fail(format!("the exec task failed: {e}")))?
+        .or_fail("exec of a 1 s busy loop")?;
+    ensure!(
+        r.is_success(),
+        "a 1 s busy loop must succeed; got {}",
+        brief(&r)
+    );
+    ensure!(
+        last == SandboxStatus::Busy && running,
+        "status must be Busy while the script runs; it stayed {last:?} (exec still running: {running})"
+    );
+    ensure!(
+        sandbox.status() == SandboxStatus::Ready,
+        "status must be Ready after the execution ended; it is {:?}",
+        sandbox.status()
+    );
+    Ok(())
+}
+
+pub(crate) async fn js_destroy_stops_running_script(ctx: Ctx) -> Check {
+    let sandbox = ctx.sandbox().await?;
+    let task = {
+        let sandbox = sandbox.clone();
+        tokio::spawn(async move {
+            let mut request = js("while (true) {}");
+            request.limits.timeout_ms = Some(60_000);
+            let r = sandbox
+                .exec(request, &paddock_core::DiscardSink, CancelToken::new())
+                .await;
+            (r, Instant::now())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    ensure!(
+        !task.is_finished(),
+        "`while (true) {{}}` ended within 300 ms: {:?}",
+        task.await.map(|(r, _)| r.map(|r| brief(&r)))
+    );
+    let destroyed_at = Instant::now();
+    tokio::time::timeout(Duration::from_secs(5), sandbox.destroy())
+        .await
+        .map_err(|_| Stop::Fail("destroy during a running script took more than 5 s".into()))?
+        .or_fail("destroy during a running script")?;
+    let (r, returned_at) = tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .map_err(|_| {
+            Stop::Fail("the busy script was still running 5 s after destroy returned".into())
+        })?
+        .map_err(|e| Stop::Fail(format!("the exec task failed: {e}")))?;
+    let took = returned_at.saturating_duration_since(destroyed_at);
+    let r = r.or_fail("exec ended by destroy")?;
+    ensure!(
+        !r.is_success(),
+        "a script ended by destroy must not be a clean success; got {} after {took:?}",
+        brief(&r)
+    );
+    ensure!(
+        took <= Duration::from_secs(2),
+        "exec returned {took:?} after destroy; destroy must stop what the sandbox runs"
+    );
+    ensure!(
+        sandbox.status() == SandboxStatus::Destroyed,
+        "status after destroy must be Destroyed; it is {:?}",
+        sandbox.status()
     );
     Ok(())
 }
