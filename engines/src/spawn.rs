@@ -11,7 +11,7 @@
 //!
 //! The child, in order: resets every signal disposition to default, starts a new
 //! session (so it leads its own process group), joins the given cgroups, enters the
-//! network namespace, applies rlimits, wires stdio, marks every other fd
+//! network namespace, applies rlimits, wires stdio (and fd 3 when asked), marks every other fd
 //! close-on-exec, changes directory, unblocks signals and `execve`s.
 
 use std::ffi::CString;
@@ -32,6 +32,8 @@ pub(crate) struct SpawnSpec {
     pub(crate) cwd: CString,
     /// stdin, stdout and stderr for the child.
     pub(crate) stdio: [OwnedFd; 3],
+    /// A further descriptor the child gets as fd 3 (a warm runner's frame channel).
+    pub(crate) fd3: Option<OwnedFd>,
     /// rlimits to set: (resource, soft = hard value).
     pub(crate) rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
     /// `cgroup.procs` files to join (writing "0" moves the writer).
@@ -100,7 +102,9 @@ struct ChildCtx {
     argv: *const *const libc::c_char,
     envp: *const *const libc::c_char,
     cwd: *const libc::c_char,
-    stdio: [RawFd; 3],
+    /// The descriptors the child gets as fd 0, 1, 2 and (when `fds` is 4) 3.
+    stdio: [RawFd; 4],
+    fds: usize,
     rlimits: *const (libc::__rlimit_resource_t, u64),
     rlimits_len: usize,
     cgroups: *const *const libc::c_char,
@@ -129,7 +133,9 @@ pub(crate) fn spawn(spec: &SpawnSpec) -> Result<SpawnedChild, SpawnError> {
             spec.stdio[0].as_raw_fd(),
             spec.stdio[1].as_raw_fd(),
             spec.stdio[2].as_raw_fd(),
+            spec.fd3.as_ref().map_or(-1, |f| f.as_raw_fd()),
         ],
+        fds: if spec.fd3.is_some() { 4 } else { 3 },
         rlimits: spec.rlimits.as_ptr(),
         rlimits_len: spec.rlimits.len(),
         cgroups: cgroups.as_ptr(),
@@ -244,22 +250,27 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
             }
         }
 
-        for (target, &fd) in ctx.stdio.iter().enumerate() {
-            let target = target as RawFd;
-            if fd == target {
-                // dup2 onto itself keeps FD_CLOEXEC; clear it instead.
-                if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
-                    return fail(ctx, SpawnStage::Stdio);
-                }
-            } else if libc::dup2(fd, target) == -1 {
+        // First move every source above the targets, so that placing one cannot
+        // overwrite another that happens to sit on a target number; dup2 then
+        // clears close-on-exec on each target.
+        let mut moved: [RawFd; 4] = [-1; 4];
+        for (slot, &fd) in moved.iter_mut().zip(ctx.stdio.iter()).take(ctx.fds) {
+            *slot = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 16);
+            if *slot == -1 {
                 return fail(ctx, SpawnStage::Stdio);
             }
         }
-        // Nothing but stdio survives the exec, whatever the host leaked. Fail closed
-        // on kernels without CLOSE_RANGE_CLOEXEC (before 5.11).
+        for (target, &fd) in moved.iter().enumerate().take(ctx.fds) {
+            if libc::dup2(fd, target as RawFd) == -1 {
+                return fail(ctx, SpawnStage::Stdio);
+            }
+        }
+        // Nothing but stdio (and fd 3 when given) survives the exec, whatever the
+        // host leaked. Fail closed on kernels without CLOSE_RANGE_CLOEXEC (before
+        // 5.11).
         if libc::syscall(
             libc::SYS_close_range,
-            3u32,
+            ctx.fds as u32,
             u32::MAX,
             libc::CLOSE_RANGE_CLOEXEC as libc::c_uint,
         ) == -1

@@ -377,6 +377,7 @@ impl SubprocessSandbox {
                 .map_err(io_err)?,
             cwd: cstring(cwd.into_os_string().into_encoded_bytes()).map_err(io_err)?,
             stdio,
+            fd3: None,
             rlimits,
             cgroup_procs: self
                 .cgroup
