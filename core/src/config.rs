@@ -514,6 +514,40 @@ pub struct SubprocessConfig {
     pub shell: String,
     /// Cgroup use. Default `auto`.
     pub cgroup: CgroupMode,
+    /// Warm workers for `Code` (`[subprocess.warm]`).
+    pub warm: WarmConfig,
+}
+
+/// Warm workers of the subprocess engine: interpreters started ahead of need that run
+/// `Code` over json-stdio, so an execution costs a frame round trip instead of an
+/// interpreter start.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WarmConfig {
+    /// Run `Code` in the languages below on warm workers. Default `false`.
+    pub enabled: bool,
+    /// Languages with a built-in runner to keep warm. Default `["python"]`.
+    pub languages: Vec<Language>,
+    /// Turns after which a worker is replaced by a fresh one; 1 gives every execution
+    /// a fresh interpreter (still started ahead of need). Default 100.
+    pub max_turns: u32,
+    /// Age after which a worker is replaced, in milliseconds. Default 600,000.
+    pub max_age_ms: u64,
+    /// Resident memory after a turn past which the worker is replaced, in bytes.
+    /// Default 256 MiB.
+    pub max_rss_bytes: u64,
+}
+
+impl Default for WarmConfig {
+    fn default() -> Self {
+        WarmConfig {
+            enabled: false,
+            languages: vec![Language::Python],
+            max_turns: 100,
+            max_age_ms: 600_000,
+            max_rss_bytes: 256 << 20,
+        }
+    }
 }
 
 impl Default for SubprocessConfig {
@@ -526,6 +560,7 @@ impl Default for SubprocessConfig {
             node: "node".into(),
             shell: "/bin/sh".into(),
             cgroup: CgroupMode::Auto,
+            warm: WarmConfig::default(),
         }
     }
 }
@@ -672,6 +707,19 @@ impl PaddockConfig {
                     format!("`{}` must be an absolute path", root.display()),
                 ));
             }
+        }
+        let w = &s.warm;
+        if w.max_turns == 0 || w.max_age_ms == 0 || w.max_rss_bytes < (16 << 20) {
+            return Err(Error::invalid_config(
+                "subprocess.warm",
+                "max_turns and max_age_ms must be at least 1 and max_rss_bytes at least 16 MiB",
+            ));
+        }
+        if let Some(lang) = w.languages.iter().find(|l| **l != Language::Python) {
+            return Err(Error::invalid_config(
+                "subprocess.warm.languages",
+                format!("there is no built-in warm runner for {lang} yet; the runners are: python"),
+            ));
         }
         for name in &s.env_passthrough {
             if name.is_empty() || name.contains('=') || name.contains('\0') {

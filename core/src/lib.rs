@@ -42,7 +42,7 @@ pub mod stream_buffer;
 pub use cancel::{CancelToken, TokenState};
 pub use config::{
     ApiKey, AuditConfig, CgroupMode, IsolateConfig, PaddockConfig, PoolConfig, ServerConfig,
-    SubprocessConfig,
+    SubprocessConfig, WarmConfig,
 };
 pub use engine::{DiscardSink, Engine, FileEntry, OutputSink, Sandbox, SandboxSpec, SandboxStatus};
 pub use error::{Error, ErrorCode, Result};

@@ -281,6 +281,36 @@ impl Cgroup {
         kill_procs(&self.pids)
     }
 
+    /// Kills every process in the group except `keep` (a warm worker between turns)
+    /// and waits (up to 5 s) until only it is left. Returns how many were killed.
+    pub fn kill_all_except(&self, keep: libc::pid_t) -> io::Result<usize> {
+        let mut killed = 0;
+        if let Some(f) = &self.freezer {
+            if freeze(f) {
+                killed += signal_procs_except(&self.pids, keep).unwrap_or(0);
+            }
+            let _ = write(&f.join("freezer.state"), "THAWED");
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let n = signal_procs_except(&self.pids, keep)?;
+            if n == 0 {
+                return Ok(killed);
+            }
+            killed += n;
+            if Instant::now() > deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "processes in `{}` survived SIGKILL for 5 s",
+                        self.pids.display()
+                    ),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     /// Kills everything and removes the group's directories.
     pub fn remove(&self) -> io::Result<()> {
         self.kill_all()?;
@@ -341,9 +371,17 @@ fn kill_procs(dir: &Path) -> io::Result<()> {
 
 /// Sends SIGKILL to every process listed in `dir/cgroup.procs`; returns how many.
 fn signal_procs(dir: &Path) -> io::Result<usize> {
+    signal_procs_except(dir, 0)
+}
+
+/// [`signal_procs`], sparing `keep` (0 spares nothing).
+fn signal_procs_except(dir: &Path, keep: libc::pid_t) -> io::Result<usize> {
     let procs = std::fs::read_to_string(dir.join("cgroup.procs"))?;
     let mut n = 0;
     for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+        if pid == keep {
+            continue;
+        }
         sys::kill_pid(pid, libc::SIGKILL);
         n += 1;
     }

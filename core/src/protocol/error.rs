@@ -31,6 +31,9 @@ pub enum ProtocolErrorKind {
     UnknownKind,
     /// A field of a known kind is missing, has the wrong type or an invalid value.
     InvalidField,
+    /// A well-formed frame arrived where the turn rules do not allow it: a host
+    /// kind from a handler, another invocation's id, or bytes after a terminal frame.
+    OutOfOrder,
 }
 
 /// A malformed json-stdio frame.

@@ -113,6 +113,11 @@ impl SubprocessSandbox {
         if self.destroying() {
             return Err(Error::disposed(&format!("sandbox {}", self.id)));
         }
+        if self.warm_language(&request).is_some() {
+            return self
+                .run_warm(request, limits, sink, cancel, queued_at_ms, destroyed)
+                .await;
+        }
 
         let (out_r, out_w) = sys::pipe().map_err(|e| Error::engine_io("creating a pipe", e))?;
         let (err_r, err_w) = sys::pipe().map_err(|e| Error::engine_io("creating a pipe", e))?;
@@ -286,7 +291,6 @@ impl SubprocessSandbox {
         stdio: [OwnedFd; 3],
     ) -> Result<SpawnSpec> {
         let engine = &self.engine;
-        let root = self.workdir.root();
         let argv: Vec<String> = match &request.program {
             Program::Command { argv } => argv.clone(),
             Program::Code { language, source } => {
@@ -314,15 +318,37 @@ impl SubprocessSandbox {
                 ))
             }
         };
+        self.spawn_spec(
+            argv,
+            &request.env,
+            request.cwd.as_deref(),
+            limits,
+            stdio,
+            self.cgroup.as_deref(),
+        )
+    }
 
+    /// The spawn spec for `argv` in this sandbox: sanitized environment plus `extra_env`,
+    /// rlimits from `limits`, the given cgroup and the sandbox's network namespace.
+    pub(super) fn spawn_spec(
+        &self,
+        argv: Vec<String>,
+        extra_env: &std::collections::BTreeMap<String, String>,
+        cwd: Option<&str>,
+        limits: &Limits,
+        stdio: [OwnedFd; 3],
+        cgroup: Option<&crate::cgroup::Cgroup>,
+    ) -> Result<SpawnSpec> {
+        let engine = &self.engine;
+        let root = self.workdir.root();
         let mut env = engine.base_env.clone();
         env.insert("HOME".into(), root.to_string_lossy().into_owned());
         env.insert("PWD".into(), root.to_string_lossy().into_owned());
         env.insert("TMPDIR".into(), root.to_string_lossy().into_owned());
-        for (k, v) in &request.env {
+        for (k, v) in extra_env {
             env.insert(k.clone(), v.clone());
         }
-        let cwd = match &request.cwd {
+        let cwd = match cwd {
             Some(c) => root.join(self.workdir.relative(c)?),
             None => root.to_path_buf(),
         };
@@ -352,7 +378,7 @@ impl SubprocessSandbox {
         if let Some(n) = limits.open_files {
             rlimits.push(clamp(libc::RLIMIT_NOFILE, n));
         }
-        if self.cgroup.is_none() {
+        if cgroup.is_none() {
             // Fallbacks without a cgroup: address space for memory (coarse: it counts
             // reservations) and RLIMIT_NPROC (binds nothing for root).
             if let Some(m) = limits.memory_bytes {
@@ -379,14 +405,20 @@ impl SubprocessSandbox {
             stdio,
             fd3: None,
             rlimits,
-            cgroup_procs: self
-                .cgroup
-                .as_ref()
-                .map(|g| g.procs_files().to_vec())
-                .unwrap_or_default(),
+            cgroup_procs: cgroup.map(|g| g.procs_files().to_vec()).unwrap_or_default(),
             netns: self.netns.as_ref().map(|fd| fd.as_raw_fd()),
         };
         Ok(spec)
+    }
+
+    /// Three `/dev/null` descriptors, for a spec whose stdio the caller replaces.
+    pub(super) fn placeholder_stdio(&self) -> Result<[OwnedFd; 3]> {
+        let null = || -> Result<OwnedFd> {
+            Ok(std::fs::File::open("/dev/null")
+                .map_err(|e| Error::engine_io("opening /dev/null", e))?
+                .into())
+        };
+        Ok([null()?, null()?, null()?])
     }
 
     /// Writes a long source to a file beside (not inside) the workdir.

@@ -10,7 +10,9 @@
 //! with the embedding process's memory.
 
 mod exec;
+mod runner;
 mod sandbox;
+pub(crate) mod warm;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -58,10 +60,13 @@ pub(crate) struct EngineInner {
     pub(crate) cgroups: Option<CgroupRoot>,
     pub(crate) support: HostSupport,
     pub(crate) next_sandbox: AtomicU64,
+    /// Warm mode's runners, when `[subprocess.warm]` is enabled.
+    pub(crate) warm: Option<runner::WarmSetup>,
 }
 
 impl Drop for EngineInner {
     fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(self.workdir_root.join("runners"));
         let _ = std::fs::remove_dir(&self.workdir_root);
     }
 }
@@ -153,8 +158,15 @@ impl SubprocessEngine {
             )
         })?;
 
+        let warm = if config.warm.enabled {
+            Some(runner::WarmSetup::prepare(&config.warm, &workdir_root)?)
+        } else {
+            None
+        };
+
         Ok(SubprocessEngine {
             inner: Arc::new(EngineInner {
+                warm,
                 caps,
                 defaults,
                 base_env,

@@ -38,6 +38,12 @@ pub struct SubprocessSandbox {
     pub(super) destroy_signal: Notify,
     /// The teardown's error, for destroy calls that followed the one that ran it.
     teardown_error: parking_lot::Mutex<Option<Error>>,
+    /// Warm workers by language (taken out while they serve a turn).
+    pub(super) warm:
+        parking_lot::Mutex<std::collections::BTreeMap<paddock_core::Language, super::runner::Slot>>,
+    /// The cgroup warm workers run in, apart from cold executions so that the sweep
+    /// after a cold execution does not kill them.
+    pub(super) warm_cgroup: Option<Arc<Cgroup>>,
 }
 
 impl SubprocessSandbox {
@@ -52,7 +58,8 @@ impl SubprocessSandbox {
         let eng = engine.clone();
         let id2 = id.clone();
         let network = spec.network.clone();
-        let (workdir, cgroup, netns) = tokio::task::spawn_blocking(move || {
+        let warm = eng.warm.is_some();
+        let (workdir, cgroup, netns, warm_cgroup) = tokio::task::spawn_blocking(move || {
             let workdir = Workdir::create(&eng.workdir_root, &id2)
                 .map_err(|e| Error::engine_io("creating the sandbox workdir", e))?;
             let cgroup = match &eng.cgroups {
@@ -81,7 +88,20 @@ impl SubprocessSandbox {
                 },
                 _ => None,
             };
-            Ok((workdir, cgroup, netns))
+            let warm_cgroup = match (&eng.cgroups, warm) {
+                (Some(root), true) => match root.create_group(&format!("{id2}-warm")) {
+                    Ok(g) => Some(g),
+                    Err(e) => {
+                        let _ = workdir.remove();
+                        if let Some(g) = &cgroup {
+                            let _ = g.remove();
+                        }
+                        return Err(Error::engine_io("creating the sandbox's warm cgroup", e));
+                    }
+                },
+                _ => None,
+            };
+            Ok((workdir, cgroup, netns, warm_cgroup))
         })
         .await
         .map_err(|e| {
@@ -91,7 +111,7 @@ impl SubprocessSandbox {
             )
         })??;
 
-        Ok(SubprocessSandbox {
+        let sandbox = SubprocessSandbox {
             id,
             engine,
             spec: spec.clone(),
@@ -103,7 +123,17 @@ impl SubprocessSandbox {
             lifecycle: Lifecycle::new(),
             destroy_signal: Notify::new(),
             teardown_error: parking_lot::Mutex::new(None),
-        })
+            warm: parking_lot::Mutex::new(Default::default()),
+            warm_cgroup: warm_cgroup.map(Arc::new),
+        };
+        // Interpreters start now, ahead of the first execution.
+        if let Some(setup) = &sandbox.engine.warm {
+            for (lang, _) in &setup.runners {
+                let slot = sandbox.start_worker(*lang, spec.tenant.clone())?;
+                sandbox.warm.lock().insert(*lang, slot);
+            }
+        }
+        Ok(sandbox)
     }
 
     /// Admits an operation while the sandbox is live; destroy waits for it.
@@ -251,6 +281,15 @@ impl Sandbox for SubprocessSandbox {
                 // Running executions see the signal, kill their programs and return.
                 self.destroy_signal.notify_waiters();
                 self.lifecycle.ops_drained().await;
+                // Warm workers go first: dropping one kills its process group.
+                self.warm.lock().clear();
+                if let Some(g) = self.warm_cgroup.clone() {
+                    let _ = blocking(move || {
+                        g.remove()
+                            .map_err(|e| Error::engine_io("removing the warm cgroup", e))
+                    })
+                    .await;
+                }
                 let result = self.sweep(true).await;
                 if let Err(e) = &result {
                     *self.teardown_error.lock() = Some(e.clone());
@@ -288,6 +327,10 @@ impl Drop for TeardownGuard<'_> {
 impl SubprocessSandbox {
     /// Kills everything and removes the cgroup and workdir, blocking.
     fn teardown_now(&self) {
+        self.warm.lock().clear();
+        if let Some(g) = &self.warm_cgroup {
+            let _ = g.remove();
+        }
         for f in self.source_files() {
             let _ = std::fs::remove_file(f);
         }

@@ -2,3 +2,4 @@
 
 mod isolate;
 mod subprocess;
+mod warm;

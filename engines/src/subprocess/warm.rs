@@ -1,0 +1,571 @@
+//! Warm workers: long-lived handler processes that take json-stdio turns.
+//!
+//! A worker is started ahead of need (in the sandbox's cgroup and network namespace,
+//! in its own process group) and then serves one turn at a time: the host writes an
+//! `invoke` frame to the worker's stdin and reads frames back until the turn's
+//! terminal frame, so an execution costs one frame round trip instead of an
+//! interpreter start.
+//!
+//! Two wirings:
+//! - **Built-in runners** (python, node) write frames on fd 3. Their stdout and stderr
+//!   (fd 1 and 2) belong to the snippet and are captured as the execution's output,
+//!   byte for byte, so nothing a snippet prints can be mistaken for a frame.
+//! - **Custom handlers** speak the protocol on stdout, as `docs/protocol.md` says;
+//!   their `log` frames become output and their stderr is captured as stderr.
+//!
+//! Any fault — a deadline or cancel the worker did not honour within the grace
+//! period, a malformed frame, an exit mid-turn — leaves the worker unusable: the
+//! caller drops it, which kills its process group, and starts another.
+
+use std::os::fd::OwnedFd;
+use std::time::Duration;
+
+use paddock_core::protocol::{encode, Frame, FrameDecoder, HandlerError, ProtocolError};
+use paddock_core::{OutputChunk, OutputSink, StreamKind};
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncWriteExt, Interest};
+use tokio::net::unix::pipe;
+use tokio::time::Instant;
+
+use crate::capture::truncation_marker;
+use crate::spawn::{spawn, SpawnSpec, SpawnedChild};
+use crate::sys;
+
+/// How long a worker has to end its turn after a `cancel` frame before it is killed.
+pub(crate) const CANCEL_GRACE: Duration = Duration::from_millis(500);
+/// How long one chunk may wait for a slow sink before streaming to it stops.
+const SINK_GRACE: Duration = Duration::from_secs(5);
+/// Bytes read at a time.
+const READ_SIZE: usize = 64 * 1024;
+
+/// Where a worker writes its frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FramesOn {
+    /// fd 3; stdout and stderr are the program's own output (built-in runners).
+    Fd3,
+    /// stdout; stderr is diagnostic output (custom handlers, as the protocol says).
+    /// Only the tests use it until custom handlers are configurable.
+    #[cfg_attr(not(test), allow(dead_code))]
+    Stdout,
+}
+
+/// How a turn ended, when the worker ended it by the protocol.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum TurnEnd {
+    /// An `output` frame.
+    Output(serde_json::Value),
+    /// An `error` frame.
+    Error(HandlerError),
+    /// A `suspend` frame.
+    Suspend(String),
+}
+
+/// Why a turn did not end by the protocol. The worker is unusable after any of these.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum TurnFault {
+    /// The deadline passed (the worker was asked to stop, then killed if needed).
+    TimedOut,
+    /// The caller cancelled (likewise).
+    Cancelled,
+    /// The worker broke the protocol.
+    Protocol(ProtocolError),
+    /// The worker exited, or closed its frame channel, before the terminal frame.
+    Died(String),
+}
+
+/// Output kept for one stream of one turn.
+#[derive(Debug, Default)]
+pub(crate) struct Kept {
+    pub(crate) data: Vec<u8>,
+    pub(crate) truncated: bool,
+}
+
+impl Kept {
+    /// Keeps what fits under `cap` (adding the marker at the first byte past it) and
+    /// returns what to stream.
+    fn keep(&mut self, bytes: &[u8], cap: usize) -> Vec<u8> {
+        if self.truncated {
+            return Vec::new();
+        }
+        let room = cap.saturating_sub(self.data.len());
+        let take = bytes.len().min(room);
+        let mut deliver = bytes[..take].to_vec();
+        self.data.extend_from_slice(&bytes[..take]);
+        if take < bytes.len() {
+            self.truncated = true;
+            let marker = truncation_marker(cap as u64);
+            self.data.extend_from_slice(marker.as_bytes());
+            deliver.extend_from_slice(marker.as_bytes());
+        }
+        deliver
+    }
+
+    /// The kept bytes as text.
+    pub(crate) fn text(self) -> String {
+        match String::from_utf8(self.data) {
+            Ok(s) => s,
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        }
+    }
+}
+
+/// One turn's outcome and output.
+#[derive(Debug)]
+pub(crate) struct Turn {
+    pub(crate) end: Result<TurnEnd, TurnFault>,
+    pub(crate) stdout: Kept,
+    pub(crate) stderr: Kept,
+}
+
+/// A running worker process.
+#[derive(Debug)]
+pub(crate) struct Worker {
+    child: Option<SpawnedChild>,
+    exited: AsyncFd<OwnedFd>,
+    input: pipe::Sender,
+    frames: pipe::Receiver,
+    /// The program's stdout when frames are on fd 3.
+    stdout: Option<pipe::Receiver>,
+    stderr: pipe::Receiver,
+    decoder: FrameDecoder,
+    next_id: u64,
+    /// Turns served so far.
+    pub(crate) turns: u32,
+    /// When the worker started.
+    pub(crate) started: std::time::Instant,
+}
+
+impl Worker {
+    /// Starts `spec` (its stdio is replaced) with frames on `frames_on`.
+    pub(crate) fn start(mut spec: SpawnSpec, frames_on: FramesOn) -> std::io::Result<Worker> {
+        let (in_r, in_w) = sys::pipe()?;
+        let (out_r, out_w) = sys::pipe()?;
+        let (err_r, err_w) = sys::pipe()?;
+        let (frames_r, stdout) = match frames_on {
+            FramesOn::Stdout => (out_r, None),
+            FramesOn::Fd3 => {
+                let (fr, fw) = sys::pipe()?;
+                spec.fd3 = Some(fw);
+                (fr, Some(out_r))
+            }
+        };
+        spec.stdio = [in_r, out_w, err_w];
+        let child = spawn(&spec).map_err(|e| {
+            std::io::Error::new(
+                e.error.kind(),
+                format!(
+                    "{} failed: {}",
+                    e.stage.map_or("starting the worker", |s| s.describe()),
+                    e.error
+                ),
+            )
+        })?;
+        // Our copies of the child's ends go now, so EOF means the worker closed them.
+        drop(spec);
+        // SAFETY: the AsyncFd owns its own clone of the pidfd for its whole life.
+        let exited = unsafe {
+            AsyncFd::register_with_interest(child.pidfd.try_clone()?, Interest::READABLE)
+        }?;
+        Ok(Worker {
+            child: Some(child),
+            exited,
+            input: pipe::Sender::from_owned_fd(in_w)?,
+            frames: pipe::Receiver::from_owned_fd(frames_r)?,
+            stdout: stdout.map(pipe::Receiver::from_owned_fd).transpose()?,
+            stderr: pipe::Receiver::from_owned_fd(err_r)?,
+            decoder: FrameDecoder::new(),
+            next_id: 0,
+            turns: 0,
+            started: std::time::Instant::now(),
+        })
+    }
+
+    /// The worker's pid (also its process group).
+    pub(crate) fn pid(&self) -> Option<libc::pid_t> {
+        self.child.as_ref().map(|c| c.pid)
+    }
+
+    /// Resident memory of the worker process, in bytes (0 when unknown).
+    pub(crate) fn rss_bytes(&self) -> u64 {
+        let Some(pid) = self.pid() else { return 0 };
+        let Ok(statm) = std::fs::read_to_string(format!("/proc/{pid}/statm")) else {
+            return 0;
+        };
+        let pages: u64 = statm
+            .split_whitespace()
+            .nth(1)
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0);
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
+        pages * page
+    }
+
+    /// Runs one turn: sends `invoke` with `input`, streams output to `sink` (each
+    /// stream kept up to `cap` bytes), and waits for the terminal frame. A cancel or
+    /// the deadline sends `cancel` and, after [`CANCEL_GRACE`], kills the worker.
+    ///
+    /// `abort` ending (the sandbox being destroyed) ends the turn at once as cancelled;
+    /// the caller then kills the worker.
+    pub(crate) async fn invoke(
+        &mut self,
+        input: serde_json::Value,
+        sink: &dyn OutputSink,
+        cancel: &paddock_core::CancelToken,
+        deadline: Instant,
+        cap: usize,
+        mut abort: std::pin::Pin<&mut (dyn std::future::Future<Output = ()> + Send)>,
+    ) -> Turn {
+        self.next_id += 1;
+        self.turns += 1;
+        let id = format!("turn-{}", self.next_id);
+        let mut turn = Turn {
+            end: Err(TurnFault::Died(String::new())),
+            stdout: Kept::default(),
+            stderr: Kept::default(),
+        };
+        let mut delivering = true;
+        let frame = encode(&Frame::invoke(id.clone(), input));
+        let written = tokio::time::timeout_at(deadline, self.input.write_all(&frame)).await;
+        match written {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                turn.end = Err(TurnFault::Died(format!(
+                    "writing the invoke frame failed: {e}"
+                )));
+                return turn;
+            }
+            Err(_) => {
+                turn.end = Err(TurnFault::TimedOut);
+                return turn;
+            }
+        }
+
+        // Set once the worker was asked to stop: why, and when it gets killed.
+        let mut stopping: Option<(TurnFault, Instant)> = None;
+        let mut frame_buf = vec![0u8; READ_SIZE];
+        let mut out_buf = vec![0u8; READ_SIZE];
+        let mut err_buf = vec![0u8; READ_SIZE];
+        let end = loop {
+            let kill_at = stopping.as_ref().map(|(_, at)| *at);
+            tokio::select! {
+                biased;
+                r = self.frames.readable() => {
+                    if let Err(e) = r {
+                        break Err(TurnFault::Died(format!("reading frames failed: {e}")));
+                    }
+                    match self.frames.try_read(&mut frame_buf) {
+                        Ok(0) => break Err(self.died_mid_turn("closed its frame channel")),
+                        Ok(n) => {
+                            let mut decided = None;
+                            for item in self.decoder.decode(&frame_buf[..n]) {
+                                match item.map_err(TurnFault::Protocol).and_then(|f| check(&id, f)) {
+                                    Ok(Frame::Log { stream, data, .. }) => {
+                                        deliver(&mut turn, stream, data.as_bytes(), cap, sink, &mut delivering).await;
+                                    }
+                                    Ok(Frame::Output { output, .. }) => { decided = Some(Ok(TurnEnd::Output(output))); break; }
+                                    Ok(Frame::Error { error, .. }) => { decided = Some(Ok(TurnEnd::Error(error))); break; }
+                                    Ok(Frame::Suspend { token_id, .. }) => { decided = Some(Ok(TurnEnd::Suspend(token_id))); break; }
+                                    Ok(_) => unreachable!("check() lets through handler frames only"),
+                                    Err(fault) => { decided = Some(Err(fault)); break; }
+                                }
+                            }
+                            if let Some(end) = decided {
+                                // A frame after the terminal one in the same read is a
+                                // violation the next turn would trip over.
+                                if end.is_ok() && self.decoder.buffered_len() > 0 {
+                                    break Err(TurnFault::Protocol(ProtocolError::new(
+                                        paddock_core::protocol::ProtocolErrorKind::OutOfOrder,
+                                        "bytes after the terminal frame of a turn",
+                                    )));
+                                }
+                                break end;
+                            }
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                        Err(e) => break Err(TurnFault::Died(format!("reading frames failed: {e}"))),
+                    }
+                }
+                r = read_some(self.stdout.as_ref(), &mut out_buf) => {
+                    if let Some(bytes) = r {
+                        deliver(&mut turn, StreamKind::Stdout, bytes, cap, sink, &mut delivering).await;
+                    }
+                }
+                r = read_some(Some(&self.stderr), &mut err_buf) => {
+                    if let Some(bytes) = r {
+                        deliver(&mut turn, StreamKind::Stderr, bytes, cap, sink, &mut delivering).await;
+                    }
+                }
+                _ = cancel.cancelled(), if stopping.is_none() => {
+                    stopping = Some((TurnFault::Cancelled, Instant::now() + CANCEL_GRACE));
+                    let _ = self.input.write_all(&encode(&Frame::cancel(id.clone()))).await;
+                }
+                _ = tokio::time::sleep_until(deadline), if stopping.is_none() => {
+                    stopping = Some((TurnFault::TimedOut, Instant::now() + CANCEL_GRACE));
+                    let _ = self.input.write_all(&encode(&Frame::cancel(id.clone()))).await;
+                }
+                _ = abort.as_mut() => {
+                    break Err(TurnFault::Cancelled);
+                }
+                _ = sleep_until_opt(kill_at) => {
+                    break Err(stopping.take().map_or(TurnFault::TimedOut, |(f, _)| f));
+                }
+                r = self.exited.readable() => {
+                    let _ = r;
+                    break Err(self.died_mid_turn("exited"));
+                }
+            }
+        };
+        // A turn that was being stopped is reported as stopped, whatever the worker
+        // answered meanwhile: an `output` racing a cancel is not a success.
+        turn.end = match (stopping, end) {
+            (Some((fault, _)), _) => Err(fault),
+            (None, end) => end,
+        };
+        // The worker flushed its output before the terminal frame, so everything it
+        // wrote during the turn is in the pipes now.
+        if turn.end.is_ok() {
+            self.drain(&mut turn, cap, sink, &mut delivering).await;
+        }
+        turn
+    }
+
+    fn died_mid_turn(&mut self, what: &str) -> TurnFault {
+        let pending = self.decoder.buffered_len();
+        let detail = if pending > 0 {
+            format!("the worker {what} in the middle of a frame ({pending} bytes of it arrived)")
+        } else {
+            format!("the worker {what} before the turn's terminal frame")
+        };
+        TurnFault::Died(detail)
+    }
+
+    async fn drain(
+        &mut self,
+        turn: &mut Turn,
+        cap: usize,
+        sink: &dyn OutputSink,
+        delivering: &mut bool,
+    ) {
+        let mut buf = vec![0u8; READ_SIZE];
+        for stream in [StreamKind::Stdout, StreamKind::Stderr] {
+            let pipe = match stream {
+                StreamKind::Stdout => self.stdout.as_ref(),
+                StreamKind::Stderr => Some(&self.stderr),
+            };
+            let Some(pipe) = pipe else { continue };
+            // A plain non-blocking read: tokio's `try_read` answers from its cached
+            // readiness, which may not have seen these bytes yet. Bounded, so a
+            // writer that keeps writing cannot hold the turn open.
+            for _ in 0..64 {
+                // SAFETY: reads into our own buffer from a descriptor the pipe owns.
+                let n = unsafe {
+                    libc::read(
+                        std::os::fd::AsRawFd::as_raw_fd(pipe),
+                        buf.as_mut_ptr().cast(),
+                        buf.len(),
+                    )
+                };
+                if n <= 0 {
+                    break;
+                }
+                deliver(turn, stream, &buf[..n as usize], cap, sink, delivering).await;
+            }
+        }
+    }
+
+    /// Kills the worker's process group and reaps it in the background.
+    pub(crate) fn kill(&mut self) {
+        if let Some(child) = self.child.take() {
+            let _ = sys::pidfd_send_signal(&child.pidfd, libc::SIGKILL);
+            sys::kill_group(child.pid, libc::SIGKILL);
+            std::thread::spawn(move || {
+                let _ = sys::reap(child.pid);
+                drop(child);
+            });
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Lets through the handler's frames for `id`; anything else breaks the protocol.
+fn check(id: &str, frame: Frame) -> Result<Frame, TurnFault> {
+    use paddock_core::protocol::ProtocolErrorKind;
+    let violation = |message: String| {
+        Err(TurnFault::Protocol(ProtocolError::new(
+            ProtocolErrorKind::OutOfOrder,
+            message,
+        )))
+    };
+    match &frame {
+        Frame::Invoke { .. } | Frame::Resume { .. } | Frame::Cancel { .. } => violation(format!(
+            "the worker sent a `{}` frame, which only the host sends",
+            frame.kind().as_str()
+        )),
+        f if f.id() != id => violation(format!(
+            "the worker sent a frame for `{}` during the turn of `{id}`",
+            f.id()
+        )),
+        _ => Ok(frame),
+    }
+}
+
+/// Keeps and streams `bytes`.
+async fn deliver(
+    turn: &mut Turn,
+    stream: StreamKind,
+    bytes: &[u8],
+    cap: usize,
+    sink: &dyn OutputSink,
+    delivering: &mut bool,
+) {
+    let kept = match stream {
+        StreamKind::Stdout => &mut turn.stdout,
+        StreamKind::Stderr => &mut turn.stderr,
+    };
+    let data = kept.keep(bytes, cap);
+    if data.is_empty() || !*delivering {
+        return;
+    }
+    let sent = tokio::time::timeout(SINK_GRACE, sink.chunk(OutputChunk { stream, data })).await;
+    if !matches!(sent, Ok(Ok(()))) {
+        *delivering = false;
+    }
+}
+
+/// Waits until `pipe` has bytes and reads them; pending forever without a pipe, and
+/// after EOF (the worker's exit is noticed through its pidfd).
+async fn read_some<'a>(pipe: Option<&pipe::Receiver>, buf: &'a mut [u8]) -> Option<&'a [u8]> {
+    let Some(pipe) = pipe else {
+        return std::future::pending().await;
+    };
+    loop {
+        if pipe.readable().await.is_err() {
+            return std::future::pending().await;
+        }
+        match pipe.try_read(buf) {
+            Ok(0) => return std::future::pending().await,
+            Ok(n) => return Some(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(_) => return std::future::pending().await,
+        }
+    }
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sys::cstring;
+    use paddock_core::{CancelToken, DiscardSink};
+
+    /// A custom handler (frames on stdout) written in Python.
+    const HANDLER: &str = r#"
+import json, sys
+for line in sys.stdin:
+    f = json.loads(line)
+    if f["kind"] != "invoke":
+        continue
+    if f["input"] == "garbage":
+        print("this is not a frame", flush=True)
+        continue
+    print(json.dumps({"v": 1, "kind": "log", "id": f["id"], "stream": "stdout", "data": "working\n"}), flush=True)
+    print("diagnostics", file=sys.stderr, flush=True)
+    print(json.dumps({"v": 1, "kind": "output", "id": f["id"], "output": f["input"] * 2}), flush=True)
+"#;
+
+    fn python() -> Option<String> {
+        let path = std::env::var("PATH").ok()?;
+        std::env::split_paths(&path)
+            .map(|d| d.join("python3"))
+            .find(|p| p.is_file())
+            .map(|p| p.to_string_lossy().into_owned())
+    }
+
+    fn spec(python: &str) -> SpawnSpec {
+        let null = || -> OwnedFd { std::fs::File::open("/dev/null").unwrap().into() };
+        SpawnSpec {
+            path: cstring(python).unwrap(),
+            argv: vec![
+                cstring(python).unwrap(),
+                cstring("-c").unwrap(),
+                cstring(HANDLER).unwrap(),
+            ],
+            env: std::env::vars()
+                .filter(|(k, _)| k == "PATH" || k.starts_with("PYENV"))
+                .map(|(k, v)| cstring(format!("{k}={v}")).unwrap())
+                .collect(),
+            cwd: cstring("/").unwrap(),
+            stdio: [null(), null(), null()],
+            fd3: None,
+            rlimits: Vec::new(),
+            cgroup_procs: Vec::new(),
+            netns: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_custom_handler_speaks_the_protocol_on_stdout() {
+        let Some(python) = python() else {
+            eprintln!("skipped: no python3 on PATH");
+            return;
+        };
+        let mut worker = Worker::start(spec(&python), FramesOn::Stdout).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for n in [1, 2] {
+            let turn = worker
+                .invoke(
+                    serde_json::json!(n * 21),
+                    &DiscardSink,
+                    &CancelToken::new(),
+                    deadline,
+                    1 << 20,
+                    std::pin::pin!(std::future::pending::<()>()),
+                )
+                .await;
+            assert_eq!(turn.end, Ok(TurnEnd::Output(serde_json::json!(n * 42))));
+            assert_eq!(turn.stdout.text(), "working\n", "log frames are output");
+            assert_eq!(turn.stderr.text(), "diagnostics\n");
+        }
+        assert_eq!(worker.turns, 2);
+        let turn = worker
+            .invoke(
+                serde_json::json!("garbage"),
+                &DiscardSink,
+                &CancelToken::new(),
+                deadline,
+                1 << 20,
+                std::pin::pin!(std::future::pending::<()>()),
+            )
+            .await;
+        assert!(
+            matches!(turn.end, Err(TurnFault::Protocol(_))),
+            "{:?}",
+            turn.end
+        );
+    }
+
+    #[test]
+    fn kept_output_stops_at_the_cap_with_a_marker() {
+        let mut kept = Kept::default();
+        assert_eq!(kept.keep(b"hello", 8), b"hello");
+        let streamed = kept.keep(b" world", 8);
+        assert!(streamed.starts_with(b" wo"));
+        assert!(kept.truncated);
+        assert!(kept.keep(b"more", 8).is_empty());
+        assert!(kept
+            .text()
+            .starts_with("hello wo\n[output truncated at 8 bytes]"));
+    }
+}

@@ -1,0 +1,284 @@
+//! Warm python workers in the subprocess engine.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use paddock_core::{
+    CancelToken, DiscardSink, Engine, ErrorCode, ExecRequest, ExecResult, Language, LimitKind,
+    Outcome, OutputChunk, OutputSink, Program, Sandbox, SandboxSpec, SubprocessConfig,
+};
+use paddock_engines::subprocess::SubprocessEngine;
+use serde_json::json;
+
+fn warm_engine() -> SubprocessEngine {
+    let mut config = SubprocessConfig::default();
+    config.warm.enabled = true;
+    SubprocessEngine::new(&config).expect("engine starts")
+}
+
+async fn sandbox() -> Arc<dyn Sandbox> {
+    warm_engine()
+        .create(&SandboxSpec::default())
+        .await
+        .expect("sandbox opens")
+}
+
+fn py(source: &str) -> ExecRequest {
+    ExecRequest::new(Program::code(Language::Python, source)).with_timeout_ms(20_000)
+}
+
+async fn run(sb: &dyn Sandbox, req: ExecRequest) -> ExecResult {
+    sb.exec(req, &DiscardSink, CancelToken::new())
+        .await
+        .expect("exec runs")
+}
+
+fn exit(code: i32) -> Outcome {
+    Outcome::Completed {
+        exit_code: code,
+        signal: None,
+    }
+}
+
+#[derive(Default)]
+struct Collect(Mutex<Vec<(Instant, OutputChunk)>>);
+
+#[async_trait::async_trait]
+impl OutputSink for Collect {
+    async fn chunk(&self, chunk: OutputChunk) -> paddock_core::Result<()> {
+        self.0.lock().unwrap().push((Instant::now(), chunk));
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snippets_run_like_processes_with_a_value() {
+    let sb = sandbox().await;
+    let r = run(
+        &*sb,
+        py("import sys\nprint('hi')\nprint('err', file=sys.stderr)\n6 * 7"),
+    )
+    .await;
+    assert_eq!(r.outcome, exit(0), "{r:?}");
+    assert_eq!(r.stdout, "hi\n");
+    assert_eq!(r.stderr, "err\n");
+    assert_eq!(r.value, Some(json!(42)));
+    let r = run(&*sb, py("raise ValueError('bad input')")).await;
+    assert_eq!(r.outcome, exit(1), "{r:?}");
+    assert!(
+        r.stderr.contains("ValueError: bad input") && r.stderr.contains("<snippet>"),
+        "{}",
+        r.stderr
+    );
+    let r = run(&*sb, py("import sys; sys.exit(3)")).await;
+    assert_eq!(r.outcome, exit(3), "{r:?}");
+    // Each snippet has its own namespace.
+    run(&*sb, py("x = 1")).await;
+    let r = run(&*sb, py("x")).await;
+    assert_eq!(r.outcome, exit(1), "{r:?}");
+    assert!(r.stderr.contains("NameError"), "{}", r.stderr);
+    // What JSON cannot hold comes back as its repr.
+    let r = run(&*sb, py("{1, 2}")).await;
+    assert_eq!(r.value, Some(json!("{1, 2}")));
+    sb.destroy().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_serves_one_tenant() {
+    let sb = sandbox().await;
+    let as_tenant = |t: &str, src: &str| {
+        let mut r = py(src);
+        r.tenant = Some(t.into());
+        r
+    };
+    // Interpreter state lives on between turns of one tenant's worker …
+    run(&*sb, as_tenant("a", "import sys; sys.paddock_mark = 'a'")).await;
+    let r = run(
+        &*sb,
+        as_tenant("a", "import sys; getattr(sys, 'paddock_mark', None)"),
+    )
+    .await;
+    assert_eq!(
+        r.value,
+        Some(json!("a")),
+        "the same warm worker served tenant a: {r:?}"
+    );
+    // … and never reaches another tenant.
+    let r = run(
+        &*sb,
+        as_tenant("b", "import sys; getattr(sys, 'paddock_mark', None)"),
+    )
+    .await;
+    assert_eq!(r.value, Some(json!(null)), "{r:?}");
+    sb.destroy().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeout_and_cancel_stop_the_turn_and_the_worker_is_replaced() {
+    let sb = sandbox().await;
+    let mut req = py("while True: pass");
+    req.limits.timeout_ms = Some(300);
+    let t = Instant::now();
+    let r = run(&*sb, req).await;
+    assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    let cancel = CancelToken::new();
+    let c = cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        c.cancel();
+    });
+    let r = sb
+        .exec(py("import time; time.sleep(30)"), &DiscardSink, cancel)
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::Cancelled, "{r:?}");
+    let r = run(&*sb, py("'alive'")).await;
+    assert_eq!(r.value, Some(json!("alive")), "{r:?}");
+    sb.destroy().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_dies_mid_turn_fails_the_turn_and_is_replaced() {
+    let sb = sandbox().await;
+    let r = run(
+        &*sb,
+        py("import os\nprint('going', flush=True)\nos._exit(9)"),
+    )
+    .await;
+    assert_eq!(
+        r.outcome.error_code(),
+        Some(ErrorCode::WorkerFailed),
+        "{r:?}"
+    );
+    // A frame cut in half: the runner's frame channel gets half a line, then it dies.
+    let r = run(
+        &*sb,
+        py("import os\nos.write(3, b'{\"v\":1,\"kind\":\"output\",\"id\":')\nos._exit(0)"),
+    )
+    .await;
+    assert_eq!(
+        r.outcome.error_code(),
+        Some(ErrorCode::WorkerFailed),
+        "{r:?}"
+    );
+    if let Outcome::Failed { error } = &r.outcome {
+        assert!(error.message.contains("middle of a frame"), "{error}");
+    }
+    // Garbage on the frame channel is a protocol error.
+    let r = run(
+        &*sb,
+        py("import os\nos.write(3, b'not json\\n')\nimport time; time.sleep(5)"),
+    )
+    .await;
+    assert_eq!(
+        r.outcome.error_code(),
+        Some(ErrorCode::ProtocolError),
+        "{r:?}"
+    );
+    let r = run(&*sb, py("'replaced'")).await;
+    assert_eq!(r.value, Some(json!("replaced")), "{r:?}");
+    sb.destroy().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_streams_live_and_background_processes_die_with_the_turn() {
+    let sb = sandbox().await;
+    let sink = Collect::default();
+    let started = Instant::now();
+    let r = sb
+        .exec(
+            py("import time\nprint('early')\ntime.sleep(0.6)\nprint('late')"),
+            &sink,
+            CancelToken::new(),
+        )
+        .await
+        .unwrap();
+    let ended = Instant::now();
+    assert_eq!(r.stdout, "early\nlate\n", "{r:?}");
+    let chunks = sink.0.lock().unwrap().clone();
+    let mut seen = Vec::new();
+    let at = chunks
+        .iter()
+        .find_map(|(at, c)| {
+            seen.extend_from_slice(&c.data);
+            seen.starts_with(b"early\n").then_some(*at)
+        })
+        .expect("`early` reached the sink");
+    assert!(
+        at + Duration::from_millis(300) < ended,
+        "`early` arrived {:?} after the start, the run ended {:?} after it",
+        at - started,
+        ended - started
+    );
+    let r = run(
+        &*sb,
+        py("import subprocess\np = subprocess.Popen(['sleep', '30'])\np.pid"),
+    )
+    .await;
+    let pid = r
+        .value
+        .as_ref()
+        .and_then(|v| v.as_i64())
+        .expect("the child's pid");
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let state = stat.rsplit(')').next().unwrap_or("").trim().chars().next();
+    assert!(
+        stat.is_empty() || state == Some('Z'),
+        "`sleep 30` left by the snippet must be dead after its turn: {stat}"
+    );
+    sb.destroy().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_memory_limit_holds_for_warm_workers() {
+    let engine = warm_engine();
+    if engine.host_support().cgroup.is_err() {
+        eprintln!("skipped: no cgroup on this host");
+        return;
+    }
+    let sb = engine.create(&SandboxSpec::default()).await.unwrap();
+    let mut req = py("x = bytearray(600 << 20)\nx[::4096] = b'1' * len(x[::4096])\nlen(x)");
+    req.limits.memory_bytes = Some(128 << 20);
+    let r = run(&*sb, req).await;
+    assert_eq!(
+        r.outcome,
+        Outcome::LimitExceeded {
+            limit: LimitKind::Memory
+        },
+        "{r:?}"
+    );
+    let r = run(&*sb, py("'after'")).await;
+    assert_eq!(r.value, Some(json!("after")), "{r:?}");
+    sb.destroy().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_warm_mode_cannot_honour_exactly_run_cold() {
+    let sb = sandbox().await;
+    let mut with_stdin = py("import sys; print(sys.stdin.read().upper())");
+    with_stdin.stdin = Some("from stdin".into());
+    let r = run(&*sb, with_stdin).await;
+    assert_eq!(r.stdout, "FROM STDIN\n", "{r:?}");
+    assert_eq!(r.value, None, "cold runs have no value");
+    let mut with_env = py("import os; print(os.environ['GREETING'])");
+    with_env.env.insert("GREETING".into(), "hello".into());
+    let r = run(&*sb, with_env).await;
+    assert_eq!(r.stdout, "hello\n", "{r:?}");
+    sb.destroy().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn destroy_during_a_warm_turn_ends_it() {
+    let sb = sandbox().await;
+    let runner = {
+        let sb = sb.clone();
+        tokio::spawn(async move { run(&*sb, py("import time; time.sleep(30)")).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t = Instant::now();
+    sb.destroy().await.unwrap();
+    let r = runner.await.unwrap();
+    assert!(!r.is_success(), "{r:?}");
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+}
