@@ -268,8 +268,23 @@ impl Cgroup {
             .unwrap_or(false)
     }
 
+    /// Whether the group holds a process other than `keep` (0 keeps none).
+    pub fn has_other_than(&self, keep: libc::pid_t) -> bool {
+        std::fs::read_to_string(self.pids.join("cgroup.procs"))
+            .map(|s| {
+                s.lines()
+                    .filter_map(|l| l.trim().parse::<libc::pid_t>().ok())
+                    .any(|pid| pid != keep)
+            })
+            .unwrap_or(true)
+    }
+
     /// Kills every process in the group and waits (up to 5 s) until it is empty.
     pub fn kill_all(&self) -> io::Result<()> {
+        if !self.has_other_than(0) {
+            // Empty: nothing to freeze or kill.
+            return Ok(());
+        }
         if let Some(f) = &self.freezer {
             // Frozen tasks cannot fork, so one pass catches every one of them; they
             // die once thawed.
@@ -284,6 +299,10 @@ impl Cgroup {
     /// Kills every process in the group except `keep` (a warm worker between turns)
     /// and waits (up to 5 s) until only it is left. Returns how many were killed.
     pub fn kill_all_except(&self, keep: libc::pid_t) -> io::Result<usize> {
+        if !self.has_other_than(keep) {
+            // The common case after a turn: nothing but the worker, no freeze needed.
+            return Ok(0);
+        }
         let mut killed = 0;
         if let Some(f) = &self.freezer {
             if freeze(f) {

@@ -55,6 +55,49 @@ pub fn resolve_program(
         .find(|p| executable(p))
 }
 
+/// The binary behind an interpreter found on `PATH`.
+///
+/// Version managers put launcher scripts on `PATH` (pyenv's `python3` is a bash script
+/// that runs `pyenv exec`); starting one costs many times what the interpreter itself
+/// costs. When `found` is a script, the interpreter is asked for its own executable
+/// (`sys.executable`, `process.execPath`) once, and that absolute path is used; when
+/// asking fails, `found` is kept.
+pub fn real_interpreter(
+    found: std::path::PathBuf,
+    language: paddock_core::Language,
+    env: &std::collections::BTreeMap<String, String>,
+) -> std::path::PathBuf {
+    use std::io::Read;
+    let mut head = [0u8; 2];
+    let is_script = std::fs::File::open(&found)
+        .and_then(|mut f| f.read_exact(&mut head))
+        .map(|()| head == *b"#!")
+        .unwrap_or(false);
+    let ask: &[&str] = match language {
+        paddock_core::Language::Python => &["-c", "import sys; print(sys.executable)"],
+        paddock_core::Language::Javascript => &["-p", "process.execPath"],
+        paddock_core::Language::Shell => return found,
+    };
+    if !is_script {
+        return found;
+    }
+    let out = std::process::Command::new(&found)
+        .args(ask)
+        .env_clear()
+        .envs(env)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output();
+    let Ok(out) = out else { return found };
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let real = std::path::PathBuf::from(&text);
+    if out.status.success() && real.is_absolute() && real.is_file() {
+        real
+    } else {
+        found
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,6 +9,7 @@ mod load;
 mod peers;
 mod pipeline;
 mod spawn;
+mod warm;
 
 use std::time::Duration;
 
@@ -87,6 +88,19 @@ enum Scenario {
         #[arg(long)]
         no_peers: bool,
     },
+    /// Python `Code` on a warm worker vs. a cold interpreter start, and the
+    /// throughput of a warm pool of two.
+    Warm {
+        /// Measured executions per series.
+        #[arg(long, default_value_t = 200)]
+        iterations: usize,
+        /// Executions in the throughput run.
+        #[arg(long, default_value_t = 5_000)]
+        executions: usize,
+        /// Concurrent callers in the throughput run.
+        #[arg(long, default_value_t = 16)]
+        callers: usize,
+    },
     /// Executions per second over HTTP vs. the in-process handle (no-op engine).
     Http {
         /// Concurrent clients.
@@ -145,6 +159,20 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32, crate::run::UsageError
                 iterations.max(20),
                 (!no_peers).then_some(peer_iterations.max(20)),
                 Duration::from_micros(gap_us),
+                args.json,
+            ));
+            task.await
+                .map_err(|e| crate::run::UsageError(format!("the benchmark task failed: {e}")))?
+        }
+        Scenario::Warm {
+            iterations,
+            executions,
+            callers,
+        } => {
+            let task = tokio::spawn(warm::warm(
+                iterations.max(10),
+                executions.max(1),
+                callers.max(1),
                 args.json,
             ));
             task.await

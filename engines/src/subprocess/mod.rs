@@ -122,6 +122,7 @@ impl SubprocessEngine {
             (Language::Shell, &config.shell),
         ] {
             let found = env::resolve_program(program, &path, root_dir)
+                .map(|p| env::real_interpreter(p, lang, &base_env))
                 .ok_or_else(|| format!("`{program}` was not found on PATH ({path})"));
             interpreters.insert(lang, found);
         }

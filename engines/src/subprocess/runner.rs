@@ -113,12 +113,10 @@ impl SubprocessSandbox {
             Some(Ok(p)) => p.clone(),
             _ => return Err(super::missing_interpreter(&self.engine, lang)),
         };
-        let mut argv = vec![interp.to_string_lossy().into_owned()];
-        if lang == Language::Python {
-            // Unbuffered, so that a snippet's prints stream as they happen.
-            argv.push("-u".into());
-        }
-        argv.push(script.to_string_lossy().into_owned());
+        let argv = vec![
+            interp.to_string_lossy().into_owned(),
+            script.to_string_lossy().into_owned(),
+        ];
         let stdio = self.placeholder_stdio()?;
         let spec = self.spawn_spec(
             argv,
@@ -170,8 +168,6 @@ impl SubprocessSandbox {
         if let Some(g) = &self.warm_cgroup {
             g.set_limits(limits.memory_bytes, limits.pids)
                 .map_err(|e| Error::engine_io("setting cgroup limits", e))?;
-            // Forget OOM kills from before this turn.
-            let _ = g.new_oom_kills();
         }
         let Program::Code { source, .. } = &request.program else {
             return Err(Error::new(
@@ -264,12 +260,17 @@ impl SubprocessSandbox {
         let peak_memory = slot.worker.rss_bytes();
         let healthy = clean && peak_memory <= config.max_rss_bytes;
         // Whatever the snippet left running dies with its turn; a replaced worker
-        // takes everything in the group with it.
-        if let Some(g) = self.warm_cgroup.clone() {
-            let keep = if healthy { slot.worker.pid() } else { None };
-            if !healthy {
-                slot.worker.kill();
-            }
+        // takes everything in the group with it. The usual case (only the worker is
+        // left) is one read of `cgroup.procs`, done here.
+        let keep = if healthy { slot.worker.pid() } else { None };
+        if !healthy {
+            slot.worker.kill();
+        }
+        let leftovers = self
+            .warm_cgroup
+            .as_ref()
+            .is_some_and(|g| g.has_other_than(keep.unwrap_or(0)));
+        if let (Some(g), true) = (self.warm_cgroup.clone(), leftovers) {
             let _ = super::sandbox::blocking(move || {
                 let r = match keep {
                     Some(pid) => g.kill_all_except(pid).map(drop),

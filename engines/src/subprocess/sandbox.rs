@@ -177,6 +177,17 @@ impl SubprocessSandbox {
         for f in self.source_files() {
             let _ = std::fs::remove_file(f);
         }
+        if !remove {
+            // The usual recycle after a short execution: nothing left running and no
+            // files. Two reads decide it, without a trip to the blocking pool.
+            let idle = cgroup.as_ref().is_none_or(|g| !g.has_other_than(0));
+            let empty = std::fs::read_dir(workdir.root())
+                .map(|mut d| d.next().is_none())
+                .unwrap_or(false);
+            if idle && empty {
+                return Ok(());
+            }
+        }
         blocking(move || {
             let mut first_err = None;
             if let Some(g) = &cgroup {

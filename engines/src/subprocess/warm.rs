@@ -129,6 +129,9 @@ pub(crate) struct Worker {
     stderr: pipe::Receiver,
     decoder: FrameDecoder,
     next_id: u64,
+    /// Whether a cancel is also delivered as SIGINT (the built-in runners read frames
+    /// only between turns, so a snippet is interrupted by the signal).
+    interrupt_on_cancel: bool,
     /// Turns served so far.
     pub(crate) turns: u32,
     /// When the worker started.
@@ -175,6 +178,7 @@ impl Worker {
             stderr: pipe::Receiver::from_owned_fd(err_r)?,
             decoder: FrameDecoder::new(),
             next_id: 0,
+            interrupt_on_cancel: frames_on == FramesOn::Fd3,
             turns: 0,
             started: std::time::Instant::now(),
         })
@@ -298,11 +302,11 @@ impl Worker {
                 }
                 _ = cancel.cancelled(), if stopping.is_none() => {
                     stopping = Some((TurnFault::Cancelled, Instant::now() + CANCEL_GRACE));
-                    let _ = self.input.write_all(&encode(&Frame::cancel(id.clone()))).await;
+                    self.send_cancel(&id).await;
                 }
                 _ = tokio::time::sleep_until(deadline), if stopping.is_none() => {
                     stopping = Some((TurnFault::TimedOut, Instant::now() + CANCEL_GRACE));
-                    let _ = self.input.write_all(&encode(&Frame::cancel(id.clone()))).await;
+                    self.send_cancel(&id).await;
                 }
                 _ = abort.as_mut() => {
                     break Err(TurnFault::Cancelled);
@@ -328,6 +332,17 @@ impl Worker {
             self.drain(&mut turn, cap, sink, &mut delivering).await;
         }
         turn
+    }
+
+    /// Asks the worker to stop the turn: a `cancel` frame, and SIGINT for runners.
+    async fn send_cancel(&mut self, id: &str) {
+        let frame = encode(&Frame::cancel(id));
+        let _ = tokio::time::timeout(CANCEL_GRACE, self.input.write_all(&frame)).await;
+        if self.interrupt_on_cancel {
+            if let Some(child) = &self.child {
+                let _ = sys::pidfd_send_signal(&child.pidfd, libc::SIGINT);
+            }
+        }
     }
 
     fn died_mid_turn(&mut self, what: &str) -> TurnFault {

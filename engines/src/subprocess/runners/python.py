@@ -12,9 +12,10 @@ The turn ends like a process would: an `output` frame whose output is
 exception (its traceback on stderr), {"exit_code": n} after sys.exit(n). A value JSON
 cannot hold comes back as its repr().
 
-A `cancel` frame for the turn in progress interrupts the snippet (KeyboardInterrupt);
-the turn then ends with an error frame of code CANCELLED. Closing stdin shuts the
-runner down.
+The host cancels a turn by writing a `cancel` frame and sending the runner SIGINT,
+which interrupts the snippet (KeyboardInterrupt); the turn then ends with an error
+frame of code CANCELLED, and the host kills the runner if it has not ended the turn
+within a short grace period. Closing stdin shuts the runner down.
 """
 
 import ast
@@ -23,21 +24,16 @@ import importlib.util
 import json
 import os
 import sys
-import threading
-import _thread
 
 FRAMES = os.fdopen(3, "w", buffering=1, encoding="utf-8", newline="\n")
-_write_lock = threading.Lock()
 _current = {"id": None}
-_cancelled = threading.Event()
 
 
 def send(frame):
     frame = dict({"v": 1}, **frame)
     line = json.dumps(frame, separators=(",", ":"), ensure_ascii=False, default=str)
-    with _write_lock:
-        FRAMES.write(line + "\n")
-        FRAMES.flush()
+    FRAMES.write(line + "\n")
+    FRAMES.flush()
 
 
 def flush_std():
@@ -109,7 +105,6 @@ def print_exception(exc):
 def handle(frame):
     job = frame["id"]
     payload = frame.get("input") or {}
-    _cancelled.clear()
     _current["id"] = job
     try:
         if isinstance(payload, dict) and "code" in payload:
@@ -120,11 +115,8 @@ def handle(frame):
             raise ValueError("input must hold `code` or `handler`")
         reply = {"kind": "output", "id": job, "output": {"exit_code": 0, "value": to_json(value)}}
     except KeyboardInterrupt:
-        if _cancelled.is_set():
-            reply = {"kind": "error", "id": job, "error": {"code": "CANCELLED", "message": "cancelled"}}
-        else:
-            print_exception(sys.exc_info()[1])
-            reply = {"kind": "output", "id": job, "output": {"exit_code": 130}}
+        # SIGINT is how the host cancels a turn.
+        reply = {"kind": "error", "id": job, "error": {"code": "CANCELLED", "message": "cancelled"}}
     except SystemExit as exc:
         if exc.code is None or isinstance(exc.code, int):
             code = exc.code or 0
@@ -141,10 +133,25 @@ def handle(frame):
     send(reply)
 
 
-def reader(frames_in):
-    """Reads frames; hands invokes to the main thread and turns cancel into an
-    interrupt of the snippet in progress."""
-    for line in frames_in:
+def main():
+    """Reads frames one line at a time and serves each invoke. A cancel for the turn
+    in progress arrives as SIGINT (the host signals the runner after writing the
+    `cancel` frame), which Python raises as KeyboardInterrupt in the snippet; `cancel`
+    frames read between turns have no turn to stop and are dropped."""
+    # Line-buffered output: a snippet's lines stream as they are printed, one write
+    # each (unbuffered output would cost a write, and a wake-up of the host, per
+    # print argument).
+    sys.stdout.reconfigure(line_buffering=True)
+    sys.stderr.reconfigure(line_buffering=True)
+    frames_in = os.fdopen(0, "r", encoding="utf-8", newline="\n")
+    while True:
+        try:
+            line = frames_in.readline()
+        except KeyboardInterrupt:
+            # A cancel that arrived after its turn ended.
+            continue
+        if not line:
+            return
         if not line.strip():
             continue
         try:
@@ -157,41 +164,16 @@ def reader(frames_in):
             os._exit(3)
         kind = frame.get("kind")
         if kind == "cancel":
-            if _current["id"] is not None and frame.get("id") == _current["id"] and not _cancelled.is_set():
-                _cancelled.set()
-                _thread.interrupt_main()
             continue
-        _queue.append(frame)
-        _ready.release()
-    _queue.append(None)
-    _ready.release()
-
-
-_queue = []
-_ready = threading.Semaphore(0)
-
-
-def main():
-    frames_in = os.fdopen(0, "r", encoding="utf-8", newline="\n")
-    threading.Thread(target=reader, args=(frames_in,), daemon=True).start()
-    while True:
-        try:
-            _ready.acquire()
-        except KeyboardInterrupt:
-            # A cancel that raced with the end of a turn.
-            continue
-        frame = _queue.pop(0)
-        if frame is None:
-            return
-        if frame.get("kind") == "invoke":
-            try:
-                handle(frame)
-            except KeyboardInterrupt:
-                # Interrupted after the turn's frame was written.
-                pass
-        else:
+        if kind != "invoke":
             send({"kind": "error", "id": frame.get("id", "?"),
                   "error": {"code": "PROTOCOL_ERROR", "message": "this runner takes invoke and cancel frames"}})
+            continue
+        try:
+            handle(frame)
+        except KeyboardInterrupt:
+            # Interrupted after the turn's frame was written.
+            pass
 
 
 if __name__ == "__main__":
