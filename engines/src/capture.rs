@@ -35,6 +35,43 @@ impl Captured {
     }
 }
 
+/// Output kept for one stream of an execution that is fed piece by piece (a warm
+/// worker's turn, an isolate's console), up to a cap.
+#[derive(Debug, Default)]
+pub(crate) struct Kept {
+    pub(crate) data: Vec<u8>,
+    pub(crate) truncated: bool,
+}
+
+impl Kept {
+    /// Keeps what fits under `cap` (adding the marker at the first byte past it) and
+    /// returns what to stream.
+    pub(crate) fn keep(&mut self, bytes: &[u8], cap: usize) -> Vec<u8> {
+        if self.truncated {
+            return Vec::new();
+        }
+        let room = cap.saturating_sub(self.data.len());
+        let take = bytes.len().min(room);
+        let mut deliver = bytes[..take].to_vec();
+        self.data.extend_from_slice(&bytes[..take]);
+        if take < bytes.len() {
+            self.truncated = true;
+            let marker = truncation_marker(cap as u64);
+            self.data.extend_from_slice(marker.as_bytes());
+            deliver.extend_from_slice(marker.as_bytes());
+        }
+        deliver
+    }
+
+    /// The kept bytes as text.
+    pub(crate) fn text(self) -> String {
+        match String::from_utf8(self.data) {
+            Ok(s) => s,
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        }
+    }
+}
+
 /// How long after the stop deadline a stalled subscriber may hold back delivery before
 /// the engine stops streaming to it (the result still carries the output).
 pub const DELIVERY_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
@@ -147,6 +184,19 @@ async fn deliver_chunk(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kept_output_stops_at_the_cap_with_a_marker() {
+        let mut kept = Kept::default();
+        assert_eq!(kept.keep(b"hello", 8), b"hello");
+        let streamed = kept.keep(b" world", 8);
+        assert!(streamed.starts_with(b" wo"));
+        assert!(kept.truncated);
+        assert!(kept.keep(b"more", 8).is_empty());
+        assert!(kept
+            .text()
+            .starts_with("hello wo\n[output truncated at 8 bytes]"));
+    }
     use std::io::Write;
     use std::sync::Mutex;
 

@@ -11,7 +11,6 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use paddock_core::output::truncation_marker;
 use paddock_core::{Error, ErrorCode, OutputChunk, StreamKind};
 use rquickjs::function::{Opt, Rest};
 use rquickjs::loader::{ImportAttributes, Loader, Resolver};
@@ -20,6 +19,7 @@ use rquickjs::{Coerced, Ctx, Exception, Function, Module, Object, Persistent, Va
 use tokio::sync::mpsc;
 
 use super::modules::{blocked, blocked_error, Export, HostModules, ModuleBody, SANDBOX_FS};
+use crate::capture::Kept;
 use crate::workdir::Workdir;
 
 /// Timers one execution may have pending at once.
@@ -35,17 +35,10 @@ pub(super) const DESTROYED: u8 = 2;
 /// The flag the async side sets to stop a running execution.
 pub(super) type Control = Arc<AtomicU8>;
 
-/// Output kept for the result of one stream, up to the cap.
-#[derive(Debug, Default)]
-pub(super) struct Capture {
-    pub(super) kept: Vec<u8>,
-    pub(super) truncated: bool,
-}
-
 /// The state of the execution running on this thread.
 pub(super) struct RunState {
-    pub(super) stdout: Capture,
-    pub(super) stderr: Capture,
+    pub(super) stdout: Kept,
+    pub(super) stderr: Kept,
     cap: usize,
     events: mpsc::Sender<OutputChunk>,
     delivering: bool,
@@ -78,8 +71,8 @@ impl RunState {
         workdir: Option<Arc<Workdir>>,
     ) -> RunState {
         RunState {
-            stdout: Capture::default(),
-            stderr: Capture::default(),
+            stdout: Kept::default(),
+            stderr: Kept::default(),
             cap,
             events,
             delivering: true,
@@ -100,28 +93,17 @@ impl RunState {
     /// Keeps what fits under the cap and streams it; the first byte past the cap adds
     /// the truncation marker, and later output is dropped.
     fn write(&mut self, stream: StreamKind, data: &[u8]) {
-        let cap = self.cap;
         let capture = match stream {
             StreamKind::Stdout => &mut self.stdout,
             StreamKind::Stderr => &mut self.stderr,
         };
-        if capture.truncated || data.is_empty() {
-            return;
+        let deliver = capture.keep(data, self.cap);
+        if !deliver.is_empty() {
+            self.deliver(OutputChunk {
+                stream,
+                data: deliver,
+            });
         }
-        let room = cap.saturating_sub(capture.kept.len());
-        let take = data.len().min(room);
-        let mut deliver = data[..take].to_vec();
-        capture.kept.extend_from_slice(&data[..take]);
-        if take < data.len() {
-            capture.truncated = true;
-            let marker = truncation_marker(cap as u64);
-            capture.kept.extend_from_slice(marker.as_bytes());
-            deliver.extend_from_slice(marker.as_bytes());
-        }
-        self.deliver(OutputChunk {
-            stream,
-            data: deliver,
-        });
     }
 
     /// Streams a chunk; a full channel (a slow reader) makes the script wait, but never

@@ -287,8 +287,8 @@ pub(super) fn into_result(
         outcome,
         stdout_truncated: report.stdout.truncated,
         stderr_truncated: report.stderr.truncated,
-        stdout: text(report.stdout.kept),
-        stderr: text(report.stderr.kept),
+        stdout: report.stdout.text(),
+        stderr: report.stderr.text(),
         value: report.value,
         usage: Usage {
             cpu_ms: report.cpu.as_millis() as u64,
@@ -304,10 +304,6 @@ pub(super) fn into_result(
         },
         warnings: Vec::new(),
     }
-}
-
-fn text(kept: Vec<u8>) -> String {
-    String::from_utf8(kept).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 #[async_trait]

@@ -24,8 +24,9 @@ use rquickjs::{Context, Ctx, Module, Promise, Runtime, Value};
 use tokio::sync::{mpsc, oneshot};
 
 use super::alloc::{Meter, MeteredAlloc};
-use super::host::{self, Capture, Control, RunState, CANCELLED, DESTROYED, RUNNING};
+use super::host::{self, Control, RunState, CANCELLED, DESTROYED, RUNNING};
 use super::modules::HostModules;
+use crate::capture::Kept;
 use crate::workdir::Workdir;
 
 /// What the thread needs to know about its engine.
@@ -85,8 +86,8 @@ pub(super) enum Ending {
 #[derive(Debug)]
 pub(super) struct Report {
     pub(super) ending: Ending,
-    pub(super) stdout: Capture,
-    pub(super) stderr: Capture,
+    pub(super) stdout: Kept,
+    pub(super) stderr: Kept,
     pub(super) value: Option<serde_json::Value>,
     pub(super) peak_memory: u64,
     pub(super) cpu: Duration,
@@ -291,8 +292,8 @@ impl Report {
     fn failed(message: String) -> Report {
         Report {
             ending: Ending::Failed(Error::new(ErrorCode::EngineFailed, message)),
-            stdout: Capture::default(),
-            stderr: Capture::default(),
+            stdout: Kept::default(),
+            stderr: Kept::default(),
             value: None,
             peak_memory: 0,
             cpu: Duration::ZERO,
@@ -395,7 +396,7 @@ fn run(isolate: &Isolate, ctx: &Context, job: &ExecJob) -> Report {
     let state = host::end();
     let (stdout, stderr, blocked) = match state {
         Some(s) => (s.stdout, s.stderr, s.blocked),
-        None => (Capture::default(), Capture::default(), None),
+        None => (Kept::default(), Kept::default(), None),
     };
     let stopped_outside = match job.control.load(Ordering::Relaxed) {
         CANCELLED => Some(Ending::Cancelled),

@@ -27,7 +27,7 @@ use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::unix::pipe;
 use tokio::time::Instant;
 
-use crate::capture::truncation_marker;
+use crate::capture::Kept;
 use crate::spawn::{spawn, SpawnSpec, SpawnedChild};
 use crate::sys;
 
@@ -71,42 +71,6 @@ pub(crate) enum TurnFault {
     Protocol(ProtocolError),
     /// The worker exited, or closed its frame channel, before the terminal frame.
     Died(String),
-}
-
-/// Output kept for one stream of one turn.
-#[derive(Debug, Default)]
-pub(crate) struct Kept {
-    pub(crate) data: Vec<u8>,
-    pub(crate) truncated: bool,
-}
-
-impl Kept {
-    /// Keeps what fits under `cap` (adding the marker at the first byte past it) and
-    /// returns what to stream.
-    fn keep(&mut self, bytes: &[u8], cap: usize) -> Vec<u8> {
-        if self.truncated {
-            return Vec::new();
-        }
-        let room = cap.saturating_sub(self.data.len());
-        let take = bytes.len().min(room);
-        let mut deliver = bytes[..take].to_vec();
-        self.data.extend_from_slice(&bytes[..take]);
-        if take < bytes.len() {
-            self.truncated = true;
-            let marker = truncation_marker(cap as u64);
-            self.data.extend_from_slice(marker.as_bytes());
-            deliver.extend_from_slice(marker.as_bytes());
-        }
-        deliver
-    }
-
-    /// The kept bytes as text.
-    pub(crate) fn text(self) -> String {
-        match String::from_utf8(self.data) {
-            Ok(s) => s,
-            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
-        }
-    }
 }
 
 /// One turn's outcome and output.
