@@ -526,7 +526,8 @@ pub struct SubprocessConfig {
 pub struct WarmConfig {
     /// Run `Code` in the languages below on warm workers. Default `false`.
     pub enabled: bool,
-    /// Languages with a built-in runner to keep warm. Default `["python"]`.
+    /// Languages with a built-in runner to keep warm. Default
+    /// `["python", "javascript"]`.
     pub languages: Vec<Language>,
     /// Turns after which a worker is replaced by a fresh one; 1 gives every execution
     /// a fresh interpreter (still started ahead of need). Default 100.
@@ -542,7 +543,7 @@ impl Default for WarmConfig {
     fn default() -> Self {
         WarmConfig {
             enabled: false,
-            languages: vec![Language::Python],
+            languages: vec![Language::Python, Language::Javascript],
             max_turns: 100,
             max_age_ms: 600_000,
             max_rss_bytes: 256 << 20,
@@ -715,10 +716,10 @@ impl PaddockConfig {
                 "max_turns and max_age_ms must be at least 1 and max_rss_bytes at least 16 MiB",
             ));
         }
-        if let Some(lang) = w.languages.iter().find(|l| **l != Language::Python) {
+        if let Some(lang) = w.languages.iter().find(|l| **l == Language::Shell) {
             return Err(Error::invalid_config(
                 "subprocess.warm.languages",
-                format!("there is no built-in warm runner for {lang} yet; the runners are: python"),
+                format!("there is no built-in warm runner for {lang}; the runners are: python, javascript"),
             ));
         }
         for name in &s.env_passthrough {

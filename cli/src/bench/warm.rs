@@ -1,10 +1,10 @@
-//! The `warm` scenario: Python `Code` on a warm worker against a cold interpreter
-//! start in the same run, and the throughput of a warm pool of two.
+//! The `warm` scenario: `Code` on a warm worker against a cold interpreter start in
+//! the same run, for Python and Node, and the throughput of a warm Python pool of two.
 //!
-//! The cold baseline is `<python> -c 'print(1)'` spawned with `std::process::Command`,
-//! where `<python>` is the very binary the engine runs: the engine resolves a launcher
-//! script on `PATH` (pyenv's shim) to the interpreter behind it, and the benchmark
-//! prints that path. Node has no warm runner yet; its line says so.
+//! The cold baseline is `<python> -c 'print(1)'` (`<node> -e 'console.log(1)'`)
+//! spawned with `std::process::Command`, where the interpreter is the very binary the
+//! engine runs: the engine resolves a launcher script on `PATH` (pyenv's shim) to the
+//! interpreter behind it, and the benchmark prints that path.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -22,23 +22,32 @@ use super::{report, round, round3, summarize};
 
 const SNIPPET: &str = "print(1)";
 
-fn cold(python: &std::path::Path) -> Duration {
+/// The snippet and the interpreter's flag for running source, per language.
+fn snippet(language: Language) -> (&'static str, &'static str) {
+    match language {
+        Language::Javascript => ("console.log(1)", "-e"),
+        _ => (SNIPPET, "-c"),
+    }
+}
+
+fn cold(interpreter: &std::path::Path, language: Language) -> Duration {
+    let (source, flag) = snippet(language);
     let start = Instant::now();
-    let out = std::process::Command::new(python)
-        .args(["-c", SNIPPET])
+    let out = std::process::Command::new(interpreter)
+        .args([flag, source])
         .stdin(std::process::Stdio::null())
         .output()
-        .expect("spawning python");
+        .expect("spawning the interpreter");
     let took = start.elapsed();
     assert!(out.status.success() && out.stdout == b"1\n", "{out:?}");
     took
 }
 
-async fn warm_once(sandbox: &dyn Sandbox) -> Duration {
+async fn warm_once(sandbox: &dyn Sandbox, language: Language) -> Duration {
     let start = Instant::now();
     let r = sandbox
         .exec(
-            ExecRequest::new(Program::code(Language::Python, SNIPPET)),
+            ExecRequest::new(Program::code(language, snippet(language).0)),
             &DiscardSink,
             CancelToken::new(),
         )
@@ -64,13 +73,6 @@ pub(super) async fn warm(
             return Ok(1);
         }
     };
-    let python = match engine.host_support().interpreters.get(&Language::Python) {
-        Some(Ok(p)) => p.clone(),
-        _ => {
-            eprintln!("paddock bench: no python interpreter on this host");
-            return Ok(1);
-        }
-    };
     let sandbox: Arc<dyn Sandbox> = match engine.create(&SandboxSpec::default()).await {
         Ok(s) => s,
         Err(e) => {
@@ -78,45 +80,49 @@ pub(super) async fn warm(
             return Ok(1);
         }
     };
-    // Interleaved, so that drift on a shared machine hits both series alike.
-    for _ in 0..(iterations / 10).max(3) {
-        cold(&python);
-        warm_once(&*sandbox).await;
+    for language in [Language::Python, Language::Javascript] {
+        let interpreter = match engine.host_support().interpreters.get(&language) {
+            Some(Ok(p)) => p.clone(),
+            _ => {
+                report(
+                    &json!({"scenario": "warm", "language": language.as_str(), "skipped": "no interpreter on this host"}),
+                    as_json,
+                );
+                continue;
+            }
+        };
+        // Interleaved, so that drift on a shared machine hits both series alike.
+        for _ in 0..(iterations / 10).max(3) {
+            cold(&interpreter, language);
+            warm_once(&*sandbox, language).await;
+        }
+        let (mut c, mut w) = (
+            Vec::with_capacity(iterations),
+            Vec::with_capacity(iterations),
+        );
+        for _ in 0..iterations {
+            c.push(cold(&interpreter, language));
+            w.push(warm_once(&*sandbox, language).await);
+        }
+        let (c, w) = (summarize(c), summarize(w));
+        report(
+            &json!({
+                "scenario": "warm",
+                "language": language.as_str(),
+                "interpreter": interpreter.display().to_string(),
+                "snippet": snippet(language).0,
+                "iterations": iterations,
+                "warm_p50_us": round(w.p50),
+                "warm_p99_us": round(w.p99),
+                "cold_p50_us": round(c.p50),
+                "cold_p99_us": round(c.p99),
+                "ratio_p50": round3(w.p50 / c.p50.max(0.001)),
+                "speedup_p50": round(c.p50 / w.p50.max(0.001)),
+            }),
+            as_json,
+        );
     }
-    let (mut c, mut w) = (
-        Vec::with_capacity(iterations),
-        Vec::with_capacity(iterations),
-    );
-    for _ in 0..iterations {
-        c.push(cold(&python));
-        w.push(warm_once(&*sandbox).await);
-    }
-    let (c, w) = (summarize(c), summarize(w));
     let _ = sandbox.destroy().await;
-    report(
-        &json!({
-            "scenario": "warm",
-            "language": "python",
-            "interpreter": python.display().to_string(),
-            "snippet": SNIPPET,
-            "iterations": iterations,
-            "warm_p50_us": round(w.p50),
-            "warm_p99_us": round(w.p99),
-            "cold_p50_us": round(c.p50),
-            "cold_p99_us": round(c.p99),
-            "ratio_p50": round3(w.p50 / c.p50.max(0.001)),
-            "speedup_p50": round(c.p50 / w.p50.max(0.001)),
-        }),
-        as_json,
-    );
-    report(
-        &json!({
-            "scenario": "warm",
-            "language": "javascript",
-            "skipped": "there is no warm node runner yet; `subprocess.warm.languages` accepts python only",
-        }),
-        as_json,
-    );
 
     // Throughput of a warm pool of two through the scheduler.
     let mut config = PaddockConfig::default();

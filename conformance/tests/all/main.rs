@@ -3,3 +3,4 @@
 mod broken;
 mod isolate;
 mod subprocess;
+mod warm;

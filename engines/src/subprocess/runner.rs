@@ -26,6 +26,8 @@ use super::warm::{FramesOn, TurnEnd, TurnFault, Worker};
 
 /// The Python runner, written next to the engine's workdirs when warm mode is on.
 const PYTHON_RUNNER: &str = include_str!("runners/python.py");
+/// The Node runner, likewise.
+const NODE_RUNNER: &str = include_str!("runners/node.js");
 
 /// What the engine prepared for warm mode.
 #[derive(Debug)]
@@ -45,6 +47,7 @@ impl WarmSetup {
         for lang in &config.languages {
             let (name, text) = match lang {
                 Language::Python => ("python.py", PYTHON_RUNNER),
+                Language::Javascript => ("node.js", NODE_RUNNER),
                 other => {
                     return Err(Error::invalid_config(
                         "subprocess.warm.languages",

@@ -282,3 +282,41 @@ async fn destroy_during_a_warm_turn_ends_it() {
     assert!(!r.is_success(), "{r:?}");
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
 }
+
+fn js(source: &str) -> ExecRequest {
+    ExecRequest::new(Program::code(Language::Javascript, source)).with_timeout_ms(20_000)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_snippets_run_warm_too() {
+    let sb = sandbox().await;
+    let r = run(&*sb, js("console.log('hi'); console.error('err'); 6 * 7")).await;
+    assert_eq!(r.outcome, exit(0), "{r:?}");
+    assert_eq!((r.stdout.as_str(), r.stderr.as_str()), ("hi\n", "err\n"));
+    assert_eq!(r.value, Some(json!(42)));
+    let r = run(&*sb, js("Promise.resolve({ok: [1, 2]})")).await;
+    assert_eq!(r.value, Some(json!({"ok": [1, 2]})), "{r:?}");
+    let r = run(&*sb, js("throw new TypeError('bad input')")).await;
+    assert_eq!(r.outcome, exit(1), "{r:?}");
+    assert!(r.stderr.contains("TypeError: bad input"), "{}", r.stderr);
+    assert!(
+        !r.stderr.contains("node.js:"),
+        "runner frames are trimmed: {}",
+        r.stderr
+    );
+    let r = run(&*sb, js("process.exit(4)")).await;
+    assert_eq!(r.outcome, exit(4), "{r:?}");
+    // A fresh context per snippet: the same `let` twice, and no globals carried over.
+    run(&*sb, js("let x = 1; globalThis.leak = 1")).await;
+    let r = run(&*sb, js("let x = 2; typeof leak")).await;
+    assert_eq!(r.value, Some(json!("undefined")), "{r:?}");
+    let mut spin = js("while (true) {}");
+    spin.limits.timeout_ms = Some(300);
+    let t = Instant::now();
+    let r = run(&*sb, spin).await;
+    assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    let r = run(&*sb, js("'after'")).await;
+    assert_eq!(r.value, Some(json!("after")), "{r:?}");
+    sb.destroy().await.unwrap();
+}
