@@ -268,20 +268,20 @@ impl Cgroup {
             .unwrap_or(false)
     }
 
-    /// Whether the group holds a process other than `keep` (0 keeps none).
-    pub fn has_other_than(&self, keep: libc::pid_t) -> bool {
+    /// Whether the group holds a process that is not in `keep`.
+    pub fn has_other_than(&self, keep: &[libc::pid_t]) -> bool {
         std::fs::read_to_string(self.pids.join("cgroup.procs"))
             .map(|s| {
                 s.lines()
                     .filter_map(|l| l.trim().parse::<libc::pid_t>().ok())
-                    .any(|pid| pid != keep)
+                    .any(|pid| !keep.contains(&pid))
             })
             .unwrap_or(true)
     }
 
     /// Kills every process in the group and waits (up to 5 s) until it is empty.
     pub fn kill_all(&self) -> io::Result<()> {
-        if !self.has_other_than(0) {
+        if !self.has_other_than(&[]) {
             // Empty: nothing to freeze or kill.
             return Ok(());
         }
@@ -296,9 +296,10 @@ impl Cgroup {
         kill_procs(&self.pids)
     }
 
-    /// Kills every process in the group except `keep` (a warm worker between turns)
-    /// and waits (up to 5 s) until only it is left. Returns how many were killed.
-    pub fn kill_all_except(&self, keep: libc::pid_t) -> io::Result<usize> {
+    /// Kills every process in the group except those in `keep` (warm workers between
+    /// turns) and waits (up to 5 s) until only they are left. Returns how many were
+    /// killed.
+    pub fn kill_all_except(&self, keep: &[libc::pid_t]) -> io::Result<usize> {
         if !self.has_other_than(keep) {
             // The common case after a turn: nothing but the worker, no freeze needed.
             return Ok(0);
@@ -390,15 +391,15 @@ fn kill_procs(dir: &Path) -> io::Result<()> {
 
 /// Sends SIGKILL to every process listed in `dir/cgroup.procs`; returns how many.
 fn signal_procs(dir: &Path) -> io::Result<usize> {
-    signal_procs_except(dir, 0)
+    signal_procs_except(dir, &[])
 }
 
-/// [`signal_procs`], sparing `keep` (0 spares nothing).
-fn signal_procs_except(dir: &Path, keep: libc::pid_t) -> io::Result<usize> {
+/// [`signal_procs`], sparing the processes in `keep`.
+fn signal_procs_except(dir: &Path, keep: &[libc::pid_t]) -> io::Result<usize> {
     let procs = std::fs::read_to_string(dir.join("cgroup.procs"))?;
     let mut n = 0;
     for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
-        if pid == keep {
+        if keep.contains(&pid) {
             continue;
         }
         sys::kill_pid(pid, libc::SIGKILL);

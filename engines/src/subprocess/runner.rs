@@ -262,24 +262,30 @@ impl SubprocessSandbox {
         let clean = matches!(outcome, Outcome::Completed { exit_code: 0, .. });
         let peak_memory = slot.worker.rss_bytes();
         let healthy = clean && peak_memory <= config.max_rss_bytes;
-        // Whatever the snippet left running dies with its turn; a replaced worker
-        // takes everything in the group with it. The usual case (only the worker is
-        // left) is one read of `cgroup.procs`, done here.
-        let keep = if healthy { slot.worker.pid() } else { None };
+        // Whatever the snippet left running dies with its turn; the sandbox's warm
+        // workers (this one if it stays, and those of other languages) are spared.
+        // The usual case (only workers left) is one read of `cgroup.procs`, done here.
         if !healthy {
             slot.worker.kill();
+        }
+        let mut keep: Vec<libc::pid_t> = self
+            .warm
+            .lock()
+            .values()
+            .filter_map(|s| s.worker.pid())
+            .collect();
+        if healthy {
+            keep.extend(slot.worker.pid());
         }
         let leftovers = self
             .warm_cgroup
             .as_ref()
-            .is_some_and(|g| g.has_other_than(keep.unwrap_or(0)));
+            .is_some_and(|g| g.has_other_than(&keep));
         if let (Some(g), true) = (self.warm_cgroup.clone(), leftovers) {
             let _ = super::sandbox::blocking(move || {
-                let r = match keep {
-                    Some(pid) => g.kill_all_except(pid).map(drop),
-                    None => g.kill_all(),
-                };
-                r.map_err(|e| Error::engine_io("killing what the snippet left running", e))
+                g.kill_all_except(&keep)
+                    .map(drop)
+                    .map_err(|e| Error::engine_io("killing what the snippet left running", e))
             })
             .await;
         }

@@ -180,7 +180,7 @@ impl SubprocessSandbox {
         if !remove {
             // The usual recycle after a short execution: nothing left running and no
             // files. Two reads decide it, without a trip to the blocking pool.
-            let idle = cgroup.as_ref().is_none_or(|g| !g.has_other_than(0));
+            let idle = cgroup.as_ref().is_none_or(|g| !g.has_other_than(&[]));
             let empty = std::fs::read_dir(workdir.root())
                 .map(|mut d| d.next().is_none())
                 .unwrap_or(false);

@@ -290,6 +290,9 @@ fn js(source: &str) -> ExecRequest {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_snippets_run_warm_too() {
     let sb = sandbox().await;
+    // The end of a Python turn spares the other language's worker.
+    let r = run(&*sb, py("1")).await;
+    assert_eq!(r.value, Some(json!(1)), "{r:?}");
     let r = run(&*sb, js("console.log('hi'); console.error('err'); 6 * 7")).await;
     assert_eq!(r.outcome, exit(0), "{r:?}");
     assert_eq!((r.stdout.as_str(), r.stderr.as_str()), ("hi\n", "err\n"));
