@@ -516,6 +516,19 @@ pub struct SubprocessConfig {
     pub cgroup: CgroupMode,
     /// Warm workers for `Code` (`[subprocess.warm]`).
     pub warm: WarmConfig,
+    /// json-stdio handlers an `Invoke` names (`[subprocess.handlers.NAME]`): programs
+    /// that speak protocol v1 on stdin/stdout and are kept running between turns.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub handlers: BTreeMap<String, HandlerConfig>,
+}
+
+/// One json-stdio handler (`[subprocess.handlers.NAME]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HandlerConfig {
+    /// The command that starts it: `command[0]` is looked up on `PATH` (or is a path),
+    /// and it runs in the sandbox workdir like any program.
+    pub command: Vec<String>,
 }
 
 /// Warm workers of the subprocess engine: interpreters started ahead of need that run
@@ -562,6 +575,7 @@ impl Default for SubprocessConfig {
             shell: "/bin/sh".into(),
             cgroup: CgroupMode::Auto,
             warm: WarmConfig::default(),
+            handlers: BTreeMap::new(),
         }
     }
 }
@@ -722,6 +736,30 @@ impl PaddockConfig {
                 format!("there is no built-in warm runner for {lang}; the runners are: python, javascript"),
             ));
         }
+        for (name, h) in &s.handlers {
+            let bad_name = name.is_empty()
+                || name.len() > 128
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+            if bad_name {
+                return Err(Error::invalid_config(
+                    "subprocess.handlers",
+                    format!(
+                        "handler name `{name}` must be 1 to 128 letters, digits, `-`, `_` or `.`"
+                    ),
+                ));
+            }
+            if h.command.is_empty()
+                || h.command[0].is_empty()
+                || h.command.iter().any(|a| a.contains('\0'))
+            {
+                return Err(Error::invalid_config(
+                    &format!("subprocess.handlers.{name}.command"),
+                    "must name a program, with arguments free of NUL bytes",
+                ));
+            }
+        }
         for name in &s.env_passthrough {
             if name.is_empty() || name.contains('=') || name.contains('\0') {
                 return Err(Error::invalid_config(
@@ -737,6 +775,35 @@ impl PaddockConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn handlers_and_warm_workers_are_checked() {
+        let c = PaddockConfig::from_toml_str(
+            "[subprocess.warm]\nenabled = true\n[subprocess.handlers.sum]\ncommand = [\"node\", \"sum.js\"]\n",
+        )
+        .unwrap();
+        assert!(c.subprocess.warm.enabled);
+        assert_eq!(c.subprocess.handlers["sum"].command, ["node", "sum.js"]);
+        for (doc, field) in [
+            (
+                "[subprocess.handlers.\"a b\"]\ncommand = [\"x\"]\n",
+                "subprocess.handlers",
+            ),
+            (
+                "[subprocess.handlers.x]\ncommand = []\n",
+                "subprocess.handlers.x.command",
+            ),
+            (
+                "[subprocess.warm]\nlanguages = [\"shell\"]\n",
+                "subprocess.warm.languages",
+            ),
+            ("[subprocess.warm]\nmax_turns = 0\n", "subprocess.warm"),
+        ] {
+            let e = PaddockConfig::from_toml_str(doc).unwrap_err();
+            assert_eq!(e.code, ErrorCode::InvalidConfig, "{doc}");
+            assert!(e.message.contains(field), "{doc}: {e}");
+        }
+    }
 
     #[test]
     fn empty_document_is_the_default() {

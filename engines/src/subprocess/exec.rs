@@ -113,7 +113,7 @@ impl SubprocessSandbox {
         if self.destroying() {
             return Err(Error::disposed(&format!("sandbox {}", self.id)));
         }
-        if self.warm_language(&request).is_some() {
+        if self.warm_target(&request).is_some() {
             return self
                 .run_warm(request, limits, sink, cancel, queued_at_ms, destroyed)
                 .await;
@@ -311,10 +311,12 @@ impl SubprocessSandbox {
                     vec![interp, file]
                 }
             }
-            Program::Invoke { .. } => {
+            Program::Invoke { handler, .. } => {
                 return Err(Error::new(
                     ErrorCode::CapabilityNotSupported,
-                    "cold subprocess sandboxes do not run json-stdio handlers",
+                    format!(
+                        "no warm worker can run handler `{handler}`: name a handler configured in [subprocess.handlers], or `module:function` with the warm Python runner, and pass no stdin, env, cwd or rlimits of its own"
+                    ),
                 ))
             }
         };

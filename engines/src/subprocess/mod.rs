@@ -133,6 +133,13 @@ impl SubprocessEngine {
                 programs.push(ProgramKind::Code(*lang));
             }
         }
+        // Handlers run on warm workers: configured ones, and `module:function` on the
+        // warm Python runner.
+        let python_runner =
+            config.warm.enabled && config.warm.languages.contains(&Language::Python);
+        if !config.handlers.is_empty() || python_runner {
+            programs.push(ProgramKind::Invoke);
+        }
         let mut network = vec!["unrestricted"];
         if netns.is_ok() {
             network.push("none");
@@ -159,11 +166,7 @@ impl SubprocessEngine {
             )
         })?;
 
-        let warm = if config.warm.enabled {
-            Some(runner::WarmSetup::prepare(&config.warm, &workdir_root)?)
-        } else {
-            None
-        };
+        let warm = runner::WarmSetup::prepare(&config.warm, &config.handlers, &workdir_root)?;
 
         Ok(SubprocessEngine {
             inner: Arc::new(EngineInner {

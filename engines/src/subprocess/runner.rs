@@ -15,9 +15,11 @@
 
 use std::path::PathBuf;
 
+use std::collections::BTreeMap;
+
 use paddock_core::{
-    unix_ms, CancelToken, EngineKind, Error, ErrorCode, ExecRequest, ExecResult, Language,
-    LimitKind, Limits, Outcome, OutputSink, Program, Result, Timings, Usage, WarmConfig,
+    unix_ms, CancelToken, EngineKind, Error, ErrorCode, ExecRequest, ExecResult, HandlerConfig,
+    Language, LimitKind, Limits, Outcome, OutputSink, Program, Result, Timings, Usage, WarmConfig,
 };
 use serde_json::json;
 
@@ -33,37 +35,68 @@ const NODE_RUNNER: &str = include_str!("runners/node.js");
 #[derive(Debug)]
 pub(crate) struct WarmSetup {
     pub(crate) config: WarmConfig,
-    /// Runner script per language.
+    /// Runner script per language (empty when warm `Code` is off).
     pub(crate) runners: Vec<(Language, PathBuf)>,
+    /// Handlers an `Invoke` may name.
+    pub(crate) handlers: BTreeMap<String, HandlerConfig>,
+}
+
+/// Which worker a warm execution runs on.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum WorkerKey {
+    /// The built-in runner of a language.
+    Runner(Language),
+    /// A configured json-stdio handler, by name.
+    Handler(String),
+}
+
+impl std::fmt::Display for WorkerKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WorkerKey::Runner(lang) => write!(f, "{lang} runner"),
+            WorkerKey::Handler(name) => write!(f, "handler `{name}`"),
+        }
+    }
 }
 
 impl WarmSetup {
-    /// Writes the runner scripts under `dir`.
-    pub(crate) fn prepare(config: &WarmConfig, dir: &std::path::Path) -> Result<WarmSetup> {
-        let dir = dir.join("runners");
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| Error::engine_io("creating the runner directory", e))?;
-        let mut runners = Vec::new();
-        for lang in &config.languages {
-            let (name, text) = match lang {
-                Language::Python => ("python.py", PYTHON_RUNNER),
-                Language::Javascript => ("node.js", NODE_RUNNER),
-                other => {
-                    return Err(Error::invalid_config(
-                        "subprocess.warm.languages",
-                        format!("there is no built-in warm runner for {other}"),
-                    ))
-                }
-            };
-            let path = dir.join(name);
-            std::fs::write(&path, text)
-                .map_err(|e| Error::engine_io("writing a warm runner", e))?;
-            runners.push((*lang, path));
+    /// Writes the runner scripts under `dir`; `None` when there is nothing to keep
+    /// warm.
+    pub(crate) fn prepare(
+        config: &WarmConfig,
+        handlers: &BTreeMap<String, HandlerConfig>,
+        dir: &std::path::Path,
+    ) -> Result<Option<WarmSetup>> {
+        if !config.enabled && handlers.is_empty() {
+            return Ok(None);
         }
-        Ok(WarmSetup {
+        let mut runners = Vec::new();
+        if config.enabled {
+            let dir = dir.join("runners");
+            std::fs::create_dir_all(&dir)
+                .map_err(|e| Error::engine_io("creating the runner directory", e))?;
+            for lang in &config.languages {
+                let (name, text) = match lang {
+                    Language::Python => ("python.py", PYTHON_RUNNER),
+                    Language::Javascript => ("node.js", NODE_RUNNER),
+                    other => {
+                        return Err(Error::invalid_config(
+                            "subprocess.warm.languages",
+                            format!("there is no built-in warm runner for {other}"),
+                        ))
+                    }
+                };
+                let path = dir.join(name);
+                std::fs::write(&path, text)
+                    .map_err(|e| Error::engine_io("writing a warm runner", e))?;
+                runners.push((*lang, path));
+            }
+        }
+        Ok(Some(WarmSetup {
             config: config.clone(),
             runners,
-        })
+            handlers: handlers.clone(),
+        }))
     }
 
     fn runner(&self, lang: Language) -> Option<&PathBuf> {
@@ -71,6 +104,15 @@ impl WarmSetup {
             .iter()
             .find(|(l, _)| *l == lang)
             .map(|(_, p)| p)
+    }
+
+    /// Every worker a new sandbox starts ahead of need.
+    pub(crate) fn keys(&self) -> Vec<WorkerKey> {
+        self.runners
+            .iter()
+            .map(|(l, _)| WorkerKey::Runner(*l))
+            .chain(self.handlers.keys().cloned().map(WorkerKey::Handler))
+            .collect()
     }
 }
 
@@ -82,13 +124,13 @@ pub(crate) struct Slot {
 }
 
 impl SubprocessSandbox {
-    /// The language to run `request` warm in, when warm mode can run it exactly.
-    pub(super) fn warm_language(&self, request: &ExecRequest) -> Option<Language> {
+    /// The worker to run `request` on and the `invoke` input to send it, when a warm
+    /// worker can run it exactly.
+    pub(super) fn warm_target(
+        &self,
+        request: &ExecRequest,
+    ) -> Option<(WorkerKey, serde_json::Value)> {
         let setup = self.engine.warm.as_ref()?;
-        let Program::Code { language, .. } = &request.program else {
-            return None;
-        };
-        setup.runner(*language)?;
         let l = &request.limits;
         let plain = request.stdin.is_none()
             && request.env.is_empty()
@@ -96,30 +138,65 @@ impl SubprocessSandbox {
             && l.cpu_ms.is_none()
             && l.file_size_bytes.is_none()
             && l.open_files.is_none();
-        plain.then_some(*language)
+        if !plain {
+            return None;
+        }
+        match &request.program {
+            Program::Code { language, source } if setup.runner(*language).is_some() => {
+                Some((WorkerKey::Runner(*language), json!({ "code": source })))
+            }
+            Program::Invoke { handler, input } if setup.handlers.contains_key(handler) => {
+                Some((WorkerKey::Handler(handler.clone()), input.clone()))
+            }
+            Program::Invoke { handler, input }
+                if handler.contains(':') && setup.runner(Language::Python).is_some() =>
+            {
+                Some((
+                    WorkerKey::Runner(Language::Python),
+                    json!({ "handler": handler, "input": input }),
+                ))
+            }
+            _ => None,
+        }
     }
 
-    /// Starts a runner for `lang` serving `tenant`.
-    pub(super) fn start_worker(&self, lang: Language, tenant: Option<String>) -> Result<Slot> {
+    /// Starts the worker for `key` serving `tenant`.
+    pub(super) fn start_worker(&self, key: &WorkerKey, tenant: Option<String>) -> Result<Slot> {
         let setup = self
             .engine
             .warm
             .as_ref()
             .ok_or_else(|| Error::new(ErrorCode::EngineFailed, "warm mode is off"))?;
-        let script = setup.runner(lang).ok_or_else(|| {
-            Error::new(
-                ErrorCode::CapabilityNotSupported,
-                format!("no warm runner for {lang}"),
-            )
-        })?;
-        let interp = match self.engine.support.interpreters.get(&lang) {
-            Some(Ok(p)) => p.clone(),
-            _ => return Err(super::missing_interpreter(&self.engine, lang)),
+        let (argv, frames_on) = match key {
+            WorkerKey::Runner(lang) => {
+                let script = setup.runner(*lang).ok_or_else(|| {
+                    Error::new(
+                        ErrorCode::CapabilityNotSupported,
+                        format!("no warm runner for {lang}"),
+                    )
+                })?;
+                let interp = match self.engine.support.interpreters.get(lang) {
+                    Some(Ok(p)) => p.clone(),
+                    _ => return Err(super::missing_interpreter(&self.engine, *lang)),
+                };
+                (
+                    vec![
+                        interp.to_string_lossy().into_owned(),
+                        script.to_string_lossy().into_owned(),
+                    ],
+                    FramesOn::Fd3,
+                )
+            }
+            WorkerKey::Handler(name) => {
+                let handler = setup.handlers.get(name).ok_or_else(|| {
+                    Error::new(
+                        ErrorCode::NotFound,
+                        format!("no handler `{name}` is configured"),
+                    )
+                })?;
+                (handler.command.clone(), FramesOn::Stdout)
+            }
         };
-        let argv = vec![
-            interp.to_string_lossy().into_owned(),
-            script.to_string_lossy().into_owned(),
-        ];
         let stdio = self.placeholder_stdio()?;
         let spec = self.spawn_spec(
             argv,
@@ -129,10 +206,10 @@ impl SubprocessSandbox {
             stdio,
             self.warm_cgroup.as_deref(),
         )?;
-        let worker = Worker::start(spec, FramesOn::Fd3).map_err(|e| {
+        let worker = Worker::start(spec, frames_on).map_err(|e| {
             Error::new(
                 ErrorCode::SpawnFailed,
-                format!("starting the warm {lang} runner failed: {e}"),
+                format!("starting the warm {key} failed: {e}"),
             )
         })?;
         Ok(Slot { worker, tenant })
@@ -145,7 +222,7 @@ impl SubprocessSandbox {
             && slot.worker.started.elapsed().as_millis() < u128::from(config.max_age_ms)
     }
 
-    /// Runs `request` on the warm worker for its language (see [`Self::warm_language`]).
+    /// Runs `request` on its warm worker (see [`Self::warm_target`]).
     pub(super) async fn run_warm(
         &self,
         request: ExecRequest,
@@ -155,7 +232,8 @@ impl SubprocessSandbox {
         queued_at_ms: u64,
         destroyed: std::pin::Pin<&mut (dyn std::future::Future<Output = ()> + Send)>,
     ) -> Result<ExecResult> {
-        let (Some(setup), Some(lang)) = (self.engine.warm.as_ref(), self.warm_language(&request))
+        let (Some(setup), Some((key, input))) =
+            (self.engine.warm.as_ref(), self.warm_target(&request))
         else {
             return Err(Error::new(
                 ErrorCode::EngineFailed,
@@ -163,21 +241,15 @@ impl SubprocessSandbox {
             ));
         };
         let config = &setup.config;
-        let taken = self.warm.lock().remove(&lang);
+        let taken = self.warm.lock().remove(&key);
         let mut slot = match taken {
             Some(slot) if self.fit(&slot, &request.tenant, config) => slot,
-            _ => self.start_worker(lang, request.tenant.clone())?,
+            _ => self.start_worker(&key, request.tenant.clone())?,
         };
         if let Some(g) = &self.warm_cgroup {
             g.set_limits(limits.memory_bytes, limits.pids)
                 .map_err(|e| Error::engine_io("setting cgroup limits", e))?;
         }
-        let Program::Code { source, .. } = &request.program else {
-            return Err(Error::new(
-                ErrorCode::EngineFailed,
-                "warm mode runs code only",
-            ));
-        };
         let started = tokio::time::Instant::now();
         let started_at_ms = unix_ms();
         let timeout = limits
@@ -187,14 +259,7 @@ impl SubprocessSandbox {
             usize::try_from(limits.max_output_bytes.unwrap_or(u64::MAX)).unwrap_or(usize::MAX);
         let turn = slot
             .worker
-            .invoke(
-                json!({ "code": source }),
-                sink,
-                &cancel,
-                started + timeout,
-                cap,
-                destroyed,
-            )
+            .invoke(input, sink, &cancel, started + timeout, cap, destroyed)
             .await;
         let wall_ms = started.elapsed().as_millis() as u64;
 
@@ -202,8 +267,9 @@ impl SubprocessSandbox {
             .warm_cgroup
             .as_ref()
             .is_some_and(|g| g.new_oom_kills() > 0);
-        let (mut outcome, value) = match turn.end {
-            Ok(TurnEnd::Output(out)) => {
+        let (mut outcome, value) = match (turn.end, &key) {
+            // A runner answers like a process: `{exit_code, value}`.
+            (Ok(TurnEnd::Output(out)), WorkerKey::Runner(_)) => {
                 let code = out
                     .get("exit_code")
                     .and_then(|c| c.as_i64())
@@ -219,42 +285,48 @@ impl SubprocessSandbox {
                     None => (
                         failed(
                             ErrorCode::ProtocolError,
-                            format!("the {lang} runner answered without an exit code: {out}"),
+                            format!("the {key} answered without an exit code: {out}"),
                         ),
                         None,
                     ),
                 }
             }
-            Ok(TurnEnd::Error(e)) if e.code == "CANCELLED" => (Outcome::Cancelled, None),
-            Ok(TurnEnd::Error(e)) => (
+            // A handler's output is the value.
+            (Ok(TurnEnd::Output(out)), WorkerKey::Handler(_)) => (
+                Outcome::Completed {
+                    exit_code: 0,
+                    signal: None,
+                },
+                Some(out),
+            ),
+            (Ok(TurnEnd::Error(e)), _) if e.code == "CANCELLED" => (Outcome::Cancelled, None),
+            (Ok(TurnEnd::Error(e)), _) => (
                 failed(
                     ErrorCode::WorkerFailed,
-                    format!("the {lang} runner failed: {}: {}", e.code, e.message),
+                    format!("the {key} answered with error {}: {}", e.code, e.message),
                 ),
                 None,
             ),
-            Ok(TurnEnd::Suspend(token)) => (
+            (Ok(TurnEnd::Suspend(token)), _) => (
                 failed(
-                    ErrorCode::ProtocolError,
-                    format!(
-                        "the {lang} runner suspended on `{token}`, which code snippets cannot do"
-                    ),
+                    ErrorCode::CapabilityNotSupported,
+                    format!("the {key} suspended on `{token}`; this host does not resume suspended invocations yet"),
                 ),
                 None,
             ),
-            Err(TurnFault::TimedOut) => (Outcome::TimedOut, None),
-            Err(TurnFault::Cancelled) => (Outcome::Cancelled, None),
-            Err(_) if oom => (
+            (Err(TurnFault::TimedOut), _) => (Outcome::TimedOut, None),
+            (Err(TurnFault::Cancelled), _) => (Outcome::Cancelled, None),
+            (Err(_), _) if oom => (
                 Outcome::LimitExceeded {
                     limit: LimitKind::Memory,
                 },
                 None,
             ),
-            Err(TurnFault::Protocol(e)) => (Outcome::Failed { error: e.into() }, None),
-            Err(TurnFault::Died(why)) => (
+            (Err(TurnFault::Protocol(e)), _) => (Outcome::Failed { error: e.into() }, None),
+            (Err(TurnFault::Died(why)), _) => (
                 failed(
                     ErrorCode::WorkerFailed,
-                    format!("the warm {lang} runner died during the execution: {why}"),
+                    format!("the warm {key} died during the execution: {why}"),
                 ),
                 None,
             ),
@@ -290,12 +362,12 @@ impl SubprocessSandbox {
             .await;
         }
         if healthy {
-            self.warm.lock().insert(lang, slot);
+            self.warm.lock().insert(key, slot);
         } else {
             drop(slot);
             // Start the replacement now, off the next request's path.
-            if let Ok(fresh) = self.start_worker(lang, request.tenant.clone()) {
-                self.warm.lock().insert(lang, fresh);
+            if let Ok(fresh) = self.start_worker(&key, request.tenant.clone()) {
+                self.warm.lock().insert(key, fresh);
             }
         }
         if outcome != Outcome::Cancelled && !cancel.finish() {

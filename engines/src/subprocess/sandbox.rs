@@ -39,8 +39,9 @@ pub struct SubprocessSandbox {
     /// The teardown's error, for destroy calls that followed the one that ran it.
     teardown_error: parking_lot::Mutex<Option<Error>>,
     /// Warm workers by language (taken out while they serve a turn).
-    pub(super) warm:
-        parking_lot::Mutex<std::collections::BTreeMap<paddock_core::Language, super::runner::Slot>>,
+    pub(super) warm: parking_lot::Mutex<
+        std::collections::BTreeMap<super::runner::WorkerKey, super::runner::Slot>,
+    >,
     /// The cgroup warm workers run in, apart from cold executions so that the sweep
     /// after a cold execution does not kill them.
     pub(super) warm_cgroup: Option<Arc<Cgroup>>,
@@ -128,9 +129,19 @@ impl SubprocessSandbox {
         };
         // Interpreters start now, ahead of the first execution.
         if let Some(setup) = &sandbox.engine.warm {
-            for (lang, _) in &setup.runners {
-                let slot = sandbox.start_worker(*lang, spec.tenant.clone())?;
-                sandbox.warm.lock().insert(*lang, slot);
+            for key in setup.keys() {
+                match sandbox.start_worker(&key, spec.tenant.clone()) {
+                    Ok(slot) => {
+                        sandbox.warm.lock().insert(key, slot);
+                    }
+                    // A runner that cannot start is a broken engine; a handler may
+                    // need a file the caller has not written yet: it starts on its
+                    // first invocation instead.
+                    Err(e) if matches!(key, super::runner::WorkerKey::Runner(_)) => return Err(e),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "a handler did not start ahead of need");
+                    }
+                }
             }
         }
         Ok(sandbox)

@@ -323,3 +323,70 @@ async fn node_snippets_run_warm_too() {
     assert_eq!(r.value, Some(json!("after")), "{r:?}");
     sb.destroy().await.unwrap();
 }
+
+/// The example handler shipped with the engines crate, in JavaScript.
+fn sum_handler() -> paddock_core::HandlerConfig {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/handlers/sum.js");
+    paddock_core::HandlerConfig {
+        command: vec!["node".into(), script.to_string_lossy().into_owned()],
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configured_handlers_and_module_functions_answer_invokes() {
+    let mut config = SubprocessConfig::default();
+    config.warm.enabled = true;
+    config.handlers.insert("sum".into(), sum_handler());
+    let engine = SubprocessEngine::new(&config).unwrap();
+    assert!(engine
+        .capabilities()
+        .supports_program(paddock_core::ProgramKind::Invoke));
+    let sb = engine.create(&SandboxSpec::default()).await.unwrap();
+    let invoke = |handler: &str, input: serde_json::Value| {
+        ExecRequest::new(Program::Invoke {
+            handler: handler.into(),
+            input,
+        })
+        .with_timeout_ms(20_000)
+    };
+    // The example handler in JavaScript, kept warm between invocations.
+    for _ in 0..3 {
+        let r = run(&*sb, invoke("sum", json!({"numbers": [1, 2, 3.5]}))).await;
+        assert_eq!(r.outcome, exit(0), "{r:?}");
+        assert_eq!(r.value, Some(json!(6.5)));
+        assert_eq!(r.stderr, "summing 3 numbers\n", "log frames are output");
+    }
+    let r = run(&*sb, invoke("sum", json!({"numbers": "six"}))).await;
+    assert_eq!(
+        r.outcome.error_code(),
+        Some(ErrorCode::WorkerFailed),
+        "{r:?}"
+    );
+    if let Outcome::Failed { error } = &r.outcome {
+        assert!(error.message.contains("BAD_INPUT"), "{error}");
+    }
+    // `module:function` on the warm Python runner, from a file in the workdir.
+    sb.write_file(
+        "tools/stats.py",
+        b"def mean(data):\n    return sum(data['xs']) / len(data['xs'])\n",
+    )
+    .await
+    .unwrap();
+    let r = run(
+        &*sb,
+        invoke("tools/stats.py:mean", json!({"xs": [1, 2, 3, 4]})),
+    )
+    .await;
+    assert_eq!(r.value, Some(json!(2.5)), "{r:?}");
+    // Neither a configured name nor `module:function`: refused before it runs.
+    let err = sb
+        .exec(
+            invoke("nope", json!(null)),
+            &DiscardSink,
+            CancelToken::new(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::CapabilityNotSupported);
+    sb.destroy().await.unwrap();
+}
