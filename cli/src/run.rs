@@ -65,7 +65,7 @@ impl From<LangArg> for Language {
 #[derive(Debug, Args)]
 #[command(after_help = "\
 Exit status: the program's own exit code; 128+N when it was killed by signal N;
-124 on timeout; 130 when interrupted; 137 when the memory or pids limit ended it;
+124 on timeout; 130 when interrupted; 42 when a handler suspended; 137 when the memory or pids limit ended it;
 152 for the CPU-time limit; 153 for the file size limit; 127 when the program
 could not be started; 125 when Paddock itself failed; 2 for a bad command line.")]
 pub(crate) struct RunArgs {
@@ -311,6 +311,9 @@ fn note(r: &ExecResult) -> Option<String> {
             limit.as_str()
         )),
         Outcome::Failed { error } => Some(error.to_string()),
+        Outcome::Suspended { token_id } => {
+            Some(format!("suspended, waiting for token `{token_id}`"))
+        }
     }
 }
 
@@ -326,6 +329,8 @@ pub(crate) fn exit_status(r: &ExecResult) -> i32 {
             LimitKind::FileSize => 128 + libc_sigxfsz(),
         },
         Outcome::Failed { error } => exit_for_error(error.code),
+        // The protocol's "waiting, not failing" status.
+        Outcome::Suspended { .. } => paddock_core::protocol::SUSPEND_EXIT_CODE,
     }
 }
 

@@ -163,6 +163,12 @@ pub enum Outcome {
         /// The cause.
         error: Error,
     },
+    /// A json-stdio handler suspended on an external token (for example a human
+    /// approval); resuming the token continues it (see `docs/protocol.md`, §7).
+    Suspended {
+        /// The token the invocation waits for, chosen by the handler.
+        token_id: String,
+    },
 }
 
 impl Outcome {
@@ -174,13 +180,15 @@ impl Outcome {
             Outcome::Cancelled => "cancelled",
             Outcome::LimitExceeded { .. } => "limit_exceeded",
             Outcome::Failed { .. } => "failed",
+            Outcome::Suspended { .. } => "suspended",
         }
     }
 
-    /// The error code a caller would see for this outcome, if it is not a completion.
+    /// The error code a caller would see for this outcome, if it is not a completion
+    /// (or a suspension, which is not a failure either).
     pub fn error_code(&self) -> Option<ErrorCode> {
         match self {
-            Outcome::Completed { .. } => None,
+            Outcome::Completed { .. } | Outcome::Suspended { .. } => None,
             Outcome::TimedOut => Some(ErrorCode::Timeout),
             Outcome::Cancelled => Some(ErrorCode::Cancelled),
             Outcome::LimitExceeded {

@@ -145,6 +145,10 @@ impl SubprocessEngine {
             network.push("none");
         }
         let mut features = vec!["streaming", "files", "output_cap"];
+        if !config.handlers.is_empty() {
+            // Configured handlers may suspend; `Sandbox::resume` continues them.
+            features.push("suspend");
+        }
         if cgroups.is_some() {
             features.push("cgroup");
         }

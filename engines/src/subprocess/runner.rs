@@ -116,6 +116,39 @@ impl WarmSetup {
     }
 }
 
+/// Suspended invocations one sandbox keeps at most.
+const MAX_SUSPENDED: usize = 1024;
+/// How long after a `suspend` frame a one-shot handler has to exit with code 42.
+const SUSPEND_EXIT_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// An invocation waiting for its token: which worker, which invocation id, whose.
+#[derive(Debug, Clone)]
+pub(crate) struct Suspension {
+    key: WorkerKey,
+    id: String,
+    tenant: Option<String>,
+}
+
+/// What a warm turn sends.
+enum TurnKind {
+    Invoke(serde_json::Value),
+    Resume {
+        id: String,
+        token_id: String,
+        value: serde_json::Value,
+    },
+}
+
+/// One warm turn to run.
+struct WarmTurn {
+    key: WorkerKey,
+    tenant: Option<String>,
+    kind: TurnKind,
+    id: paddock_core::ExecutionId,
+    limits: Limits,
+    queued_at_ms: u64,
+}
+
 /// A warm worker and whom it serves.
 #[derive(Debug)]
 pub(crate) struct Slot {
@@ -217,7 +250,8 @@ impl SubprocessSandbox {
 
     /// Whether the slot may serve `tenant` now.
     fn fit(&self, slot: &Slot, tenant: &Option<String>, config: &WarmConfig) -> bool {
-        slot.tenant == *tenant
+        slot.worker.pid().is_some()
+            && slot.tenant == *tenant
             && slot.worker.turns < config.max_turns
             && slot.worker.started.elapsed().as_millis() < u128::from(config.max_age_ms)
     }
@@ -232,19 +266,94 @@ impl SubprocessSandbox {
         queued_at_ms: u64,
         destroyed: std::pin::Pin<&mut (dyn std::future::Future<Output = ()> + Send)>,
     ) -> Result<ExecResult> {
-        let (Some(setup), Some((key, input))) =
-            (self.engine.warm.as_ref(), self.warm_target(&request))
-        else {
+        let Some((key, input)) = self.warm_target(&request) else {
             return Err(Error::new(
                 ErrorCode::EngineFailed,
                 "this request cannot run on a warm worker",
             ));
         };
+        let turn = WarmTurn {
+            key,
+            tenant: request.tenant.clone(),
+            kind: TurnKind::Invoke(input),
+            id: request.id,
+            limits,
+            queued_at_ms,
+        };
+        self.warm_turn(turn, sink, cancel, destroyed).await
+    }
+
+    /// Continues the invocation suspended on `token_id` with `value`.
+    pub(super) async fn resume_warm(
+        &self,
+        token_id: &str,
+        value: serde_json::Value,
+        sink: &dyn OutputSink,
+        cancel: CancelToken,
+        destroyed: std::pin::Pin<&mut (dyn std::future::Future<Output = ()> + Send)>,
+    ) -> Result<ExecResult> {
+        let queued_at_ms = unix_ms();
+        let Some(s) = self.suspended.lock().remove(token_id) else {
+            return Err(Error::new(
+                ErrorCode::NotFound,
+                format!(
+                    "no invocation in sandbox {} is suspended on token `{token_id}`",
+                    self.id
+                ),
+            ));
+        };
+        let turn = WarmTurn {
+            key: s.key,
+            tenant: s.tenant,
+            kind: TurnKind::Resume {
+                id: s.id,
+                token_id: token_id.to_string(),
+                value,
+            },
+            id: paddock_core::ExecutionId::new(),
+            limits: self.spec.limits.or(&self.engine.defaults),
+            queued_at_ms,
+        };
+        self.warm_turn(turn, sink, cancel, destroyed).await
+    }
+
+    /// Runs one turn on the warm worker for `turn.key`.
+    async fn warm_turn(
+        &self,
+        turn_req: WarmTurn,
+        sink: &dyn OutputSink,
+        cancel: CancelToken,
+        destroyed: std::pin::Pin<&mut (dyn std::future::Future<Output = ()> + Send)>,
+    ) -> Result<ExecResult> {
+        let Some(setup) = self.engine.warm.as_ref() else {
+            return Err(Error::new(ErrorCode::EngineFailed, "warm mode is off"));
+        };
+        let WarmTurn {
+            key,
+            tenant,
+            kind,
+            id: execution_id,
+            limits,
+            queued_at_ms,
+        } = turn_req;
         let config = &setup.config;
         let taken = self.warm.lock().remove(&key);
         let mut slot = match taken {
-            Some(slot) if self.fit(&slot, &request.tenant, config) => slot,
-            _ => self.start_worker(&key, request.tenant.clone())?,
+            Some(mut slot) if self.fit(&slot, &tenant, config) => {
+                // A worker that exited on its own since its last turn (a one-shot
+                // handler, a crash while idle) is replaced before it is used.
+                if slot
+                    .worker
+                    .exited_within(std::time::Duration::ZERO)
+                    .await
+                    .is_some()
+                {
+                    self.start_worker(&key, tenant.clone())?
+                } else {
+                    slot
+                }
+            }
+            _ => self.start_worker(&key, tenant.clone())?,
         };
         if let Some(g) = &self.warm_cgroup {
             g.set_limits(limits.memory_bytes, limits.pids)
@@ -257,10 +366,27 @@ impl SubprocessSandbox {
             .unwrap_or(std::time::Duration::from_secs(30));
         let cap =
             usize::try_from(limits.max_output_bytes.unwrap_or(u64::MAX)).unwrap_or(usize::MAX);
-        let turn = slot
-            .worker
-            .invoke(input, sink, &cancel, started + timeout, cap, destroyed)
-            .await;
+        let deadline = started + timeout;
+        let (turn_id, turn) = match kind {
+            TurnKind::Invoke(input) => {
+                slot.worker
+                    .invoke(input, sink, &cancel, deadline, cap, destroyed)
+                    .await
+            }
+            TurnKind::Resume {
+                id,
+                token_id,
+                value,
+            } => {
+                let turn = slot
+                    .worker
+                    .resume(
+                        &id, &token_id, value, sink, &cancel, deadline, cap, destroyed,
+                    )
+                    .await;
+                (id, turn)
+            }
+        };
         let wall_ms = started.elapsed().as_millis() as u64;
 
         let oom = self
@@ -307,13 +433,7 @@ impl SubprocessSandbox {
                 ),
                 None,
             ),
-            (Ok(TurnEnd::Suspend(token)), _) => (
-                failed(
-                    ErrorCode::CapabilityNotSupported,
-                    format!("the {key} suspended on `{token}`; this host does not resume suspended invocations yet"),
-                ),
-                None,
-            ),
+            (Ok(TurnEnd::Suspend(token_id)), _) => (Outcome::Suspended { token_id }, None),
             (Err(TurnFault::TimedOut), _) => (Outcome::TimedOut, None),
             (Err(TurnFault::Cancelled), _) => (Outcome::Cancelled, None),
             (Err(_), _) if oom => (
@@ -331,9 +451,45 @@ impl SubprocessSandbox {
                 None,
             ),
         };
-        let clean = matches!(outcome, Outcome::Completed { exit_code: 0, .. });
+        // A suspended invocation waits for its token. A one-shot handler exits with
+        // code 42 now and is started again for the resume; a long-running one stays.
+        let mut one_shot = false;
+        if let Outcome::Suspended { token_id } = &outcome {
+            match slot.worker.exited_within(SUSPEND_EXIT_WAIT).await {
+                Some(code) if code == paddock_core::protocol::SUSPEND_EXIT_CODE => one_shot = true,
+                Some(code) => {
+                    outcome = failed(
+                        ErrorCode::WorkerFailed,
+                        format!("the {key} suspended on `{token_id}` and then exited with code {code}, not 42"),
+                    );
+                }
+                None => {}
+            }
+            if let Outcome::Suspended { token_id } = &outcome {
+                let mut suspended = self.suspended.lock();
+                if suspended.len() >= MAX_SUSPENDED {
+                    outcome = failed(
+                        ErrorCode::LimitsExceeded,
+                        format!("the sandbox already holds {MAX_SUSPENDED} suspended invocations; resume or destroy some"),
+                    );
+                } else {
+                    suspended.insert(
+                        token_id.clone(),
+                        Suspension {
+                            key: key.clone(),
+                            id: turn_id.clone(),
+                            tenant: tenant.clone(),
+                        },
+                    );
+                }
+            }
+        }
+        let clean = matches!(
+            outcome,
+            Outcome::Completed { exit_code: 0, .. } | Outcome::Suspended { .. }
+        );
         let peak_memory = slot.worker.rss_bytes();
-        let healthy = clean && peak_memory <= config.max_rss_bytes;
+        let healthy = clean && !one_shot && peak_memory <= config.max_rss_bytes;
         // Whatever the snippet left running dies with its turn; the sandbox's warm
         // workers (this one if it stays, and those of other languages) are spared.
         // The usual case (only workers left) is one read of `cgroup.procs`, done here.
@@ -366,7 +522,7 @@ impl SubprocessSandbox {
         } else {
             drop(slot);
             // Start the replacement now, off the next request's path.
-            if let Ok(fresh) = self.start_worker(&key, request.tenant.clone()) {
+            if let Ok(fresh) = self.start_worker(&key, tenant.clone()) {
                 self.warm.lock().insert(key, fresh);
             }
         }
@@ -374,7 +530,7 @@ impl SubprocessSandbox {
             outcome = Outcome::Cancelled;
         }
         Ok(ExecResult {
-            id: request.id,
+            id: execution_id,
             outcome,
             stdout_truncated: turn.stdout.truncated,
             stderr_truncated: turn.stderr.truncated,

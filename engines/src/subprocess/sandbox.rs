@@ -42,6 +42,9 @@ pub struct SubprocessSandbox {
     pub(super) warm: parking_lot::Mutex<
         std::collections::BTreeMap<super::runner::WorkerKey, super::runner::Slot>,
     >,
+    /// Invocations suspended on a token, by token.
+    pub(super) suspended:
+        parking_lot::Mutex<std::collections::HashMap<String, super::runner::Suspension>>,
     /// The cgroup warm workers run in, apart from cold executions so that the sweep
     /// after a cold execution does not kill them.
     pub(super) warm_cgroup: Option<Arc<Cgroup>>,
@@ -125,6 +128,7 @@ impl SubprocessSandbox {
             destroy_signal: Notify::new(),
             teardown_error: parking_lot::Mutex::new(None),
             warm: parking_lot::Mutex::new(Default::default()),
+            suspended: parking_lot::Mutex::new(Default::default()),
             warm_cgroup: warm_cgroup.map(Arc::new),
         };
         // Interpreters start now, ahead of the first execution.
@@ -266,6 +270,27 @@ impl Sandbox for SubprocessSandbox {
         self.run(request, sink, cancel).await
     }
 
+    async fn resume(
+        &self,
+        token_id: &str,
+        value: serde_json::Value,
+        sink: &dyn OutputSink,
+        cancel: CancelToken,
+    ) -> Result<ExecResult> {
+        let _op = self.enter()?;
+        self.active.fetch_add(1, Ordering::AcqRel);
+        let _active = ActiveCount(self);
+        let _run = self.run_lock.lock().await;
+        let destroyed = self.destroy_signal.notified();
+        tokio::pin!(destroyed);
+        destroyed.as_mut().enable();
+        if self.destroying() {
+            return Err(Error::disposed(&format!("sandbox {}", self.id)));
+        }
+        self.resume_warm(token_id, value, sink, cancel, destroyed)
+            .await
+    }
+
     async fn write_file(&self, path: &str, data: &[u8]) -> Result<()> {
         let data = data.to_vec();
         let path = path.to_string();
@@ -328,6 +353,15 @@ impl Sandbox for SubprocessSandbox {
                 }
             }
         }
+    }
+}
+
+/// Decrements the active count however a resume ends.
+struct ActiveCount<'a>(&'a SubprocessSandbox);
+
+impl Drop for ActiveCount<'_> {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

@@ -174,7 +174,7 @@ impl Worker {
     /// the deadline sends `cancel` and, after [`CANCEL_GRACE`], kills the worker.
     ///
     /// `abort` ending (the sandbox being destroyed) ends the turn at once as cancelled;
-    /// the caller then kills the worker.
+    /// the caller then kills the worker. Returns the turn's id with the turn.
     pub(crate) async fn invoke(
         &mut self,
         input: serde_json::Value,
@@ -182,18 +182,56 @@ impl Worker {
         cancel: &paddock_core::CancelToken,
         deadline: Instant,
         cap: usize,
+        abort: std::pin::Pin<&mut (dyn std::future::Future<Output = ()> + Send)>,
+    ) -> (String, Turn) {
+        self.next_id += 1;
+        let id = format!("turn-{}", self.next_id);
+        let frame = Frame::invoke(id.clone(), input);
+        let turn = self
+            .run_turn(&id, frame, sink, cancel, deadline, cap, abort)
+            .await;
+        (id, turn)
+    }
+
+    /// Runs the next turn of the invocation `id`, suspended on `token_id`, with the
+    /// value the token resolved to; otherwise as [`Worker::invoke`].
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn resume(
+        &mut self,
+        id: &str,
+        token_id: &str,
+        value: serde_json::Value,
+        sink: &dyn OutputSink,
+        cancel: &paddock_core::CancelToken,
+        deadline: Instant,
+        cap: usize,
+        abort: std::pin::Pin<&mut (dyn std::future::Future<Output = ()> + Send)>,
+    ) -> Turn {
+        let frame = Frame::resume(id, token_id, value);
+        self.run_turn(id, frame, sink, cancel, deadline, cap, abort)
+            .await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn run_turn(
+        &mut self,
+        id: &str,
+        first: Frame,
+        sink: &dyn OutputSink,
+        cancel: &paddock_core::CancelToken,
+        deadline: Instant,
+        cap: usize,
         mut abort: std::pin::Pin<&mut (dyn std::future::Future<Output = ()> + Send)>,
     ) -> Turn {
-        self.next_id += 1;
         self.turns += 1;
-        let id = format!("turn-{}", self.next_id);
+        let id = id.to_string();
         let mut turn = Turn {
             end: Err(TurnFault::Died(String::new())),
             stdout: Kept::default(),
             stderr: Kept::default(),
         };
         let mut delivering = true;
-        let frame = encode(&Frame::invoke(id.clone(), input));
+        let frame = encode(&first);
         let written = tokio::time::timeout_at(deadline, self.input.write_all(&frame)).await;
         match written {
             Ok(Ok(())) => {}
@@ -353,6 +391,20 @@ impl Worker {
         }
     }
 
+    /// Waits up to `within` for the worker to exit by itself (a one-shot handler exits
+    /// with code 42 after `suspend`); its exit code when it did. The worker is then
+    /// reaped and no longer usable.
+    pub(crate) async fn exited_within(&mut self, within: Duration) -> Option<i32> {
+        let _ready = tokio::time::timeout(within, self.exited.readable())
+            .await
+            .ok()?
+            .ok()?;
+        let child = self.child.take()?;
+        let status = sys::reap(child.pid).ok();
+        drop(child);
+        status.and_then(|s| s.code)
+    }
+
     /// Kills the worker's process group and reaps it in the background.
     pub(crate) fn kill(&mut self) {
         if let Some(child) = self.child.take() {
@@ -503,7 +555,7 @@ for line in sys.stdin:
         let mut worker = Worker::start(spec(&python), FramesOn::Stdout).unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);
         for n in [1, 2] {
-            let turn = worker
+            let (_, turn) = worker
                 .invoke(
                     serde_json::json!(n * 21),
                     &DiscardSink,
@@ -518,7 +570,7 @@ for line in sys.stdin:
             assert_eq!(turn.stderr.text(), "diagnostics\n");
         }
         assert_eq!(worker.turns, 2);
-        let turn = worker
+        let (_, turn) = worker
             .invoke(
                 serde_json::json!("garbage"),
                 &DiscardSink,

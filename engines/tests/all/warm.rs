@@ -390,3 +390,100 @@ async fn configured_handlers_and_module_functions_answer_invokes() {
     assert_eq!(err.code, ErrorCode::CapabilityNotSupported);
     sb.destroy().await.unwrap();
 }
+
+/// A long-running handler that suspends on an approval token and keeps the
+/// invocation's state in memory; with `--one-shot` it exits with code 42 after
+/// suspending and keeps the state in a file instead (protocol §7).
+const APPROVAL_HANDLER: &str = r#"
+import json, os, sys
+one_shot = "--one-shot" in sys.argv
+pending = {}
+def send(f):
+    sys.stdout.write(json.dumps(dict({"v": 1}, **f)) + "\n"); sys.stdout.flush()
+for line in sys.stdin:
+    f = json.loads(line)
+    if f["kind"] == "invoke":
+        pending[f["id"]] = f["input"]
+        if one_shot:
+            with open("state-" + f["id"] + ".json", "w") as out:
+                json.dump(f["input"], out)
+        send({"kind": "suspend", "id": f["id"], "token_id": "approve-" + f["id"]})
+        if one_shot:
+            sys.exit(42)
+    elif f["kind"] == "resume":
+        if one_shot:
+            with open("state-" + f["id"] + ".json") as saved:
+                task = json.load(saved)
+        else:
+            task = pending.pop(f["id"])
+        send({"kind": "output", "id": f["id"], "output": {"task": task, "approved": f["value"]}})
+        if one_shot:
+            sys.exit(0)
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handlers_suspend_and_resume_long_running_and_one_shot() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("approve.py");
+    std::fs::write(&script, APPROVAL_HANDLER).unwrap();
+    let script = script.to_string_lossy().into_owned();
+    let mut config = SubprocessConfig::default();
+    for (name, extra) in [("approve", None), ("approve_once", Some("--one-shot"))] {
+        let mut command = vec!["python3".to_string(), script.clone()];
+        command.extend(extra.map(String::from));
+        config
+            .handlers
+            .insert(name.into(), paddock_core::HandlerConfig { command });
+    }
+    let engine = SubprocessEngine::new(&config).unwrap();
+    assert!(engine.capabilities().has_feature("suspend"));
+    let sb = engine.create(&SandboxSpec::default()).await.unwrap();
+    for handler in ["approve", "approve_once"] {
+        let r = run(
+            &*sb,
+            ExecRequest::new(Program::Invoke {
+                handler: handler.into(),
+                input: json!({"deploy": "v2"}),
+            }),
+        )
+        .await;
+        let Outcome::Suspended { token_id } = &r.outcome else {
+            panic!("{handler}: expected a suspension, got {r:?}");
+        };
+        assert!(r.outcome.error_code().is_none());
+        let token_id = token_id.clone();
+        // An unknown token is not found; the right one continues the invocation.
+        let err = sb
+            .resume(
+                "no-such-token",
+                json!(true),
+                &DiscardSink,
+                CancelToken::new(),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, ErrorCode::NotFound);
+        let r = sb
+            .resume(
+                &token_id,
+                json!({"by": "alice"}),
+                &DiscardSink,
+                CancelToken::new(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.outcome, exit(0), "{handler}: {r:?}");
+        assert_eq!(
+            r.value,
+            Some(json!({"task": {"deploy": "v2"}, "approved": {"by": "alice"}})),
+            "{handler}"
+        );
+        // A token resumes once.
+        let again = sb
+            .resume(&token_id, json!(true), &DiscardSink, CancelToken::new())
+            .await
+            .unwrap_err();
+        assert_eq!(again.code, ErrorCode::NotFound);
+    }
+    sb.destroy().await.unwrap();
+}

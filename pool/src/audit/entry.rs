@@ -117,6 +117,8 @@ pub enum AuditOutcome {
     LimitExceeded,
     /// It could not run, or the engine failed.
     Failed,
+    /// A handler suspended on an external token.
+    Suspended,
 }
 
 impl From<&Outcome> for AuditOutcome {
@@ -127,6 +129,7 @@ impl From<&Outcome> for AuditOutcome {
             Outcome::Cancelled => AuditOutcome::Cancelled,
             Outcome::LimitExceeded { .. } => AuditOutcome::LimitExceeded,
             Outcome::Failed { .. } => AuditOutcome::Failed,
+            Outcome::Suspended { .. } => AuditOutcome::Suspended,
         }
     }
 }
@@ -164,7 +167,9 @@ impl KillReason {
                 LimitKind::Cpu => KillReason::Cpu,
                 LimitKind::FileSize => KillReason::FileSize,
             },
-            Outcome::Completed { .. } | Outcome::Failed { .. } => return None,
+            Outcome::Completed { .. } | Outcome::Failed { .. } | Outcome::Suspended { .. } => {
+                return None
+            }
         })
     }
 }
