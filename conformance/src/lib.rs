@@ -55,12 +55,14 @@ mod cases;
 mod context;
 mod env;
 mod factory;
+mod handler;
 mod registry;
 mod suite;
 
 pub use case::{Case, CaseResult, Requirement};
 pub use env::{prepare_process_env, HOST_ENV};
 pub use factory::{BoxFuture, EngineFactory, IntoEngine};
+pub use handler::{handler_command, HANDLER_NAME, HANDLER_SCRIPT};
 pub use registry::{case, cases};
 pub use suite::{run_all, run_case};
 
@@ -134,6 +136,8 @@ macro_rules! __with_case_names {
             js_heap_limit,
             js_blocked_modules,
             js_sandbox_fs_shares_files,
+            handler_suspend_and_resume,
+            handler_dies_mid_frame,
         }
     };
 }

@@ -7,6 +7,12 @@ use crate::case::{Case, Requirement};
 const COMMAND: &[Requirement] = &[Requirement::Program(ProgramKind::Command)];
 const JS: Requirement = Requirement::Program(ProgramKind::Code(Language::Javascript));
 const JS_ONLY: &[Requirement] = &[JS];
+/// The handler cases need `Invoke` and the conformance handler registered under
+/// [`crate::HANDLER_NAME`], which engines that advertise `suspend` promise.
+const HANDLER: &[Requirement] = &[
+    Requirement::Program(ProgramKind::Invoke),
+    Requirement::Feature("suspend"),
+];
 
 macro_rules! entry {
     ($module:ident :: $name:ident, $requires:expr, $description:literal) => {
@@ -94,6 +100,10 @@ static CASES: &[Case] = &[
         "static and dynamic imports of denylisted modules (with or without `node:`) are refused with BLOCKED_MODULE"),
     entry!(javascript::js_sandbox_fs_shares_files, &[JS, Requirement::Feature("sandbox_fs")],
         "`sandbox:fs` reads what the caller wrote, writes what the caller reads, and refuses escapes with PATH_ESCAPE"),
+    entry!(handlers::handler_suspend_and_resume, HANDLER,
+        "a handler's `suspend` ends the execution as suspended with its token; resume continues it once, then NOT_FOUND"),
+    entry!(handlers::handler_dies_mid_frame, HANDLER,
+        "a handler that dies mid-frame fails the execution (WORKER_FAILED or PROTOCOL_ERROR) and the next invocation gets a working handler"),
 ];
 
 /// Every case, in the order [`run_all`](crate::run_all) runs them.
