@@ -11,6 +11,7 @@ const JS_ONLY: &[Requirement] = &[JS];
 /// [`crate::HANDLER_NAME`], which engines that advertise `suspend` promise.
 const HANDLER: &[Requirement] = &[
     Requirement::Program(ProgramKind::Invoke),
+    Requirement::Program(ProgramKind::Resume),
     Requirement::Feature("suspend"),
 ];
 

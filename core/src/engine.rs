@@ -124,27 +124,6 @@ pub trait Sandbox: Send + Sync + fmt::Debug {
         cancel: CancelToken,
     ) -> Result<ExecResult>;
 
-    /// Continues the invocation suspended on `token_id` (an execution that ended
-    /// [`crate::Outcome::Suspended`]) with the value the token resolved to, as a new
-    /// execution. Engines without the `suspend` feature refuse it with
-    /// `CAPABILITY_NOT_SUPPORTED`; an unknown token is `NOT_FOUND`.
-    async fn resume(
-        &self,
-        token_id: &str,
-        value: serde_json::Value,
-        sink: &dyn OutputSink,
-        cancel: CancelToken,
-    ) -> Result<ExecResult> {
-        let _ = (token_id, value, sink, cancel);
-        Err(crate::Error::new(
-            crate::ErrorCode::CapabilityNotSupported,
-            format!(
-                "the {} engine does not resume suspended invocations",
-                self.kind()
-            ),
-        ))
-    }
-
     /// Writes a file, creating parent directories.
     async fn write_file(&self, path: &str, data: &[u8]) -> Result<()>;
 

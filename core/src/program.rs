@@ -8,8 +8,8 @@ use crate::error::{Error, Result};
 
 /// The program an execution runs.
 ///
-/// On the wire it is one of `{"command":[…]}`, `{"language":"python","code":"…"}` or
-/// `{"handler":"name","input":{…}}`.
+/// On the wire it is one of `{"command":[…]}`, `{"language":"python","code":"…"}`,
+/// `{"handler":"name","input":{…}}` or `{"resume":"token","value":…}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged, deny_unknown_fields)]
 pub enum Program {
@@ -34,6 +34,16 @@ pub enum Program {
         /// The JSON input passed in the `invoke` frame.
         #[serde(default)]
         input: serde_json::Value,
+    },
+    /// Continue an invocation that ended [`Outcome::Suspended`](crate::Outcome), in
+    /// the sandbox that holds it, with the value its token resolved to.
+    Resume {
+        /// The token the invocation waits for.
+        #[serde(rename = "resume")]
+        token_id: String,
+        /// What the token resolved to.
+        #[serde(default)]
+        value: serde_json::Value,
     },
 }
 
@@ -63,16 +73,18 @@ impl Program {
             Program::Command { .. } => ProgramKind::Command,
             Program::Code { language, .. } => ProgramKind::Code(*language),
             Program::Invoke { .. } => ProgramKind::Invoke,
+            Program::Resume { .. } => ProgramKind::Resume,
         }
     }
 
     /// The text whose hash the audit log records: the source, the argv joined by
-    /// NUL, or the handler name.
+    /// NUL, the handler name, or the token resumed.
     pub fn audit_text(&self) -> String {
         match self {
             Program::Command { argv } => argv.join("\0"),
             Program::Code { source, .. } => source.clone(),
             Program::Invoke { handler, .. } => handler.clone(),
+            Program::Resume { token_id, .. } => token_id.clone(),
         }
     }
 
@@ -106,6 +118,14 @@ impl Program {
                     return Err(Error::invalid_options(
                         "program.handler",
                         "must name a configured handler",
+                    ));
+                }
+            }
+            Program::Resume { token_id, .. } => {
+                if token_id.is_empty() || token_id.contains('\0') {
+                    return Err(Error::invalid_options(
+                        "program.resume",
+                        "must be the token_id of a suspended execution",
                     ));
                 }
             }
@@ -166,6 +186,8 @@ pub enum ProgramKind {
     Code(Language),
     /// [`Program::Invoke`].
     Invoke,
+    /// [`Program::Resume`].
+    Resume,
 }
 
 impl fmt::Display for ProgramKind {
@@ -174,6 +196,7 @@ impl fmt::Display for ProgramKind {
             ProgramKind::Command => f.write_str("command"),
             ProgramKind::Code(l) => write!(f, "{l} code"),
             ProgramKind::Invoke => f.write_str("handler invocation"),
+            ProgramKind::Resume => f.write_str("resume of a suspended invocation"),
         }
     }
 }

@@ -28,10 +28,15 @@ pub(crate) async fn handler_suspend_and_resume(ctx: Ctx) -> Check {
         token_id.starts_with("conformance-"),
         "the token must be the handler's own; got `{token_id}`"
     );
+    let resume = |value: serde_json::Value| {
+        ExecRequest::new(Program::Resume {
+            token_id: token_id.clone(),
+            value,
+        })
+    };
     let resumed = sandbox
-        .resume(
-            token_id,
-            json!({"approved": true}),
+        .exec(
+            resume(json!({"approved": true})),
             &DiscardSink,
             CancelToken::new(),
         )
@@ -44,7 +49,7 @@ pub(crate) async fn handler_suspend_and_resume(ctx: Ctx) -> Check {
         brief(&resumed)
     );
     let again = sandbox
-        .resume(token_id, json!(null), &DiscardSink, CancelToken::new())
+        .exec(resume(json!(null)), &DiscardSink, CancelToken::new())
         .await;
     ensure!(
         matches!(&again, Err(e) if e.code == ErrorCode::NotFound),

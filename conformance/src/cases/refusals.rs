@@ -15,6 +15,10 @@ fn one_of_each_kind() -> Vec<Program> {
             handler: "paddock-conformance-handler".into(),
             input: serde_json::Value::Null,
         },
+        Program::Resume {
+            token_id: "paddock-conformance-token".into(),
+            value: serde_json::Value::Null,
+        },
     ];
     for language in Language::ALL {
         let source = match language {

@@ -125,9 +125,9 @@ impl EngineInner {
                     .unwrap_or_else(|| handler.clone()),
                 input: input.clone(),
             }),
-            Program::Command { .. } => Err(Error::new(
+            Program::Command { .. } | Program::Resume { .. } => Err(Error::new(
                 ErrorCode::CapabilityNotSupported,
-                "the isolate engine does not run commands",
+                "the isolate engine runs neither commands nor resumes",
             )),
         }
     }

@@ -113,6 +113,12 @@ impl SubprocessSandbox {
         if self.destroying() {
             return Err(Error::disposed(&format!("sandbox {}", self.id)));
         }
+        if let Program::Resume { token_id, value } = &request.program {
+            let (token_id, value) = (token_id.clone(), value.clone());
+            return self
+                .resume_warm(&request, &token_id, value, sink, cancel, destroyed)
+                .await;
+        }
         if self.warm_target(&request).is_some() {
             return self
                 .run_warm(request, limits, sink, cancel, queued_at_ms, destroyed)
@@ -310,6 +316,12 @@ impl SubprocessSandbox {
                     let file = self.private_source_file(*language, source)?;
                     vec![interp, file]
                 }
+            }
+            Program::Resume { .. } => {
+                return Err(Error::new(
+                    ErrorCode::CapabilityNotSupported,
+                    "a resume runs on the sandbox's warm handler, not in a cold process",
+                ))
             }
             Program::Invoke { handler, .. } => {
                 return Err(Error::new(

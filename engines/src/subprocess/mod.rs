@@ -140,6 +140,9 @@ impl SubprocessEngine {
         if !config.handlers.is_empty() || python_runner {
             programs.push(ProgramKind::Invoke);
         }
+        if !config.handlers.is_empty() {
+            programs.push(ProgramKind::Resume);
+        }
         let mut network = vec!["unrestricted"];
         if netns.is_ok() {
             network.push("none");

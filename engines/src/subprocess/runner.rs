@@ -283,9 +283,12 @@ impl SubprocessSandbox {
         self.warm_turn(turn, sink, cancel, destroyed).await
     }
 
-    /// Continues the invocation suspended on `token_id` with `value`.
+    /// Continues the invocation suspended on `token_id` with `value`, as the
+    /// execution `request` (whose program is the resume).
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn resume_warm(
         &self,
+        request: &ExecRequest,
         token_id: &str,
         value: serde_json::Value,
         sink: &dyn OutputSink,
@@ -293,7 +296,15 @@ impl SubprocessSandbox {
         destroyed: std::pin::Pin<&mut (dyn std::future::Future<Output = ()> + Send)>,
     ) -> Result<ExecResult> {
         let queued_at_ms = unix_ms();
-        let Some(s) = self.suspended.lock().remove(token_id) else {
+        let s = {
+            let mut suspended = self.suspended.lock();
+            // Another tenant's token is not there for this caller.
+            match suspended.get(token_id) {
+                Some(s) if s.tenant == request.tenant => suspended.remove(token_id),
+                _ => None,
+            }
+        };
+        let Some(s) = s else {
             return Err(Error::new(
                 ErrorCode::NotFound,
                 format!(
@@ -310,8 +321,11 @@ impl SubprocessSandbox {
                 token_id: token_id.to_string(),
                 value,
             },
-            id: paddock_core::ExecutionId::new(),
-            limits: self.spec.limits.or(&self.engine.defaults),
+            id: request.id.clone(),
+            limits: request
+                .limits
+                .or(&self.spec.limits)
+                .or(&self.engine.defaults),
             queued_at_ms,
         };
         self.warm_turn(turn, sink, cancel, destroyed).await

@@ -270,27 +270,6 @@ impl Sandbox for SubprocessSandbox {
         self.run(request, sink, cancel).await
     }
 
-    async fn resume(
-        &self,
-        token_id: &str,
-        value: serde_json::Value,
-        sink: &dyn OutputSink,
-        cancel: CancelToken,
-    ) -> Result<ExecResult> {
-        let _op = self.enter()?;
-        self.active.fetch_add(1, Ordering::AcqRel);
-        let _active = ActiveCount(self);
-        let _run = self.run_lock.lock().await;
-        let destroyed = self.destroy_signal.notified();
-        tokio::pin!(destroyed);
-        destroyed.as_mut().enable();
-        if self.destroying() {
-            return Err(Error::disposed(&format!("sandbox {}", self.id)));
-        }
-        self.resume_warm(token_id, value, sink, cancel, destroyed)
-            .await
-    }
-
     async fn write_file(&self, path: &str, data: &[u8]) -> Result<()> {
         let data = data.to_vec();
         let path = path.to_string();
@@ -353,15 +332,6 @@ impl Sandbox for SubprocessSandbox {
                 }
             }
         }
-    }
-}
-
-/// Decrements the active count however a resume ends.
-struct ActiveCount<'a>(&'a SubprocessSandbox);
-
-impl Drop for ActiveCount<'_> {
-    fn drop(&mut self) {
-        self.0.active.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

@@ -437,6 +437,9 @@ async fn handlers_suspend_and_resume_long_running_and_one_shot() {
     }
     let engine = SubprocessEngine::new(&config).unwrap();
     assert!(engine.capabilities().has_feature("suspend"));
+    assert!(engine
+        .capabilities()
+        .supports_program(paddock_core::ProgramKind::Resume));
     let sb = engine.create(&SandboxSpec::default()).await.unwrap();
     for handler in ["approve", "approve_once"] {
         let r = run(
@@ -453,25 +456,30 @@ async fn handlers_suspend_and_resume_long_running_and_one_shot() {
         assert!(r.outcome.error_code().is_none());
         let token_id = token_id.clone();
         // An unknown token is not found; the right one continues the invocation.
+        let resume = |token: &str, value: serde_json::Value| {
+            ExecRequest::new(Program::Resume {
+                token_id: token.into(),
+                value,
+            })
+        };
         let err = sb
-            .resume(
-                "no-such-token",
-                json!(true),
+            .exec(
+                resume("no-such-token", json!(true)),
                 &DiscardSink,
                 CancelToken::new(),
             )
             .await
             .unwrap_err();
         assert_eq!(err.code, ErrorCode::NotFound);
-        let r = sb
-            .resume(
-                &token_id,
-                json!({"by": "alice"}),
-                &DiscardSink,
-                CancelToken::new(),
-            )
+        // Another tenant cannot resume it.
+        let mut other = resume(&token_id, json!(true));
+        other.tenant = Some("someone-else".into());
+        let err = sb
+            .exec(other, &DiscardSink, CancelToken::new())
             .await
-            .unwrap();
+            .unwrap_err();
+        assert_eq!(err.code, ErrorCode::NotFound);
+        let r = run(&*sb, resume(&token_id, json!({"by": "alice"}))).await;
         assert_eq!(r.outcome, exit(0), "{handler}: {r:?}");
         assert_eq!(
             r.value,
@@ -480,7 +488,11 @@ async fn handlers_suspend_and_resume_long_running_and_one_shot() {
         );
         // A token resumes once.
         let again = sb
-            .resume(&token_id, json!(true), &DiscardSink, CancelToken::new())
+            .exec(
+                resume(&token_id, json!(true)),
+                &DiscardSink,
+                CancelToken::new(),
+            )
             .await
             .unwrap_err();
         assert_eq!(again.code, ErrorCode::NotFound);

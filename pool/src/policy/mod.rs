@@ -22,6 +22,7 @@
 //! | `Code` in another language | source bytes | custom rules for that language or every language |
 //! | `Command { argv }` | bytes of the argv joined by spaces | custom rules with `target = "command"`, matched against the argv joined by spaces |
 //! | `Invoke { handler, input }` | — | — (the handler is configured by the operator; its input is data) |
+//! | `Resume { token_id, value }` | — | — (the value is data for a handler) |
 //!
 //! When several rules match, the first blocking rule in order (built-in rules first,
 //! then custom rules as configured) is the one reported; warnings are reported for
@@ -238,7 +239,7 @@ impl Policy {
                 argv.iter().map(String::len).sum::<usize>() + argv.len().saturating_sub(1),
                 COMMAND_SCOPE,
             ),
-            Program::Invoke { .. } => return Ok(Vec::new()),
+            Program::Invoke { .. } | Program::Resume { .. } => return Ok(Vec::new()),
         };
         if len > self.max_code_length {
             return Err(PolicyRefusal {
@@ -260,7 +261,7 @@ impl Policy {
         let text: Cow<'_, str> = match program {
             Program::Code { source, .. } => Cow::Borrowed(source),
             Program::Command { argv } => Cow::Owned(argv.join(" ")),
-            Program::Invoke { .. } => unreachable!("returned above"),
+            Program::Invoke { .. } | Program::Resume { .. } => unreachable!("returned above"),
         };
         let hits = scope.set.matches(&text);
         if !hits.matched_any() {

@@ -278,3 +278,65 @@ async fn isolates_are_pooled_engines_chosen_by_name_or_by_level() {
     );
     paddock.shutdown(Duration::from_secs(5)).await.unwrap();
 }
+
+/// A long-running json-stdio handler that suspends and is resumed.
+const APPROVAL: &str = r#"
+import json, sys
+for line in sys.stdin:
+    f = json.loads(line)
+    if f["kind"] == "invoke":
+        sys.stdout.write(json.dumps({"v": 1, "kind": "suspend", "id": f["id"], "token_id": "ok-" + f["id"]}) + "\n")
+    elif f["kind"] == "resume":
+        sys.stdout.write(json.dumps({"v": 1, "kind": "output", "id": f["id"], "output": f["value"]}) + "\n")
+    sys.stdout.flush()
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_suspended_handler_resumes_in_its_session_through_the_pipeline() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("approval.py");
+    std::fs::write(&script, APPROVAL).unwrap();
+    let mut config = PaddockConfig::default();
+    config.subprocess.handlers.insert(
+        "approval".into(),
+        paddock_core::HandlerConfig {
+            command: vec!["python3".into(), script.to_string_lossy().into_owned()],
+        },
+    );
+    let paddock = Paddock::builder()
+        .config(config)
+        .without_isolate()
+        .start()
+        .unwrap();
+    let sandbox = paddock
+        .open_sandbox(Default::default(), None)
+        .await
+        .unwrap();
+    let r = sandbox
+        .exec(ExecRequest::new(Program::Invoke {
+            handler: "approval".into(),
+            input: serde_json::json!({"change": 1}),
+        }))
+        .await
+        .unwrap();
+    let Outcome::Suspended { token_id } = r.outcome.clone() else {
+        panic!("expected a suspension: {r:?}");
+    };
+    let r = sandbox
+        .exec(ExecRequest::new(Program::Resume {
+            token_id,
+            value: serde_json::json!({"approved": true}),
+        }))
+        .await
+        .unwrap();
+    assert!(r.is_success(), "{r:?}");
+    assert_eq!(r.value, Some(serde_json::json!({"approved": true})));
+    let audit = paddock.audit(Default::default()).await.unwrap();
+    assert_eq!(
+        audit.len(),
+        2,
+        "the invoke and the resume are both audited: {audit:?}"
+    );
+    sandbox.destroy().await.unwrap();
+    paddock.shutdown(Duration::from_secs(5)).await.unwrap();
+}
