@@ -26,45 +26,30 @@ pub struct Captured {
 }
 
 impl Captured {
-    /// The kept output as text.
-    pub fn into_string(self) -> String {
-        match String::from_utf8(self.data) {
-            Ok(s) => s,
-            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
-        }
-    }
-}
-
-/// Output kept for one stream of an execution that is fed piece by piece (a warm
-/// worker's turn, an isolate's console), up to a cap.
-#[derive(Debug, Default)]
-pub(crate) struct Kept {
-    pub(crate) data: Vec<u8>,
-    pub(crate) truncated: bool,
-}
-
-impl Kept {
-    /// Keeps what fits under `cap` (adding the marker at the first byte past it) and
-    /// returns what to stream.
-    pub(crate) fn keep(&mut self, bytes: &[u8], cap: usize) -> Vec<u8> {
+    /// Counts `bytes`, keeps what fits under `cap` (adding the truncation marker at
+    /// the first byte past it) and returns what to stream: the kept bytes, plus the
+    /// marker when this piece crossed the cap; nothing once output is truncated.
+    pub fn keep(&mut self, bytes: &[u8], cap: u64) -> Vec<u8> {
+        self.total += bytes.len() as u64;
         if self.truncated {
             return Vec::new();
         }
-        let room = cap.saturating_sub(self.data.len());
+        let room =
+            usize::try_from(cap.saturating_sub(self.data.len() as u64)).unwrap_or(usize::MAX);
         let take = bytes.len().min(room);
         let mut deliver = bytes[..take].to_vec();
         self.data.extend_from_slice(&bytes[..take]);
         if take < bytes.len() {
             self.truncated = true;
-            let marker = truncation_marker(cap as u64);
+            let marker = truncation_marker(cap);
             self.data.extend_from_slice(marker.as_bytes());
             deliver.extend_from_slice(marker.as_bytes());
         }
         deliver
     }
 
-    /// The kept bytes as text.
-    pub(crate) fn text(self) -> String {
+    /// The kept output as text.
+    pub fn into_string(self) -> String {
         match String::from_utf8(self.data) {
             Ok(s) => s,
             Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
@@ -127,20 +112,7 @@ pub async fn pump(
         if n == 0 {
             return Ok(out);
         }
-        out.total += n as u64;
-        if out.truncated {
-            continue;
-        }
-        let room = cap.saturating_sub(out.data.len() as u64) as usize;
-        let keep = room.min(n);
-        let mut deliver = buf[..keep].to_vec();
-        out.data.extend_from_slice(&buf[..keep]);
-        if keep < n {
-            out.truncated = true;
-            let marker = truncation_marker(cap);
-            out.data.extend_from_slice(marker.as_bytes());
-            deliver.extend_from_slice(marker.as_bytes());
-        }
+        let deliver = out.keep(&buf[..n], cap);
         if sink_open && !deliver.is_empty() {
             let chunk = OutputChunk {
                 stream,
@@ -185,18 +157,6 @@ async fn deliver_chunk(
 mod tests {
     use super::*;
 
-    #[test]
-    fn kept_output_stops_at_the_cap_with_a_marker() {
-        let mut kept = Kept::default();
-        assert_eq!(kept.keep(b"hello", 8), b"hello");
-        let streamed = kept.keep(b" world", 8);
-        assert!(streamed.starts_with(b" wo"));
-        assert!(kept.truncated);
-        assert!(kept.keep(b"more", 8).is_empty());
-        assert!(kept
-            .text()
-            .starts_with("hello wo\n[output truncated at 8 bytes]"));
-    }
     use std::io::Write;
     use std::sync::Mutex;
 
@@ -250,5 +210,19 @@ mod tests {
             .unwrap();
         assert_eq!(got.total, 0);
         drop(w);
+    }
+
+    #[test]
+    fn kept_output_stops_at_the_cap_with_a_marker() {
+        let mut kept = Captured::default();
+        assert_eq!(kept.keep(b"hello", 8), b"hello");
+        let streamed = kept.keep(b" world", 8);
+        assert!(streamed.starts_with(b" wo"));
+        assert!(kept.truncated);
+        assert!(kept.keep(b"more", 8).is_empty());
+        assert_eq!(kept.total, 15, "every byte is counted");
+        assert!(kept
+            .into_string()
+            .starts_with("hello wo\n[output truncated at 8 bytes]"));
     }
 }

@@ -19,7 +19,7 @@ use rquickjs::{Coerced, Ctx, Exception, Function, Module, Object, Persistent, Va
 use tokio::sync::mpsc;
 
 use super::modules::{blocked, blocked_error, Export, HostModules, ModuleBody, SANDBOX_FS};
-use crate::capture::Kept;
+use crate::capture::Captured;
 use crate::workdir::Workdir;
 
 /// Timers one execution may have pending at once.
@@ -37,8 +37,8 @@ pub(super) type Control = Arc<AtomicU8>;
 
 /// The state of the execution running on this thread.
 pub(super) struct RunState {
-    pub(super) stdout: Kept,
-    pub(super) stderr: Kept,
+    pub(super) stdout: Captured,
+    pub(super) stderr: Captured,
     cap: usize,
     events: mpsc::Sender<OutputChunk>,
     delivering: bool,
@@ -71,8 +71,8 @@ impl RunState {
         workdir: Option<Arc<Workdir>>,
     ) -> RunState {
         RunState {
-            stdout: Kept::default(),
-            stderr: Kept::default(),
+            stdout: Captured::default(),
+            stderr: Captured::default(),
             cap,
             events,
             delivering: true,
@@ -97,7 +97,7 @@ impl RunState {
             StreamKind::Stdout => &mut self.stdout,
             StreamKind::Stderr => &mut self.stderr,
         };
-        let deliver = capture.keep(data, self.cap);
+        let deliver = capture.keep(data, self.cap as u64);
         if !deliver.is_empty() {
             self.deliver(OutputChunk {
                 stream,

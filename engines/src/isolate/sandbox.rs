@@ -287,8 +287,8 @@ pub(super) fn into_result(
         outcome,
         stdout_truncated: report.stdout.truncated,
         stderr_truncated: report.stderr.truncated,
-        stdout: report.stdout.text(),
-        stderr: report.stderr.text(),
+        stdout: report.stdout.into_string(),
+        stderr: report.stderr.into_string(),
         value: report.value,
         usage: Usage {
             cpu_ms: report.cpu.as_millis() as u64,

@@ -26,7 +26,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::alloc::{Meter, MeteredAlloc};
 use super::host::{self, Control, RunState, CANCELLED, DESTROYED, RUNNING};
 use super::modules::HostModules;
-use crate::capture::Kept;
+use crate::capture::Captured;
 use crate::workdir::Workdir;
 
 /// What the thread needs to know about its engine.
@@ -86,8 +86,8 @@ pub(super) enum Ending {
 #[derive(Debug)]
 pub(super) struct Report {
     pub(super) ending: Ending,
-    pub(super) stdout: Kept,
-    pub(super) stderr: Kept,
+    pub(super) stdout: Captured,
+    pub(super) stderr: Captured,
     pub(super) value: Option<serde_json::Value>,
     pub(super) peak_memory: u64,
     pub(super) cpu: Duration,
@@ -220,9 +220,7 @@ pub(super) fn main(
             Some(Job::Exec(job, reply)) => (job, reply),
             Some(Job::Stop) | None => break,
         };
-        let worn = runs_on_runtime >= config.recycle_after;
-        let new_tenant = tenant.as_ref().is_some_and(|t| *t != job.tenant);
-        if worn || new_tenant {
+        if needs_fresh_runtime(runs_on_runtime, config.recycle_after, &tenant, &job.tenant) {
             next = None;
             match Isolate::new(&config) {
                 Ok(i) => {
@@ -272,6 +270,18 @@ pub(super) fn main(
     drop(next);
 }
 
+/// Whether the next execution needs a new runtime: the current one has served
+/// `recycle_after` executions, or served another tenant (`last` is `None` before the
+/// first execution).
+fn needs_fresh_runtime(
+    runs: u32,
+    recycle_after: u32,
+    last: &Option<Option<String>>,
+    next: &Option<String>,
+) -> bool {
+    runs >= recycle_after || last.as_ref().is_some_and(|t| t != next)
+}
+
 /// The next job: polled for `spin` first, then waited for parked.
 fn next_job(jobs: &Receiver<Job>, spin: Duration) -> Option<Job> {
     if !spin.is_zero() {
@@ -292,8 +302,8 @@ impl Report {
     fn failed(message: String) -> Report {
         Report {
             ending: Ending::Failed(Error::new(ErrorCode::EngineFailed, message)),
-            stdout: Kept::default(),
-            stderr: Kept::default(),
+            stdout: Captured::default(),
+            stderr: Captured::default(),
             value: None,
             peak_memory: 0,
             cpu: Duration::ZERO,
@@ -396,7 +406,7 @@ fn run(isolate: &Isolate, ctx: &Context, job: &ExecJob) -> Report {
     let state = host::end();
     let (stdout, stderr, blocked) = match state {
         Some(s) => (s.stdout, s.stderr, s.blocked),
-        None => (Kept::default(), Kept::default(), None),
+        None => (Captured::default(), Captured::default(), None),
     };
     let stopped_outside = match job.control.load(Ordering::Relaxed) {
         CANCELLED => Some(Ending::Cancelled),
@@ -650,7 +660,21 @@ pub(super) fn compile_module(name: &str, source: &str) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use super::is_module;
+    use super::{is_module, needs_fresh_runtime};
+
+    #[test]
+    fn runtimes_are_replaced_when_worn_and_on_tenant_change() {
+        let a = Some("a".to_string());
+        let b = Some("b".to_string());
+        // The first execution keeps the runtime the thread started with.
+        assert!(!needs_fresh_runtime(0, 1000, &None, &a));
+        assert!(!needs_fresh_runtime(5, 1000, &Some(a.clone()), &a));
+        assert!(needs_fresh_runtime(1000, 1000, &Some(a.clone()), &a));
+        assert!(needs_fresh_runtime(1, 1, &Some(a.clone()), &a));
+        assert!(needs_fresh_runtime(5, 1000, &Some(a.clone()), &b));
+        assert!(needs_fresh_runtime(5, 1000, &Some(None), &a));
+        assert!(needs_fresh_runtime(5, 1000, &Some(a), &None));
+    }
 
     #[test]
     fn module_detection_looks_for_statements() {

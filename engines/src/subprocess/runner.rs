@@ -548,8 +548,8 @@ impl SubprocessSandbox {
             outcome,
             stdout_truncated: turn.stdout.truncated,
             stderr_truncated: turn.stderr.truncated,
-            stdout: turn.stdout.text(),
-            stderr: turn.stderr.text(),
+            stdout: turn.stdout.into_string(),
+            stderr: turn.stderr.into_string(),
             value,
             usage: Usage {
                 cpu_ms: 0,

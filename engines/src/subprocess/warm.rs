@@ -27,7 +27,7 @@ use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::unix::pipe;
 use tokio::time::Instant;
 
-use crate::capture::Kept;
+use crate::capture::Captured;
 use crate::spawn::{spawn, SpawnSpec, SpawnedChild};
 use crate::sys;
 
@@ -77,8 +77,8 @@ pub(crate) enum TurnFault {
 #[derive(Debug)]
 pub(crate) struct Turn {
     pub(crate) end: Result<TurnEnd, TurnFault>,
-    pub(crate) stdout: Kept,
-    pub(crate) stderr: Kept,
+    pub(crate) stdout: Captured,
+    pub(crate) stderr: Captured,
 }
 
 /// A running worker process.
@@ -227,8 +227,8 @@ impl Worker {
         let id = id.to_string();
         let mut turn = Turn {
             end: Err(TurnFault::Died(String::new())),
-            stdout: Kept::default(),
-            stderr: Kept::default(),
+            stdout: Captured::default(),
+            stderr: Captured::default(),
         };
         let mut delivering = true;
         let frame = encode(&first);
@@ -459,7 +459,7 @@ async fn deliver(
         StreamKind::Stdout => &mut turn.stdout,
         StreamKind::Stderr => &mut turn.stderr,
     };
-    let data = kept.keep(bytes, cap);
+    let data = kept.keep(bytes, cap as u64);
     if data.is_empty() || !*delivering {
         return;
     }
@@ -566,8 +566,12 @@ for line in sys.stdin:
                 )
                 .await;
             assert_eq!(turn.end, Ok(TurnEnd::Output(serde_json::json!(n * 42))));
-            assert_eq!(turn.stdout.text(), "working\n", "log frames are output");
-            assert_eq!(turn.stderr.text(), "diagnostics\n");
+            assert_eq!(
+                turn.stdout.into_string(),
+                "working\n",
+                "log frames are output"
+            );
+            assert_eq!(turn.stderr.into_string(), "diagnostics\n");
         }
         assert_eq!(worker.turns, 2);
         let (_, turn) = worker
@@ -585,18 +589,5 @@ for line in sys.stdin:
             "{:?}",
             turn.end
         );
-    }
-
-    #[test]
-    fn kept_output_stops_at_the_cap_with_a_marker() {
-        let mut kept = Kept::default();
-        assert_eq!(kept.keep(b"hello", 8), b"hello");
-        let streamed = kept.keep(b" world", 8);
-        assert!(streamed.starts_with(b" wo"));
-        assert!(kept.truncated);
-        assert!(kept.keep(b"more", 8).is_empty());
-        assert!(kept
-            .text()
-            .starts_with("hello wo\n[output truncated at 8 bytes]"));
     }
 }
