@@ -404,6 +404,16 @@ pub struct PoolConfig {
     /// (longer than an engine's own output grace after a kill, so a slow subscriber
     /// is not mistaken for a stuck engine).
     pub watchdog_grace_ms: u64,
+    /// Instances a pool keeps parked for executions that ended `suspended`, waiting
+    /// for their resume; each holds one of the pool's `max_size` slots (so at most
+    /// `max_size` are parked, whatever this says). Parking one
+    /// more retires the longest-parked instance (its token then answers
+    /// `NOT_FOUND`, saying it expired). 0 retires a suspended execution's instance at
+    /// once, so pooled executions cannot be resumed. Default 4.
+    pub max_suspended: usize,
+    /// A parked instance is retired this long after its execution suspended.
+    /// Default 600000 ms.
+    pub suspend_ttl_ms: u64,
 }
 
 impl Default for PoolConfig {
@@ -422,6 +432,8 @@ impl Default for PoolConfig {
             create_timeout_ms: 30_000,
             recycle_timeout_ms: 10_000,
             watchdog_grace_ms: 10_000,
+            max_suspended: 4,
+            suspend_ttl_ms: 600_000,
         }
     }
 }
@@ -458,6 +470,7 @@ impl PoolConfig {
             ("create_timeout_ms", self.create_timeout_ms),
             ("recycle_timeout_ms", self.recycle_timeout_ms),
             ("watchdog_grace_ms", self.watchdog_grace_ms),
+            ("suspend_ttl_ms", self.suspend_ttl_ms),
         ] {
             if v == 0 {
                 return Err(Error::invalid_config(

@@ -56,6 +56,7 @@ mod engine_pool;
 pub mod http;
 pub mod messages;
 mod paddock;
+mod parking;
 pub use paddock_core::{slots, stream_buffer};
 pub mod streamer;
 mod supervisor;

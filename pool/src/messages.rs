@@ -178,6 +178,9 @@ pub struct Stats {
     pub in_flight: usize,
     /// Open sandbox sessions.
     pub sandboxes: usize,
+    /// Pooled executions suspended and waiting for their resume (each holds an
+    /// instance; see `pool.max_suspended`).
+    pub suspended: usize,
     /// Whether the supervisor still admits work.
     pub admitting: bool,
 }

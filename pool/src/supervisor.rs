@@ -2,6 +2,7 @@
 //! routes every execution through policy → limiter → pool → engine → streamer →
 //! audit.
 
+use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -22,6 +23,7 @@ use crate::engine_actor::RunExec;
 use crate::engine_pool::{EnginePool, Lease, Release};
 use crate::limiter::{Admit, Limiter};
 use crate::messages::*;
+use crate::parking::{Parking, Refused};
 use crate::policy::Policy;
 use crate::streamer::{BufferSink, CloseStream, OpenStream, Streamer};
 use paddock_telemetry::{labels, Telemetry};
@@ -50,6 +52,8 @@ struct Pipeline {
     audit: Addr<Audit>,
     streamer: Addr<Streamer>,
     defaults: Limits,
+    /// Instances of pooled executions that suspended, waiting for their resume.
+    parking: RefCell<Parking>,
 }
 
 #[derive(Debug)]
@@ -103,6 +107,7 @@ impl Supervisor {
                 audit: parts.audit,
                 streamer: parts.streamer,
                 defaults: parts.defaults,
+                parking: RefCell::default(),
             }),
             sessions: HashMap::new(),
             destroyed_sessions: VecDeque::new(),
@@ -215,6 +220,10 @@ impl Actor for Supervisor {
         ctx.set_mailbox_capacity(65_536);
         self.prewarm_all();
         ctx.run_interval(Duration::from_millis(500), |act, _| {
+            let expired = act.pipeline.parking.borrow_mut().expire(Instant::now());
+            for parked in expired {
+                parked.retire();
+            }
             for pool in act.pools.values() {
                 pool.maintain();
             }
@@ -246,6 +255,8 @@ impl OutputSink for Tee {
 enum Target {
     Pool(Arc<EnginePool>),
     Session(Rc<Session>),
+    /// The resume of a pooled execution that suspended: the instance parked for it.
+    Parked(Arc<EnginePool>),
 }
 
 impl Pipeline {
@@ -278,7 +289,9 @@ impl Pipeline {
         })?;
         let tenant = request.tenant.clone();
         let engine_caps_output = match &target {
-            Target::Pool(p) => p.engine().capabilities().has_feature("output_cap"),
+            Target::Pool(p) | Target::Parked(p) => {
+                p.engine().capabilities().has_feature("output_cap")
+            }
             Target::Session(s) => s.lease.engine_has_feature("output_cap"),
         };
         let max_output = request
@@ -424,8 +437,22 @@ impl Pipeline {
                 };
                 let limits = request.limits.clone().or(&self.defaults);
                 let grace = Duration::from_millis(pool.config.watchdog_grace_ms);
-                let result = run_on(&lease, request, tee, token, &limits, grace).await;
-                pool.release(lease, release_for(&result));
+                let tenant = request.tenant.clone();
+                let mut result = run_on(&lease, request, tee, token, &limits, grace).await;
+                self.settle(pool, lease, tenant, &mut result);
+                result
+            }
+            Target::Parked(pool) => {
+                let paddock_core::Program::Resume { token_id, .. } = &request.program else {
+                    unreachable!("only resumes are routed to parked instances")
+                };
+                let parked = self.parking.borrow_mut().take(&request.tenant, token_id)?;
+                let lease = parked.lease;
+                let limits = request.limits.clone().or(&self.defaults);
+                let grace = Duration::from_millis(pool.config.watchdog_grace_ms);
+                let tenant = request.tenant.clone();
+                let mut result = run_on(&lease, request, tee, token, &limits, grace).await;
+                self.settle(pool, lease, tenant, &mut result);
                 result
             }
             Target::Session(session) => {
@@ -434,6 +461,56 @@ impl Pipeline {
                 let limits = request.limits.clone().or(&self.defaults);
                 let grace = Duration::from_millis(session.lease.pool_config().watchdog_grace_ms);
                 run_on(&session.lease, request, tee, token, &limits, grace).await
+            }
+        }
+    }
+}
+
+impl Pipeline {
+    /// Ends a pooled lease: an execution that suspended parks its instance for the
+    /// resume; anything else goes back to the pool (retired unless clean).
+    fn settle(
+        &self,
+        pool: Arc<EnginePool>,
+        lease: Lease,
+        tenant: Option<String>,
+        result: &mut Result<ExecResult, Error>,
+    ) {
+        let Ok(r) = result else {
+            pool.release(lease, release_for(result));
+            return;
+        };
+        let Outcome::Suspended { token_id } = &r.outcome else {
+            pool.release(lease, release_for(result));
+            return;
+        };
+        let parked = self
+            .parking
+            .borrow_mut()
+            .park(tenant, token_id.clone(), pool.clone(), lease);
+        match parked {
+            Ok(evicted) => {
+                for p in evicted {
+                    p.retire();
+                }
+            }
+            Err(Refused::Disabled(lease)) => {
+                r.warnings.push(
+                    "pool.max_suspended is 0, so the instance holding this suspension was retired: \
+                     the token cannot be resumed"
+                        .to_string(),
+                );
+                pool.release(lease, Release::Retire);
+            }
+            Err(Refused::Duplicate(lease)) => {
+                let message = format!(
+                    "the handler suspended on token `{token_id}`, which another suspended execution of \
+                     this tenant already holds; tokens must be unique"
+                );
+                r.outcome = Outcome::Failed {
+                    error: Error::new(ErrorCode::WorkerFailed, message),
+                };
+                pool.release(lease, Release::Retire);
             }
         }
     }
@@ -506,6 +583,38 @@ impl Handler<Execute> for Supervisor {
     type Result = ResponseFuture<Result<ExecResult, Error>>;
 
     fn handle(&mut self, msg: Execute, _ctx: &mut Self::Context) -> Self::Result {
+        if let paddock_core::Program::Resume { token_id, .. } = &msg.request.program {
+            // A resume goes to the instance its execution suspended on.
+            let parking = self.pipeline.parking.borrow();
+            let routed = match parking.pool_of(&msg.request.tenant, token_id) {
+                Some(pool) if msg.engine.is_some_and(|e| e != pool.kind) => Err(Error::invalid_options(
+                    "engine",
+                    format!(
+                        "token `{token_id}` belongs to an execution on the {} engine; name that engine or none",
+                        pool.kind
+                    ),
+                )),
+                Some(pool) => Ok(pool),
+                None => Err(parking.not_found_error(&msg.request.tenant, token_id)),
+            };
+            drop(parking);
+            return match routed {
+                Ok(pool) => {
+                    let kind = pool.kind;
+                    Box::pin(self.pipeline.clone().run(
+                        Target::Parked(pool),
+                        msg.request,
+                        kind,
+                        msg.sink,
+                        msg.traceparent,
+                    ))
+                }
+                Err(e) => {
+                    let e = self.refuse(e);
+                    Box::pin(async move { Err(e) })
+                }
+            };
+        }
         let prepared = self
             .pool(msg.engine, msg.level, &msg.network)
             .and_then(|pool| {
@@ -703,6 +812,7 @@ impl Handler<GetStats> for Supervisor {
             refused_total: shared.refused_total.load(Ordering::Relaxed),
             in_flight: shared.running.len(),
             sandboxes: self.sessions.len(),
+            suspended: self.pipeline.parking.borrow().len(),
             admitting: !shared.stopping.load(Ordering::Relaxed),
         })
     }
@@ -745,6 +855,7 @@ impl Handler<Shutdown> for Supervisor {
         let audit = self.pipeline.audit.clone();
         let in_flight_at_start = shared.running.len();
         let sessions: Vec<Rc<Session>> = self.sessions.drain().map(|(_, s)| s).collect();
+        let parked = self.pipeline.parking.borrow_mut().drain();
         let pools: Vec<Arc<EnginePool>> = self.pools.values().cloned().collect();
         Box::pin(
             async move {
@@ -768,6 +879,9 @@ impl Handler<Shutdown> for Supervisor {
                     let sandbox = s.lease.instance().sandbox.clone();
                     let _ = sandbox.destroy().await;
                     destroyed += 1;
+                }
+                for p in parked {
+                    p.retire();
                 }
                 for p in &pools {
                     p.close();

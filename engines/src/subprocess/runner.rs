@@ -352,8 +352,13 @@ impl SubprocessSandbox {
         } = turn_req;
         let config = &setup.config;
         let taken = self.warm.lock().remove(&key);
+        // A resume continues on the worker that suspended, however many turns or how
+        // much age it has: its invocation lives there.
+        let resuming = matches!(kind, TurnKind::Resume { .. });
         let mut slot = match taken {
-            Some(mut slot) if self.fit(&slot, &tenant, config) => {
+            Some(mut slot)
+                if (resuming && slot.tenant == tenant) || self.fit(&slot, &tenant, config) =>
+            {
                 // A worker that exited on its own since its last turn (a one-shot
                 // handler, a crash while idle) is replaced before it is used.
                 if slot
@@ -384,7 +389,15 @@ impl SubprocessSandbox {
         let (turn_id, turn) = match kind {
             TurnKind::Invoke(input) => {
                 slot.worker
-                    .invoke(input, sink, &cancel, deadline, cap, destroyed)
+                    .invoke(
+                        execution_id.to_string(),
+                        input,
+                        sink,
+                        &cancel,
+                        deadline,
+                        cap,
+                        destroyed,
+                    )
                     .await
             }
             TurnKind::Resume {
@@ -481,7 +494,12 @@ impl SubprocessSandbox {
             }
             if let Outcome::Suspended { token_id } = &outcome {
                 let mut suspended = self.suspended.lock();
-                if suspended.len() >= MAX_SUSPENDED {
+                if suspended.contains_key(token_id) {
+                    outcome = failed(
+                        ErrorCode::WorkerFailed,
+                        format!("the {key} suspended on token `{token_id}`, which another suspended invocation in this sandbox already holds; tokens must be unique"),
+                    );
+                } else if suspended.len() >= MAX_SUSPENDED {
                     outcome = failed(
                         ErrorCode::LimitsExceeded,
                         format!("the sandbox already holds {MAX_SUSPENDED} suspended invocations; resume or destroy some"),

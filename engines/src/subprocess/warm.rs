@@ -92,7 +92,6 @@ pub(crate) struct Worker {
     stdout: Option<pipe::Receiver>,
     stderr: pipe::Receiver,
     decoder: FrameDecoder,
-    next_id: u64,
     /// Whether a cancel is also delivered as SIGINT (the built-in runners read frames
     /// only between turns, so a snippet is interrupted by the signal).
     interrupt_on_cancel: bool,
@@ -141,7 +140,6 @@ impl Worker {
             stdout: stdout.map(pipe::Receiver::from_owned_fd).transpose()?,
             stderr: pipe::Receiver::from_owned_fd(err_r)?,
             decoder: FrameDecoder::new(),
-            next_id: 0,
             interrupt_on_cancel: frames_on == FramesOn::Fd3,
             turns: 0,
             started: std::time::Instant::now(),
@@ -169,14 +167,16 @@ impl Worker {
         pages * page
     }
 
-    /// Runs one turn: sends `invoke` with `input`, streams output to `sink` (each
+    /// Runs one turn: sends `invoke` with `id` (the execution's) and `input`, streams output to `sink` (each
     /// stream kept up to `cap` bytes), and waits for the terminal frame. A cancel or
     /// the deadline sends `cancel` and, after [`CANCEL_GRACE`], kills the worker.
     ///
     /// `abort` ending (the sandbox being destroyed) ends the turn at once as cancelled;
     /// the caller then kills the worker. Returns the turn's id with the turn.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn invoke(
         &mut self,
+        id: String,
         input: serde_json::Value,
         sink: &dyn OutputSink,
         cancel: &paddock_core::CancelToken,
@@ -184,8 +184,6 @@ impl Worker {
         cap: usize,
         abort: std::pin::Pin<&mut (dyn std::future::Future<Output = ()> + Send)>,
     ) -> (String, Turn) {
-        self.next_id += 1;
-        let id = format!("turn-{}", self.next_id);
         let frame = Frame::invoke(id.clone(), input);
         let turn = self
             .run_turn(&id, frame, sink, cancel, deadline, cap, abort)
@@ -557,6 +555,7 @@ for line in sys.stdin:
         for n in [1, 2] {
             let (_, turn) = worker
                 .invoke(
+                    format!("t-{n}"),
                     serde_json::json!(n * 21),
                     &DiscardSink,
                     &CancelToken::new(),
@@ -576,6 +575,7 @@ for line in sys.stdin:
         assert_eq!(worker.turns, 2);
         let (_, turn) = worker
             .invoke(
+                "t-garbage".to_string(),
                 serde_json::json!("garbage"),
                 &DiscardSink,
                 &CancelToken::new(),

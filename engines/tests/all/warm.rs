@@ -499,3 +499,48 @@ async fn handlers_suspend_and_resume_long_running_and_one_shot() {
     }
     sb.destroy().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_reaches_the_worker_that_suspended_even_past_max_turns() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("approve.py");
+    std::fs::write(&script, APPROVAL_HANDLER).unwrap();
+    let mut config = SubprocessConfig::default();
+    // Recycle-after-1: the worker is spent after the invoke, but the suspended
+    // invocation lives in its memory.
+    config.warm.max_turns = 1;
+    config.handlers.insert(
+        "approve".into(),
+        paddock_core::HandlerConfig {
+            command: vec!["python3".into(), script.to_string_lossy().into_owned()],
+        },
+    );
+    let engine = SubprocessEngine::new(&config).unwrap();
+    let sb = engine.create(&SandboxSpec::default()).await.unwrap();
+    let invoke = |n: u32| {
+        ExecRequest::new(Program::Invoke {
+            handler: "approve".into(),
+            input: json!({ "n": n }),
+        })
+    };
+    let r = run(&*sb, invoke(1)).await;
+    let Outcome::Suspended { token_id } = r.outcome.clone() else {
+        panic!("expected a suspension, got {r:?}");
+    };
+    // The invocation id is the execution's, so the handler's token carries it.
+    assert_eq!(token_id, format!("approve-{}", r.id));
+    let r = run(
+        &*sb,
+        ExecRequest::new(Program::Resume {
+            token_id,
+            value: json!("ok"),
+        }),
+    )
+    .await;
+    assert_eq!(r.outcome, exit(0), "{r:?}");
+    assert_eq!(r.value, Some(json!({"task": {"n": 1}, "approved": "ok"})));
+    // A fresh invocation gets a fresh worker, as max_turns says.
+    let r = run(&*sb, invoke(2)).await;
+    assert!(matches!(r.outcome, Outcome::Suspended { .. }), "{r:?}");
+    sb.destroy().await.unwrap();
+}

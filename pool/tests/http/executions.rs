@@ -238,3 +238,73 @@ async fn javascript_runs_in_an_isolate_with_a_value() {
     assert_eq!(r["outcome"], "failed", "{r}");
     assert_eq!(r["error"]["code"], "BLOCKED_MODULE", "{r}");
 }
+
+/// A json-stdio handler that suspends on `approve-<id>` and answers the resume value.
+const APPROVAL: &str = r#"
+import json, sys
+for line in sys.stdin:
+    f = json.loads(line)
+    if f["kind"] == "invoke":
+        out = {"v": 1, "kind": "suspend", "id": f["id"], "token_id": "approve-" + f["id"]}
+    elif f["kind"] == "resume":
+        out = {"v": 1, "kind": "output", "id": f["id"], "output": {"approved": f["value"]}}
+    else:
+        continue
+    sys.stdout.write(json.dumps(out) + "\n")
+    sys.stdout.flush()
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooled_execution_that_suspends_is_resumed_by_another_execution() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("approval.py");
+    std::fs::write(&script, APPROVAL).unwrap();
+    let mut config = paddock_core::PaddockConfig::default();
+    config.subprocess.handlers.insert(
+        "approval".into(),
+        paddock_core::HandlerConfig {
+            command: vec!["python3".into(), script.to_string_lossy().into_owned()],
+        },
+    );
+    let t = TestServer::start_config(config, crate::support::server_config());
+    let suspended = Request::post("/v1/executions")
+        .header("x-paddock-tenant", "acme")
+        .json(&json!({"program": {"handler": "approval", "input": {"change": 7}}}))
+        .send(t.addr)
+        .await
+        .expect(200);
+    assert_eq!(suspended["outcome"], "suspended", "{suspended}");
+    let token = suspended["token_id"]
+        .as_str()
+        .expect("token_id")
+        .to_string();
+    assert_eq!(
+        token,
+        format!("approve-{}", suspended["id"].as_str().unwrap())
+    );
+
+    let resume = json!({"program": {"resume": token, "value": "yes"}});
+    // Another tenant's resume finds nothing.
+    Request::post("/v1/executions")
+        .header("x-paddock-tenant", "mallory")
+        .json(&resume)
+        .send(t.addr)
+        .await
+        .expect_error(404, "NOT_FOUND");
+    let done = Request::post("/v1/executions")
+        .header("x-paddock-tenant", "acme")
+        .json(&resume)
+        .send(t.addr)
+        .await
+        .expect(200);
+    assert_eq!(done["outcome"], "completed", "{done}");
+    assert_eq!(done["value"], json!({"approved": "yes"}), "{done}");
+    // A token resumes once.
+    Request::post("/v1/executions")
+        .header("x-paddock-tenant", "acme")
+        .json(&resume)
+        .send(t.addr)
+        .await
+        .expect_error(404, "NOT_FOUND");
+    t.stop().await;
+}

@@ -5,3 +5,4 @@ mod actor_api;
 mod chaos;
 mod facade;
 mod lifecycle;
+mod suspend;
