@@ -550,7 +550,7 @@ pub struct HandlerConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct WarmConfig {
-    /// Run `Code` in the languages below on warm workers. Default `false`.
+    /// Run `Code` in the languages below on warm workers. Default `true`.
     pub enabled: bool,
     /// Languages with a built-in runner to keep warm. Default
     /// `["python", "javascript"]`.
@@ -568,7 +568,7 @@ pub struct WarmConfig {
 impl Default for WarmConfig {
     fn default() -> Self {
         WarmConfig {
-            enabled: false,
+            enabled: true,
             languages: vec![Language::Python, Language::Javascript],
             max_turns: 100,
             max_age_ms: 600_000,

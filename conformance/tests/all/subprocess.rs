@@ -5,11 +5,14 @@ use std::sync::Arc;
 use paddock_core::{Engine, SubprocessConfig};
 use paddock_engines::subprocess::SubprocessEngine;
 
-/// A fresh subprocess engine with the default configuration.
+/// A fresh subprocess engine with the default configuration, warm workers off: every
+/// execution is a fresh process (the warm suite covers the default).
 pub(crate) fn subprocess_engine() -> Arc<dyn Engine> {
+    let mut config = SubprocessConfig::default();
+    config.warm.enabled = false;
     Arc::new(
-        SubprocessEngine::new(&SubprocessConfig::default())
-            .expect("the subprocess engine must start with the default configuration"),
+        SubprocessEngine::new(&config)
+            .expect("the subprocess engine must start with warm workers off"),
     )
 }
 

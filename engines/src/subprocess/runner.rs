@@ -378,6 +378,7 @@ impl SubprocessSandbox {
             g.set_limits(limits.memory_bytes, limits.pids)
                 .map_err(|e| Error::engine_io("setting cgroup limits", e))?;
         }
+        let mark = slot.worker.usage_mark();
         let started = tokio::time::Instant::now();
         let started_at_ms = unix_ms();
         let timeout = limits
@@ -520,8 +521,8 @@ impl SubprocessSandbox {
             outcome,
             Outcome::Completed { exit_code: 0, .. } | Outcome::Suspended { .. }
         );
-        let peak_memory = slot.worker.rss_bytes();
-        let healthy = clean && !one_shot && peak_memory <= config.max_rss_bytes;
+        let usage = slot.worker.usage_since(mark);
+        let healthy = clean && !one_shot && usage.rss_bytes <= config.max_rss_bytes;
         // Whatever the snippet left running dies with its turn; the sandbox's warm
         // workers (this one if it stays, and those of other languages) are spared.
         // The usual case (only workers left) is one read of `cgroup.procs`, done here.
@@ -570,9 +571,9 @@ impl SubprocessSandbox {
             stderr: turn.stderr.into_string(),
             value,
             usage: Usage {
-                cpu_ms: 0,
+                cpu_ms: usage.cpu_ms,
                 wall_ms,
-                peak_memory_bytes: peak_memory,
+                peak_memory_bytes: usage.peak_memory_bytes,
             },
             engine: EngineKind::Subprocess,
             instance_id: self.id.clone(),

@@ -81,6 +81,47 @@ pub(crate) struct Turn {
     pub(crate) stderr: Captured,
 }
 
+/// The CPU time a worker had used when a turn started (see [`Worker::usage_mark`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct UsageMark {
+    cpu_ticks: u64,
+}
+
+/// What a worker used during one turn.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct TurnUsage {
+    /// CPU time, user and system, of the worker and the children it reaped.
+    pub(crate) cpu_ms: u64,
+    /// Peak resident memory of the worker process during the turn.
+    pub(crate) peak_memory_bytes: u64,
+    /// Resident memory of the worker process after the turn.
+    pub(crate) rss_bytes: u64,
+}
+
+/// utime + stime + cutime + cstime of `pid`, in clock ticks.
+fn cpu_ticks(pid: libc::pid_t) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses: fields start after the last
+    // ')', with the state (field 3) first, so utime (field 14) is the 12th.
+    let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
+    let mut total = 0u64;
+    for field in fields.get(11..15)? {
+        total += field.parse::<i64>().ok()?.max(0) as u64;
+    }
+    Some(total)
+}
+
+/// A `/proc/<pid>/status` size (`  1234 kB`) in bytes.
+fn kib(field: &str) -> u64 {
+    field
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse::<u64>()
+        .unwrap_or(0)
+        * 1024
+}
+
 /// A running worker process.
 #[derive(Debug)]
 pub(crate) struct Worker {
@@ -151,20 +192,42 @@ impl Worker {
         self.child.as_ref().map(|c| c.pid)
     }
 
-    /// Resident memory of the worker process, in bytes (0 when unknown).
-    pub(crate) fn rss_bytes(&self) -> u64 {
-        let Some(pid) = self.pid() else { return 0 };
-        let Ok(statm) = std::fs::read_to_string(format!("/proc/{pid}/statm")) else {
-            return 0;
+    /// Starts measuring a turn: resets the process's peak resident memory (the kernel's
+    /// `VmHWM`, through `clear_refs`) and reads the CPU time it has used so far.
+    pub(crate) fn usage_mark(&self) -> UsageMark {
+        let Some(pid) = self.pid() else {
+            return UsageMark { cpu_ticks: 0 };
         };
-        let pages: u64 = statm
-            .split_whitespace()
-            .nth(1)
-            .and_then(|p| p.parse().ok())
-            .unwrap_or(0);
+        let _ = std::fs::write(format!("/proc/{pid}/clear_refs"), "5");
+        UsageMark {
+            cpu_ticks: cpu_ticks(pid).unwrap_or(0),
+        }
+    }
+
+    /// What the worker used since `mark`: CPU time (its own and its reaped
+    /// children's), its peak resident memory, and its resident memory now.
+    pub(crate) fn usage_since(&self, mark: UsageMark) -> TurnUsage {
+        let Some(pid) = self.pid() else {
+            return TurnUsage::default();
+        };
         // SAFETY: sysconf has no preconditions.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
-        pages * page
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+        let ticks = cpu_ticks(pid).unwrap_or(mark.cpu_ticks);
+        let (mut peak, mut rss) = (0, 0);
+        if let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
+            for line in status.lines() {
+                if let Some(rest) = line.strip_prefix("VmHWM:") {
+                    peak = kib(rest);
+                } else if let Some(rest) = line.strip_prefix("VmRSS:") {
+                    rss = kib(rest);
+                }
+            }
+        }
+        TurnUsage {
+            cpu_ms: ticks.saturating_sub(mark.cpu_ticks) * 1000 / hz,
+            peak_memory_bytes: peak.max(rss),
+            rss_bytes: rss,
+        }
     }
 
     /// Runs one turn: sends `invoke` with `id` (the execution's) and `input`, streams output to `sink` (each

@@ -109,7 +109,28 @@ async fn a_worker_serves_one_tenant() {
         as_tenant("b", "import sys; getattr(sys, 'paddock_mark', None)"),
     )
     .await;
-    assert_eq!(r.value, Some(json!(null)), "{r:?}");
+    // (A last expression that is None gives no value, as in a notebook.)
+    assert_eq!(r.value, None, "{r:?}");
+    assert_eq!(r.outcome, exit(0), "{r:?}");
+    sb.destroy().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_is_measured_per_turn() {
+    let sb = sandbox().await;
+    let r = run(
+        &*sb,
+        py("b = bytearray(64 << 20)\nx = 0\nfor i in range(3_000_000): x += i\ndel b"),
+    )
+    .await;
+    assert_eq!(r.outcome, exit(0), "{r:?}");
+    assert!(r.usage.cpu_ms > 0, "{:?}", r.usage);
+    assert!(r.usage.peak_memory_bytes >= 64 << 20, "{:?}", r.usage);
+    // The peak is the turn's own, not the worker's lifetime high-water mark.
+    let r = run(&*sb, py("1")).await;
+    assert!(r.usage.peak_memory_bytes > 0, "{:?}", r.usage);
+    assert!(r.usage.peak_memory_bytes < 48 << 20, "{:?}", r.usage);
+    assert!(r.usage.cpu_ms < 1_000, "{:?}", r.usage);
     sb.destroy().await.unwrap();
 }
 

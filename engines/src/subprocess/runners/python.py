@@ -3,7 +3,7 @@ out). The snippet's own stdout and stderr stay on fd 1 and 2, which the host cap
 as they are, so nothing a snippet prints can be mistaken for a frame.
 
 invoke input: {"code": "<source>"} runs a snippet in a fresh namespace; its value is the
-value of its last expression (as in a notebook cell). {"handler": "module:function",
+value of its last expression (as in a notebook cell; none when that is None). {"handler": "module:function",
 "input": <json>} calls a function: `module` is a path to a .py file relative to the
 working directory, or an importable module name.
 
@@ -107,13 +107,18 @@ def handle(frame):
     payload = frame.get("input") or {}
     _current["id"] = job
     try:
+        output = {"exit_code": 0}
         if isinstance(payload, dict) and "code" in payload:
             value = run_code(payload["code"])
+            # As in a notebook cell, a snippet whose last expression is None (a
+            # print(), say) has no value.
+            if value is not None:
+                output["value"] = to_json(value)
         elif isinstance(payload, dict) and "handler" in payload:
-            value = run_handler(payload["handler"], payload.get("input"))
+            output["value"] = to_json(run_handler(payload["handler"], payload.get("input")))
         else:
             raise ValueError("input must hold `code` or `handler`")
-        reply = {"kind": "output", "id": job, "output": {"exit_code": 0, "value": to_json(value)}}
+        reply = {"kind": "output", "id": job, "output": output}
     except KeyboardInterrupt:
         # SIGINT is how the host cancels a turn.
         reply = {"kind": "error", "id": job, "error": {"code": "CANCELLED", "message": "cancelled"}}
