@@ -556,7 +556,9 @@ pub struct WarmConfig {
     /// `["python", "javascript"]`.
     pub languages: Vec<Language>,
     /// Turns after which a worker is replaced by a fresh one; 1 gives every execution
-    /// a fresh interpreter (still started ahead of need). Default 100.
+    /// a fresh interpreter (still started ahead of need). Default 1000, the same as a
+    /// pooled instance's `max_executions_per_engine`: a worker holds only its own
+    /// tenant's leftovers, and `max_rss_bytes` and `max_age_ms` bound its growth.
     pub max_turns: u32,
     /// Age after which a worker is replaced, in milliseconds. Default 600,000.
     pub max_age_ms: u64,
@@ -570,7 +572,7 @@ impl Default for WarmConfig {
         WarmConfig {
             enabled: true,
             languages: vec![Language::Python, Language::Javascript],
-            max_turns: 100,
+            max_turns: 1_000,
             max_age_ms: 600_000,
             max_rss_bytes: 256 << 20,
         }

@@ -40,7 +40,7 @@ pub struct Cgroup {
 
 /// A v1 mount: its mount point and our own path inside it, for one controller.
 fn v1_dir(controller: &str) -> Option<PathBuf> {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let mountinfo = crate::sys::read_small("/proc/self/mountinfo").ok()?;
     let mount = mountinfo.lines().find_map(|line| {
         let (left, right) = line.split_once(" - ")?;
         let mut rf = right.split_whitespace();
@@ -56,7 +56,7 @@ fn v1_dir(controller: &str) -> Option<PathBuf> {
         Some((fields.get(3)?.to_string(), PathBuf::from(fields.get(4)?)))
     })?;
     let (mount_root, mount_point) = mount;
-    let cgroups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let cgroups = crate::sys::read_small("/proc/self/cgroup").ok()?;
     let own = cgroups.lines().find_map(|line| {
         let mut parts = line.splitn(3, ':');
         let _id = parts.next()?;
@@ -239,7 +239,7 @@ impl Cgroup {
 
     /// How many processes the kernel OOM-killed in the group since the last call.
     pub fn new_oom_kills(&self) -> u64 {
-        let now: u64 = std::fs::read_to_string(self.memory.join("memory.oom_control"))
+        let now: u64 = crate::sys::read_small(self.memory.join("memory.oom_control"))
             .ok()
             .and_then(|s| {
                 s.lines()
@@ -251,7 +251,7 @@ impl Cgroup {
 
     /// How many forks the pids limit refused since the last call.
     pub fn new_pids_max_hits(&self) -> u64 {
-        let now: u64 = std::fs::read_to_string(self.pids.join("pids.events"))
+        let now: u64 = crate::sys::read_small(self.pids.join("pids.events"))
             .ok()
             .and_then(|s| {
                 s.lines()
@@ -263,14 +263,14 @@ impl Cgroup {
 
     /// Whether any process is still in the group.
     pub fn is_populated(&self) -> bool {
-        std::fs::read_to_string(self.pids.join("cgroup.procs"))
+        crate::sys::read_small(self.pids.join("cgroup.procs"))
             .map(|s| !s.trim().is_empty())
             .unwrap_or(false)
     }
 
     /// Whether the group holds a process that is not in `keep`.
     pub fn has_other_than(&self, keep: &[libc::pid_t]) -> bool {
-        std::fs::read_to_string(self.pids.join("cgroup.procs"))
+        crate::sys::read_small(self.pids.join("cgroup.procs"))
             .map(|s| {
                 s.lines()
                     .filter_map(|l| l.trim().parse::<libc::pid_t>().ok())
@@ -363,7 +363,7 @@ fn freeze(dir: &Path) -> bool {
     }
     let deadline = Instant::now() + Duration::from_secs(1);
     while Instant::now() < deadline {
-        match std::fs::read_to_string(dir.join("freezer.state")) {
+        match crate::sys::read_small(dir.join("freezer.state")) {
             Ok(s) if s.trim() == "FROZEN" => return true,
             Ok(_) => std::thread::sleep(Duration::from_micros(200)),
             Err(_) => return false,
@@ -396,7 +396,7 @@ fn signal_procs(dir: &Path) -> io::Result<usize> {
 
 /// [`signal_procs`], sparing the processes in `keep`.
 fn signal_procs_except(dir: &Path, keep: &[libc::pid_t]) -> io::Result<usize> {
-    let procs = std::fs::read_to_string(dir.join("cgroup.procs"))?;
+    let procs = crate::sys::read_small(dir.join("cgroup.procs"))?;
     let mut n = 0;
     for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
         if keep.contains(&pid) {

@@ -122,3 +122,54 @@ pub(crate) fn getrlimit(resource: libc::__rlimit_resource_t) -> (u64, u64) {
 pub(crate) fn cstring(s: impl Into<Vec<u8>>) -> io::Result<CString> {
     CString::new(s).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL byte in string"))
 }
+
+/// Reads a small kernel file (`/proc`, cgroupfs) with one `open` and as few `read`s as
+/// its size needs. Such files report size 0, so `std::fs::read_to_string` probes with
+/// a growing buffer: eight system calls for `/proc/<pid>/status` instead of three.
+pub(crate) fn read_small(path: impl AsRef<std::path::Path>) -> io::Result<String> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    let mut buf = vec![0u8; 4096];
+    let mut len = 0;
+    loop {
+        if len == buf.len() {
+            buf.resize(buf.len() * 2, 0);
+        }
+        match file.read(&mut buf[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(len);
+    String::from_utf8(buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+/// Whether the process behind `pidfd` has exited, without waiting.
+pub(crate) fn pidfd_exited(pidfd: &impl std::os::fd::AsRawFd) -> bool {
+    let mut pfd = libc::pollfd {
+        fd: pidfd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, zero timeout.
+    let n = unsafe { libc::poll(&mut pfd, 1, 0) };
+    n > 0 && pfd.revents & libc::POLLIN != 0
+}
+
+#[cfg(test)]
+mod read_small_tests {
+    #[test]
+    fn reads_a_proc_file_whole() {
+        let status = super::read_small("/proc/self/status").unwrap();
+        assert!(status.starts_with("Name:"), "{status}");
+        assert!(status.contains("VmRSS:"), "{status}");
+        assert_eq!(
+            super::read_small("/proc/self/no-such-file")
+                .unwrap_err()
+                .kind(),
+            std::io::ErrorKind::NotFound
+        );
+    }
+}

@@ -100,7 +100,7 @@ pub(crate) struct TurnUsage {
 
 /// utime + stime + cutime + cstime of `pid`, in clock ticks.
 fn cpu_ticks(pid: libc::pid_t) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let stat = crate::sys::read_small(format!("/proc/{pid}/stat")).ok()?;
     // The command name may hold spaces and parentheses: fields start after the last
     // ')', with the state (field 3) first, so utime (field 14) is the 12th.
     let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
@@ -214,7 +214,7 @@ impl Worker {
         let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
         let ticks = cpu_ticks(pid).unwrap_or(mark.cpu_ticks);
         let (mut peak, mut rss) = (0, 0);
-        if let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
+        if let Ok(status) = crate::sys::read_small(format!("/proc/{pid}/status")) {
             for line in status.lines() {
                 if let Some(rest) = line.strip_prefix("VmHWM:") {
                     peak = kib(rest);
@@ -456,10 +456,17 @@ impl Worker {
     /// with code 42 after `suspend`); its exit code when it did. The worker is then
     /// reaped and no longer usable.
     pub(crate) async fn exited_within(&mut self, within: Duration) -> Option<i32> {
-        let _ready = tokio::time::timeout(within, self.exited.readable())
-            .await
-            .ok()?
-            .ok()?;
+        if within.is_zero() {
+            // Without a timer: tokio's would round zero up to its next millisecond tick.
+            if !crate::sys::pidfd_exited(self.exited.get_ref()) {
+                return None;
+            }
+        } else {
+            let _ready = tokio::time::timeout(within, self.exited.readable())
+                .await
+                .ok()?
+                .ok()?;
+        }
         let child = self.child.take()?;
         let status = sys::reap(child.pid).ok();
         drop(child);
