@@ -80,6 +80,11 @@ pub use suite::run_stamped as __run_stamped;
 /// Each generated test calls [`prepare_process_env`] first, then runs its case on a
 /// fresh multi-thread tokio runtime: `Failed` panics with the case's message,
 /// `Skipped` prints the reason and passes.
+///
+/// `conformance_tests!(name, factory, requires = check)` stamps the same tests for an
+/// engine that needs something the host may lack (an OCI runtime, say): `check` is a
+/// `fn() -> Result<(), String>`, and each test first calls it and, on `Err(why)`,
+/// prints that it skipped and why, and passes.
 #[macro_export]
 macro_rules! conformance_tests {
     ($engine:ident, $factory:expr $(,)?) => {
@@ -88,6 +93,17 @@ macro_rules! conformance_tests {
             use super::*;
 
             $crate::__with_case_names!(__stamp_tests { $factory });
+        }
+    };
+    ($engine:ident, $factory:expr, requires = $requires:expr $(,)?) => {
+        mod $engine {
+            #[allow(unused_imports)]
+            use super::*;
+
+            $crate::__with_case_names!(__stamp_tests_requiring {
+                $factory,
+                $requires
+            });
         }
     };
 }
@@ -149,6 +165,26 @@ macro_rules! __stamp_tests {
         $(
             #[test]
             fn $name() {
+                $crate::prepare_process_env();
+                $crate::__run_stamped(stringify!($name), $factory);
+            }
+        )*
+    };
+}
+
+/// [`__stamp_tests`] with a host check first (see [`conformance_tests!`]).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __stamp_tests_requiring {
+    ($factory:expr, $requires:expr ; $($name:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                let check: fn() -> ::std::result::Result<(), ::std::string::String> = $requires;
+                if let Err(why) = check() {
+                    println!("conformance case `{}` skipped: {why}", stringify!($name));
+                    return;
+                }
                 $crate::prepare_process_env();
                 $crate::__run_stamped(stringify!($name), $factory);
             }

@@ -22,6 +22,8 @@ pub struct PaddockConfig {
     pub subprocess: SubprocessConfig,
     /// The QuickJS isolate engine.
     pub isolate: IsolateConfig,
+    /// The OCI container engine.
+    pub container: ContainerConfig,
     /// Engine pools (the same settings for every engine).
     pub pool: PoolConfig,
     /// The HTTP server of `paddock serve`.
@@ -684,6 +686,91 @@ impl IsolateConfig {
     }
 }
 
+/// Which OCI runtime the container engine drives.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OciRuntime {
+    /// crun when it can run a container here, runc otherwise.
+    #[default]
+    Auto,
+    /// crun only.
+    Crun,
+    /// runc only.
+    Runc,
+}
+
+/// Settings of the OCI container engine (`strict` isolation).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ContainerConfig {
+    /// Whether the engine is started when an OCI runtime is found. Default `true`;
+    /// a host without a usable runtime leaves the engine out (`paddock doctor` says
+    /// why).
+    pub enabled: bool,
+    /// The runtime. Default `auto`.
+    pub runtime: OciRuntime,
+    /// The runtime binary, overriding the search on `PATH`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runtime_path: Option<PathBuf>,
+    /// The containers' root filesystem, used read-only. Default: a generated root
+    /// with the host's `/usr` and `/etc` bound read-only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rootfs: Option<PathBuf>,
+    /// Where workdirs, bundles and the runtime's state live. Default: the system
+    /// temp dir.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workdir_root: Option<PathBuf>,
+    /// CPU quota per container, in CPUs (`1.5` = one and a half). Default 1.
+    pub cpus: f64,
+    /// Whether the seccomp profile is applied. Default `true`.
+    pub seccomp: bool,
+    /// Host variables passed in although their names look secret (the host's
+    /// environment is otherwise passed sanitized, as for the subprocess engine).
+    pub env_passthrough: Vec<String>,
+}
+
+impl Default for ContainerConfig {
+    fn default() -> Self {
+        ContainerConfig {
+            enabled: true,
+            runtime: OciRuntime::Auto,
+            runtime_path: None,
+            rootfs: None,
+            workdir_root: None,
+            cpus: 1.0,
+            seccomp: true,
+            env_passthrough: Vec::new(),
+        }
+    }
+}
+
+impl ContainerConfig {
+    /// Checks paths and ranges.
+    pub fn validate(&self) -> Result<()> {
+        if !(self.cpus.is_finite() && (0.01..=1024.0).contains(&self.cpus)) {
+            return Err(Error::invalid_config(
+                "container.cpus",
+                format!("{} is out of range 0.01..=1024", self.cpus),
+            ));
+        }
+        for (field, path) in [
+            ("container.runtime_path", &self.runtime_path),
+            ("container.rootfs", &self.rootfs),
+            ("container.workdir_root", &self.workdir_root),
+        ] {
+            if let Some(p) = path {
+                if !p.is_absolute() {
+                    return Err(Error::invalid_config(
+                        field,
+                        format!("`{}` must be an absolute path", p.display()),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 impl PaddockConfig {
     /// Parses a TOML document and validates it.
     pub fn from_toml_str(text: &str) -> Result<PaddockConfig> {
@@ -717,6 +804,7 @@ impl PaddockConfig {
         self.audit.validate()?;
         self.limiter.validate()?;
         self.isolate.validate()?;
+        self.container.validate()?;
         let s = &self.subprocess;
         for (field, value) in [
             ("subprocess.python", &s.python),

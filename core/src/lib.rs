@@ -41,8 +41,8 @@ pub mod stream_buffer;
 
 pub use cancel::{CancelToken, TokenState};
 pub use config::{
-    ApiKey, AuditConfig, CgroupMode, HandlerConfig, IsolateConfig, PaddockConfig, PoolConfig,
-    ServerConfig, SubprocessConfig, WarmConfig,
+    ApiKey, AuditConfig, CgroupMode, ContainerConfig, HandlerConfig, IsolateConfig, OciRuntime,
+    PaddockConfig, PoolConfig, ServerConfig, SubprocessConfig, WarmConfig,
 };
 pub use engine::{DiscardSink, Engine, FileEntry, OutputSink, Sandbox, SandboxSpec, SandboxStatus};
 pub use error::{Error, ErrorCode, Result};

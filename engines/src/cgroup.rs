@@ -407,3 +407,124 @@ fn signal_procs_except(dir: &Path, keep: &[libc::pid_t]) -> io::Result<usize> {
     }
     Ok(n)
 }
+
+/// One mounted cgroup hierarchy (v1 or v2), for groups an OCI runtime creates in
+/// every hierarchy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hierarchy {
+    /// Where it is mounted.
+    pub mount_point: PathBuf,
+    /// The hierarchy path the mount exposes (`/` unless a subtree is mounted).
+    pub mount_root: String,
+    /// Its controllers (`["memory"]`, or `[]` for v2 and named hierarchies).
+    pub controllers: Vec<String>,
+}
+
+impl Hierarchy {
+    /// The directory of the absolute cgroup path `path` in this hierarchy.
+    pub fn dir(&self, path: &str) -> PathBuf {
+        let rel = path.strip_prefix(self.mount_root.as_str()).unwrap_or(path);
+        self.mount_point.join(rel.trim_start_matches('/'))
+    }
+}
+
+/// Every cgroup hierarchy mounted in this mount namespace.
+pub fn hierarchies() -> Vec<Hierarchy> {
+    let Ok(mountinfo) = crate::sys::read_small("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    mountinfo
+        .lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let mut rf = right.split_whitespace();
+            let fstype = rf.next()?;
+            if fstype != "cgroup" && fstype != "cgroup2" {
+                return None;
+            }
+            let _source = rf.next()?;
+            let super_opts = rf.next().unwrap_or("");
+            let fields: Vec<&str> = left.split_whitespace().collect();
+            let controllers = if fstype == "cgroup" {
+                super_opts
+                    .split(',')
+                    .filter(|o| {
+                        !o.contains('=')
+                            && !matches!(
+                                *o,
+                                "rw" | "ro" | "relatime" | "noexec" | "nosuid" | "nodev"
+                            )
+                    })
+                    .map(String::from)
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            Some(Hierarchy {
+                mount_point: PathBuf::from(fields.get(4)?),
+                mount_root: fields.get(3)?.to_string(),
+                controllers,
+            })
+        })
+        .collect()
+}
+
+/// This process's own path in the hierarchy holding `controller` (v1).
+pub fn own_path(controller: &str) -> Option<String> {
+    let cgroups = crate::sys::read_small("/proc/self/cgroup").ok()?;
+    cgroups.lines().find_map(|line| {
+        let mut parts = line.splitn(3, ':');
+        let _id = parts.next()?;
+        let controllers = parts.next()?;
+        let path = parts.next()?;
+        controllers
+            .split(',')
+            .any(|c| c == controller)
+            .then(|| path.to_string())
+    })
+}
+
+/// Kills everything in the v1 group whose `pids` (and optionally `freezer`)
+/// directory is given: frozen first when it can be, so nothing forks past the kill.
+pub fn kill_dirs(pids: &Path, freezer: Option<&Path>) -> io::Result<()> {
+    if !pids.exists() {
+        return Ok(());
+    }
+    if let Some(f) = freezer.filter(|f| f.exists()) {
+        if freeze(f) {
+            let _ = signal_procs(pids);
+        }
+        let _ = write(&f.join("freezer.state"), "THAWED");
+    }
+    kill_procs(pids)
+}
+
+/// Removes `dir` and every group below it, deepest first, killing what still runs in
+/// one that will not go. A missing `dir` is not an error.
+pub fn remove_tree(dir: &Path) -> io::Result<()> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for entry in entries.flatten() {
+        if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+            remove_tree(&entry.path())?;
+        }
+    }
+    let mut tries = 0;
+    loop {
+        match std::fs::remove_dir(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && tries < 500 => {
+                if tries % 50 == 0 {
+                    let _ = signal_procs(dir);
+                }
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}

@@ -1,8 +1,10 @@
 //! # paddock-engines
 //!
-//! The engines that run Paddock executions: today the [`subprocess`] engine (host
+//! The engines that run Paddock executions: the [`subprocess`] engine (host
 //! processes with a cgroup, rlimits, an empty network namespace and a kill that
-//! catches the whole tree). Every engine implements [`paddock_core::Engine`].
+//! catches the whole tree, and warm json-stdio workers), the [`isolate`] engine
+//! (JavaScript in QuickJS), and the [`container`] engine (an OCI runtime). Every
+//! engine implements [`paddock_core::Engine`].
 //!
 //! ```no_run
 //! # async fn demo() -> paddock_core::Result<()> {
@@ -23,6 +25,7 @@
 
 pub mod capture;
 pub mod cgroup;
+pub mod container;
 pub mod env;
 pub mod isolate;
 pub mod netns;

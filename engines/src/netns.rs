@@ -30,3 +30,45 @@ pub fn create_empty() -> io::Result<OwnedFd> {
         .join()
         .map_err(|_| io::Error::other("the namespace thread panicked"))?
 }
+
+/// Creates a mount namespace that is a private copy of the host's, with the cgroup v2
+/// mount at `/sys/fs/cgroup/unified` removed, and returns an fd that keeps it alive.
+/// crun refuses a hybrid cgroup layout (v1 controllers plus that v2 mount); run in
+/// this namespace it sees a plain v1 layout, and the host's mounts are not touched.
+pub fn private_mounts_without_unified_cgroup() -> io::Result<OwnedFd> {
+    std::thread::Builder::new()
+        .name("paddock-mntns".into())
+        .spawn(|| {
+            // SAFETY: unshare(CLONE_NEWNS) gives only this thread (which exits right
+            // after) its own mount namespace and fs state; the calls take static C
+            // strings.
+            unsafe {
+                if libc::unshare(libc::CLONE_NEWNS) == -1 {
+                    return Err(io::Error::last_os_error());
+                }
+                if libc::mount(
+                    std::ptr::null(),
+                    c"/".as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    std::ptr::null(),
+                ) == -1
+                {
+                    return Err(io::Error::last_os_error());
+                }
+                if libc::umount2(c"/sys/fs/cgroup/unified".as_ptr(), libc::MNT_DETACH) == -1 {
+                    return Err(io::Error::last_os_error());
+                }
+                let fd = libc::open(
+                    c"/proc/thread-self/ns/mnt".as_ptr(),
+                    libc::O_RDONLY | libc::O_CLOEXEC,
+                );
+                if fd == -1 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(OwnedFd::from_raw_fd(fd))
+            }
+        })?
+        .join()
+        .map_err(|_| io::Error::other("the namespace thread panicked"))?
+}

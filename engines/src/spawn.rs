@@ -40,6 +40,8 @@ pub(crate) struct SpawnSpec {
     pub(crate) cgroup_procs: Vec<CString>,
     /// A network namespace to enter.
     pub(crate) netns: Option<RawFd>,
+    /// A mount namespace to enter (the container engine runs crun in one).
+    pub(crate) mntns: Option<RawFd>,
 }
 
 /// A started child: its pid (also its process group and session id) and a pidfd.
@@ -59,6 +61,7 @@ pub(crate) enum SpawnStage {
     Stdio,
     Chdir,
     Exec,
+    Mntns,
 }
 
 impl SpawnStage {
@@ -71,6 +74,7 @@ impl SpawnStage {
             5 => SpawnStage::Stdio,
             6 => SpawnStage::Chdir,
             7 => SpawnStage::Exec,
+            8 => SpawnStage::Mntns,
             _ => return None,
         })
     }
@@ -85,6 +89,7 @@ impl SpawnStage {
             SpawnStage::Stdio => "wiring stdin/stdout/stderr",
             SpawnStage::Chdir => "changing to the working directory",
             SpawnStage::Exec => "executing the program",
+            SpawnStage::Mntns => "entering the runtime's mount namespace",
         }
     }
 }
@@ -110,6 +115,7 @@ struct ChildCtx {
     cgroups: *const *const libc::c_char,
     cgroups_len: usize,
     netns: RawFd,
+    mntns: RawFd,
     fail_stage: AtomicI32,
     fail_errno: AtomicI32,
 }
@@ -141,6 +147,7 @@ pub(crate) fn spawn(spec: &SpawnSpec) -> Result<SpawnedChild, SpawnError> {
         cgroups: cgroups.as_ptr(),
         cgroups_len: cgroups.len(),
         netns: spec.netns.unwrap_or(-1),
+        mntns: spec.mntns.unwrap_or(-1),
         fail_stage: AtomicI32::new(0),
         fail_errno: AtomicI32::new(0),
     };
@@ -237,6 +244,11 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
 
         if ctx.netns >= 0 && libc::setns(ctx.netns, libc::CLONE_NEWNET) == -1 {
             return fail(ctx, SpawnStage::Netns);
+        }
+        // The child has its own fs_struct (no CLONE_FS), as entering a mount
+        // namespace requires.
+        if ctx.mntns >= 0 && libc::setns(ctx.mntns, libc::CLONE_NEWNS) == -1 {
+            return fail(ctx, SpawnStage::Mntns);
         }
 
         for i in 0..ctx.rlimits_len {

@@ -611,6 +611,7 @@ for line in sys.stdin:
             rlimits: Vec::new(),
             cgroup_procs: Vec::new(),
             netns: None,
+            mntns: None,
         }
     }
 

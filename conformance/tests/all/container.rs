@@ -1,0 +1,62 @@
+//! The conformance suite against the container engine (crun, with runc as the
+//! fallback), and once more pinned to runc.
+//!
+//! A host without a usable OCI runtime skips these tests and says why, unless
+//! `PADDOCK_REQUIRE_CONTAINERS` is set (as `.ci/run` does), which makes them fail.
+
+use std::sync::{Arc, OnceLock};
+
+use paddock_core::{ContainerConfig, Engine, OciRuntime};
+use paddock_engines::container::ContainerEngine;
+
+fn config(runtime: OciRuntime) -> ContainerConfig {
+    ContainerConfig {
+        runtime,
+        ..ContainerConfig::default()
+    }
+}
+
+/// Whether the engine can start with `runtime`, found out once per runtime.
+fn available(runtime: OciRuntime) -> Result<(), String> {
+    static AUTO: OnceLock<Result<(), String>> = OnceLock::new();
+    static RUNC: OnceLock<Result<(), String>> = OnceLock::new();
+    let cell = if runtime == OciRuntime::Runc {
+        &RUNC
+    } else {
+        &AUTO
+    };
+    let found = cell
+        .get_or_init(|| {
+            ContainerEngine::new(&config(runtime))
+                .map(drop)
+                .map_err(|e| e.to_string())
+        })
+        .clone();
+    if let Err(why) = &found {
+        if std::env::var_os("PADDOCK_REQUIRE_CONTAINERS").is_some() {
+            panic!(
+                "PADDOCK_REQUIRE_CONTAINERS is set, but the container engine cannot start: {why}"
+            );
+        }
+    }
+    found
+}
+
+fn container_engine(runtime: OciRuntime) -> Arc<dyn Engine> {
+    Arc::new(ContainerEngine::new(&config(runtime)).expect("the container engine starts"))
+}
+
+paddock_conformance::conformance_tests!(
+    conformance,
+    || async { container_engine(OciRuntime::Auto) },
+    requires = || available(OciRuntime::Auto),
+);
+
+mod runc {
+    use super::*;
+    paddock_conformance::conformance_tests!(
+        conformance,
+        || async { container_engine(OciRuntime::Runc) },
+        requires = || available(OciRuntime::Runc),
+    );
+}

@@ -1,0 +1,326 @@
+//! The OCI bundle of one container: `config.json` (runtime spec 1.0.2) over a
+//! read-only root filesystem.
+
+use std::path::Path;
+
+use serde_json::{json, Value};
+
+/// The `PATH` inside containers.
+pub(crate) const CONTAINER_PATH: &str =
+    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// Where the sandbox workdir is mounted inside.
+pub(crate) const WORKSPACE: &str = "/workspace";
+
+/// Syscalls the seccomp profile refuses with `EPERM`: namespace and mount changes,
+/// tracing other processes, the kernel keyring, eBPF, perf, module loading, kexec,
+/// handle-based opens, userfaultfd, io_uring, and clock or host administration.
+pub(crate) const DENIED_SYSCALLS: &[&str] = &[
+    "unshare",
+    "setns",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "fsopen",
+    "fsmount",
+    "fsconfig",
+    "fspick",
+    "move_mount",
+    "open_tree",
+    "mount_setattr",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "kcmp",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "bpf",
+    "perf_event_open",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "kexec_load",
+    "kexec_file_load",
+    "open_by_handle_at",
+    "name_to_handle_at",
+    "userfaultfd",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "swapon",
+    "swapoff",
+    "reboot",
+    "acct",
+    "quotactl",
+    "syslog",
+    "settimeofday",
+    "clock_settime",
+    "clock_adjtime",
+    "adjtimex",
+    "iopl",
+    "ioperm",
+];
+
+/// `CLONE_NEWUSER`: a user namespace would hand the process a full capability set
+/// inside it, so `clone` with this flag is refused too.
+const CLONE_NEWUSER: u64 = 0x1000_0000;
+
+/// The seccomp profile: allow by default, refuse [`DENIED_SYSCALLS`] and `clone`
+/// with `CLONE_NEWUSER`; `clone3` answers `ENOSYS`, so that libc falls back to
+/// `clone`, whose flags the filter can see.
+pub(crate) fn seccomp_profile() -> Value {
+    json!({
+        "defaultAction": "SCMP_ACT_ALLOW",
+        "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"],
+        "syscalls": [
+            {"names": DENIED_SYSCALLS, "action": "SCMP_ACT_ERRNO", "errnoRet": libc::EPERM},
+            {"names": ["clone"], "action": "SCMP_ACT_ERRNO", "errnoRet": libc::EPERM,
+             "args": [{"index": 0, "value": CLONE_NEWUSER, "valueTwo": CLONE_NEWUSER, "op": "SCMP_CMP_MASKED_EQ"}]},
+            {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": libc::ENOSYS}
+        ]
+    })
+}
+
+/// What one container runs and under which limits.
+#[derive(Debug, Clone)]
+pub(crate) struct BundleSpec<'a> {
+    pub(crate) args: &'a [String],
+    pub(crate) env: &'a [String],
+    pub(crate) cwd: &'a str,
+    pub(crate) rootfs: &'a Path,
+    /// Whether `rootfs` is the generated one, whose `/usr` and `/etc` are bound from
+    /// the host.
+    pub(crate) host_usr: bool,
+    pub(crate) workdir: &'a Path,
+    /// Extra read-only file mounts: (host file, path inside).
+    pub(crate) files: &'a [(String, String)],
+    pub(crate) cgroups_path: &'a str,
+    pub(crate) memory_bytes: Option<u64>,
+    pub(crate) pids: Option<u64>,
+    pub(crate) cpu_quota_us: u64,
+    /// rlimits as (OCI name, value): soft = hard.
+    pub(crate) rlimits: &'a [(&'static str, u64)],
+    pub(crate) seccomp: bool,
+    pub(crate) hostname: &'a str,
+}
+
+/// The capabilities a container keeps (bounding, effective, permitted): the three of
+/// crun's default spec. No `CAP_SYS_ADMIN`, `CAP_NET_RAW`, `CAP_SYS_PTRACE`,
+/// `CAP_DAC_OVERRIDE`, …
+const CAPABILITIES: &[&str] = &["CAP_AUDIT_WRITE", "CAP_KILL", "CAP_NET_BIND_SERVICE"];
+
+/// Paths of `/proc` and `/sys` that read host information or control the kernel:
+/// masked (an empty file or directory over them).
+const MASKED: &[&str] = &[
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/proc/sysrq-trigger",
+    "/sys/firmware",
+];
+
+const READONLY: &[&str] = &[
+    "/proc/bus",
+    "/proc/fs",
+    "/proc/irq",
+    "/proc/sys",
+    "/proc/sysrq-trigger",
+];
+
+/// The runtime spec for `spec`.
+pub(crate) fn config(spec: &BundleSpec<'_>) -> Value {
+    let bind_ro = |src: &str, dst: &str| {
+        json!({"destination": dst, "type": "bind", "source": src,
+               "options": ["rbind", "ro", "nosuid", "nodev"]})
+    };
+    let mut mounts = vec![
+        json!({"destination": "/proc", "type": "proc", "source": "proc",
+               "options": ["nosuid", "noexec", "nodev"]}),
+        json!({"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+               "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]}),
+        json!({"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+               "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]}),
+        json!({"destination": "/dev/pts", "type": "devpts", "source": "devpts",
+               "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]}),
+    ];
+    if spec.host_usr {
+        mounts.push(bind_ro("/usr", "/usr"));
+        mounts.push(bind_ro("/etc", "/etc"));
+    }
+    mounts.push(
+        json!({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
+                       "options": ["nosuid", "nodev", "mode=1777", "size=262144k"]}),
+    );
+    mounts.push(json!({"destination": WORKSPACE, "type": "bind",
+                       "source": spec.workdir.to_string_lossy(),
+                       "options": ["rbind", "rw", "nosuid", "nodev"]}));
+    for (src, dst) in spec.files {
+        mounts.push(bind_ro(src, dst));
+    }
+
+    let mut resources = json!({
+        "devices": [{"allow": false, "access": "rwm"}],
+        "cpu": {"quota": spec.cpu_quota_us, "period": 100_000u64},
+    });
+    if let Some(m) = spec.memory_bytes {
+        // Swap equal to memory: the limit holds for memory and swap together.
+        resources["memory"] = json!({"limit": m, "swap": m});
+    }
+    if let Some(p) = spec.pids {
+        resources["pids"] = json!({"limit": p});
+    }
+    let caps: Vec<&str> = CAPABILITIES.to_vec();
+    let mut linux = json!({
+        "cgroupsPath": spec.cgroups_path,
+        "resources": resources,
+        "namespaces": [
+            {"type": "pid"}, {"type": "network"}, {"type": "ipc"},
+            {"type": "uts"}, {"type": "mount"}, {"type": "cgroup"}
+        ],
+        "maskedPaths": MASKED,
+        "readonlyPaths": READONLY,
+    });
+    if spec.seccomp {
+        linux["seccomp"] = seccomp_profile();
+    }
+    json!({
+        "ociVersion": "1.0.2",
+        "process": {
+            "terminal": false,
+            "user": {"uid": 0, "gid": 0},
+            "args": spec.args,
+            "env": spec.env,
+            "cwd": spec.cwd,
+            "capabilities": {
+                "bounding": caps, "effective": caps, "permitted": caps,
+                "inheritable": [], "ambient": []
+            },
+            "rlimits": spec.rlimits.iter().map(|(name, v)| json!({"type": name, "hard": v, "soft": v})).collect::<Vec<_>>(),
+            "noNewPrivileges": true
+        },
+        "root": {"path": spec.rootfs.to_string_lossy(), "readonly": true},
+        "hostname": spec.hostname,
+        "mounts": mounts,
+        "linux": linux,
+    })
+}
+
+/// Creates the generated root filesystem under `dir`: empty mount points and the
+/// merged-`/usr` links (`bin`, `lib`, `lib64`, `sbin` → `usr/…`).
+pub(crate) fn generate_rootfs(dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    for d in [
+        "usr",
+        "etc",
+        "tmp",
+        "proc",
+        "dev",
+        "sys",
+        "workspace",
+        "run",
+    ] {
+        std::fs::create_dir_all(dir.join(d))?;
+    }
+    for (link, target) in [
+        ("bin", "usr/bin"),
+        ("lib", "usr/lib"),
+        ("lib64", "usr/lib64"),
+        ("sbin", "usr/sbin"),
+    ] {
+        let path = dir.join(link);
+        if std::fs::symlink_metadata(&path).is_err() {
+            std::os::unix::fs::symlink(target, &path)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec<'a>(args: &'a [String], rootfs: &'a Path) -> BundleSpec<'a> {
+        BundleSpec {
+            args,
+            env: &[],
+            cwd: "/workspace",
+            rootfs,
+            host_usr: true,
+            workdir: Path::new("/srv/w"),
+            files: &[],
+            cgroups_path: "/paddock-ct-1-0/sb/c1",
+            memory_bytes: Some(64 << 20),
+            pids: Some(32),
+            cpu_quota_us: 50_000,
+            rlimits: &[("RLIMIT_CPU", 2)],
+            seccomp: true,
+            hostname: "paddock",
+        }
+    }
+
+    #[test]
+    fn the_spec_holds_the_isolation_the_engine_promises() {
+        let args = vec!["/bin/true".to_string()];
+        let c = config(&spec(&args, Path::new("/r")));
+        let ns: Vec<&str> = c["linux"]["namespaces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n["type"].as_str().unwrap())
+            .collect();
+        for want in ["pid", "network", "ipc", "uts", "mount", "cgroup"] {
+            assert!(ns.contains(&want), "{ns:?}");
+        }
+        assert_eq!(c["root"]["readonly"], true);
+        assert_eq!(c["process"]["noNewPrivileges"], true);
+        assert_eq!(
+            c["linux"]["resources"]["memory"],
+            json!({"limit": 64 << 20, "swap": 64 << 20})
+        );
+        assert_eq!(c["linux"]["resources"]["pids"]["limit"], 32);
+        assert_eq!(c["linux"]["resources"]["cpu"]["quota"], 50_000);
+        assert_eq!(c["linux"]["cgroupsPath"], "/paddock-ct-1-0/sb/c1");
+        let caps = c["process"]["capabilities"]["bounding"].as_array().unwrap();
+        assert!(!caps.iter().any(|c| c == "CAP_SYS_ADMIN"), "{caps:?}");
+        let denied = c["linux"]["seccomp"]["syscalls"][0]["names"]
+            .as_array()
+            .unwrap();
+        for must in [
+            "unshare",
+            "mount",
+            "ptrace",
+            "keyctl",
+            "bpf",
+            "perf_event_open",
+        ] {
+            assert!(denied.iter().any(|n| n == must), "{must} not denied");
+        }
+        let mounts = c["mounts"].as_array().unwrap();
+        let usr = mounts.iter().find(|m| m["destination"] == "/usr").unwrap();
+        assert!(usr["options"].as_array().unwrap().iter().any(|o| o == "ro"));
+        let ws = mounts
+            .iter()
+            .find(|m| m["destination"] == WORKSPACE)
+            .unwrap();
+        assert_eq!(ws["source"], "/srv/w");
+    }
+
+    #[test]
+    fn without_seccomp_or_limits_the_spec_says_so() {
+        let args = vec!["/bin/true".to_string()];
+        let mut s = spec(&args, Path::new("/r"));
+        s.seccomp = false;
+        s.memory_bytes = None;
+        s.pids = None;
+        let c = config(&s);
+        assert!(c["linux"].get("seccomp").is_none());
+        assert!(c["linux"]["resources"].get("memory").is_none());
+        assert!(c["linux"]["resources"].get("pids").is_none());
+    }
+}

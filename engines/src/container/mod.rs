@@ -1,0 +1,412 @@
+//! The container engine: `strict` isolation on a real OCI runtime (crun, or runc).
+//!
+//! Each execution runs in a container created from a generated bundle: a read-only
+//! root (by default the host's `/usr` and `/etc` bound read-only, with `bin`, `lib`,
+//! `lib64` and `sbin` links, a tmpfs `/tmp` and the sandbox workdir at
+//! `/workspace`), new pid, mount, ipc, uts, cgroup and network namespaces (the
+//! network one holds only `lo`), cgroup memory (swap equal to memory), pids and CPU
+//! quota limits, a seccomp profile, `no_new_privs`, three capabilities and masked
+//! `/proc` paths. The runtime is started without forking the host; a deadline,
+//! cancel or destroy kills every process of the container through its cgroup (the
+//! freezer first), which ends the container.
+//!
+//! Cgroups: every container's `cgroupsPath` lies under the cgroup this process lives
+//! in (its memory hierarchy's path), below one group per engine and one per sandbox.
+//! The sandbox group carries the same memory limit, so that a kill by the OOM killer
+//! can be told apart after the runtime has removed the container's own group. The
+//! engine removes the groups, bundles and runtime state it made when a sandbox is
+//! destroyed, and sweeps those of a Paddock process that died when it starts.
+//!
+//! On a host with the hybrid cgroup layout (v1 controllers plus a v2 mount at
+//! `/sys/fs/cgroup/unified`), crun 1.8 refuses to run; the engine runs it in a private
+//! mount namespace without that mount, leaving the host untouched. When crun still
+//! cannot run a container, `auto` falls back to runc and says why.
+
+mod bundle;
+mod runtime;
+mod sandbox;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use paddock_core::{
+    Capabilities, ContainerConfig, Engine, EngineKind, Error, ErrorCode, IsolationLevel, Language,
+    Limits, ProgramKind, Result, Sandbox, SandboxSpec,
+};
+
+pub use runtime::RuntimeKind;
+pub use sandbox::ContainerSandbox;
+
+use crate::cgroup::Hierarchy;
+use runtime::Runtime;
+
+static NEXT_ENGINE: AtomicU64 = AtomicU64::new(0);
+
+/// The prefix of everything the engine names on the host: directories, cgroups.
+const PREFIX: &str = "paddock-ct-";
+
+/// The runtime the engine drives, as found at start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuntimeInfo {
+    /// crun or runc.
+    pub kind: RuntimeKind,
+    /// The binary.
+    pub path: PathBuf,
+    /// Its `--version` first line.
+    pub version: String,
+    /// Whether crun runs in a private mount namespace (hybrid cgroup host).
+    pub private_mount_namespace: bool,
+    /// Why a preferred runtime was passed over, when one was.
+    pub fallback_reason: Option<String>,
+}
+
+/// The container engine. Cheap to clone; clones share one host setup.
+#[derive(Debug, Clone)]
+pub struct ContainerEngine {
+    inner: Arc<EngineInner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct EngineInner {
+    pub(crate) caps: Capabilities,
+    pub(crate) defaults: Limits,
+    /// The host environment, sanitized (see [`crate::env::sanitized_host_env`]).
+    pub(crate) base_env: BTreeMap<String, String>,
+    pub(crate) runtime: Runtime,
+    pub(crate) info: RuntimeInfo,
+    /// The engine's directory: `rootfs/`, `state/`, `bundles/`, `sandboxes/`.
+    pub(crate) root: PathBuf,
+    pub(crate) rootfs: PathBuf,
+    /// Whether `rootfs` is the generated one (host `/usr` and `/etc` bound in).
+    pub(crate) host_usr: bool,
+    /// The engine's cgroup path (absolute, in cgroup terms).
+    pub(crate) cgroup_base: String,
+    pub(crate) hierarchies: Vec<Hierarchy>,
+    pub(crate) cpu_quota_us: u64,
+    pub(crate) seccomp: bool,
+    /// Interpreter paths inside the container, by language.
+    pub(crate) interpreters: BTreeMap<Language, String>,
+    pub(crate) next_sandbox: AtomicU64,
+}
+
+impl EngineInner {
+    /// The host directory of cgroup `path` in the hierarchy with `controller`.
+    pub(crate) fn cgroup_dir(&self, controller: &str, path: &str) -> Option<PathBuf> {
+        self.hierarchies
+            .iter()
+            .find(|h| h.controllers.iter().any(|c| c == controller))
+            .map(|h| h.dir(path))
+    }
+
+    /// Removes cgroup `path` and everything below it from every hierarchy.
+    pub(crate) fn remove_cgroup(&self, path: &str) {
+        for h in &self.hierarchies {
+            if let Err(e) = crate::cgroup::remove_tree(&h.dir(path)) {
+                tracing::warn!(path, error = %e, "a container cgroup could not be removed");
+            }
+        }
+    }
+}
+
+impl Drop for EngineInner {
+    fn drop(&mut self) {
+        self.remove_cgroup(&self.cgroup_base.clone());
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+impl ContainerEngine {
+    /// Starts the engine with [`Limits::defaults`] as the default limits.
+    pub fn new(config: &ContainerConfig) -> Result<ContainerEngine> {
+        ContainerEngine::with_defaults(config, Limits::defaults())
+    }
+
+    /// Starts the engine: finds a runtime that can run a container here (a probe
+    /// container runs `/bin/true`), sweeps what dead Paddock processes left behind,
+    /// and prepares the root filesystem.
+    pub fn with_defaults(config: &ContainerConfig, defaults: Limits) -> Result<ContainerEngine> {
+        config.validate()?;
+        if !config.enabled {
+            return Err(Error::invalid_config(
+                "container.enabled",
+                "the container engine is disabled in the configuration",
+            ));
+        }
+        let defaults = defaults.or(&Limits::defaults());
+        defaults.validate("limits", true)?;
+        let unavailable = |why: String| Error::new(ErrorCode::EngineFailed, why);
+
+        let parent = config
+            .workdir_root
+            .clone()
+            .unwrap_or_else(std::env::temp_dir);
+        std::fs::create_dir_all(&parent).map_err(|e| {
+            Error::invalid_config(
+                "container.workdir_root",
+                format!("cannot create `{}`: {e}", parent.display()),
+            )
+        })?;
+        let hierarchies = crate::cgroup::hierarchies();
+        let own = crate::cgroup::own_path("memory").ok_or_else(|| {
+            unavailable(
+                "the container engine needs the cgroup v1 `memory` hierarchy, which is not mounted"
+                    .into(),
+            )
+        })?;
+        let own = own.trim_end_matches('/').to_string();
+        sweep_stale(&parent, &own, &hierarchies, config);
+
+        let name = format!(
+            "{PREFIX}{}-{}",
+            std::process::id(),
+            NEXT_ENGINE.fetch_add(1, Ordering::Relaxed)
+        );
+        let root = parent.join(&name);
+        let setup = || -> std::io::Result<()> {
+            std::fs::create_dir(&root)?;
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o711))?;
+            for d in ["state", "bundles", "sandboxes"] {
+                std::fs::create_dir(root.join(d))?;
+            }
+            Ok(())
+        };
+        setup().map_err(|e| Error::engine_io("creating the container engine's directory", e))?;
+        let cleanup = |root: &Path| {
+            let _ = std::fs::remove_dir_all(root);
+        };
+        let (rootfs, host_usr) = match &config.rootfs {
+            Some(r) => {
+                if !r.is_dir() {
+                    cleanup(&root);
+                    return Err(Error::invalid_config(
+                        "container.rootfs",
+                        format!("`{}` is not a directory", r.display()),
+                    ));
+                }
+                (r.clone(), false)
+            }
+            None => {
+                let r = root.join("rootfs");
+                if let Err(e) = bundle::generate_rootfs(&r) {
+                    cleanup(&root);
+                    return Err(Error::engine_io("generating the root filesystem", e));
+                }
+                (r, true)
+            }
+        };
+        let cgroup_base = format!("{own}/{name}");
+
+        let mut inner = EngineInner {
+            caps: Capabilities::new(IsolationLevel::Strict, &[], &[], &[]),
+            defaults,
+            base_env: crate::env::sanitized_host_env(&config.env_passthrough),
+            runtime: Runtime {
+                kind: RuntimeKind::Crun,
+                path: PathBuf::new(),
+                mntns: None,
+                state: root.join("state"),
+            },
+            info: RuntimeInfo {
+                kind: RuntimeKind::Crun,
+                path: PathBuf::new(),
+                version: String::new(),
+                private_mount_namespace: false,
+                fallback_reason: None,
+            },
+            root: root.clone(),
+            rootfs,
+            host_usr,
+            cgroup_base,
+            hierarchies,
+            cpu_quota_us: (config.cpus * 100_000.0).round() as u64,
+            seccomp: config.seccomp,
+            interpreters: BTreeMap::new(),
+            next_sandbox: AtomicU64::new(0),
+        };
+
+        // Try the runtimes in order; the first that runs a probe container wins.
+        let mut passed_over: Vec<String> = Vec::new();
+        let mut chosen = None;
+        for (kind, found) in runtime::candidates(config.runtime, config.runtime_path.as_deref()) {
+            let path = match found {
+                Ok(p) => p,
+                Err(why) => {
+                    passed_over.push(why);
+                    continue;
+                }
+            };
+            let mntns = if kind == RuntimeKind::Crun && runtime::hybrid_cgroups() {
+                match crate::netns::private_mounts_without_unified_cgroup() {
+                    Ok(fd) => Some(fd),
+                    Err(e) => {
+                        passed_over.push(format!(
+                            "crun needs a private mount namespace on this hybrid cgroup host, which could not be made: {e}"
+                        ));
+                        continue;
+                    }
+                }
+            } else {
+                None
+            };
+            inner.runtime = Runtime {
+                kind,
+                path: path.clone(),
+                mntns,
+                state: root.join("state"),
+            };
+            match sandbox::probe(&inner) {
+                Ok(()) => {
+                    let version = inner
+                        .runtime
+                        .run_blocking(&["--version"], &root)
+                        .map(|f| f.output.lines().next().unwrap_or("").to_string())
+                        .unwrap_or_default();
+                    chosen = Some(RuntimeInfo {
+                        kind,
+                        path,
+                        version,
+                        private_mount_namespace: inner.runtime.mntns.is_some(),
+                        fallback_reason: (!passed_over.is_empty()).then(|| passed_over.join("; ")),
+                    });
+                    break;
+                }
+                Err(why) => passed_over.push(format!(
+                    "{} could not run a container here: {why}",
+                    kind.as_str()
+                )),
+            }
+        }
+        let Some(info) = chosen else {
+            drop(inner);
+            return Err(unavailable(format!(
+                "no OCI runtime can run containers on this host: {}",
+                passed_over.join("; ")
+            )));
+        };
+        if let Some(why) = &info.fallback_reason {
+            tracing::warn!(runtime = info.kind.as_str(), reason = %why, "container engine fell back");
+        }
+        inner.info = info;
+
+        // Interpreters as the container sees them.
+        for (lang, names) in [
+            (Language::Python, &["python3"][..]),
+            (Language::Javascript, &["node", "nodejs"][..]),
+            (Language::Shell, &["sh"][..]),
+        ] {
+            // The generated root binds the host's /usr, and its /bin is a link there.
+            let dirs: &[&str] = if inner.host_usr {
+                &["/usr/local/bin", "/usr/bin"]
+            } else {
+                &["/usr/local/bin", "/usr/bin", "/bin"]
+            };
+            'found: for dir in dirs {
+                for name in names {
+                    let inside = format!("{dir}/{name}");
+                    let on_host = if inner.host_usr {
+                        PathBuf::from(&inside)
+                    } else {
+                        inner.rootfs.join(inside.trim_start_matches('/'))
+                    };
+                    if on_host.exists() {
+                        inner.interpreters.insert(lang, inside);
+                        break 'found;
+                    }
+                }
+            }
+        }
+        let mut programs = vec![ProgramKind::Command];
+        programs.extend(inner.interpreters.keys().map(|l| ProgramKind::Code(*l)));
+        let features = ["streaming", "files", "output_cap", "cgroup", "seccomp"];
+        inner.caps = Capabilities::new(IsolationLevel::Strict, &programs, &["none"], &features);
+        Ok(ContainerEngine {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// The runtime in use and how it was chosen.
+    pub fn runtime_info(&self) -> &RuntimeInfo {
+        &self.inner.info
+    }
+
+    /// Opens a sandbox with its concrete type (the trait's `create` boxes it).
+    pub async fn open(&self, spec: &SandboxSpec) -> Result<ContainerSandbox> {
+        ContainerSandbox::create(self.inner.clone(), spec).await
+    }
+}
+
+#[async_trait]
+impl Engine for ContainerEngine {
+    fn kind(&self) -> EngineKind {
+        EngineKind::Container
+    }
+
+    fn capabilities(&self) -> &Capabilities {
+        &self.inner.caps
+    }
+
+    async fn create(&self, spec: &SandboxSpec) -> Result<Arc<dyn Sandbox>> {
+        Ok(Arc::new(self.open(spec).await?))
+    }
+}
+
+/// Removes what container engines of Paddock processes that no longer run left
+/// behind: their containers (killed through their cgroups), cgroups, and
+/// directories (bundles, runtime state, workdirs).
+fn sweep_stale(parent: &Path, own: &str, hierarchies: &[Hierarchy], config: &ContainerConfig) {
+    let dead = |name: &str| -> bool {
+        let Some(rest) = name.strip_prefix(PREFIX) else {
+            return false;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            return false;
+        };
+        !Path::new(&format!("/proc/{pid}")).exists()
+    };
+    // Cgroups first: killing a container's processes ends it.
+    for h in hierarchies {
+        let base = h.dir(own);
+        let Ok(entries) = std::fs::read_dir(&base) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if dead(&name) {
+                let _ = crate::cgroup::remove_tree(&entry.path());
+            }
+        }
+    }
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !dead(&name) {
+            continue;
+        }
+        // Whatever state the runtime still holds for containers of the dead engine.
+        let state = entry.path().join("state");
+        if let Ok(ids) = std::fs::read_dir(&state) {
+            for (kind, found) in runtime::candidates(config.runtime, config.runtime_path.as_deref())
+            {
+                let Ok(path) = found else { continue };
+                let rt = Runtime {
+                    kind,
+                    path,
+                    mntns: None,
+                    state: state.clone(),
+                };
+                for id in ids.flatten() {
+                    let id = id.file_name().to_string_lossy().into_owned();
+                    let _ = rt.run_blocking(&["delete", "--force", &id], parent);
+                }
+                break;
+            }
+        }
+        let _ = std::fs::remove_dir_all(entry.path());
+    }
+}

@@ -1,0 +1,881 @@
+//! A container sandbox: a workdir bound at `/workspace`, a cgroup the sandbox's
+//! containers live under, and one container per execution.
+
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use paddock_core::lifecycle::{DestroyRole, Lifecycle, OpGuard, Phase};
+use paddock_core::{
+    unix_ms, CancelToken, EngineKind, Error, ErrorCode, ExecRequest, ExecResult, FileEntry,
+    Language, LimitKind, Limits, Outcome, OutputSink, Program, Result, Sandbox, SandboxSpec,
+    SandboxStatus, StreamKind, Timings, Usage,
+};
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+use tokio::sync::{watch, Mutex, Notify};
+use tokio::time::Instant;
+
+use super::bundle::{self, BundleSpec, CONTAINER_PATH, WORKSPACE};
+use super::EngineInner;
+use crate::capture::{pump, Captured};
+use crate::sys;
+use crate::workdir::Workdir;
+
+/// A host file bound read-only into the container: (host path, path inside).
+type FileMount = (String, String);
+
+/// How long output pipes may stay open after the runtime has exited.
+const DRAIN_GRACE: Duration = Duration::from_millis(200);
+/// How long the runtime has to exit after its container was killed before it is
+/// killed too.
+const RUNTIME_GRACE: Duration = Duration::from_secs(5);
+/// Sources longer than this are bound into the container from a file.
+const MAX_INLINE_SOURCE: usize = 96 * 1024;
+
+/// A sandbox of the container engine. Executions run one at a time, each in its own
+/// container over the sandbox's workdir.
+#[derive(Debug)]
+pub struct ContainerSandbox {
+    id: String,
+    engine: Arc<EngineInner>,
+    spec: SandboxSpec,
+    workdir: Arc<Workdir>,
+    /// The sandbox's cgroup path; containers are its children.
+    cgroup: String,
+    run_lock: Mutex<()>,
+    active: AtomicUsize,
+    lifecycle: Lifecycle,
+    destroy_signal: Notify,
+    teardown_error: parking_lot::Mutex<Option<Error>>,
+    next_container: AtomicU64,
+}
+
+/// Why the wait for the container ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    Exited,
+    Deadline,
+    Cancelled,
+    Destroyed,
+}
+
+impl ContainerSandbox {
+    pub(super) async fn create(engine: Arc<EngineInner>, spec: &SandboxSpec) -> Result<Self> {
+        engine.caps.check_level(EngineKind::Container, spec.level)?;
+        engine
+            .caps
+            .check_network(EngineKind::Container, &spec.network)?;
+        spec.limits.validate("limits", false)?;
+        let n = engine.next_sandbox.fetch_add(1, Ordering::Relaxed);
+        let id = format!(
+            "ct-{}-{n}",
+            &uuid::Uuid::now_v7().simple().to_string()[..20]
+        );
+        let cgroup = format!("{}/{id}", engine.cgroup_base);
+        let eng = engine.clone();
+        let (id2, cg2) = (id.clone(), cgroup.clone());
+        let workdir = tokio::task::spawn_blocking(move || -> Result<Workdir> {
+            let workdir = Workdir::create(&eng.root.join("sandboxes"), &id2)
+                .map_err(|e| Error::engine_io("creating the sandbox workdir", e))?;
+            // The sandbox's memory group: the containers' parent, with their limit.
+            if let Some(dir) = eng.cgroup_dir("memory", &cg2) {
+                if let Err(e) = std::fs::create_dir_all(&dir) {
+                    let _ = workdir.remove();
+                    return Err(Error::engine_io("creating the sandbox cgroup", e));
+                }
+            }
+            Ok(workdir)
+        })
+        .await
+        .map_err(|e| {
+            Error::new(
+                ErrorCode::EngineFailed,
+                format!("sandbox setup failed: {e}"),
+            )
+        })??;
+        Ok(ContainerSandbox {
+            id,
+            engine,
+            spec: spec.clone(),
+            workdir: Arc::new(workdir),
+            cgroup,
+            run_lock: Mutex::new(()),
+            active: AtomicUsize::new(0),
+            lifecycle: Lifecycle::new(),
+            destroy_signal: Notify::new(),
+            teardown_error: parking_lot::Mutex::new(None),
+            next_container: AtomicU64::new(0),
+        })
+    }
+
+    fn enter(&self) -> Result<OpGuard<'_>> {
+        self.lifecycle
+            .enter()
+            .ok_or_else(|| Error::disposed(&format!("sandbox {}", self.id)))
+    }
+
+    fn destroying(&self) -> bool {
+        self.lifecycle.phase() != Phase::Live
+    }
+
+    async fn file_op<T: Send + 'static>(
+        &self,
+        op: impl FnOnce(&Workdir) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let _op = self.enter()?;
+        let workdir = self.workdir.clone();
+        blocking(move || op(&workdir)).await
+    }
+
+    /// The argv to run inside the container, and files to bind for it.
+    fn argv(&self, program: &Program, bundle_dir: &Path) -> Result<(Vec<String>, Vec<FileMount>)> {
+        match program {
+            Program::Command { argv } => Ok((argv.clone(), Vec::new())),
+            Program::Code { language, source } => {
+                let interp = self.engine.interpreters.get(language).ok_or_else(|| {
+                    Error::new(
+                        ErrorCode::CapabilityNotSupported,
+                        format!(
+                            "{language} code cannot run in this container root: no interpreter was found in it"
+                        ),
+                    )
+                })?;
+                let (flag, ext) = match language {
+                    Language::Python => ("-c", "py"),
+                    Language::Javascript => ("-e", "js"),
+                    Language::Shell => ("-c", "sh"),
+                };
+                if source.len() <= MAX_INLINE_SOURCE {
+                    Ok((
+                        vec![interp.clone(), flag.into(), source.clone()],
+                        Vec::new(),
+                    ))
+                } else {
+                    // Too long for one argument: bound read-only from the bundle.
+                    let host = bundle_dir.join(format!("source.{ext}"));
+                    std::fs::write(&host, source)
+                        .map_err(|e| Error::engine_io("writing the source file", e))?;
+                    let inside = format!("/tmp/.paddock-source.{ext}");
+                    Ok((
+                        vec![interp.clone(), inside.clone()],
+                        vec![(host.to_string_lossy().into_owned(), inside)],
+                    ))
+                }
+            }
+            Program::Invoke { .. } | Program::Resume { .. } => Err(Error::new(
+                ErrorCode::CapabilityNotSupported,
+                "the container engine runs commands and code, not json-stdio handlers",
+            )),
+        }
+    }
+
+    async fn run(
+        &self,
+        request: ExecRequest,
+        sink: &dyn OutputSink,
+        cancel: CancelToken,
+    ) -> Result<ExecResult> {
+        let queued_at_ms = unix_ms();
+        let _op = self.enter()?;
+        request.validate()?;
+        self.engine
+            .caps
+            .check_program(EngineKind::Container, request.program.kind())?;
+        let limits = request
+            .limits
+            .or(&self.spec.limits)
+            .or(&self.engine.defaults);
+        self.active.fetch_add(1, Ordering::AcqRel);
+        let _active = ActiveGuard(self);
+        let _run = self.run_lock.lock().await;
+        let destroyed = self.destroy_signal.notified();
+        tokio::pin!(destroyed);
+        destroyed.as_mut().enable();
+        if self.destroying() {
+            return Err(Error::disposed(&format!("sandbox {}", self.id)));
+        }
+
+        let k = self.next_container.fetch_add(1, Ordering::Relaxed);
+        let container_id = format!("{}-{k}", self.id);
+        let container_cgroup = format!("{}/c{k}", self.cgroup);
+        let bundle_dir = self.engine.root.join("bundles").join(&container_id);
+        std::fs::create_dir(&bundle_dir)
+            .map_err(|e| Error::engine_io("creating the container bundle", e))?;
+        let _bundle = RemoveOnDrop(bundle_dir.clone());
+        let (mut args, files) = self.argv(&request.program, &bundle_dir)?;
+        // The root's shell stands in as the container's init, so that the program
+        // is not pid 1 (which ignores signals it has no handler for, even its own
+        // SIGKILL): it runs the program as its child and exits with its status,
+        // 128 + the signal when one killed it.
+        if let Some(sh) = self.engine.interpreters.get(&Language::Shell) {
+            let mut wrapped = vec![
+                sh.clone(),
+                "-c".to_string(),
+                "\"$@\"\nexit $?".to_string(),
+                "paddock-init".to_string(),
+            ];
+            wrapped.append(&mut args);
+            args = wrapped;
+        }
+        let cwd = match &request.cwd {
+            Some(c) => {
+                let rel = self.workdir.relative(c)?;
+                format!("{WORKSPACE}/{}", rel.to_string_lossy())
+            }
+            None => WORKSPACE.to_string(),
+        };
+        // The host's sanitized environment (as for every engine: no secrets, no
+        // HOME or USER), the container's own PATH, HOME and TMPDIR, then the
+        // request's variables.
+        let mut vars = self.engine.base_env.clone();
+        vars.insert("PATH".into(), CONTAINER_PATH.into());
+        vars.insert("HOME".into(), WORKSPACE.into());
+        vars.insert("PWD".into(), cwd.clone());
+        vars.insert("TMPDIR".into(), "/tmp".into());
+        for (k, v) in &request.env {
+            vars.insert(k.clone(), v.clone());
+        }
+        let env: Vec<String> = vars.into_iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let mut rlimits: Vec<(&'static str, u64)> = vec![("RLIMIT_CORE", 0)];
+        let clamp = |resource, want: u64| want.min(sys::getrlimit(resource).1);
+        if let Some(ms) = limits.cpu_ms {
+            rlimits.push((
+                "RLIMIT_CPU",
+                clamp(libc::RLIMIT_CPU, ms.div_ceil(1000).max(1)),
+            ));
+        }
+        if let Some(b) = limits.file_size_bytes {
+            rlimits.push(("RLIMIT_FSIZE", clamp(libc::RLIMIT_FSIZE, b)));
+        }
+        rlimits.push((
+            "RLIMIT_NOFILE",
+            clamp(libc::RLIMIT_NOFILE, limits.open_files.unwrap_or(1024)),
+        ));
+        let config = bundle::config(&BundleSpec {
+            args: &args,
+            env: &env,
+            cwd: &cwd,
+            rootfs: &self.engine.rootfs,
+            host_usr: self.engine.host_usr,
+            workdir: self.workdir.root(),
+            files: &files,
+            cgroups_path: &container_cgroup,
+            memory_bytes: limits.memory_bytes,
+            pids: limits.pids,
+            cpu_quota_us: self.engine.cpu_quota_us,
+            rlimits: &rlimits,
+            seccomp: self.engine.seccomp,
+            hostname: "paddock",
+        });
+        std::fs::write(
+            bundle_dir.join("config.json"),
+            serde_json::to_vec(&config).map_err(|e| {
+                Error::new(
+                    ErrorCode::EngineFailed,
+                    format!("encoding config.json: {e}"),
+                )
+            })?,
+        )
+        .map_err(|e| Error::engine_io("writing config.json", e))?;
+
+        let memory_dir = self.engine.cgroup_dir("memory", &self.cgroup);
+        if let Some(dir) = &memory_dir {
+            set_memory_limit(dir, limits.memory_bytes)
+                .map_err(|e| Error::engine_io("setting the sandbox memory limit", e))?;
+        }
+        let cpuacct = self.engine.cgroup_dir("cpuacct", &self.cgroup);
+        let cpu_before = cpuacct.as_deref().map_or(0, cpu_usage_ns);
+        let ooms_before = global_oom_kills();
+
+        let (out_r, out_w) = sys::pipe().map_err(|e| Error::engine_io("creating a pipe", e))?;
+        let (err_r, err_w) = sys::pipe().map_err(|e| Error::engine_io("creating a pipe", e))?;
+        let (in_r, in_w) = match &request.stdin {
+            Some(_) => {
+                let (r, w) = sys::pipe().map_err(|e| Error::engine_io("creating a pipe", e))?;
+                (r, Some(w))
+            }
+            None => (
+                std::fs::File::open("/dev/null")
+                    .map_err(|e| Error::engine_io("opening /dev/null", e))?
+                    .into(),
+                None,
+            ),
+        };
+        let pid_file = bundle_dir.join("init.pid");
+        let bundle_arg = bundle_dir.to_string_lossy().into_owned();
+        let pid_arg = pid_file.to_string_lossy().into_owned();
+        let child = self
+            .engine
+            .runtime
+            .start(
+                &[
+                    "run",
+                    "--bundle",
+                    &bundle_arg,
+                    "--pid-file",
+                    &pid_arg,
+                    &container_id,
+                ],
+                [in_r, out_w, err_w],
+                &bundle_dir,
+            )
+            .map_err(|e| {
+                Error::new(
+                    ErrorCode::SpawnFailed,
+                    format!("starting {} failed: {e}", self.engine.info.kind.as_str()),
+                )
+            })?;
+        let started = Instant::now();
+        let started_at_ms = unix_ms();
+        let mut guard = RuntimeGuard {
+            child: Some(child),
+            engine: self.engine.clone(),
+            container_cgroup: container_cgroup.clone(),
+            container_id: container_id.clone(),
+        };
+        let (pid, pidfd) = {
+            let c = guard.child.as_ref().expect("just set");
+            (
+                c.pid,
+                c.pidfd
+                    .try_clone()
+                    .map_err(|e| Error::engine_io("cloning the pidfd", e))?,
+            )
+        };
+
+        let cap = limits.max_output_bytes.unwrap_or(u64::MAX);
+        let (stop_tx, stop_rx) = watch::channel(None::<Instant>);
+        let stdout = pump(out_r, StreamKind::Stdout, cap, sink, stop_rx.clone());
+        let stderr = pump(err_r, StreamKind::Stderr, cap, sink, stop_rx.clone());
+        let feed = feed_stdin(in_w, request.stdin.clone().map(String::into_bytes), stop_rx);
+        let deadline = limits.timeout().map(|t| started + t);
+
+        let waiter = async {
+            let _stop = StopOnDrop(&stop_tx);
+            // SAFETY: the OwnedFd keeps the pidfd open for the AsyncFd's whole life.
+            let exit = unsafe { AsyncFd::register_with_interest(pidfd, Interest::READABLE) }
+                .map_err(|e| Error::engine_io("watching the runtime", e.into()))?;
+            let ending = tokio::select! {
+                biased;
+                _ = cancel.cancelled() => Ending::Cancelled,
+                _ = &mut destroyed => Ending::Destroyed,
+                _ = sleep_until_opt(deadline) => Ending::Deadline,
+                r = exit.readable() => { let _ready = r.map_err(|e| Error::engine_io("waiting for the runtime", e))?; Ending::Exited }
+            };
+            if ending != Ending::Exited {
+                // Every process of the container dies; its init's death ends the
+                // container and the runtime removes it.
+                self.kill_container(&container_cgroup).await;
+                if tokio::time::timeout(RUNTIME_GRACE, exit.readable())
+                    .await
+                    .is_err()
+                {
+                    sys::kill_group(pid, libc::SIGKILL);
+                    let _ = exit.readable().await;
+                }
+            }
+            sys::kill_group(pid, libc::SIGKILL);
+            let status = sys::reap(pid).map_err(|e| Error::engine_io("reaping the runtime", e))?;
+            Ok::<_, Error>((ending, status))
+        };
+        let (waited, out, err, ()) = tokio::join!(waiter, stdout, stderr, feed);
+        let (ending, status) = waited?;
+        // Reaped: the guard only needs to make sure the container is gone.
+        guard.reaped();
+        let wall_ms = started.elapsed().as_millis() as u64;
+        let out = out.unwrap_or_default();
+        let err = err.unwrap_or_default();
+        let container_started = pid_file.exists();
+        if !container_started && ending == Ending::Exited {
+            let why = String::from_utf8_lossy(&err.data);
+            return Err(Error::new(
+                ErrorCode::SpawnFailed,
+                format!(
+                    "{} could not start the container (exit {:?}): {}",
+                    self.engine.info.kind.as_str(),
+                    status.code,
+                    why.trim().chars().take(2000).collect::<String>()
+                ),
+            ));
+        }
+
+        let peak = memory_dir
+            .as_deref()
+            .map_or(0, |d| read_u64(&d.join("memory.max_usage_in_bytes")));
+        let oom = limits
+            .memory_bytes
+            .is_some_and(|limit| global_oom_kills() > ooms_before && peak + (1 << 20) >= limit);
+        let cpu_ms = cpuacct
+            .as_deref()
+            .map_or(0, cpu_usage_ns)
+            .saturating_sub(cpu_before)
+            / 1_000_000;
+        let mut outcome = classify(ending, status.code, oom, &limits, cpu_ms);
+        if ending != Ending::Cancelled && !cancel.finish() {
+            outcome = Outcome::Cancelled;
+        }
+        Ok(ExecResult {
+            id: request.id,
+            outcome,
+            stdout_truncated: out.truncated,
+            stderr_truncated: err.truncated,
+            stdout: Captured::into_string(out),
+            stderr: Captured::into_string(err),
+            value: None,
+            usage: Usage {
+                cpu_ms,
+                wall_ms,
+                peak_memory_bytes: peak,
+            },
+            engine: EngineKind::Container,
+            instance_id: self.id.clone(),
+            timings: Timings {
+                queued_at_ms,
+                started_at_ms,
+                finished_at_ms: unix_ms(),
+            },
+            warnings: Vec::new(),
+        })
+    }
+
+    /// Kills every process in the container's cgroup (frozen first).
+    async fn kill_container(&self, container_cgroup: &str) {
+        let pids = self.engine.cgroup_dir("pids", container_cgroup);
+        let freezer = self.engine.cgroup_dir("freezer", container_cgroup);
+        let _ = blocking(move || {
+            if let Some(p) = pids {
+                crate::cgroup::kill_dirs(&p, freezer.as_deref())
+                    .map_err(|e| Error::engine_io("killing the container", e))?;
+            }
+            Ok(())
+        })
+        .await;
+    }
+}
+
+/// Runs a probe container (`/bin/true` or `true` of the root) to see whether the
+/// runtime works here; the error carries what the runtime printed.
+pub(super) fn probe(engine: &EngineInner) -> std::result::Result<(), String> {
+    let id = format!("probe-{}", uuid::Uuid::now_v7().simple());
+    let dir = engine.root.join("bundles").join(&id);
+    std::fs::create_dir(&dir).map_err(|e| e.to_string())?;
+    let _remove = RemoveOnDrop(dir.clone());
+    let workdir = engine.root.join("sandboxes");
+    let cgroup = format!("{}/{id}", engine.cgroup_base);
+    let args = vec![
+        "/bin/sh".to_string(),
+        "-c".to_string(),
+        "exit 0".to_string(),
+    ];
+    let env = vec![format!("PATH={CONTAINER_PATH}")];
+    let config = bundle::config(&BundleSpec {
+        args: &args,
+        env: &env,
+        cwd: "/",
+        rootfs: &engine.rootfs,
+        host_usr: engine.host_usr,
+        workdir: &workdir,
+        files: &[],
+        cgroups_path: &cgroup,
+        memory_bytes: Some(64 << 20),
+        pids: Some(16),
+        cpu_quota_us: engine.cpu_quota_us,
+        rlimits: &[],
+        seccomp: engine.seccomp,
+        hostname: "paddock",
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).map_err(|e| e.to_string())?;
+    let bundle = dir.to_string_lossy().into_owned();
+    let finished = engine
+        .runtime
+        .run_blocking(&["run", "--bundle", &bundle, &id], &dir)
+        .map_err(|e| e.to_string());
+    engine.remove_cgroup(&cgroup);
+    let finished = finished?;
+    match finished.code {
+        Some(0) => Ok(()),
+        code => Err(format!(
+            "`{} run` exited with {code:?}: {}",
+            engine.runtime.kind.as_str(),
+            finished.output.chars().take(500).collect::<String>()
+        )),
+    }
+}
+
+/// Kills the container and the runtime if the execution ends without reaping the
+/// runtime (its future dropped midway, or an error), off-thread.
+struct RuntimeGuard {
+    child: Option<crate::spawn::SpawnedChild>,
+    engine: Arc<EngineInner>,
+    container_cgroup: String,
+    container_id: String,
+}
+
+impl RuntimeGuard {
+    fn reaped(&mut self) {
+        self.child = None;
+    }
+}
+
+impl Drop for RuntimeGuard {
+    fn drop(&mut self) {
+        let Some(child) = self.child.take() else {
+            return;
+        };
+        let engine = self.engine.clone();
+        let cgroup = std::mem::take(&mut self.container_cgroup);
+        let id = std::mem::take(&mut self.container_id);
+        std::thread::spawn(move || {
+            if let Some(p) = engine.cgroup_dir("pids", &cgroup) {
+                let f = engine.cgroup_dir("freezer", &cgroup);
+                let _ = crate::cgroup::kill_dirs(&p, f.as_deref());
+            }
+            sys::kill_group(child.pid, libc::SIGKILL);
+            let _ = sys::reap(child.pid);
+            let _ = engine
+                .runtime
+                .run_blocking(&["delete", "--force", &id], &engine.root);
+            engine.remove_cgroup(&cgroup);
+            drop(child);
+        });
+    }
+}
+
+struct ActiveGuard<'a>(&'a ContainerSandbox);
+
+impl Drop for ActiveGuard<'_> {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+struct StopOnDrop<'a>(&'a watch::Sender<Option<Instant>>);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.send(Some(Instant::now() + DRAIN_GRACE));
+    }
+}
+
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Sets the memory limit (memory and swap together) of a v1 memory group and resets
+/// its peak.
+fn set_memory_limit(dir: &Path, bytes: Option<u64>) -> std::io::Result<()> {
+    let value = bytes.map_or_else(|| "-1".to_string(), |b| b.to_string());
+    let memsw = dir.join("memory.memsw.limit_in_bytes");
+    let has_memsw = memsw.exists();
+    // memsw must stay at or above the memory limit: lift it, set both.
+    if has_memsw {
+        std::fs::write(&memsw, "-1")?;
+    }
+    std::fs::write(dir.join("memory.limit_in_bytes"), &value)?;
+    if has_memsw {
+        std::fs::write(&memsw, &value)?;
+    }
+    let _ = std::fs::write(dir.join("memory.max_usage_in_bytes"), "0");
+    Ok(())
+}
+
+fn read_u64(path: &Path) -> u64 {
+    sys::read_small(path)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// CPU time used by the group and its descendants, in nanoseconds.
+fn cpu_usage_ns(dir: &Path) -> u64 {
+    read_u64(&dir.join("cpuacct.usage"))
+}
+
+/// OOM kills on the whole host so far (`/proc/vmstat`).
+fn global_oom_kills() -> u64 {
+    sys::read_small("/proc/vmstat")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Maps how the container ended to an outcome. The runtime exits with its init's
+/// code, or 128 + the signal that killed it.
+fn classify(ending: Ending, code: Option<i32>, oom: bool, limits: &Limits, cpu_ms: u64) -> Outcome {
+    match ending {
+        Ending::Cancelled | Ending::Destroyed => return Outcome::Cancelled,
+        Ending::Deadline => return Outcome::TimedOut,
+        Ending::Exited => {}
+    }
+    if oom {
+        return Outcome::LimitExceeded {
+            limit: LimitKind::Memory,
+        };
+    }
+    let code = code.unwrap_or(-1);
+    let signal = (129..=128 + 64).contains(&code).then_some(code - 128);
+    match signal {
+        Some(libc::SIGXCPU) => Outcome::LimitExceeded {
+            limit: LimitKind::Cpu,
+        },
+        Some(libc::SIGKILL)
+            if limits.cpu_ms.is_some_and(|ms| {
+                let limit = ms.div_ceil(1000) * 1000;
+                cpu_ms + (limit / 20).max(50) >= limit
+            }) =>
+        {
+            Outcome::LimitExceeded {
+                limit: LimitKind::Cpu,
+            }
+        }
+        Some(libc::SIGXFSZ) => Outcome::LimitExceeded {
+            limit: LimitKind::FileSize,
+        },
+        signal => Outcome::Completed {
+            exit_code: code,
+            signal,
+        },
+    }
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| {
+        Error::new(
+            ErrorCode::EngineFailed,
+            format!("a blocking engine task failed: {e}"),
+        )
+    })?
+}
+
+async fn sleep_until_opt(deadline: Option<Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn feed_stdin(
+    pipe: Option<OwnedFd>,
+    data: Option<Vec<u8>>,
+    mut stop: watch::Receiver<Option<Instant>>,
+) {
+    let (Some(fd), Some(data)) = (pipe, data) else {
+        return;
+    };
+    use tokio::io::AsyncWriteExt;
+    let Ok(mut tx) = tokio::net::unix::pipe::Sender::from_owned_fd(fd) else {
+        return;
+    };
+    tokio::select! {
+        _ = tx.write_all(&data) => {}
+        _ = stop.wait_for(Option::is_some) => {}
+    }
+}
+
+#[async_trait]
+impl Sandbox for ContainerSandbox {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn kind(&self) -> EngineKind {
+        EngineKind::Container
+    }
+
+    fn root_dir(&self) -> &Path {
+        self.workdir.root()
+    }
+
+    fn status(&self) -> SandboxStatus {
+        if self.destroying() {
+            SandboxStatus::Destroyed
+        } else if self.active.load(Ordering::Acquire) > 0 {
+            SandboxStatus::Busy
+        } else {
+            SandboxStatus::Ready
+        }
+    }
+
+    async fn exec(
+        &self,
+        request: ExecRequest,
+        sink: &dyn OutputSink,
+        cancel: CancelToken,
+    ) -> Result<ExecResult> {
+        self.run(request, sink, cancel).await
+    }
+
+    async fn write_file(&self, path: &str, data: &[u8]) -> Result<()> {
+        let (path, data) = (path.to_string(), data.to_vec());
+        self.file_op(move |w| w.write_file(&path, &data)).await
+    }
+
+    async fn read_file(&self, path: &str) -> Result<Vec<u8>> {
+        let path = path.to_string();
+        self.file_op(move |w| w.read_file(&path)).await
+    }
+
+    async fn list_files(&self, path: &str) -> Result<Vec<FileEntry>> {
+        let path = path.to_string();
+        let mut entries = self.file_op(move |w| w.list_files(&path)).await?;
+        // Paths as the program sees them: the workdir is /workspace inside.
+        let host = self.workdir.root().to_string_lossy().into_owned();
+        for e in &mut entries {
+            if let Some(rest) = e.path.strip_prefix(&host) {
+                e.path = format!("{WORKSPACE}{rest}");
+            }
+        }
+        Ok(entries)
+    }
+
+    async fn recycle(&self) -> Result<()> {
+        let _op = self.enter()?;
+        let _guard = self.run_lock.lock().await;
+        if self.destroying() {
+            return Err(Error::disposed(&format!("sandbox {}", self.id)));
+        }
+        let workdir = self.workdir.clone();
+        if std::fs::read_dir(workdir.root())
+            .map(|mut d| d.next().is_none())
+            .unwrap_or(false)
+        {
+            return Ok(());
+        }
+        blocking(move || {
+            workdir
+                .clear()
+                .map_err(|e| Error::engine_io("cleaning the sandbox workdir", e))
+        })
+        .await
+    }
+
+    async fn destroy(&self) -> Result<()> {
+        match self.lifecycle.begin_destroy() {
+            DestroyRole::Leader => {
+                let mut guard = TeardownGuard {
+                    sandbox: self,
+                    done: false,
+                };
+                self.destroy_signal.notify_waiters();
+                self.lifecycle.ops_drained().await;
+                let engine = self.engine.clone();
+                let cgroup = self.cgroup.clone();
+                let workdir = self.workdir.clone();
+                let result = blocking(move || {
+                    engine.remove_cgroup(&cgroup);
+                    workdir
+                        .remove()
+                        .map_err(|e| Error::engine_io("removing the sandbox workdir", e))
+                })
+                .await;
+                if let Err(e) = &result {
+                    *self.teardown_error.lock() = Some(e.clone());
+                }
+                guard.done = true;
+                self.lifecycle.finish_destroy();
+                result
+            }
+            DestroyRole::Follower => {
+                self.lifecycle.destroyed().await;
+                match self.teardown_error.lock().clone() {
+                    Some(e) => Err(e),
+                    None => Ok(()),
+                }
+            }
+        }
+    }
+}
+
+struct TeardownGuard<'a> {
+    sandbox: &'a ContainerSandbox,
+    done: bool,
+}
+
+impl Drop for TeardownGuard<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.sandbox.teardown_now();
+            self.sandbox.lifecycle.finish_destroy();
+        }
+    }
+}
+
+impl ContainerSandbox {
+    fn teardown_now(&self) {
+        self.engine.remove_cgroup(&self.cgroup);
+        let _ = self.workdir.remove();
+    }
+}
+
+impl Drop for ContainerSandbox {
+    fn drop(&mut self) {
+        if self.lifecycle.phase() != Phase::Destroyed {
+            self.teardown_now();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_and_signals_map_to_outcomes() {
+        let l = Limits::default();
+        assert_eq!(
+            classify(Ending::Exited, Some(3), false, &l, 0),
+            Outcome::Completed {
+                exit_code: 3,
+                signal: None
+            }
+        );
+        assert_eq!(
+            classify(Ending::Exited, Some(137), false, &l, 0),
+            Outcome::Completed {
+                exit_code: 137,
+                signal: Some(9)
+            }
+        );
+        assert_eq!(
+            classify(Ending::Exited, Some(137), true, &l, 0),
+            Outcome::LimitExceeded {
+                limit: LimitKind::Memory
+            }
+        );
+        assert_eq!(
+            classify(Ending::Exited, Some(128 + libc::SIGXFSZ), false, &l, 0),
+            Outcome::LimitExceeded {
+                limit: LimitKind::FileSize
+            }
+        );
+        let cpu = Limits {
+            cpu_ms: Some(1000),
+            ..Limits::default()
+        };
+        assert_eq!(
+            classify(Ending::Exited, Some(137), false, &cpu, 990),
+            Outcome::LimitExceeded {
+                limit: LimitKind::Cpu
+            }
+        );
+        assert_eq!(
+            classify(Ending::Deadline, Some(137), true, &l, 0),
+            Outcome::TimedOut
+        );
+        assert_eq!(
+            classify(Ending::Destroyed, None, false, &l, 0),
+            Outcome::Cancelled
+        );
+    }
+}

@@ -1,0 +1,365 @@
+//! The container engine on the real OCI runtime of this host.
+//!
+//! Every test needs crun or runc (`.ci/run` installs both); without one the tests
+//! say so and pass, since there is nothing to run them on, unless
+//! `PADDOCK_REQUIRE_CONTAINERS` is set (as `.ci/run` does).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use paddock_core::{
+    CancelToken, ContainerConfig, DiscardSink, Engine, ErrorCode, ExecRequest, ExecResult,
+    Language, LimitKind, Limits, OciRuntime, Outcome, Program, Sandbox, SandboxSpec,
+};
+use paddock_engines::container::{ContainerEngine, RuntimeKind};
+
+fn engine_with(runtime: OciRuntime) -> Option<ContainerEngine> {
+    let config = ContainerConfig {
+        runtime,
+        ..ContainerConfig::default()
+    };
+    match ContainerEngine::new(&config) {
+        Ok(e) => Some(e),
+        Err(e) if std::env::var_os("PADDOCK_REQUIRE_CONTAINERS").is_some() => {
+            panic!("the container engine must start here: {e}")
+        }
+        Err(e) => {
+            eprintln!("skipped: {e}");
+            None
+        }
+    }
+}
+
+async fn sandbox(engine: &ContainerEngine) -> Arc<dyn Sandbox> {
+    engine
+        .create(&SandboxSpec::default())
+        .await
+        .expect("sandbox opens")
+}
+
+async fn run(sb: &dyn Sandbox, req: ExecRequest) -> ExecResult {
+    sb.exec(req, &DiscardSink, CancelToken::new())
+        .await
+        .expect("exec runs")
+}
+
+fn sh(script: &str) -> ExecRequest {
+    ExecRequest::new(Program::command(["sh", "-c", script])).with_timeout_ms(20_000)
+}
+
+fn exit(code: i32) -> Outcome {
+    Outcome::Completed {
+        exit_code: code,
+        signal: None,
+    }
+}
+
+/// Directories, cgroups and mounts an engine may leave behind, by name.
+fn leftovers(engine_root_prefix: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut walk = vec![PathBuf::from("/sys/fs/cgroup")];
+    while let Some(dir) = walk.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.starts_with(engine_root_prefix) {
+                    found.push(e.path().display().to_string());
+                } else if dir.components().count() < 8 {
+                    walk.push(e.path());
+                }
+            }
+        }
+    }
+    if let Ok(mounts) = std::fs::read_to_string("/proc/self/mountinfo") {
+        found.extend(
+            mounts
+                .lines()
+                .filter(|l| l.contains(engine_root_prefix))
+                .map(String::from),
+        );
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_commands_and_code_in_a_container() {
+    let Some(engine) = engine_with(OciRuntime::Auto) else {
+        return;
+    };
+    let info = engine.runtime_info();
+    assert!(!info.version.is_empty(), "{info:?}");
+    let sb = sandbox(&engine).await;
+    let r = run(&*sb, sh("echo out; echo err >&2; exit 7")).await;
+    assert_eq!(r.outcome, exit(7), "{r:?}");
+    assert_eq!(r.stdout, "out\n");
+    assert_eq!(r.stderr, "err\n");
+    assert_eq!(r.engine, paddock_core::EngineKind::Container);
+
+    // stdin, env and cwd reach the program; the workdir is /workspace.
+    sb.write_file("sub/in.txt", b"from a file").await.unwrap();
+    let mut req = sh("read line; echo \"$line $GREETING $(pwd) $(cat in.txt)\"");
+    req.stdin = Some("from-stdin\n".into());
+    req.env.insert("GREETING".into(), "hello".into());
+    req.cwd = Some("sub".into());
+    let r = run(&*sb, req).await;
+    assert_eq!(
+        r.stdout, "from-stdin hello /workspace/sub from a file\n",
+        "{r:?}"
+    );
+    // What the program writes in /workspace is the sandbox's file.
+    let r = run(&*sb, sh("echo made-inside > /workspace/made.txt")).await;
+    assert_eq!(r.outcome, exit(0), "{r:?}");
+    assert_eq!(sb.read_file("made.txt").await.unwrap(), b"made-inside\n");
+
+    let r = run(
+        &*sb,
+        ExecRequest::new(Program::code(Language::Python, "print(6 * 7)")),
+    )
+    .await;
+    assert_eq!(r.stdout, "42\n", "{r:?}");
+    // The host's environment does not leak in.
+    std::env::set_var("PADDOCK_TEST_SECRET_TOKEN", "leak");
+    let r = run(&*sb, sh("env")).await;
+    assert!(!r.stdout.contains("leak"), "{}", r.stdout);
+    assert!(r.stdout.contains("HOME=/workspace"), "{}", r.stdout);
+    sb.destroy().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_container_is_isolated_and_read_only() {
+    let Some(engine) = engine_with(OciRuntime::Auto) else {
+        return;
+    };
+    let sb = sandbox(&engine).await;
+    // Only loopback: /proc/net/dev lists two header lines and `lo`.
+    let r = run(
+        &*sb,
+        sh("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '"),
+    )
+    .await;
+    assert_eq!(r.stdout, "lo\n", "{r:?}");
+    // Its own pid namespace: the program is pid 2 (after the init shell), and it
+    // sees no host process.
+    let r = run(&*sb, sh("echo $$; ls /proc | grep -c '^[0-9]'")).await;
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(lines.first(), Some(&"2"), "{r:?}");
+    let visible: u32 = lines[1].parse().unwrap();
+    assert!(visible <= 4, "{r:?}");
+    // The root and the bound /usr are read-only; /tmp is writable.
+    let r = run(
+        &*sb,
+        sh("touch /usr/x 2>/dev/null || echo ro-usr; touch /x 2>/dev/null || echo ro-root; touch /tmp/x && echo rw-tmp"),
+    )
+    .await;
+    assert_eq!(r.stdout, "ro-usr\nro-root\nrw-tmp\n", "{r:?}");
+    // The seccomp profile and the dropped capabilities refuse namespace changes.
+    let r = run(
+        &*sb,
+        sh("unshare -n true 2>&1; echo rc=$?; unshare -U true 2>&1; echo rc=$?"),
+    )
+    .await;
+    assert!(r.stdout.contains("rc=1"), "{r:?}");
+    assert!(!r.stdout.contains("rc=0"), "{r:?}");
+    // No new privileges, and a minimal capability set.
+    let r = run(&*sb, sh("grep -E '^(NoNewPrivs|CapEff)' /proc/self/status")).await;
+    assert!(r.stdout.contains("NoNewPrivs:\t1"), "{r:?}");
+    assert!(!r.stdout.contains("CapEff:\t000001ffffffffff"), "{r:?}");
+    // Host files are masked or absent.
+    let r = run(&*sb, sh("head -c 16 /proc/kcore 2>/dev/null | wc -c")).await;
+    assert_eq!(r.stdout, "0\n", "{r:?}");
+    sb.destroy().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_hold_and_the_host_is_unaffected() {
+    let Some(engine) = engine_with(OciRuntime::Auto) else {
+        return;
+    };
+    let sb = sandbox(&engine).await;
+    // A memory bomb is OOM-killed and reported as the memory limit.
+    let mut bomb = ExecRequest::new(Program::code(
+        Language::Python,
+        "b = []\nwhile True: b.append(bytearray(8 << 20))",
+    ));
+    bomb.limits = Limits {
+        memory_bytes: Some(64 << 20),
+        timeout_ms: Some(30_000),
+        ..Limits::default()
+    };
+    let r = run(&*sb, bomb).await;
+    assert_eq!(
+        r.outcome,
+        Outcome::LimitExceeded {
+            limit: LimitKind::Memory
+        },
+        "{r:?}"
+    );
+    // A fork bomb is bounded by pids; the container ends and the host is fine.
+    let mut forks = ExecRequest::new(Program::code(
+        Language::Python,
+        "import os, time\nn = 0\nfor i in range(500):\n    try:\n        pid = os.fork()\n    except OSError:\n        break\n    if pid == 0:\n        time.sleep(30)\n        os._exit(0)\n    n += 1\nprint(n)",
+    ))
+    .with_timeout_ms(20_000);
+    forks.limits.pids = Some(16);
+    let r = run(&*sb, forks).await;
+    let forked: u32 = r.stdout.trim().parse().expect("a count");
+    assert!((1..16).contains(&forked), "at most 16 tasks: {r:?}");
+    // Those sleepers died with the container: a new one holds only its init shell,
+    // the program's shell, `ls` and `grep`.
+    let r = run(&*sb, sh("ls /proc | grep -c '^[0-9]'")).await;
+    assert!(r.stdout.trim().parse::<u32>().unwrap() <= 4, "{r:?}");
+    // The deadline takes the whole container.
+    let started = Instant::now();
+    let r = run(
+        &*sb,
+        ExecRequest::new(Program::command(["sleep", "30"])).with_timeout_ms(500),
+    )
+    .await;
+    assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // CPU time is accounted.
+    let r = run(
+        &*sb,
+        ExecRequest::new(Program::code(
+            Language::Python,
+            "x = 0\nfor i in range(3_000_000): x += i",
+        )),
+    )
+    .await;
+    assert_eq!(r.outcome, exit(0), "{r:?}");
+    assert!(r.usage.cpu_ms > 0, "{:?}", r.usage);
+    assert!(r.usage.peak_memory_bytes > 0, "{:?}", r.usage);
+    sb.destroy().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_and_destroy_end_a_running_container() {
+    let Some(engine) = engine_with(OciRuntime::Auto) else {
+        return;
+    };
+    let sb = sandbox(&engine).await;
+    let cancel = CancelToken::new();
+    let c2 = cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        c2.cancel();
+    });
+    let started = Instant::now();
+    let r = sb
+        .exec(
+            ExecRequest::new(Program::command(["sleep", "30"])).with_timeout_ms(60_000),
+            &DiscardSink,
+            cancel,
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::Cancelled, "{r:?}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+
+    let sb2 = sb.clone();
+    let running = tokio::spawn(async move {
+        sb2.exec(
+            ExecRequest::new(Program::command(["sleep", "30"])).with_timeout_ms(60_000),
+            &DiscardSink,
+            CancelToken::new(),
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    sb.destroy().await.unwrap();
+    let r = running.await.unwrap();
+    match r {
+        Ok(r) => assert_eq!(r.outcome, Outcome::Cancelled, "{r:?}"),
+        Err(e) => assert_eq!(e.code, ErrorCode::EngineDisposed, "{e}"),
+    }
+    let e = sb
+        .exec(sh("true"), &DiscardSink, CancelToken::new())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::EngineDisposed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_is_left_behind_after_destroy_and_engine_drop() {
+    let root = tempfile::tempdir().unwrap();
+    let config = ContainerConfig {
+        workdir_root: Some(root.path().to_path_buf()),
+        ..ContainerConfig::default()
+    };
+    let engine = match ContainerEngine::new(&config) {
+        Ok(e) => e,
+        Err(e) if std::env::var_os("PADDOCK_REQUIRE_CONTAINERS").is_some() => {
+            panic!("the container engine must start here: {e}")
+        }
+        Err(e) => {
+            eprintln!("skipped: {e}");
+            return;
+        }
+    };
+    // The engine's directory, named like its cgroups.
+    let dirs: Vec<PathBuf> = std::fs::read_dir(root.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    let name = dirs[0].file_name().unwrap().to_string_lossy().into_owned();
+    assert!(name.starts_with("paddock-ct-"), "{name}");
+
+    let sb = sandbox(&engine).await;
+    let r = run(&*sb, sh("sleep 5 & echo started")).await;
+    assert_eq!(r.stdout, "started\n", "{r:?}");
+    let r = run(&*sb, sh("echo second")).await;
+    assert_eq!(r.stdout, "second\n");
+    assert!(
+        !leftovers(&name).is_empty(),
+        "the engine's cgroups exist while it runs"
+    );
+    let workdir = sb.root_dir().to_path_buf();
+    sb.destroy().await.unwrap();
+    assert!(!workdir.exists());
+    drop(sb);
+    drop(engine);
+    assert_eq!(
+        leftovers(&name),
+        Vec::<String>::new(),
+        "cgroups or mounts remain"
+    );
+    let rest: Vec<PathBuf> = std::fs::read_dir(root.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(rest.is_empty(), "directories remain: {rest:?}");
+    // No process of the containers survived.
+    let sleepers = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("cgroup")).ok())
+        .filter(|c| c.contains(&name))
+        .count();
+    assert_eq!(sleepers, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runc_works_too_and_a_missing_runtime_is_explained() {
+    if let Some(engine) = engine_with(OciRuntime::Runc) {
+        assert_eq!(engine.runtime_info().kind, RuntimeKind::Runc);
+        let sb = sandbox(&engine).await;
+        let r = run(&*sb, sh("echo via-runc")).await;
+        assert_eq!(r.stdout, "via-runc\n", "{r:?}");
+        sb.destroy().await.unwrap();
+    }
+    let config = ContainerConfig {
+        runtime: OciRuntime::Crun,
+        runtime_path: Some(Path::new("/nonexistent/crun").to_path_buf()),
+        ..ContainerConfig::default()
+    };
+    let e = ContainerEngine::new(&config).unwrap_err();
+    assert_eq!(e.code, ErrorCode::EngineFailed);
+    assert!(e.message.contains("/nonexistent/crun"), "{e}");
+}
