@@ -363,3 +363,105 @@ async fn runc_works_too_and_a_missing_runtime_is_explained() {
     assert_eq!(e.code, ErrorCode::EngineFailed);
     assert!(e.message.contains("/nonexistent/crun"), "{e}");
 }
+
+/// A network namespace with a veth pair to the host, made and removed by the test.
+struct TestNet {
+    name: String,
+}
+
+impl TestNet {
+    fn create(tag: &str, host_ip: &str, ns_ip: &str) -> Option<TestNet> {
+        let name = format!("paddock-t{}-{tag}", std::process::id());
+        let host_if = format!("pdh{}{tag}", std::process::id() % 10_000);
+        let ns_if = format!("pdn{}{tag}", std::process::id() % 10_000);
+        let ip = |args: &[&str]| {
+            std::process::Command::new("ip")
+                .args(args)
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        if !ip(&["netns", "add", &name]) {
+            eprintln!("skipped: `ip netns add` is not available");
+            return None;
+        }
+        let net = TestNet { name: name.clone() };
+        let ok = ip(&[
+            "link", "add", &host_if, "type", "veth", "peer", "name", &ns_if, "netns", &name,
+        ]) && ip(&["addr", "add", &format!("{host_ip}/30"), "dev", &host_if])
+            && ip(&["link", "set", &host_if, "up"])
+            && ip(&[
+                "-n",
+                &name,
+                "addr",
+                "add",
+                &format!("{ns_ip}/30"),
+                "dev",
+                &ns_if,
+            ])
+            && ip(&["-n", &name, "link", "set", &ns_if, "up"])
+            && ip(&["-n", &name, "link", "set", "lo", "up"]);
+        assert!(ok, "setting up the test's veth pair failed");
+        Some(net)
+    }
+}
+
+impl Drop for TestNet {
+    fn drop(&mut self) {
+        // Deleting the namespace deletes the veth pair with it.
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "delete", &self.name])
+            .status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_network_reaches_a_listener_outside_the_container() {
+    let Some(engine) = engine_with(OciRuntime::Auto) else {
+        return;
+    };
+    // A listener on a veth address inside a namespace this test creates: reachable
+    // from the host, so a failure from inside the container is the container's.
+    let Some(net) = TestNet::create("a", "10.203.7.1", "10.203.7.2") else {
+        return;
+    };
+    let mut listener = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &net.name,
+            "python3",
+            "-c",
+            "import socket\ns = socket.socket()\ns.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\ns.bind(('10.203.7.2', 18431))\ns.listen(8)\nprint('ready', flush=True)\nwhile True:\n    c, _ = s.accept()\n    c.sendall(b'reached')\n    c.close()",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("the listener starts");
+    {
+        use std::io::BufRead;
+        let mut line = String::new();
+        std::io::BufReader::new(listener.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "ready");
+    }
+    let probe = "import socket\ntry:\n    c = socket.create_connection(('10.203.7.2', 18431), timeout=2)\n    print(c.recv(16).decode())\nexcept OSError as e:\n    print('refused', type(e).__name__)";
+    let from_host = std::process::Command::new("python3")
+        .args(["-c", probe])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&from_host.stdout).trim(),
+        "reached",
+        "the host reaches the test's listener"
+    );
+    let sb = sandbox(&engine).await;
+    let r = run(
+        &*sb,
+        ExecRequest::new(Program::code(Language::Python, probe)).with_timeout_ms(20_000),
+    )
+    .await;
+    assert!(r.stdout.starts_with("refused"), "{r:?}");
+    sb.destroy().await.unwrap();
+    let _ = listener.kill();
+    let _ = listener.wait();
+}
