@@ -1,7 +1,11 @@
 //! `paddock doctor`: what this host supports.
 
 use clap::Args;
-use paddock_core::{Engine, ExecRequest, IsolateConfig, Language, Program, SubprocessConfig};
+use paddock_core::{
+    ContainerConfig, Engine, ExecRequest, IsolateConfig, Language, OciRuntime, Program,
+    SubprocessConfig,
+};
+use paddock_engines::container::ContainerEngine;
 use paddock_engines::isolate::IsolateEngine;
 use paddock_engines::subprocess::SubprocessEngine;
 
@@ -41,8 +45,30 @@ pub(crate) async fn doctor(args: DoctorArgs) -> Result<i32, crate::run::UsageErr
         })
         .collect();
     let isolate = isolate_check();
+    let container = container_check(OciRuntime::Auto);
+    let runtimes: Vec<(&str, Result<serde_json::Value, String>)> =
+        [("crun", OciRuntime::Crun), ("runc", OciRuntime::Runc)]
+            .into_iter()
+            .map(|(name, rt)| (name, container_check(rt).map(|(info, _)| info)))
+            .collect();
     if args.json {
+        let by_runtime: serde_json::Map<_, _> = runtimes
+            .iter()
+            .map(|(n, r)| {
+                let v = match r {
+                    Ok(info) => serde_json::json!({"status": "ok", "runtime": info}),
+                    Err(why) => serde_json::json!({"status": format!("unavailable: {why}")}),
+                };
+                (n.to_string(), v)
+            })
+            .collect();
         let v = serde_json::json!({
+            "container": match &container {
+                Ok((info, caps)) => serde_json::json!({"status": "ok", "runtime": info,
+                    "capabilities": caps, "runtimes": by_runtime}),
+                Err(why) => serde_json::json!({"status": format!("unavailable: {why}"),
+                    "fix": container_fix(why), "runtimes": by_runtime}),
+            },
             "isolate": match &isolate {
                 Ok(caps) => serde_json::json!({"status": "ok", "capabilities": caps}),
                 Err(why) => serde_json::json!({"status": format!("unavailable: {why}")}),
@@ -79,8 +105,70 @@ pub(crate) async fn doctor(args: DoctorArgs) -> Result<i32, crate::run::UsageErr
             Ok(_) => println!("  runs JavaScript        : ok"),
             Err(why) => println!("  runs JavaScript        : unavailable: {why}"),
         }
+        println!("container engine (OCI)");
+        match &container {
+            Ok((info, _)) => println!(
+                "  runs containers        : ok, with {} ({})",
+                info["kind"].as_str().unwrap_or("?"),
+                info["version"].as_str().unwrap_or("?")
+            ),
+            Err(why) => {
+                println!("  runs containers        : unavailable: {why}");
+                println!("  to fix                 : {}", container_fix(why));
+            }
+        }
+        for (name, r) in &runtimes {
+            match r {
+                Ok(info) => println!(
+                    "  {name:<23}: ok ({}){}",
+                    info["path"].as_str().unwrap_or("?"),
+                    if info["private_mount_namespace"] == true {
+                        ", in a private mount namespace (hybrid cgroup layout)"
+                    } else {
+                        ""
+                    }
+                ),
+                Err(why) => println!("  {name:<23}: unavailable: {why}"),
+            }
+        }
     }
     Ok(0)
+}
+
+/// Starts the container engine with `runtime` (which runs a probe container) and
+/// describes the runtime it uses.
+fn container_check(
+    runtime: OciRuntime,
+) -> Result<(serde_json::Value, paddock_core::Capabilities), String> {
+    let config = ContainerConfig {
+        runtime,
+        ..ContainerConfig::default()
+    };
+    let engine = ContainerEngine::new(&config).map_err(|e| e.message)?;
+    let info = engine.runtime_info();
+    Ok((
+        serde_json::json!({
+            "kind": info.kind.as_str(),
+            "path": info.path.display().to_string(),
+            "version": info.version,
+            "private_mount_namespace": info.private_mount_namespace,
+            "fallback_reason": info.fallback_reason,
+        }),
+        engine.capabilities().clone(),
+    ))
+}
+
+/// What to do about a container engine that cannot start, from its reason.
+fn container_fix(why: &str) -> &'static str {
+    if why.contains("is not installed") {
+        "install crun (preferred) or runc, for example `apt-get install crun runc`"
+    } else if why.contains("cgroup") {
+        "mount the cgroup v1 memory, pids and freezer hierarchies (or run on a host that has them)"
+    } else if why.contains("namespace") {
+        "run Paddock as root on a kernel with user, pid, mount and network namespaces enabled"
+    } else {
+        "run as root; the runtime's own message above says what it could not do"
+    }
 }
 
 /// Starts the isolate engine and runs `6 * 7` in a fresh runtime.

@@ -29,6 +29,8 @@ pub(crate) enum EngineArg {
     Subprocess,
     /// JavaScript in a QuickJS isolate (`--lang javascript` only).
     Isolate,
+    /// An OCI container (crun or runc): `strict` isolation, no network.
+    Container,
 }
 
 /// Network choices on the command line.
@@ -190,7 +192,12 @@ pub(crate) async fn run(args: RunArgs) -> Result<i32, UsageError> {
     let mut config = config;
     // A one-shot run needs no instance kept warm ahead of it.
     config.pool.min_idle = 0;
-    let paddock = match Paddock::builder().config(config).start() {
+    let mut builder = Paddock::builder().config(config);
+    if args.engine != EngineArg::Container {
+        // Its start runs a probe container: not worth it for one execution elsewhere.
+        builder = builder.without_container();
+    }
+    let paddock = match builder.start() {
         Ok(p) => p,
         Err(e) => {
             eprintln!("paddock: {e}");
@@ -215,6 +222,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<i32, UsageError> {
     let mut msg = Execute::new(request).on(match args.engine {
         EngineArg::Subprocess => EngineKind::Subprocess,
         EngineArg::Isolate => EngineKind::Isolate,
+        EngineArg::Container => EngineKind::Container,
     });
     msg.network = match args.network {
         NetworkArg::None => NetworkPolicy::None,

@@ -180,6 +180,47 @@ fn doctor_reports_the_host() {
         v["isolate"]["capabilities"]["max_level"],
         "context-isolated"
     );
+    // The container engine: ok with a runtime, or unavailable with a reason and a fix.
+    let container = &v["container"];
+    let status = container["status"].as_str().unwrap();
+    for rt in ["crun", "runc"] {
+        assert!(container["runtimes"][rt]["status"].is_string(), "{v}");
+    }
+    if status == "ok" {
+        assert_eq!(container["capabilities"]["max_level"], "strict", "{v}");
+        assert!(["crun", "runc"].contains(&container["runtime"]["kind"].as_str().unwrap()));
+    } else {
+        assert!(
+            std::env::var_os("PADDOCK_REQUIRE_CONTAINERS").is_none(),
+            "the container engine must be available here: {v}"
+        );
+        assert!(status.starts_with("unavailable: "), "{v}");
+        assert!(container["fix"].is_string(), "{v}");
+    }
+}
+
+#[test]
+fn a_command_runs_in_a_container() {
+    let out = paddock(&[
+        "run",
+        "--engine",
+        "container",
+        "--",
+        "sh",
+        "-c",
+        "echo in-container; tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; exit 3",
+    ]);
+    if String::from_utf8_lossy(&out.stderr).contains("engine is not configured") {
+        // No OCI runtime on this host: the engine was left out.
+        assert_eq!(out.status.code(), Some(2), "{out:?}");
+        assert!(
+            std::env::var_os("PADDOCK_REQUIRE_CONTAINERS").is_none(),
+            "{out:?}"
+        );
+        return;
+    }
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "in-container\nlo\n");
 }
 
 #[test]

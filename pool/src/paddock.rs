@@ -14,6 +14,7 @@ use paddock_core::{
     Engine, EngineKind, Error, ErrorCode, ExecRequest, ExecResult, ExecutionId, FileEntry,
     OutputChunk, PaddockConfig, SandboxSpec, SandboxStatus,
 };
+use paddock_engines::container::ContainerEngine;
 use paddock_engines::isolate::IsolateEngine;
 use paddock_engines::subprocess::SubprocessEngine;
 
@@ -34,6 +35,7 @@ pub struct PaddockBuilder {
     default_engine: Option<EngineKind>,
     builtin_subprocess: bool,
     builtin_isolate: bool,
+    builtin_container: bool,
     policy: Option<PolicyConfig>,
     limiter: Option<LimiterConfig>,
     audit: Option<AuditConfig>,
@@ -60,6 +62,7 @@ impl Default for PaddockBuilder {
             default_engine: None,
             builtin_subprocess: true,
             builtin_isolate: true,
+            builtin_container: true,
             policy: None,
             limiter: None,
             audit: None,
@@ -79,10 +82,11 @@ impl PaddockBuilder {
         self
     }
 
-    /// Adds an engine. The subprocess and isolate engines are added from the config
-    /// unless [`without_subprocess`](Self::without_subprocess) /
-    /// [`without_isolate`](Self::without_isolate) is called (or the config disables
-    /// them). To give isolates Rust host functions, add an
+    /// Adds an engine. The subprocess, isolate and container engines are added from
+    /// the config unless [`without_subprocess`](Self::without_subprocess) /
+    /// [`without_isolate`](Self::without_isolate) /
+    /// [`without_container`](Self::without_container) is called (or the config
+    /// disables them). To give isolates Rust host functions, add an
     /// `IsolateEngine::with_modules(…)` here and call `without_isolate`.
     pub fn engine(mut self, engine: Arc<dyn Engine>) -> Self {
         self.engines.push(engine);
@@ -98,6 +102,14 @@ impl PaddockBuilder {
     /// Does not start the built-in QuickJS isolate engine.
     pub fn without_isolate(mut self) -> Self {
         self.builtin_isolate = false;
+        self
+    }
+
+    /// Does not start the built-in OCI container engine. (Without this, the engine is
+    /// started when the config enables it and the host has a runtime that can run a
+    /// container; a host without one runs without it, and `paddock doctor` says why.)
+    pub fn without_container(mut self) -> Self {
+        self.builtin_container = false;
         self
     }
 
@@ -181,6 +193,20 @@ impl PaddockBuilder {
             && !engines.iter().any(|e| e.kind() == EngineKind::Isolate)
         {
             engines.push(Arc::new(IsolateEngine::new(&self.config.isolate)?));
+        }
+        if self.builtin_container
+            && self.config.container.enabled
+            && !engines.iter().any(|e| e.kind() == EngineKind::Container)
+        {
+            match ContainerEngine::with_defaults(&self.config.container, self.config.limits.clone())
+            {
+                Ok(e) => engines.push(Arc::new(e)),
+                // A host without a usable OCI runtime runs the other engines.
+                Err(e) if e.code == ErrorCode::EngineFailed => {
+                    tracing::warn!(error = %e, "the container engine is not available");
+                }
+                Err(e) => return Err(e),
+            }
         }
         let Some(first) = engines.first().map(|e| e.kind()) else {
             return Err(Error::invalid_config(

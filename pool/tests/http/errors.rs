@@ -66,7 +66,7 @@ async fn bad_options_are_400_naming_the_field() {
     post_json(
         t.addr,
         "/v1/executions",
-        &json!({"program": {"command": ["true"]}, "level": "strict"}),
+        &json!({"program": {"command": ["true"]}, "engine": "subprocess", "level": "strict"}),
     )
     .await
     .expect_error(400, "LEVEL_NOT_SUPPORTED");
@@ -307,6 +307,24 @@ async fn an_exhausted_pool_is_503_at_once_with_retry_after() {
         ..PaddockConfig::default()
     };
     let t = TestServer::start_config(config, server_config());
+    // The one instance is prewarmed; while it is being created, a caller finds the
+    // pool full already.
+    let paddock = t.paddock.clone();
+    eventually(
+        Duration::from_secs(20),
+        "the subprocess instance to be prewarmed",
+        || {
+            let paddock = paddock.clone();
+            async move {
+                paddock.stats().await.is_ok_and(|s| {
+                    s.pools
+                        .iter()
+                        .any(|p| p.engine == paddock_core::EngineKind::Subprocess && p.idle == 1)
+                })
+            }
+        },
+    )
+    .await;
     let (mut s, id) = open_stream(t.addr, "/v1/executions", &sh("echo up; sleep 30")).await;
     wait_for_stdout(&mut s, "up").await;
 

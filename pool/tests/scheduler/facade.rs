@@ -142,6 +142,7 @@ async fn sessions_keep_files_and_refuse_after_destroy() {
 async fn refusals_are_typed() {
     let paddock = Paddock::builder()
         .engine(Arc::new(NoopEngine::new()))
+        .without_container()
         .start()
         .unwrap();
     let mut msg = Execute::new(sh("true"));
@@ -240,7 +241,7 @@ async fn a_late_subscriber_by_id_gets_the_buffered_output() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn isolates_are_pooled_engines_chosen_by_name_or_by_level() {
-    let paddock = Paddock::builder().start().unwrap();
+    let paddock = Paddock::builder().without_container().start().unwrap();
     let js = |src: &str| ExecRequest::new(Program::code(Language::Javascript, src));
     let r = paddock
         .execute_with(Execute::new(js("console.log('hi'); 6 * 7")).on(EngineKind::Isolate))
@@ -338,5 +339,33 @@ async fn a_suspended_handler_resumes_in_its_session_through_the_pipeline() {
         "the invoke and the resume are both audited: {audit:?}"
     );
     sandbox.destroy().await.unwrap();
+    paddock.shutdown(Duration::from_secs(5)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strict_isolation_goes_to_the_container_engine() {
+    let paddock = Paddock::builder().start().unwrap();
+    let stats = paddock.stats().await.unwrap();
+    if !stats
+        .pools
+        .iter()
+        .any(|p| p.engine == EngineKind::Container)
+    {
+        assert!(
+            std::env::var_os("PADDOCK_REQUIRE_CONTAINERS").is_none(),
+            "the container engine must start here"
+        );
+        eprintln!("skipped: no OCI runtime on this host");
+        return;
+    }
+    let mut strict = Execute::new(sh("echo $$; cat /proc/net/dev | wc -l"));
+    strict.level = paddock_core::IsolationLevel::Strict;
+    let r = paddock.execute_with(strict).await.unwrap();
+    assert_eq!(r.engine, EngineKind::Container, "{r:?}");
+    // Inside its own pid namespace, with only loopback.
+    assert_eq!(r.stdout, "2\n3\n", "{r:?}");
+    // A request naming no level still runs on the default (subprocess) engine.
+    let r = paddock.execute(sh("true")).await.unwrap();
+    assert_eq!(r.engine, EngineKind::Subprocess);
     paddock.shutdown(Duration::from_secs(5)).await.unwrap();
 }
