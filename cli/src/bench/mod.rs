@@ -3,6 +3,7 @@
 //! Every scenario prints one JSON object per line with `--json`, and finishes within
 //! a minute with its defaults.
 
+mod container;
 mod http;
 mod isolate;
 mod load;
@@ -101,6 +102,16 @@ enum Scenario {
         #[arg(long, default_value_t = 16)]
         callers: usize,
     },
+    /// `/bin/true` in a container through the engine vs. the runtime's own `run` of
+    /// an equivalent bundle, and the cost of the seccomp profile.
+    Container {
+        /// Measured executions per series.
+        #[arg(long, default_value_t = 200)]
+        iterations: usize,
+        /// The runtime: auto (crun, else runc), crun or runc.
+        #[arg(long, default_value = "auto")]
+        runtime: String,
+    },
     /// Executions per second over HTTP vs. the in-process handle (no-op engine).
     Http {
         /// Concurrent clients.
@@ -177,6 +188,22 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32, crate::run::UsageError
             ));
             task.await
                 .map_err(|e| crate::run::UsageError(format!("the benchmark task failed: {e}")))?
+        }
+        Scenario::Container {
+            iterations,
+            runtime,
+        } => {
+            let runtime = match runtime.as_str() {
+                "auto" => paddock_core::OciRuntime::Auto,
+                "crun" => paddock_core::OciRuntime::Crun,
+                "runc" => paddock_core::OciRuntime::Runc,
+                other => {
+                    return Err(crate::run::UsageError(format!(
+                        "--runtime must be auto, crun or runc, not `{other}`"
+                    )))
+                }
+            };
+            container::container(runtime, iterations.max(10), args.json).await
         }
         Scenario::Http {
             callers,

@@ -333,6 +333,21 @@ impl ContainerEngine {
         &self.inner.info
     }
 
+    /// The baseline for benchmarks: writes a bundle equivalent to the one an
+    /// execution of `argv` gets (same root, mounts, namespaces, limits, seccomp and
+    /// cgroup placement), then runs `<runtime> run` on it once and returns the
+    /// runtime's exit code and how long that command took. Blocking; no capture, no
+    /// init shell, no accounting.
+    pub fn run_raw(&self, argv: &[String]) -> std::io::Result<(Option<i32>, std::time::Duration)> {
+        sandbox::run_raw(&self.inner, argv)
+    }
+
+    /// `argv` as an execution runs it: under the root's shell as the container's init
+    /// (see [`with_init`]), when the root has one.
+    pub fn init_wrapped(&self, argv: Vec<String>) -> Vec<String> {
+        with_init(&self.inner, argv)
+    }
+
     /// Opens a sandbox with its concrete type (the trait's `create` boxes it).
     pub async fn open(&self, spec: &SandboxSpec) -> Result<ContainerSandbox> {
         ContainerSandbox::create(self.inner.clone(), spec).await
@@ -351,6 +366,26 @@ impl Engine for ContainerEngine {
 
     async fn create(&self, spec: &SandboxSpec) -> Result<Arc<dyn Sandbox>> {
         Ok(Arc::new(self.open(spec).await?))
+    }
+}
+
+/// The root's shell stands in as the container's init, so that the program is not
+/// pid 1 (which ignores every signal it has no handler for, even a SIGKILL it sends
+/// itself): it runs the program as its child and exits with its status, 128 + the
+/// signal when one killed it. Without a shell in the root, `argv` runs as pid 1.
+pub(crate) fn with_init(engine: &EngineInner, argv: Vec<String>) -> Vec<String> {
+    match engine.interpreters.get(&Language::Shell) {
+        Some(sh) => {
+            let mut wrapped = vec![
+                sh.clone(),
+                "-c".to_string(),
+                "\"$@\"\nexit $?".to_string(),
+                "paddock-init".to_string(),
+            ];
+            wrapped.extend(argv);
+            wrapped
+        }
+        None => argv,
     }
 }
 

@@ -206,21 +206,8 @@ impl ContainerSandbox {
         std::fs::create_dir(&bundle_dir)
             .map_err(|e| Error::engine_io("creating the container bundle", e))?;
         let _bundle = RemoveOnDrop(bundle_dir.clone());
-        let (mut args, files) = self.argv(&request.program, &bundle_dir)?;
-        // The root's shell stands in as the container's init, so that the program
-        // is not pid 1 (which ignores signals it has no handler for, even its own
-        // SIGKILL): it runs the program as its child and exits with its status,
-        // 128 + the signal when one killed it.
-        if let Some(sh) = self.engine.interpreters.get(&Language::Shell) {
-            let mut wrapped = vec![
-                sh.clone(),
-                "-c".to_string(),
-                "\"$@\"\nexit $?".to_string(),
-                "paddock-init".to_string(),
-            ];
-            wrapped.append(&mut args);
-            args = wrapped;
-        }
+        let (args, files) = self.argv(&request.program, &bundle_dir)?;
+        let args = super::with_init(&self.engine, args);
         let cwd = match &request.cwd {
             Some(c) => {
                 let rel = self.workdir.relative(c)?;
@@ -457,23 +444,23 @@ impl ContainerSandbox {
     }
 }
 
-/// Runs a probe container (`/bin/true` or `true` of the root) to see whether the
-/// runtime works here; the error carries what the runtime printed.
-pub(super) fn probe(engine: &EngineInner) -> std::result::Result<(), String> {
-    let id = format!("probe-{}", uuid::Uuid::now_v7().simple());
+/// Runs `argv` in a one-off container of a bundle like an execution's (the engine's
+/// default limits), straight through `<runtime> run`; blocking.
+fn run_once(
+    engine: &EngineInner,
+    argv: &[String],
+    tag: &str,
+) -> std::io::Result<(super::runtime::Finished, Duration)> {
+    let id = format!("{tag}-{}", uuid::Uuid::now_v7().simple());
     let dir = engine.root.join("bundles").join(&id);
-    std::fs::create_dir(&dir).map_err(|e| e.to_string())?;
+    std::fs::create_dir(&dir)?;
     let _remove = RemoveOnDrop(dir.clone());
     let workdir = engine.root.join("sandboxes");
     let cgroup = format!("{}/{id}", engine.cgroup_base);
-    let args = vec![
-        "/bin/sh".to_string(),
-        "-c".to_string(),
-        "exit 0".to_string(),
-    ];
     let env = vec![format!("PATH={CONTAINER_PATH}")];
+    let limits = &engine.defaults;
     let config = bundle::config(&BundleSpec {
-        args: &args,
+        args: argv,
         env: &env,
         cwd: "/",
         rootfs: &engine.rootfs,
@@ -481,21 +468,41 @@ pub(super) fn probe(engine: &EngineInner) -> std::result::Result<(), String> {
         workdir: &workdir,
         files: &[],
         cgroups_path: &cgroup,
-        memory_bytes: Some(64 << 20),
-        pids: Some(16),
+        memory_bytes: limits.memory_bytes,
+        pids: limits.pids,
         cpu_quota_us: engine.cpu_quota_us,
-        rlimits: &[],
+        rlimits: &[("RLIMIT_CORE", 0)],
         seccomp: engine.seccomp,
         hostname: "paddock",
     });
-    std::fs::write(dir.join("config.json"), config.to_string()).map_err(|e| e.to_string())?;
+    std::fs::write(dir.join("config.json"), config.to_string())?;
     let bundle = dir.to_string_lossy().into_owned();
+    let started = std::time::Instant::now();
     let finished = engine
         .runtime
-        .run_blocking(&["run", "--bundle", &bundle, &id], &dir)
-        .map_err(|e| e.to_string());
+        .run_blocking(&["run", "--bundle", &bundle, &id], &dir);
+    let took = started.elapsed();
     engine.remove_cgroup(&cgroup);
-    let finished = finished?;
+    finished.map(|f| (f, took))
+}
+
+/// See [`super::ContainerEngine::run_raw`].
+pub(super) fn run_raw(
+    engine: &EngineInner,
+    argv: &[String],
+) -> std::io::Result<(Option<i32>, Duration)> {
+    run_once(engine, argv, "raw").map(|(f, took)| (f.code, took))
+}
+
+/// Runs a probe container (`sh -c 'exit 0'`) to see whether the runtime works here;
+/// the error carries what the runtime printed.
+pub(super) fn probe(engine: &EngineInner) -> std::result::Result<(), String> {
+    let args = vec![
+        "/bin/sh".to_string(),
+        "-c".to_string(),
+        "exit 0".to_string(),
+    ];
+    let (finished, _) = run_once(engine, &args, "probe").map_err(|e| e.to_string())?;
     match finished.code {
         Some(0) => Ok(()),
         code => Err(format!(

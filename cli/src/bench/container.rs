@@ -1,0 +1,165 @@
+//! The `container` scenario: `/bin/true` through the container engine against the
+//! runtime's own `run` of an equivalent bundle, in the same run, interleaved; and the
+//! cost of the seccomp profile (the engine with and without it).
+//!
+//! The engine's figure is `Sandbox::exec` end to end: the bundle written, the
+//! sandbox's memory group set, the runtime started without forking the host, output
+//! captured, the runtime reaped, usage read. The baseline is the runtime binary
+//! itself (`crun run` / `runc run`) timed around its own run, on a bundle with the
+//! same root, mounts, namespaces, limits, seccomp and cgroup placement, started the
+//! same way (in the same private mount namespace where crun needs one): once with
+//! the same process (`/bin/true` under the engine's init shell), which is the ratio,
+//! and once with `/bin/true` as pid 1, which prices the init shell.
+
+use std::time::Duration;
+
+use paddock_core::{
+    CancelToken, ContainerConfig, DiscardSink, Engine, ExecRequest, OciRuntime, Program, Sandbox,
+    SandboxSpec,
+};
+use paddock_engines::container::ContainerEngine;
+use serde_json::json;
+
+use super::{report, round, round3, summarize};
+
+/// System calls `dd` makes below: a read and a write per byte.
+const DD_SYSCALLS: u64 = 2 * 200_000;
+
+/// Wall time of 400,000 system calls (`dd` copying byte by byte) in a container.
+async fn syscall_loop(sandbox: &dyn Sandbox) -> Duration {
+    let start = std::time::Instant::now();
+    let r = sandbox
+        .exec(
+            ExecRequest::new(Program::command([
+                "dd",
+                "if=/dev/zero",
+                "of=/dev/null",
+                "bs=1",
+                "count=200000",
+            ]))
+            .with_timeout_ms(60_000),
+            &DiscardSink,
+            CancelToken::new(),
+        )
+        .await
+        .expect("exec in a container");
+    let took = start.elapsed();
+    assert!(r.is_success(), "{r:?}");
+    took
+}
+
+async fn engine_true(sandbox: &dyn Sandbox) -> Duration {
+    let start = std::time::Instant::now();
+    let r = sandbox
+        .exec(
+            ExecRequest::new(Program::command(["/bin/true"])),
+            &DiscardSink,
+            CancelToken::new(),
+        )
+        .await
+        .expect("exec in a container");
+    let took = start.elapsed();
+    assert!(r.is_success(), "{r:?}");
+    took
+}
+
+/// `<runtime> run` of `/bin/true`, under the engine's init shell or not.
+fn raw_true(engine: &ContainerEngine, init: bool) -> Duration {
+    let mut argv = vec!["/bin/true".to_string()];
+    if init {
+        argv = engine.init_wrapped(argv);
+    }
+    let (code, took) = engine.run_raw(&argv).expect("the runtime runs");
+    assert_eq!(code, Some(0));
+    took
+}
+
+async fn raw(engine: &ContainerEngine, init: bool) -> Duration {
+    let e = engine.clone();
+    tokio::task::spawn_blocking(move || raw_true(&e, init))
+        .await
+        .expect("the baseline task")
+}
+
+pub(super) async fn container(
+    runtime: OciRuntime,
+    iterations: usize,
+    as_json: bool,
+) -> Result<i32, crate::run::UsageError> {
+    let start = |seccomp: bool| {
+        ContainerEngine::new(&ContainerConfig {
+            runtime,
+            seccomp,
+            ..ContainerConfig::default()
+        })
+    };
+    let engine = match start(true) {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("paddock bench: the container engine cannot start: {e}");
+            return Ok(1);
+        }
+    };
+    let bare = start(false).map_err(|e| crate::run::UsageError(e.to_string()))?;
+    let info = engine.runtime_info().clone();
+    let sandbox = engine
+        .create(&SandboxSpec::default())
+        .await
+        .map_err(|e| crate::run::UsageError(e.to_string()))?;
+    let bare_sandbox = bare
+        .create(&SandboxSpec::default())
+        .await
+        .map_err(|e| crate::run::UsageError(e.to_string()))?;
+    // Warm-up: page cache, the runtime's first start.
+    for _ in 0..5 {
+        engine_true(&*sandbox).await;
+        engine_true(&*bare_sandbox).await;
+        raw(&engine, true).await;
+        raw(&engine, false).await;
+    }
+    let mut series: [Vec<Duration>; 4] = Default::default();
+    for _ in 0..iterations {
+        series[0].push(engine_true(&*sandbox).await);
+        series[1].push(raw(&engine, true).await);
+        series[2].push(raw(&engine, false).await);
+        series[3].push(engine_true(&*bare_sandbox).await);
+    }
+    // The filter's cost per system call: a syscall-bound loop with and without it.
+    let mut loops: [Vec<Duration>; 2] = Default::default();
+    for _ in 0..7 {
+        loops[0].push(syscall_loop(&*sandbox).await);
+        loops[1].push(syscall_loop(&*bare_sandbox).await);
+    }
+    let [filtered_loop, bare_loop] = loops.map(summarize);
+    let _ = sandbox.destroy().await;
+    let _ = bare_sandbox.destroy().await;
+    let [ours, raw_init, raw_bare, unfiltered] = series.map(summarize);
+    let name = info.kind.as_str();
+    report(
+        &json!({
+            "scenario": "container_cold",
+            "runtime": name,
+            "runtime_version": info.version,
+            "private_mount_namespace": info.private_mount_namespace,
+            "program": "/bin/true",
+            "iterations": iterations,
+            "cold_p50_us": round(ours.p50),
+            "cold_p99_us": round(ours.p99),
+            // The same bundle as the engine's, the init shell included.
+            format!("{name}_run_p50_us"): round(raw_init.p50),
+            format!("{name}_run_p99_us"): round(raw_init.p99),
+            "ratio_p50": round3(ours.p50 / raw_init.p50.max(0.001)),
+            // `/bin/true` as pid 1, without the init shell.
+            format!("{name}_run_bare_p50_us"): round(raw_bare.p50),
+            "ratio_bare_p50": round3(ours.p50 / raw_bare.p50.max(0.001)),
+            "init_shell_cost_p50_us": round(raw_init.p50 - raw_bare.p50),
+            "cold_no_seccomp_p50_us": round(unfiltered.p50),
+            "seccomp_cost_p50_us": round(ours.p50 - unfiltered.p50),
+            "syscall_loop_p50_ms": round3(filtered_loop.p50 / 1000.0),
+            "syscall_loop_no_seccomp_p50_ms": round3(bare_loop.p50 / 1000.0),
+            "seccomp_ns_per_syscall": round((filtered_loop.p50 - bare_loop.p50) * 1000.0 / DD_SYSCALLS as f64),
+        }),
+        as_json,
+    );
+    Ok(0)
+}
