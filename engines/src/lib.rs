@@ -23,6 +23,7 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod agent;
 pub mod capture;
 pub mod cgroup;
 pub mod container;

@@ -1,0 +1,6 @@
+//! `paddock-agent`: pid 1 of a warm container of the container engine (see
+//! `paddock_engines::agent`).
+
+fn main() {
+    std::process::exit(paddock_engines::agent::main());
+}
