@@ -727,6 +727,14 @@ pub struct ContainerConfig {
     /// Host variables passed in although their names look secret (the host's
     /// environment is otherwise passed sanitized, as for the subprocess engine).
     pub env_passthrough: Vec<String>,
+    /// Keep a warm container per sandbox, with `paddock-agent` as its pid 1, and run
+    /// executions in it as a frame round trip. Default `true` (when the agent binary
+    /// is found).
+    pub warm: bool,
+    /// The `paddock-agent` binary. Default: beside the running executable (or one
+    /// directory up), else on `PATH`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent_path: Option<PathBuf>,
 }
 
 impl Default for ContainerConfig {
@@ -740,6 +748,8 @@ impl Default for ContainerConfig {
             cpus: 1.0,
             seccomp: true,
             env_passthrough: Vec::new(),
+            warm: true,
+            agent_path: None,
         }
     }
 }
@@ -757,6 +767,7 @@ impl ContainerConfig {
             ("container.runtime_path", &self.runtime_path),
             ("container.rootfs", &self.rootfs),
             ("container.workdir_root", &self.workdir_root),
+            ("container.agent_path", &self.agent_path),
         ] {
             if let Some(p) = path {
                 if !p.is_absolute() {

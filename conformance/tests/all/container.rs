@@ -1,5 +1,6 @@
 //! The conformance suite against the container engine (crun, with runc as the
-//! fallback), and once more pinned to runc.
+//! fallback), once more pinned to runc, and once with warm containers off (a
+//! container per execution).
 //!
 //! A host without a usable OCI runtime skips these tests and says why, unless
 //! `PADDOCK_REQUIRE_CONTAINERS` is set (as `.ci/run` does), which makes them fail.
@@ -14,6 +15,14 @@ fn config(runtime: OciRuntime) -> ContainerConfig {
         runtime,
         ..ContainerConfig::default()
     }
+}
+
+fn cold_engine() -> Arc<dyn Engine> {
+    let config = ContainerConfig {
+        warm: false,
+        ..ContainerConfig::default()
+    };
+    Arc::new(ContainerEngine::new(&config).expect("the container engine starts"))
 }
 
 /// Whether the engine can start with `runtime`, found out once per runtime.
@@ -58,5 +67,14 @@ mod runc {
         conformance,
         || async { container_engine(OciRuntime::Runc) },
         requires = || available(OciRuntime::Runc),
+    );
+}
+
+mod cold {
+    use super::*;
+    paddock_conformance::conformance_tests!(
+        conformance,
+        || async { cold_engine() },
+        requires = || available(OciRuntime::Auto),
     );
 }

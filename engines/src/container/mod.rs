@@ -25,6 +25,7 @@
 mod bundle;
 mod runtime;
 mod sandbox;
+mod warm;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -89,6 +90,8 @@ pub(crate) struct EngineInner {
     pub(crate) seccomp: bool,
     /// Interpreter paths inside the container, by language.
     pub(crate) interpreters: BTreeMap<Language, String>,
+    /// The `paddock-agent` binary for warm containers, or why there are none.
+    pub(crate) agent: std::result::Result<PathBuf, String>,
     pub(crate) next_sandbox: AtomicU64,
 }
 
@@ -225,6 +228,11 @@ impl ContainerEngine {
             cpu_quota_us: (config.cpus * 100_000.0).round() as u64,
             seccomp: config.seccomp,
             interpreters: BTreeMap::new(),
+            agent: if config.warm {
+                find_agent(config.agent_path.as_deref())
+            } else {
+                Err("disabled by configuration (`container.warm = false`)".into())
+            },
             next_sandbox: AtomicU64::new(0),
         };
 
@@ -333,6 +341,11 @@ impl ContainerEngine {
         &self.inner.info
     }
 
+    /// The agent binary warm containers run, or why sandboxes get no warm container.
+    pub fn agent(&self) -> std::result::Result<&Path, &str> {
+        self.inner.agent.as_deref().map_err(String::as_str)
+    }
+
     /// The baseline for benchmarks: writes a bundle equivalent to the one an
     /// execution of `argv` gets (same root, mounts, namespaces, limits, seccomp and
     /// cgroup placement), then runs `<runtime> run` on it once and returns the
@@ -367,6 +380,36 @@ impl Engine for ContainerEngine {
     async fn create(&self, spec: &SandboxSpec) -> Result<Arc<dyn Sandbox>> {
         Ok(Arc::new(self.open(spec).await?))
     }
+}
+
+/// Finds `paddock-agent`: the configured path, else beside the running executable
+/// or one directory up (a test binary in `target/*/deps`), else on `PATH`.
+fn find_agent(configured: Option<&Path>) -> std::result::Result<PathBuf, String> {
+    const NAME: &str = "paddock-agent";
+    if let Some(p) = configured {
+        return if p.is_file() {
+            Ok(p.to_path_buf())
+        } else {
+            Err(format!(
+                "container.agent_path `{}` is not a file",
+                p.display()
+            ))
+        };
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        for dir in exe.ancestors().skip(1).take(2) {
+            let candidate = dir.join(NAME);
+            if candidate.is_file() {
+                return Ok(candidate);
+            }
+        }
+    }
+    let path = std::env::var("PATH").unwrap_or_default();
+    crate::env::resolve_program(NAME, &path, Path::new("/")).ok_or_else(|| {
+        format!(
+            "`{NAME}` was found neither beside this executable nor on PATH; build it (`cargo build -p paddock-engines --bin {NAME}`) or set container.agent_path"
+        )
+    })
 }
 
 /// The root's shell stands in as the container's init, so that the program is not

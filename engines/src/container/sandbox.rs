@@ -20,6 +20,7 @@ use tokio::sync::{watch, Mutex, Notify};
 use tokio::time::Instant;
 
 use super::bundle::{self, BundleSpec, CONTAINER_PATH, WORKSPACE};
+use super::warm::WarmContainer;
 use super::EngineInner;
 use crate::capture::{pump, Captured};
 use crate::sys;
@@ -52,6 +53,8 @@ pub struct ContainerSandbox {
     destroy_signal: Notify,
     teardown_error: parking_lot::Mutex<Option<Error>>,
     next_container: AtomicU64,
+    /// The warm container (taken out while it serves a turn).
+    warm: parking_lot::Mutex<Option<WarmContainer>>,
 }
 
 /// Why the wait for the container ended.
@@ -109,7 +112,46 @@ impl ContainerSandbox {
             destroy_signal: Notify::new(),
             teardown_error: parking_lot::Mutex::new(None),
             next_container: AtomicU64::new(0),
+            warm: parking_lot::Mutex::new(None),
         })
+        .inspect(|sandbox| sandbox.prewarm())
+    }
+
+    /// Starts the warm container, when the engine has an agent; a failure leaves the
+    /// sandbox cold (each execution then starts its own container).
+    fn prewarm(&self) {
+        if self.engine.agent.is_err() {
+            return;
+        }
+        match self.start_warm() {
+            Ok(wc) => *self.warm.lock() = Some(wc),
+            Err(e) => tracing::warn!(sandbox = %self.id, error = %e, "no warm container"),
+        }
+    }
+
+    fn start_warm(&self) -> Result<WarmContainer> {
+        let k = self.next_container.fetch_add(1, Ordering::Relaxed);
+        let limits = self.spec.limits.or(&self.engine.defaults);
+        WarmContainer::start(
+            &self.engine,
+            &self.cgroup,
+            self.workdir.root(),
+            (format!("{}-w{k}", self.id), format!("w{k}")),
+            &limits,
+        )
+    }
+
+    /// Whether `request` can run in the warm container exactly as it would in a
+    /// fresh one: rlimits count a process's whole life, so a request with its own
+    /// CPU, file-size or open-files limit gets a container of its own, as does a
+    /// source too long to pass as an argument.
+    fn warm_fits(&self, request: &ExecRequest) -> bool {
+        let l = &request.limits;
+        let short = match &request.program {
+            Program::Code { source, .. } => source.len() <= MAX_INLINE_SOURCE,
+            _ => true,
+        };
+        short && l.cpu_ms.is_none() && l.file_size_bytes.is_none() && l.open_files.is_none()
     }
 
     fn enter(&self) -> Result<OpGuard<'_>> {
@@ -132,7 +174,11 @@ impl ContainerSandbox {
     }
 
     /// The argv to run inside the container, and files to bind for it.
-    fn argv(&self, program: &Program, bundle_dir: &Path) -> Result<(Vec<String>, Vec<FileMount>)> {
+    fn argv(
+        &self,
+        program: &Program,
+        bundle_dir: Option<&Path>,
+    ) -> Result<(Vec<String>, Vec<FileMount>)> {
         match program {
             Program::Command { argv } => Ok((argv.clone(), Vec::new())),
             Program::Code { language, source } => {
@@ -154,7 +200,7 @@ impl ContainerSandbox {
                         vec![interp.clone(), flag.into(), source.clone()],
                         Vec::new(),
                     ))
-                } else {
+                } else if let Some(bundle_dir) = bundle_dir {
                     // Too long for one argument: bound read-only from the bundle.
                     let host = bundle_dir.join(format!("source.{ext}"));
                     std::fs::write(&host, source)
@@ -163,6 +209,11 @@ impl ContainerSandbox {
                     Ok((
                         vec![interp.clone(), inside.clone()],
                         vec![(host.to_string_lossy().into_owned(), inside)],
+                    ))
+                } else {
+                    Err(Error::new(
+                        ErrorCode::EngineFailed,
+                        "a long source needs a container of its own",
                     ))
                 }
             }
@@ -199,15 +250,6 @@ impl ContainerSandbox {
             return Err(Error::disposed(&format!("sandbox {}", self.id)));
         }
 
-        let k = self.next_container.fetch_add(1, Ordering::Relaxed);
-        let container_id = format!("{}-{k}", self.id);
-        let container_cgroup = format!("{}/c{k}", self.cgroup);
-        let bundle_dir = self.engine.root.join("bundles").join(&container_id);
-        std::fs::create_dir(&bundle_dir)
-            .map_err(|e| Error::engine_io("creating the container bundle", e))?;
-        let _bundle = RemoveOnDrop(bundle_dir.clone());
-        let (args, files) = self.argv(&request.program, &bundle_dir)?;
-        let args = super::with_init(&self.engine, args);
         let cwd = match &request.cwd {
             Some(c) => {
                 let rel = self.workdir.relative(c)?;
@@ -226,6 +268,33 @@ impl ContainerSandbox {
         for (k, v) in &request.env {
             vars.insert(k.clone(), v.clone());
         }
+
+        if self.warm_fits(&request) {
+            if let Some(wc) = self.take_warm().await {
+                return self
+                    .run_warm(
+                        wc,
+                        request,
+                        &limits,
+                        (cwd, vars),
+                        sink,
+                        cancel,
+                        destroyed,
+                        queued_at_ms,
+                    )
+                    .await;
+            }
+        }
+
+        let k = self.next_container.fetch_add(1, Ordering::Relaxed);
+        let container_id = format!("{}-{k}", self.id);
+        let container_cgroup = format!("{}/c{k}", self.cgroup);
+        let bundle_dir = self.engine.root.join("bundles").join(&container_id);
+        std::fs::create_dir(&bundle_dir)
+            .map_err(|e| Error::engine_io("creating the container bundle", e))?;
+        let _bundle = RemoveOnDrop(bundle_dir.clone());
+        let (args, files) = self.argv(&request.program, Some(&bundle_dir))?;
+        let args = super::with_init(&self.engine, args);
         let env: Vec<String> = vars.into_iter().map(|(k, v)| format!("{k}={v}")).collect();
         let mut rlimits: Vec<(&'static str, u64)> = vec![("RLIMIT_CORE", 0)];
         let clamp = |resource, want: u64| want.min(sys::getrlimit(resource).1);
@@ -429,6 +498,200 @@ impl ContainerSandbox {
         })
     }
 
+    /// The warm container, alive (one that died while idle is replaced first), or
+    /// `None` when the sandbox has none.
+    async fn take_warm(&self) -> Option<WarmContainer> {
+        let mut wc = self.warm.lock().take()?;
+        if wc
+            .worker
+            .exited_within(std::time::Duration::ZERO)
+            .await
+            .is_some()
+        {
+            let dead = wc;
+            let _ = blocking(move || {
+                dead.close();
+                Ok(())
+            })
+            .await;
+            wc = match self.start_warm() {
+                Ok(fresh) => fresh,
+                Err(e) => {
+                    tracing::warn!(sandbox = %self.id, error = %e, "no warm container");
+                    return None;
+                }
+            };
+        }
+        Some(wc)
+    }
+
+    /// Runs `request` in the warm container: one `invoke` frame to its agent.
+    #[allow(clippy::too_many_arguments)]
+    async fn run_warm(
+        &self,
+        mut wc: WarmContainer,
+        request: ExecRequest,
+        limits: &Limits,
+        (cwd, vars): (String, std::collections::BTreeMap<String, String>),
+        sink: &dyn OutputSink,
+        cancel: CancelToken,
+        destroyed: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>,
+        queued_at_ms: u64,
+    ) -> Result<ExecResult> {
+        let (argv, _) = self.argv(&request.program, None)?;
+        if !wc.wait_ready().await {
+            let _ = blocking(move || {
+                wc.close();
+                Ok(())
+            })
+            .await;
+            self.prewarm();
+            return Err(Error::new(
+                ErrorCode::EngineFailed,
+                format!(
+                    "the sandbox's warm container did not start ({}); retry",
+                    self.engine.info.kind.as_str()
+                ),
+            ));
+        }
+        let memory = wc.dir("memory");
+        if let Some(dir) = &memory {
+            set_memory_limit(dir, limits.memory_bytes)
+                .map_err(|e| Error::engine_io("setting the container's memory limit", e))?;
+        }
+        if let Some(dir) = wc.dir("pids") {
+            let value = limits
+                .pids
+                .map_or_else(|| "max".to_string(), |p| p.to_string());
+            std::fs::write(dir.join("pids.max"), value)
+                .map_err(|e| Error::engine_io("setting the container's pids limit", e))?;
+        }
+        let cpuacct = wc.dir("cpuacct");
+        let cpu_before = cpuacct.as_deref().map_or(0, cpu_usage_ns);
+        let ooms_before = memory.as_deref().map_or(0, oom_kills);
+        wc.used = true;
+
+        let input = serde_json::json!({
+            "argv": argv,
+            "env": vars,
+            "cwd": cwd,
+            "stdin": request.stdin,
+        });
+        let started = Instant::now();
+        let started_at_ms = unix_ms();
+        let timeout = limits.timeout().unwrap_or(Duration::from_secs(30));
+        let cap =
+            usize::try_from(limits.max_output_bytes.unwrap_or(u64::MAX)).unwrap_or(usize::MAX);
+        // The agent is asked to cancel first; past the grace the worker is killed.
+        let abort: std::pin::Pin<&mut (dyn std::future::Future<Output = ()> + Send)> = destroyed;
+        let (_, turn) = wc
+            .worker
+            .invoke(
+                request.id.to_string(),
+                input,
+                sink,
+                &cancel,
+                started + timeout,
+                cap,
+                abort,
+            )
+            .await;
+        let wall_ms = started.elapsed().as_millis() as u64;
+        let oom = memory.as_deref().map_or(0, oom_kills) > ooms_before;
+        let peak = memory
+            .as_deref()
+            .map_or(0, |d| read_u64(&d.join("memory.max_usage_in_bytes")));
+        let cpu_ms = cpuacct
+            .as_deref()
+            .map_or(0, cpu_usage_ns)
+            .saturating_sub(cpu_before)
+            / 1_000_000;
+        use crate::subprocess::warm::{TurnEnd, TurnFault};
+        let failed = |code: ErrorCode, message: String| Outcome::Failed {
+            error: Error::new(code, message),
+        };
+        let mut outcome = match turn.end {
+            Ok(TurnEnd::Output(out)) => {
+                let code = out.get("exit_code").and_then(|c| c.as_i64()).unwrap_or(-1) as i32;
+                let signal = out.get("signal").and_then(|s| s.as_i64()).map(|s| s as i32);
+                if oom {
+                    Outcome::LimitExceeded {
+                        limit: LimitKind::Memory,
+                    }
+                } else {
+                    Outcome::Completed {
+                        exit_code: code,
+                        signal,
+                    }
+                }
+            }
+            Ok(TurnEnd::Error(e)) if e.code == "CANCELLED" => Outcome::Cancelled,
+            Ok(TurnEnd::Error(e)) if e.code == "SPAWN_FAILED" => {
+                // The container is fine; the program could not start.
+                *self.warm.lock() = Some(wc);
+                return Err(Error::new(ErrorCode::SpawnFailed, e.message));
+            }
+            Ok(TurnEnd::Error(e)) => failed(
+                ErrorCode::WorkerFailed,
+                format!("the container agent answered {}: {}", e.code, e.message),
+            ),
+            Ok(TurnEnd::Suspend(_)) => failed(
+                ErrorCode::ProtocolError,
+                "the container agent suspended, which it never does".into(),
+            ),
+            Err(TurnFault::TimedOut) => Outcome::TimedOut,
+            Err(TurnFault::Cancelled) => Outcome::Cancelled,
+            Err(_) if oom => Outcome::LimitExceeded {
+                limit: LimitKind::Memory,
+            },
+            Err(TurnFault::Protocol(e)) => Outcome::Failed { error: e.into() },
+            Err(TurnFault::Died(why)) => failed(
+                ErrorCode::WorkerFailed,
+                format!("the warm container ended during the execution: {why}"),
+            ),
+        };
+        // A container whose turn did not end cleanly (or whose memory ran out) is
+        // replaced; the new one starts now, off the next execution's path.
+        let clean = matches!(outcome, Outcome::Completed { .. });
+        if clean {
+            *self.warm.lock() = Some(wc);
+        } else {
+            let _ = blocking(move || {
+                wc.close();
+                Ok(())
+            })
+            .await;
+            if !self.destroying() {
+                self.prewarm();
+            }
+        }
+        if outcome != Outcome::Cancelled && !cancel.finish() {
+            outcome = Outcome::Cancelled;
+        }
+        Ok(ExecResult {
+            id: request.id,
+            outcome,
+            stdout_truncated: turn.stdout.truncated,
+            stderr_truncated: turn.stderr.truncated,
+            stdout: turn.stdout.into_string(),
+            stderr: turn.stderr.into_string(),
+            value: None,
+            usage: Usage {
+                cpu_ms,
+                wall_ms,
+                peak_memory_bytes: peak,
+            },
+            engine: EngineKind::Container,
+            instance_id: self.id.clone(),
+            timings: Timings {
+                queued_at_ms,
+                started_at_ms,
+                finished_at_ms: unix_ms(),
+            },
+            warnings: Vec::new(),
+        })
+    }
+
     /// Kills every process in the container's cgroup (frozen first).
     async fn kill_container(&self, container_cgroup: &str) {
         let pids = self.engine.cgroup_dir("pids", container_cgroup);
@@ -601,6 +864,17 @@ fn read_u64(path: &Path) -> u64 {
         .unwrap_or(0)
 }
 
+/// OOM kills in a v1 memory group so far.
+fn oom_kills(dir: &Path) -> u64 {
+    sys::read_small(dir.join("memory.oom_control"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
 /// CPU time used by the group and its descendants, in nanoseconds.
 fn cpu_usage_ns(dir: &Path) -> u64 {
     read_u64(&dir.join("cpuacct.usage"))
@@ -752,6 +1026,21 @@ impl Sandbox for ContainerSandbox {
         if self.destroying() {
             return Err(Error::disposed(&format!("sandbox {}", self.id)));
         }
+        // A container an execution ran in may hold what it left in /tmp or in its
+        // processes' memory: the next lease (maybe another tenant's) gets a fresh
+        // one, started here, off that lease's path.
+        let used = self.warm.lock().as_ref().is_some_and(|w| w.used);
+        if used {
+            let old = self.warm.lock().take();
+            if let Some(old) = old {
+                blocking(move || {
+                    old.close();
+                    Ok(())
+                })
+                .await?;
+            }
+            self.prewarm();
+        }
         let workdir = self.workdir.clone();
         if std::fs::read_dir(workdir.root())
             .map(|mut d| d.next().is_none())
@@ -779,7 +1068,11 @@ impl Sandbox for ContainerSandbox {
                 let engine = self.engine.clone();
                 let cgroup = self.cgroup.clone();
                 let workdir = self.workdir.clone();
+                let warm = self.warm.lock().take();
                 let result = blocking(move || {
+                    if let Some(w) = warm {
+                        w.close();
+                    }
                     engine.remove_cgroup(&cgroup);
                     workdir
                         .remove()
@@ -820,6 +1113,9 @@ impl Drop for TeardownGuard<'_> {
 
 impl ContainerSandbox {
     fn teardown_now(&self) {
+        if let Some(w) = self.warm.lock().take() {
+            w.close();
+        }
         self.engine.remove_cgroup(&self.cgroup);
         let _ = self.workdir.remove();
     }

@@ -142,13 +142,20 @@ async fn the_container_is_isolated_and_read_only() {
     )
     .await;
     assert_eq!(r.stdout, "lo\n", "{r:?}");
-    // Its own pid namespace: the program is pid 2 (after the init shell), and it
-    // sees no host process.
-    let r = run(&*sb, sh("echo $$; ls /proc | grep -c '^[0-9]'")).await;
+    // Its own pid namespace: pid 1 is the container's init (the agent of the warm
+    // container, or the init shell), and no host process is visible.
+    let r = run(
+        &*sb,
+        sh("tr '\\0' ' ' < /proc/1/cmdline; echo; ls /proc | grep -c '^[0-9]'"),
+    )
+    .await;
     let lines: Vec<&str> = r.stdout.lines().collect();
-    assert_eq!(lines.first(), Some(&"2"), "{r:?}");
+    assert!(
+        lines[0].contains("paddock-agent") || lines[0].contains("paddock-init"),
+        "{r:?}"
+    );
     let visible: u32 = lines[1].parse().unwrap();
-    assert!(visible <= 4, "{r:?}");
+    assert!(visible <= 5, "{r:?}");
     // The root and the bound /usr are read-only; /tmp is writable.
     let r = run(
         &*sb,
@@ -464,4 +471,89 @@ async fn no_network_reaches_a_listener_outside_the_container() {
     sb.destroy().await.unwrap();
     let _ = listener.kill();
     let _ = listener.wait();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn executions_share_the_warm_container_until_it_is_replaced() {
+    let Some(engine) = engine_with(OciRuntime::Auto) else {
+        return;
+    };
+    if let Err(why) = engine.agent() {
+        assert!(
+            std::env::var_os("PADDOCK_REQUIRE_CONTAINERS").is_none(),
+            "the agent must be found here: {why}"
+        );
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let sb = sandbox(&engine).await;
+    let marker = "test -e /tmp/marker && echo same || echo fresh";
+    let r = run(
+        &*sb,
+        sh("touch /tmp/marker; cat /proc/1/cmdline | tr '\\0' ' '"),
+    )
+    .await;
+    assert!(r.stdout.contains("paddock-agent"), "{r:?}");
+    // The next execution runs in the same container: a frame round trip.
+    assert_eq!(run(&*sb, sh(marker)).await.stdout, "same\n");
+    // What an execution leaves running dies with it.
+    let r = run(&*sb, sh("sleep 60 & echo started")).await;
+    assert_eq!(r.stdout, "started\n");
+    let r = run(
+        &*sb,
+        sh("cat /proc/[0-9]*/comm 2>/dev/null | grep -c '^sleep$'"),
+    )
+    .await;
+    assert_eq!(r.stdout, "0\n", "{r:?}");
+    // A request with a CPU-time limit gets a container of its own (rlimits count a
+    // process's whole life).
+    let mut own = sh(marker);
+    own.limits.cpu_ms = Some(5_000);
+    assert_eq!(run(&*sb, own).await.stdout, "fresh\n");
+    assert_eq!(run(&*sb, sh(marker)).await.stdout, "same\n");
+    // A turn that times out takes its container with it.
+    let r = run(&*sb, sh("sleep 30").with_timeout_ms(300)).await;
+    assert_eq!(r.outcome, Outcome::TimedOut);
+    assert_eq!(run(&*sb, sh(marker)).await.stdout, "fresh\n");
+    // Recycling (between pooled leases) replaces a used container too.
+    run(&*sb, sh("touch /tmp/marker")).await;
+    sb.recycle().await.unwrap();
+    assert_eq!(run(&*sb, sh(marker)).await.stdout, "fresh\n");
+    // stdin, env and cwd reach a warm execution.
+    sb.write_file("d/x", b"1").await.unwrap();
+    let mut req = sh("read l; echo \"$l $V $(pwd)\"");
+    req.stdin = Some("in\n".into());
+    req.env.insert("V".into(), "v".into());
+    req.cwd = Some("d".into());
+    assert_eq!(run(&*sb, req).await.stdout, "in v /workspace/d\n");
+    // A program that does not exist is a spawn failure, and the container stays.
+    let e = sb
+        .exec(
+            ExecRequest::new(Program::command(["no-such-program"])),
+            &DiscardSink,
+            CancelToken::new(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::SpawnFailed, "{e}");
+    sb.destroy().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_warm_mode_every_execution_gets_a_container() {
+    let config = ContainerConfig {
+        warm: false,
+        ..ContainerConfig::default()
+    };
+    let Ok(engine) = ContainerEngine::new(&config) else {
+        eprintln!("skipped: no OCI runtime");
+        return;
+    };
+    assert!(engine.agent().is_err());
+    let sb = sandbox(&engine).await;
+    let r = run(&*sb, sh("touch /tmp/m; cat /proc/1/cmdline | tr '\\0' ' '")).await;
+    assert!(r.stdout.contains("paddock-init"), "{r:?}");
+    let r = run(&*sb, sh("test -e /tmp/m && echo same || echo fresh")).await;
+    assert_eq!(r.stdout, "fresh\n");
+    sb.destroy().await.unwrap();
 }
