@@ -12,85 +12,81 @@
 //!
 //! When the command has exited, whatever it left running (a background child, a
 //! daemon that left its group) is killed: every process of the container except the
-//! agent. As pid 1 the agent also reaps the orphans the kernel hands it.
+//! agent — only when the agent is pid 1 of its own pid namespace. As pid 1 the agent
+//! also reaps the orphans the kernel hands it.
+//!
+//! One thread: a `poll` over the host's frames, the command's two output pipes and
+//! its pidfd.
 
-use std::collections::BTreeMap;
-use std::io::{BufRead, Read, Write};
+use std::collections::{BTreeMap, VecDeque};
+use std::io::Write;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
 
-use paddock_core::protocol::{encode, parse, Frame};
+use paddock_core::protocol::{encode, Frame, FrameDecoder};
 use paddock_core::StreamKind;
 use serde_json::{json, Value};
 
-/// What the agent's main loop waits for.
-enum Event {
-    /// A frame from the host, or the reason a line was not one.
-    Frame(Result<Frame, String>),
-    /// The host closed stdin.
-    Closed,
-    /// The command of the turn exited.
-    Exited(std::process::ExitStatus),
-}
+/// Bytes read at a time.
+const CHUNK: usize = 64 * 1024;
 
-type Out = Arc<Mutex<std::io::Stdout>>;
-
-fn send(out: &Out, frame: &Frame) {
+fn send(frame: &Frame) {
     let bytes = encode(frame);
-    let mut out = out.lock().unwrap_or_else(|p| p.into_inner());
+    let mut out = std::io::stdout().lock();
     // A host that went away ends the agent through stdin's EOF.
     let _ = out.write_all(&bytes);
     let _ = out.flush();
 }
 
+/// The host's side of the conversation: frames read from stdin.
+struct Host {
+    decoder: FrameDecoder,
+    queued: VecDeque<Frame>,
+    closed: bool,
+}
+
+impl Host {
+    /// Reads what stdin has (once) and queues the frames in it.
+    fn read(&mut self) {
+        let mut buf = [0u8; CHUNK];
+        // SAFETY: read(2) into a local buffer.
+        let n = unsafe { libc::read(0, buf.as_mut_ptr().cast(), buf.len()) };
+        if n <= 0 {
+            if n == 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+                self.closed = true;
+            }
+            return;
+        }
+        for item in self.decoder.decode(&buf[..n as usize]) {
+            match item {
+                Ok(frame) => self.queued.push_back(frame),
+                Err(e) => eprintln!("paddock-agent: ignoring a line that is not a frame: {e}"),
+            }
+        }
+    }
+}
+
 /// Runs the agent until stdin closes; returns the process exit code.
 pub fn main() -> i32 {
-    let out: Out = Arc::new(Mutex::new(std::io::stdout()));
-    let (tx, rx) = mpsc::channel::<Event>();
-    let frames = tx.clone();
-    std::thread::spawn(move || {
-        let stdin = std::io::stdin();
-        let mut lines = stdin.lock();
-        let mut line = Vec::new();
-        loop {
-            line.clear();
-            match lines.read_until(b'\n', &mut line) {
-                Ok(0) | Err(_) => {
-                    let _ = frames.send(Event::Closed);
-                    return;
-                }
-                Ok(_) => {
-                    let parsed = parse(&line).map_err(|e| e.to_string());
-                    if frames.send(Event::Frame(parsed)).is_err() {
-                        return;
-                    }
-                }
-            }
-        }
-    });
-    // Frames that arrived during a turn, for after it (a host following the protocol
-    // sends none, but nothing is dropped if one does).
-    let mut later: std::collections::VecDeque<Event> = std::collections::VecDeque::new();
+    let mut host = Host {
+        decoder: FrameDecoder::new(),
+        queued: VecDeque::new(),
+        closed: false,
+    };
     loop {
-        let next = match later.pop_front() {
-            Some(e) => Ok(e),
-            None => rx.recv(),
-        };
-        match next {
-            Ok(Event::Frame(Ok(Frame::Invoke { id, input, .. }))) => {
-                run_turn(&id, &input, &out, &tx, &rx, &mut later);
+        while let Some(frame) = host.queued.pop_front() {
+            if let Frame::Invoke { id, input, .. } = frame {
+                run_turn(&id, &input, &mut host);
                 reap_orphans();
             }
-            // Nothing runs: a cancel has nothing to stop.
-            Ok(Event::Frame(Ok(_))) => {}
-            Ok(Event::Frame(Err(why))) => {
-                eprintln!("paddock-agent: ignoring a line that is not a frame: {why}");
-            }
-            Ok(Event::Exited(_)) => {}
-            Ok(Event::Closed) | Err(_) => return 0,
+            // Anything else with no turn running (a late cancel) has nothing to do.
         }
+        if host.closed {
+            kill_everything_else();
+            return 0;
+        }
+        host.read();
     }
 }
 
@@ -132,18 +128,89 @@ fn job(input: &Value) -> Result<Job, String> {
     })
 }
 
-fn run_turn(
-    id: &str,
-    input: &Value,
-    out: &Out,
-    tx: &mpsc::Sender<Event>,
-    rx: &mpsc::Receiver<Event>,
-    later: &mut std::collections::VecDeque<Event>,
-) {
+/// One output pipe of the command, streamed as `log` frames; a UTF-8 sequence split
+/// across reads waits for its rest.
+struct Stream {
+    fd: Option<OwnedFd>,
+    kind: StreamKind,
+    pending: Vec<u8>,
+}
+
+impl Stream {
+    fn new(fd: Option<OwnedFd>, kind: StreamKind) -> Stream {
+        if let Some(fd) = &fd {
+            set_nonblocking(fd.as_raw_fd());
+        }
+        Stream {
+            fd,
+            kind,
+            pending: Vec::new(),
+        }
+    }
+
+    /// Reads what is there and sends it; closes the stream at EOF.
+    fn pump(&mut self, id: &str) {
+        let Some(fd) = self.fd.as_ref().map(|f| f.as_raw_fd()) else {
+            return;
+        };
+        let mut buf = [0u8; CHUNK];
+        loop {
+            // SAFETY: read(2) into a local buffer.
+            let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+            if n > 0 {
+                self.pending.extend_from_slice(&buf[..n as usize]);
+                self.flush(id, false);
+                continue;
+            }
+            let err = std::io::Error::last_os_error().kind();
+            if n < 0 && err == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            if n < 0 && err == std::io::ErrorKind::WouldBlock {
+                return;
+            }
+            // EOF (or an error): the stream is done.
+            self.flush(id, true);
+            self.fd = None;
+            return;
+        }
+    }
+
+    fn flush(&mut self, id: &str, all: bool) {
+        let keep = match std::str::from_utf8(&self.pending) {
+            Ok(_) => 0,
+            Err(e) if e.error_len().is_none() && !all => self.pending.len() - e.valid_up_to(),
+            Err(_) => 0,
+        };
+        let tail = self.pending.split_off(self.pending.len() - keep);
+        if !self.pending.is_empty() {
+            let text = String::from_utf8_lossy(&self.pending).into_owned();
+            send(&Frame::log(id, self.kind, text));
+        }
+        self.pending = tail;
+    }
+}
+
+fn set_nonblocking(fd: RawFd) {
+    // SAFETY: fcntl on a descriptor this process owns.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
+    }
+}
+
+fn pidfd_open(pid: libc::pid_t) -> Option<OwnedFd> {
+    // SAFETY: the pidfd_open system call; a new fd on success.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    // SAFETY: a fresh descriptor nobody else owns.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+fn run_turn(id: &str, input: &Value, host: &mut Host) {
     let job = match job(input) {
         Ok(j) => j,
         Err(why) => {
-            send(out, &Frame::error(id, "BAD_INPUT", why));
+            send(&Frame::error(id, "BAD_INPUT", why));
             return;
         }
     };
@@ -163,148 +230,157 @@ fn run_turn(
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
-            send(
-                out,
-                &Frame::error(
-                    id,
-                    "SPAWN_FAILED",
-                    format!("starting `{}` failed: {e}", job.argv[0]),
-                ),
-            );
+            send(&Frame::error(
+                id,
+                "SPAWN_FAILED",
+                format!("starting `{}` failed: {e}", job.argv[0]),
+            ));
             return;
         }
     };
-    let pgid = child.id() as libc::pid_t;
+    let pid = child.id() as libc::pid_t;
     if let (Some(data), Some(mut pipe)) = (job.stdin, child.stdin.take()) {
+        // Rare, and may block on a full pipe: off the poll loop.
         std::thread::spawn(move || {
             let _ = pipe.write_all(data.as_bytes());
         });
     }
-    let mut readers = Vec::new();
-    for (pipe, stream) in [
-        (
-            child
-                .stdout
-                .take()
-                .map(|p| Box::new(p) as Box<dyn Read + Send>),
-            StreamKind::Stdout,
-        ),
-        (
-            child
-                .stderr
-                .take()
-                .map(|p| Box::new(p) as Box<dyn Read + Send>),
-            StreamKind::Stderr,
-        ),
-    ] {
-        if let Some(pipe) = pipe {
-            let (out, id) = (out.clone(), id.to_string());
-            readers.push(std::thread::spawn(move || {
-                stream_out(pipe, stream, &id, &out)
-            }));
-        }
-    }
-    let exited = tx.clone();
-    let waiter = std::thread::spawn(move || {
-        if let Ok(status) = child.wait() {
-            let _ = exited.send(Event::Exited(status));
-        }
-    });
+    let mut streams = [
+        Stream::new(child.stdout.take().map(OwnedFd::from), StreamKind::Stdout),
+        Stream::new(child.stderr.take().map(OwnedFd::from), StreamKind::Stderr),
+    ];
+    let pidfd = pidfd_open(pid);
     let mut cancelled = false;
-    let status = loop {
-        match rx.recv() {
-            Ok(Event::Exited(status)) => break Some(status),
-            Ok(Event::Frame(Ok(Frame::Cancel { id: c }))) if c == id => {
-                cancelled = true;
-                // SAFETY: kill(2) on the command's own process group.
-                unsafe { libc::kill(-pgid, libc::SIGKILL) };
+    let mut exited = false;
+    let mut status = None;
+    // After the exit, output still open (a writer that escaped the kill, outside a
+    // pid namespace) is waited for this long at most.
+    let mut drain_until: Option<std::time::Instant> = None;
+    loop {
+        if exited && streams.iter().all(|s| s.fd.is_none()) {
+            break;
+        }
+        if drain_until.is_some_and(|t| std::time::Instant::now() >= t) {
+            for s in &mut streams {
+                s.flush(id, true);
+                s.fd = None;
             }
-            Ok(frame @ Event::Frame(_)) => later.push_back(frame),
-            Ok(Event::Closed) | Err(_) => {
-                // The host is gone: stop the command and end.
-                unsafe { libc::kill(-pgid, libc::SIGKILL) };
-                kill_everything_else();
-                std::process::exit(0);
+            break;
+        }
+        let mut fds: Vec<libc::pollfd> = Vec::with_capacity(4);
+        let poll = |fd: RawFd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        fds.push(poll(if host.closed { -1 } else { 0 }));
+        for s in &streams {
+            fds.push(poll(s.fd.as_ref().map_or(-1, |f| f.as_raw_fd())));
+        }
+        let watch_exit = !exited && pidfd.is_some();
+        fds.push(poll(match (&pidfd, watch_exit) {
+            (Some(p), true) => p.as_raw_fd(),
+            _ => -1,
+        }));
+        // Without a pidfd, check for the exit every 10 ms.
+        let timeout = match drain_until {
+            Some(t) => {
+                t.saturating_duration_since(std::time::Instant::now())
+                    .as_millis() as libc::c_int
+                    + 1
+            }
+            None if pidfd.is_none() => 10,
+            None => -1,
+        };
+        // SAFETY: poll(2) over a local array.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
+        if n < 0 {
+            continue;
+        }
+        if fds[0].revents != 0 {
+            host.read();
+            let mut rest = VecDeque::new();
+            while let Some(frame) = host.queued.pop_front() {
+                match frame {
+                    Frame::Cancel { id: c } if c == id => {
+                        cancelled = true;
+                        // SAFETY: kill(2) on the command's own process group.
+                        unsafe { libc::kill(-pid, libc::SIGKILL) };
+                    }
+                    other => rest.push_back(other),
+                }
+            }
+            host.queued = rest;
+            if host.closed && !exited {
+                // The host is gone: stop the command; the main loop then ends.
+                // SAFETY: as above.
+                unsafe { libc::kill(-pid, libc::SIGKILL) };
             }
         }
-    };
-    let _ = waiter.join();
-    // Whatever the command left running dies with its turn; then the output pipes
-    // reach EOF and every byte written is delivered before the terminal frame.
-    kill_everything_else();
-    for r in readers {
-        let _ = r.join();
+        for (i, s) in streams.iter_mut().enumerate() {
+            if fds[1 + i].revents != 0 {
+                s.pump(id);
+            }
+        }
+        if !exited && (fds[3].revents != 0 || pidfd.is_none()) {
+            if let Ok(Some(st)) = child.try_wait() {
+                exited = true;
+                status = Some(st);
+                drain_until = Some(std::time::Instant::now() + std::time::Duration::from_secs(2));
+                // Whatever the command left running dies with its turn; then its
+                // pipes reach EOF and every byte written is delivered before the
+                // terminal frame.
+                kill_everything_else();
+            }
+        }
     }
     if cancelled {
-        send(out, &Frame::error(id, "CANCELLED", "cancelled"));
+        send(&Frame::error(id, "CANCELLED", "cancelled"));
         return;
     }
-    let status = status.expect("the loop breaks with a status");
+    let status = status.expect("the loop ends after the exit");
     let (code, signal) = match (status.code(), status.signal()) {
         (Some(c), _) => (c, None),
         (None, Some(s)) => (128 + s, Some(s)),
         (None, None) => (-1, None),
     };
-    send(
-        out,
-        &Frame::output(id, json!({"exit_code": code, "signal": signal})),
-    );
+    send(&Frame::output(
+        id,
+        json!({"exit_code": code, "signal": signal}),
+    ));
 }
 
-/// Streams a pipe as `log` frames, keeping a split UTF-8 sequence for the next read.
-fn stream_out(mut pipe: Box<dyn Read + Send>, stream: StreamKind, id: &str, out: &Out) {
-    let mut buf = vec![0u8; 64 * 1024];
-    let mut pending: Vec<u8> = Vec::new();
-    loop {
-        let n = match pipe.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        pending.extend_from_slice(&buf[..n]);
-        let keep = match std::str::from_utf8(&pending) {
-            Ok(_) => 0,
-            // An incomplete sequence at the end waits for the rest.
-            Err(e) if e.error_len().is_none() => pending.len() - e.valid_up_to(),
-            Err(_) => 0,
-        };
-        let tail = pending.split_off(pending.len() - keep);
-        if !pending.is_empty() {
-            let text = String::from_utf8_lossy(&pending).into_owned();
-            send(out, &Frame::log(id, stream, text));
-        }
-        pending = tail;
-    }
-    if !pending.is_empty() {
-        send(
-            out,
-            &Frame::log(id, stream, String::from_utf8_lossy(&pending).into_owned()),
-        );
-    }
-}
-
-/// Kills every process of the container but the agent (SIGKILL, in two passes to
-/// catch a fork in flight), then reaps them. Only as pid 1 of its own pid namespace:
-/// anywhere else "every other process" would be the host's.
+/// Kills every process of the container but the agent and reaps them, until none is
+/// left (at most a second: a process in uninterruptible sleep dies when it wakes).
+/// Only as pid 1 of its own pid namespace: anywhere else "every other process" would
+/// be the host's.
 fn kill_everything_else() {
-    let me = std::process::id();
-    if me != 1 {
+    if std::process::id() != 1 {
         reap_orphans();
         return;
     }
-    for _ in 0..2 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    loop {
         let Ok(entries) = std::fs::read_dir("/proc") else {
             return;
         };
+        let mut others = 0;
         for e in entries.flatten() {
-            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<libc::pid_t>() else {
                 continue;
             };
-            if pid != me {
-                // SAFETY: kill(2) with a pid read from /proc.
-                unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+            if pid != 1 {
+                // SAFETY: kill(2) with a pid read from this namespace's /proc (a
+                // zombie ignores it; reaping removes it).
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                others += 1;
             }
         }
         reap_orphans();
+        if others == 0 || std::time::Instant::now() >= deadline {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(100));
     }
 }
 

@@ -355,6 +355,20 @@ impl ContainerEngine {
         sandbox::run_raw(&self.inner, argv)
     }
 
+    /// The baseline for benchmarks: `<runtime> exec <container> <argv…>` into a
+    /// running container, once, with how long that command took. Blocking.
+    pub fn exec_raw(
+        &self,
+        container_id: &str,
+        argv: &[&str],
+    ) -> std::io::Result<(Option<i32>, std::time::Duration)> {
+        let mut args = vec!["exec", container_id];
+        args.extend_from_slice(argv);
+        let started = std::time::Instant::now();
+        let finished = self.inner.runtime.run_blocking(&args, &self.inner.root)?;
+        Ok((finished.code, started.elapsed()))
+    }
+
     /// `argv` as an execution runs it: under the root's shell as the container's init
     /// (see [`with_init`]), when the root has one.
     pub fn init_wrapped(&self, argv: Vec<String>) -> Vec<String> {

@@ -117,6 +117,11 @@ impl ContainerSandbox {
         .inspect(|sandbox| sandbox.prewarm())
     }
 
+    /// The runtime's id of the sandbox's warm container, while it has an idle one.
+    pub fn warm_container_id(&self) -> Option<String> {
+        self.warm.lock().as_ref().map(|w| w.id.clone())
+    }
+
     /// Starts the warm container, when the engine has an agent; a failure leaves the
     /// sandbox cold (each execution then starts its own container).
     fn prewarm(&self) {
@@ -555,20 +560,27 @@ impl ContainerSandbox {
             ));
         }
         let memory = wc.dir("memory");
-        if let Some(dir) = &memory {
-            set_memory_limit(dir, limits.memory_bytes)
-                .map_err(|e| Error::engine_io("setting the container's memory limit", e))?;
-        }
-        if let Some(dir) = wc.dir("pids") {
-            let value = limits
-                .pids
-                .map_or_else(|| "max".to_string(), |p| p.to_string());
-            std::fs::write(dir.join("pids.max"), value)
-                .map_err(|e| Error::engine_io("setting the container's pids limit", e))?;
+        let wanted = (limits.memory_bytes, limits.pids);
+        if wc.applied != Some(wanted) {
+            if let Some(dir) = &memory {
+                set_memory_limit(dir, limits.memory_bytes)
+                    .map_err(|e| Error::engine_io("setting the container's memory limit", e))?;
+            }
+            if let Some(dir) = wc.dir("pids") {
+                let value = limits
+                    .pids
+                    .map_or_else(|| "max".to_string(), |p| p.to_string());
+                std::fs::write(dir.join("pids.max"), value)
+                    .map_err(|e| Error::engine_io("setting the container's pids limit", e))?;
+            }
+            wc.applied = Some(wanted);
+        } else if let Some(dir) = &memory {
+            // The peak is the turn's own.
+            let _ = std::fs::write(dir.join("memory.max_usage_in_bytes"), "0");
         }
         let cpuacct = wc.dir("cpuacct");
         let cpu_before = cpuacct.as_deref().map_or(0, cpu_usage_ns);
-        let ooms_before = memory.as_deref().map_or(0, oom_kills);
+        let ooms_before = wc.ooms_seen;
         wc.used = true;
 
         let input = serde_json::json!({
@@ -597,7 +609,8 @@ impl ContainerSandbox {
             )
             .await;
         let wall_ms = started.elapsed().as_millis() as u64;
-        let oom = memory.as_deref().map_or(0, oom_kills) > ooms_before;
+        wc.ooms_seen = memory.as_deref().map_or(0, oom_kills);
+        let oom = wc.ooms_seen > ooms_before;
         let peak = memory
             .as_deref()
             .map_or(0, |d| read_u64(&d.join("memory.max_usage_in_bytes")));

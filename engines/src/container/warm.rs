@@ -30,6 +30,10 @@ pub(crate) struct WarmContainer {
     closed: bool,
     /// Set once the runtime has created the container (its cgroup exists).
     ready: bool,
+    /// The (memory, pids) limits last written to its cgroup.
+    pub(crate) applied: Option<(Option<u64>, Option<u64>)>,
+    /// Its cgroup's OOM-kill count as last read.
+    pub(crate) ooms_seen: u64,
 }
 
 impl WarmContainer {
@@ -103,6 +107,8 @@ impl WarmContainer {
                 used: false,
                 closed: false,
                 ready: false,
+                applied: None,
+                ooms_seen: 0,
             }),
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&dir);
