@@ -117,6 +117,16 @@ pub(crate) async fn doctor(args: DoctorArgs) -> Result<i32, crate::run::UsageErr
                 println!("  to fix                 : {}", container_fix(why));
             }
         }
+        if let Ok((info, _)) = &container {
+            let agent = &info["warm_agent"];
+            match agent["path"].as_str() {
+                Some(path) => println!("  warm containers        : ok ({path})"),
+                None => println!(
+                    "  warm containers        : {}",
+                    agent["status"].as_str().unwrap_or("unavailable")
+                ),
+            }
+        }
         for (name, r) in &runtimes {
             match r {
                 Ok(info) => println!(
@@ -153,6 +163,10 @@ fn container_check(
             "version": info.version,
             "private_mount_namespace": info.private_mount_namespace,
             "fallback_reason": info.fallback_reason,
+            "warm_agent": match engine.agent() {
+                Ok(path) => serde_json::json!({"status": "ok", "path": path.display().to_string()}),
+                Err(why) => serde_json::json!({"status": format!("unavailable: {why}")}),
+            },
         }),
         engine.capabilities().clone(),
     ))

@@ -315,3 +315,121 @@ fn config_check_names_the_bad_field_and_defaults_round_trip() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Cgroup directories under /sys/fs/cgroup (a few levels deep) whose name starts
+/// with `prefix`.
+fn cgroups_named(prefix: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut walk = vec![(std::path::PathBuf::from("/sys/fs/cgroup"), 0)];
+    while let Some((dir, depth)) = walk.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            if !e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                continue;
+            }
+            if e.file_name().to_string_lossy().starts_with(prefix) {
+                found.push(e.path().display().to_string());
+            } else if depth < 4 {
+                walk.push((e.path(), depth + 1));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn what_a_crashed_paddock_left_in_containers_is_swept_by_the_next() {
+    let root = tempfile::tempdir().unwrap();
+    let config = root.path().join("paddock.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[container]\nworkdir_root = \"{}\"\n",
+            root.path().display()
+        ),
+    )
+    .unwrap();
+    let mut victim = Command::new(env!("CARGO_BIN_EXE_paddock"))
+        .args(["run", "--config", config.to_str().unwrap()])
+        .args([
+            "--engine",
+            "container",
+            "--timeout",
+            "60s",
+            "--",
+            "sleep",
+            "60",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let prefix = format!("paddock-ct-{}-", victim.id());
+    // Wait until its container runs.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let running = loop {
+        let sleeping = std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+            std::fs::read_to_string(e.path().join("cgroup")).is_ok_and(|c| c.contains(&prefix))
+                && std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.trim() == "sleep")
+        });
+        if sleeping {
+            break true;
+        }
+        if Instant::now() > deadline || victim.try_wait().unwrap().is_some() {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    if !running {
+        let _ = victim.kill();
+        let out = victim.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if stderr.contains("engine is not configured") {
+            assert!(
+                std::env::var_os("PADDOCK_REQUIRE_CONTAINERS").is_none(),
+                "{stderr}"
+            );
+            return;
+        }
+        panic!("the container never ran: {stderr}");
+    }
+    // The crash: no destroy, no cleanup.
+    victim.kill().unwrap();
+    victim.wait().unwrap();
+    assert!(
+        !cgroups_named(&prefix).is_empty(),
+        "the crash left its cgroups"
+    );
+    // The next Paddock with a container engine sweeps them.
+    let out = Command::new(env!("CARGO_BIN_EXE_paddock"))
+        .args(["run", "--config", config.to_str().unwrap()])
+        .args(["--engine", "container", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(cgroups_named(&prefix), Vec::<String>::new());
+    let left: Vec<_> = std::fs::read_dir(root.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&prefix))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "directories of the crashed engine remain: {left:?}"
+    );
+    let survivors = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read_to_string(e.path().join("cgroup")).is_ok_and(|c| c.contains(&prefix))
+        })
+        .count();
+    assert_eq!(
+        survivors, 0,
+        "processes of the crashed engine's containers survive"
+    );
+}
