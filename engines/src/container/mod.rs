@@ -369,8 +369,9 @@ impl ContainerEngine {
         Ok((finished.code, started.elapsed()))
     }
 
-    /// `argv` as an execution runs it: under the root's shell as the container's init
-    /// (see [`with_init`]), when the root has one.
+    /// `argv` as a cold execution runs it: under the root's shell as the container's
+    /// init (so that the program is not pid 1, which ignores the signals it has no
+    /// handler for), when the root has a shell.
     pub fn init_wrapped(&self, argv: Vec<String>) -> Vec<String> {
         with_init(&self.inner, argv)
     }
