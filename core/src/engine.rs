@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::cancel::CancelToken;
-use crate::error::Result;
+use crate::error::{Error, ErrorCode, Result};
 use crate::exec::{ExecRequest, ExecResult, OutputChunk};
 use crate::isolation::{Capabilities, EngineKind, IsolationLevel, NetworkPolicy};
 use crate::limits::Limits;
@@ -45,6 +45,9 @@ pub enum SandboxStatus {
     Busy,
     /// Destroyed; every further call is refused with `ENGINE_DISPOSED`.
     Destroyed,
+    /// Paused: its processes are frozen and new executions are refused with
+    /// `SANDBOX_PAUSED` until [`Sandbox::unpause`].
+    Paused,
 }
 
 /// One entry of [`Sandbox::list_files`].
@@ -139,4 +142,27 @@ pub trait Sandbox: Send + Sync + fmt::Debug {
     /// Kills everything the sandbox runs and frees its resources. Idempotent, and safe
     /// to call concurrently.
     async fn destroy(&self) -> Result<()>;
+
+    /// Freezes everything the sandbox runs, in place: its processes stop, use no CPU
+    /// and keep their memory until [`unpause`](Sandbox::unpause). An execution in
+    /// progress freezes with it (its deadline keeps running); new executions are
+    /// refused with `SANDBOX_PAUSED`. Pausing a paused sandbox is a no-op.
+    ///
+    /// Optional: an engine that can pause advertises the `pause` feature; the default
+    /// refuses with `CAPABILITY_NOT_SUPPORTED`.
+    async fn pause(&self) -> Result<()> {
+        Err(Error::new(
+            ErrorCode::CapabilityNotSupported,
+            format!("the {} engine cannot pause a sandbox", self.kind()),
+        ))
+    }
+
+    /// Thaws a sandbox [`pause`](Sandbox::pause) froze. Unpausing a running sandbox
+    /// is a no-op.
+    async fn unpause(&self) -> Result<()> {
+        Err(Error::new(
+            ErrorCode::CapabilityNotSupported,
+            format!("the {} engine cannot pause a sandbox", self.kind()),
+        ))
+    }
 }

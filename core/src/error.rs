@@ -84,6 +84,8 @@ error_codes! {
     NotFound => "NOT_FOUND", "check the id or path";
     /// A json-stdio frame was malformed.
     ProtocolError => "PROTOCOL_ERROR", "send newline-delimited JSON frames as docs/protocol.md specifies";
+    /// The sandbox is paused: it runs nothing until it is unpaused.
+    SandboxPaused => "SANDBOX_PAUSED", "unpause the sandbox, then retry";
 }
 
 impl fmt::Display for ErrorCode {
@@ -174,7 +176,7 @@ mod tests {
                 .chars()
                 .all(|c| c.is_ascii_uppercase() || c == '_'));
         }
-        assert_eq!(ErrorCode::ALL.len(), 22);
+        assert_eq!(ErrorCode::ALL.len(), 23);
         assert_eq!(ErrorCode::from_wire("pool_exhausted"), None);
     }
 

@@ -484,6 +484,23 @@ pub fn own_path(controller: &str) -> Option<String> {
     })
 }
 
+/// Freezes (or thaws) the v1 freezer group at `dir` and, when freezing, waits (up
+/// to 1 s) until the kernel reports every task frozen.
+pub fn set_frozen(dir: &Path, frozen: bool) -> io::Result<()> {
+    if frozen {
+        if freeze(dir) {
+            Ok(())
+        } else {
+            Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("`{}` did not freeze within 1 s", dir.display()),
+            ))
+        }
+    } else {
+        write(&dir.join("freezer.state"), "THAWED")
+    }
+}
+
 /// Kills everything in the v1 group whose `pids` (and optionally `freezer`)
 /// directory is given: frozen first when it can be, so nothing forks past the kill.
 pub fn kill_dirs(pids: &Path, freezer: Option<&Path>) -> io::Result<()> {

@@ -149,6 +149,23 @@ pub struct ListFiles {
     pub path: String,
 }
 
+/// Pauses a session: its processes freeze until [`UnpauseSandbox`] (engines with the
+/// `pause` feature; others answer `CAPABILITY_NOT_SUPPORTED`).
+#[derive(Debug, Message, Clone)]
+#[rtype(result = "Result<(), Error>")]
+pub struct PauseSandbox {
+    /// The session id.
+    pub sandbox: String,
+}
+
+/// Thaws a session [`PauseSandbox`] froze.
+#[derive(Debug, Message, Clone)]
+#[rtype(result = "Result<(), Error>")]
+pub struct UnpauseSandbox {
+    /// The session id.
+    pub sandbox: String,
+}
+
 /// A session's status (`destroyed` for unknown ids that existed once is not kept:
 /// unknown ids are `NOT_FOUND`).
 #[derive(Debug, Message, Clone)]

@@ -593,6 +593,30 @@ impl SandboxHandle {
             .map_err(gone)?
     }
 
+    /// Freezes the session's processes in place until [`unpause`](Self::unpause);
+    /// executions are refused with `SANDBOX_PAUSED` meanwhile. Engines without the
+    /// `pause` feature answer `CAPABILITY_NOT_SUPPORTED`.
+    pub async fn pause(&self) -> Result<(), Error> {
+        self.paddock
+            .supervisor
+            .send(PauseSandbox {
+                sandbox: self.info.id.clone(),
+            })
+            .await
+            .map_err(gone)?
+    }
+
+    /// Thaws a paused session.
+    pub async fn unpause(&self) -> Result<(), Error> {
+        self.paddock
+            .supervisor
+            .send(UnpauseSandbox {
+                sandbox: self.info.id.clone(),
+            })
+            .await
+            .map_err(gone)?
+    }
+
     /// The session's status.
     pub async fn status(&self) -> Result<SandboxStatus, Error> {
         self.paddock

@@ -751,6 +751,12 @@ session_op!(WriteFile, (), |sb, msg| async move {
 session_op!(ReadFile, Vec<u8>, |sb, msg| async move {
     sb.read_file(&msg.path).await
 });
+session_op!(PauseSandbox, (), |sb, _msg| async move { sb.pause().await });
+session_op!(
+    UnpauseSandbox,
+    (),
+    |sb, _msg| async move { sb.unpause().await }
+);
 session_op!(
     ListFiles,
     Vec<paddock_core::FileEntry>,

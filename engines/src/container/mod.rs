@@ -329,7 +329,14 @@ impl ContainerEngine {
         }
         let mut programs = vec![ProgramKind::Command];
         programs.extend(inner.interpreters.keys().map(|l| ProgramKind::Code(*l)));
-        let features = ["streaming", "files", "output_cap", "cgroup", "seccomp"];
+        let mut features = vec!["streaming", "files", "output_cap", "cgroup", "seccomp"];
+        if inner
+            .hierarchies
+            .iter()
+            .any(|h| h.controllers.iter().any(|c| c == "freezer"))
+        {
+            features.push("pause");
+        }
         inner.caps = Capabilities::new(IsolationLevel::Strict, &programs, &["none"], &features);
         Ok(ContainerEngine {
             inner: Arc::new(inner),

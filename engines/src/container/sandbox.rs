@@ -55,6 +55,8 @@ pub struct ContainerSandbox {
     next_container: AtomicU64,
     /// The warm container (taken out while it serves a turn).
     warm: parking_lot::Mutex<Option<WarmContainer>>,
+    /// Whether the sandbox is paused (its containers frozen).
+    paused: std::sync::atomic::AtomicBool,
 }
 
 /// Why the wait for the container ended.
@@ -113,8 +115,50 @@ impl ContainerSandbox {
             teardown_error: parking_lot::Mutex::new(None),
             next_container: AtomicU64::new(0),
             warm: parking_lot::Mutex::new(None),
+            paused: std::sync::atomic::AtomicBool::new(false),
         })
         .inspect(|sandbox| sandbox.prewarm())
+    }
+
+    fn refuse_if_paused(&self) -> Result<()> {
+        if self.paused.load(Ordering::Acquire) {
+            return Err(Error::new(
+                ErrorCode::SandboxPaused,
+                format!("sandbox {} is paused; unpause it, then retry", self.id),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Freezes (or thaws) every container of the sandbox through the freezer.
+    async fn set_frozen(&self, frozen: bool) -> Result<()> {
+        let Some(dir) = self.engine.cgroup_dir("freezer", &self.cgroup) else {
+            return Err(Error::new(
+                ErrorCode::CapabilityNotSupported,
+                "pausing needs the cgroup v1 freezer, which is not mounted",
+            ));
+        };
+        blocking(move || {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                return Ok(());
+            };
+            for e in entries.flatten() {
+                if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                    crate::cgroup::set_frozen(&e.path(), frozen).map_err(|e| {
+                        Error::engine_io(
+                            if frozen {
+                                "freezing a container"
+                            } else {
+                                "thawing a container"
+                            },
+                            e,
+                        )
+                    })?;
+                }
+            }
+            Ok(())
+        })
+        .await
     }
 
     /// The runtime's id of the sandbox's warm container, while it has an idle one.
@@ -237,6 +281,7 @@ impl ContainerSandbox {
     ) -> Result<ExecResult> {
         let queued_at_ms = unix_ms();
         let _op = self.enter()?;
+        self.refuse_if_paused()?;
         request.validate()?;
         self.engine
             .caps
@@ -254,6 +299,7 @@ impl ContainerSandbox {
         if self.destroying() {
             return Err(Error::disposed(&format!("sandbox {}", self.id)));
         }
+        self.refuse_if_paused()?;
 
         let cwd = match &request.cwd {
             Some(c) => {
@@ -994,6 +1040,8 @@ impl Sandbox for ContainerSandbox {
     fn status(&self) -> SandboxStatus {
         if self.destroying() {
             SandboxStatus::Destroyed
+        } else if self.paused.load(Ordering::Acquire) {
+            SandboxStatus::Paused
         } else if self.active.load(Ordering::Acquire) > 0 {
             SandboxStatus::Busy
         } else {
@@ -1039,6 +1087,10 @@ impl Sandbox for ContainerSandbox {
         if self.destroying() {
             return Err(Error::disposed(&format!("sandbox {}", self.id)));
         }
+        if self.paused.load(Ordering::Acquire) {
+            self.set_frozen(false).await?;
+            self.paused.store(false, Ordering::Release);
+        }
         // A container an execution ran in may hold what it left in /tmp or in its
         // processes' memory: the next lease (maybe another tenant's) gets a fresh
         // one, started here, off that lease's path.
@@ -1067,6 +1119,30 @@ impl Sandbox for ContainerSandbox {
                 .map_err(|e| Error::engine_io("cleaning the sandbox workdir", e))
         })
         .await
+    }
+
+    async fn pause(&self) -> Result<()> {
+        let _op = self.enter()?;
+        // New executions are refused from here on; running ones freeze.
+        if self.paused.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let frozen = self.set_frozen(true).await;
+        if frozen.is_err() {
+            let _ = self.set_frozen(false).await;
+            self.paused.store(false, Ordering::Release);
+        }
+        frozen
+    }
+
+    async fn unpause(&self) -> Result<()> {
+        let _op = self.enter()?;
+        if !self.paused.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.set_frozen(false).await?;
+        self.paused.store(false, Ordering::Release);
+        Ok(())
     }
 
     async fn destroy(&self) -> Result<()> {

@@ -557,3 +557,65 @@ async fn without_warm_mode_every_execution_gets_a_container() {
     assert_eq!(r.stdout, "fresh\n");
     sb.destroy().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_sandbox_is_frozen_until_unpaused() {
+    let Some(engine) = engine_with(OciRuntime::Auto) else {
+        return;
+    };
+    assert!(engine.capabilities().has_feature("pause"));
+    let sb = sandbox(&engine).await;
+    // A program that counts into a file every 20 ms.
+    let sb2 = sb.clone();
+    let counting = tokio::spawn(async move {
+        sb2.exec(
+            sh("i=0; while true; do i=$((i+1)); echo $i > /workspace/count; sleep 0.02; done")
+                .with_timeout_ms(60_000),
+            &DiscardSink,
+            CancelToken::new(),
+        )
+        .await
+    });
+    let count = |sb: Arc<dyn Sandbox>| async move {
+        let bytes = sb.read_file("count").await.unwrap_or_default();
+        String::from_utf8_lossy(&bytes)
+            .trim()
+            .parse::<u64>()
+            .unwrap_or(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while count(sb.clone()).await < 3 {
+        assert!(Instant::now() < deadline, "the counter never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    sb.pause().await.unwrap();
+    sb.pause().await.unwrap(); // a no-op
+    assert_eq!(sb.status(), paddock_core::SandboxStatus::Paused);
+    let frozen_at = count(sb.clone()).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        count(sb.clone()).await,
+        frozen_at,
+        "nothing runs while paused"
+    );
+    let e = sb
+        .exec(sh("true"), &DiscardSink, CancelToken::new())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::SandboxPaused, "{e}");
+    sb.unpause().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while count(sb.clone()).await <= frozen_at {
+        assert!(Instant::now() < deadline, "the counter never resumed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_ne!(sb.status(), paddock_core::SandboxStatus::Paused);
+    // Destroy ends the counter, paused or not.
+    sb.pause().await.unwrap();
+    sb.destroy().await.unwrap();
+    let r = counting.await.unwrap();
+    match r {
+        Ok(r) => assert_eq!(r.outcome, Outcome::Cancelled, "{r:?}"),
+        Err(e) => assert_eq!(e.code, ErrorCode::EngineDisposed, "{e}"),
+    }
+}

@@ -42,7 +42,7 @@ impl std::fmt::Display for ApiError {
 pub fn status_for(code: ErrorCode) -> StatusCode {
     match code {
         ErrorCode::NotFound => StatusCode::NOT_FOUND,
-        ErrorCode::EngineDisposed => StatusCode::CONFLICT,
+        ErrorCode::EngineDisposed | ErrorCode::SandboxPaused => StatusCode::CONFLICT,
         ErrorCode::RateLimited => StatusCode::TOO_MANY_REQUESTS,
         ErrorCode::PoolExhausted => StatusCode::SERVICE_UNAVAILABLE,
         ErrorCode::EngineFailed | ErrorCode::WorkerFailed | ErrorCode::InvalidConfig => {

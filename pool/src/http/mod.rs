@@ -156,6 +156,11 @@ fn routes(cfg: &mut web::ServiceConfig) {
     .route("/v1/sandboxes/{id}", web::get().to(sandbox_status))
     .route("/v1/sandboxes/{id}", web::delete().to(destroy_sandbox))
     .route("/v1/sandboxes/{id}/exec", web::post().to(sandbox_exec))
+    .route("/v1/sandboxes/{id}/pause", web::post().to(pause_sandbox))
+    .route(
+        "/v1/sandboxes/{id}/unpause",
+        web::post().to(unpause_sandbox),
+    )
     .route("/v1/sandboxes/{id}/files", web::get().to(list_files))
     .route(
         "/v1/sandboxes/{id}/files/{path:.*}",
@@ -619,6 +624,32 @@ async fn destroy_sandbox(
     )
     .await?;
     Ok(HttpResponse::NoContent().finish())
+}
+
+async fn pause_sandbox(
+    state: Shared,
+    req: HttpRequest,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    tenant(&state, &req)?;
+    let sandbox = path.into_inner();
+    ask(state.paddock.supervisor(), crate::PauseSandbox { sandbox }).await?;
+    Ok(HttpResponse::Ok().json(serde_json::json!({"status": "paused"})))
+}
+
+async fn unpause_sandbox(
+    state: Shared,
+    req: HttpRequest,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    tenant(&state, &req)?;
+    let sandbox = path.into_inner();
+    ask(
+        state.paddock.supervisor(),
+        crate::UnpauseSandbox { sandbox },
+    )
+    .await?;
+    Ok(HttpResponse::Ok().json(serde_json::json!({"status": "ready"})))
 }
 
 async fn sandbox_exec(

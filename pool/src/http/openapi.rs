@@ -49,6 +49,18 @@ pub(crate) const ROUTES: &[(&str, &str, &str, &str)] = &[
         "200",
     ),
     (
+        "post",
+        "/v1/sandboxes/{id}/pause",
+        "Freeze the sandbox's processes (engines with the `pause` feature)",
+        "200",
+    ),
+    (
+        "post",
+        "/v1/sandboxes/{id}/unpause",
+        "Thaw a paused sandbox",
+        "200",
+    ),
+    (
         "get",
         "/v1/sandboxes/{id}/files",
         "List files (`?dir=`); a missing directory lists as []",

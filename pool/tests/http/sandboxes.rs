@@ -173,3 +173,48 @@ async fn a_sandbox_opens_with_an_empty_body_and_refuses_unknown_fields() {
     );
     t.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_sandbox_pauses_and_unpauses_over_http() {
+    let t = TestServer::start();
+    let r = post_json(t.addr, "/v1/sandboxes", &json!({"engine": "container"})).await;
+    if r.status != 201 {
+        // No OCI runtime on this host: the engine is not configured.
+        assert!(
+            std::env::var_os("PADDOCK_REQUIRE_CONTAINERS").is_none(),
+            "{}",
+            r.text()
+        );
+        r.expect_error(400, "CAPABILITY_NOT_SUPPORTED");
+        t.stop().await;
+        return;
+    }
+    let id = r.json()["id"].as_str().expect("id").to_string();
+    let base = format!("/v1/sandboxes/{id}");
+    let paused = post_json(t.addr, &format!("{base}/pause"), &json!({}))
+        .await
+        .expect(200);
+    assert_eq!(paused["status"], "paused");
+    assert_eq!(get(t.addr, &base).await.expect(200)["status"], "paused");
+    post_json(t.addr, &format!("{base}/exec"), &sh("echo hi"))
+        .await
+        .expect_error(409, "SANDBOX_PAUSED");
+    post_json(t.addr, &format!("{base}/unpause"), &json!({}))
+        .await
+        .expect(200);
+    let r = post_json(t.addr, &format!("{base}/exec"), &sh("echo hi"))
+        .await
+        .expect(200);
+    assert_eq!(r["stdout"], "hi\n", "{r}");
+    // A subprocess sandbox cannot pause.
+    let sp = post_json(t.addr, "/v1/sandboxes", &json!({"engine": "subprocess"}))
+        .await
+        .expect(201);
+    let sp_id = sp["id"].as_str().unwrap();
+    post_json(t.addr, &format!("/v1/sandboxes/{sp_id}/pause"), &json!({}))
+        .await
+        .expect_error(400, "CAPABILITY_NOT_SUPPORTED");
+    delete(t.addr, &base).await;
+    delete(t.addr, &format!("/v1/sandboxes/{sp_id}")).await;
+    t.stop().await;
+}
