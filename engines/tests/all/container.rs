@@ -555,6 +555,35 @@ async fn without_warm_mode_every_execution_gets_a_container() {
     assert!(r.stdout.contains("paddock-init"), "{r:?}");
     let r = run(&*sb, sh("test -e /tmp/m && echo same || echo fresh")).await;
     assert_eq!(r.stdout, "fresh\n");
+    // A memory bomb in a container of its own: the runtime has removed the
+    // container's cgroup by the time it ends, and the kill is still told apart.
+    let mut bomb = ExecRequest::new(Program::code(
+        Language::Python,
+        "b = []\nwhile True: b.append(bytearray(8 << 20))",
+    ));
+    bomb.limits = Limits {
+        memory_bytes: Some(64 << 20),
+        timeout_ms: Some(30_000),
+        ..Limits::default()
+    };
+    let r = run(&*sb, bomb).await;
+    assert_eq!(
+        r.outcome,
+        Outcome::LimitExceeded {
+            limit: LimitKind::Memory
+        },
+        "{r:?}"
+    );
+    // A signal is reported as such, through the init shell.
+    let r = run(&*sb, sh("kill -KILL $$")).await;
+    assert_eq!(
+        r.outcome,
+        Outcome::Completed {
+            exit_code: 137,
+            signal: Some(9)
+        },
+        "{r:?}"
+    );
     sb.destroy().await.unwrap();
 }
 
