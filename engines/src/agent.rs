@@ -241,9 +241,22 @@ fn run_turn(id: &str, input: &Value, host: &mut Host) {
     let pid = child.id() as libc::pid_t;
     if let (Some(data), Some(mut pipe)) = (job.stdin, child.stdin.take()) {
         // Rare, and may block on a full pipe: off the poll loop.
-        std::thread::spawn(move || {
+        let writer = std::thread::Builder::new().spawn(move || {
             let _ = pipe.write_all(data.as_bytes());
         });
+        if let Err(e) = writer {
+            // No thread to be had (a pids limit, say): the command does not run
+            // without its input.
+            // SAFETY: kill(2) on the command's own process group.
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+            let _ = child.wait();
+            send(&Frame::error(
+                id,
+                "SPAWN_FAILED",
+                format!("cannot feed the command's stdin: {e}"),
+            ));
+            return;
+        }
     }
     let mut streams = [
         Stream::new(child.stdout.take().map(OwnedFd::from), StreamKind::Stdout),

@@ -524,6 +524,9 @@ pub fn remove_tree(dir: &Path) -> io::Result<()> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(e),
     };
+    // A frozen task does not die until thawed (a paused sandbox's, say); in the
+    // freezer hierarchy the thaw reaches every group below.
+    let _ = write(&dir.join("freezer.state"), "THAWED");
     for entry in entries.flatten() {
         if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
             remove_tree(&entry.path())?;

@@ -31,8 +31,10 @@ pub fn create_empty() -> io::Result<OwnedFd> {
         .map_err(|_| io::Error::other("the namespace thread panicked"))?
 }
 
-/// Creates a mount namespace that is a private copy of the host's, with the cgroup v2
-/// mount at `/sys/fs/cgroup/unified` removed, and returns an fd that keeps it alive.
+/// Creates a mount namespace that is a copy of the host's, with the cgroup v2 mount at
+/// `/sys/fs/cgroup/unified` removed, and returns an fd that keeps it alive. Its
+/// mounts are slaves of the host's: mounts and unmounts on the host reach it, and
+/// nothing done in it reaches the host.
 /// crun refuses a hybrid cgroup layout (v1 controllers plus that v2 mount); run in
 /// this namespace it sees a plain v1 layout, and the host's mounts are not touched.
 pub fn private_mounts_without_unified_cgroup() -> io::Result<OwnedFd> {
@@ -50,7 +52,7 @@ pub fn private_mounts_without_unified_cgroup() -> io::Result<OwnedFd> {
                     std::ptr::null(),
                     c"/".as_ptr(),
                     std::ptr::null(),
-                    libc::MS_REC | libc::MS_PRIVATE,
+                    libc::MS_REC | libc::MS_SLAVE,
                     std::ptr::null(),
                 ) == -1
                 {

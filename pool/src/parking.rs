@@ -26,6 +26,7 @@ type Key = (Option<String>, String);
 /// An instance waiting for the resume of the execution that suspended on it.
 #[derive(Debug)]
 pub(crate) struct Parked {
+    /// The pool the instance belongs to.
     pub(crate) pool: Arc<EnginePool>,
     pub(crate) lease: Lease,
     since: Instant,

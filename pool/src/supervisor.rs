@@ -442,12 +442,14 @@ impl Pipeline {
                 self.settle(pool, lease, tenant, &mut result);
                 result
             }
-            Target::Parked(pool) => {
+            Target::Parked(_) => {
                 let paddock_core::Program::Resume { token_id, .. } = &request.program else {
                     unreachable!("only resumes are routed to parked instances")
                 };
+                // The instance's own pool: the one it was parked from, whatever the
+                // routing saw.
                 let parked = self.parking.borrow_mut().take(&request.tenant, token_id)?;
-                let lease = parked.lease;
+                let (pool, lease) = (parked.pool, parked.lease);
                 let limits = request.limits.clone().or(&self.defaults);
                 let grace = Duration::from_millis(pool.config.watchdog_grace_ms);
                 let tenant = request.tenant.clone();

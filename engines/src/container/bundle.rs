@@ -123,6 +123,18 @@ const MASKED: &[&str] = &[
     "/proc/scsi",
     "/proc/sysrq-trigger",
     "/sys/firmware",
+    // Secrets of the host's /etc, which the default root binds (read-only) and which
+    // the container's uid 0 could otherwise read.
+    "/etc/shadow",
+    "/etc/shadow-",
+    "/etc/gshadow",
+    "/etc/gshadow-",
+    "/etc/ssh",
+    "/etc/ssl/private",
+    "/etc/sudoers",
+    "/etc/sudoers.d",
+    "/etc/security/opasswd",
+    "/etc/paddock",
 ];
 
 const READONLY: &[&str] = &[
@@ -135,9 +147,11 @@ const READONLY: &[&str] = &[
 
 /// The runtime spec for `spec`.
 pub(crate) fn config(spec: &BundleSpec<'_>) -> Value {
+    // Not recursive: `ro` would hold for the top mount only, and mounts below the
+    // host's /etc or /usr (a bound resolv.conf, say) would stay writable.
     let bind_ro = |src: &str, dst: &str| {
         json!({"destination": dst, "type": "bind", "source": src,
-               "options": ["rbind", "ro", "nosuid", "nodev"]})
+               "options": ["bind", "ro", "nosuid", "nodev"]})
     };
     let mut mounts = vec![
         json!({"destination": "/proc", "type": "proc", "source": "proc",

@@ -104,6 +104,24 @@ impl EngineInner {
             .map(|h| h.dir(path))
     }
 
+    /// Kills every process of the container whose cgroup is `path` (frozen first, so
+    /// that nothing forks past the kill). A paused sandbox's group (the parent) is
+    /// thawed first: frozen tasks do not die.
+    pub(crate) fn kill_container(&self, path: &str) -> std::io::Result<()> {
+        let Some(pids) = self.cgroup_dir("pids", path) else {
+            return Ok(());
+        };
+        let freezer = self.cgroup_dir("freezer", path);
+        if let Some(parent) = path.rsplit_once('/').map(|(p, _)| p) {
+            if let Some(dir) = self.cgroup_dir("freezer", parent) {
+                if dir.exists() {
+                    let _ = crate::cgroup::set_frozen(&dir, false);
+                }
+            }
+        }
+        crate::cgroup::kill_dirs(&pids, freezer.as_deref())
+    }
+
     /// Removes cgroup `path` and everything below it from every hierarchy.
     pub(crate) fn remove_cgroup(&self, path: &str) {
         for h in &self.hierarchies {
@@ -162,18 +180,25 @@ impl ContainerEngine {
         let own = own.trim_end_matches('/').to_string();
         sweep_stale(&parent, &own, &hierarchies, config);
 
+        // A random part (the tail of a UUIDv7 is random), so that nobody can take
+        // the name first in a shared temp dir.
+        let random = uuid::Uuid::now_v7().simple().to_string();
         let name = format!(
-            "{PREFIX}{}-{}",
+            "{PREFIX}{}-{}-{}",
             std::process::id(),
-            NEXT_ENGINE.fetch_add(1, Ordering::Relaxed)
+            NEXT_ENGINE.fetch_add(1, Ordering::Relaxed),
+            &random[random.len() - 8..]
         );
         let root = parent.join(&name);
         let setup = || -> std::io::Result<()> {
-            std::fs::create_dir(&root)?;
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o711))?;
+            use std::os::unix::fs::DirBuilderExt;
+            // Private: workdirs hold what containers (uid 0 inside) wrote, set-uid
+            // files included, and nobody else on the host may reach them.
+            let mut dir = std::fs::DirBuilder::new();
+            dir.mode(0o700);
+            dir.create(&root)?;
             for d in ["state", "bundles", "sandboxes"] {
-                std::fs::create_dir(root.join(d))?;
+                dir.create(root.join(d))?;
             }
             Ok(())
         };
@@ -462,6 +487,8 @@ fn sweep_stale(parent: &Path, own: &str, hierarchies: &[Hierarchy], config: &Con
         let Some(rest) = name.strip_prefix(PREFIX) else {
             return false;
         };
+        // Dead: no such pid in this pid namespace. (Paddock processes in other pid
+        // namespaces sharing this temp dir and these cgroups are not told apart.)
         let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
             return false;
         };
@@ -483,10 +510,19 @@ fn sweep_stale(parent: &Path, own: &str, hierarchies: &[Hierarchy], config: &Con
     let Ok(entries) = std::fs::read_dir(parent) else {
         return;
     };
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
         if !dead(&name) {
             continue;
+        }
+        // Only a real directory of ours: in a shared temp dir anyone can make a
+        // symlink or a directory with a name like this.
+        use std::os::unix::fs::MetadataExt;
+        match std::fs::symlink_metadata(entry.path()) {
+            Ok(m) if m.file_type().is_dir() && m.uid() == me => {}
+            _ => continue,
         }
         // Whatever state the runtime still holds for containers of the dead engine.
         let state = entry.path().join("state");

@@ -130,7 +130,8 @@ impl ContainerSandbox {
         Ok(())
     }
 
-    /// Freezes (or thaws) every container of the sandbox through the freezer.
+    /// Freezes (or thaws) the sandbox's freezer group: every container of the
+    /// sandbox, and any started while it is frozen.
     async fn set_frozen(&self, frozen: bool) -> Result<()> {
         let Some(dir) = self.engine.cgroup_dir("freezer", &self.cgroup) else {
             return Err(Error::new(
@@ -139,24 +140,18 @@ impl ContainerSandbox {
             ));
         };
         blocking(move || {
-            let Ok(entries) = std::fs::read_dir(&dir) else {
-                return Ok(());
-            };
-            for e in entries.flatten() {
-                if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-                    crate::cgroup::set_frozen(&e.path(), frozen).map_err(|e| {
-                        Error::engine_io(
-                            if frozen {
-                                "freezing a container"
-                            } else {
-                                "thawing a container"
-                            },
-                            e,
-                        )
-                    })?;
-                }
-            }
-            Ok(())
+            std::fs::create_dir_all(&dir)
+                .map_err(|e| Error::engine_io("creating the sandbox's freezer group", e))?;
+            crate::cgroup::set_frozen(&dir, frozen).map_err(|e| {
+                Error::engine_io(
+                    if frozen {
+                        "freezing the sandbox"
+                    } else {
+                        "thawing the sandbox"
+                    },
+                    e,
+                )
+            })
         })
         .await
     }
@@ -389,10 +384,11 @@ impl ContainerSandbox {
         )
         .map_err(|e| Error::engine_io("writing config.json", e))?;
 
+        // The container's own group has the limit; the sandbox group (its parent,
+        // which outlives it) only has its peak reset, to tell an OOM kill apart.
         let memory_dir = self.engine.cgroup_dir("memory", &self.cgroup);
         if let Some(dir) = &memory_dir {
-            set_memory_limit(dir, limits.memory_bytes)
-                .map_err(|e| Error::engine_io("setting the sandbox memory limit", e))?;
+            let _ = std::fs::write(dir.join("memory.max_usage_in_bytes"), "0");
         }
         let cpuacct = self.engine.cgroup_dir("cpuacct", &self.cgroup);
         let cpu_before = cpuacct.as_deref().map_or(0, cpu_usage_ns);
@@ -608,16 +604,31 @@ impl ContainerSandbox {
         let memory = wc.dir("memory");
         let wanted = (limits.memory_bytes, limits.pids);
         if wc.applied != Some(wanted) {
-            if let Some(dir) = &memory {
-                set_memory_limit(dir, limits.memory_bytes)
-                    .map_err(|e| Error::engine_io("setting the container's memory limit", e))?;
-            }
-            if let Some(dir) = wc.dir("pids") {
-                let value = limits
-                    .pids
-                    .map_or_else(|| "max".to_string(), |p| p.to_string());
-                std::fs::write(dir.join("pids.max"), value)
-                    .map_err(|e| Error::engine_io("setting the container's pids limit", e))?;
+            let set = (|| -> std::io::Result<()> {
+                if let Some(dir) = &memory {
+                    set_memory_limit(dir, limits.memory_bytes)?;
+                }
+                if let Some(dir) = wc.dir("pids") {
+                    let value = limits
+                        .pids
+                        .map_or_else(|| "max".to_string(), |p| p.to_string());
+                    std::fs::write(dir.join("pids.max"), value)?;
+                }
+                Ok(())
+            })();
+            if let Err(e) = set {
+                // A limit below what the container holds (its /tmp, say) cannot be
+                // set: this container goes, a fresh one takes its place.
+                let _ = blocking(move || {
+                    wc.close();
+                    Ok(())
+                })
+                .await;
+                self.prewarm();
+                return Err(Error::new(
+                    ErrorCode::LimitsExceeded,
+                    format!("setting the warm container's limits failed ({e}); the container was replaced, retry"),
+                ));
             }
             wc.applied = Some(wanted);
         } else if let Some(dir) = &memory {
@@ -751,16 +762,15 @@ impl ContainerSandbox {
         })
     }
 
-    /// Kills every process in the container's cgroup (frozen first).
+    /// Kills every process in the container's cgroup (see
+    /// `EngineInner::kill_container`).
     async fn kill_container(&self, container_cgroup: &str) {
-        let pids = self.engine.cgroup_dir("pids", container_cgroup);
-        let freezer = self.engine.cgroup_dir("freezer", container_cgroup);
+        let engine = self.engine.clone();
+        let cgroup = container_cgroup.to_string();
         let _ = blocking(move || {
-            if let Some(p) = pids {
-                crate::cgroup::kill_dirs(&p, freezer.as_deref())
-                    .map_err(|e| Error::engine_io("killing the container", e))?;
-            }
-            Ok(())
+            engine
+                .kill_container(&cgroup)
+                .map_err(|e| Error::engine_io("killing the container", e))
         })
         .await;
     }
@@ -859,10 +869,7 @@ impl Drop for RuntimeGuard {
         let cgroup = std::mem::take(&mut self.container_cgroup);
         let id = std::mem::take(&mut self.container_id);
         std::thread::spawn(move || {
-            if let Some(p) = engine.cgroup_dir("pids", &cgroup) {
-                let f = engine.cgroup_dir("freezer", &cgroup);
-                let _ = crate::cgroup::kill_dirs(&p, f.as_deref());
-            }
+            let _ = engine.kill_container(&cgroup);
             sys::kill_group(child.pid, libc::SIGKILL);
             let _ = sys::reap(child.pid);
             let _ = engine
@@ -1152,6 +1159,11 @@ impl Sandbox for ContainerSandbox {
                     sandbox: self,
                     done: false,
                 };
+                if self.paused.swap(false, Ordering::AcqRel) {
+                    // Frozen tasks do not die until thawed, and a running execution
+                    // must see the destroy.
+                    let _ = self.set_frozen(false).await;
+                }
                 self.destroy_signal.notify_waiters();
                 self.lifecycle.ops_drained().await;
                 let engine = self.engine.clone();

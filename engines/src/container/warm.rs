@@ -166,10 +166,7 @@ impl WarmContainer {
 /// Kills every process of the container through its cgroup, then removes what the
 /// runtime and the engine made for it.
 fn teardown(engine: &EngineInner, cgroup: &str, id: &str, bundle: &std::path::Path) {
-    if let Some(p) = engine.cgroup_dir("pids", cgroup) {
-        let f = engine.cgroup_dir("freezer", cgroup);
-        let _ = crate::cgroup::kill_dirs(&p, f.as_deref());
-    }
+    let _ = engine.kill_container(cgroup);
     // The runtime exits once its container has ended and removes it; if it was
     // killed first, its state is removed here.
     let _ = engine

@@ -178,6 +178,13 @@ async fn the_container_is_isolated_and_read_only() {
     // Host files are masked or absent.
     let r = run(&*sb, sh("head -c 16 /proc/kcore 2>/dev/null | wc -c")).await;
     assert_eq!(r.stdout, "0\n", "{r:?}");
+    // The host's /etc is there, read-only, but not its secrets.
+    let r = run(
+        &*sb,
+        sh("test -s /etc/passwd && echo passwd; cat /etc/shadow 2>/dev/null | wc -c; ls /etc/ssh 2>/dev/null | wc -l"),
+    )
+    .await;
+    assert_eq!(r.stdout, "passwd\n0\n0\n", "{r:?}");
     sb.destroy().await.unwrap();
 }
 
