@@ -631,12 +631,11 @@ impl ContainerSandbox {
                 ));
             }
             wc.applied = Some(wanted);
-        } else if let Some(dir) = &memory {
+        } else {
             // The peak is the turn's own.
-            let _ = std::fs::write(dir.join("memory.max_usage_in_bytes"), "0");
+            wc.counters().reset_peak();
         }
-        let cpuacct = wc.dir("cpuacct");
-        let cpu_before = cpuacct.as_deref().map_or(0, cpu_usage_ns);
+        let cpu_before = wc.counters().cpu_ns();
         let ooms_before = wc.ooms_seen;
         wc.used = true;
 
@@ -666,16 +665,11 @@ impl ContainerSandbox {
             )
             .await;
         let wall_ms = started.elapsed().as_millis() as u64;
-        wc.ooms_seen = memory.as_deref().map_or(0, oom_kills);
-        let oom = wc.ooms_seen > ooms_before;
-        let peak = memory
-            .as_deref()
-            .map_or(0, |d| read_u64(&d.join("memory.max_usage_in_bytes")));
-        let cpu_ms = cpuacct
-            .as_deref()
-            .map_or(0, cpu_usage_ns)
-            .saturating_sub(cpu_before)
-            / 1_000_000;
+        let counters = wc.counters();
+        let (ooms, peak, cpu_ns) = (counters.ooms(), counters.peak(), counters.cpu_ns());
+        wc.ooms_seen = ooms;
+        let oom = ooms > ooms_before;
+        let cpu_ms = cpu_ns.saturating_sub(cpu_before) / 1_000_000;
         use crate::subprocess::warm::{TurnEnd, TurnFault};
         let failed = |code: ErrorCode, message: String| Outcome::Failed {
             error: Error::new(code, message),
@@ -927,17 +921,6 @@ fn read_u64(path: &Path) -> u64 {
     sys::read_small(path)
         .ok()
         .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(0)
-}
-
-/// OOM kills in a v1 memory group so far.
-fn oom_kills(dir: &Path) -> u64 {
-    sys::read_small(dir.join("memory.oom_control"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse().ok())
-        })
         .unwrap_or(0)
 }
 

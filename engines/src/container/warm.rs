@@ -34,6 +34,64 @@ pub(crate) struct WarmContainer {
     pub(crate) applied: Option<(Option<u64>, Option<u64>)>,
     /// Its cgroup's OOM-kill count as last read.
     pub(crate) ooms_seen: u64,
+    /// The cgroup files every turn reads, kept open (one system call a read).
+    counters: Option<Counters>,
+}
+
+/// A warm container's cgroup counters, opened once.
+#[derive(Debug)]
+pub(crate) struct Counters {
+    max_usage: Option<std::fs::File>,
+    cpu: Option<std::fs::File>,
+    oom: Option<std::fs::File>,
+}
+
+/// Reads a small kernel file from its start (cgroup files regenerate at offset 0).
+fn read_at_start(file: &std::fs::File) -> Option<String> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = [0u8; 512];
+    let n = file.read_at(&mut buf, 0).ok()?;
+    Some(String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+impl Counters {
+    /// Resets the peak memory usage, so that the next reading is the turn's own.
+    pub(crate) fn reset_peak(&self) {
+        use std::os::unix::fs::FileExt;
+        if let Some(f) = &self.max_usage {
+            let _ = f.write_at(b"0", 0);
+        }
+    }
+
+    /// Peak memory usage since the last reset, in bytes.
+    pub(crate) fn peak(&self) -> u64 {
+        self.max_usage
+            .as_ref()
+            .and_then(read_at_start)
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// CPU time used so far, in nanoseconds.
+    pub(crate) fn cpu_ns(&self) -> u64 {
+        self.cpu
+            .as_ref()
+            .and_then(read_at_start)
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// OOM kills in the group so far.
+    pub(crate) fn ooms(&self) -> u64 {
+        self.oom
+            .as_ref()
+            .and_then(read_at_start)
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse().ok())
+            })
+            .unwrap_or(0)
+    }
 }
 
 impl WarmContainer {
@@ -109,6 +167,7 @@ impl WarmContainer {
                 ready: false,
                 applied: None,
                 ooms_seen: 0,
+                counters: None,
             }),
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&dir);
@@ -145,6 +204,26 @@ impl WarmContainer {
             tokio::time::sleep(std::time::Duration::from_micros(500)).await;
         }
         false
+    }
+
+    /// The cgroup counters, opened on first use (once the container exists).
+    pub(crate) fn counters(&mut self) -> &Counters {
+        if self.counters.is_none() {
+            let open = |controller: &str, file: &str, write: bool| {
+                let path = self.dir(controller)?.join(file);
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(write)
+                    .open(path)
+                    .ok()
+            };
+            self.counters = Some(Counters {
+                max_usage: open("memory", "memory.max_usage_in_bytes", true),
+                cpu: open("cpuacct", "cpuacct.usage", false),
+                oom: open("memory", "memory.oom_control", false),
+            });
+        }
+        self.counters.as_ref().expect("just set")
     }
 
     /// The container cgroup's directory for `controller`.
