@@ -34,4 +34,5 @@ pub mod noop;
 mod spawn;
 pub mod subprocess;
 mod sys;
+mod task;
 pub mod workdir;

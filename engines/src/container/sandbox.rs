@@ -1,7 +1,6 @@
 //! A container sandbox: a workdir bound at `/workspace`, a cgroup the sandbox's
 //! containers live under, and one container per execution.
 
-use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -24,6 +23,7 @@ use super::warm::WarmContainer;
 use super::EngineInner;
 use crate::capture::{pump, Captured};
 use crate::sys;
+use crate::task::{blocking, feed_stdin, sleep_until_opt};
 use crate::workdir::Workdir;
 
 /// A host file bound read-only into the container: (host path, path inside).
@@ -545,6 +545,18 @@ impl ContainerSandbox {
         })
     }
 
+    /// Tears `wc` down and starts its replacement (unless the sandbox is going).
+    async fn replace_warm(&self, wc: WarmContainer) {
+        let _ = blocking(move || {
+            wc.close();
+            Ok(())
+        })
+        .await;
+        if !self.destroying() {
+            self.prewarm();
+        }
+    }
+
     /// The warm container, alive (one that died while idle is replaced first), or
     /// `None` when the sandbox has none.
     async fn take_warm(&self) -> Option<WarmContainer> {
@@ -587,12 +599,7 @@ impl ContainerSandbox {
     ) -> Result<ExecResult> {
         let (argv, _) = self.argv(&request.program, None)?;
         if !wc.wait_ready().await {
-            let _ = blocking(move || {
-                wc.close();
-                Ok(())
-            })
-            .await;
-            self.prewarm();
+            self.replace_warm(wc).await;
             return Err(Error::new(
                 ErrorCode::EngineFailed,
                 format!(
@@ -619,12 +626,7 @@ impl ContainerSandbox {
             if let Err(e) = set {
                 // A limit below what the container holds (its /tmp, say) cannot be
                 // set: this container goes, a fresh one takes its place.
-                let _ = blocking(move || {
-                    wc.close();
-                    Ok(())
-                })
-                .await;
-                self.prewarm();
+                self.replace_warm(wc).await;
                 return Err(Error::new(
                     ErrorCode::LimitsExceeded,
                     format!("setting the warm container's limits failed ({e}); the container was replaced, retry"),
@@ -720,14 +722,7 @@ impl ContainerSandbox {
         if clean {
             *self.warm.lock() = Some(wc);
         } else {
-            let _ = blocking(move || {
-                wc.close();
-                Ok(())
-            })
-            .await;
-            if !self.destroying() {
-                self.prewarm();
-            }
+            self.replace_warm(wc).await;
         }
         if outcome != Outcome::Cancelled && !cancel.finish() {
             outcome = Outcome::Cancelled;
@@ -976,40 +971,6 @@ fn classify(ending: Ending, code: Option<i32>, oom: bool, limits: &Limits, cpu_m
             exit_code: code,
             signal,
         },
-    }
-}
-
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| {
-        Error::new(
-            ErrorCode::EngineFailed,
-            format!("a blocking engine task failed: {e}"),
-        )
-    })?
-}
-
-async fn sleep_until_opt(deadline: Option<Instant>) {
-    match deadline {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
-async fn feed_stdin(
-    pipe: Option<OwnedFd>,
-    data: Option<Vec<u8>>,
-    mut stop: watch::Receiver<Option<Instant>>,
-) {
-    let (Some(fd), Some(data)) = (pipe, data) else {
-        return;
-    };
-    use tokio::io::AsyncWriteExt;
-    let Ok(mut tx) = tokio::net::unix::pipe::Sender::from_owned_fd(fd) else {
-        return;
-    };
-    tokio::select! {
-        _ = tx.write_all(&data) => {}
-        _ = stop.wait_for(Option::is_some) => {}
     }
 }
 

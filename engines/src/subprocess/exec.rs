@@ -18,6 +18,7 @@ use crate::capture::{pump, Captured};
 use crate::env::resolve_program;
 use crate::spawn::{spawn, SpawnSpec, SpawnedChild};
 use crate::sys::{self, cstring, ExitStatus};
+use crate::task::{feed_stdin, sleep_until_opt};
 
 /// How long output pipes may stay open after the program and its group are gone.
 const DRAIN_GRACE: Duration = Duration::from_millis(200);
@@ -450,34 +451,6 @@ impl SubprocessSandbox {
         std::fs::write(&path, source)
             .map_err(|e| Error::engine_io("writing the source file", e))?;
         Ok(path.to_string_lossy().into_owned())
-    }
-}
-
-async fn sleep_until_opt(deadline: Option<Instant>) {
-    match deadline {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
-async fn feed_stdin(
-    pipe: Option<OwnedFd>,
-    data: Option<Vec<u8>>,
-    mut stop: watch::Receiver<Option<Instant>>,
-) {
-    let (Some(fd), Some(data)) = (pipe, data) else {
-        return;
-    };
-    use tokio::io::AsyncWriteExt;
-    let Ok(mut tx) = tokio::net::unix::pipe::Sender::from_owned_fd(fd) else {
-        return;
-    };
-    // A program that exits without reading closes the pipe: not an error. A reader
-    // that outlives the program (an escaped descendant that never reads) must not
-    // hold the execution open: writing stops when the program is gone.
-    tokio::select! {
-        _ = tx.write_all(&data) => {}
-        _ = stop.wait_for(Option::is_some) => {}
     }
 }
 

@@ -225,17 +225,7 @@ impl SubprocessSandbox {
     }
 }
 
-/// Runs `f` on tokio's blocking pool; works on any runtime flavour.
-pub(super) async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T> + Send + 'static,
-) -> Result<T> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| {
-        Error::new(
-            paddock_core::ErrorCode::EngineFailed,
-            format!("a blocking engine task failed: {e}"),
-        )
-    })?
-}
+pub(super) use crate::task::blocking;
 
 #[async_trait]
 impl Sandbox for SubprocessSandbox {

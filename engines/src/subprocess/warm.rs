@@ -30,6 +30,7 @@ use tokio::time::Instant;
 use crate::capture::Captured;
 use crate::spawn::{spawn, SpawnSpec, SpawnedChild};
 use crate::sys;
+use crate::task::sleep_until_opt;
 
 /// How long a worker has to end its turn after a `cancel` frame before it is killed.
 pub(crate) const CANCEL_GRACE: Duration = Duration::from_millis(500);
@@ -553,13 +554,6 @@ async fn read_some<'a>(pipe: Option<&pipe::Receiver>, buf: &'a mut [u8]) -> Opti
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
             Err(_) => return std::future::pending().await,
         }
-    }
-}
-
-async fn sleep_until_opt(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }
 
