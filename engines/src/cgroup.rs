@@ -206,6 +206,30 @@ fn write(path: &Path, value: &str) -> io::Result<()> {
     std::fs::write(path, value)
 }
 
+/// Sets a v1 memory group's limit, for memory and swap together where swap is
+/// accounted (`None`: no limit). `memory.memsw.limit_in_bytes` must never be below
+/// the memory limit, so it is lifted first and set last.
+pub(crate) fn write_memory_limit(dir: &Path, bytes: Option<u64>) -> io::Result<()> {
+    let value = bytes.map_or_else(|| "-1".to_string(), |b| b.to_string());
+    let memsw = dir.join("memory.memsw.limit_in_bytes");
+    let has_memsw = memsw.exists();
+    if has_memsw {
+        let _ = write(&memsw, "-1");
+    }
+    write(&dir.join("memory.limit_in_bytes"), &value)?;
+    if has_memsw {
+        let _ = write(&memsw, &value);
+    }
+    Ok(())
+}
+
+/// The `oom_kill N` count of a `memory.oom_control` (or `/proc/vmstat`) text.
+pub(crate) fn oom_kill_count(text: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 impl Cgroup {
     /// The `cgroup.procs` files a child writes "0" to, to join every controller.
     pub(crate) fn procs_files(&self) -> &[CString] {
@@ -220,17 +244,7 @@ impl Cgroup {
             return Ok(());
         }
         *applied = None;
-        let mem = memory_bytes.map_or_else(|| "-1".to_string(), |m| m.to_string());
-        // memsw must stay >= limit: lift it first, then set both.
-        let memsw = self.memory.join("memory.memsw.limit_in_bytes");
-        let has_memsw = memsw.exists();
-        if has_memsw {
-            let _ = write(&memsw, "-1");
-        }
-        write(&self.memory.join("memory.limit_in_bytes"), &mem)?;
-        if has_memsw {
-            let _ = write(&memsw, &mem);
-        }
+        write_memory_limit(&self.memory, memory_bytes)?;
         let pids_value = pids.map_or_else(|| "max".to_string(), |p| p.to_string());
         write(&self.pids.join("pids.max"), &pids_value)?;
         *applied = Some((memory_bytes, pids));
@@ -239,13 +253,8 @@ impl Cgroup {
 
     /// How many processes the kernel OOM-killed in the group since the last call.
     pub fn new_oom_kills(&self) -> u64 {
-        let now: u64 = crate::sys::read_small(self.memory.join("memory.oom_control"))
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse().ok())
-            })
-            .unwrap_or(0);
+        let now = crate::sys::read_small(self.memory.join("memory.oom_control"))
+            .map_or(0, |s| oom_kill_count(&s));
         now.saturating_sub(self.seen_oom.swap(now, Ordering::AcqRel))
     }
 

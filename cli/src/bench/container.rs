@@ -185,6 +185,8 @@ pub(super) async fn container(
         }
     }
     let _ = warm_sandbox.destroy().await;
+    let [warm_turns, execs] = warm;
+    let warm = warm_ok.then(|| (summarize(warm_turns), summarize(execs)));
     let [ours, raw_init, raw_bare, unfiltered] = series.map(summarize);
     let name = info.kind.as_str();
     report(
@@ -207,11 +209,11 @@ pub(super) async fn container(
             "init_shell_cost_p50_us": round(raw_init.p50 - raw_bare.p50),
             "cold_no_seccomp_p50_us": round(unfiltered.p50),
             "seccomp_cost_p50_us": round(ours.p50 - unfiltered.p50),
-            "warm_p50_us": warm_ok.then(|| round(summarize(warm[0].clone()).p50)),
-            "warm_p99_us": warm_ok.then(|| round(summarize(warm[0].clone()).p99)),
-            format!("{name}_exec_p50_us"): warm_ok.then(|| round(summarize(warm[1].clone()).p50)),
-            "warm_ratio_p50": warm_ok.then(|| round3(summarize(warm[0].clone()).p50 / summarize(warm[1].clone()).p50.max(0.001))),
-            "warm_speedup_p50": warm_ok.then(|| round(summarize(warm[1].clone()).p50 / summarize(warm[0].clone()).p50.max(0.001))),
+            "warm_p50_us": warm.as_ref().map(|(w, _)| round(w.p50)),
+            "warm_p99_us": warm.as_ref().map(|(w, _)| round(w.p99)),
+            format!("{name}_exec_p50_us"): warm.as_ref().map(|(_, e)| round(e.p50)),
+            "warm_ratio_p50": warm.as_ref().map(|(w, e)| round3(w.p50 / e.p50.max(0.001))),
+            "warm_speedup_p50": warm.as_ref().map(|(w, e)| round(e.p50 / w.p50.max(0.001))),
             "syscall_loop_p50_ms": round3(filtered_loop.p50 / 1000.0),
             "syscall_loop_no_seccomp_p50_ms": round3(bare_loop.p50 / 1000.0),
             "seccomp_ns_per_syscall": round((filtered_loop.p50 - bare_loop.p50) * 1000.0 / DD_SYSCALLS as f64),

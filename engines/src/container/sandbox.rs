@@ -613,7 +613,9 @@ impl ContainerSandbox {
         if wc.applied != Some(wanted) {
             let set = (|| -> std::io::Result<()> {
                 if let Some(dir) = &memory {
-                    set_memory_limit(dir, limits.memory_bytes)?;
+                    crate::cgroup::write_memory_limit(dir, limits.memory_bytes)?;
+                    // The peak is the turn's own.
+                    let _ = std::fs::write(dir.join("memory.max_usage_in_bytes"), "0");
                 }
                 if let Some(dir) = wc.dir("pids") {
                     let value = limits
@@ -894,24 +896,6 @@ impl Drop for RemoveOnDrop {
     }
 }
 
-/// Sets the memory limit (memory and swap together) of a v1 memory group and resets
-/// its peak.
-fn set_memory_limit(dir: &Path, bytes: Option<u64>) -> std::io::Result<()> {
-    let value = bytes.map_or_else(|| "-1".to_string(), |b| b.to_string());
-    let memsw = dir.join("memory.memsw.limit_in_bytes");
-    let has_memsw = memsw.exists();
-    // memsw must stay at or above the memory limit: lift it, set both.
-    if has_memsw {
-        std::fs::write(&memsw, "-1")?;
-    }
-    std::fs::write(dir.join("memory.limit_in_bytes"), &value)?;
-    if has_memsw {
-        std::fs::write(&memsw, &value)?;
-    }
-    let _ = std::fs::write(dir.join("memory.max_usage_in_bytes"), "0");
-    Ok(())
-}
-
 fn read_u64(path: &Path) -> u64 {
     sys::read_small(path)
         .ok()
@@ -926,13 +910,7 @@ fn cpu_usage_ns(dir: &Path) -> u64 {
 
 /// OOM kills on the whole host so far (`/proc/vmstat`).
 fn global_oom_kills() -> u64 {
-    sys::read_small("/proc/vmstat")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse().ok())
-        })
-        .unwrap_or(0)
+    sys::read_small("/proc/vmstat").map_or(0, |s| crate::cgroup::oom_kill_count(&s))
 }
 
 /// Maps how the container ended to an outcome. The runtime exits with its init's

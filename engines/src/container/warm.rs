@@ -86,11 +86,7 @@ impl Counters {
         self.oom
             .as_ref()
             .and_then(read_at_start)
-            .and_then(|s| {
-                s.lines()
-                    .find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse().ok())
-            })
-            .unwrap_or(0)
+            .map_or(0, |s| crate::cgroup::oom_kill_count(&s))
     }
 }
 

@@ -48,6 +48,20 @@ fn sh(script: &str) -> ExecRequest {
     ExecRequest::new(Program::command(["sh", "-c", script])).with_timeout_ms(20_000)
 }
 
+/// Python allocating 8 MiB at a time without end, under a 64 MiB limit.
+fn memory_bomb() -> ExecRequest {
+    let mut bomb = ExecRequest::new(Program::code(
+        Language::Python,
+        "b = []\nwhile True: b.append(bytearray(8 << 20))",
+    ));
+    bomb.limits = Limits {
+        memory_bytes: Some(64 << 20),
+        timeout_ms: Some(30_000),
+        ..Limits::default()
+    };
+    bomb
+}
+
 fn exit(code: i32) -> Outcome {
     Outcome::Completed {
         exit_code: code,
@@ -195,16 +209,7 @@ async fn limits_hold_and_the_host_is_unaffected() {
     };
     let sb = sandbox(&engine).await;
     // A memory bomb is OOM-killed and reported as the memory limit.
-    let mut bomb = ExecRequest::new(Program::code(
-        Language::Python,
-        "b = []\nwhile True: b.append(bytearray(8 << 20))",
-    ));
-    bomb.limits = Limits {
-        memory_bytes: Some(64 << 20),
-        timeout_ms: Some(30_000),
-        ..Limits::default()
-    };
-    let r = run(&*sb, bomb).await;
+    let r = run(&*sb, memory_bomb()).await;
     assert_eq!(
         r.outcome,
         Outcome::LimitExceeded {
@@ -564,16 +569,7 @@ async fn without_warm_mode_every_execution_gets_a_container() {
     assert_eq!(r.stdout, "fresh\n");
     // A memory bomb in a container of its own: the runtime has removed the
     // container's cgroup by the time it ends, and the kill is still told apart.
-    let mut bomb = ExecRequest::new(Program::code(
-        Language::Python,
-        "b = []\nwhile True: b.append(bytearray(8 << 20))",
-    ));
-    bomb.limits = Limits {
-        memory_bytes: Some(64 << 20),
-        timeout_ms: Some(30_000),
-        ..Limits::default()
-    };
-    let r = run(&*sb, bomb).await;
+    let r = run(&*sb, memory_bomb()).await;
     assert_eq!(
         r.outcome,
         Outcome::LimitExceeded {
