@@ -374,6 +374,12 @@ fn kill_everything_else() {
     }
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
     loop {
+        // Every process of the namespace descends from pid 1 (nothing enters the
+        // container from outside), and orphans are handed to it: no child left means
+        // no process left, and the usual turn ends with this one system call.
+        if !has_children() {
+            return;
+        }
         let Ok(entries) = std::fs::read_dir("/proc") else {
             return;
         };
@@ -397,14 +403,23 @@ fn kill_everything_else() {
     }
 }
 
-/// Reaps every exited child without waiting.
-fn reap_orphans() {
+/// Reaps every exited child; whether any child (still running) remains.
+fn has_children() -> bool {
+    !matches!(reap_orphans(), Some(libc::ECHILD))
+}
+
+/// Reaps every exited child without waiting; the error that ended it (`ECHILD`: no
+/// child at all), `None` when children are still running.
+fn reap_orphans() -> Option<i32> {
     loop {
         let mut status = 0;
         // SAFETY: waitpid with a valid out pointer.
         let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
-        if pid <= 0 {
-            return;
+        if pid == 0 {
+            return None;
+        }
+        if pid < 0 {
+            return std::io::Error::last_os_error().raw_os_error();
         }
     }
 }

@@ -152,7 +152,8 @@ pub(super) async fn container(
     // In alternating blocks of 20 (after a block of each to warm up): a runtime
     // start between every two turns would leave the turn's caches cold, and the
     // runtime's caches cold in turn.
-    let mut warm: [Vec<Duration>; 2] = Default::default();
+    // The third series is the floor: `/bin/true` spawned and awaited on the host.
+    let mut warm: [Vec<Duration>; 3] = Default::default();
     let mut warm_ok = engine.agent().is_ok();
     const BLOCK: usize = 20;
     let blocks = iterations.div_ceil(BLOCK) + 1;
@@ -183,9 +184,25 @@ pub(super) async fn container(
                 warm[1].push(took);
             }
         }
+        for _ in 0..BLOCK {
+            let took = tokio::task::spawn_blocking(|| {
+                let t = std::time::Instant::now();
+                let status = std::process::Command::new("/bin/true")
+                    .status()
+                    .expect("/bin/true starts");
+                assert!(status.success());
+                t.elapsed()
+            })
+            .await
+            .expect("the baseline task");
+            if b > 0 {
+                warm[2].push(took);
+            }
+        }
     }
     let _ = warm_sandbox.destroy().await;
-    let [warm_turns, execs] = warm;
+    let [warm_turns, execs, spawns] = warm;
+    let spawn = warm_ok.then(|| summarize(spawns));
     let warm = warm_ok.then(|| (summarize(warm_turns), summarize(execs)));
     let [ours, raw_init, raw_bare, unfiltered] = series.map(summarize);
     let name = info.kind.as_str();
@@ -211,6 +228,9 @@ pub(super) async fn container(
             "seccomp_cost_p50_us": round(ours.p50 - unfiltered.p50),
             "warm_p50_us": warm.as_ref().map(|(w, _)| round(w.p50)),
             "warm_p99_us": warm.as_ref().map(|(w, _)| round(w.p99)),
+            // The floor: spawning `/bin/true` on the host and waiting for it.
+            "host_spawn_p50_us": spawn.as_ref().map(|s| round(s.p50)),
+            "warm_over_spawn_p50_us": warm.as_ref().zip(spawn.as_ref()).map(|((w, _), s)| round(w.p50 - s.p50)),
             format!("{name}_exec_p50_us"): warm.as_ref().map(|(_, e)| round(e.p50)),
             "warm_ratio_p50": warm.as_ref().map(|(w, e)| round3(w.p50 / e.p50.max(0.001))),
             "warm_speedup_p50": warm.as_ref().map(|(w, e)| round(e.p50 / w.p50.max(0.001))),

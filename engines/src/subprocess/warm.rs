@@ -137,6 +137,9 @@ pub(crate) struct Worker {
     /// Whether a cancel is also delivered as SIGINT (the built-in runners read frames
     /// only between turns, so a snippet is interrupted by the signal).
     interrupt_on_cancel: bool,
+    /// Read buffers kept between turns (frames, stdout, stderr): a turn does not
+    /// allocate and zero them again.
+    bufs: Vec<Vec<u8>>,
     /// Turns served so far.
     pub(crate) turns: u32,
     /// When the worker started.
@@ -183,6 +186,7 @@ impl Worker {
             stderr: pipe::Receiver::from_owned_fd(err_r)?,
             decoder: FrameDecoder::new(),
             interrupt_on_cancel: frames_on == FramesOn::Fd3,
+            bufs: Vec::new(),
             turns: 0,
             started: std::time::Instant::now(),
         })
@@ -311,9 +315,11 @@ impl Worker {
 
         // Set once the worker was asked to stop: why, and when it gets killed.
         let mut stopping: Option<(TurnFault, Instant)> = None;
-        let mut frame_buf = vec![0u8; READ_SIZE];
-        let mut out_buf = vec![0u8; READ_SIZE];
-        let mut err_buf = vec![0u8; READ_SIZE];
+        let mut bufs = std::mem::take(&mut self.bufs);
+        bufs.resize_with(3, || vec![0u8; READ_SIZE]);
+        let [frame_buf, out_buf, err_buf] = &mut bufs[..] else {
+            unreachable!("three buffers")
+        };
         let end = loop {
             let kill_at = stopping.as_ref().map(|(_, at)| *at);
             tokio::select! {
@@ -322,7 +328,7 @@ impl Worker {
                     if let Err(e) = r {
                         break Err(TurnFault::Died(format!("reading frames failed: {e}")));
                     }
-                    match self.frames.try_read(&mut frame_buf) {
+                    match self.frames.try_read(frame_buf) {
                         Ok(0) => break Err(self.died_mid_turn("closed its frame channel")),
                         Ok(n) => {
                             let mut decided = None;
@@ -354,12 +360,12 @@ impl Worker {
                         Err(e) => break Err(TurnFault::Died(format!("reading frames failed: {e}"))),
                     }
                 }
-                r = read_some(self.stdout.as_ref(), &mut out_buf) => {
+                r = read_some(self.stdout.as_ref(), out_buf) => {
                     if let Some(bytes) = r {
                         deliver(&mut turn, StreamKind::Stdout, bytes, cap, sink, &mut delivering).await;
                     }
                 }
-                r = read_some(Some(&self.stderr), &mut err_buf) => {
+                r = read_some(Some(&self.stderr), err_buf) => {
                     if let Some(bytes) = r {
                         deliver(&mut turn, StreamKind::Stderr, bytes, cap, sink, &mut delivering).await;
                     }
@@ -393,8 +399,10 @@ impl Worker {
         // The worker flushed its output before the terminal frame, so everything it
         // wrote during the turn is in the pipes now.
         if turn.end.is_ok() {
-            self.drain(&mut turn, cap, sink, &mut delivering).await;
+            self.drain(&mut turn, cap, sink, &mut delivering, &mut bufs[1])
+                .await;
         }
+        self.bufs = bufs;
         turn
     }
 
@@ -425,8 +433,8 @@ impl Worker {
         cap: usize,
         sink: &dyn OutputSink,
         delivering: &mut bool,
+        buf: &mut [u8],
     ) {
-        let mut buf = vec![0u8; READ_SIZE];
         for stream in [StreamKind::Stdout, StreamKind::Stderr] {
             let pipe = match stream {
                 StreamKind::Stdout => self.stdout.as_ref(),
