@@ -7,6 +7,20 @@ use crate::case::{Case, Requirement};
 const COMMAND: &[Requirement] = &[Requirement::Program(ProgramKind::Command)];
 const JS: Requirement = Requirement::Program(ProgramKind::Code(Language::Javascript));
 const JS_ONLY: &[Requirement] = &[JS];
+// The feature first: an engine without it skips saying so.
+const PROCESS: &[Requirement] = &[
+    Requirement::Feature(paddock_core::interactive::FEATURE_PROCESS),
+    Requirement::Program(ProgramKind::Command),
+];
+const TERMINAL: &[Requirement] = &[
+    Requirement::Feature(paddock_core::interactive::FEATURE_TERMINAL),
+    Requirement::Program(ProgramKind::Command),
+];
+const TCP: &[Requirement] = &[
+    Requirement::Feature(paddock_core::interactive::FEATURE_TCP),
+    Requirement::Feature(paddock_core::interactive::FEATURE_PROCESS),
+    Requirement::Program(ProgramKind::Command),
+];
 /// The handler cases need `Invoke` and the conformance handler registered under
 /// [`crate::HANDLER_NAME`], which engines that advertise `suspend` promise.
 const HANDLER: &[Requirement] = &[
@@ -101,6 +115,26 @@ static CASES: &[Case] = &[
         "static and dynamic imports of denylisted modules (with or without `node:`) are refused with BLOCKED_MODULE"),
     entry!(javascript::js_sandbox_fs_shares_files, &[JS, Requirement::Feature("sandbox_fs")],
         "`sandbox:fs` reads what the caller wrote, writes what the caller reads, and refuses escapes with PATH_ESCAPE"),
+    entry!(interactive::process_streams_and_exits, PROCESS,
+        "a background process outlives the call, streams stdout and stderr apart, and reports its exit code"),
+    entry!(interactive::process_stdin_round_trip, PROCESS,
+        "a process reads what is written to its stdin and sees end-of-file on close; writes after close, or without stdin, are STREAM_CLOSED"),
+    entry!(interactive::process_signal_and_kill, PROCESS,
+        "a signal reaches the process (a TERM trap runs), kill ends it by SIGKILL, and a bad signal is INVALID_OPTIONS"),
+    entry!(interactive::process_owned_by_sandbox, PROCESS,
+        "destroy kills a background `sleep 30`, and its exit is known when destroy returns"),
+    entry!(interactive::terminal_is_a_tty, TERMINAL,
+        "a terminal is a real tty of the asked size, resizes, takes input, and reports the shell's exit code"),
+    entry!(interactive::terminal_owned_by_sandbox, TERMINAL,
+        "destroy kills a `sleep 30` terminal and a shell, and both `exited` have resolved before destroy returns"),
+    entry!(interactive::tcp_reaches_guest_listener, TCP,
+        "a TCP stream reaches a listener a background process started on the guest's loopback; a closed port is NOT_FOUND"),
+    entry!(interactive::tcp_refuses_non_loopback, &[Requirement::Feature(paddock_core::interactive::FEATURE_TCP)],
+        "a TCP stream to a host that is not the guest's loopback is refused with INVALID_OPTIONS (nothing is sent)"),
+    entry!(interactive::interactive_refused_after_destroy, &[],
+        "after destroy, start_process, open_terminal and open_tcp_connection are refused"),
+    entry!(interactive::interactive_unsupported_is_refused, &[],
+        "an interactive capability the engine does not advertise is refused with CAPABILITY_NOT_SUPPORTED, never accepted and ignored"),
     entry!(handlers::handler_suspend_and_resume, HANDLER,
         "a handler's `suspend` ends the execution as suspended with its token; resume continues it once, then NOT_FOUND"),
     entry!(handlers::handler_dies_mid_frame, HANDLER,

@@ -165,4 +165,46 @@ pub trait Sandbox: Send + Sync + fmt::Debug {
             format!("the {} engine cannot pause a sandbox", self.kind()),
         ))
     }
+
+    /// Starts a background process that outlives the call (feature `process`). The
+    /// sandbox owns it: [`destroy`](Sandbox::destroy) kills it and waits for it.
+    /// Refused with `CAPABILITY_NOT_SUPPORTED` by engines without the feature, and
+    /// with `ENGINE_DISPOSED` once the sandbox is destroyed.
+    async fn start_process(&self, spec: crate::ProcessSpec) -> Result<crate::ProcessHandle> {
+        let _ = spec;
+        Err(not_supported(
+            self.kind(),
+            "run background processes",
+            "process",
+        ))
+    }
+
+    /// Runs a command on a real pseudo-terminal (feature `terminal`). The sandbox owns
+    /// it: when [`destroy`](Sandbox::destroy) returns, the terminal's `exited` has
+    /// resolved.
+    async fn open_terminal(&self, spec: crate::TerminalSpec) -> Result<crate::TerminalHandle> {
+        let _ = spec;
+        Err(not_supported(self.kind(), "open terminals", "terminal"))
+    }
+
+    /// Opens a two-way byte stream to a service listening on the guest's own loopback
+    /// (feature `tcp`). A host that is not loopback is refused with
+    /// `INVALID_OPTIONS`; nothing is sent anywhere else.
+    async fn open_tcp_connection(&self, target: crate::TcpTarget) -> Result<crate::TcpConnection> {
+        let _ = target;
+        Err(not_supported(
+            self.kind(),
+            "open TCP streams into the guest",
+            "tcp",
+        ))
+    }
+}
+
+fn not_supported(kind: EngineKind, what: &str, feature: &str) -> Error {
+    Error::new(
+        ErrorCode::CapabilityNotSupported,
+        format!(
+            "the {kind} engine cannot {what}; choose an engine whose capabilities list `{feature}`"
+        ),
+    )
 }

@@ -28,6 +28,7 @@ pub mod error;
 pub mod exec;
 pub mod fuzzing;
 mod hash;
+pub mod interactive;
 pub mod isolation;
 pub mod lifecycle;
 pub mod limits;
@@ -50,6 +51,10 @@ pub use exec::{
     unix_ms, ExecRequest, ExecResult, ExecutionId, Outcome, OutputChunk, StreamKind, Timings, Usage,
 };
 pub use hash::code_hash;
+pub use interactive::{
+    OutputReader, ProcessExit, ProcessHandle, ProcessSpec, TcpConnection, TcpTarget,
+    TerminalHandle, TerminalSize, TerminalSpec,
+};
 pub use isolation::{Capabilities, EngineKind, IsolationLevel, NetworkPolicy};
 pub use limits::{LimitKind, Limits};
 pub use program::{Language, Program, ProgramKind};

@@ -28,6 +28,7 @@ pub mod capture;
 pub mod cgroup;
 pub mod container;
 pub mod env;
+mod interactive;
 pub mod isolate;
 pub mod netns;
 pub mod noop;

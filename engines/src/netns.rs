@@ -3,9 +3,11 @@
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
 
-/// Creates a new, empty network namespace (only a loopback device, down) and returns
-/// an fd that keeps it alive. A short-lived thread does the `unshare`, so no thread of
-/// the host ever changes namespace.
+/// Creates a new, empty network namespace and returns an fd that keeps it alive. Its
+/// only device is the loopback, brought up so that processes in the namespace reach
+/// each other (a dev server and its client); nothing outside is reachable. A
+/// short-lived thread does the `unshare`, so no thread of the host ever changes
+/// namespace.
 pub fn create_empty() -> io::Result<OwnedFd> {
     std::thread::Builder::new()
         .name("paddock-netns".into())
@@ -14,6 +16,7 @@ pub fn create_empty() -> io::Result<OwnedFd> {
             if unsafe { libc::unshare(libc::CLONE_NEWNET) } == -1 {
                 return Err(io::Error::last_os_error());
             }
+            loopback_up()?;
             // SAFETY: open with a static C string.
             let fd = unsafe {
                 libc::open(
@@ -73,4 +76,32 @@ pub fn private_mounts_without_unified_cgroup() -> io::Result<OwnedFd> {
         })?
         .join()
         .map_err(|_| io::Error::other("the namespace thread panicked"))?
+}
+
+/// Brings `lo` up in the calling thread's network namespace.
+fn loopback_up() -> io::Result<()> {
+    // SAFETY: a datagram socket for the interface ioctls, closed below.
+    let sock = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if sock == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor we own.
+    let sock = unsafe { OwnedFd::from_raw_fd(sock) };
+    // SAFETY: ifreq is plain data; the name is NUL-terminated within IFNAMSIZ.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    use std::os::fd::AsRawFd;
+    // SAFETY: SIOCGIFFLAGS/SIOCSIFFLAGS read and write the ifreq we pass.
+    unsafe {
+        if libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) == -1 {
+            return Err(io::Error::last_os_error());
+        }
+        req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+        if libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) == -1 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }

@@ -11,7 +11,8 @@
 //!
 //! The child, in order: resets every signal disposition to default, starts a new
 //! session (so it leads its own process group), joins the given cgroups, enters the
-//! network namespace, applies rlimits, wires stdio (and fd 3 when asked), marks every other fd
+//! network namespace, applies rlimits, wires stdio (and fd 3 when asked; stdin as the
+//! controlling terminal when asked), marks every other fd
 //! close-on-exec, changes directory, unblocks signals and `execve`s.
 
 use std::ffi::CString;
@@ -42,6 +43,8 @@ pub(crate) struct SpawnSpec {
     pub(crate) netns: Option<RawFd>,
     /// A mount namespace to enter (the container engine runs crun in one).
     pub(crate) mntns: Option<RawFd>,
+    /// Whether stdin is a terminal that becomes the child's controlling terminal.
+    pub(crate) controlling_tty: bool,
 }
 
 /// A started child: its pid (also its process group and session id) and a pidfd.
@@ -116,6 +119,7 @@ struct ChildCtx {
     cgroups_len: usize,
     netns: RawFd,
     mntns: RawFd,
+    controlling_tty: bool,
     fail_stage: AtomicI32,
     fail_errno: AtomicI32,
 }
@@ -148,6 +152,7 @@ pub(crate) fn spawn(spec: &SpawnSpec) -> Result<SpawnedChild, SpawnError> {
         cgroups_len: cgroups.len(),
         netns: spec.netns.unwrap_or(-1),
         mntns: spec.mntns.unwrap_or(-1),
+        controlling_tty: spec.controlling_tty,
         fail_stage: AtomicI32::new(0),
         fail_errno: AtomicI32::new(0),
     };
@@ -276,6 +281,10 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
             if libc::dup2(fd, target as RawFd) == -1 {
                 return fail(ctx, SpawnStage::Stdio);
             }
+        }
+        // The new session's controlling terminal: the one on stdin.
+        if ctx.controlling_tty && libc::ioctl(0, libc::TIOCSCTTY, 0) == -1 {
+            return fail(ctx, SpawnStage::Stdio);
         }
         // Nothing but stdio (and fd 3 when given) survives the exec, whatever the
         // host leaked. Fail closed on kernels without CLOSE_RANGE_CLOEXEC (before

@@ -4,6 +4,7 @@ pub(crate) mod environment;
 pub(crate) mod exec;
 pub(crate) mod files;
 pub(crate) mod handlers;
+pub(crate) mod interactive;
 pub(crate) mod javascript;
 pub(crate) mod lifecycle;
 pub(crate) mod limits;

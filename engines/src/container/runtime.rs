@@ -125,6 +125,7 @@ impl Runtime {
             cgroup_procs: Vec::new(),
             netns: None,
             mntns: self.mntns.as_ref().map(|f| f.as_raw_fd()),
+            controlling_tty: false,
         })
     }
 

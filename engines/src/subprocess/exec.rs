@@ -423,6 +423,7 @@ impl SubprocessSandbox {
             cgroup_procs: cgroup.map(|g| g.procs_files().to_vec()).unwrap_or_default(),
             netns: self.netns.as_ref().map(|fd| fd.as_raw_fd()),
             mntns: None,
+            controlling_tty: false,
         };
         Ok(spec)
     }

@@ -10,6 +10,7 @@
 //! with the embedding process's memory.
 
 mod exec;
+mod interactive;
 mod runner;
 mod sandbox;
 pub(crate) mod warm;
@@ -147,7 +148,14 @@ impl SubprocessEngine {
         if netns.is_ok() {
             network.push("none");
         }
-        let mut features = vec!["streaming", "files", "output_cap"];
+        let mut features = vec![
+            "streaming",
+            "files",
+            "output_cap",
+            paddock_core::interactive::FEATURE_PROCESS,
+            paddock_core::interactive::FEATURE_TERMINAL,
+            paddock_core::interactive::FEATURE_TCP,
+        ];
         if !config.handlers.is_empty() {
             // Configured handlers may suspend; `Sandbox::resume` continues them.
             features.push("suspend");

@@ -48,6 +48,8 @@ pub struct SubprocessSandbox {
     /// The cgroup warm workers run in, apart from cold executions so that the sweep
     /// after a cold execution does not kill them.
     pub(super) warm_cgroup: Option<Arc<Cgroup>>,
+    /// Background processes and terminals.
+    pub(super) processes: crate::interactive::Processes,
 }
 
 impl SubprocessSandbox {
@@ -130,6 +132,7 @@ impl SubprocessSandbox {
             warm: parking_lot::Mutex::new(Default::default()),
             suspended: parking_lot::Mutex::new(Default::default()),
             warm_cgroup: warm_cgroup.map(Arc::new),
+            processes: Default::default(),
         };
         // Interpreters start now, ahead of the first execution.
         if let Some(setup) = &sandbox.engine.warm {
@@ -282,7 +285,30 @@ impl Sandbox for SubprocessSandbox {
         if self.destroying() {
             return Err(Error::disposed(&format!("sandbox {}", self.id)));
         }
+        // The next lease starts without this one's processes and terminals.
+        self.processes.kill_all(false).await;
         self.sweep(false).await
+    }
+
+    async fn start_process(
+        &self,
+        spec: paddock_core::ProcessSpec,
+    ) -> Result<paddock_core::ProcessHandle> {
+        self.start_process_impl(spec).await
+    }
+
+    async fn open_terminal(
+        &self,
+        spec: paddock_core::TerminalSpec,
+    ) -> Result<paddock_core::TerminalHandle> {
+        self.open_terminal_impl(spec).await
+    }
+
+    async fn open_tcp_connection(
+        &self,
+        target: paddock_core::TcpTarget,
+    ) -> Result<paddock_core::TcpConnection> {
+        self.open_tcp_impl(target).await
     }
 
     async fn destroy(&self) -> Result<()> {
@@ -297,6 +323,9 @@ impl Sandbox for SubprocessSandbox {
                 // Running executions see the signal, kill their programs and return.
                 self.destroy_signal.notify_waiters();
                 self.lifecycle.ops_drained().await;
+                // Processes and terminals: killed, and waited for, so that their
+                // exits are known when destroy returns.
+                self.processes.kill_all(true).await;
                 // Warm workers go first: dropping one kills its process group.
                 self.warm.lock().clear();
                 if let Some(g) = self.warm_cgroup.clone() {
@@ -343,6 +372,7 @@ impl Drop for TeardownGuard<'_> {
 impl SubprocessSandbox {
     /// Kills everything and removes the cgroup and workdir, blocking.
     fn teardown_now(&self) {
+        self.processes.kill_now();
         self.warm.lock().clear();
         if let Some(g) = &self.warm_cgroup {
             let _ = g.remove();

@@ -614,6 +614,7 @@ for line in sys.stdin:
             cgroup_procs: Vec::new(),
             netns: None,
             mntns: None,
+            controlling_tty: false,
         }
     }
 

@@ -1,0 +1,609 @@
+//! Background processes and terminals that a sandbox owns, run as host processes, and
+//! TCP streams into a network namespace.
+//!
+//! A started process is watched by one task: it streams the process's pipes (or its
+//! terminal) into the shared output buffer, notices the exit through the pidfd, kills
+//! whatever the process left running (its process group and its own cgroup) while the
+//! exited leader still holds its pid, reaps it, and reports the exit. The sandbox keeps
+//! every process in a [`Processes`] registry and, on destroy or recycle, kills them all
+//! and waits for their tasks.
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use paddock_core::interactive::{ProcessControl, ProcessExit, ProcessShared, TerminalSize};
+use paddock_core::{Error, ErrorCode, OutputChunk, Result, StreamKind};
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+use tokio::net::unix::pipe;
+
+use crate::cgroup::Cgroup;
+use crate::spawn::SpawnedChild;
+use crate::sys;
+
+/// Most background processes and terminals one sandbox runs at once.
+pub(crate) const MAX_PROCESSES: usize = 64;
+/// How long output still open after a process's tree was killed is read, at most (a
+/// writer outside the process group and cgroup).
+const DRAIN_GRACE: Duration = Duration::from_secs(2);
+/// Bytes read at a time.
+const CHUNK: usize = 64 * 1024;
+
+/// A process or terminal a sandbox owns.
+#[derive(Debug)]
+struct Owned {
+    shared: Arc<ProcessShared>,
+    control: Arc<dyn ProcessControl>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// The processes and terminals of one sandbox.
+#[derive(Debug, Default)]
+pub(crate) struct Processes {
+    inner: parking_lot::Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    next: u64,
+    live: Vec<Owned>,
+    /// Set for good once the sandbox is being destroyed: nothing more is admitted.
+    closed: bool,
+}
+
+impl Processes {
+    /// A fresh id (`p1`, `t2`, …) for one more process, or `LIMITS_EXCEEDED` when the
+    /// sandbox already runs [`MAX_PROCESSES`].
+    pub(crate) fn reserve_id(&self, prefix: &str) -> Result<String> {
+        let mut s = self.inner.lock();
+        if s.closed {
+            return Err(Error::new(
+                ErrorCode::EngineDisposed,
+                "the sandbox is being destroyed; start processes in a live sandbox",
+            ));
+        }
+        s.live.retain(|o| !o.task.is_finished());
+        if s.live.len() >= MAX_PROCESSES {
+            return Err(Error::new(
+                ErrorCode::LimitsExceeded,
+                format!(
+                    "the sandbox already runs {MAX_PROCESSES} background processes and terminals; wait for or kill one first"
+                ),
+            ));
+        }
+        s.next += 1;
+        Ok(format!("{prefix}{}", s.next))
+    }
+
+    /// Takes ownership of a started process. When the registry was closed meanwhile
+    /// (a destroy began), the process is killed at once.
+    fn add(&self, owned: Owned) {
+        let mut s = self.inner.lock();
+        if s.closed {
+            drop(s);
+            let _ = owned.control.signal(libc::SIGKILL);
+            owned.shared.close_output();
+            return;
+        }
+        s.live.push(owned);
+    }
+
+    /// Kills every process and terminal and waits until each has exited, its output
+    /// has ended and its resources are freed. With `close`, nothing is admitted
+    /// afterwards.
+    pub(crate) async fn kill_all(&self, close: bool) {
+        let live = {
+            let mut s = self.inner.lock();
+            s.closed |= close;
+            std::mem::take(&mut s.live)
+        };
+        for o in &live {
+            let _ = o.control.signal(libc::SIGKILL);
+            // A reader that stopped reading must not hold the task (and so the
+            // destroy) up: what is buffered stays readable, nothing more is added.
+            o.shared.close_output();
+        }
+        for o in live {
+            if o.task.await.is_err() {
+                // The watcher died (it does not panic; a runtime shutting down can
+                // cancel it): the promise that the exit is known still holds.
+                o.shared.close_output();
+                o.shared.set_exit(ProcessExit {
+                    exit_code: -1,
+                    signal: None,
+                });
+            }
+        }
+    }
+
+    /// Kills everything without waiting (a sandbox dropped without destroy).
+    pub(crate) fn kill_now(&self) {
+        let mut s = self.inner.lock();
+        s.closed = true;
+        for o in s.live.drain(..) {
+            let _ = o.control.signal(libc::SIGKILL);
+            o.shared.close_output();
+        }
+    }
+}
+
+/// Where a host process's output comes from.
+pub(crate) enum Source {
+    /// A pipe (stdout or stderr).
+    Pipe(pipe::Receiver, StreamKind),
+    /// A terminal's master side (reported as stdout).
+    Pty(Arc<AsyncFd<OwnedFd>>),
+}
+
+impl Source {
+    /// Reads what is there; `Ok(0)` at the end. A terminal whose every slave
+    /// descriptor is closed reads `EIO`, which is its end.
+    async fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Source::Pipe(p, _) => loop {
+                p.readable().await?;
+                match p.try_read(buf) {
+                    Ok(n) => return Ok(n),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                    Err(e) => return Err(e),
+                }
+            },
+            Source::Pty(fd) => loop {
+                let mut guard = fd.readable().await?;
+                let r = guard.try_io(|inner| {
+                    // SAFETY: read(2) into the caller's buffer.
+                    let n = unsafe {
+                        libc::read(inner.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len())
+                    };
+                    if n < 0 {
+                        Err(io::Error::last_os_error())
+                    } else {
+                        Ok(n as usize)
+                    }
+                });
+                match r {
+                    Ok(Ok(n)) => return Ok(n),
+                    Ok(Err(e)) if e.raw_os_error() == Some(libc::EIO) => return Ok(0),
+                    Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Ok(Err(e)) => return Err(e),
+                    Err(_would_block) => continue,
+                }
+            },
+        }
+    }
+
+    fn stream(&self) -> StreamKind {
+        match self {
+            Source::Pipe(_, k) => *k,
+            Source::Pty(_) => StreamKind::Stdout,
+        }
+    }
+}
+
+/// Streams one source into the output buffer until its end, or until the buffer is
+/// closed.
+async fn pump(shared: &ProcessShared, source: &Source) {
+    let mut buf = vec![0u8; CHUNK];
+    loop {
+        match source.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                let chunk = OutputChunk {
+                    stream: source.stream(),
+                    data: buf[..n].to_vec(),
+                };
+                if shared.push_output(chunk).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// The leader of a host process, guarded so that no signal reaches a pid the kernel
+/// may have given to another process: signals are sent only while it is not reaped.
+#[derive(Debug)]
+struct Leader {
+    pid: libc::pid_t,
+    pidfd: OwnedFd,
+    reaped: parking_lot::Mutex<bool>,
+    cgroup: Option<Arc<Cgroup>>,
+}
+
+impl Leader {
+    /// Sends `signal` to the leader and its process group (while unreaped).
+    fn signal(&self, signal: libc::c_int) {
+        let reaped = self.reaped.lock();
+        if !*reaped {
+            let _ = sys::pidfd_send_signal(&self.pidfd, signal);
+            sys::kill_group(self.pid, signal);
+        }
+    }
+}
+
+/// Input and signals of a process started with pipes.
+#[derive(Debug)]
+struct PipeControl {
+    stdin: tokio::sync::Mutex<Option<pipe::Sender>>,
+    leader: Arc<Leader>,
+}
+
+fn stdin_closed() -> Error {
+    Error::new(
+        ErrorCode::StreamClosed,
+        "the process's stdin is closed (start it with stdin: true to write to it; it closes on close_stdin and when the process exits)",
+    )
+}
+
+#[async_trait]
+impl ProcessControl for PipeControl {
+    async fn write(&self, data: &[u8]) -> Result<()> {
+        use tokio::io::AsyncWriteExt;
+        let mut stdin = self.stdin.lock().await;
+        let Some(pipe) = stdin.as_mut() else {
+            return Err(stdin_closed());
+        };
+        if pipe.write_all(data).await.is_err() {
+            *stdin = None;
+            return Err(stdin_closed());
+        }
+        Ok(())
+    }
+
+    async fn close_stdin(&self) -> Result<()> {
+        self.stdin.lock().await.take();
+        Ok(())
+    }
+
+    fn signal(&self, signal: i32) -> Result<()> {
+        self.leader.signal(signal);
+        Ok(())
+    }
+}
+
+/// Input, signals and size of a process on a terminal.
+#[derive(Debug)]
+struct PtyControl {
+    master: Arc<AsyncFd<OwnedFd>>,
+    /// Serializes writers, so that one write's bytes are not interleaved with another's.
+    writing: tokio::sync::Mutex<()>,
+    leader: Arc<Leader>,
+}
+
+#[async_trait]
+impl ProcessControl for PtyControl {
+    async fn write(&self, data: &[u8]) -> Result<()> {
+        let _one = self.writing.lock().await;
+        let mut rest = data;
+        while !rest.is_empty() {
+            let mut guard = self.master.writable().await.map_err(|_| stdin_closed())?;
+            let r = guard.try_io(|inner| {
+                // SAFETY: write(2) from the caller's buffer.
+                let n = unsafe { libc::write(inner.as_raw_fd(), rest.as_ptr().cast(), rest.len()) };
+                if n < 0 {
+                    Err(io::Error::last_os_error())
+                } else {
+                    Ok(n as usize)
+                }
+            });
+            match r {
+                Ok(Ok(n)) => rest = &rest[n..],
+                Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
+                Ok(Err(_)) => return Err(stdin_closed()),
+                Err(_would_block) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// A terminal has no stdin of its own to close: this types the end-of-file
+    /// character (Ctrl-D).
+    async fn close_stdin(&self) -> Result<()> {
+        self.write(b"\x04").await
+    }
+
+    fn signal(&self, signal: i32) -> Result<()> {
+        self.leader.signal(signal);
+        Ok(())
+    }
+
+    fn resize(&self, size: TerminalSize) -> Result<()> {
+        set_window_size(self.master.as_raw_fd(), size)
+            .map_err(|e| Error::engine_io("resizing the terminal", e))
+    }
+}
+
+fn winsize(size: TerminalSize) -> libc::winsize {
+    libc::winsize {
+        ws_row: size.rows,
+        ws_col: size.cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    }
+}
+
+fn set_window_size(fd: RawFd, size: TerminalSize) -> io::Result<()> {
+    let ws = winsize(size);
+    // SAFETY: TIOCSWINSZ reads a winsize from a valid pointer.
+    sys::cvt(unsafe { libc::ioctl(fd, libc::TIOCSWINSZ, &ws) }).map(|_| ())
+}
+
+/// A new pseudo-terminal of `size`: (master, slave), both close-on-exec, the master
+/// non-blocking.
+pub(crate) fn open_pty(size: TerminalSize) -> io::Result<(OwnedFd, OwnedFd)> {
+    let (mut master, mut slave) = (-1, -1);
+    let ws = winsize(size);
+    // SAFETY: openpty writes two descriptors; the name and termios are optional.
+    sys::cvt(unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            &ws,
+        )
+    })?;
+    // SAFETY: fresh descriptors nobody else owns.
+    let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+    for fd in [&master, &slave] {
+        // SAFETY: fcntl on descriptors we own.
+        unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) };
+    }
+    // SAFETY: as above.
+    unsafe {
+        let flags = libc::fcntl(master.as_raw_fd(), libc::F_GETFL);
+        libc::fcntl(master.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
+    }
+    Ok((master, slave))
+}
+
+/// How a started host process talks to the caller.
+pub(crate) enum Wiring {
+    /// Pipes: stdin (when asked for), stdout, stderr.
+    Pipes {
+        stdin: Option<OwnedFd>,
+        stdout: OwnedFd,
+        stderr: OwnedFd,
+    },
+    /// A terminal's master side.
+    Pty(OwnedFd),
+}
+
+/// Watches a started host process and registers it with `processes`; returns the
+/// shared state the caller's handle wraps. `cgroup` is the process's own group
+/// (killed and removed when it exits).
+pub(crate) fn adopt(
+    processes: &Processes,
+    id: String,
+    child: SpawnedChild,
+    wiring: Wiring,
+    cgroup: Option<Arc<Cgroup>>,
+    buffer_bytes: usize,
+) -> Result<Arc<ProcessShared>> {
+    let io_err = |e: io::Error| Error::engine_io("watching the started process", e);
+    // SAFETY: the AsyncFd owns its own clone of the pidfd for its whole life.
+    let exited = unsafe {
+        AsyncFd::register_with_interest(
+            child.pidfd.try_clone().map_err(io_err)?,
+            Interest::READABLE,
+        )
+    }
+    .map_err(|e| io_err(e.into()))?;
+    let leader = Arc::new(Leader {
+        pid: child.pid,
+        pidfd: child.pidfd,
+        reaped: parking_lot::Mutex::new(false),
+        cgroup,
+    });
+    let (control, sources): (Arc<dyn ProcessControl>, Vec<Source>) = match wiring {
+        Wiring::Pipes {
+            stdin,
+            stdout,
+            stderr,
+        } => {
+            let stdin = stdin
+                .map(pipe::Sender::from_owned_fd)
+                .transpose()
+                .map_err(io_err)?;
+            let sources = vec![
+                Source::Pipe(
+                    pipe::Receiver::from_owned_fd(stdout).map_err(io_err)?,
+                    StreamKind::Stdout,
+                ),
+                Source::Pipe(
+                    pipe::Receiver::from_owned_fd(stderr).map_err(io_err)?,
+                    StreamKind::Stderr,
+                ),
+            ];
+            (
+                Arc::new(PipeControl {
+                    stdin: tokio::sync::Mutex::new(stdin),
+                    leader: leader.clone(),
+                }),
+                sources,
+            )
+        }
+        Wiring::Pty(master) => {
+            // SAFETY: the AsyncFd owns the master for its whole life.
+            let master = Arc::new(
+                unsafe {
+                    AsyncFd::register_with_interest(master, Interest::READABLE | Interest::WRITABLE)
+                }
+                .map_err(|e| io_err(e.into()))?,
+            );
+            (
+                Arc::new(PtyControl {
+                    master: master.clone(),
+                    writing: tokio::sync::Mutex::new(()),
+                    leader: leader.clone(),
+                }),
+                vec![Source::Pty(master)],
+            )
+        }
+    };
+    let shared = ProcessShared::new(id, Some(child.pid as u32), control.clone(), buffer_bytes);
+    let task = tokio::spawn(watch(shared.clone(), leader, exited, sources));
+    processes.add(Owned {
+        shared: shared.clone(),
+        control,
+        task,
+    });
+    Ok(shared)
+}
+
+/// The task of one process: output, exit, cleanup.
+async fn watch(
+    shared: Arc<ProcessShared>,
+    leader: Arc<Leader>,
+    exited: AsyncFd<OwnedFd>,
+    sources: Vec<Source>,
+) {
+    let pumps = futures_join_all(&shared, &sources);
+    tokio::pin!(pumps);
+    let mut pumped = false;
+    loop {
+        tokio::select! {
+            _ = &mut pumps, if !pumped => pumped = true,
+            r = exited.readable() => {
+                match r {
+                    Ok(_) => break,
+                    // Cannot happen for a registered pidfd; fall back to polling.
+                    Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+                }
+                if sys::pidfd_exited(&leader.pidfd) {
+                    break;
+                }
+            }
+        }
+    }
+    // The leader is a zombie: its pid (and so its process group id) cannot be reused
+    // until it is reaped. Whatever it left running dies now.
+    sys::kill_group(leader.pid, libc::SIGKILL);
+    if let Some(g) = leader.cgroup.clone() {
+        let _ = crate::task::blocking(move || {
+            g.kill_all()
+                .map_err(|e| Error::engine_io("killing the process's tree", e))
+        })
+        .await;
+    }
+    let status = {
+        let mut reaped = leader.reaped.lock();
+        let status = sys::reap(leader.pid);
+        *reaped = true;
+        status
+    };
+    let exit = match status {
+        Ok(st) => match (st.code, st.signal) {
+            (Some(c), _) => ProcessExit {
+                exit_code: c,
+                signal: None,
+            },
+            (None, Some(s)) => ProcessExit {
+                exit_code: 128 + s,
+                signal: Some(s),
+            },
+            (None, None) => ProcessExit {
+                exit_code: -1,
+                signal: None,
+            },
+        },
+        Err(_) => ProcessExit {
+            exit_code: -1,
+            signal: None,
+        },
+    };
+    if !pumped {
+        let _ = tokio::time::timeout(DRAIN_GRACE, &mut pumps).await;
+    }
+    shared.close_output();
+    if let Some(g) = leader.cgroup.clone() {
+        let _ = crate::task::blocking(move || {
+            g.remove()
+                .map_err(|e| Error::engine_io("removing the process's cgroup", e))
+        })
+        .await;
+    }
+    // Last: whoever waits for the exit finds everything about the process over.
+    shared.set_exit(exit);
+}
+
+/// Pumps every source concurrently until each has ended.
+async fn futures_join_all(shared: &ProcessShared, sources: &[Source]) {
+    match sources {
+        [] => {}
+        [one] => pump(shared, one).await,
+        [a, b] => {
+            tokio::join!(pump(shared, a), pump(shared, b));
+        }
+        more => {
+            for s in more {
+                pump(shared, s).await;
+            }
+        }
+    }
+}
+
+/// Connects to `addr` from inside the network namespace `netns` (an fd of
+/// `/proc/<pid>/ns/net` or of a namespace Paddock made). A short-lived thread enters
+/// the namespace and makes the socket there; the socket stays in that namespace, and
+/// no thread of the host changes namespace for longer than the connect.
+pub(crate) fn connect_in_netns(netns: RawFd, addr: SocketAddr) -> io::Result<std::net::TcpStream> {
+    let fd = netns;
+    std::thread::Builder::new()
+        .name("paddock-connect".into())
+        .spawn(move || {
+            // SAFETY: setns changes this thread's network namespace only; the thread
+            // ends right after the connect.
+            if unsafe { libc::setns(fd, libc::CLONE_NEWNET) } == -1 {
+                return Err(io::Error::last_os_error());
+            }
+            std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+        })?
+        .join()
+        .map_err(|_| io::Error::other("the connecting thread panicked"))?
+}
+
+/// A TCP stream to `addr` inside `netns` (or the host's own loopback without one),
+/// ready for tokio. A refused connection is `NOT_FOUND`: nothing listens there.
+pub(crate) async fn connect(
+    netns: Option<RawFd>,
+    target: &paddock_core::TcpTarget,
+) -> Result<paddock_core::TcpConnection> {
+    let addr = target.loopback_addr()?;
+    // The fd stays open for the call: the sandbox is kept alive by the caller.
+    let stream = crate::task::blocking(move || {
+        let r = match netns {
+            Some(fd) => connect_in_netns(fd, addr),
+            None => std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)),
+        };
+        r.map_err(|e| connect_error(addr, e))
+    })
+    .await?;
+    stream
+        .set_nonblocking(true)
+        .map_err(|e| Error::engine_io("preparing the TCP stream", e))?;
+    let stream = tokio::net::TcpStream::from_std(stream)
+        .map_err(|e| Error::engine_io("registering the TCP stream", e))?;
+    Ok(paddock_core::TcpConnection {
+        stream,
+        target: addr,
+    })
+}
+
+fn connect_error(addr: SocketAddr, e: io::Error) -> Error {
+    match e.kind() {
+        io::ErrorKind::ConnectionRefused => Error::new(
+            ErrorCode::NotFound,
+            format!("nothing listens on {addr} inside the sandbox; start the service first (and have it bind that address)"),
+        ),
+        io::ErrorKind::TimedOut => Error::new(
+            ErrorCode::Timeout,
+            format!("connecting to {addr} inside the sandbox timed out after 5 s"),
+        ),
+        _ => Error::engine_io(&format!("connecting to {addr} inside the sandbox"), e),
+    }
+}

@@ -1,0 +1,194 @@
+//! Background processes, terminals and TCP streams of a subprocess sandbox.
+//!
+//! Each process or terminal runs as a host process in its own session, in a cgroup of
+//! its own (the sandbox's limits but no CPU-time limit or deadline: it is meant to
+//! outlive the call), in the sandbox's network namespace and workdir. When it exits,
+//! whatever it left running is killed with it.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Arc;
+
+use paddock_core::interactive::DEFAULT_OUTPUT_BUFFER;
+use paddock_core::{
+    Error, Limits, ProcessHandle, ProcessSpec, Result, TcpConnection, TcpTarget, TerminalHandle,
+    TerminalSpec,
+};
+
+use super::sandbox::SubprocessSandbox;
+use crate::cgroup::Cgroup;
+use crate::interactive::{adopt, open_pty, Wiring};
+use crate::spawn::spawn;
+use crate::sys;
+use crate::task::blocking;
+
+impl SubprocessSandbox {
+    /// The limits a long-lived process runs under: the sandbox's, without a deadline
+    /// or a CPU-time limit.
+    fn process_limits(&self) -> Limits {
+        let mut limits = self.spec.limits.or(&self.engine.defaults);
+        limits.timeout_ms = None;
+        limits.cpu_ms = None;
+        limits
+    }
+
+    /// A cgroup of the process's own, limited like the sandbox.
+    async fn process_cgroup(&self, id: &str, limits: &Limits) -> Result<Option<Arc<Cgroup>>> {
+        if self.engine.cgroups.is_none() {
+            return Ok(None);
+        }
+        let engine = self.engine.clone();
+        let name = format!("{}-{id}", self.id);
+        let (memory, pids) = (limits.memory_bytes, limits.pids);
+        let group = blocking(move || {
+            let Some(root) = &engine.cgroups else {
+                return Ok(None);
+            };
+            let g = root
+                .create_group(&name)
+                .map_err(|e| Error::engine_io("creating the process's cgroup", e))?;
+            if let Err(e) = g.set_limits(memory, pids) {
+                let _ = g.remove();
+                return Err(Error::engine_io("setting the process's cgroup limits", e));
+            }
+            Ok(Some(Arc::new(g)))
+        })
+        .await?;
+        Ok(group)
+    }
+
+    pub(super) async fn start_process_impl(&self, spec: ProcessSpec) -> Result<ProcessHandle> {
+        let _op = self.enter()?;
+        spec.validate()?;
+        let id = self.processes.reserve_id("p")?;
+        let limits = self.process_limits();
+        let cgroup = self.process_cgroup(&id, &limits).await?;
+        let started = (|| -> Result<_> {
+            let pipe = || sys::pipe().map_err(|e| Error::engine_io("creating a pipe", e));
+            let (stdin_r, stdin_w) = if spec.stdin {
+                let (r, w) = pipe()?;
+                (r, Some(w))
+            } else {
+                let null: OwnedFd = std::fs::File::open("/dev/null")
+                    .map_err(|e| Error::engine_io("opening /dev/null", e))?
+                    .into();
+                (null, None)
+            };
+            let (out_r, out_w) = pipe()?;
+            let (err_r, err_w) = pipe()?;
+            let spawn_spec = self.spawn_spec(
+                spec.argv.clone(),
+                &spec.env,
+                spec.cwd.as_deref(),
+                &limits,
+                [stdin_r, out_w, err_w],
+                cgroup.as_deref(),
+            )?;
+            let child = spawn(&spawn_spec).map_err(|e| spawn_failed(&spec.argv[0], e))?;
+            // Our copies of the child's ends go, so EOF means the child closed them.
+            drop(spawn_spec);
+            Ok((
+                child,
+                Wiring::Pipes {
+                    stdin: stdin_w,
+                    stdout: out_r,
+                    stderr: err_r,
+                },
+            ))
+        })();
+        let (child, wiring) = match started {
+            Ok(s) => s,
+            Err(e) => {
+                release(cgroup).await;
+                return Err(e);
+            }
+        };
+        let shared = adopt(
+            &self.processes,
+            id,
+            child,
+            wiring,
+            cgroup,
+            DEFAULT_OUTPUT_BUFFER,
+        )?;
+        Ok(ProcessHandle::new(shared))
+    }
+
+    pub(super) async fn open_terminal_impl(&self, spec: TerminalSpec) -> Result<TerminalHandle> {
+        let _op = self.enter()?;
+        spec.validate()?;
+        let id = self.processes.reserve_id("t")?;
+        let limits = self.process_limits();
+        let cgroup = self.process_cgroup(&id, &limits).await?;
+        let started = (|| -> Result<_> {
+            let (master, slave) =
+                open_pty(spec.size).map_err(|e| Error::engine_io("opening a terminal", e))?;
+            let dup = |fd: &OwnedFd| {
+                fd.try_clone()
+                    .map_err(|e| Error::engine_io("opening a terminal", e))
+            };
+            let stdio = [dup(&slave)?, dup(&slave)?, slave];
+            let mut env = spec.env.clone();
+            env.entry("TERM".into())
+                .or_insert_with(|| "xterm-256color".into());
+            let argv = spec.argv();
+            let mut spawn_spec = self.spawn_spec(
+                argv.clone(),
+                &env,
+                spec.cwd.as_deref(),
+                &limits,
+                stdio,
+                cgroup.as_deref(),
+            )?;
+            spawn_spec.controlling_tty = true;
+            let child = spawn(&spawn_spec).map_err(|e| spawn_failed(&argv[0], e))?;
+            // The slave's last copy on this side goes: when the command and all it
+            // started have closed theirs, the master reads the end.
+            drop(spawn_spec);
+            Ok((child, Wiring::Pty(master)))
+        })();
+        let (child, wiring) = match started {
+            Ok(s) => s,
+            Err(e) => {
+                release(cgroup).await;
+                return Err(e);
+            }
+        };
+        let shared = adopt(
+            &self.processes,
+            id,
+            child,
+            wiring,
+            cgroup,
+            DEFAULT_OUTPUT_BUFFER,
+        )?;
+        Ok(TerminalHandle::new(shared))
+    }
+
+    pub(super) async fn open_tcp_impl(&self, target: TcpTarget) -> Result<TcpConnection> {
+        let _op = self.enter()?;
+        // Without a namespace of its own (network `unrestricted` or `allowlist`) the
+        // sandbox's loopback is the host's.
+        crate::interactive::connect(self.netns.as_ref().map(|f| f.as_raw_fd()), &target).await
+    }
+}
+
+fn spawn_failed(program: &str, e: crate::spawn::SpawnError) -> Error {
+    Error::new(
+        paddock_core::ErrorCode::SpawnFailed,
+        format!(
+            "{} `{program}` failed: {}",
+            e.stage.map_or("starting", |s| s.describe()),
+            e.error
+        ),
+    )
+}
+
+async fn release(cgroup: Option<Arc<Cgroup>>) {
+    if let Some(g) = cgroup {
+        let _ = blocking(move || {
+            g.remove()
+                .map_err(|e| Error::engine_io("removing the process's cgroup", e))
+        })
+        .await;
+    }
+}
