@@ -290,6 +290,27 @@ impl Sandbox for BrokenSandbox {
         self.inner.recycle().await
     }
 
+    async fn start_process(
+        &self,
+        spec: paddock_core::ProcessSpec,
+    ) -> Result<paddock_core::ProcessHandle> {
+        self.inner.start_process(spec).await
+    }
+
+    async fn open_terminal(
+        &self,
+        spec: paddock_core::TerminalSpec,
+    ) -> Result<paddock_core::TerminalHandle> {
+        self.inner.open_terminal(spec).await
+    }
+
+    async fn open_tcp_connection(
+        &self,
+        target: paddock_core::TcpTarget,
+    ) -> Result<paddock_core::TcpConnection> {
+        self.inner.open_tcp_connection(target).await
+    }
+
     async fn destroy(&self) -> Result<()> {
         self.inner.destroy().await
     }

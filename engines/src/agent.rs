@@ -15,8 +15,18 @@
 //! agent — only when the agent is pid 1 of its own pid namespace. As pid 1 the agent
 //! also reaps the orphans the kernel hands it.
 //!
-//! One thread: a `poll` over the host's frames, the command's two output pipes and
-//! its pidfd.
+//! **Background processes.** When the host passes a `SOCK_SEQPACKET` socket as fd 3,
+//! the agent also serves the control channel (`docs/protocol.md`, "The container
+//! agent's control channel"): `spawn` starts a process in a session of its own, with
+//! the three pipe ends passed along or on a pseudo-terminal the agent opens inside
+//! (its master goes back to the host with `started`); `signal` signals its process
+//! group; `exited` reports its end, after everything left in its session was killed.
+//! Such processes outlive turns: the cleanup after a turn spares the sessions of
+//! background processes still running (a process that leaves its session is a
+//! leftover like any other).
+//!
+//! One thread: a `poll` over the host's frames, the control channel, the command's
+//! two output pipes, its pidfd and the pidfds of background processes.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::Write;
@@ -69,25 +79,491 @@ impl Host {
 
 /// Runs the agent until stdin closes; returns the process exit code.
 pub fn main() -> i32 {
-    let mut host = Host {
-        decoder: FrameDecoder::new(),
-        queued: VecDeque::new(),
-        closed: false,
+    let mut agent = Agent {
+        host: Host {
+            decoder: FrameDecoder::new(),
+            queued: VecDeque::new(),
+            closed: false,
+        },
+        control: control_channel(),
+        background: Vec::new(),
     };
     loop {
-        while let Some(frame) = host.queued.pop_front() {
+        while let Some(frame) = agent.host.queued.pop_front() {
             if let Frame::Invoke { id, input, .. } = frame {
-                run_turn(&id, &input, &mut host);
-                reap_orphans();
+                agent.run_turn(&id, &input);
+                agent.reap();
             }
             // Anything else with no turn running (a late cancel) has nothing to do.
         }
-        if host.closed {
-            kill_everything_else();
+        if agent.host.closed {
+            agent.kill_everything_else(true);
             return 0;
         }
-        host.read();
+        agent.idle();
     }
+}
+
+/// fd 3 when the host passed a `SOCK_SEQPACKET` socket there: the control channel.
+fn control_channel() -> Option<OwnedFd> {
+    let mut kind: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt into a local int; fails harmlessly when fd 3 is no socket.
+    let r = unsafe {
+        libc::getsockopt(
+            3,
+            libc::SOL_SOCKET,
+            libc::SO_TYPE,
+            (&mut kind as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 || kind != libc::SOCK_SEQPACKET {
+        return None;
+    }
+    // SAFETY: fd 3 is open (getsockopt succeeded) and nothing else in this process
+    // owns it; close-on-exec keeps it from every command.
+    unsafe {
+        libc::fcntl(3, libc::F_SETFD, libc::FD_CLOEXEC);
+        Some(OwnedFd::from_raw_fd(3))
+    }
+}
+
+/// A background process started through the control channel.
+struct Background {
+    id: String,
+    /// Its pid, which is also its session and process group id.
+    pid: libc::pid_t,
+    pidfd: Option<OwnedFd>,
+}
+
+/// Everything the agent serves.
+struct Agent {
+    host: Host,
+    control: Option<OwnedFd>,
+    background: Vec<Background>,
+}
+
+fn pollfd(fd: RawFd) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    }
+}
+
+impl Agent {
+    /// The descriptors polled besides a turn's own: the control channel, then each
+    /// background process's pidfd (-1 where there is none).
+    fn extra_fds(&self) -> Vec<libc::pollfd> {
+        let mut fds = vec![pollfd(self.control.as_ref().map_or(-1, |c| c.as_raw_fd()))];
+        for b in &self.background {
+            fds.push(pollfd(b.pidfd.as_ref().map_or(-1, |p| p.as_raw_fd())));
+        }
+        fds
+    }
+
+    /// Handles what [`extra_fds`](Self::extra_fds) reported ready.
+    fn service(&mut self, ready: &[libc::pollfd]) {
+        let exited: Vec<libc::pid_t> = ready
+            .iter()
+            .skip(1)
+            .zip(&self.background)
+            .filter(|(fd, _)| fd.revents != 0)
+            .map(|(_, b)| b.pid)
+            .collect();
+        for pid in exited {
+            self.finish_background(pid);
+        }
+        if ready.first().is_some_and(|fd| fd.revents != 0) {
+            self.read_control();
+        }
+    }
+
+    /// Waits between turns: for frames, control messages and background exits.
+    fn idle(&mut self) {
+        let mut fds = vec![pollfd(0)];
+        fds.extend(self.extra_fds());
+        // SAFETY: poll(2) over a local array.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+        if n < 0 {
+            return;
+        }
+        if fds[0].revents != 0 {
+            self.host.read();
+        }
+        self.service(&fds[1..]);
+    }
+
+    /// Reads and handles one control message.
+    fn read_control(&mut self) {
+        let Some(sock) = self.control.as_ref().map(|c| c.as_raw_fd()) else {
+            return;
+        };
+        let mut buf = vec![0u8; CONTROL_MESSAGE_MAX];
+        let (n, fds) = match crate::sys::recv_with_fds(sock, &mut buf) {
+            Ok((0, _)) | Err(_) => {
+                // The host closed it: no more background processes.
+                self.control = None;
+                return;
+            }
+            Ok(r) => r,
+        };
+        match ControlFrame::decode(&buf[..n]) {
+            Ok(ControlMessage::Spawn {
+                id,
+                argv,
+                env,
+                cwd,
+                tty,
+            }) => self.spawn_background(id, argv, env, cwd, tty, fds),
+            Ok(ControlMessage::Signal { id, signal }) => {
+                if let Some(b) = self.background.iter().find(|b| b.id == id) {
+                    // SAFETY: kill(2) on the group of a process not yet reaped.
+                    unsafe { libc::kill(-b.pid, signal) };
+                }
+            }
+            Ok(other) => {
+                eprintln!("paddock-agent: ignoring a control message for the host: {other:?}")
+            }
+            Err(e) => {
+                eprintln!("paddock-agent: ignoring a control message that does not parse: {e}")
+            }
+        }
+    }
+
+    fn answer(&self, message: &ControlMessage, fd: Option<RawFd>) {
+        if let Some(sock) = &self.control {
+            let bytes = ControlFrame::encode(message);
+            let fds: Vec<RawFd> = fd.into_iter().collect();
+            let _ = crate::sys::send_with_fds(sock.as_raw_fd(), &bytes, &fds);
+        }
+    }
+
+    fn spawn_background(
+        &mut self,
+        id: String,
+        argv: Vec<String>,
+        env: BTreeMap<String, String>,
+        cwd: String,
+        tty: Option<(u16, u16)>,
+        fds: Vec<OwnedFd>,
+    ) {
+        let failed = |agent: &Agent, message: String| {
+            agent.answer(
+                &ControlMessage::Failed {
+                    id: id.clone(),
+                    message,
+                },
+                None,
+            );
+        };
+        if argv.is_empty() || self.background.iter().any(|b| b.id == id) {
+            return failed(self, "spawn needs a fresh id and a non-empty argv".into());
+        }
+        let mut cmd = Command::new(&argv[0]);
+        cmd.args(&argv[1..])
+            .env_clear()
+            .envs(&env)
+            .current_dir(&cwd);
+        let master = match tty {
+            None => {
+                let [stdin, stdout, stderr]: [OwnedFd; 3] = match fds.try_into() {
+                    Ok(f) => f,
+                    Err(_) => {
+                        return failed(self, "spawn without tty needs three descriptors".into())
+                    }
+                };
+                cmd.stdin(stdin).stdout(stdout).stderr(stderr);
+                None
+            }
+            Some((rows, cols)) => match open_pty(rows, cols) {
+                Ok((master, slave)) => {
+                    let copies = (slave.try_clone(), slave.try_clone());
+                    let (Ok(a), Ok(b)) = copies else {
+                        return failed(self, "cannot copy the terminal's descriptor".into());
+                    };
+                    cmd.stdin(a).stdout(b).stderr(slave);
+                    Some(master)
+                }
+                Err(e) => return failed(self, format!("opening a terminal failed: {e}")),
+            },
+        };
+        let on_tty = master.is_some();
+        // SAFETY: the closure makes only async-signal-safe calls (setsid, ioctl).
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setsid() == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if on_tty && libc::ioctl(0, libc::TIOCSCTTY, 0) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let spawned = cmd.spawn();
+        // The child's copies of the descriptors go with the command.
+        drop(cmd);
+        match spawned {
+            Ok(child) => {
+                let pid = child.id() as libc::pid_t;
+                self.background.push(Background {
+                    id: id.clone(),
+                    pid,
+                    pidfd: pidfd_open(pid),
+                });
+                self.answer(
+                    &ControlMessage::Started { id, pid },
+                    master.as_ref().map(|m| m.as_raw_fd()),
+                );
+            }
+            Err(e) => failed(self, format!("starting `{}` failed: {e}", argv[0])),
+        }
+    }
+
+    /// A background process's leader has exited (it is a zombie, or was just found
+    /// as one): everything left in its session dies, it is reaped, the host is told.
+    fn finish_background(&mut self, pid: libc::pid_t) {
+        let Some(at) = self.background.iter().position(|b| b.pid == pid) else {
+            return;
+        };
+        // The unreaped leader keeps its pid, so the session id names only its own.
+        kill_session(pid);
+        let mut status = 0;
+        // SAFETY: waitpid on our own child, which has exited.
+        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+        let b = self.background.remove(at);
+        let (exit_code, signal) = if r != pid {
+            (-1, None)
+        } else if libc::WIFEXITED(status) {
+            (libc::WEXITSTATUS(status), None)
+        } else if libc::WIFSIGNALED(status) {
+            let s = libc::WTERMSIG(status);
+            (128 + s, Some(s))
+        } else {
+            (-1, None)
+        };
+        self.answer(
+            &ControlMessage::Exited {
+                id: b.id,
+                exit_code,
+                signal,
+            },
+            None,
+        );
+    }
+
+    /// Reaps every exited child without waiting (a background leader is finished
+    /// properly); the error that ended it (`ECHILD`: no child at all), `None` when
+    /// children are still running.
+    fn reap(&mut self) -> Option<i32> {
+        loop {
+            // SAFETY: siginfo_t is plain data; waitid writes it.
+            let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+            // SAFETY: waitid with a valid out pointer; WNOWAIT only peeks.
+            let r = unsafe {
+                libc::waitid(
+                    libc::P_ALL,
+                    0,
+                    &mut info,
+                    libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+                )
+            };
+            if r == -1 {
+                let e = std::io::Error::last_os_error().raw_os_error();
+                if e == Some(libc::EINTR) {
+                    continue;
+                }
+                return e;
+            }
+            // SAFETY: si_pid is valid for the SIGCHLD-style info waitid fills.
+            let pid = unsafe { info.si_pid() };
+            if pid == 0 {
+                return None;
+            }
+            if self.background.iter().any(|b| b.pid == pid) {
+                self.finish_background(pid);
+            } else {
+                let mut status = 0;
+                // SAFETY: waitpid on a child that has exited.
+                unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+            }
+        }
+    }
+
+    /// Kills every process of the container but the agent (and, unless `all`, the
+    /// sessions of background processes) and reaps them, until none is left (at most
+    /// a second: a process in uninterruptible sleep dies when it wakes). Only as pid
+    /// 1 of its own pid namespace: anywhere else "every other process" would be the
+    /// host's.
+    fn kill_everything_else(&mut self, all: bool) {
+        if std::process::id() != 1 {
+            self.reap();
+            return;
+        }
+        if all {
+            for b in &self.background {
+                // SAFETY: kill(2) on the group of a process not yet reaped.
+                unsafe { libc::kill(-b.pid, libc::SIGKILL) };
+            }
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        loop {
+            // Every process of the namespace descends from pid 1 (nothing enters the
+            // container from outside), and orphans are handed to it: no child left
+            // means no process left, and the usual turn ends with this one call.
+            if matches!(self.reap(), Some(libc::ECHILD)) {
+                return;
+            }
+            let spared: Vec<libc::pid_t> = if all {
+                Vec::new()
+            } else {
+                self.background.iter().map(|b| b.pid).collect()
+            };
+            let Ok(entries) = std::fs::read_dir("/proc") else {
+                return;
+            };
+            let mut others = 0;
+            for e in entries.flatten() {
+                let Ok(pid) = e.file_name().to_string_lossy().parse::<libc::pid_t>() else {
+                    continue;
+                };
+                if pid == 1
+                    || (!spared.is_empty() && session_of(pid).is_some_and(|s| spared.contains(&s)))
+                {
+                    continue;
+                }
+                // SAFETY: kill(2) with a pid read from this namespace's /proc (a
+                // zombie ignores it; reaping removes it).
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                others += 1;
+            }
+            self.reap();
+            if others == 0 || std::time::Instant::now() >= deadline {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+    }
+}
+
+/// The session id of `pid`, from `/proc/<pid>/stat`.
+fn session_of(pid: libc::pid_t) -> Option<libc::pid_t> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // pid (comm) state ppid pgrp session …; comm may hold spaces and parentheses.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(3)?.parse().ok()
+}
+
+/// SIGKILL to every process of session `sid` but its leader.
+fn kill_session(sid: libc::pid_t) {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for e in entries.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<libc::pid_t>() else {
+            continue;
+        };
+        if pid != sid && pid > 1 && session_of(pid) == Some(sid) {
+            // SAFETY: kill(2) on a process of the exited leader's session.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+}
+
+/// A pseudo-terminal of `rows` x `cols`: (master, slave), close-on-exec.
+fn open_pty(rows: u16, cols: u16) -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let (mut master, mut slave) = (-1, -1);
+    let ws = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: openpty writes two descriptors; name and termios are optional.
+    let r = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            &ws,
+        )
+    };
+    if r == -1 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fresh descriptors nobody else owns.
+    let pair = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+    for fd in [&pair.0, &pair.1] {
+        // SAFETY: fcntl on descriptors we own.
+        unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) };
+    }
+    Ok(pair)
+}
+
+/// The largest control message (a spawn's argv and environment included).
+pub(crate) const CONTROL_MESSAGE_MAX: usize = 128 * 1024;
+
+/// One message on the control channel: a JSON object per `SOCK_SEQPACKET` message,
+/// with `"v": 1` and the message's fields.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct ControlFrame {
+    /// The protocol version, 1.
+    pub(crate) v: u32,
+    /// The message.
+    #[serde(flatten)]
+    pub(crate) message: ControlMessage,
+}
+
+impl ControlFrame {
+    /// `message` as bytes to send.
+    pub(crate) fn encode(message: &ControlMessage) -> Vec<u8> {
+        serde_json::to_vec(&ControlFrame {
+            v: 1,
+            message: message.clone(),
+        })
+        .expect("control messages serialize")
+    }
+
+    /// The message in `bytes`, if it is a version-1 control frame.
+    pub(crate) fn decode(bytes: &[u8]) -> Result<ControlMessage, String> {
+        let frame: ControlFrame = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+        if frame.v != 1 {
+            return Err(format!("version {} is not 1", frame.v));
+        }
+        Ok(frame.message)
+    }
+}
+
+/// A message on the control channel, tagged by `kind`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub(crate) enum ControlMessage {
+    /// Host → agent: start a background process. Without `tty` three descriptors
+    /// (stdin, stdout, stderr) come with the message.
+    Spawn {
+        id: String,
+        argv: Vec<String>,
+        env: BTreeMap<String, String>,
+        cwd: String,
+        /// (rows, cols) of a terminal the agent opens for it.
+        tty: Option<(u16, u16)>,
+    },
+    /// Host → agent: signal the process group of a background process.
+    Signal { id: String, signal: i32 },
+    /// Agent → host: it runs as `pid` (in the container); a terminal's master comes
+    /// with the message.
+    Started { id: String, pid: libc::pid_t },
+    /// Agent → host: it could not start.
+    Failed { id: String, message: String },
+    /// Agent → host: it ended (and what it left in its session was killed).
+    Exited {
+        id: String,
+        exit_code: i32,
+        signal: Option<i32>,
+    },
 }
 
 /// The command of one `invoke`.
@@ -206,220 +682,209 @@ fn pidfd_open(pid: libc::pid_t) -> Option<OwnedFd> {
     (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
-fn run_turn(id: &str, input: &Value, host: &mut Host) {
-    let job = match job(input) {
-        Ok(j) => j,
-        Err(why) => {
-            send(&Frame::error(id, "BAD_INPUT", why));
-            return;
-        }
-    };
-    let mut cmd = Command::new(&job.argv[0]);
-    cmd.args(&job.argv[1..])
-        .env_clear()
-        .envs(&job.env)
-        .current_dir(&job.cwd)
-        .process_group(0)
-        .stdin(if job.stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = match cmd.spawn() {
-        Ok(c) => c,
-        Err(e) => {
-            send(&Frame::error(
-                id,
-                "SPAWN_FAILED",
-                format!("starting `{}` failed: {e}", job.argv[0]),
-            ));
-            return;
-        }
-    };
-    let pid = child.id() as libc::pid_t;
-    if let (Some(data), Some(mut pipe)) = (job.stdin, child.stdin.take()) {
-        // Rare, and may block on a full pipe: off the poll loop.
-        let writer = std::thread::Builder::new().spawn(move || {
-            let _ = pipe.write_all(data.as_bytes());
-        });
-        if let Err(e) = writer {
-            // No thread to be had (a pids limit, say): the command does not run
-            // without its input.
-            // SAFETY: kill(2) on the command's own process group.
-            unsafe { libc::kill(-pid, libc::SIGKILL) };
-            let _ = child.wait();
-            send(&Frame::error(
-                id,
-                "SPAWN_FAILED",
-                format!("cannot feed the command's stdin: {e}"),
-            ));
-            return;
-        }
-    }
-    let mut streams = [
-        Stream::new(child.stdout.take().map(OwnedFd::from), StreamKind::Stdout),
-        Stream::new(child.stderr.take().map(OwnedFd::from), StreamKind::Stderr),
-    ];
-    let pidfd = pidfd_open(pid);
-    let mut cancelled = false;
-    let mut exited = false;
-    let mut status = None;
-    // After the exit, output still open (a writer that escaped the kill, outside a
-    // pid namespace) is waited for this long at most.
-    let mut drain_until: Option<std::time::Instant> = None;
-    loop {
-        if exited && streams.iter().all(|s| s.fd.is_none()) {
-            break;
-        }
-        if drain_until.is_some_and(|t| std::time::Instant::now() >= t) {
-            for s in &mut streams {
-                s.flush(id, true);
-                s.fd = None;
+impl Agent {
+    /// Runs one `invoke` to its end.
+    fn run_turn(&mut self, id: &str, input: &Value) {
+        let job = match job(input) {
+            Ok(j) => j,
+            Err(why) => {
+                send(&Frame::error(id, "BAD_INPUT", why));
+                return;
             }
-            break;
-        }
-        let mut fds: Vec<libc::pollfd> = Vec::with_capacity(4);
-        let poll = |fd: RawFd| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
         };
-        fds.push(poll(if host.closed { -1 } else { 0 }));
-        for s in &streams {
-            fds.push(poll(s.fd.as_ref().map_or(-1, |f| f.as_raw_fd())));
-        }
-        let watch_exit = !exited && pidfd.is_some();
-        fds.push(poll(match (&pidfd, watch_exit) {
-            (Some(p), true) => p.as_raw_fd(),
-            _ => -1,
-        }));
-        // Without a pidfd, check for the exit every 10 ms.
-        let timeout = match drain_until {
-            Some(t) => {
-                t.saturating_duration_since(std::time::Instant::now())
-                    .as_millis() as libc::c_int
-                    + 1
+        let mut cmd = Command::new(&job.argv[0]);
+        cmd.args(&job.argv[1..])
+            .env_clear()
+            .envs(&job.env)
+            .current_dir(&job.cwd)
+            .process_group(0)
+            .stdin(if job.stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                send(&Frame::error(
+                    id,
+                    "SPAWN_FAILED",
+                    format!("starting `{}` failed: {e}", job.argv[0]),
+                ));
+                return;
             }
-            None if pidfd.is_none() => 10,
-            None => -1,
         };
-        // SAFETY: poll(2) over a local array.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
-        if n < 0 {
-            continue;
+        let pid = child.id() as libc::pid_t;
+        if let (Some(data), Some(mut pipe)) = (job.stdin, child.stdin.take()) {
+            // Rare, and may block on a full pipe: off the poll loop.
+            let writer = std::thread::Builder::new().spawn(move || {
+                let _ = pipe.write_all(data.as_bytes());
+            });
+            if let Err(e) = writer {
+                // No thread to be had (a pids limit, say): the command does not run
+                // without its input.
+                // SAFETY: kill(2) on the command's own process group.
+                unsafe { libc::kill(-pid, libc::SIGKILL) };
+                let _ = child.wait();
+                send(&Frame::error(
+                    id,
+                    "SPAWN_FAILED",
+                    format!("cannot feed the command's stdin: {e}"),
+                ));
+                return;
+            }
         }
-        if fds[0].revents != 0 {
-            host.read();
-            let mut rest = VecDeque::new();
-            while let Some(frame) = host.queued.pop_front() {
-                match frame {
-                    Frame::Cancel { id: c } if c == id => {
-                        cancelled = true;
-                        // SAFETY: kill(2) on the command's own process group.
-                        unsafe { libc::kill(-pid, libc::SIGKILL) };
+        let mut streams = [
+            Stream::new(child.stdout.take().map(OwnedFd::from), StreamKind::Stdout),
+            Stream::new(child.stderr.take().map(OwnedFd::from), StreamKind::Stderr),
+        ];
+        let pidfd = pidfd_open(pid);
+        let mut cancelled = false;
+        let mut exited = false;
+        let mut status = None;
+        // After the exit, output still open (a writer that escaped the kill, outside a
+        // pid namespace) is waited for this long at most.
+        let mut drain_until: Option<std::time::Instant> = None;
+        loop {
+            if exited && streams.iter().all(|s| s.fd.is_none()) {
+                break;
+            }
+            if drain_until.is_some_and(|t| std::time::Instant::now() >= t) {
+                for s in &mut streams {
+                    s.flush(id, true);
+                    s.fd = None;
+                }
+                break;
+            }
+            let mut fds: Vec<libc::pollfd> = Vec::with_capacity(4);
+            let poll = |fd: RawFd| libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            fds.push(poll(if self.host.closed { -1 } else { 0 }));
+            for s in &streams {
+                fds.push(poll(s.fd.as_ref().map_or(-1, |f| f.as_raw_fd())));
+            }
+            let watch_exit = !exited && pidfd.is_some();
+            fds.push(poll(match (&pidfd, watch_exit) {
+                (Some(p), true) => p.as_raw_fd(),
+                _ => -1,
+            }));
+            fds.extend(self.extra_fds());
+            // Without a pidfd, check for the exit every 10 ms.
+            let timeout = match drain_until {
+                Some(t) => {
+                    t.saturating_duration_since(std::time::Instant::now())
+                        .as_millis() as libc::c_int
+                        + 1
+                }
+                None if pidfd.is_none() => 10,
+                None => -1,
+            };
+            // SAFETY: poll(2) over a local array.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
+            if n < 0 {
+                continue;
+            }
+            if fds[0].revents != 0 {
+                self.host.read();
+                let mut rest = VecDeque::new();
+                while let Some(frame) = self.host.queued.pop_front() {
+                    match frame {
+                        Frame::Cancel { id: c } if c == id => {
+                            cancelled = true;
+                            // SAFETY: kill(2) on the command's own process group.
+                            unsafe { libc::kill(-pid, libc::SIGKILL) };
+                        }
+                        other => rest.push_back(other),
                     }
-                    other => rest.push_back(other),
+                }
+                self.host.queued = rest;
+                if self.host.closed && !exited {
+                    // The host is gone: stop the command; the main loop then ends.
+                    // SAFETY: as above.
+                    unsafe { libc::kill(-pid, libc::SIGKILL) };
                 }
             }
-            host.queued = rest;
-            if host.closed && !exited {
-                // The host is gone: stop the command; the main loop then ends.
-                // SAFETY: as above.
-                unsafe { libc::kill(-pid, libc::SIGKILL) };
+            for (i, s) in streams.iter_mut().enumerate() {
+                if fds[1 + i].revents != 0 {
+                    s.pump(id);
+                }
+            }
+            self.service(&fds[4..]);
+            if !exited && (fds[3].revents != 0 || pidfd.is_none()) {
+                if let Ok(Some(st)) = child.try_wait() {
+                    exited = true;
+                    status = Some(st);
+                    drain_until =
+                        Some(std::time::Instant::now() + std::time::Duration::from_secs(2));
+                    // Whatever the command left running dies with its turn; then its
+                    // pipes reach EOF and every byte written is delivered before the
+                    // terminal frame.
+                    self.kill_everything_else(false);
+                }
             }
         }
-        for (i, s) in streams.iter_mut().enumerate() {
-            if fds[1 + i].revents != 0 {
-                s.pump(id);
-            }
-        }
-        if !exited && (fds[3].revents != 0 || pidfd.is_none()) {
-            if let Ok(Some(st)) = child.try_wait() {
-                exited = true;
-                status = Some(st);
-                drain_until = Some(std::time::Instant::now() + std::time::Duration::from_secs(2));
-                // Whatever the command left running dies with its turn; then its
-                // pipes reach EOF and every byte written is delivered before the
-                // terminal frame.
-                kill_everything_else();
-            }
-        }
-    }
-    if cancelled {
-        send(&Frame::error(id, "CANCELLED", "cancelled"));
-        return;
-    }
-    let status = status.expect("the loop ends after the exit");
-    let (code, signal) = match (status.code(), status.signal()) {
-        (Some(c), _) => (c, None),
-        (None, Some(s)) => (128 + s, Some(s)),
-        (None, None) => (-1, None),
-    };
-    send(&Frame::output(
-        id,
-        json!({"exit_code": code, "signal": signal}),
-    ));
-}
-
-/// Kills every process of the container but the agent and reaps them, until none is
-/// left (at most a second: a process in uninterruptible sleep dies when it wakes).
-/// Only as pid 1 of its own pid namespace: anywhere else "every other process" would
-/// be the host's.
-fn kill_everything_else() {
-    if std::process::id() != 1 {
-        reap_orphans();
-        return;
-    }
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
-    loop {
-        // Every process of the namespace descends from pid 1 (nothing enters the
-        // container from outside), and orphans are handed to it: no child left means
-        // no process left, and the usual turn ends with this one system call.
-        if !has_children() {
+        if cancelled {
+            send(&Frame::error(id, "CANCELLED", "cancelled"));
             return;
         }
-        let Ok(entries) = std::fs::read_dir("/proc") else {
-            return;
+        let status = status.expect("the loop ends after the exit");
+        let (code, signal) = match (status.code(), status.signal()) {
+            (Some(c), _) => (c, None),
+            (None, Some(s)) => (128 + s, Some(s)),
+            (None, None) => (-1, None),
         };
-        let mut others = 0;
-        for e in entries.flatten() {
-            let Ok(pid) = e.file_name().to_string_lossy().parse::<libc::pid_t>() else {
-                continue;
-            };
-            if pid != 1 {
-                // SAFETY: kill(2) with a pid read from this namespace's /proc (a
-                // zombie ignores it; reaping removes it).
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-                others += 1;
-            }
-        }
-        reap_orphans();
-        if others == 0 || std::time::Instant::now() >= deadline {
-            return;
-        }
-        std::thread::sleep(std::time::Duration::from_micros(100));
+        send(&Frame::output(
+            id,
+            json!({"exit_code": code, "signal": signal}),
+        ));
     }
 }
 
-/// Reaps every exited child; whether any child (still running) remains.
-fn has_children() -> bool {
-    !matches!(reap_orphans(), Some(libc::ECHILD))
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// Reaps every exited child without waiting; the error that ended it (`ECHILD`: no
-/// child at all), `None` when children are still running.
-fn reap_orphans() -> Option<i32> {
-    loop {
-        let mut status = 0;
-        // SAFETY: waitpid with a valid out pointer.
-        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
-        if pid == 0 {
-            return None;
-        }
-        if pid < 0 {
-            return std::io::Error::last_os_error().raw_os_error();
-        }
+    #[test]
+    fn control_frames_round_trip_and_carry_the_version() {
+        let spawn = ControlMessage::Spawn {
+            id: "p1".into(),
+            argv: vec!["sh".into(), "-c".into(), "echo hi".into()],
+            env: BTreeMap::from([("A".into(), "1".into())]),
+            cwd: "/workspace".into(),
+            tty: Some((24, 80)),
+        };
+        let bytes = ControlFrame::encode(&spawn);
+        let text = String::from_utf8(bytes.clone()).unwrap();
+        assert!(
+            text.contains(r#""v":1"#) && text.contains(r#""kind":"spawn""#),
+            "{text}"
+        );
+        assert_eq!(ControlFrame::decode(&bytes).unwrap(), spawn);
+        let exited = br#"{"v":1,"kind":"exited","id":"p1","exit_code":137,"signal":9}"#;
+        assert_eq!(
+            ControlFrame::decode(exited).unwrap(),
+            ControlMessage::Exited {
+                id: "p1".into(),
+                exit_code: 137,
+                signal: Some(9)
+            }
+        );
+        assert!(ControlFrame::decode(br#"{"v":2,"kind":"signal","id":"p1","signal":9}"#).is_err());
+        assert!(ControlFrame::decode(br#"{"v":1,"kind":"bogus"}"#).is_err());
+        assert!(ControlFrame::decode(b"not json").is_err());
+    }
+
+    #[test]
+    fn session_of_reads_the_session_field() {
+        let own = std::process::id() as libc::pid_t;
+        // SAFETY: getsid(0) has no preconditions.
+        let sid = unsafe { libc::getsid(0) };
+        assert_eq!(session_of(own), Some(sid));
+        assert_eq!(session_of(-5), None);
     }
 }

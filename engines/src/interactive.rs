@@ -79,6 +79,11 @@ impl Processes {
         Ok(format!("{prefix}{}", s.next))
     }
 
+    /// Whether any process or terminal still runs.
+    pub(crate) fn has_live(&self) -> bool {
+        self.inner.lock().live.iter().any(|o| !o.task.is_finished())
+    }
+
     /// Takes ownership of a started process. When the registry was closed meanwhile
     /// (a destroy began), the process is killed at once.
     fn add(&self, owned: Owned) {
@@ -214,7 +219,13 @@ struct Leader {
     cgroup: Option<Arc<Cgroup>>,
 }
 
-impl Leader {
+/// Delivers signals to a process's group, wherever it runs.
+pub(crate) trait Signaller: Send + Sync + std::fmt::Debug {
+    /// Sends `signal`; a process that has ended ignores it.
+    fn signal(&self, signal: libc::c_int);
+}
+
+impl Signaller for Leader {
     /// Sends `signal` to the leader and its process group (while unreaped).
     fn signal(&self, signal: libc::c_int) {
         let reaped = self.reaped.lock();
@@ -229,7 +240,7 @@ impl Leader {
 #[derive(Debug)]
 struct PipeControl {
     stdin: tokio::sync::Mutex<Option<pipe::Sender>>,
-    leader: Arc<Leader>,
+    leader: Arc<dyn Signaller>,
 }
 
 fn stdin_closed() -> Error {
@@ -271,7 +282,7 @@ struct PtyControl {
     master: Arc<AsyncFd<OwnedFd>>,
     /// Serializes writers, so that one write's bytes are not interleaved with another's.
     writing: tokio::sync::Mutex<()>,
-    leader: Arc<Leader>,
+    leader: Arc<dyn Signaller>,
 }
 
 #[async_trait]
@@ -393,12 +404,59 @@ pub(crate) fn adopt(
         )
     }
     .map_err(|e| io_err(e.into()))?;
+    let pid = child.pid;
     let leader = Arc::new(Leader {
-        pid: child.pid,
+        pid,
         pidfd: child.pidfd,
         reaped: parking_lot::Mutex::new(false),
         cgroup,
     });
+    let exit = Box::pin(host_exit(leader.clone(), exited));
+    adopt_with(
+        processes,
+        id,
+        Some(pid as u32),
+        wiring,
+        leader,
+        exit,
+        buffer_bytes,
+    )
+}
+
+/// Watches a process that runs elsewhere (in a container, through its agent): its
+/// output comes through `wiring`, signals go through `signaller`, and `exit` resolves
+/// with its end.
+pub(crate) fn adopt_remote(
+    processes: &Processes,
+    id: String,
+    wiring: Wiring,
+    signaller: Arc<dyn Signaller>,
+    exit: tokio::sync::oneshot::Receiver<ProcessExit>,
+    buffer_bytes: usize,
+) -> Result<Arc<ProcessShared>> {
+    let exit = Box::pin(async move {
+        // A channel dropped unanswered means the container went away, and with it
+        // every process in it.
+        exit.await.unwrap_or(ProcessExit {
+            exit_code: 128 + libc::SIGKILL,
+            signal: Some(libc::SIGKILL),
+        })
+    });
+    adopt_with(processes, id, None, wiring, signaller, exit, buffer_bytes)
+}
+
+type ExitFuture = std::pin::Pin<Box<dyn std::future::Future<Output = ProcessExit> + Send>>;
+
+fn adopt_with(
+    processes: &Processes,
+    id: String,
+    pid: Option<u32>,
+    wiring: Wiring,
+    signaller: Arc<dyn Signaller>,
+    exit: ExitFuture,
+    buffer_bytes: usize,
+) -> Result<Arc<ProcessShared>> {
+    let io_err = |e: io::Error| Error::engine_io("watching the started process", e);
     let (control, sources): (Arc<dyn ProcessControl>, Vec<Source>) = match wiring {
         Wiring::Pipes {
             stdin,
@@ -422,12 +480,17 @@ pub(crate) fn adopt(
             (
                 Arc::new(PipeControl {
                     stdin: tokio::sync::Mutex::new(stdin),
-                    leader: leader.clone(),
+                    leader: signaller,
                 }),
                 sources,
             )
         }
         Wiring::Pty(master) => {
+            // SAFETY: as above: fcntl on a descriptor we own.
+            unsafe {
+                let flags = libc::fcntl(master.as_raw_fd(), libc::F_GETFL);
+                libc::fcntl(master.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
+            }
             // SAFETY: the AsyncFd owns the master for its whole life.
             let master = Arc::new(
                 unsafe {
@@ -439,14 +502,14 @@ pub(crate) fn adopt(
                 Arc::new(PtyControl {
                     master: master.clone(),
                     writing: tokio::sync::Mutex::new(()),
-                    leader: leader.clone(),
+                    leader: signaller,
                 }),
                 vec![Source::Pty(master)],
             )
         }
     };
-    let shared = ProcessShared::new(id, Some(child.pid as u32), control.clone(), buffer_bytes);
-    let task = tokio::spawn(watch(shared.clone(), leader, exited, sources));
+    let shared = ProcessShared::new(id, pid, control.clone(), buffer_bytes);
+    let task = tokio::spawn(watch(shared.clone(), sources, exit));
     processes.add(Owned {
         shared: shared.clone(),
         control,
@@ -455,33 +518,41 @@ pub(crate) fn adopt(
     Ok(shared)
 }
 
-/// The task of one process: output, exit, cleanup.
-async fn watch(
-    shared: Arc<ProcessShared>,
-    leader: Arc<Leader>,
-    exited: AsyncFd<OwnedFd>,
-    sources: Vec<Source>,
-) {
+/// The task of one process: its output until it ends, its exit, then the end of its
+/// output (what is still open after the exit is read for [`DRAIN_GRACE`] at most).
+async fn watch(shared: Arc<ProcessShared>, sources: Vec<Source>, exit: ExitFuture) {
     let pumps = futures_join_all(&shared, &sources);
     tokio::pin!(pumps);
+    tokio::pin!(exit);
     let mut pumped = false;
-    loop {
+    let status = loop {
         tokio::select! {
             _ = &mut pumps, if !pumped => pumped = true,
-            r = exited.readable() => {
-                match r {
-                    Ok(_) => break,
-                    // Cannot happen for a registered pidfd; fall back to polling.
-                    Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
-                }
-                if sys::pidfd_exited(&leader.pidfd) {
-                    break;
-                }
-            }
+            status = &mut exit => break status,
+        }
+    };
+    if !pumped {
+        let _ = tokio::time::timeout(DRAIN_GRACE, &mut pumps).await;
+    }
+    shared.close_output();
+    // Last: whoever waits for the exit finds everything about the process over.
+    shared.set_exit(status);
+}
+
+/// The end of a host process: its exit is noticed through the pidfd; whatever it left
+/// running is killed while the unreaped leader still holds its pid (and so its
+/// process group id); then it is reaped and its cgroup removed.
+async fn host_exit(leader: Arc<Leader>, exited: AsyncFd<OwnedFd>) -> ProcessExit {
+    loop {
+        match exited.readable().await {
+            Ok(_) => break,
+            // Cannot happen for a registered pidfd; fall back to polling.
+            Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+        if sys::pidfd_exited(&leader.pidfd) {
+            break;
         }
     }
-    // The leader is a zombie: its pid (and so its process group id) cannot be reused
-    // until it is reaped. Whatever it left running dies now.
     sys::kill_group(leader.pid, libc::SIGKILL);
     if let Some(g) = leader.cgroup.clone() {
         let _ = crate::task::blocking(move || {
@@ -496,7 +567,14 @@ async fn watch(
         *reaped = true;
         status
     };
-    let exit = match status {
+    if let Some(g) = leader.cgroup.clone() {
+        let _ = crate::task::blocking(move || {
+            g.remove()
+                .map_err(|e| Error::engine_io("removing the process's cgroup", e))
+        })
+        .await;
+    }
+    match status {
         Ok(st) => match (st.code, st.signal) {
             (Some(c), _) => ProcessExit {
                 exit_code: c,
@@ -515,20 +593,7 @@ async fn watch(
             exit_code: -1,
             signal: None,
         },
-    };
-    if !pumped {
-        let _ = tokio::time::timeout(DRAIN_GRACE, &mut pumps).await;
     }
-    shared.close_output();
-    if let Some(g) = leader.cgroup.clone() {
-        let _ = crate::task::blocking(move || {
-            g.remove()
-                .map_err(|e| Error::engine_io("removing the process's cgroup", e))
-        })
-        .await;
-    }
-    // Last: whoever waits for the exit finds everything about the process over.
-    shared.set_exit(exit);
 }
 
 /// Pumps every source concurrently until each has ended.

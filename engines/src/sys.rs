@@ -158,6 +158,124 @@ pub(crate) fn pidfd_exited(pidfd: &impl std::os::fd::AsRawFd) -> bool {
     n > 0 && pfd.revents & libc::POLLIN != 0
 }
 
+/// Most descriptors one control message carries.
+pub(crate) const MAX_PASSED_FDS: usize = 4;
+
+/// Sends one message on a `SOCK_SEQPACKET` socket with `fds` attached.
+pub(crate) fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> io::Result<()> {
+    assert!(
+        fds.len() <= MAX_PASSED_FDS,
+        "at most {MAX_PASSED_FDS} descriptors"
+    );
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    // u64 elements keep the control buffer aligned for cmsghdr.
+    let mut control = [0u64; 8];
+    // SAFETY: msghdr is plain data; zeroed is valid.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if !fds.is_empty() {
+        let bytes = std::mem::size_of_val(fds);
+        // SAFETY: CMSG_SPACE/CMSG_LEN are pure arithmetic.
+        let space = unsafe { libc::CMSG_SPACE(bytes as u32) } as usize;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = space;
+        // SAFETY: the control buffer (64 bytes) holds one cmsghdr with up to four
+        // descriptors; CMSG_FIRSTHDR points into it.
+        unsafe {
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(bytes as u32) as usize;
+            std::ptr::copy_nonoverlapping(
+                fds.as_ptr(),
+                libc::CMSG_DATA(cmsg).cast::<RawFd>(),
+                fds.len(),
+            );
+        }
+    }
+    loop {
+        // SAFETY: sendmsg with the message built above.
+        let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
+        if n >= 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Receives one message from a `SOCK_SEQPACKET` socket into `buf`, with the
+/// descriptors attached to it (close-on-exec). `Ok((0, _))` at the end.
+pub(crate) fn recv_with_fds(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let mut control = [0u64; 8];
+    // SAFETY: msghdr is plain data; zeroed is valid.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control);
+    let n = loop {
+        // SAFETY: recvmsg into the buffers above.
+        let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n >= 0 {
+            break n as usize;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    };
+    let mut fds = Vec::new();
+    // SAFETY: walking the control messages the kernel wrote, within msg_controllen.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(cmsg).cast::<RawFd>();
+                let count = ((*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize)
+                    / std::mem::size_of::<RawFd>();
+                for i in 0..count {
+                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))));
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+    }
+    if msg.msg_flags & libc::MSG_TRUNC != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "a control message larger than the buffer was cut",
+        ));
+    }
+    Ok((n, fds))
+}
+
+/// A connected pair of `SOCK_SEQPACKET` unix sockets, close-on-exec.
+pub(crate) fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: `fds` is a valid array of two ints for socketpair to fill.
+    cvt(unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    })?;
+    // SAFETY: both fds are fresh and owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
 #[cfg(test)]
 mod read_small_tests {
     #[test]
@@ -171,5 +289,44 @@ mod read_small_tests {
                 .kind(),
             std::io::ErrorKind::NotFound
         );
+    }
+}
+
+#[cfg(test)]
+mod fd_passing_tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    #[test]
+    fn descriptors_travel_with_their_message() {
+        let (a, b) = seqpacket_pair().unwrap();
+        let (r, w) = pipe().unwrap();
+        send_with_fds(a.as_raw_fd(), b"first", &[w.as_raw_fd()]).unwrap();
+        drop(w);
+        send_with_fds(a.as_raw_fd(), b"second", &[]).unwrap();
+        let mut buf = [0u8; 64];
+        let (n, fds) = recv_with_fds(b.as_raw_fd(), &mut buf).unwrap();
+        assert_eq!(&buf[..n], b"first");
+        assert_eq!(fds.len(), 1);
+        // The received descriptor is the pipe's write end.
+        let mut writer = std::fs::File::from(fds.into_iter().next().unwrap());
+        writer.write_all(b"through").unwrap();
+        drop(writer);
+        let mut got = String::new();
+        std::fs::File::from(r).read_to_string(&mut got).unwrap();
+        assert_eq!(got, "through");
+        let (n, fds) = recv_with_fds(b.as_raw_fd(), &mut buf).unwrap();
+        assert_eq!((&buf[..n], fds.len()), (&b"second"[..], 0));
+        drop(a);
+        assert_eq!(recv_with_fds(b.as_raw_fd(), &mut buf).unwrap().0, 0);
+    }
+
+    #[test]
+    fn an_oversized_message_is_an_error_not_a_cut() {
+        let (a, b) = seqpacket_pair().unwrap();
+        send_with_fds(a.as_raw_fd(), &[7u8; 100], &[]).unwrap();
+        let mut small = [0u8; 10];
+        let e = recv_with_fds(b.as_raw_fd(), &mut small).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
     }
 }

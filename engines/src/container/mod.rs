@@ -23,6 +23,8 @@
 //! cannot run a container, `auto` falls back to runc and says why.
 
 mod bundle;
+mod control;
+mod interactive;
 mod runtime;
 mod sandbox;
 mod warm;
@@ -361,6 +363,14 @@ impl ContainerEngine {
             .any(|h| h.controllers.iter().any(|c| c == "freezer"))
         {
             features.push("pause");
+        }
+        if inner.agent.is_ok() {
+            // In the warm container, through its agent.
+            features.extend([
+                paddock_core::interactive::FEATURE_PROCESS,
+                paddock_core::interactive::FEATURE_TERMINAL,
+                paddock_core::interactive::FEATURE_TCP,
+            ]);
         }
         inner.caps = Capabilities::new(IsolationLevel::Strict, &programs, &["none"], &features);
         Ok(ContainerEngine {

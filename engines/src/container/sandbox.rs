@@ -41,7 +41,7 @@ const MAX_INLINE_SOURCE: usize = 96 * 1024;
 /// container over the sandbox's workdir.
 #[derive(Debug)]
 pub struct ContainerSandbox {
-    id: String,
+    pub(super) id: String,
     engine: Arc<EngineInner>,
     spec: SandboxSpec,
     workdir: Arc<Workdir>,
@@ -57,6 +57,13 @@ pub struct ContainerSandbox {
     warm: parking_lot::Mutex<Option<WarmContainer>>,
     /// Whether the sandbox is paused (its containers frozen).
     paused: std::sync::atomic::AtomicBool,
+    /// Background processes and terminals (in the warm container).
+    pub(super) processes: crate::interactive::Processes,
+    /// The current warm container's agent and pid file, also while it serves a turn.
+    pub(super) guest: parking_lot::Mutex<Option<super::interactive::Guest>>,
+    /// Whether a process or terminal ran since the last recycle (the warm container
+    /// is then replaced, as after an execution).
+    interactive_used: std::sync::atomic::AtomicBool,
 }
 
 /// Why the wait for the container ended.
@@ -116,6 +123,9 @@ impl ContainerSandbox {
             next_container: AtomicU64::new(0),
             warm: parking_lot::Mutex::new(None),
             paused: std::sync::atomic::AtomicBool::new(false),
+            processes: Default::default(),
+            guest: parking_lot::Mutex::new(None),
+            interactive_used: std::sync::atomic::AtomicBool::new(false),
         })
         .inspect(|sandbox| sandbox.prewarm())
     }
@@ -173,16 +183,21 @@ impl ContainerSandbox {
         }
     }
 
-    fn start_warm(&self) -> Result<WarmContainer> {
+    pub(super) fn start_warm(&self) -> Result<WarmContainer> {
         let k = self.next_container.fetch_add(1, Ordering::Relaxed);
         let limits = self.spec.limits.or(&self.engine.defaults);
-        WarmContainer::start(
+        let wc = WarmContainer::start(
             &self.engine,
             &self.cgroup,
             self.workdir.root(),
             (format!("{}-w{k}", self.id), format!("w{k}")),
             &limits,
-        )
+        )?;
+        *self.guest.lock() = Some(super::interactive::Guest {
+            control: wc.control.clone(),
+            pid_file: wc.pid_file(),
+        });
+        Ok(wc)
     }
 
     /// Whether `request` can run in the warm container exactly as it would in a
@@ -198,7 +213,39 @@ impl ContainerSandbox {
         short && l.cpu_ms.is_none() && l.file_size_bytes.is_none() && l.open_files.is_none()
     }
 
-    fn enter(&self) -> Result<OpGuard<'_>> {
+    /// The working directory inside the container for `cwd` (relative to the
+    /// workdir), and the environment: the host's sanitized one (as for every engine:
+    /// no secrets, no HOME or USER), the container's own PATH, HOME and TMPDIR, then
+    /// `extra`.
+    pub(super) fn guest_env(
+        &self,
+        cwd: Option<&str>,
+        extra: &std::collections::BTreeMap<String, String>,
+    ) -> Result<(String, std::collections::BTreeMap<String, String>)> {
+        let cwd = match cwd {
+            Some(c) => {
+                let rel = self.workdir.relative(c)?;
+                format!("{WORKSPACE}/{}", rel.to_string_lossy())
+            }
+            None => WORKSPACE.to_string(),
+        };
+        let mut vars = self.engine.base_env.clone();
+        vars.insert("PATH".into(), CONTAINER_PATH.into());
+        vars.insert("HOME".into(), WORKSPACE.into());
+        vars.insert("PWD".into(), cwd.clone());
+        vars.insert("TMPDIR".into(), "/tmp".into());
+        for (k, v) in extra {
+            vars.insert(k.clone(), v.clone());
+        }
+        Ok((cwd, vars))
+    }
+
+    /// Notes that a process or terminal ran in the warm container.
+    pub(super) fn mark_used(&self) {
+        self.interactive_used.store(true, Ordering::Release);
+    }
+
+    pub(super) fn enter(&self) -> Result<OpGuard<'_>> {
         self.lifecycle
             .enter()
             .ok_or_else(|| Error::disposed(&format!("sandbox {}", self.id)))
@@ -296,24 +343,7 @@ impl ContainerSandbox {
         }
         self.refuse_if_paused()?;
 
-        let cwd = match &request.cwd {
-            Some(c) => {
-                let rel = self.workdir.relative(c)?;
-                format!("{WORKSPACE}/{}", rel.to_string_lossy())
-            }
-            None => WORKSPACE.to_string(),
-        };
-        // The host's sanitized environment (as for every engine: no secrets, no
-        // HOME or USER), the container's own PATH, HOME and TMPDIR, then the
-        // request's variables.
-        let mut vars = self.engine.base_env.clone();
-        vars.insert("PATH".into(), CONTAINER_PATH.into());
-        vars.insert("HOME".into(), WORKSPACE.into());
-        vars.insert("PWD".into(), cwd.clone());
-        vars.insert("TMPDIR".into(), "/tmp".into());
-        for (k, v) in &request.env {
-            vars.insert(k.clone(), v.clone());
-        }
+        let (cwd, vars) = self.guest_env(request.cwd.as_deref(), &request.env)?;
 
         if self.warm_fits(&request) {
             if let Some(wc) = self.take_warm().await {
@@ -721,7 +751,16 @@ impl ContainerSandbox {
         // A container whose turn did not end cleanly (or whose memory ran out) is
         // replaced; the new one starts now, off the next execution's path.
         let clean = matches!(outcome, Outcome::Completed { .. });
-        if clean {
+        // Background processes live in this container: it stays while they run and
+        // it is alive (the agent killed what the turn left behind).
+        let keep = clean
+            || (self.processes.has_live()
+                && wc
+                    .worker
+                    .exited_within(std::time::Duration::ZERO)
+                    .await
+                    .is_none());
+        if keep {
             *self.warm.lock() = Some(wc);
         } else {
             self.replace_warm(wc).await;
@@ -1023,7 +1062,9 @@ impl Sandbox for ContainerSandbox {
         // A container an execution ran in may hold what it left in /tmp or in its
         // processes' memory: the next lease (maybe another tenant's) gets a fresh
         // one, started here, off that lease's path.
-        let used = self.warm.lock().as_ref().is_some_and(|w| w.used);
+        let used = self.warm.lock().as_ref().is_some_and(|w| w.used)
+            | self.interactive_used.swap(false, Ordering::AcqRel)
+            | self.processes.has_live();
         if used {
             let old = self.warm.lock().take();
             if let Some(old) = old {
@@ -1035,6 +1076,8 @@ impl Sandbox for ContainerSandbox {
             }
             self.prewarm();
         }
+        // Closing the container ended its processes; their watchers finish now.
+        self.processes.kill_all(false).await;
         let workdir = self.workdir.clone();
         if std::fs::read_dir(workdir.root())
             .map(|mut d| d.next().is_none())
@@ -1048,6 +1091,27 @@ impl Sandbox for ContainerSandbox {
                 .map_err(|e| Error::engine_io("cleaning the sandbox workdir", e))
         })
         .await
+    }
+
+    async fn start_process(
+        &self,
+        spec: paddock_core::ProcessSpec,
+    ) -> Result<paddock_core::ProcessHandle> {
+        self.start_process_impl(spec).await
+    }
+
+    async fn open_terminal(
+        &self,
+        spec: paddock_core::TerminalSpec,
+    ) -> Result<paddock_core::TerminalHandle> {
+        self.open_terminal_impl(spec).await
+    }
+
+    async fn open_tcp_connection(
+        &self,
+        target: paddock_core::TcpTarget,
+    ) -> Result<paddock_core::TcpConnection> {
+        self.open_tcp_impl(target).await
     }
 
     async fn pause(&self) -> Result<()> {
@@ -1102,6 +1166,9 @@ impl Sandbox for ContainerSandbox {
                         .map_err(|e| Error::engine_io("removing the sandbox workdir", e))
                 })
                 .await;
+                // The container's processes and terminals died with it: their exits
+                // are known before destroy returns.
+                self.processes.kill_all(true).await;
                 if let Err(e) = &result {
                     *self.teardown_error.lock() = Some(e.clone());
                 }
@@ -1139,6 +1206,7 @@ impl ContainerSandbox {
         if let Some(w) = self.warm.lock().take() {
             w.close();
         }
+        self.processes.kill_now();
         self.engine.remove_cgroup(&self.cgroup);
         let _ = self.workdir.remove();
     }

@@ -36,6 +36,8 @@ pub(crate) struct WarmContainer {
     pub(crate) ooms_seen: u64,
     /// The cgroup files every turn reads, kept open (one system call a read).
     counters: Option<Counters>,
+    /// The agent's control channel (background processes and terminals).
+    pub(crate) control: Arc<super::control::AgentControl>,
 }
 
 /// A warm container's cgroup counters, opened once.
@@ -142,17 +144,29 @@ impl WarmContainer {
         let null = || -> std::io::Result<std::os::fd::OwnedFd> {
             Ok(std::fs::File::open("/dev/null")?.into())
         };
-        let started = (|| -> std::io::Result<Worker> {
+        let started = (|| -> std::io::Result<(Worker, std::os::fd::OwnedFd)> {
             let stdio = [null()?, null()?, null()?];
-            let spec = engine.runtime.spec(
-                &["run", "--bundle", &bundle_arg, "--pid-file", &pid_arg, &id],
+            // The control channel reaches the agent as fd 3.
+            let (ours, agents) = crate::sys::seqpacket_pair()?;
+            let mut spec = engine.runtime.spec(
+                &[
+                    "run",
+                    "--bundle",
+                    &bundle_arg,
+                    "--pid-file",
+                    &pid_arg,
+                    "--preserve-fds",
+                    "1",
+                    &id,
+                ],
                 stdio,
                 &dir,
             )?;
-            Worker::start(spec, FramesOn::Stdout)
+            spec.fd3 = Some(agents);
+            Ok((Worker::start(spec, FramesOn::Stdout)?, ours))
         })();
         match started {
-            Ok(worker) => Ok(WarmContainer {
+            Ok((worker, control)) => Ok(WarmContainer {
                 worker,
                 id,
                 cgroup,
@@ -164,6 +178,7 @@ impl WarmContainer {
                 applied: None,
                 ooms_seen: 0,
                 counters: None,
+                control: super::control::AgentControl::new(control),
             }),
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&dir);
@@ -220,6 +235,12 @@ impl WarmContainer {
             });
         }
         self.counters.as_ref().expect("just set")
+    }
+
+    /// The container's init process as the host sees it (from the runtime's pid
+    /// file), once the container exists.
+    pub(crate) fn pid_file(&self) -> PathBuf {
+        self.bundle.join("init.pid")
     }
 
     /// The container cgroup's directory for `controller`.

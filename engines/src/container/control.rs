@@ -1,0 +1,267 @@
+//! The host's end of a warm container agent's control channel: background processes
+//! and terminals inside the container (see `crate::agent` for the agent's end and
+//! `docs/protocol.md` for the messages).
+//!
+//! The channel is a `SOCK_SEQPACKET` pair; the agent gets its end as fd 3 through the
+//! runtime's `--preserve-fds`. One reader task per channel routes the agent's answers:
+//! `started`/`failed` to the caller waiting on a spawn, `exited` to the process's
+//! watcher. When the channel ends (the container is gone), every process still
+//! running is reported killed.
+
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use paddock_core::interactive::ProcessExit;
+use paddock_core::{Error, ErrorCode, Result};
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+use tokio::sync::oneshot;
+
+use crate::agent::{ControlFrame, ControlMessage, CONTROL_MESSAGE_MAX};
+use crate::interactive::Signaller;
+use crate::sys;
+
+/// How long a spawn waits for the agent's answer.
+const SPAWN_PATIENCE: Duration = Duration::from_secs(10);
+
+/// What a started process gets back: its pid in the container, a terminal's master,
+/// and where its exit will arrive.
+pub(crate) struct Started {
+    pub(crate) master: Option<OwnedFd>,
+    pub(crate) exit: oneshot::Receiver<ProcessExit>,
+}
+
+type StartReply = std::result::Result<(libc::pid_t, Option<OwnedFd>), String>;
+
+#[derive(Debug, Default)]
+struct Routes {
+    starting: HashMap<String, oneshot::Sender<StartReply>>,
+    running: HashMap<String, oneshot::Sender<ProcessExit>>,
+    closed: bool,
+}
+
+/// The host's end of one agent's control channel.
+#[derive(Debug)]
+pub(crate) struct AgentControl {
+    /// Until first use (which happens inside the runtime): the plain descriptor.
+    fd: parking_lot::Mutex<Option<OwnedFd>>,
+    live: OnceLock<Arc<AsyncFd<OwnedFd>>>,
+    routes: Arc<parking_lot::Mutex<Routes>>,
+}
+
+impl AgentControl {
+    /// The host's end of a channel whose other end the agent has as fd 3.
+    pub(crate) fn new(fd: OwnedFd) -> Arc<AgentControl> {
+        Arc::new(AgentControl {
+            fd: parking_lot::Mutex::new(Some(fd)),
+            live: OnceLock::new(),
+            routes: Default::default(),
+        })
+    }
+
+    /// The registered socket, with its reader task started on first use.
+    fn socket(&self) -> Result<Arc<AsyncFd<OwnedFd>>> {
+        if let Some(s) = self.live.get() {
+            return Ok(s.clone());
+        }
+        let mut fd = self.fd.lock();
+        if let Some(s) = self.live.get() {
+            return Ok(s.clone());
+        }
+        let raw = fd.take().ok_or_else(gone)?;
+        // SAFETY: fcntl on a descriptor we own.
+        unsafe {
+            let flags = libc::fcntl(raw.as_raw_fd(), libc::F_GETFL);
+            libc::fcntl(raw.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
+        }
+        // SAFETY: the AsyncFd owns the socket for its whole life.
+        let sock = Arc::new(
+            unsafe {
+                AsyncFd::register_with_interest(raw, Interest::READABLE | Interest::WRITABLE)
+            }
+            .map_err(|e| Error::engine_io("watching the agent's control channel", e.into()))?,
+        );
+        tokio::spawn(read_answers(sock.clone(), self.routes.clone()));
+        let _ = self.live.set(sock.clone());
+        Ok(sock)
+    }
+
+    /// Starts a process in the container. Without `tty`, `fds` are its stdin, stdout
+    /// and stderr (the host's ends stay with the caller).
+    pub(crate) async fn spawn(
+        &self,
+        id: &str,
+        argv: Vec<String>,
+        env: std::collections::BTreeMap<String, String>,
+        cwd: String,
+        tty: Option<(u16, u16)>,
+        fds: &[RawFd],
+    ) -> Result<Started> {
+        let message = ControlMessage::Spawn {
+            id: id.to_string(),
+            argv,
+            env,
+            cwd,
+            tty,
+        };
+        let bytes = ControlFrame::encode(&message);
+        if bytes.len() > CONTROL_MESSAGE_MAX {
+            return Err(Error::invalid_options(
+                "argv",
+                format!(
+                    "the command and its environment take {} bytes; a container process takes at most {CONTROL_MESSAGE_MAX}",
+                    bytes.len()
+                ),
+            ));
+        }
+        let sock = self.socket()?;
+        let (started_tx, started_rx) = oneshot::channel();
+        let (exit_tx, exit_rx) = oneshot::channel();
+        {
+            let mut routes = self.routes.lock();
+            if routes.closed {
+                return Err(gone());
+            }
+            routes.starting.insert(id.to_string(), started_tx);
+            routes.running.insert(id.to_string(), exit_tx);
+        }
+        let forget = || {
+            let mut routes = self.routes.lock();
+            routes.starting.remove(id);
+            routes.running.remove(id);
+        };
+        if let Err(e) = send(&sock, &bytes, fds).await {
+            forget();
+            return Err(e);
+        }
+        match tokio::time::timeout(SPAWN_PATIENCE, started_rx).await {
+            Ok(Ok(Ok((_pid, master)))) => Ok(Started {
+                master,
+                exit: exit_rx,
+            }),
+            Ok(Ok(Err(message))) => {
+                forget();
+                Err(Error::new(ErrorCode::SpawnFailed, message))
+            }
+            Ok(Err(_)) => Err(gone()),
+            Err(_) => {
+                forget();
+                Err(Error::new(
+                    ErrorCode::EngineFailed,
+                    format!(
+                        "the container's agent did not answer a spawn within {SPAWN_PATIENCE:?}"
+                    ),
+                ))
+            }
+        }
+    }
+
+    /// Asks the agent to signal process `id`'s group.
+    fn signal(&self, id: &str, signal: i32) {
+        let Some(sock) = self.live.get() else {
+            return;
+        };
+        let bytes = ControlFrame::encode(&ControlMessage::Signal {
+            id: id.to_string(),
+            signal,
+        });
+        // A signal message is small: the socket takes it at once unless the agent is
+        // gone, and then there is nothing left to signal.
+        let _ = sys::send_with_fds(sock.as_raw_fd(), &bytes, &[]);
+    }
+}
+
+fn gone() -> Error {
+    Error::new(
+        ErrorCode::EngineFailed,
+        "the sandbox's warm container is gone; retry, a fresh one is starting",
+    )
+}
+
+async fn send(sock: &AsyncFd<OwnedFd>, bytes: &[u8], fds: &[RawFd]) -> Result<()> {
+    loop {
+        let mut guard = sock
+            .writable()
+            .await
+            .map_err(|e| Error::engine_io("writing to the agent's control channel", e))?;
+        match guard.try_io(|s| sys::send_with_fds(s.as_raw_fd(), bytes, fds)) {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(e)) => {
+                return Err(Error::engine_io(
+                    "writing to the agent's control channel",
+                    e,
+                ))
+            }
+            Err(_would_block) => continue,
+        }
+    }
+}
+
+/// Routes the agent's answers until the channel ends.
+async fn read_answers(sock: Arc<AsyncFd<OwnedFd>>, routes: Arc<parking_lot::Mutex<Routes>>) {
+    let mut buf = vec![0u8; CONTROL_MESSAGE_MAX];
+    loop {
+        let Ok(mut guard) = sock.readable().await else {
+            break;
+        };
+        let (n, mut fds) = match guard.try_io(|s| sys::recv_with_fds(s.as_raw_fd(), &mut buf)) {
+            Ok(Ok((0, _))) | Ok(Err(_)) => break,
+            Ok(Ok(r)) => r,
+            Err(_would_block) => continue,
+        };
+        let message = match ControlFrame::decode(&buf[..n]) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(error = %e, "a control message from a container agent does not parse");
+                continue;
+            }
+        };
+        let mut r = routes.lock();
+        match message {
+            ControlMessage::Started { id, pid } => {
+                if let Some(tx) = r.starting.remove(&id) {
+                    let _ = tx.send(Ok((pid, fds.pop())));
+                }
+            }
+            ControlMessage::Failed { id, message } => {
+                r.running.remove(&id);
+                if let Some(tx) = r.starting.remove(&id) {
+                    let _ = tx.send(Err(message));
+                }
+            }
+            ControlMessage::Exited {
+                id,
+                exit_code,
+                signal,
+            } => {
+                if let Some(tx) = r.running.remove(&id) {
+                    let _ = tx.send(ProcessExit { exit_code, signal });
+                }
+            }
+            other => {
+                tracing::warn!(message = ?other, "a container agent sent a host-side control message");
+            }
+        }
+    }
+    // The container is gone: processes still running died with it (their channels
+    // drop, which their watchers read as a kill), and spawns in flight fail.
+    let mut r = routes.lock();
+    r.closed = true;
+    r.starting.clear();
+    r.running.clear();
+}
+
+/// Signals a process in a container through its agent.
+#[derive(Debug)]
+pub(crate) struct RemoteLeader {
+    pub(crate) control: Arc<AgentControl>,
+    pub(crate) id: String,
+}
+
+impl Signaller for RemoteLeader {
+    fn signal(&self, signal: libc::c_int) {
+        self.control.signal(&self.id, signal);
+    }
+}

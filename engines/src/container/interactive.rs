@@ -1,0 +1,175 @@
+//! Background processes, terminals and TCP streams of a container sandbox.
+//!
+//! They live in the sandbox's warm container: the agent starts them (see
+//! [`super::control`]), the host keeps their pipes (or the terminal's master) and
+//! reads them directly, and a TCP stream is a socket made inside the container's
+//! network namespace. A sandbox without a warm container (warm mode off, or no agent)
+//! cannot have them, and the engine does not advertise them then.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use paddock_core::interactive::DEFAULT_OUTPUT_BUFFER;
+use paddock_core::{
+    Error, ErrorCode, ProcessHandle, ProcessSpec, Result, TcpConnection, TcpTarget, TerminalHandle,
+    TerminalSpec,
+};
+
+use super::control::{AgentControl, RemoteLeader};
+use super::sandbox::ContainerSandbox;
+use crate::interactive::{adopt_remote, Signaller, Wiring};
+use crate::sys;
+
+/// The warm container a sandbox's processes run in, as the sandbox keeps it while the
+/// container itself may be serving a turn.
+#[derive(Debug, Clone)]
+pub(crate) struct Guest {
+    pub(crate) control: Arc<AgentControl>,
+    /// Where the runtime writes the container's init pid (on the host).
+    pub(crate) pid_file: PathBuf,
+}
+
+impl ContainerSandbox {
+    fn guest(&self) -> Result<Guest> {
+        self.guest.lock().clone().ok_or_else(|| {
+            Error::new(
+                ErrorCode::EngineFailed,
+                format!(
+                    "sandbox {} has no warm container to run processes in (it could not start); retry, or check `paddock doctor`",
+                    self.id
+                ),
+            )
+        })
+    }
+
+    pub(super) async fn start_process_impl(&self, spec: ProcessSpec) -> Result<ProcessHandle> {
+        let _op = self.enter()?;
+        spec.validate()?;
+        let guest = self.guest()?;
+        let id = self.processes.reserve_id("p")?;
+        let (cwd, env) = self.guest_env(spec.cwd.as_deref(), &spec.env)?;
+        let pipe = || sys::pipe().map_err(|e| Error::engine_io("creating a pipe", e));
+        let (stdin_r, stdin_w) = if spec.stdin {
+            let (r, w) = pipe()?;
+            (r, Some(w))
+        } else {
+            let null: OwnedFd = std::fs::File::open("/dev/null")
+                .map_err(|e| Error::engine_io("opening /dev/null", e))?
+                .into();
+            (null, None)
+        };
+        let (out_r, out_w) = pipe()?;
+        let (err_r, err_w) = pipe()?;
+        let started = guest
+            .control
+            .spawn(
+                &id,
+                spec.argv.clone(),
+                env,
+                cwd,
+                None,
+                &[stdin_r.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()],
+            )
+            .await?;
+        // The container has its copies now; ours go, so EOF means the process's.
+        drop((stdin_r, out_w, err_w));
+        self.mark_used();
+        let shared = adopt_remote(
+            &self.processes,
+            id.clone(),
+            Wiring::Pipes {
+                stdin: stdin_w,
+                stdout: out_r,
+                stderr: err_r,
+            },
+            Arc::new(RemoteLeader {
+                control: guest.control.clone(),
+                id,
+            }),
+            started.exit,
+            DEFAULT_OUTPUT_BUFFER,
+        )?;
+        Ok(ProcessHandle::new(shared))
+    }
+
+    pub(super) async fn open_terminal_impl(&self, spec: TerminalSpec) -> Result<TerminalHandle> {
+        let _op = self.enter()?;
+        spec.validate()?;
+        let guest = self.guest()?;
+        let id = self.processes.reserve_id("t")?;
+        let mut extra = spec.env.clone();
+        extra
+            .entry("TERM".into())
+            .or_insert_with(|| "xterm-256color".into());
+        let (cwd, env) = self.guest_env(spec.cwd.as_deref(), &extra)?;
+        let started = guest
+            .control
+            .spawn(
+                &id,
+                spec.argv(),
+                env,
+                cwd,
+                Some((spec.size.rows, spec.size.cols)),
+                &[],
+            )
+            .await?;
+        let Some(master) = started.master else {
+            RemoteLeader {
+                control: guest.control.clone(),
+                id,
+            }
+            .signal(libc::SIGKILL);
+            return Err(Error::new(
+                ErrorCode::ProtocolError,
+                "the container's agent started a terminal without handing over its master",
+            ));
+        };
+        self.mark_used();
+        let shared = adopt_remote(
+            &self.processes,
+            id.clone(),
+            Wiring::Pty(master),
+            Arc::new(RemoteLeader {
+                control: guest.control.clone(),
+                id,
+            }),
+            started.exit,
+            DEFAULT_OUTPUT_BUFFER,
+        )?;
+        Ok(TerminalHandle::new(shared))
+    }
+
+    pub(super) async fn open_tcp_impl(&self, target: TcpTarget) -> Result<TcpConnection> {
+        let _op = self.enter()?;
+        target.loopback_addr()?;
+        let guest = self.guest()?;
+        // The container's network namespace, through its init process.
+        let pid_file = guest.pid_file.clone();
+        let netns: OwnedFd = crate::task::blocking(move || {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            let pid = loop {
+                match std::fs::read_to_string(&pid_file) {
+                    Ok(s) if !s.trim().is_empty() => break s.trim().to_string(),
+                    _ if std::time::Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(2))
+                    }
+                    _ => {
+                        return Err(Error::new(
+                            ErrorCode::EngineFailed,
+                            "the sandbox's warm container did not start; retry",
+                        ))
+                    }
+                }
+            };
+            std::fs::File::open(format!("/proc/{pid}/ns/net"))
+                .map(OwnedFd::from)
+                .map_err(|e| Error::engine_io("entering the container's network namespace", e))
+        })
+        .await?;
+        let conn = crate::interactive::connect(Some(netns.as_raw_fd()), &target).await;
+        drop(netns);
+        conn
+    }
+}
