@@ -376,6 +376,29 @@ impl ProcessShared {
         })
     }
 
+    /// The process's id in its sandbox.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Its pid, where the host can see it.
+    pub fn pid(&self) -> Option<u32> {
+        self.pid
+    }
+
+    /// A reader of its output, from the oldest output buffered.
+    pub fn output(self: &Arc<Self>) -> OutputReader {
+        OutputReader {
+            sub: self.output.subscribe(),
+            shared: self.clone(),
+        }
+    }
+
+    /// Its input, signals and size.
+    pub fn control(&self) -> &Arc<dyn ProcessControl> {
+        &self.control
+    }
+
     /// Offers output (see [`StreamBuffer::push`]).
     pub async fn push_output(&self, chunk: OutputChunk) -> Result<()> {
         self.output.push(chunk).await
@@ -468,10 +491,7 @@ impl ProcessHandle {
 
     /// A reader of its stdout and stderr, starting at the oldest output buffered.
     pub fn output(&self) -> OutputReader {
-        OutputReader {
-            sub: self.shared.output.subscribe(),
-            shared: self.shared.clone(),
-        }
+        self.shared.output()
     }
 
     /// Writes to its stdin (`STREAM_CLOSED` when it was started without stdin, after
@@ -537,10 +557,7 @@ impl TerminalHandle {
 
     /// A reader of what the terminal shows, from the oldest output buffered.
     pub fn output(&self) -> OutputReader {
-        OutputReader {
-            sub: self.shared.output.subscribe(),
-            shared: self.shared.clone(),
-        }
+        self.shared.output()
     }
 
     /// Types into the terminal.

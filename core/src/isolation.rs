@@ -165,6 +165,20 @@ impl Capabilities {
         ))
     }
 
+    /// `CAPABILITY_NOT_SUPPORTED` unless the engine advertises `feature`.
+    pub fn check_feature(&self, engine: EngineKind, feature: &str) -> Result<()> {
+        if self.has_feature(feature) {
+            return Ok(());
+        }
+        Err(Error::new(
+            ErrorCode::CapabilityNotSupported,
+            format!(
+                "the {engine} engine, as configured, does not offer `{feature}`; it offers: {}",
+                self.features.iter().cloned().collect::<Vec<_>>().join(", ")
+            ),
+        ))
+    }
+
     /// `LEVEL_NOT_SUPPORTED` unless the engine provides `level` or stronger.
     pub fn check_level(&self, engine: EngineKind, level: IsolationLevel) -> Result<()> {
         if level <= self.max_level {

@@ -231,3 +231,99 @@ pub struct ShutdownReport {
     /// Sessions destroyed.
     pub sandboxes_destroyed: usize,
 }
+
+/// A background process or terminal of a session, as the supervisor keeps it.
+#[derive(Debug, Clone)]
+pub enum Attachable {
+    /// A background process.
+    Process(paddock_core::ProcessHandle),
+    /// A terminal.
+    Terminal(paddock_core::TerminalHandle),
+}
+
+impl Attachable {
+    /// The shared state both kinds wrap.
+    pub fn shared(&self) -> &Arc<paddock_core::interactive::ProcessShared> {
+        match self {
+            Attachable::Process(p) => p.shared(),
+            Attachable::Terminal(t) => t.shared(),
+        }
+    }
+}
+
+/// What the supervisor reports about a session's process or terminal.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProcessInfo {
+    /// Its id in the sandbox (`p1`, `t2`, …).
+    pub id: String,
+    /// `process` or `terminal`.
+    pub kind: &'static str,
+    /// The execution id its audit entry is recorded under.
+    pub execution_id: ExecutionId,
+    /// The command.
+    pub argv: Vec<String>,
+    /// Its pid where the host sees it (`null` inside a container).
+    pub pid: Option<u32>,
+    /// When it started (Unix ms).
+    pub started_at_ms: u64,
+    /// How it ended, once it has.
+    pub exit: Option<paddock_core::ProcessExit>,
+}
+
+/// A started background process or terminal: its handle and its record.
+#[derive(Debug, Clone)]
+pub struct Started {
+    /// The handle.
+    pub handle: Attachable,
+    /// What the supervisor reports about it.
+    pub info: ProcessInfo,
+}
+
+/// Starts a background process in a session. The policy checks its command like an
+/// execution's; it is audited (one entry, under `info.execution_id`) when it ends.
+#[derive(Debug, Message, Clone)]
+#[rtype(result = "Result<Started, Error>")]
+pub struct StartProcess {
+    /// The session id.
+    pub sandbox: String,
+    /// What to run.
+    pub spec: paddock_core::ProcessSpec,
+}
+
+/// Opens a terminal in a session (checked and audited like [`StartProcess`]).
+#[derive(Debug, Message, Clone)]
+#[rtype(result = "Result<Started, Error>")]
+pub struct OpenTerminal {
+    /// The session id.
+    pub sandbox: String,
+    /// What to run on it.
+    pub spec: paddock_core::TerminalSpec,
+}
+
+/// Opens a TCP stream to a service on a session's guest loopback.
+#[derive(Debug, Message, Clone)]
+#[rtype(result = "Result<paddock_core::TcpConnection, Error>")]
+pub struct OpenTcpConnection {
+    /// The session id.
+    pub sandbox: String,
+    /// The guest port (and loopback host).
+    pub target: paddock_core::TcpTarget,
+}
+
+/// A session's process or terminal by id.
+#[derive(Debug, Message, Clone)]
+#[rtype(result = "Result<Started, Error>")]
+pub struct GetProcess {
+    /// The session id.
+    pub sandbox: String,
+    /// The process's id in the sandbox.
+    pub process: String,
+}
+
+/// A session's processes and terminals (running ones, and the most recent that ended).
+#[derive(Debug, Message, Clone)]
+#[rtype(result = "Result<Vec<ProcessInfo>, Error>")]
+pub struct ListProcesses {
+    /// The session id.
+    pub sandbox: String,
+}

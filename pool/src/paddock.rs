@@ -617,6 +617,78 @@ impl SandboxHandle {
             .map_err(gone)?
     }
 
+    /// Starts a background process that outlives the call (engines with the
+    /// `process` feature). The policy checks its command; it is audited when it ends;
+    /// destroying the session kills it.
+    pub async fn start_process(
+        &self,
+        spec: paddock_core::ProcessSpec,
+    ) -> Result<crate::messages::Started, Error> {
+        self.paddock
+            .supervisor
+            .send(StartProcess {
+                sandbox: self.info.id.clone(),
+                spec,
+            })
+            .await
+            .map_err(gone)?
+    }
+
+    /// Opens a terminal (engines with the `terminal` feature); as
+    /// [`start_process`](Self::start_process) otherwise.
+    pub async fn open_terminal(
+        &self,
+        spec: paddock_core::TerminalSpec,
+    ) -> Result<crate::messages::Started, Error> {
+        self.paddock
+            .supervisor
+            .send(OpenTerminal {
+                sandbox: self.info.id.clone(),
+                spec,
+            })
+            .await
+            .map_err(gone)?
+    }
+
+    /// Opens a TCP stream to a service on the guest's loopback (engines with the
+    /// `tcp` feature); other hosts are refused with `INVALID_OPTIONS`.
+    pub async fn open_tcp_connection(
+        &self,
+        target: paddock_core::TcpTarget,
+    ) -> Result<paddock_core::TcpConnection, Error> {
+        self.paddock
+            .supervisor
+            .send(OpenTcpConnection {
+                sandbox: self.info.id.clone(),
+                target,
+            })
+            .await
+            .map_err(gone)?
+    }
+
+    /// A process or terminal of the session by id.
+    pub async fn process(&self, id: &str) -> Result<crate::messages::Started, Error> {
+        self.paddock
+            .supervisor
+            .send(GetProcess {
+                sandbox: self.info.id.clone(),
+                process: id.into(),
+            })
+            .await
+            .map_err(gone)?
+    }
+
+    /// The session's processes and terminals.
+    pub async fn processes(&self) -> Result<Vec<crate::messages::ProcessInfo>, Error> {
+        self.paddock
+            .supervisor
+            .send(ListProcesses {
+                sandbox: self.info.id.clone(),
+            })
+            .await
+            .map_err(gone)?
+    }
+
     /// The session's status.
     pub async fn status(&self) -> Result<SandboxStatus, Error> {
         self.paddock

@@ -56,12 +56,16 @@ struct Pipeline {
     parking: RefCell<Parking>,
 }
 
+mod interactive;
+
 #[derive(Debug)]
 struct Session {
     engine: EngineKind,
     lease: Lease,
     tenant: Option<String>,
     limits: Limits,
+    /// Its background processes and terminals.
+    processes: RefCell<interactive::Processes>,
 }
 
 /// The supervisor actor. Build it with [`crate::PaddockBuilder`] (which also starts
@@ -702,6 +706,7 @@ impl Handler<OpenSandbox> for Supervisor {
                         lease,
                         tenant: msg.spec.tenant.clone(),
                         limits: msg.spec.limits.clone(),
+                        processes: RefCell::new(Default::default()),
                     }),
                 );
                 Ok(info)

@@ -45,6 +45,10 @@ impl ContainerSandbox {
     }
 
     pub(super) async fn start_process_impl(&self, spec: ProcessSpec) -> Result<ProcessHandle> {
+        self.engine.caps.check_feature(
+            paddock_core::EngineKind::Container,
+            paddock_core::interactive::FEATURE_PROCESS,
+        )?;
         let _op = self.enter()?;
         spec.validate()?;
         let guest = self.guest()?;
@@ -95,6 +99,10 @@ impl ContainerSandbox {
     }
 
     pub(super) async fn open_terminal_impl(&self, spec: TerminalSpec) -> Result<TerminalHandle> {
+        self.engine.caps.check_feature(
+            paddock_core::EngineKind::Container,
+            paddock_core::interactive::FEATURE_TERMINAL,
+        )?;
         let _op = self.enter()?;
         spec.validate()?;
         let guest = self.guest()?;
@@ -142,6 +150,10 @@ impl ContainerSandbox {
     }
 
     pub(super) async fn open_tcp_impl(&self, target: TcpTarget) -> Result<TcpConnection> {
+        self.engine.caps.check_feature(
+            paddock_core::EngineKind::Container,
+            paddock_core::interactive::FEATURE_TCP,
+        )?;
         let _op = self.enter()?;
         target.loopback_addr()?;
         let guest = self.guest()?;

@@ -42,7 +42,7 @@ const MAX_INLINE_SOURCE: usize = 96 * 1024;
 #[derive(Debug)]
 pub struct ContainerSandbox {
     pub(super) id: String,
-    engine: Arc<EngineInner>,
+    pub(super) engine: Arc<EngineInner>,
     spec: SandboxSpec,
     workdir: Arc<Workdir>,
     /// The sandbox's cgroup path; containers are its children.

@@ -1,0 +1,215 @@
+//! Background processes, terminals and TCP streams of sessions.
+//!
+//! A process or terminal is checked by the policy like an execution (its command is a
+//! `Program::Command`), gets an execution id, and is audited once, when it ends, with
+//! its exit status. The session remembers it so that callers (the HTTP API's attach
+//! endpoints) can find it by id; finished ones beyond [`KEEP_FINISHED`] are forgotten.
+
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+use actix::prelude::*;
+use paddock_core::{code_hash, unix_ms, Error, ExecResult, ExecutionId, Outcome, Program};
+use tracing::warn;
+
+use super::{Pipeline, Session, Supervisor};
+use crate::audit::{AuditEntry, Record};
+use crate::messages::{
+    Attachable, GetProcess, ListProcesses, OpenTcpConnection, OpenTerminal, ProcessInfo,
+    StartProcess, Started,
+};
+
+/// Finished processes a session keeps listing.
+const KEEP_FINISHED: usize = 64;
+
+/// A session's processes and terminals.
+#[derive(Debug, Default)]
+pub(super) struct Processes {
+    entries: BTreeMap<u64, Started>,
+    next: u64,
+}
+
+impl Processes {
+    fn insert(&mut self, started: Started) {
+        self.next += 1;
+        self.entries.insert(self.next, started);
+        let finished: Vec<u64> = self
+            .entries
+            .iter()
+            .filter(|(_, s)| s.handle.shared().exit().is_some())
+            .map(|(k, _)| *k)
+            .collect();
+        if finished.len() > KEEP_FINISHED {
+            for k in &finished[..finished.len() - KEEP_FINISHED] {
+                self.entries.remove(k);
+            }
+        }
+    }
+
+    fn get(&self, id: &str) -> Option<Started> {
+        self.entries.values().find(|s| s.info.id == id).map(refresh)
+    }
+
+    fn list(&self) -> Vec<ProcessInfo> {
+        self.entries.values().map(|s| refresh(s).info).collect()
+    }
+}
+
+/// The record with the exit as it is now.
+fn refresh(s: &Started) -> Started {
+    let mut s = s.clone();
+    s.info.exit = s.handle.shared().exit();
+    s
+}
+
+impl Pipeline {
+    /// Refuses a command the policy blocks, as for an execution.
+    fn check_command(&self, argv: &[String]) -> Result<(), Error> {
+        let program = Program::command(argv.iter().cloned());
+        self.policy.check(&program).map(|_| ()).map_err(|r| {
+            tracing::info!(rule = %r.rule, "policy refused a background process");
+            self.telemetry.record_rule_block(&r.rule);
+            self.shared
+                .refused_total
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            r.error
+        })
+    }
+
+    /// Records the process's one audit entry when it ends.
+    fn audit_on_exit(self: Rc<Self>, session: &Session, started: &Started) {
+        let handle = started.handle.clone();
+        let id = started.info.execution_id.clone();
+        let started_at_ms = started.info.started_at_ms;
+        let tenant = session.tenant.clone();
+        let engine = session.engine;
+        let instance = session.lease.instance().sandbox.id().to_string();
+        let hash = code_hash(&Program::command(started.info.argv.iter().cloned()).audit_text());
+        self.shared
+            .accepted_total
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        actix::spawn(async move {
+            let exit = handle.shared().wait().await;
+            let mut result = ExecResult::empty(
+                id,
+                Outcome::Completed {
+                    exit_code: exit.exit_code,
+                    signal: exit.signal,
+                },
+                engine,
+                instance,
+            );
+            result.timings.queued_at_ms = started_at_ms;
+            result.timings.started_at_ms = started_at_ms;
+            result.timings.finished_at_ms = unix_ms();
+            result.usage.wall_ms = result.timings.finished_at_ms.saturating_sub(started_at_ms);
+            let entry = AuditEntry::from_result(&result, tenant.as_deref(), hash);
+            if let Err(e) = self.audit.send(Record(entry)).await {
+                warn!(error = %e, "the audit actor is gone; a background process's entry was lost");
+            }
+        });
+    }
+}
+
+fn started(kind: &'static str, handle: Attachable, argv: Vec<String>) -> Started {
+    let shared = handle.shared().clone();
+    Started {
+        info: ProcessInfo {
+            id: shared.id().to_string(),
+            kind,
+            execution_id: ExecutionId::new(),
+            argv,
+            pid: shared.pid(),
+            started_at_ms: unix_ms(),
+            exit: shared.exit(),
+        },
+        handle,
+    }
+}
+
+impl Handler<StartProcess> for Supervisor {
+    type Result = ResponseFuture<Result<Started, Error>>;
+
+    fn handle(&mut self, msg: StartProcess, _ctx: &mut Self::Context) -> Self::Result {
+        let session = match self.session(&msg.sandbox) {
+            Ok(s) => s,
+            Err(e) => return Box::pin(async move { Err(e) }),
+        };
+        let pipeline = self.pipeline.clone();
+        Box::pin(async move {
+            pipeline.check_command(&msg.spec.argv)?;
+            let sandbox = session.lease.instance().sandbox.clone();
+            let argv = msg.spec.argv.clone();
+            let handle = sandbox.start_process(msg.spec).await?;
+            let s = started("process", Attachable::Process(handle), argv);
+            pipeline.audit_on_exit(&session, &s);
+            session.processes.borrow_mut().insert(s.clone());
+            Ok(s)
+        })
+    }
+}
+
+impl Handler<OpenTerminal> for Supervisor {
+    type Result = ResponseFuture<Result<Started, Error>>;
+
+    fn handle(&mut self, msg: OpenTerminal, _ctx: &mut Self::Context) -> Self::Result {
+        let session = match self.session(&msg.sandbox) {
+            Ok(s) => s,
+            Err(e) => return Box::pin(async move { Err(e) }),
+        };
+        let pipeline = self.pipeline.clone();
+        Box::pin(async move {
+            let argv = msg.spec.argv();
+            pipeline.check_command(&argv)?;
+            let sandbox = session.lease.instance().sandbox.clone();
+            let handle = sandbox.open_terminal(msg.spec).await?;
+            let s = started("terminal", Attachable::Terminal(handle), argv);
+            pipeline.audit_on_exit(&session, &s);
+            session.processes.borrow_mut().insert(s.clone());
+            Ok(s)
+        })
+    }
+}
+
+impl Handler<OpenTcpConnection> for Supervisor {
+    type Result = ResponseFuture<Result<paddock_core::TcpConnection, Error>>;
+
+    fn handle(&mut self, msg: OpenTcpConnection, _ctx: &mut Self::Context) -> Self::Result {
+        let session = match self.session(&msg.sandbox) {
+            Ok(s) => s,
+            Err(e) => return Box::pin(async move { Err(e) }),
+        };
+        Box::pin(async move {
+            let sandbox = session.lease.instance().sandbox.clone();
+            sandbox.open_tcp_connection(msg.target).await
+        })
+    }
+}
+
+impl Handler<GetProcess> for Supervisor {
+    type Result = Result<Started, Error>;
+
+    fn handle(&mut self, msg: GetProcess, _ctx: &mut Self::Context) -> Self::Result {
+        let session = self.session(&msg.sandbox)?;
+        let found = session.processes.borrow().get(&msg.process);
+        found.ok_or_else(|| {
+            Error::new(
+                paddock_core::ErrorCode::NotFound,
+                format!(
+                    "sandbox {} has no process or terminal `{}` (list them with GET /v1/sandboxes/{}/processes)",
+                    msg.sandbox, msg.process, msg.sandbox
+                ),
+            )
+        })
+    }
+}
+
+impl Handler<ListProcesses> for Supervisor {
+    type Result = Result<Vec<ProcessInfo>, Error>;
+
+    fn handle(&mut self, msg: ListProcesses, _ctx: &mut Self::Context) -> Self::Result {
+        let session = self.session(&msg.sandbox)?;
+        let list = session.processes.borrow().list();
+        Ok(list)
+    }
+}
