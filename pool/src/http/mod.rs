@@ -5,6 +5,7 @@
 //! bound address; [`HttpServerHandle::stop`] stops it gracefully.
 
 mod errors;
+mod interactive;
 mod openapi;
 mod results;
 
@@ -169,6 +170,34 @@ fn routes(cfg: &mut web::ServiceConfig) {
     .route(
         "/v1/sandboxes/{id}/files/{path:.*}",
         web::put().to(write_file),
+    )
+    .route(
+        "/v1/sandboxes/{id}/processes",
+        web::post().to(interactive::start_process),
+    )
+    .route(
+        "/v1/sandboxes/{id}/processes",
+        web::get().to(interactive::list_processes),
+    )
+    .route(
+        "/v1/sandboxes/{id}/processes/{process}",
+        web::get().to(interactive::get_process),
+    )
+    .route(
+        "/v1/sandboxes/{id}/processes/{process}/signal",
+        web::post().to(interactive::signal_process),
+    )
+    .route(
+        "/v1/sandboxes/{id}/processes/{process}/attach",
+        web::get().to(interactive::attach),
+    )
+    .route(
+        "/v1/sandboxes/{id}/terminals",
+        web::post().to(interactive::open_terminal),
+    )
+    .route(
+        "/v1/sandboxes/{id}/tcp/{port}",
+        web::get().to(interactive::tcp),
     );
 }
 

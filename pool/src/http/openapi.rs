@@ -78,6 +78,48 @@ pub(crate) const ROUTES: &[(&str, &str, &str, &str)] = &[
         "Write a file (raw bytes)",
         "204",
     ),
+    (
+        "post",
+        "/v1/sandboxes/{id}/processes",
+        "Start a background process (engines with the `process` feature)",
+        "201",
+    ),
+    (
+        "get",
+        "/v1/sandboxes/{id}/processes",
+        "The sandbox's processes and terminals",
+        "200",
+    ),
+    (
+        "get",
+        "/v1/sandboxes/{id}/processes/{process}",
+        "One process or terminal, with its exit once it ended",
+        "200",
+    ),
+    (
+        "post",
+        "/v1/sandboxes/{id}/processes/{process}/signal",
+        "Signal a process's group",
+        "200",
+    ),
+    (
+        "get",
+        "/v1/sandboxes/{id}/processes/{process}/attach",
+        "WebSocket: a process's or terminal's output, input and commands",
+        "101",
+    ),
+    (
+        "post",
+        "/v1/sandboxes/{id}/terminals",
+        "Open a terminal (engines with the `terminal` feature)",
+        "201",
+    ),
+    (
+        "get",
+        "/v1/sandboxes/{id}/tcp/{port}",
+        "WebSocket: a TCP stream to a service on the guest's loopback (`?host=`)",
+        "101",
+    ),
 ];
 
 /// The OpenAPI document.
@@ -88,7 +130,7 @@ pub(crate) fn document() -> Value {
             .entry((*path).to_string())
             .or_insert_with(|| json!({}));
         let mut params = Vec::new();
-        for name in ["id", "path"] {
+        for name in ["id", "path", "process", "port"] {
             if path.contains(&format!("{{{name}}}")) {
                 params.push(json!({"name": name, "in": "path", "required": true, "schema": {"type": "string"}}));
             }
@@ -114,6 +156,21 @@ pub(crate) fn document() -> Value {
                 .expect("an array")
                 .push(json!({"name": "stream", "in": "query", "schema": {"type": "boolean"}}));
         }
+        let body = match (*method, *path) {
+            ("post", "/v1/sandboxes/{id}/processes") => Some("ProcessSpec"),
+            ("post", "/v1/sandboxes/{id}/terminals") => Some("TerminalSpec"),
+            ("post", "/v1/sandboxes/{id}/processes/{process}/signal") => Some("SignalBody"),
+            _ => None,
+        };
+        if let Some(schema) = body {
+            op["requestBody"] = json!({"required": true, "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{schema}")}}}});
+        }
+        if path.ends_with("/tcp/{port}") {
+            op["parameters"]
+                .as_array_mut()
+                .expect("an array")
+                .push(json!({"name": "host", "in": "query", "schema": {"type": "string"}}));
+        }
         entry[*method] = op;
     }
     json!({
@@ -132,6 +189,25 @@ pub(crate) fn document() -> Value {
                     "limits": {"type": "object"},
                     "network": {},
                     "level": {"type": "string", "enum": ["none", "context-isolated", "strict"]}
+                }},
+                "ProcessSpec": {"type": "object", "required": ["argv"], "additionalProperties": false, "properties": {
+                    "argv": {"type": "array", "minItems": 1, "items": {"type": "string"}},
+                    "env": {"type": "object", "additionalProperties": {"type": "string"}},
+                    "cwd": {"type": "string"},
+                    "stdin": {"type": "boolean"}
+                }},
+                "TerminalSpec": {"type": "object", "additionalProperties": false, "properties": {
+                    "command": {"type": "string"},
+                    "args": {"type": "array", "items": {"type": "string"}},
+                    "size": {"type": "object", "required": ["rows", "cols"], "additionalProperties": false, "properties": {
+                        "rows": {"type": "integer", "minimum": 1, "maximum": 1000},
+                        "cols": {"type": "integer", "minimum": 1, "maximum": 1000}
+                    }},
+                    "env": {"type": "object", "additionalProperties": {"type": "string"}},
+                    "cwd": {"type": "string"}
+                }},
+                "SignalBody": {"type": "object", "required": ["signal"], "additionalProperties": false, "properties": {
+                    "signal": {"oneOf": [{"type": "integer", "minimum": 1, "maximum": 64}, {"type": "string"}]}
                 }}
             },
             "responses": {"Error": {"description": "an error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}}

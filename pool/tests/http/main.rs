@@ -8,6 +8,7 @@ mod concurrency;
 mod errors;
 mod executions;
 mod idempotency;
+mod interactive;
 mod malformed;
 mod operations;
 mod sandboxes;

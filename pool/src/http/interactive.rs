@@ -1,0 +1,362 @@
+//! Background processes, terminals and TCP streams over HTTP: JSON routes to start,
+//! list and signal them, and WebSocket routes to attach to them (see
+//! `docs/http-api.md`, "Interactive sandboxes", for the message framing).
+
+use actix_web::{web, HttpRequest, HttpResponse};
+use actix_ws::{AggregatedMessage, CloseCode, CloseReason};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use paddock_core::{Error, ProcessSpec, StreamKind, TcpTarget, TerminalSize, TerminalSpec};
+use serde::Deserialize;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::{ask, parse_body, tenant, ApiError, Shared};
+use crate::messages::{
+    GetProcess, ListProcesses, OpenTcpConnection, OpenTerminal, StartProcess, Started,
+};
+
+/// The largest WebSocket message accepted from a client.
+const MAX_WS_MESSAGE: usize = 1 << 20;
+/// The first byte of an output message: which stream it carries.
+const STDOUT_TAG: u8 = 1;
+const STDERR_TAG: u8 = 2;
+
+pub(super) async fn start_process(
+    state: Shared,
+    req: HttpRequest,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    tenant(&state, &req)?;
+    let spec: ProcessSpec = parse_body(&state, payload).await?;
+    let sandbox = path.into_inner();
+    let started = ask(state.paddock.supervisor(), StartProcess { sandbox, spec }).await?;
+    Ok(HttpResponse::Created().json(started.info))
+}
+
+pub(super) async fn open_terminal(
+    state: Shared,
+    req: HttpRequest,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    tenant(&state, &req)?;
+    let spec: TerminalSpec = parse_body(&state, payload).await?;
+    let sandbox = path.into_inner();
+    let started = ask(state.paddock.supervisor(), OpenTerminal { sandbox, spec }).await?;
+    Ok(HttpResponse::Created().json(started.info))
+}
+
+pub(super) async fn list_processes(
+    state: Shared,
+    req: HttpRequest,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    tenant(&state, &req)?;
+    let sandbox = path.into_inner();
+    let list = ask(state.paddock.supervisor(), ListProcesses { sandbox }).await?;
+    Ok(HttpResponse::Ok().json(serde_json::json!({ "processes": list })))
+}
+
+async fn find(state: &Shared, path: web::Path<(String, String)>) -> Result<Started, ApiError> {
+    let (sandbox, process) = path.into_inner();
+    Ok(ask(state.paddock.supervisor(), GetProcess { sandbox, process }).await?)
+}
+
+pub(super) async fn get_process(
+    state: Shared,
+    req: HttpRequest,
+    path: web::Path<(String, String)>,
+) -> Result<HttpResponse, ApiError> {
+    tenant(&state, &req)?;
+    let started = find(&state, path).await?;
+    Ok(HttpResponse::Ok().json(started.info))
+}
+
+/// A signal by name (`"TERM"`, `"SIGINT"`) or number.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum SignalValue {
+    Number(i32),
+    Name(String),
+}
+
+impl SignalValue {
+    fn number(&self) -> Result<i32, Error> {
+        match self {
+            SignalValue::Number(n) => paddock_core::interactive::check_signal(*n),
+            SignalValue::Name(s) => paddock_core::interactive::parse_signal(s),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SignalBody {
+    signal: SignalValue,
+}
+
+pub(super) async fn signal_process(
+    state: Shared,
+    req: HttpRequest,
+    path: web::Path<(String, String)>,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    tenant(&state, &req)?;
+    let body: SignalBody = parse_body(&state, payload).await?;
+    let signal = body.signal.number()?;
+    let started = find(&state, path).await?;
+    started.handle.shared().control().signal(signal)?;
+    Ok(HttpResponse::Ok().json(serde_json::json!({ "signal": signal })))
+}
+
+/// What a client sends as a text message on an attach socket.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+enum ClientMessage {
+    /// Close the process's stdin (a terminal gets Ctrl-D).
+    CloseStdin,
+    /// Send a signal to the process's group.
+    Signal { signal: SignalValue },
+    /// Resize the terminal.
+    Resize { rows: u16, cols: u16 },
+}
+
+/// `GET /v1/sandboxes/{id}/processes/{process}/attach`: a WebSocket to a process or
+/// terminal. The process is looked up before the upgrade, so an unknown one is a
+/// plain 404.
+pub(super) async fn attach(
+    state: Shared,
+    req: HttpRequest,
+    path: web::Path<(String, String)>,
+    body: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    tenant(&state, &req)?;
+    let started = find(&state, path).await?;
+    let (response, session, stream) = actix_ws::handle(&req, body).map_err(upgrade_error)?;
+    let stream = stream
+        .max_frame_size(MAX_WS_MESSAGE)
+        .aggregate_continuations()
+        .max_continuation_size(MAX_WS_MESSAGE);
+    actix_web::rt::spawn(relay_process(started, session, stream));
+    Ok(response)
+}
+
+fn upgrade_error(e: actix_web::Error) -> ApiError {
+    ApiError::from(Error::invalid_options(
+        "upgrade",
+        format!("this route speaks WebSocket: send an upgrade request ({e})"),
+    ))
+}
+
+/// Output to the client (tagged binary messages, then the exit as a text message and
+/// a normal close); input and commands from the client. The client leaving detaches:
+/// the process keeps running.
+async fn relay_process(
+    started: Started,
+    session: actix_ws::Session,
+    mut stream: actix_ws::AggregatedMessageStream,
+) {
+    let shared = started.handle.shared().clone();
+    let output = {
+        let shared = shared.clone();
+        let mut session = session.clone();
+        actix_web::rt::spawn(async move {
+            let mut reader = shared.output();
+            while let Some(chunk) = reader.next().await {
+                let tag = match chunk.stream {
+                    StreamKind::Stdout => STDOUT_TAG,
+                    StreamKind::Stderr => STDERR_TAG,
+                };
+                let mut message = Vec::with_capacity(chunk.data.len() + 1);
+                message.push(tag);
+                message.extend_from_slice(&chunk.data);
+                if session.binary(Bytes::from(message)).await.is_err() {
+                    return;
+                }
+            }
+            let exit = shared.wait().await;
+            let _ = session
+                .text(
+                    serde_json::json!({
+                        "type": "exit",
+                        "exit_code": exit.exit_code,
+                        "signal": exit.signal,
+                    })
+                    .to_string(),
+                )
+                .await;
+            let _ = session
+                .close(Some(CloseReason {
+                    code: CloseCode::Normal,
+                    description: Some("the process exited".into()),
+                }))
+                .await;
+        })
+    };
+    let mut replies = session;
+    while let Some(message) = stream.next().await {
+        let result = match message {
+            Ok(AggregatedMessage::Binary(data)) => shared.control().write(&data).await,
+            Ok(AggregatedMessage::Text(text)) => {
+                match serde_json::from_str::<ClientMessage>(&text) {
+                    Ok(ClientMessage::CloseStdin) => shared.control().close_stdin().await,
+                    Ok(ClientMessage::Signal { signal }) => signal
+                        .number()
+                        .and_then(|s| shared.control().signal(s)),
+                    Ok(ClientMessage::Resize { rows, cols }) => {
+                        let size = TerminalSize { rows, cols };
+                        size.validate().and_then(|_| shared.control().resize(size))
+                    }
+                    Err(e) => Err(Error::invalid_options(
+                        "message",
+                        format!("{e}; send {{\"type\":\"close_stdin\"}}, {{\"type\":\"signal\",\"signal\":\"TERM\"}} or {{\"type\":\"resize\",\"rows\":24,\"cols\":80}}"),
+                    )),
+                }
+            }
+            Ok(AggregatedMessage::Ping(p)) => {
+                let _ = replies.pong(&p).await;
+                Ok(())
+            }
+            Ok(AggregatedMessage::Pong(_)) => Ok(()),
+            Ok(AggregatedMessage::Close(_)) | Err(_) => break,
+        };
+        if let Err(e) = result {
+            // Answered, not fatal: the socket stays open.
+            let _ = replies
+                .text(
+                    serde_json::json!({
+                        "type": "error",
+                        "code": e.code,
+                        "message": e.message,
+                    })
+                    .to_string(),
+                )
+                .await;
+        }
+    }
+    // The client left: stop relaying; the process runs on.
+    output.abort();
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct TcpQuery {
+    #[serde(default)]
+    host: Option<String>,
+}
+
+/// `GET /v1/sandboxes/{id}/tcp/{port}`: a WebSocket carrying a TCP stream to a
+/// service on the guest's loopback. The connection is made before the upgrade, so a
+/// refusal (nothing listening, a host that is not loopback) is a plain error.
+pub(super) async fn tcp(
+    state: Shared,
+    req: HttpRequest,
+    path: web::Path<(String, String)>,
+    query: web::Query<TcpQuery>,
+    body: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    tenant(&state, &req)?;
+    let (sandbox, port) = path.into_inner();
+    let port: u16 = port.parse().map_err(|_| {
+        Error::invalid_options("port", format!("{port:?} is not a port; use 1 to 65535"))
+    })?;
+    let target = TcpTarget {
+        port,
+        host: query
+            .into_inner()
+            .host
+            .unwrap_or_else(|| "127.0.0.1".into()),
+    };
+    // Refused here (before any upgrade) when the host is not loopback.
+    target.loopback_addr()?;
+    if !is_upgrade(&req) {
+        return Err(upgrade_error(actix_web::error::ErrorBadRequest(
+            "no upgrade",
+        )));
+    }
+    let conn = ask(
+        state.paddock.supervisor(),
+        OpenTcpConnection { sandbox, target },
+    )
+    .await?;
+    let (response, session, stream) = actix_ws::handle(&req, body).map_err(upgrade_error)?;
+    let stream = stream
+        .max_frame_size(MAX_WS_MESSAGE)
+        .aggregate_continuations()
+        .max_continuation_size(MAX_WS_MESSAGE);
+    actix_web::rt::spawn(relay_tcp(conn, session, stream));
+    Ok(response)
+}
+
+fn is_upgrade(req: &HttpRequest) -> bool {
+    req.headers()
+        .get(actix_web::http::header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"))
+}
+
+/// Bytes both ways until either side ends.
+async fn relay_tcp(
+    conn: paddock_core::TcpConnection,
+    session: actix_ws::Session,
+    mut stream: actix_ws::AggregatedMessageStream,
+) {
+    let (mut from_guest, mut to_guest) = conn.stream.into_split();
+    let down = {
+        let mut session = session.clone();
+        actix_web::rt::spawn(async move {
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                match from_guest.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        if session
+                            .binary(Bytes::copy_from_slice(&buf[..n]))
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                }
+            }
+            let _ = session
+                .close(Some(CloseReason {
+                    code: CloseCode::Normal,
+                    description: Some("the guest closed the connection".into()),
+                }))
+                .await;
+        })
+    };
+    let mut replies = session;
+    while let Some(message) = stream.next().await {
+        match message {
+            Ok(AggregatedMessage::Binary(data)) => {
+                if to_guest.write_all(&data).await.is_err() {
+                    break;
+                }
+            }
+            Ok(AggregatedMessage::Text(text)) => {
+                if to_guest.write_all(text.as_bytes()).await.is_err() {
+                    break;
+                }
+            }
+            Ok(AggregatedMessage::Ping(p)) => {
+                let _ = replies.pong(&p).await;
+            }
+            Ok(AggregatedMessage::Pong(_)) => {}
+            Ok(AggregatedMessage::Close(_)) | Err(_) => break,
+        }
+    }
+    // The client is done sending: the guest reads end of file, and its answer still
+    // comes back until it closes.
+    let _ = to_guest.shutdown().await;
+    let mut down = down;
+    if tokio::time::timeout(std::time::Duration::from_secs(5), &mut down)
+        .await
+        .is_err()
+    {
+        down.abort();
+    }
+}
