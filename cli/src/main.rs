@@ -6,6 +6,7 @@ mod bench;
 mod doctor;
 mod run;
 mod serve;
+mod shell;
 mod units;
 
 /// Paddock runs untrusted code in pooled sandboxes: subprocesses with cgroup limits,
@@ -29,6 +30,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Check what this host supports (cgroups, namespaces, interpreters).
     Doctor(doctor::DoctorArgs),
+    /// Open an interactive terminal in a fresh sandbox.
+    Shell(shell::ShellArgs),
 }
 
 fn main() {
@@ -51,6 +54,7 @@ fn main() {
             Command::Config(args) => serve::config(args).await,
             Command::Bench(args) => bench::bench(args).await,
             Command::Doctor(args) => doctor::doctor(args).await,
+            Command::Shell(args) => shell::shell(args).await,
         }
     });
     let code = match status {
