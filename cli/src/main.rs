@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod client;
 mod doctor;
 mod run;
 mod serve;

@@ -113,6 +113,25 @@ pub(crate) struct RunArgs {
     /// A file holding the source code.
     #[arg(long, group = "source")]
     file: Option<PathBuf>,
+    /// Start the program as a background process in a running `paddock serve`
+    /// (`--server`) and print its execution id; it runs until it exits or its sandbox
+    /// is destroyed.
+    #[arg(long, requires = "server")]
+    detach: bool,
+    /// The server for `--detach`, as http://HOST:PORT.
+    #[arg(long, env = "PADDOCK_SERVER", value_name = "URL")]
+    server: Option<String>,
+    /// With `--detach`: start it in this open sandbox instead of a new one.
+    #[arg(long, requires = "detach", value_name = "ID")]
+    sandbox: Option<String>,
+    /// With `--detach`: the server's API key.
+    #[arg(
+        long,
+        env = "PADDOCK_API_KEY",
+        value_name = "KEY",
+        hide_env_values = true
+    )]
+    api_key: Option<String>,
     /// The command and its arguments (after `--`).
     #[arg(last = true, value_name = "CMD")]
     command: Vec<String>,
@@ -169,6 +188,9 @@ pub(crate) async fn run(args: RunArgs) -> Result<i32, UsageError> {
     let program = args.program()?;
     if args.code.is_some() && args.lang.is_none() || args.file.is_some() && args.lang.is_none() {
         return Err(UsageError("--code and --file need --lang".into()));
+    }
+    if args.detach {
+        return detach(&args, program);
     }
     let config = match &args.config {
         Some(path) => {
@@ -358,4 +380,107 @@ fn exit_for_error(code: ErrorCode) -> i32 {
         | ErrorCode::LevelNotSupported => 2,
         _ => EXIT_INTERNAL,
     }
+}
+
+/// `paddock run --detach`: starts the program as a background process on the server
+/// and prints its execution id (the whole record with `--json`).
+fn detach(args: &RunArgs, program: Program) -> Result<i32, UsageError> {
+    let url = args
+        .server
+        .as_deref()
+        .ok_or_else(|| UsageError("--detach needs --server http://HOST:PORT".into()))?;
+    if args.stdin || args.engine == EngineArg::Isolate {
+        return Err(UsageError(
+            "--detach starts a background process: no --stdin, and not on the isolate engine"
+                .into(),
+        ));
+    }
+    let server = crate::client::Server::parse(url, args.api_key.clone()).map_err(UsageError)?;
+    let argv = match program {
+        Program::Command { argv } => argv,
+        Program::Code { language, source } => {
+            let (interp, flag) = match language {
+                Language::Python => ("python3", "-c"),
+                Language::Javascript => ("node", "-e"),
+                Language::Shell => ("sh", "-c"),
+            };
+            vec![interp.to_string(), flag.to_string(), source]
+        }
+        other => {
+            return Err(UsageError(format!(
+                "--detach runs commands and code, not {:?}",
+                other.kind()
+            )))
+        }
+    };
+    let fail = |e: String| {
+        eprintln!("paddock: {e}");
+        Ok(EXIT_INTERNAL)
+    };
+    let sandbox = match &args.sandbox {
+        Some(id) => id.clone(),
+        None => {
+            let engine = match args.engine {
+                EngineArg::Container => "container",
+                _ => "subprocess",
+            };
+            let network = match args.network {
+                NetworkArg::None => "none",
+                NetworkArg::Host => "unrestricted",
+            };
+            let mut limits = serde_json::Map::new();
+            if let Some(m) = args.memory {
+                limits.insert("memory_bytes".into(), m.into());
+            }
+            if let Some(p) = args.pids {
+                limits.insert("pids".into(), p.into());
+            }
+            let body = serde_json::json!({"engine": engine, "network": network, "limits": limits});
+            match server.json("POST", "/v1/sandboxes", Some(&body)) {
+                Ok((201, v)) => match v["id"].as_str() {
+                    Some(id) => id.to_string(),
+                    None => return fail(format!("the server opened a sandbox without an id: {v}")),
+                },
+                Ok((status, v)) => return fail(crate::client::error_text(status, &v)),
+                Err(e) => return fail(e),
+            }
+        }
+    };
+    let env: BTreeMap<String, String> = args.env.iter().cloned().collect();
+    let body = serde_json::json!({"argv": argv, "env": env});
+    let info = match server.json(
+        "POST",
+        &format!("/v1/sandboxes/{sandbox}/processes"),
+        Some(&body),
+    ) {
+        Ok((201, v)) => v,
+        Ok((status, v)) => {
+            eprintln!("paddock: {}", crate::client::error_text(status, &v));
+            let code = v["error"]["code"]
+                .as_str()
+                .and_then(|c| serde_json::from_value::<ErrorCode>(c.into()).ok())
+                .map_or(EXIT_INTERNAL, exit_for_error);
+            return Ok(code);
+        }
+        Err(e) => return fail(e),
+    };
+    let process = info["id"].as_str().unwrap_or_default();
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "execution_id": info["execution_id"],
+                "sandbox": sandbox,
+                "process": process,
+                "pid": info["pid"],
+            })
+        );
+    } else {
+        println!("{}", info["execution_id"].as_str().unwrap_or_default());
+        eprintln!(
+            "paddock: process {process} runs in sandbox {sandbox}; attach at ws://{}/v1/sandboxes/{sandbox}/processes/{process}/attach; it ends with the sandbox (DELETE /v1/sandboxes/{sandbox})",
+            server.authority()
+        );
+    }
+    Ok(0)
 }

@@ -361,3 +361,108 @@ fn serve_refuses_a_bad_config_naming_the_field() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("server.workers"), "{err}");
 }
+
+#[test]
+fn run_detach_starts_a_background_process_on_the_server() {
+    let serve = Serve::start("");
+    let url = format!("http://{}", serve.addr);
+    let out = Command::new(env!("CARGO_BIN_EXE_paddock"))
+        .args(["run", "--detach", "--json", "--server", &url, "--"])
+        .args(["sh", "-c", "echo started; sleep 30"])
+        .env_remove("PADDOCK_API_KEY")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let record: Value = serde_json::from_slice(&out.stdout).expect("one JSON line");
+    let execution_id = record["execution_id"].as_str().expect("an execution id");
+    let sandbox = record["sandbox"].as_str().expect("a sandbox");
+    let process = record["process"].as_str().expect("a process");
+    // The command returned; the process runs on in the server.
+    let base = format!("/v1/sandboxes/{sandbox}/processes/{process}");
+    let info = request(serve.addr, "GET", &base, None).unwrap().json();
+    assert_eq!(info["execution_id"], execution_id, "{info}");
+    assert!(info["exit"].is_null(), "still running: {info}");
+
+    // Without --json: the execution id alone on stdout, into the same sandbox.
+    let out = Command::new(env!("CARGO_BIN_EXE_paddock"))
+        .args([
+            "run",
+            "--detach",
+            "--server",
+            &url,
+            "--sandbox",
+            sandbox,
+            "--",
+            "true",
+        ])
+        .env_remove("PADDOCK_API_KEY")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert_eq!(id.len(), 36, "a UUID: {id:?}");
+    let list = request(
+        serve.addr,
+        "GET",
+        &format!("/v1/sandboxes/{sandbox}/processes"),
+        None,
+    )
+    .unwrap()
+    .json();
+    let ids: Vec<&str> = list["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["execution_id"].as_str())
+        .collect();
+    assert!(
+        ids.contains(&id.as_str()) && ids.contains(&execution_id),
+        "{list}"
+    );
+
+    // Destroying the sandbox ends it.
+    let r = request(
+        serve.addr,
+        "DELETE",
+        &format!("/v1/sandboxes/{sandbox}"),
+        None,
+    )
+    .unwrap();
+    assert_eq!(r.status, 204);
+    let r = request(serve.addr, "GET", &base, None).unwrap();
+    assert_eq!(r.status, 409, "{}", String::from_utf8_lossy(&r.body));
+
+    // A server that is not there, and an unknown sandbox, are answered.
+    let out = Command::new(env!("CARGO_BIN_EXE_paddock"))
+        .args([
+            "run",
+            "--detach",
+            "--server",
+            &url,
+            "--sandbox",
+            "nope",
+            "--",
+            "true",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("NOT_FOUND"),
+        "{out:?}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_paddock"))
+        .args(["run", "--detach", "--", "true"])
+        .env_remove("PADDOCK_SERVER")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--server"),
+        "{out:?}"
+    );
+}
