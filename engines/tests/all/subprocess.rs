@@ -384,3 +384,145 @@ async fn works_on_a_current_thread_runtime() {
     assert_eq!(r.stdout, "x");
     sb.destroy().await.unwrap();
 }
+
+fn alive(pid: u32) -> bool {
+    // A zombie still has a /proc entry: look at its state.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            let state = s.rsplit(')').next().unwrap_or("").split_whitespace().next();
+            state != Some("Z") && state != Some("X")
+        })
+        .unwrap_or(false)
+}
+
+async fn gone_within(pid: u32, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if !alive(pid) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    !alive(pid)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_processs_tree_dies_with_it() {
+    let sb = sandbox(SandboxSpec::default()).await;
+    // The shell backgrounds a grandchild, reports its pid, and exits.
+    let p = sb
+        .start_process(paddock_core::ProcessSpec::new([
+            "sh",
+            "-c",
+            "sleep 30 & echo $!; exit 0",
+        ]))
+        .await
+        .unwrap();
+    let mut out = p.output();
+    let mut text = Vec::new();
+    while !text.ends_with(b"\n") {
+        let chunk = tokio::time::timeout(Duration::from_secs(10), out.next())
+            .await
+            .expect("the pid arrives")
+            .expect("output");
+        text.extend_from_slice(&chunk.data);
+    }
+    let grandchild: u32 = String::from_utf8_lossy(&text).trim().parse().unwrap();
+    let exit = tokio::time::timeout(Duration::from_secs(10), p.wait())
+        .await
+        .expect("the shell exits");
+    assert_eq!(exit.exit_code, 0);
+    assert!(
+        gone_within(grandchild, Duration::from_secs(5)).await,
+        "the backgrounded `sleep 30` (pid {grandchild}) outlived its process"
+    );
+    sb.destroy().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_are_capped_per_sandbox_and_recycle_ends_them() {
+    let sb = sandbox(SandboxSpec::default()).await;
+    let mut running = Vec::new();
+    for _ in 0..64 {
+        running.push(
+            sb.start_process(paddock_core::ProcessSpec::new(["sleep", "30"]))
+                .await
+                .unwrap(),
+        );
+    }
+    let refused = sb
+        .start_process(paddock_core::ProcessSpec::new(["sleep", "30"]))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code, ErrorCode::LimitsExceeded, "{refused}");
+    // One ends: there is room again.
+    running[0].kill().unwrap();
+    running[0].wait().await;
+    running.push(
+        sb.start_process(paddock_core::ProcessSpec::new(["sleep", "30"]))
+            .await
+            .expect("room after one ended"),
+    );
+    // Recycling (another lease) ends every one and waits for them.
+    sb.recycle().await.unwrap();
+    for p in &running {
+        let exit = p.try_wait().expect("recycle waited for every process");
+        assert!(
+            exit.signal == Some(9) || p.pid() == running[0].pid(),
+            "{exit:?}"
+        );
+        assert!(
+            !alive(p.pid().unwrap()),
+            "pid {:?} survived recycle",
+            p.pid()
+        );
+    }
+    // The sandbox still works after recycle.
+    let p = sb
+        .start_process(paddock_core::ProcessSpec::new(["true"]))
+        .await
+        .unwrap();
+    assert_eq!(p.wait().await.exit_code, 0);
+    sb.destroy().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandboxes_have_separate_loopbacks() {
+    let e = engine();
+    if !e.capabilities().network.contains("none") {
+        eprintln!("skipped: {:?}", e.host_support().netns);
+        return;
+    }
+    let a = e.create(&SandboxSpec::default()).await.unwrap();
+    let b = e.create(&SandboxSpec::default()).await.unwrap();
+    let listener = a
+        .start_process(paddock_core::ProcessSpec::new([
+            "python3",
+            "-c",
+            "import socket,time\ns=socket.socket()\ns.bind(('127.0.0.1',0))\ns.listen()\nprint(s.getsockname()[1],flush=True)\ntime.sleep(30)",
+        ]))
+        .await
+        .unwrap();
+    let mut out = listener.output();
+    let mut text = Vec::new();
+    while !text.ends_with(b"\n") {
+        let chunk = tokio::time::timeout(Duration::from_secs(10), out.next())
+            .await
+            .expect("the port arrives")
+            .expect("output");
+        text.extend_from_slice(&chunk.data);
+    }
+    let port: u16 = String::from_utf8_lossy(&text).trim().parse().unwrap();
+    assert!(a
+        .open_tcp_connection(paddock_core::TcpTarget::loopback(port))
+        .await
+        .is_ok());
+    // The other sandbox's loopback does not have it.
+    let e2 = b
+        .open_tcp_connection(paddock_core::TcpTarget::loopback(port))
+        .await
+        .unwrap_err();
+    assert_eq!(e2.code, ErrorCode::NotFound, "{e2}");
+    a.destroy().await.unwrap();
+    b.destroy().await.unwrap();
+}

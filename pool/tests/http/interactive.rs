@@ -383,3 +383,52 @@ async fn a_tcp_stream_reaches_a_service_in_the_guest() {
     drop((tcp, attach));
     t.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_policy_checks_background_commands_and_terminals() {
+    let config = paddock_core::PaddockConfig::from_toml_str(
+        r#"
+[[policy.custom_rules]]
+name = "no-netcat"
+pattern = "\\bnc\\b"
+target = "command"
+action = "block"
+message = "netcat is not allowed"
+"#,
+    )
+    .expect("a valid config");
+    let t = TestServer::start_config(config, crate::support::server_config());
+    let id = open_sandbox(t.addr).await;
+    let base = format!("/v1/sandboxes/{id}");
+    let msg = post_json(
+        t.addr,
+        &format!("{base}/processes"),
+        &json!({"argv": ["nc", "-l", "8000"]}),
+    )
+    .await
+    .expect_error(400, "CODE_BLOCKED");
+    assert!(msg.contains("netcat"), "{msg}");
+    post_json(
+        t.addr,
+        &format!("{base}/terminals"),
+        &json!({"command": "sh", "args": ["-c", "nc -l 8000"]}),
+    )
+    .await
+    .expect_error(400, "CODE_BLOCKED");
+    // Nothing was started.
+    let list = get(t.addr, &format!("{base}/processes")).await.expect(200);
+    assert_eq!(list["processes"], json!([]), "{list}");
+    // An engine without the feature answers so.
+    let js = post_json(t.addr, "/v1/sandboxes", &json!({"engine": "isolate"}))
+        .await
+        .expect(201);
+    let js = js["id"].as_str().unwrap();
+    post_json(
+        t.addr,
+        &format!("/v1/sandboxes/{js}/processes"),
+        &json!({"argv": ["true"]}),
+    )
+    .await
+    .expect_error(400, "CAPABILITY_NOT_SUPPORTED");
+    t.stop().await;
+}
