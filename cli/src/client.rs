@@ -143,7 +143,7 @@ fn parse_response(raw: &[u8]) -> Result<(u16, Value), String> {
             if size == 0 {
                 break;
             }
-            if body.len() < size + 2 {
+            if body.len() < size.saturating_add(2) {
                 return Err("a chunk was cut short".into());
             }
             dechunked.extend_from_slice(&body[..size]);

@@ -417,6 +417,7 @@ fn detach(args: &RunArgs, program: Program) -> Result<i32, UsageError> {
         eprintln!("paddock: {e}");
         Ok(EXIT_INTERNAL)
     };
+    let created = args.sandbox.is_none();
     let sandbox = match &args.sandbox {
         Some(id) => id.clone(),
         None => {
@@ -456,13 +457,22 @@ fn detach(args: &RunArgs, program: Program) -> Result<i32, UsageError> {
         Ok((201, v)) => v,
         Ok((status, v)) => {
             eprintln!("paddock: {}", crate::client::error_text(status, &v));
+            if created {
+                // Nothing runs in it: it would only take a pool slot.
+                let _ = server.json("DELETE", &format!("/v1/sandboxes/{sandbox}"), None);
+            }
             let code = v["error"]["code"]
                 .as_str()
                 .and_then(|c| serde_json::from_value::<ErrorCode>(c.into()).ok())
                 .map_or(EXIT_INTERNAL, exit_for_error);
             return Ok(code);
         }
-        Err(e) => return fail(e),
+        Err(e) => {
+            if created {
+                let _ = server.json("DELETE", &format!("/v1/sandboxes/{sandbox}"), None);
+            }
+            return fail(e);
+        }
     };
     let process = info["id"].as_str().unwrap_or_default();
     if args.json {

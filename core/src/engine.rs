@@ -188,8 +188,9 @@ pub trait Sandbox: Send + Sync + fmt::Debug {
     }
 
     /// Opens a two-way byte stream to a service listening on the guest's own loopback
-    /// (feature `tcp`). A host that is not loopback is refused with
+    /// (feature `tcp`). (Not in the loom models' build, which has no tokio networking.) A host that is not loopback is refused with
     /// `INVALID_OPTIONS`; nothing is sent anywhere else.
+    #[cfg(not(loom))]
     async fn open_tcp_connection(&self, target: crate::TcpTarget) -> Result<crate::TcpConnection> {
         let _ = target;
         Err(not_supported(

@@ -571,7 +571,8 @@ impl TerminalHandle {
         self.shared.control.resize(size)
     }
 
-    /// Kills the command and everything in its session.
+    /// Kills the command (SIGKILL to its process group); once it has exited, what it
+    /// left running is killed too (see `docs/interactive.md`).
     pub fn kill(&self) -> Result<()> {
         self.shared.control.signal(9)
     }
@@ -598,6 +599,8 @@ impl TerminalHandle {
 }
 
 /// A two-way byte stream to a service listening inside a sandbox.
+// tokio's networking is configured out under the loom models' `--cfg loom`.
+#[cfg(not(loom))]
 #[derive(Debug)]
 pub struct TcpConnection {
     /// The connected stream (registered with the current tokio runtime).

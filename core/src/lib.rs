@@ -51,9 +51,11 @@ pub use exec::{
     unix_ms, ExecRequest, ExecResult, ExecutionId, Outcome, OutputChunk, StreamKind, Timings, Usage,
 };
 pub use hash::code_hash;
+#[cfg(not(loom))]
+pub use interactive::TcpConnection;
 pub use interactive::{
-    OutputReader, ProcessExit, ProcessHandle, ProcessSpec, TcpConnection, TcpTarget,
-    TerminalHandle, TerminalSize, TerminalSpec,
+    OutputReader, ProcessExit, ProcessHandle, ProcessSpec, TcpTarget, TerminalHandle, TerminalSize,
+    TerminalSpec,
 };
 pub use isolation::{Capabilities, EngineKind, IsolationLevel, NetworkPolicy};
 pub use limits::{LimitKind, Limits};

@@ -87,6 +87,8 @@ pub fn main() -> i32 {
         },
         control: control_channel(),
         background: Vec::new(),
+        sigchld: child_signals(),
+        in_turn: false,
     };
     loop {
         while let Some(frame) = agent.host.queued.pop_front() {
@@ -129,6 +131,23 @@ fn control_channel() -> Option<OwnedFd> {
     }
 }
 
+/// A descriptor that reads SIGCHLD (blocked, so it is delivered only there): between
+/// turns the agent reaps orphans as they die, not only when the next turn ends.
+fn child_signals() -> Option<OwnedFd> {
+    // SAFETY: sigset_t is plain data; the calls fill and use a local set. std resets
+    // the mask of every command it starts, so the block stays with the agent.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGCHLD);
+        if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
+            return None;
+        }
+        let fd = libc::signalfd(-1, &set, libc::SFD_NONBLOCK | libc::SFD_CLOEXEC);
+        (fd >= 0).then(|| OwnedFd::from_raw_fd(fd))
+    }
+}
+
 /// A background process started through the control channel.
 struct Background {
     id: String,
@@ -142,6 +161,10 @@ struct Agent {
     host: Host,
     control: Option<OwnedFd>,
     background: Vec<Background>,
+    /// SIGCHLD, as a descriptor (see [`child_signals`]).
+    sigchld: Option<OwnedFd>,
+    /// Whether a turn runs (its command is reaped by the turn, not by [`Agent::reap`]).
+    in_turn: bool,
 }
 
 fn pollfd(fd: RawFd) -> libc::pollfd {
@@ -153,10 +176,13 @@ fn pollfd(fd: RawFd) -> libc::pollfd {
 }
 
 impl Agent {
-    /// The descriptors polled besides a turn's own: the control channel, then each
-    /// background process's pidfd (-1 where there is none).
+    /// The descriptors polled besides a turn's own: the control channel, SIGCHLD,
+    /// then each background process's pidfd (-1 where there is none).
     fn extra_fds(&self) -> Vec<libc::pollfd> {
-        let mut fds = vec![pollfd(self.control.as_ref().map_or(-1, |c| c.as_raw_fd()))];
+        let mut fds = vec![
+            pollfd(self.control.as_ref().map_or(-1, |c| c.as_raw_fd())),
+            pollfd(self.sigchld.as_ref().map_or(-1, |c| c.as_raw_fd())),
+        ];
         for b in &self.background {
             fds.push(pollfd(b.pidfd.as_ref().map_or(-1, |p| p.as_raw_fd())));
         }
@@ -165,9 +191,19 @@ impl Agent {
 
     /// Handles what [`extra_fds`](Self::extra_fds) reported ready.
     fn service(&mut self, ready: &[libc::pollfd]) {
+        if ready.get(1).is_some_and(|fd| fd.revents != 0) {
+            if let Some(fd) = &self.sigchld {
+                drain(fd.as_raw_fd());
+            }
+            // During a turn its command is the turn's to reap; everything else is
+            // reaped when the turn ends.
+            if !self.in_turn {
+                self.reap();
+            }
+        }
         let exited: Vec<libc::pid_t> = ready
             .iter()
-            .skip(1)
+            .skip(2)
             .zip(&self.background)
             .filter(|(fd, _)| fd.revents != 0)
             .map(|(_, b)| b.pid)
@@ -448,6 +484,13 @@ impl Agent {
     }
 }
 
+/// Reads a non-blocking descriptor empty.
+fn drain(fd: RawFd) {
+    let mut buf = [0u8; 1024];
+    // SAFETY: read(2) into a local buffer until it would block.
+    while unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
+}
+
 /// The session id of `pid`, from `/proc/<pid>/stat`.
 fn session_of(pid: libc::pid_t) -> Option<libc::pid_t> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -685,6 +728,12 @@ fn pidfd_open(pid: libc::pid_t) -> Option<OwnedFd> {
 impl Agent {
     /// Runs one `invoke` to its end.
     fn run_turn(&mut self, id: &str, input: &Value) {
+        self.in_turn = true;
+        self.run_turn_inner(id, input);
+        self.in_turn = false;
+    }
+
+    fn run_turn_inner(&mut self, id: &str, input: &Value) {
         let job = match job(input) {
             Ok(j) => j,
             Err(why) => {

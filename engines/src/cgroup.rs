@@ -189,15 +189,8 @@ fn remove_stale(pids: &Path, memory: &Path, freezer: Option<&Path>) {
             if Path::new(&format!("/proc/{pid}")).exists() {
                 continue;
             }
-            if let Ok(children) = std::fs::read_dir(entry.path()) {
-                for child in children.flatten() {
-                    if child.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-                        let _ = kill_procs(&child.path());
-                        let _ = std::fs::remove_dir(child.path());
-                    }
-                }
-            }
-            let _ = std::fs::remove_dir(entry.path());
+            // Sandboxes, and the groups of their background processes below them.
+            let _ = remove_tree(&entry.path());
         }
     }
 }
@@ -249,6 +242,18 @@ impl Cgroup {
         write(&self.pids.join("pids.max"), &pids_value)?;
         *applied = Some((memory_bytes, pids));
         Ok(())
+    }
+
+    /// Sets the limits unless some were set already (by an execution).
+    pub fn set_limits_if_unset(
+        &self,
+        memory_bytes: Option<u64>,
+        pids: Option<u64>,
+    ) -> io::Result<()> {
+        if self.applied.lock().is_some() {
+            return Ok(());
+        }
+        self.set_limits(memory_bytes, pids)
     }
 
     /// How many processes the kernel OOM-killed in the group since the last call.

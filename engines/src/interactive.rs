@@ -51,14 +51,18 @@ pub(crate) struct Processes {
 struct Inner {
     next: u64,
     live: Vec<Owned>,
+    /// Ids handed out for processes still being started.
+    pending: usize,
     /// Set for good once the sandbox is being destroyed: nothing more is admitted.
     closed: bool,
 }
 
 impl Processes {
-    /// A fresh id (`p1`, `t2`, …) for one more process, or `LIMITS_EXCEEDED` when the
-    /// sandbox already runs [`MAX_PROCESSES`].
-    pub(crate) fn reserve_id(&self, prefix: &str) -> Result<String> {
+    /// A place and a fresh id (`p1`, `t2`, …) for one more process, or
+    /// `LIMITS_EXCEEDED` when the sandbox already runs (or is starting)
+    /// [`MAX_PROCESSES`]. The place is given back if the reservation is dropped
+    /// unused.
+    pub(crate) fn reserve(&self, prefix: &str) -> Result<Reservation<'_>> {
         let mut s = self.inner.lock();
         if s.closed {
             return Err(Error::new(
@@ -67,7 +71,7 @@ impl Processes {
             ));
         }
         s.live.retain(|o| !o.task.is_finished());
-        if s.live.len() >= MAX_PROCESSES {
+        if s.live.len() + s.pending >= MAX_PROCESSES {
             return Err(Error::new(
                 ErrorCode::LimitsExceeded,
                 format!(
@@ -76,7 +80,12 @@ impl Processes {
             ));
         }
         s.next += 1;
-        Ok(format!("{prefix}{}", s.next))
+        s.pending += 1;
+        Ok(Reservation {
+            id: format!("{prefix}{}", s.next),
+            processes: self,
+            used: false,
+        })
     }
 
     /// Whether any process or terminal still runs.
@@ -86,8 +95,10 @@ impl Processes {
 
     /// Takes ownership of a started process. When the registry was closed meanwhile
     /// (a destroy began), the process is killed at once.
-    fn add(&self, owned: Owned) {
+    fn add(&self, mut place: Reservation<'_>, owned: Owned) {
+        place.used = true;
         let mut s = self.inner.lock();
+        s.pending -= 1;
         if s.closed {
             drop(s);
             let _ = owned.control.signal(libc::SIGKILL);
@@ -132,6 +143,23 @@ impl Processes {
         for o in s.live.drain(..) {
             let _ = o.control.signal(libc::SIGKILL);
             o.shared.close_output();
+        }
+    }
+}
+
+/// A place for one process in a sandbox's [`Processes`], with its id.
+#[derive(Debug)]
+pub(crate) struct Reservation<'a> {
+    /// The process's id.
+    pub(crate) id: String,
+    processes: &'a Processes,
+    used: bool,
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if !self.used {
+            self.processes.inner.lock().pending -= 1;
         }
     }
 }
@@ -230,7 +258,12 @@ impl Signaller for Leader {
     fn signal(&self, signal: libc::c_int) {
         let reaped = self.reaped.lock();
         if !*reaped {
-            let _ = sys::pidfd_send_signal(&self.pidfd, signal);
+            // The group holds the leader unless it moved to another one: then it
+            // gets its own copy, and never two.
+            // SAFETY: getpgid on a pid that cannot be reused while unreaped.
+            if unsafe { libc::getpgid(self.pid) } != self.pid {
+                let _ = sys::pidfd_send_signal(&self.pidfd, signal);
+            }
             sys::kill_group(self.pid, signal);
         }
     }
@@ -388,22 +421,13 @@ pub(crate) enum Wiring {
 /// shared state the caller's handle wraps. `cgroup` is the process's own group
 /// (killed and removed when it exits).
 pub(crate) fn adopt(
-    processes: &Processes,
-    id: String,
+    place: Reservation<'_>,
     child: SpawnedChild,
     wiring: Wiring,
     cgroup: Option<Arc<Cgroup>>,
     buffer_bytes: usize,
 ) -> Result<Arc<ProcessShared>> {
     let io_err = |e: io::Error| Error::engine_io("watching the started process", e);
-    // SAFETY: the AsyncFd owns its own clone of the pidfd for its whole life.
-    let exited = unsafe {
-        AsyncFd::register_with_interest(
-            child.pidfd.try_clone().map_err(io_err)?,
-            Interest::READABLE,
-        )
-    }
-    .map_err(|e| io_err(e.into()))?;
     let pid = child.pid;
     let leader = Arc::new(Leader {
         pid,
@@ -411,24 +435,43 @@ pub(crate) fn adopt(
         reaped: parking_lot::Mutex::new(false),
         cgroup,
     });
+    // A process that cannot be watched is not left running.
+    let abandon = |e: Error| {
+        leader.signal(libc::SIGKILL);
+        *leader.reaped.lock() = true;
+        let _ = sys::reap(pid);
+        if let Some(g) = &leader.cgroup {
+            let _ = g.remove();
+        }
+        e
+    };
+    // SAFETY: the AsyncFd owns its own clone of the pidfd for its whole life.
+    let exited = leader
+        .pidfd
+        .try_clone()
+        .map_err(io_err)
+        .and_then(|fd| {
+            unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }
+                .map_err(|e| io_err(e.into()))
+        })
+        .map_err(abandon)?;
     let exit = Box::pin(host_exit(leader.clone(), exited));
     adopt_with(
-        processes,
-        id,
+        place,
         Some(pid as u32),
         wiring,
-        leader,
+        leader.clone(),
         exit,
         buffer_bytes,
     )
+    .map_err(abandon)
 }
 
 /// Watches a process that runs elsewhere (in a container, through its agent): its
 /// output comes through `wiring`, signals go through `signaller`, and `exit` resolves
 /// with its end.
 pub(crate) fn adopt_remote(
-    processes: &Processes,
-    id: String,
+    place: Reservation<'_>,
     wiring: Wiring,
     signaller: Arc<dyn Signaller>,
     exit: tokio::sync::oneshot::Receiver<ProcessExit>,
@@ -442,14 +485,13 @@ pub(crate) fn adopt_remote(
             signal: Some(libc::SIGKILL),
         })
     });
-    adopt_with(processes, id, None, wiring, signaller, exit, buffer_bytes)
+    adopt_with(place, None, wiring, signaller, exit, buffer_bytes)
 }
 
 type ExitFuture = std::pin::Pin<Box<dyn std::future::Future<Output = ProcessExit> + Send>>;
 
 fn adopt_with(
-    processes: &Processes,
-    id: String,
+    place: Reservation<'_>,
     pid: Option<u32>,
     wiring: Wiring,
     signaller: Arc<dyn Signaller>,
@@ -508,13 +550,17 @@ fn adopt_with(
             )
         }
     };
-    let shared = ProcessShared::new(id, pid, control.clone(), buffer_bytes);
+    let shared = ProcessShared::new(place.id.clone(), pid, control.clone(), buffer_bytes);
     let task = tokio::spawn(watch(shared.clone(), sources, exit));
-    processes.add(Owned {
-        shared: shared.clone(),
-        control,
-        task,
-    });
+    let processes = place.processes;
+    processes.add(
+        place,
+        Owned {
+            shared: shared.clone(),
+            control,
+            task,
+        },
+    );
     Ok(shared)
 }
 

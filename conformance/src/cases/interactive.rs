@@ -229,8 +229,6 @@ pub(crate) async fn process_signal_and_kill(ctx: Ctx) -> Check {
         exit.signal == Some(9) && exit.exit_code == 137,
         "kill must end it by SIGKILL (exit code 137); got {exit:?}"
     );
-    // A signal to a process that has exited is harmless.
-    sleeper.signal(15).or_fail("signal after the exit")?;
     expect_code(
         sleeper.signal(0).map(|_| ()),
         ErrorCode::InvalidOptions,

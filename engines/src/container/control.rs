@@ -132,9 +132,16 @@ impl AgentControl {
             routes.starting.remove(id);
             routes.running.remove(id);
         };
-        if let Err(e) = send(&sock, &bytes, fds).await {
-            forget();
-            return Err(e);
+        match tokio::time::timeout(SPAWN_PATIENCE, send(&sock, &bytes, fds)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                forget();
+                return Err(e);
+            }
+            Err(_) => {
+                forget();
+                return Err(unresponsive());
+            }
         }
         match tokio::time::timeout(SPAWN_PATIENCE, started_rx).await {
             Ok(Ok(Ok((_pid, master)))) => Ok(Started {
@@ -148,17 +155,17 @@ impl AgentControl {
             Ok(Err(_)) => Err(gone()),
             Err(_) => {
                 forget();
-                Err(Error::new(
-                    ErrorCode::EngineFailed,
-                    format!(
-                        "the container's agent did not answer a spawn within {SPAWN_PATIENCE:?}"
-                    ),
-                ))
+                // The agent may still get to the spawn: the kill follows it in order,
+                // so nothing starts that no handle tracks.
+                self.signal(id, libc::SIGKILL);
+                Err(unresponsive())
             }
         }
     }
 
-    /// Asks the agent to signal process `id`'s group.
+    /// Asks the agent to signal process `id`'s group. Sent at once when the socket
+    /// has room; otherwise (the agent busy streaming a turn's output) by a task that
+    /// waits for room, so that a kill is never dropped.
     fn signal(&self, id: &str, signal: i32) {
         let Some(sock) = self.live.get() else {
             return;
@@ -167,10 +174,27 @@ impl AgentControl {
             id: id.to_string(),
             signal,
         });
-        // A signal message is small: the socket takes it at once unless the agent is
-        // gone, and then there is nothing left to signal.
-        let _ = sys::send_with_fds(sock.as_raw_fd(), &bytes, &[]);
+        match sys::send_with_fds(sock.as_raw_fd(), &bytes, &[]) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                    let sock = sock.clone();
+                    rt.spawn(async move {
+                        let _ =
+                            tokio::time::timeout(SPAWN_PATIENCE, send(&sock, &bytes, &[])).await;
+                    });
+                }
+            }
+            // Sent, or the agent is gone and there is nothing left to signal.
+            _ => {}
+        }
     }
+}
+
+fn unresponsive() -> Error {
+    Error::new(
+        ErrorCode::EngineFailed,
+        format!("the container's agent did not answer a spawn within {SPAWN_PATIENCE:?}; retry"),
+    )
 }
 
 fn gone() -> Error {

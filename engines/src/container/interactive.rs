@@ -29,6 +29,9 @@ pub(crate) struct Guest {
     pub(crate) control: Arc<AgentControl>,
     /// Where the runtime writes the container's init pid (on the host).
     pub(crate) pid_file: PathBuf,
+    /// The container's cgroup path: a pid read from the pid file is the container's
+    /// only while it is in that group.
+    pub(crate) cgroup: String,
 }
 
 impl ContainerSandbox {
@@ -50,9 +53,11 @@ impl ContainerSandbox {
             paddock_core::interactive::FEATURE_PROCESS,
         )?;
         let _op = self.enter()?;
+        self.refuse_if_paused()?;
         spec.validate()?;
         let guest = self.guest()?;
-        let id = self.processes.reserve_id("p")?;
+        let place = self.processes.reserve("p")?;
+        let id = place.id.clone();
         let (cwd, env) = self.guest_env(spec.cwd.as_deref(), &spec.env)?;
         let pipe = || sys::pipe().map_err(|e| Error::engine_io("creating a pipe", e));
         let (stdin_r, stdin_w) = if spec.stdin {
@@ -81,8 +86,7 @@ impl ContainerSandbox {
         drop((stdin_r, out_w, err_w));
         self.mark_used();
         let shared = adopt_remote(
-            &self.processes,
-            id.clone(),
+            place,
             Wiring::Pipes {
                 stdin: stdin_w,
                 stdout: out_r,
@@ -104,9 +108,11 @@ impl ContainerSandbox {
             paddock_core::interactive::FEATURE_TERMINAL,
         )?;
         let _op = self.enter()?;
+        self.refuse_if_paused()?;
         spec.validate()?;
         let guest = self.guest()?;
-        let id = self.processes.reserve_id("t")?;
+        let place = self.processes.reserve("t")?;
+        let id = place.id.clone();
         let mut extra = spec.env.clone();
         extra
             .entry("TERM".into())
@@ -136,8 +142,7 @@ impl ContainerSandbox {
         };
         self.mark_used();
         let shared = adopt_remote(
-            &self.processes,
-            id.clone(),
+            place,
             Wiring::Pty(master),
             Arc::new(RemoteLeader {
                 control: guest.control.clone(),
@@ -155,10 +160,12 @@ impl ContainerSandbox {
             paddock_core::interactive::FEATURE_TCP,
         )?;
         let _op = self.enter()?;
+        self.refuse_if_paused()?;
         target.loopback_addr()?;
         let guest = self.guest()?;
         // The container's network namespace, through its init process.
         let pid_file = guest.pid_file.clone();
+        let cgroup = guest.cgroup.clone();
         let netns: OwnedFd = crate::task::blocking(move || {
             let deadline = std::time::Instant::now() + Duration::from_secs(10);
             let pid = loop {
@@ -175,13 +182,51 @@ impl ContainerSandbox {
                     }
                 }
             };
-            std::fs::File::open(format!("/proc/{pid}/ns/net"))
-                .map(OwnedFd::from)
-                .map_err(|e| Error::engine_io("entering the container's network namespace", e))
+            open_container_netns(&pid, &cgroup)
         })
         .await?;
         let conn = crate::interactive::connect(Some(netns.as_raw_fd()), &target).await;
         drop(netns);
         conn
     }
+}
+
+/// The network namespace of the container whose init has `pid`, checked: the pid is
+/// pinned with a pidfd, it must sit in the container's cgroup, and it must still run
+/// after the namespace was opened (so the namespace is that process's, not a later
+/// process's that got the same pid after the container ended).
+fn open_container_netns(pid: &str, cgroup: &str) -> Result<OwnedFd> {
+    let gone = || {
+        Error::new(
+            ErrorCode::EngineFailed,
+            "the sandbox's warm container is not running; retry, a fresh one is starting",
+        )
+    };
+    let pid: libc::pid_t = pid.parse().map_err(|_| gone())?;
+    // SAFETY: pidfd_open returns a new descriptor or -1.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if pidfd < 0 {
+        return Err(gone());
+    }
+    // SAFETY: a fresh descriptor nobody else owns.
+    let pidfd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(pidfd as i32) };
+    // Paths in /proc are relative to the reader's cgroup namespace: compare the
+    // sandbox's and the container's own names, which are unique.
+    let tail: Vec<&str> = cgroup.rsplit('/').take(2).collect();
+    let suffix = format!(
+        "/{}/{}",
+        tail.get(1).unwrap_or(&""),
+        tail.first().unwrap_or(&"")
+    );
+    let groups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    if !groups.lines().any(|l| l.ends_with(&suffix)) {
+        return Err(gone());
+    }
+    let netns = std::fs::File::open(format!("/proc/{pid}/ns/net"))
+        .map(OwnedFd::from)
+        .map_err(|e| Error::engine_io("entering the container's network namespace", e))?;
+    if sys::pidfd_exited(&pidfd) {
+        return Err(gone());
+    }
+    Ok(netns)
 }

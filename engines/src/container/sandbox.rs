@@ -130,7 +130,7 @@ impl ContainerSandbox {
         .inspect(|sandbox| sandbox.prewarm())
     }
 
-    fn refuse_if_paused(&self) -> Result<()> {
+    pub(super) fn refuse_if_paused(&self) -> Result<()> {
         if self.paused.load(Ordering::Acquire) {
             return Err(Error::new(
                 ErrorCode::SandboxPaused,
@@ -196,6 +196,7 @@ impl ContainerSandbox {
         *self.guest.lock() = Some(super::interactive::Guest {
             control: wc.control.clone(),
             pid_file: wc.pid_file(),
+            cgroup: wc.cgroup.clone(),
         });
         Ok(wc)
     }

@@ -1,8 +1,9 @@
 //! Background processes, terminals and TCP streams of a subprocess sandbox.
 //!
 //! Each process or terminal runs as a host process in its own session, in a cgroup of
-//! its own (the sandbox's limits but no CPU-time limit or deadline: it is meant to
-//! outlive the call), in the sandbox's network namespace and workdir. When it exits,
+//! its own inside the sandbox's (so the sandbox's memory and pids limits cover it
+//! together with the executions; no CPU-time limit or deadline: it is meant to outlive
+//! the call), in the sandbox's network namespace and workdir. When it exits,
 //! whatever it left running is killed with it.
 
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -31,25 +32,28 @@ impl SubprocessSandbox {
         limits
     }
 
-    /// A cgroup of the process's own, limited like the sandbox.
+    /// A cgroup of the process's own, inside the sandbox's: the sandbox's memory and
+    /// pids limits hold for its executions and background processes together (the
+    /// limit in force is the last one written, by an execution or here), and the
+    /// process's tree can be killed apart from the rest.
     async fn process_cgroup(&self, id: &str, limits: &Limits) -> Result<Option<Arc<Cgroup>>> {
-        if self.engine.cgroups.is_none() {
+        let (Some(_), Some(sandbox_group)) = (&self.engine.cgroups, self.cgroup.clone()) else {
             return Ok(None);
-        }
+        };
         let engine = self.engine.clone();
-        let name = format!("{}-{id}", self.id);
+        let name = format!("{}/{id}", self.id);
         let (memory, pids) = (limits.memory_bytes, limits.pids);
         let group = blocking(move || {
             let Some(root) = &engine.cgroups else {
                 return Ok(None);
             };
+            // The sandbox's own limits, unless an execution set them already.
+            sandbox_group
+                .set_limits_if_unset(memory, pids)
+                .map_err(|e| Error::engine_io("setting the sandbox's cgroup limits", e))?;
             let g = root
                 .create_group(&name)
                 .map_err(|e| Error::engine_io("creating the process's cgroup", e))?;
-            if let Err(e) = g.set_limits(memory, pids) {
-                let _ = g.remove();
-                return Err(Error::engine_io("setting the process's cgroup limits", e));
-            }
             Ok(Some(Arc::new(g)))
         })
         .await?;
@@ -59,7 +63,8 @@ impl SubprocessSandbox {
     pub(super) async fn start_process_impl(&self, spec: ProcessSpec) -> Result<ProcessHandle> {
         let _op = self.enter()?;
         spec.validate()?;
-        let id = self.processes.reserve_id("p")?;
+        let place = self.processes.reserve("p")?;
+        let id = place.id.clone();
         let limits = self.process_limits();
         let cgroup = self.process_cgroup(&id, &limits).await?;
         let started = (|| -> Result<_> {
@@ -102,21 +107,15 @@ impl SubprocessSandbox {
                 return Err(e);
             }
         };
-        let shared = adopt(
-            &self.processes,
-            id,
-            child,
-            wiring,
-            cgroup,
-            DEFAULT_OUTPUT_BUFFER,
-        )?;
+        let shared = adopt(place, child, wiring, cgroup, DEFAULT_OUTPUT_BUFFER)?;
         Ok(ProcessHandle::new(shared))
     }
 
     pub(super) async fn open_terminal_impl(&self, spec: TerminalSpec) -> Result<TerminalHandle> {
         let _op = self.enter()?;
         spec.validate()?;
-        let id = self.processes.reserve_id("t")?;
+        let place = self.processes.reserve("t")?;
+        let id = place.id.clone();
         let limits = self.process_limits();
         let cgroup = self.process_cgroup(&id, &limits).await?;
         let started = (|| -> Result<_> {
@@ -153,22 +152,23 @@ impl SubprocessSandbox {
                 return Err(e);
             }
         };
-        let shared = adopt(
-            &self.processes,
-            id,
-            child,
-            wiring,
-            cgroup,
-            DEFAULT_OUTPUT_BUFFER,
-        )?;
+        let shared = adopt(place, child, wiring, cgroup, DEFAULT_OUTPUT_BUFFER)?;
         Ok(TerminalHandle::new(shared))
     }
 
     pub(super) async fn open_tcp_impl(&self, target: TcpTarget) -> Result<TcpConnection> {
         let _op = self.enter()?;
-        // Without a namespace of its own (network `unrestricted` or `allowlist`) the
-        // sandbox's loopback is the host's.
-        crate::interactive::connect(self.netns.as_ref().map(|f| f.as_raw_fd()), &target).await
+        target.loopback_addr()?;
+        // Without a namespace of its own (network `unrestricted`) the sandbox's
+        // loopback is the host's: a stream "into the guest" would reach the host's
+        // own services, which is not what the caller was given.
+        let Some(netns) = &self.netns else {
+            return Err(Error::new(
+                paddock_core::ErrorCode::CapabilityNotSupported,
+                "a TCP stream into the guest needs a sandbox with network `none` (its own loopback); this one shares the host's network",
+            ));
+        };
+        crate::interactive::connect(Some(netns.as_raw_fd()), &target).await
     }
 }
 

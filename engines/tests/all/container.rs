@@ -635,6 +635,12 @@ async fn a_paused_sandbox_is_frozen_until_unpaused() {
         .await
         .unwrap_err();
     assert_eq!(e.code, ErrorCode::SandboxPaused, "{e}");
+    // The frozen agent could not start a process: refused, not left pending.
+    let e = sb
+        .start_process(paddock_core::ProcessSpec::new(["true"]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::SandboxPaused, "{e}");
     sb.unpause().await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     while count(sb.clone()).await <= frozen_at {
@@ -650,4 +656,39 @@ async fn a_paused_sandbox_is_frozen_until_unpaused() {
         Ok(r) => assert_eq!(r.outcome, Outcome::Cancelled, "{r:?}"),
         Err(e) => assert_eq!(e.code, ErrorCode::EngineDisposed, "{e}"),
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_reaps_orphans_between_executions() {
+    let Some(engine) = engine_with(OciRuntime::Auto) else {
+        return;
+    };
+    let sb = sandbox(&engine).await;
+    // Orphans every 20 ms: each `( sleep 0.01 & )` leaves a child to pid 1.
+    let orphans = sb
+        .start_process(paddock_core::ProcessSpec::new([
+            "sh",
+            "-c",
+            "while :; do ( sleep 0.01 & ); sleep 0.02; done",
+        ]))
+        .await
+        .unwrap();
+    // Idle (no execution) for a second: ~50 orphans die meanwhile.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let r = sb
+        .exec(
+            sh("grep -l '^State:.Z' /proc/[0-9]*/status 2>/dev/null | wc -l"),
+            &DiscardSink,
+            CancelToken::new(),
+        )
+        .await
+        .unwrap();
+    let zombies: u32 = r.stdout.trim().parse().unwrap_or(u32::MAX);
+    assert!(
+        zombies < 10,
+        "the agent must reap orphans as they die; {zombies} zombies after a second ({r:?})"
+    );
+    orphans.kill().unwrap();
+    orphans.wait().await;
+    sb.destroy().await.unwrap();
 }

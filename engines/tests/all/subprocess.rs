@@ -409,33 +409,41 @@ async fn gone_within(pid: u32, within: Duration) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_background_processs_tree_dies_with_it() {
     let sb = sandbox(SandboxSpec::default()).await;
-    // The shell backgrounds a grandchild, reports its pid, and exits.
+    // The shell backgrounds one grandchild in its group and one in a session of its
+    // own (out of the group's reach: only the cgroup holds it), reports their pids,
+    // and exits.
     let p = sb
         .start_process(paddock_core::ProcessSpec::new([
             "sh",
             "-c",
-            "sleep 30 & echo $!; exit 0",
+            "sleep 30 & echo $!; setsid sh -c 'echo $$; exec sleep 30' & sleep 0.3; exit 0",
         ]))
         .await
         .unwrap();
     let mut out = p.output();
     let mut text = Vec::new();
-    while !text.ends_with(b"\n") {
+    while text.iter().filter(|b| **b == b'\n').count() < 2 {
         let chunk = tokio::time::timeout(Duration::from_secs(10), out.next())
             .await
-            .expect("the pid arrives")
+            .expect("the pids arrive")
             .expect("output");
         text.extend_from_slice(&chunk.data);
     }
-    let grandchild: u32 = String::from_utf8_lossy(&text).trim().parse().unwrap();
+    let pids: Vec<u32> = String::from_utf8_lossy(&text)
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    assert_eq!(pids.len(), 2, "{text:?}");
     let exit = tokio::time::timeout(Duration::from_secs(10), p.wait())
         .await
         .expect("the shell exits");
     assert_eq!(exit.exit_code, 0);
-    assert!(
-        gone_within(grandchild, Duration::from_secs(5)).await,
-        "the backgrounded `sleep 30` (pid {grandchild}) outlived its process"
-    );
+    for pid in pids {
+        assert!(
+            gone_within(pid, Duration::from_secs(5)).await,
+            "a backgrounded `sleep 30` (pid {pid}) outlived its process"
+        );
+    }
     sb.destroy().await.unwrap();
 }
 

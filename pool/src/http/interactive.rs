@@ -110,6 +110,17 @@ pub(super) async fn signal_process(
     Ok(HttpResponse::Ok().json(serde_json::json!({ "signal": signal })))
 }
 
+/// Input bytes an attach socket queues for a process that is not reading.
+const MAX_PENDING_INPUT: usize = 1 << 20;
+
+/// Input for the process, in the order the client sent it.
+enum Input {
+    Data(Bytes),
+    Close,
+}
+
+type WriteFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), Error>> + Send>>;
+
 /// What a client sends as a text message on an attach socket.
 #[derive(Debug, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
@@ -195,12 +206,42 @@ async fn relay_process(
         })
     };
     let mut replies = session;
-    while let Some(message) = stream.next().await {
-        let result = match message {
-            Ok(AggregatedMessage::Binary(data)) => shared.control().write(&data).await,
-            Ok(AggregatedMessage::Text(text)) => {
-                match serde_json::from_str::<ClientMessage>(&text) {
-                    Ok(ClientMessage::CloseStdin) => shared.control().close_stdin().await,
+    // Input waits here while the process is not reading, up to MAX_PENDING_INPUT
+    // bytes; past that the socket is not read until it drains (the client's own
+    // socket buffer then holds it back). Signals and resizes are not queued.
+    let mut pending: std::collections::VecDeque<Input> = std::collections::VecDeque::new();
+    let mut pending_bytes = 0usize;
+    let mut writing: Option<WriteFuture> = None;
+    loop {
+        if writing.is_none() {
+            if let Some(next) = pending.pop_front() {
+                let control = shared.control().clone();
+                writing = Some(match next {
+                    Input::Data(data) => {
+                        pending_bytes -= data.len();
+                        Box::pin(async move { control.write(&data).await })
+                    }
+                    Input::Close => Box::pin(async move { control.close_stdin().await }),
+                });
+            }
+        }
+        let result = tokio::select! {
+            done = async { writing.as_mut().expect("guarded").await }, if writing.is_some() => {
+                writing = None;
+                done
+            }
+            message = stream.next(), if pending_bytes < MAX_PENDING_INPUT => match message {
+                Some(Ok(AggregatedMessage::Binary(data))) => {
+                    pending_bytes += data.len();
+                    pending.push_back(Input::Data(data));
+                    Ok(())
+                }
+                Some(Ok(AggregatedMessage::Text(text))) => match serde_json::from_str::<ClientMessage>(&text) {
+                    Ok(ClientMessage::CloseStdin) => {
+                        // In order, after the input sent before it.
+                        pending.push_back(Input::Close);
+                        Ok(())
+                    }
                     Ok(ClientMessage::Signal { signal }) => signal
                         .number()
                         .and_then(|s| shared.control().signal(s)),
@@ -212,14 +253,14 @@ async fn relay_process(
                         "message",
                         format!("{e}; send {{\"type\":\"close_stdin\"}}, {{\"type\":\"signal\",\"signal\":\"TERM\"}} or {{\"type\":\"resize\",\"rows\":24,\"cols\":80}}"),
                     )),
+                },
+                Some(Ok(AggregatedMessage::Ping(p))) => {
+                    let _ = replies.pong(&p).await;
+                    Ok(())
                 }
-            }
-            Ok(AggregatedMessage::Ping(p)) => {
-                let _ = replies.pong(&p).await;
-                Ok(())
-            }
-            Ok(AggregatedMessage::Pong(_)) => Ok(()),
-            Ok(AggregatedMessage::Close(_)) | Err(_) => break,
+                Some(Ok(AggregatedMessage::Pong(_))) => Ok(()),
+                Some(Ok(AggregatedMessage::Close(_))) | Some(Err(_)) | None => break,
+            },
         };
         if let Err(e) = result {
             // Answered, not fatal: the socket stays open.

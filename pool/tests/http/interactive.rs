@@ -231,19 +231,22 @@ async fn a_signal_ends_a_process_and_destroy_ends_the_rest() {
     get(t.addr, &format!("{base}/processes/{sleeper}"))
         .await
         .expect_error(409, "ENGINE_DISPOSED");
-    let running = std::process::Command::new("pgrep")
-        .args(["-f", "^sleep 30$"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default();
-    // Another test may run its own `sleep 30`; ours had the sandbox's workdir as cwd.
-    for pid in running.lines() {
+    // No process runs from the destroyed sandbox's workdir any more.
+    let workdir_tag = &id[..12];
+    let mut survivors = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
         let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).unwrap_or_default();
-        assert!(
-            !cwd.to_string_lossy().contains(&id[..12]),
-            "`sleep 30` (pid {pid}) outlived its destroyed sandbox"
-        );
+        if cwd.to_string_lossy().contains(workdir_tag) {
+            survivors.push(pid);
+        }
     }
+    assert!(
+        survivors.is_empty(),
+        "processes outlived their destroyed sandbox: {survivors:?}"
+    );
     t.stop().await;
 }
 
