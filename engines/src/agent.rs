@@ -134,8 +134,8 @@ fn control_channel() -> Option<OwnedFd> {
 /// A descriptor that reads SIGCHLD (blocked, so it is delivered only there): between
 /// turns the agent reaps orphans as they die, not only when the next turn ends.
 fn child_signals() -> Option<OwnedFd> {
-    // SAFETY: sigset_t is plain data; the calls fill and use a local set. std resets
-    // the mask of every command it starts, so the block stays with the agent.
+    // SAFETY: sigset_t is plain data; the calls fill and use a local set. Commands are
+    // started with it unblocked (see `spawn_unblocked`).
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
@@ -146,6 +146,24 @@ fn child_signals() -> Option<OwnedFd> {
         let fd = libc::signalfd(-1, &set, libc::SFD_NONBLOCK | libc::SFD_CLOEXEC);
         (fd >= 0).then(|| OwnedFd::from_raw_fd(fd))
     }
+}
+
+/// Starts `cmd` with SIGCHLD unblocked: a command inherits the agent's signal mask
+/// (std does not reset it), and a shell whose SIGCHLD is blocked never sees its
+/// children end (`wait` hangs). A SIGCHLD that lands in this window is lost to the
+/// signalfd; what it announced is reaped at the next one or when the turn ends.
+fn spawn_unblocked(cmd: &mut Command) -> std::io::Result<std::process::Child> {
+    // SAFETY: sigset_t is plain data; the calls fill and use a local set.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    unsafe {
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGCHLD);
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+    }
+    let spawned = cmd.spawn();
+    // SAFETY: as above.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    spawned
 }
 
 /// A background process started through the control channel.
@@ -338,7 +356,7 @@ impl Agent {
                 Ok(())
             });
         }
-        let spawned = cmd.spawn();
+        let spawned = spawn_unblocked(&mut cmd);
         // The child's copies of the descriptors go with the command.
         drop(cmd);
         match spawned {
@@ -754,7 +772,7 @@ impl Agent {
             })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let mut child = match cmd.spawn() {
+        let mut child = match spawn_unblocked(&mut cmd) {
             Ok(c) => c,
             Err(e) => {
                 send(&Frame::error(
