@@ -232,14 +232,14 @@ async fn a_signal_ends_a_process_and_destroy_ends_the_rest() {
         .await
         .expect_error(409, "ENGINE_DISPOSED");
     // No process runs from the destroyed sandbox's workdir any more.
-    let workdir_tag = &id[..12];
+    // The workdir is a directory named after the sandbox id.
     let mut survivors = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
             continue;
         };
         let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).unwrap_or_default();
-        if cwd.to_string_lossy().contains(workdir_tag) {
+        if cwd.components().any(|c| c.as_os_str() == id.as_str()) {
             survivors.push(pid);
         }
     }
