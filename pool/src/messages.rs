@@ -327,3 +327,8 @@ pub struct ListProcesses {
     /// The session id.
     pub sandbox: String,
 }
+
+/// The tenant a session was opened for (`None`: no tenant).
+#[derive(Debug, Message, Clone)]
+#[rtype(result = "Result<Option<String>, Error>")]
+pub struct SandboxTenant(pub String);

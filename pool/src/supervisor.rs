@@ -770,6 +770,14 @@ session_op!(
     |sb, msg| async move { sb.list_files(&msg.path).await }
 );
 
+impl Handler<SandboxTenant> for Supervisor {
+    type Result = Result<Option<String>, Error>;
+
+    fn handle(&mut self, msg: SandboxTenant, _ctx: &mut Self::Context) -> Self::Result {
+        Ok(self.session(&msg.0)?.tenant.clone())
+    }
+}
+
 impl Handler<GetSandboxStatus> for Supervisor {
     type Result = Result<SandboxStatus, Error>;
 

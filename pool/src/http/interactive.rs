@@ -10,7 +10,7 @@ use paddock_core::{Error, ProcessSpec, StreamKind, TcpTarget, TerminalSize, Term
 use serde::Deserialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::{ask, parse_body, tenant, ApiError, Shared};
+use super::{ask, parse_body, sandbox_access, ApiError, Shared};
 use crate::messages::{
     GetProcess, ListProcesses, OpenTcpConnection, OpenTerminal, StartProcess, Started,
 };
@@ -27,7 +27,7 @@ pub(super) async fn start_process(
     path: web::Path<String>,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    tenant(&state, &req)?;
+    sandbox_access(&state, &req, path.as_str()).await?;
     let spec: ProcessSpec = parse_body(&state, payload).await?;
     let sandbox = path.into_inner();
     let started = ask(state.paddock.supervisor(), StartProcess { sandbox, spec }).await?;
@@ -40,7 +40,7 @@ pub(super) async fn open_terminal(
     path: web::Path<String>,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    tenant(&state, &req)?;
+    sandbox_access(&state, &req, path.as_str()).await?;
     let spec: TerminalSpec = parse_body(&state, payload).await?;
     let sandbox = path.into_inner();
     let started = ask(state.paddock.supervisor(), OpenTerminal { sandbox, spec }).await?;
@@ -52,14 +52,20 @@ pub(super) async fn list_processes(
     req: HttpRequest,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    tenant(&state, &req)?;
     let sandbox = path.into_inner();
+    sandbox_access(&state, &req, &sandbox).await?;
     let list = ask(state.paddock.supervisor(), ListProcesses { sandbox }).await?;
     Ok(HttpResponse::Ok().json(serde_json::json!({ "processes": list })))
 }
 
-async fn find(state: &Shared, path: web::Path<(String, String)>) -> Result<Started, ApiError> {
+/// The process, for a caller allowed to use its sandbox.
+async fn find(
+    state: &Shared,
+    req: &HttpRequest,
+    path: web::Path<(String, String)>,
+) -> Result<Started, ApiError> {
     let (sandbox, process) = path.into_inner();
+    sandbox_access(state, req, &sandbox).await?;
     Ok(ask(state.paddock.supervisor(), GetProcess { sandbox, process }).await?)
 }
 
@@ -68,8 +74,7 @@ pub(super) async fn get_process(
     req: HttpRequest,
     path: web::Path<(String, String)>,
 ) -> Result<HttpResponse, ApiError> {
-    tenant(&state, &req)?;
-    let started = find(&state, path).await?;
+    let started = find(&state, &req, path).await?;
     Ok(HttpResponse::Ok().json(started.info))
 }
 
@@ -102,10 +107,9 @@ pub(super) async fn signal_process(
     path: web::Path<(String, String)>,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    tenant(&state, &req)?;
+    let started = find(&state, &req, path).await?;
     let body: SignalBody = parse_body(&state, payload).await?;
     let signal = body.signal.number()?;
-    let started = find(&state, path).await?;
     started.handle.shared().control().signal(signal)?;
     Ok(HttpResponse::Ok().json(serde_json::json!({ "signal": signal })))
 }
@@ -142,8 +146,7 @@ pub(super) async fn attach(
     path: web::Path<(String, String)>,
     body: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    tenant(&state, &req)?;
-    let started = find(&state, path).await?;
+    let started = find(&state, &req, path).await?;
     let (response, session, stream) = actix_ws::handle(&req, body).map_err(upgrade_error)?;
     let stream = stream
         .max_frame_size(MAX_WS_MESSAGE)
@@ -297,8 +300,8 @@ pub(super) async fn tcp(
     query: web::Query<TcpQuery>,
     body: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    tenant(&state, &req)?;
     let (sandbox, port) = path.into_inner();
+    sandbox_access(&state, &req, &sandbox).await?;
     let port: u16 = port.parse().map_err(|_| {
         Error::invalid_options("port", format!("{port:?} is not a port; use 1 to 65535"))
     })?;

@@ -203,6 +203,31 @@ fn routes(cfg: &mut web::ServiceConfig) {
 
 type Shared = web::Data<State>;
 
+/// The caller's tenant, allowed to use `sandbox`: a sandbox opened for one tenant is
+/// `NOT_FOUND` to every other, so ids of other tenants' sandboxes neither work nor
+/// show that they exist. A destroyed sandbox stays 409 `ENGINE_DISPOSED` (its owner is
+/// no longer known).
+async fn sandbox_access(
+    state: &State,
+    req: &HttpRequest,
+    sandbox: &str,
+) -> Result<Option<String>, ApiError> {
+    let caller = tenant(state, req)?;
+    let owner = ask(
+        state.paddock.supervisor(),
+        crate::messages::SandboxTenant(sandbox.to_string()),
+    )
+    .await?;
+    if owner != caller {
+        return Err(Error::new(
+            ErrorCode::NotFound,
+            format!("no sandbox with id `{sandbox}`; open one first"),
+        )
+        .into());
+    }
+    Ok(caller)
+}
+
 /// The tenant of a request: the API key's when keys are configured (401 without a
 /// valid key), else the `X-Paddock-Tenant` header.
 fn tenant(state: &State, req: &HttpRequest) -> Result<Option<String>, ApiError> {
@@ -632,12 +657,15 @@ async fn sandbox_status(
     req: HttpRequest,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    tenant(&state, &req)?;
-    let status = ask(
-        state.paddock.supervisor(),
-        crate::GetSandboxStatus(path.into_inner()),
-    )
-    .await?;
+    let sandbox = path.into_inner();
+    match sandbox_access(&state, &req, &sandbox).await {
+        // A destroyed sandbox answers its status.
+        Err(e) if e.error.code == ErrorCode::EngineDisposed => {}
+        other => {
+            other?;
+        }
+    }
+    let status = ask(state.paddock.supervisor(), crate::GetSandboxStatus(sandbox)).await?;
     Ok(HttpResponse::Ok().json(serde_json::json!({"status": status})))
 }
 
@@ -646,12 +674,15 @@ async fn destroy_sandbox(
     req: HttpRequest,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    tenant(&state, &req)?;
-    ask(
-        state.paddock.supervisor(),
-        crate::DestroySandbox(path.into_inner()),
-    )
-    .await?;
+    let sandbox = path.into_inner();
+    match sandbox_access(&state, &req, &sandbox).await {
+        // Destroying a destroyed sandbox succeeds (idempotent).
+        Err(e) if e.error.code == ErrorCode::EngineDisposed => {}
+        other => {
+            other?;
+        }
+    }
+    ask(state.paddock.supervisor(), crate::DestroySandbox(sandbox)).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -660,8 +691,8 @@ async fn pause_sandbox(
     req: HttpRequest,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    tenant(&state, &req)?;
     let sandbox = path.into_inner();
+    sandbox_access(&state, &req, &sandbox).await?;
     ask(state.paddock.supervisor(), crate::PauseSandbox { sandbox }).await?;
     Ok(HttpResponse::Ok().json(serde_json::json!({"status": "paused"})))
 }
@@ -671,8 +702,8 @@ async fn unpause_sandbox(
     req: HttpRequest,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    tenant(&state, &req)?;
     let sandbox = path.into_inner();
+    sandbox_access(&state, &req, &sandbox).await?;
     ask(
         state.paddock.supervisor(),
         crate::UnpauseSandbox { sandbox },
@@ -689,10 +720,10 @@ async fn sandbox_exec(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     admitting(&state)?;
-    let tenant = tenant(&state, &req)?;
+    let sandbox = path.into_inner();
+    let tenant = sandbox_access(&state, &req, &sandbox).await?;
     let body: ExecBody = parse_body(&state, payload).await?;
     let (request, _, _, _) = body.request(tenant);
-    let sandbox = path.into_inner();
     if query.stream {
         let id = request.id.clone();
         let sub = state.paddock.subscribe(id.clone()).await?;
@@ -736,11 +767,12 @@ async fn list_files(
     path: web::Path<String>,
     q: web::Query<DirQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    tenant(&state, &req)?;
+    let sandbox = path.into_inner();
+    sandbox_access(&state, &req, &sandbox).await?;
     let files = ask(
         state.paddock.supervisor(),
         crate::ListFiles {
-            sandbox: path.into_inner(),
+            sandbox,
             path: q.dir.clone(),
         },
     )
@@ -757,8 +789,8 @@ async fn read_file(
     req: HttpRequest,
     path: web::Path<(String, String)>,
 ) -> Result<HttpResponse, ApiError> {
-    tenant(&state, &req)?;
     let (sandbox, file) = path.into_inner();
+    sandbox_access(&state, &req, &sandbox).await?;
     let data = ask(
         state.paddock.supervisor(),
         crate::ReadFile {
@@ -779,8 +811,8 @@ async fn write_file(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     admitting(&state)?;
-    tenant(&state, &req)?;
     let (sandbox, file) = path.into_inner();
+    sandbox_access(&state, &req, &sandbox).await?;
     let data = read_body(
         payload,
         state.config.max_file_bytes,

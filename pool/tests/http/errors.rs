@@ -455,3 +455,59 @@ async fn a_request_admitted_before_the_drain_and_run_after_it_gets_503() {
     assert_eq!(last["outcome"], "cancelled", "{last}");
     t.stop_server().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_sandbox_is_invisible_to_other_tenants() {
+    let (acme, other) = ("key-acme-0123456789", "key-other-0123456789");
+    let mut server = server_config();
+    server.api_keys = vec![
+        ApiKey {
+            key: acme.into(),
+            tenant: "acme".into(),
+        },
+        ApiKey {
+            key: other.into(),
+            tenant: "other".into(),
+        },
+    ];
+    let t = TestServer::start_with(Paddock::builder(), server);
+    let as_ = |key: &str, r: Request| r.header("Authorization", &format!("Bearer {key}"));
+    let created = as_(acme, Request::post("/v1/sandboxes"))
+        .send(t.addr)
+        .await
+        .expect(201);
+    let id = created["id"].as_str().unwrap().to_string();
+    let base = format!("/v1/sandboxes/{id}");
+    // Every sandbox route answers the other tenant as if the sandbox did not exist.
+    let routes: Vec<Request> = vec![
+        Request::get(&base),
+        Request::post(&format!("{base}/exec")).json(&sh("echo leaked")),
+        Request::get(&format!("{base}/files?dir=")),
+        Request::get(&format!("{base}/files/a.txt")),
+        Request::put(&format!("{base}/files/a.txt")).body(b"x".to_vec()),
+        Request::post(&format!("{base}/pause")),
+        Request::post(&format!("{base}/unpause")),
+        Request::post(&format!("{base}/processes")).json(&json!({"argv": ["true"]})),
+        Request::get(&format!("{base}/processes")),
+        Request::get(&format!("{base}/processes/p1")),
+        Request::post(&format!("{base}/terminals")).json(&json!({})),
+        Request::get(&format!("{base}/tcp/8000")),
+        Request::delete(&base),
+    ];
+    for r in routes {
+        let answer = as_(other, r.clone()).send(t.addr).await;
+        answer.expect_error(404, "NOT_FOUND");
+    }
+    // Its owner still has it, untouched.
+    let r = as_(
+        acme,
+        Request::post(&format!("{base}/exec")).json(&sh("echo mine")),
+    )
+    .send(t.addr)
+    .await
+    .expect(200);
+    assert_eq!(r["stdout"], "mine\n", "{r}");
+    let r = as_(acme, Request::delete(&base)).send(t.addr).await;
+    assert_eq!(r.status, 204, "{}", r.text());
+    t.stop().await;
+}
