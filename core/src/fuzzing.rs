@@ -743,6 +743,200 @@ pub fn config_parse(data: &[u8]) -> bool {
     accepted
 }
 
+/// The fields of each HTTP body, so generated bodies reach past "unknown field".
+const BODY_SHAPES: &[&[&str]] = &[
+    // An execution.
+    &[
+        "engine", "program", "stdin", "env", "cwd", "limits", "network", "level",
+    ],
+    // A sandbox.
+    &["engine", "limits", "network", "level"],
+    // A process.
+    &["argv", "env", "cwd", "stdin"],
+    // A terminal.
+    &["command", "args", "size", "env", "cwd"],
+    // A TCP target.
+    &["port", "host"],
+];
+
+const LIMIT_NAMES: &[&str] = &[
+    "timeout_ms",
+    "memory_bytes",
+    "cpu_ms",
+    "pids",
+    "max_output_bytes",
+    "file_size_bytes",
+    "open_files",
+];
+
+/// A random body: usually one of the HTTP bodies' shapes with values of the right
+/// kind, sometimes with a wrong value or a stray field.
+pub fn arbitrary_body(rng: &mut Rng) -> Value {
+    fn strings(rng: &mut Rng, n: usize) -> Value {
+        Value::Array(
+            (0..rng.index(n + 1))
+                .map(|_| Value::String(arbitrary_string(rng, 12)))
+                .collect(),
+        )
+    }
+    fn number(rng: &mut Rng) -> Value {
+        if rng.one_in(2) {
+            Value::from(rng.below(70_000))
+        } else {
+            Value::Number(arbitrary_number(rng))
+        }
+    }
+    fn value_for(rng: &mut Rng, field: &str) -> Value {
+        if rng.one_in(6) {
+            return arbitrary_json(rng, 2);
+        }
+        match field {
+            "argv" | "args" => strings(rng, 3),
+            "env" => Value::Object(
+                (0..rng.index(3))
+                    .map(|_| {
+                        (
+                            arbitrary_string(rng, 6),
+                            Value::String(arbitrary_string(rng, 6)),
+                        )
+                    })
+                    .collect(),
+            ),
+            "stdin" if rng.one_in(2) => Value::Bool(rng.one_in(2)),
+            "stdin" | "cwd" => Value::String(arbitrary_string(rng, 12)),
+            "command" => Value::String(rng.pick(&["sh", "/bin/sh", "", "bash"]).to_string()),
+            "engine" => Value::String(
+                rng.pick(&["subprocess", "isolate", "container", "noop", "bogus"])
+                    .to_string(),
+            ),
+            "level" => Value::String(
+                rng.pick(&["none", "context-isolated", "strict", "max"])
+                    .to_string(),
+            ),
+            "network" => match rng.below(3) {
+                0 => Value::String(rng.pick(&["none", "unrestricted", "allowlist"]).to_string()),
+                1 => serde_json::json!({"allowlist": {"hosts": strings(rng, 2)}}),
+                _ => arbitrary_json(rng, 1),
+            },
+            "host" => Value::String(
+                rng.pick(&[
+                    "127.0.0.1",
+                    "::1",
+                    "localhost",
+                    "10.0.0.1",
+                    "[::1]",
+                    "example.com",
+                    "",
+                ])
+                .to_string(),
+            ),
+            "program" => match rng.below(4) {
+                0 => serde_json::json!({"command": strings(rng, 3)}),
+                1 => serde_json::json!({
+                    "language": *rng.pick(&["python", "javascript", "shell", "cobol"]),
+                    "code": arbitrary_string(rng, 20),
+                }),
+                2 => {
+                    serde_json::json!({"handler": arbitrary_string(rng, 8), "input": arbitrary_json(rng, 1)})
+                }
+                _ => {
+                    serde_json::json!({"resume": arbitrary_string(rng, 8), "value": arbitrary_json(rng, 1)})
+                }
+            },
+            "limits" => Value::Object(
+                (0..rng.index(4))
+                    .map(|_| (rng.pick(LIMIT_NAMES).to_string(), number(rng)))
+                    .collect(),
+            ),
+            "size" => serde_json::json!({"rows": number(rng), "cols": number(rng)}),
+            _ => number(rng),
+        }
+    }
+    let shape = *rng.pick(BODY_SHAPES);
+    let mut body = Map::new();
+    for field in shape {
+        if !rng.one_in(3) {
+            let value = value_for(rng, field);
+            body.insert(field.to_string(), value);
+        }
+    }
+    if rng.one_in(8) {
+        body.insert(arbitrary_string(rng, 8), arbitrary_json(rng, 1));
+    }
+    Value::Object(body)
+}
+
+/// What [`http_bodies`] saw.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct BodySummary {
+    /// Bodies (of any kind) that parsed.
+    pub parsed: usize,
+    /// Of those, bodies that also passed their own validation.
+    pub valid: usize,
+}
+
+/// The HTTP API's work-carrying bodies on arbitrary bytes, and on a body generated from
+/// them: [`crate::api::parse_body`] never panics and refuses only with
+/// `INVALID_OPTIONS`; a body that parses is validated (executions, sandboxes,
+/// processes, terminals, TCP targets) without panicking, and a TCP target that passes
+/// is a loopback address.
+pub fn http_bodies(data: &[u8]) -> BodySummary {
+    let mut summary = BodySummary::default();
+    check_bodies(data, &mut summary);
+    let mut rng = Rng::from_bytes(data);
+    let generated = serde_json::to_vec(&arbitrary_body(&mut rng)).expect("JSON serializes");
+    check_bodies(&generated, &mut summary);
+    summary
+}
+
+fn check_bodies(data: &[u8], summary: &mut BodySummary) {
+    use crate::api::{parse_body, ExecBody, SandboxBody};
+    use crate::interactive::{ProcessSpec, TcpTarget, TerminalSpec};
+    fn parsed<T: serde::de::DeserializeOwned>(data: &[u8], summary: &mut BodySummary) -> Option<T> {
+        match parse_body::<T>(data) {
+            Ok(v) => {
+                summary.parsed += 1;
+                Some(v)
+            }
+            Err(e) => {
+                assert_eq!(
+                    e.code,
+                    ErrorCode::InvalidOptions,
+                    "a body refused with the wrong code: {e}"
+                );
+                None
+            }
+        }
+    }
+    let valid = usize::from;
+    let mut count = 0;
+    if let Some(b) = parsed::<ExecBody>(data, summary) {
+        let (request, _, network, _) = b.into_request(None);
+        let _ = network.name();
+        count += valid(request.validate().is_ok());
+        let _ = request.program.audit_text();
+    }
+    if let Some(b) = parsed::<SandboxBody>(data, summary) {
+        count += valid(b.limits.validate("limits", false).is_ok());
+    }
+    if let Some(p) = parsed::<ProcessSpec>(data, summary) {
+        count += valid(p.validate().is_ok());
+    }
+    if let Some(t) = parsed::<TerminalSpec>(data, summary) {
+        count += valid(t.validate().is_ok());
+    }
+    if let Some(t) = parsed::<TcpTarget>(data, summary) {
+        match t.loopback_addr() {
+            Ok(addr) => {
+                assert!(addr.ip().is_loopback(), "{t:?} passed as {addr}");
+                count += 1;
+            }
+            Err(e) => assert_eq!(e.code, ErrorCode::InvalidOptions, "{e}"),
+        }
+    }
+    summary.valid += count;
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeSet;
@@ -975,6 +1169,23 @@ mod tests {
         }
         assert!(with_limits > CASES / 2, "{with_limits}");
         assert!(with_root > CASES / 4, "{with_root}");
+    }
+
+    #[test]
+    fn http_bodies_on_random_bytes_and_generated_bodies() {
+        let mut rng = Rng::new(0x5eed_0009);
+        let mut total = BodySummary::default();
+        for _ in 0..4 * CASES {
+            let s = http_bodies(&noisy_bytes(&mut rng, 160));
+            total.parsed += s.parsed;
+            total.valid += s.valid;
+        }
+        // The generator reaches past parsing, and past validation, often enough.
+        assert!(total.parsed >= 500, "{total:?}");
+        assert!(total.valid >= 100, "{total:?}");
+        let s = http_bodies(br#"{"program": {"command": ["true"]}}"#);
+        assert!(s.parsed >= 1 && s.valid >= 1, "{s:?}");
+        assert!(http_bodies(br#"{"port": 8080, "host": "::1"}"#).valid >= 1);
     }
 
     #[test]

@@ -21,6 +21,7 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![forbid(unsafe_code)]
 
+pub mod api;
 pub mod cancel;
 pub mod config;
 pub mod engine;

@@ -9,7 +9,6 @@ mod interactive;
 mod openapi;
 mod results;
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -18,10 +17,8 @@ use std::time::Duration;
 use actix_web::http::{header, StatusCode};
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 use bytes::Bytes;
-use paddock_core::{
-    EngineKind, Error, ErrorCode, ExecRequest, ExecutionId, IsolationLevel, Limits, NetworkPolicy,
-    Program, SandboxSpec, ServerConfig,
-};
+use paddock_core::api::{ExecBody, SandboxBody};
+use paddock_core::{EngineKind, Error, ErrorCode, ExecutionId, SandboxSpec, ServerConfig};
 use serde::Deserialize;
 use subtle::ConstantTimeEq;
 
@@ -287,47 +284,6 @@ fn refusal(state: &State, error: Error) -> ApiError {
     ApiError::from(error)
 }
 
-/// The body of `POST /v1/executions` and `POST /v1/sandboxes/{id}/exec`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ExecBody {
-    #[serde(default)]
-    engine: Option<EngineKind>,
-    program: Program,
-    #[serde(default)]
-    stdin: Option<String>,
-    #[serde(default)]
-    env: BTreeMap<String, String>,
-    #[serde(default)]
-    cwd: Option<String>,
-    #[serde(default)]
-    limits: Limits,
-    #[serde(default)]
-    network: NetworkPolicy,
-    #[serde(default)]
-    level: IsolationLevel,
-}
-
-impl ExecBody {
-    fn request(
-        self,
-        tenant: Option<String>,
-    ) -> (
-        ExecRequest,
-        Option<EngineKind>,
-        NetworkPolicy,
-        IsolationLevel,
-    ) {
-        let mut r = ExecRequest::new(self.program);
-        r.stdin = self.stdin;
-        r.env = self.env;
-        r.cwd = self.cwd;
-        r.limits = self.limits;
-        r.tenant = tenant;
-        (r, self.engine, self.network, self.level)
-    }
-}
-
 #[derive(Debug, Deserialize)]
 struct StreamQuery {
     #[serde(default)]
@@ -366,19 +322,7 @@ async fn parse_body<T: serde::de::DeserializeOwned>(
         "request body (server.max_body_bytes)",
     )
     .await?;
-    let mut de = serde_json::Deserializer::from_slice(&body);
-    serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let path = e.path().to_string();
-        let field = if path == "." || path.is_empty() {
-            "body".to_string()
-        } else {
-            path
-        };
-        ApiError::from(Error::invalid_options(
-            &field,
-            format!("{e}; see docs/http-api.md"),
-        ))
-    })
+    Ok(paddock_core::api::parse_body(&body)?)
 }
 
 fn answer_json(state: &State, answer: &Answer) -> HttpResponse {
@@ -400,7 +344,7 @@ async fn create_execution(
     admitting(&state)?;
     let tenant = tenant(&state, &req)?;
     let body: ExecBody = parse_body(&state, payload).await?;
-    let (request, engine, network, level) = body.request(tenant.clone());
+    let (request, engine, network, level) = body.into_request(tenant.clone());
     let mut msg = Execute::new(request);
     msg.engine = engine;
     msg.network = network;
@@ -597,19 +541,6 @@ async fn cancel_execution(
     Ok(HttpResponse::Ok().json(serde_json::json!({"id": id, "cancelled": cancelled})))
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SandboxBody {
-    #[serde(default)]
-    engine: Option<EngineKind>,
-    #[serde(default)]
-    limits: Limits,
-    #[serde(default)]
-    network: NetworkPolicy,
-    #[serde(default)]
-    level: IsolationLevel,
-}
-
 async fn create_sandbox(
     state: Shared,
     req: HttpRequest,
@@ -624,19 +555,9 @@ async fn create_sandbox(
     )
     .await?;
     let body: SandboxBody = if body.iter().all(u8::is_ascii_whitespace) {
-        SandboxBody {
-            engine: None,
-            limits: Limits::default(),
-            network: NetworkPolicy::None,
-            level: IsolationLevel::None,
-        }
+        SandboxBody::default()
     } else {
-        serde_json::from_slice(&body).map_err(|e| {
-            ApiError::from(Error::invalid_options(
-                "body",
-                format!("{e}; see docs/http-api.md"),
-            ))
-        })?
+        paddock_core::api::parse_body(&body)?
     };
     let spec = SandboxSpec {
         level: body.level,
@@ -723,7 +644,7 @@ async fn sandbox_exec(
     let sandbox = path.into_inner();
     let tenant = sandbox_access(&state, &req, &sandbox).await?;
     let body: ExecBody = parse_body(&state, payload).await?;
-    let (request, _, _, _) = body.request(tenant);
+    let (request, _, _, _) = body.into_request(tenant);
     if query.stream {
         let id = request.id.clone();
         let sub = state.paddock.subscribe(id.clone()).await?;
