@@ -11,6 +11,8 @@ pub struct ApiError {
     pub error: Error,
     /// Overrides the status chosen from the code.
     pub status: Option<StatusCode>,
+    /// The `Allow` header of a 405.
+    pub allow: Option<String>,
 }
 
 impl From<Error> for ApiError {
@@ -18,6 +20,7 @@ impl From<Error> for ApiError {
         ApiError {
             error,
             status: None,
+            allow: None,
         }
     }
 }
@@ -28,7 +31,14 @@ impl ApiError {
         ApiError {
             error: Error::new(code, message),
             status: Some(status),
+            allow: None,
         }
+    }
+
+    /// With an `Allow` header (for 405).
+    pub fn with_allow(mut self, methods: String) -> Self {
+        self.allow = Some(methods);
+        self
     }
 }
 
@@ -61,6 +71,9 @@ impl ResponseError for ApiError {
 
     fn error_response(&self) -> HttpResponse {
         let mut res = HttpResponse::build(self.status_code());
+        if let Some(allow) = &self.allow {
+            res.insert_header((header::ALLOW, allow.clone()));
+        }
         if let Some(ms) = self.error.retry_after_ms {
             res.insert_header((header::RETRY_AFTER, ms.div_ceil(1000).max(1).to_string()));
         }

@@ -135,7 +135,25 @@ fn routes(cfg: &mut web::ServiceConfig) {
     .app_data(web::PathConfig::default().error_handler(|err, _req| {
         ApiError::from(Error::invalid_options("path", err.to_string())).into()
     }))
-    .default_service(web::to(|| async {
+    .default_service(web::to(|req: HttpRequest| async move {
+        // A known path asked with a method it does not take is 405, with the
+        // methods it does take.
+        let allowed = openapi::methods_for(req.path());
+        if !allowed.is_empty() {
+            let allow = allowed.join(", ");
+            return Err::<HttpResponse, ApiError>(
+                ApiError::with_status(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    ErrorCode::InvalidOptions,
+                    format!(
+                        "{} {} is not served; this path takes {allow}",
+                        req.method(),
+                        req.path()
+                    ),
+                )
+                .with_allow(allow),
+            );
+        }
         Err::<HttpResponse, ApiError>(ApiError::from(Error::new(
             ErrorCode::NotFound,
             "no such route; see docs/http-api.md",
@@ -279,6 +297,7 @@ fn refusal(state: &State, error: Error) -> ApiError {
         return ApiError {
             error,
             status: Some(StatusCode::SERVICE_UNAVAILABLE),
+            allow: None,
         };
     }
     ApiError::from(error)

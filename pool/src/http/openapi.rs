@@ -122,6 +122,46 @@ pub(crate) const ROUTES: &[(&str, &str, &str, &str)] = &[
     ),
 ];
 
+/// The methods (upper case) the routes take on the concrete `path`; empty for a path
+/// no route matches.
+pub(crate) fn methods_for(path: &str) -> Vec<String> {
+    let segments: Vec<&str> = path.trim_end_matches('/').split('/').collect();
+    let mut methods: Vec<String> = ROUTES
+        .iter()
+        .filter(|(_, pattern, _, _)| {
+            let parts: Vec<&str> = pattern.split('/').collect();
+            // `{path}` (a file path) takes the rest of the path, slashes included.
+            if parts.last() == Some(&"{path}") {
+                segments.len() >= parts.len()
+                    && parts[..parts.len() - 1]
+                        .iter()
+                        .zip(&segments)
+                        .all(|(p, s)| p.starts_with('{') || p == s)
+            } else {
+                parts.len() == segments.len()
+                    && parts
+                        .iter()
+                        .zip(&segments)
+                        .all(|(p, s)| (p.starts_with('{') && !s.is_empty()) || p == s)
+            }
+        })
+        .map(|(method, _, _, _)| method.to_ascii_uppercase())
+        .collect();
+    methods.sort();
+    methods.dedup();
+    methods
+}
+
+/// A stable operation id: the method and the path's words (`post_v1_sandboxes_id_exec`).
+fn operation_id(method: &str, path: &str) -> String {
+    let words: Vec<String> = path
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_owned)
+        .collect();
+    format!("{method}_{}", words.join("_"))
+}
+
 /// The OpenAPI document.
 pub(crate) fn document() -> Value {
     let mut paths = serde_json::Map::new();
@@ -132,10 +172,20 @@ pub(crate) fn document() -> Value {
         let mut params = Vec::new();
         for name in ["id", "path", "process", "port"] {
             if path.contains(&format!("{{{name}}}")) {
-                params.push(json!({"name": name, "in": "path", "required": true, "schema": {"type": "string"}}));
+                let schema = match name {
+                    // Execution ids are UUIDs; sandbox and process ids are opaque.
+                    "id" if path.starts_with("/v1/executions/") => {
+                        json!({"type": "string", "format": "uuid"})
+                    }
+                    "port" => json!({"type": "integer", "minimum": 1, "maximum": 65535}),
+                    _ => json!({"type": "string", "minLength": 1}),
+                };
+                params
+                    .push(json!({"name": name, "in": "path", "required": true, "schema": schema}));
             }
         }
         let mut op = json!({
+            "operationId": operation_id(method, path),
             "summary": summary,
             "parameters": params,
             "responses": {
@@ -170,6 +220,38 @@ pub(crate) fn document() -> Value {
                 .as_array_mut()
                 .expect("an array")
                 .push(json!({"name": "host", "in": "query", "schema": {"type": "string"}}));
+        }
+        // Links, so that stateful tools can follow a created sandbox (or process) into
+        // the routes that take its id.
+        let link_from = |prefix: &str, param: &str| -> Value {
+            let links: serde_json::Map<String, Value> = ROUTES
+                .iter()
+                .filter(|(_, p, _, _)| p.starts_with(prefix) && p.len() > prefix.len())
+                .map(|(m, p, _, _)| {
+                    let mut parameters = serde_json::Map::new();
+                    parameters.insert(
+                        param.to_string(),
+                        json!(format!("$response.body#/{}", "id")),
+                    );
+                    if param == "process" {
+                        parameters.insert("id".into(), json!("$request.path.id"));
+                    }
+                    (
+                        operation_id(m, p),
+                        json!({"operationId": operation_id(m, p), "parameters": parameters}),
+                    )
+                })
+                .collect();
+            Value::Object(links)
+        };
+        if *method == "post" && *path == "/v1/sandboxes" {
+            op["responses"][*ok]["links"] = link_from("/v1/sandboxes/{id}", "id");
+        }
+        if *method == "post"
+            && (*path == "/v1/sandboxes/{id}/processes" || *path == "/v1/sandboxes/{id}/terminals")
+        {
+            op["responses"][*ok]["links"] =
+                link_from("/v1/sandboxes/{id}/processes/{process}", "process");
         }
         entry[*method] = op;
     }
@@ -231,5 +313,28 @@ mod tests {
         let documented: usize = paths.values().map(|p| p.as_object().unwrap().len()).sum();
         assert_eq!(documented, count);
         assert_eq!(doc["openapi"], "3.0.3");
+    }
+
+    #[test]
+    fn methods_are_found_for_concrete_paths() {
+        assert_eq!(methods_for("/v1/stats"), ["GET"]);
+        assert_eq!(methods_for("/v1/sandboxes/sp-1"), ["DELETE", "GET"]);
+        assert_eq!(
+            methods_for("/v1/sandboxes/sp-1/files/a/b/c.txt"),
+            ["GET", "PUT"]
+        );
+        assert_eq!(
+            methods_for("/v1/sandboxes/sp-1/processes/p1/attach"),
+            ["GET"]
+        );
+        assert!(methods_for("/v1/nothing").is_empty());
+        assert!(methods_for("/v1/sandboxes/sp-1/bogus").is_empty());
+        // Created sandboxes link to the routes that take their id.
+        let doc = document();
+        let links = &doc["paths"]["/v1/sandboxes"]["post"]["responses"]["201"]["links"];
+        assert!(
+            links["post_v1_sandboxes_id_exec"]["parameters"]["id"].is_string(),
+            "{links}"
+        );
     }
 }

@@ -175,11 +175,21 @@ async fn unknown_routes_and_ids_are_404() {
         ("GET", "/v1/nothing-here"),
         ("GET", "/"),
         ("POST", "/v1/executions/extra/segments"),
-        ("PATCH", "/v1/executions"),
         ("GET", "/v2/executions"),
     ] {
         let r = Request::new(method, path).send(t.addr).await;
         r.expect_error(404, "NOT_FOUND");
+    }
+    // A known path with a method it does not take: 405, saying which it takes.
+    for (method, path, allow) in [
+        ("PATCH", "/v1/executions", "POST"),
+        ("TRACE", "/v1/stats", "GET"),
+        ("POST", "/v1/sandboxes/sp-x", "DELETE, GET"),
+        ("DELETE", "/v1/sandboxes/sp-x/files/a/b.txt", "GET, PUT"),
+    ] {
+        let r = Request::new(method, path).send(t.addr).await;
+        assert_eq!(r.header("allow"), Some(allow), "{method} {path}");
+        r.expect_error(405, "INVALID_OPTIONS");
     }
     get(
         t.addr,
