@@ -417,6 +417,31 @@ pub(crate) enum Wiring {
     Pty(OwnedFd),
 }
 
+/// Pipes for a process started with pipes: the child's three ends (its stdin is
+/// `/dev/null` unless `stdin`), and our ends as the wiring to watch it with.
+pub(crate) fn pipes(stdin: bool) -> Result<([OwnedFd; 3], Wiring)> {
+    let pipe = || sys::pipe().map_err(|e| Error::engine_io("creating a pipe", e));
+    let (stdin_r, stdin_w) = if stdin {
+        let (r, w) = pipe()?;
+        (r, Some(w))
+    } else {
+        let null: OwnedFd = std::fs::File::open("/dev/null")
+            .map_err(|e| Error::engine_io("opening /dev/null", e))?
+            .into();
+        (null, None)
+    };
+    let (out_r, out_w) = pipe()?;
+    let (err_r, err_w) = pipe()?;
+    Ok((
+        [stdin_r, out_w, err_w],
+        Wiring::Pipes {
+            stdin: stdin_w,
+            stdout: out_r,
+            stderr: err_r,
+        },
+    ))
+}
+
 /// Watches a started host process and registers it with `processes`; returns the
 /// shared state the caller's handle wraps. `cgroup` is the process's own group
 /// (killed and removed when it exits).

@@ -19,7 +19,7 @@ use paddock_core::{
 
 use super::control::{AgentControl, RemoteLeader};
 use super::sandbox::ContainerSandbox;
-use crate::interactive::{adopt_remote, Signaller, Wiring};
+use crate::interactive::{adopt_remote, pipes, Signaller, Wiring};
 use crate::sys;
 
 /// The warm container a sandbox's processes run in, as the sandbox keeps it while the
@@ -59,18 +59,7 @@ impl ContainerSandbox {
         let place = self.processes.reserve("p")?;
         let id = place.id.clone();
         let (cwd, env) = self.guest_env(spec.cwd.as_deref(), &spec.env)?;
-        let pipe = || sys::pipe().map_err(|e| Error::engine_io("creating a pipe", e));
-        let (stdin_r, stdin_w) = if spec.stdin {
-            let (r, w) = pipe()?;
-            (r, Some(w))
-        } else {
-            let null: OwnedFd = std::fs::File::open("/dev/null")
-                .map_err(|e| Error::engine_io("opening /dev/null", e))?
-                .into();
-            (null, None)
-        };
-        let (out_r, out_w) = pipe()?;
-        let (err_r, err_w) = pipe()?;
+        let (ends, wiring) = pipes(spec.stdin)?;
         let started = guest
             .control
             .spawn(
@@ -79,19 +68,15 @@ impl ContainerSandbox {
                 env,
                 cwd,
                 None,
-                &[stdin_r.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()],
+                &ends.each_ref().map(|fd| fd.as_raw_fd()),
             )
             .await?;
         // The container has its copies now; ours go, so EOF means the process's.
-        drop((stdin_r, out_w, err_w));
+        drop(ends);
         self.mark_used();
         let shared = adopt_remote(
             place,
-            Wiring::Pipes {
-                stdin: stdin_w,
-                stdout: out_r,
-                stderr: err_r,
-            },
+            wiring,
             Arc::new(RemoteLeader {
                 control: guest.control.clone(),
                 id,

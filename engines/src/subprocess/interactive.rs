@@ -17,9 +17,8 @@ use paddock_core::{
 
 use super::sandbox::SubprocessSandbox;
 use crate::cgroup::Cgroup;
-use crate::interactive::{adopt, open_pty, Wiring};
+use crate::interactive::{adopt, open_pty, pipes, Wiring};
 use crate::spawn::spawn;
-use crate::sys;
 use crate::task::blocking;
 
 impl SubprocessSandbox {
@@ -68,37 +67,19 @@ impl SubprocessSandbox {
         let limits = self.process_limits();
         let cgroup = self.process_cgroup(&id, &limits).await?;
         let started = (|| -> Result<_> {
-            let pipe = || sys::pipe().map_err(|e| Error::engine_io("creating a pipe", e));
-            let (stdin_r, stdin_w) = if spec.stdin {
-                let (r, w) = pipe()?;
-                (r, Some(w))
-            } else {
-                let null: OwnedFd = std::fs::File::open("/dev/null")
-                    .map_err(|e| Error::engine_io("opening /dev/null", e))?
-                    .into();
-                (null, None)
-            };
-            let (out_r, out_w) = pipe()?;
-            let (err_r, err_w) = pipe()?;
+            let (ends, wiring) = pipes(spec.stdin)?;
             let spawn_spec = self.spawn_spec(
                 spec.argv.clone(),
                 &spec.env,
                 spec.cwd.as_deref(),
                 &limits,
-                [stdin_r, out_w, err_w],
+                ends,
                 cgroup.as_deref(),
             )?;
             let child = spawn(&spawn_spec).map_err(|e| spawn_failed(&spec.argv[0], e))?;
             // Our copies of the child's ends go, so EOF means the child closed them.
             drop(spawn_spec);
-            Ok((
-                child,
-                Wiring::Pipes {
-                    stdin: stdin_w,
-                    stdout: out_r,
-                    stderr: err_r,
-                },
-            ))
+            Ok((child, wiring))
         })();
         let (child, wiring) = match started {
             Ok(s) => s,
