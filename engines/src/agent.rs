@@ -331,17 +331,19 @@ impl Agent {
                 cmd.stdin(stdin).stdout(stdout).stderr(stderr);
                 None
             }
-            Some((rows, cols)) => match open_pty(rows, cols) {
-                Ok((master, slave)) => {
-                    let copies = (slave.try_clone(), slave.try_clone());
-                    let (Ok(a), Ok(b)) = copies else {
-                        return failed(self, "cannot copy the terminal's descriptor".into());
-                    };
-                    cmd.stdin(a).stdout(b).stderr(slave);
-                    Some(master)
+            Some((rows, cols)) => {
+                match crate::interactive::open_pty(paddock_core::TerminalSize { rows, cols }) {
+                    Ok((master, slave)) => {
+                        let copies = (slave.try_clone(), slave.try_clone());
+                        let (Ok(a), Ok(b)) = copies else {
+                            return failed(self, "cannot copy the terminal's descriptor".into());
+                        };
+                        cmd.stdin(a).stdout(b).stderr(slave);
+                        Some(master)
+                    }
+                    Err(e) => return failed(self, format!("opening a terminal failed: {e}")),
                 }
-                Err(e) => return failed(self, format!("opening a terminal failed: {e}")),
-            },
+            }
         };
         let on_tty = master.is_some();
         // SAFETY: the closure makes only async-signal-safe calls (setsid, ioctl).
@@ -533,37 +535,6 @@ fn kill_session(sid: libc::pid_t) {
     }
 }
 
-/// A pseudo-terminal of `rows` x `cols`: (master, slave), close-on-exec.
-fn open_pty(rows: u16, cols: u16) -> std::io::Result<(OwnedFd, OwnedFd)> {
-    let (mut master, mut slave) = (-1, -1);
-    let ws = libc::winsize {
-        ws_row: rows,
-        ws_col: cols,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    };
-    // SAFETY: openpty writes two descriptors; name and termios are optional.
-    let r = unsafe {
-        libc::openpty(
-            &mut master,
-            &mut slave,
-            std::ptr::null_mut(),
-            std::ptr::null(),
-            &ws,
-        )
-    };
-    if r == -1 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: fresh descriptors nobody else owns.
-    let pair = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
-    for fd in [&pair.0, &pair.1] {
-        // SAFETY: fcntl on descriptors we own.
-        unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) };
-    }
-    Ok(pair)
-}
-
 /// The largest control message (a spawn's argv and environment included).
 pub(crate) const CONTROL_MESSAGE_MAX: usize = 128 * 1024;
 
@@ -676,7 +647,7 @@ struct Stream {
 impl Stream {
     fn new(fd: Option<OwnedFd>, kind: StreamKind) -> Stream {
         if let Some(fd) = &fd {
-            set_nonblocking(fd.as_raw_fd());
+            crate::sys::set_nonblocking(fd.as_raw_fd());
         }
         Stream {
             fd,
@@ -725,14 +696,6 @@ impl Stream {
             send(&Frame::log(id, self.kind, text));
         }
         self.pending = tail;
-    }
-}
-
-fn set_nonblocking(fd: RawFd) {
-    // SAFETY: fcntl on a descriptor this process owns.
-    unsafe {
-        let flags = libc::fcntl(fd, libc::F_GETFL);
-        libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
     }
 }
 

@@ -376,8 +376,7 @@ fn set_window_size(fd: RawFd, size: TerminalSize) -> io::Result<()> {
     sys::cvt(unsafe { libc::ioctl(fd, libc::TIOCSWINSZ, &ws) }).map(|_| ())
 }
 
-/// A new pseudo-terminal of `size`: (master, slave), both close-on-exec, the master
-/// non-blocking.
+/// A new pseudo-terminal of `size`: (master, slave), both close-on-exec.
 pub(crate) fn open_pty(size: TerminalSize) -> io::Result<(OwnedFd, OwnedFd)> {
     let (mut master, mut slave) = (-1, -1);
     let ws = winsize(size);
@@ -396,11 +395,6 @@ pub(crate) fn open_pty(size: TerminalSize) -> io::Result<(OwnedFd, OwnedFd)> {
     for fd in [&master, &slave] {
         // SAFETY: fcntl on descriptors we own.
         unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) };
-    }
-    // SAFETY: as above.
-    unsafe {
-        let flags = libc::fcntl(master.as_raw_fd(), libc::F_GETFL);
-        libc::fcntl(master.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
     }
     Ok((master, slave))
 }
@@ -553,11 +547,7 @@ fn adopt_with(
             )
         }
         Wiring::Pty(master) => {
-            // SAFETY: as above: fcntl on a descriptor we own.
-            unsafe {
-                let flags = libc::fcntl(master.as_raw_fd(), libc::F_GETFL);
-                libc::fcntl(master.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
-            }
+            sys::set_nonblocking(master.as_raw_fd());
             // SAFETY: the AsyncFd owns the master for its whole life.
             let master = Arc::new(
                 unsafe {
@@ -592,7 +582,7 @@ fn adopt_with(
 /// The task of one process: its output until it ends, its exit, then the end of its
 /// output (what is still open after the exit is read for [`DRAIN_GRACE`] at most).
 async fn watch(shared: Arc<ProcessShared>, sources: Vec<Source>, exit: ExitFuture) {
-    let pumps = futures_join_all(&shared, &sources);
+    let pumps = pump_all(&shared, &sources);
     tokio::pin!(pumps);
     tokio::pin!(exit);
     let mut pumped = false;
@@ -667,19 +657,15 @@ async fn host_exit(leader: Arc<Leader>, exited: AsyncFd<OwnedFd>) -> ProcessExit
     }
 }
 
-/// Pumps every source concurrently until each has ended.
-async fn futures_join_all(shared: &ProcessShared, sources: &[Source]) {
+/// Pumps every source (a process has one or two) concurrently until each has ended.
+async fn pump_all(shared: &ProcessShared, sources: &[Source]) {
     match sources {
         [] => {}
         [one] => pump(shared, one).await,
         [a, b] => {
             tokio::join!(pump(shared, a), pump(shared, b));
         }
-        more => {
-            for s in more {
-                pump(shared, s).await;
-            }
-        }
+        _ => unreachable!("a process has at most two output sources"),
     }
 }
 

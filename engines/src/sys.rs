@@ -158,6 +158,15 @@ pub(crate) fn pidfd_exited(pidfd: &impl std::os::fd::AsRawFd) -> bool {
     n > 0 && pfd.revents & libc::POLLIN != 0
 }
 
+/// Puts a descriptor this process owns into non-blocking mode.
+pub(crate) fn set_nonblocking(fd: RawFd) {
+    // SAFETY: fcntl on a descriptor the caller owns.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
+    }
+}
+
 /// Most descriptors one control message carries.
 pub(crate) const MAX_PASSED_FDS: usize = 4;
 

@@ -71,11 +71,7 @@ impl AgentControl {
             return Ok(s.clone());
         }
         let raw = fd.take().ok_or_else(gone)?;
-        // SAFETY: fcntl on a descriptor we own.
-        unsafe {
-            let flags = libc::fcntl(raw.as_raw_fd(), libc::F_GETFL);
-            libc::fcntl(raw.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
-        }
+        sys::set_nonblocking(raw.as_raw_fd());
         // SAFETY: the AsyncFd owns the socket for its whole life.
         let sock = Arc::new(
             unsafe {
