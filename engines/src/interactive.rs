@@ -70,7 +70,9 @@ impl Processes {
                 "the sandbox is being destroyed; start processes in a live sandbox",
             ));
         }
-        s.live.retain(|o| !o.task.is_finished());
+        // A process stops counting once its exit is known (the last thing its task
+        // does), so a caller that waited for it finds its place free.
+        s.live.retain(|o| o.shared.exit().is_none());
         if s.live.len() + s.pending >= MAX_PROCESSES {
             return Err(Error::new(
                 ErrorCode::LimitsExceeded,
@@ -90,7 +92,11 @@ impl Processes {
 
     /// Whether any process or terminal still runs.
     pub(crate) fn has_live(&self) -> bool {
-        self.inner.lock().live.iter().any(|o| !o.task.is_finished())
+        self.inner
+            .lock()
+            .live
+            .iter()
+            .any(|o| o.shared.exit().is_none())
     }
 
     /// Takes ownership of a started process. When the registry was closed meanwhile
