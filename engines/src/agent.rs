@@ -604,6 +604,10 @@ struct Job {
     env: BTreeMap<String, String>,
     cwd: String,
     stdin: Option<String>,
+    /// Bytes of each stream worth sending: the host keeps `max_output_bytes` and
+    /// needs one more to know the output was cut, so the rest is read and dropped
+    /// here instead of being framed and decoded for nothing.
+    forward: u64,
 }
 
 fn job(input: &Value) -> Result<Job, String> {
@@ -633,6 +637,10 @@ fn job(input: &Value) -> Result<Job, String> {
             .unwrap_or("/")
             .to_string(),
         stdin: input.get("stdin").and_then(Value::as_str).map(String::from),
+        forward: input
+            .get("max_output_bytes")
+            .and_then(Value::as_u64)
+            .map_or(u64::MAX, |cap| cap.saturating_add(1)),
     })
 }
 
@@ -642,10 +650,12 @@ struct Stream {
     fd: Option<OwnedFd>,
     kind: StreamKind,
     pending: Vec<u8>,
+    /// Bytes still worth sending (see `Job::forward`).
+    budget: u64,
 }
 
 impl Stream {
-    fn new(fd: Option<OwnedFd>, kind: StreamKind) -> Stream {
+    fn new(fd: Option<OwnedFd>, kind: StreamKind, budget: u64) -> Stream {
         if let Some(fd) = &fd {
             crate::sys::set_nonblocking(fd.as_raw_fd());
         }
@@ -653,6 +663,7 @@ impl Stream {
             fd,
             kind,
             pending: Vec::new(),
+            budget,
         }
     }
 
@@ -666,8 +677,16 @@ impl Stream {
             // SAFETY: read(2) into a local buffer.
             let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
             if n > 0 {
-                self.pending.extend_from_slice(&buf[..n as usize]);
-                self.flush(id, false);
+                // Past the budget the pipe is only drained, so the command is never
+                // blocked on a full pipe.
+                let wanted = usize::try_from(self.budget)
+                    .unwrap_or(usize::MAX)
+                    .min(n as usize);
+                if wanted > 0 {
+                    self.budget -= wanted as u64;
+                    self.pending.extend_from_slice(&buf[..wanted]);
+                    self.flush(id, self.budget == 0);
+                }
                 continue;
             }
             let err = std::io::Error::last_os_error().kind();
@@ -767,8 +786,16 @@ impl Agent {
             }
         }
         let mut streams = [
-            Stream::new(child.stdout.take().map(OwnedFd::from), StreamKind::Stdout),
-            Stream::new(child.stderr.take().map(OwnedFd::from), StreamKind::Stderr),
+            Stream::new(
+                child.stdout.take().map(OwnedFd::from),
+                StreamKind::Stdout,
+                job.forward,
+            ),
+            Stream::new(
+                child.stderr.take().map(OwnedFd::from),
+                StreamKind::Stderr,
+                job.forward,
+            ),
         ];
         let pidfd = pidfd_open(pid);
         let mut cancelled = false;

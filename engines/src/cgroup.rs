@@ -216,6 +216,13 @@ pub(crate) fn write_memory_limit(dir: &Path, bytes: Option<u64>) -> io::Result<(
     Ok(())
 }
 
+/// The `max` count of a `pids.events` file: forks the group's pids limit refused.
+pub(crate) fn pids_max_count(text: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix("max ")?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 /// The `oom_kill N` count of a `memory.oom_control` (or `/proc/vmstat`) text.
 pub(crate) fn oom_kill_count(text: &str) -> u64 {
     text.lines()
@@ -265,13 +272,8 @@ impl Cgroup {
 
     /// How many forks the pids limit refused since the last call.
     pub fn new_pids_max_hits(&self) -> u64 {
-        let now: u64 = crate::sys::read_small(self.pids.join("pids.events"))
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find_map(|l| l.strip_prefix("max ")?.trim().parse().ok())
-            })
-            .unwrap_or(0);
+        let now =
+            crate::sys::read_small(self.pids.join("pids.events")).map_or(0, |s| pids_max_count(&s));
         now.saturating_sub(self.seen_pids_max.swap(now, Ordering::AcqRel))
     }
 

@@ -35,8 +35,8 @@ pub(crate) struct SpawnSpec {
     pub(crate) stdio: [OwnedFd; 3],
     /// A further descriptor the child gets as fd 3 (a warm runner's frame channel).
     pub(crate) fd3: Option<OwnedFd>,
-    /// rlimits to set: (resource, soft = hard value).
-    pub(crate) rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
+    /// rlimits to set: (resource, soft, hard).
+    pub(crate) rlimits: Vec<(libc::__rlimit_resource_t, u64, u64)>,
     /// `cgroup.procs` files to join (writing "0" moves the writer).
     pub(crate) cgroup_procs: Vec<CString>,
     /// A network namespace to enter.
@@ -113,7 +113,7 @@ struct ChildCtx {
     /// The descriptors the child gets as fd 0, 1, 2 and (when `fds` is 4) 3.
     stdio: [RawFd; 4],
     fds: usize,
-    rlimits: *const (libc::__rlimit_resource_t, u64),
+    rlimits: *const (libc::__rlimit_resource_t, u64, u64),
     rlimits_len: usize,
     cgroups: *const *const libc::c_char,
     cgroups_len: usize,
@@ -257,10 +257,10 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         }
 
         for i in 0..ctx.rlimits_len {
-            let (resource, value) = *ctx.rlimits.add(i);
+            let (resource, soft, hard) = *ctx.rlimits.add(i);
             let lim = libc::rlimit {
-                rlim_cur: value,
-                rlim_max: value,
+                rlim_cur: soft,
+                rlim_max: hard,
             };
             if libc::setrlimit(resource, &lim) == -1 {
                 return fail(ctx, SpawnStage::Rlimit);

@@ -117,6 +117,16 @@ pub(crate) fn getrlimit(resource: libc::__rlimit_resource_t) -> (u64, u64) {
     (lim.rlim_cur, lim.rlim_max)
 }
 
+/// `RLIMIT_CPU` for a CPU-time limit of `ms`: the soft limit at the limit in whole
+/// seconds (the kernel counts seconds) sends SIGXCPU, which ends a program that does
+/// not handle it and says unambiguously why; the hard limit a second later kills one
+/// that ignores it. Both within this process's own hard limit.
+pub(crate) fn cpu_rlimit(ms: u64) -> (u64, u64) {
+    let (_, ceiling) = getrlimit(libc::RLIMIT_CPU);
+    let soft = ms.div_ceil(1000).max(1);
+    (soft.min(ceiling), soft.saturating_add(1).min(ceiling))
+}
+
 /// A `CString` from a Rust string that is known not to contain NUL (validated
 /// earlier); NULs are rejected with `InvalidInput` all the same.
 pub(crate) fn cstring(s: impl Into<Vec<u8>>) -> io::Result<CString> {

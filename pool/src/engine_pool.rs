@@ -76,6 +76,8 @@ pub struct PoolStats {
     pub created_total: u64,
     /// Instances retired so far.
     pub retired_total: u64,
+    /// Retired instances whose destruction is still running.
+    pub destroying: usize,
     /// Creation failures so far.
     pub create_failures_total: u64,
 }
@@ -102,6 +104,8 @@ pub(crate) struct EnginePool {
     telemetry: Telemetry,
     created_total: std::sync::atomic::AtomicU64,
     retired_total: std::sync::atomic::AtomicU64,
+    /// Destructions spawned and not yet finished.
+    destroying: Arc<std::sync::atomic::AtomicUsize>,
     create_failures_total: std::sync::atomic::AtomicU64,
 }
 
@@ -162,6 +166,7 @@ impl EnginePool {
             telemetry,
             created_total: Default::default(),
             retired_total: Default::default(),
+            destroying: Default::default(),
             create_failures_total: Default::default(),
         })
     }
@@ -191,6 +196,7 @@ impl EnginePool {
             },
             created_total: self.created_total.load(Relaxed),
             retired_total: self.retired_total.load(Relaxed),
+            destroying: self.destroying.load(Relaxed),
             create_failures_total: self.create_failures_total.load(Relaxed),
         }
     }
@@ -425,10 +431,14 @@ impl EnginePool {
         self.retired_total.fetch_add(1, Relaxed);
         let actor = inst.actor.clone();
         let sandbox = inst.sandbox.clone();
+        // Counted until done, so shutdown can wait for every destruction to finish.
+        let destroying = self.destroying.clone();
+        destroying.fetch_add(1, Relaxed);
         actix::spawn(async move {
             if actor.send(DestroyInstance).await.is_err() {
                 let _ = sandbox.destroy().await;
             }
+            destroying.fetch_sub(1, Relaxed);
         });
     }
 

@@ -181,6 +181,8 @@ impl PaddockBuilder {
             self.policy.unwrap_or_else(|| self.config.policy.clone()),
         )?);
         let mut engines = self.engines;
+        // Engines that could not start on this host, and why.
+        let mut unavailable = Vec::new();
         if self.builtin_subprocess && self.config.subprocess.enabled {
             let e = SubprocessEngine::with_defaults(
                 &self.config.subprocess,
@@ -204,11 +206,21 @@ impl PaddockBuilder {
                 // A host without a usable OCI runtime runs the other engines.
                 Err(e) if e.code == ErrorCode::EngineFailed => {
                     tracing::warn!(error = %e, "the container engine is not available");
+                    unavailable.push(format!("the container engine cannot start: {}", e.message));
                 }
                 Err(e) => return Err(e),
             }
         }
         let Some(first) = engines.first().map(|e| e.kind()) else {
+            if !unavailable.is_empty() {
+                return Err(Error::new(
+                    ErrorCode::EngineFailed,
+                    format!(
+                        "no engine can run: {}; run `paddock doctor`",
+                        unavailable.join("; ")
+                    ),
+                ));
+            }
             return Err(Error::invalid_config(
                 "engines",
                 "no engine is enabled; enable the subprocess engine or add one",
@@ -434,11 +446,13 @@ impl Paddock {
             .send(Shutdown { drain })
             .await
             .map_err(gone)?;
-        // Let instance destruction (spawned on the arbiter) run before stopping.
+        // Let instance destruction (spawned on the arbiter) finish before stopping:
+        // stopping drops what is still running, workdirs and all.
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         loop {
             let stats = self.stats().await?;
-            if stats.pools.iter().all(|p| p.size == 0) || std::time::Instant::now() > deadline {
+            let done = stats.pools.iter().all(|p| p.size == 0 && p.destroying == 0);
+            if done || std::time::Instant::now() > deadline {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(5)).await;

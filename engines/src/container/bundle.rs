@@ -98,8 +98,8 @@ pub(crate) struct BundleSpec<'a> {
     pub(crate) memory_bytes: Option<u64>,
     pub(crate) pids: Option<u64>,
     pub(crate) cpu_quota_us: u64,
-    /// rlimits as (OCI name, value): soft = hard.
-    pub(crate) rlimits: &'a [(&'static str, u64)],
+    /// rlimits as (OCI name, soft, hard).
+    pub(crate) rlimits: &'a [(&'static str, u64, u64)],
     pub(crate) seccomp: bool,
     pub(crate) hostname: &'a str,
 }
@@ -215,7 +215,7 @@ pub(crate) fn config(spec: &BundleSpec<'_>) -> Value {
                 "bounding": caps, "effective": caps, "permitted": caps,
                 "inheritable": [], "ambient": []
             },
-            "rlimits": spec.rlimits.iter().map(|(name, v)| json!({"type": name, "hard": v, "soft": v})).collect::<Vec<_>>(),
+            "rlimits": spec.rlimits.iter().map(|(name, soft, hard)| json!({"type": name, "hard": hard, "soft": soft})).collect::<Vec<_>>(),
             "noNewPrivileges": true
         },
         "root": {"path": spec.rootfs.to_string_lossy(), "readonly": true},
@@ -272,7 +272,7 @@ mod tests {
             memory_bytes: Some(64 << 20),
             pids: Some(32),
             cpu_quota_us: 50_000,
-            rlimits: &[("RLIMIT_CPU", 2)],
+            rlimits: &[("RLIMIT_CPU", 2, 3)],
             seccomp: true,
             hostname: "paddock",
         }

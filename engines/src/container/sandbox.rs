@@ -373,21 +373,18 @@ impl ContainerSandbox {
         let (args, files) = self.argv(&request.program, Some(&bundle_dir))?;
         let args = super::with_init(&self.engine, args);
         let env: Vec<String> = vars.into_iter().map(|(k, v)| format!("{k}={v}")).collect();
-        let mut rlimits: Vec<(&'static str, u64)> = vec![("RLIMIT_CORE", 0)];
+        let mut rlimits: Vec<(&'static str, u64, u64)> = vec![("RLIMIT_CORE", 0, 0)];
         let clamp = |resource, want: u64| want.min(sys::getrlimit(resource).1);
         if let Some(ms) = limits.cpu_ms {
-            rlimits.push((
-                "RLIMIT_CPU",
-                clamp(libc::RLIMIT_CPU, ms.div_ceil(1000).max(1)),
-            ));
+            let (soft, hard) = sys::cpu_rlimit(ms);
+            rlimits.push(("RLIMIT_CPU", soft, hard));
         }
         if let Some(b) = limits.file_size_bytes {
-            rlimits.push(("RLIMIT_FSIZE", clamp(libc::RLIMIT_FSIZE, b)));
+            let b = clamp(libc::RLIMIT_FSIZE, b);
+            rlimits.push(("RLIMIT_FSIZE", b, b));
         }
-        rlimits.push((
-            "RLIMIT_NOFILE",
-            clamp(libc::RLIMIT_NOFILE, limits.open_files.unwrap_or(1024)),
-        ));
+        let open_files = clamp(libc::RLIMIT_NOFILE, limits.open_files.unwrap_or(1024));
+        rlimits.push(("RLIMIT_NOFILE", open_files, open_files));
         let config = bundle::config(&BundleSpec {
             args: &args,
             env: &env,
@@ -552,6 +549,7 @@ impl ContainerSandbox {
         if ending != Ending::Cancelled && !cancel.finish() {
             outcome = Outcome::Cancelled;
         }
+
         Ok(ExecResult {
             id: request.id,
             outcome,
@@ -572,6 +570,8 @@ impl ContainerSandbox {
                 started_at_ms,
                 finished_at_ms: unix_ms(),
             },
+            // The runtime removed the container's group, which counted the forks its
+            // pids limit refused, with the container: there is nothing to read.
             warnings: Vec::new(),
         })
     }
@@ -679,6 +679,7 @@ impl ContainerSandbox {
             "env": vars,
             "cwd": cwd,
             "stdin": request.stdin,
+            "max_output_bytes": limits.max_output_bytes,
         });
         let started = Instant::now();
         let started_at_ms = unix_ms();
@@ -702,6 +703,9 @@ impl ContainerSandbox {
         let wall_ms = started.elapsed().as_millis() as u64;
         let counters = wc.counters();
         let (ooms, peak, cpu_ns) = (counters.ooms(), counters.peak(), counters.cpu_ns());
+        let pids_max = counters.pids_max_hits();
+        let warnings = pids_warning(pids_max > wc.pids_max_seen, limits);
+        wc.pids_max_seen = pids_max;
         wc.ooms_seen = ooms;
         let oom = ooms > ooms_before;
         let cpu_ms = cpu_ns.saturating_sub(cpu_before) / 1_000_000;
@@ -789,7 +793,7 @@ impl ContainerSandbox {
                 started_at_ms,
                 finished_at_ms: unix_ms(),
             },
-            warnings: Vec::new(),
+            warnings,
         })
     }
 
@@ -834,7 +838,7 @@ fn run_once(
         memory_bytes: limits.memory_bytes,
         pids: limits.pids,
         cpu_quota_us: engine.cpu_quota_us,
-        rlimits: &[("RLIMIT_CORE", 0)],
+        rlimits: &[("RLIMIT_CORE", 0, 0)],
         seccomp: engine.seccomp,
         hostname: "paddock",
     });
@@ -949,6 +953,19 @@ fn cpu_usage_ns(dir: &Path) -> u64 {
 }
 
 /// OOM kills on the whole host so far (`/proc/vmstat`).
+/// The warning a result carries when the pids limit refused a fork (as the
+/// subprocess engine says it).
+fn pids_warning(refused: bool, limits: &Limits) -> Vec<String> {
+    if refused {
+        vec![format!(
+            "the pids limit ({}) refused at least one fork",
+            limits.pids.unwrap_or(0)
+        )]
+    } else {
+        Vec::new()
+    }
+}
+
 fn global_oom_kills() -> u64 {
     sys::read_small("/proc/vmstat").map_or(0, |s| crate::cgroup::oom_kill_count(&s))
 }

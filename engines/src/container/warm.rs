@@ -34,6 +34,8 @@ pub(crate) struct WarmContainer {
     pub(crate) applied: Option<(Option<u64>, Option<u64>)>,
     /// Its cgroup's OOM-kill count as last read.
     pub(crate) ooms_seen: u64,
+    /// The pids limit's refusals counted after the last turn.
+    pub(crate) pids_max_seen: u64,
     /// The cgroup files every turn reads, kept open (one system call a read).
     counters: Option<Counters>,
     /// The agent's control channel (background processes and terminals).
@@ -46,6 +48,7 @@ pub(crate) struct Counters {
     max_usage: Option<std::fs::File>,
     cpu: Option<std::fs::File>,
     oom: Option<std::fs::File>,
+    pids_events: Option<std::fs::File>,
 }
 
 /// Reads a small kernel file from its start (cgroup files regenerate at offset 0).
@@ -81,6 +84,14 @@ impl Counters {
             .and_then(read_at_start)
             .and_then(|s| s.trim().parse().ok())
             .unwrap_or(0)
+    }
+
+    /// Forks the group's pids limit refused so far.
+    pub(crate) fn pids_max_hits(&self) -> u64 {
+        self.pids_events
+            .as_ref()
+            .and_then(read_at_start)
+            .map_or(0, |s| crate::cgroup::pids_max_count(&s))
     }
 
     /// OOM kills in the group so far.
@@ -129,7 +140,7 @@ impl WarmContainer {
             memory_bytes: limits.memory_bytes,
             pids: limits.pids,
             cpu_quota_us: engine.cpu_quota_us,
-            rlimits: &[("RLIMIT_CORE", 0), ("RLIMIT_NOFILE", 1024)],
+            rlimits: &[("RLIMIT_CORE", 0, 0), ("RLIMIT_NOFILE", 1024, 1024)],
             seccomp: engine.seccomp,
             hostname: "paddock",
         });
@@ -177,6 +188,7 @@ impl WarmContainer {
                 ready: false,
                 applied: None,
                 ooms_seen: 0,
+                pids_max_seen: 0,
                 counters: None,
                 control: super::control::AgentControl::new(control),
             }),
@@ -232,6 +244,7 @@ impl WarmContainer {
                 max_usage: open("memory", "memory.max_usage_in_bytes", true),
                 cpu: open("cpuacct", "cpuacct.usage", false),
                 oom: open("memory", "memory.oom_control", false),
+                pids_events: open("pids", "pids.events", false),
             });
         }
         self.counters.as_ref().expect("just set")

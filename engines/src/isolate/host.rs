@@ -47,6 +47,11 @@ pub(super) struct RunState {
     workdir: Option<Arc<Workdir>>,
     /// The first denylisted import the script attempted.
     pub(super) blocked: Option<Error>,
+    /// The largest file `sandbox:fs` may write.
+    file_size: Option<u64>,
+    /// Whether the script tried to write a larger one (the execution then ends
+    /// `limit_exceeded`, even if the script caught the error).
+    pub(super) file_too_big: bool,
     timers: BTreeMap<u64, Timer>,
     next_timer: u64,
 }
@@ -69,6 +74,7 @@ impl RunState {
         control: Control,
         deadline: Instant,
         workdir: Option<Arc<Workdir>>,
+        file_size: Option<u64>,
     ) -> RunState {
         RunState {
             stdout: Captured::default(),
@@ -80,6 +86,8 @@ impl RunState {
             deadline,
             workdir,
             blocked: None,
+            file_size,
+            file_too_big: false,
             timers: BTreeMap::new(),
             next_timer: 1,
         }
@@ -532,6 +540,18 @@ impl ModuleDef for SandboxFs {
         let write = Function::new(
             ctx.clone(),
             |ctx: Ctx<'js>, path: String, data: Coerced<String>| {
+                let len = data.0.len() as u64;
+                let limit = with_run(|r| r.file_size).flatten();
+                if let Some(max) = limit.filter(|&max| len > max) {
+                    with_run(|r| r.file_too_big = true);
+                    return Err(throw_coded(
+                        &ctx,
+                        &Error::new(
+                            ErrorCode::LimitsExceeded,
+                            format!("writeFile(`{path}`): {len} bytes is more than file_size_bytes ({max})"),
+                        ),
+                    ));
+                }
                 fs_call(&ctx, |d| d.write_file(&path, data.0.as_bytes()))
             },
         )?

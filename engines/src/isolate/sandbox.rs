@@ -240,6 +240,9 @@ fn outcome_of(ending: Ending, id: &str) -> Outcome {
         Ending::Output => Outcome::LimitExceeded {
             limit: LimitKind::Output,
         },
+        Ending::FileSize => Outcome::LimitExceeded {
+            limit: LimitKind::FileSize,
+        },
         Ending::Failed(error) => Outcome::Failed { error },
     }
 }
@@ -265,6 +268,7 @@ pub(super) fn new_job(
         control,
         events,
         workdir,
+        file_size: limits.file_size_bytes,
     }
 }
 

@@ -68,6 +68,8 @@ pub(super) struct ExecJob {
     pub(super) control: Control,
     pub(super) events: mpsc::Sender<OutputChunk>,
     pub(super) workdir: Option<Arc<Workdir>>,
+    /// The largest file `sandbox:fs` may write (`file_size_bytes`).
+    pub(super) file_size: Option<u64>,
 }
 
 /// How an execution ended, as the thread saw it.
@@ -79,6 +81,7 @@ pub(super) enum Ending {
     Destroyed,
     Memory,
     Output,
+    FileSize,
     Failed(Error),
 }
 
@@ -380,6 +383,7 @@ fn run(isolate: &Isolate, ctx: &Context, job: &ExecJob) -> Report {
         job.control.clone(),
         job.deadline,
         job.workdir.clone(),
+        job.file_size,
     ));
     let (outcome, value) = ctx.with(|ctx| {
         let result = evaluate(&ctx, &job.program);
@@ -404,9 +408,9 @@ fn run(isolate: &Isolate, ctx: &Context, job: &ExecJob) -> Report {
     let peak = isolate.meter.peak() as u64;
     isolate.meter.arm(usize::MAX);
     let state = host::end();
-    let (stdout, stderr, blocked) = match state {
-        Some(s) => (s.stdout, s.stderr, s.blocked),
-        None => (Captured::default(), Captured::default(), None),
+    let (stdout, stderr, blocked, file_too_big) = match state {
+        Some(s) => (s.stdout, s.stderr, s.blocked, s.file_too_big),
+        None => (Captured::default(), Captured::default(), None, false),
     };
     let stopped_outside = match job.control.load(Ordering::Relaxed) {
         CANCELLED => Some(Ending::Cancelled),
@@ -420,6 +424,8 @@ fn run(isolate: &Isolate, ctx: &Context, job: &ExecJob) -> Report {
         Ending::Memory
     } else if let Some(err) = blocked {
         Ending::Failed(err)
+    } else if file_too_big {
+        Ending::FileSize
     } else {
         match outcome {
             Ok(()) => Ending::Completed(0),

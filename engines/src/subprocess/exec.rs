@@ -379,13 +379,14 @@ impl SubprocessSandbox {
         })?;
 
         let io_err = |e: std::io::Error| Error::invalid_options("program", e.to_string());
-        let mut rlimits = vec![(libc::RLIMIT_CORE, 0u64)];
+        let mut rlimits = vec![(libc::RLIMIT_CORE, 0u64, 0u64)];
         let clamp = |resource, want: u64| {
             let (_, hard) = sys::getrlimit(resource);
-            (resource, want.min(hard))
+            (resource, want.min(hard), want.min(hard))
         };
         if let Some(ms) = limits.cpu_ms {
-            rlimits.push(clamp(libc::RLIMIT_CPU, ms.div_ceil(1000).max(1)));
+            let (soft, hard) = crate::sys::cpu_rlimit(ms);
+            rlimits.push((libc::RLIMIT_CPU, soft, hard));
         }
         if let Some(b) = limits.file_size_bytes {
             rlimits.push(clamp(libc::RLIMIT_FSIZE, b));
@@ -471,7 +472,8 @@ fn classify(ending: Ending, status: &ExitStatus, oom: bool, limits: &Limits) -> 
         Some(libc::SIGXCPU) => Outcome::LimitExceeded {
             limit: LimitKind::Cpu,
         },
-        // RLIMIT_CPU with soft == hard kills with SIGKILL at the limit. The CPU time
+        // The soft limit sends SIGXCPU; a program that ignores it is killed with
+        // SIGKILL at the hard limit, a second later (`sys::cpu_rlimit`). The CPU time
         // wait4 reports for the dead child can fall a few percent short of what the
         // kernel's limit check counted (seen: 973 ms for a 1 s limit on a loaded
         // machine), so a SIGKILL within 5 % (at least 50 ms) of the limit is the limit.

@@ -421,6 +421,19 @@ impl SubprocessSandbox {
             .warm_cgroup
             .as_ref()
             .is_some_and(|g| g.new_oom_kills() > 0);
+        // As a cold execution does: a fork the pids limit refused is worth a warning.
+        let mut warnings = Vec::new();
+        if self
+            .warm_cgroup
+            .as_ref()
+            .is_some_and(|g| g.new_pids_max_hits() > 0)
+            && turn.end.is_ok()
+        {
+            warnings.push(format!(
+                "the pids limit ({}) refused at least one fork",
+                limits.pids.unwrap_or(0)
+            ));
+        }
         let (mut outcome, value) = match (turn.end, &key) {
             // A runner answers like a process: `{exit_code, value}`.
             (Ok(TurnEnd::Output(out)), WorkerKey::Runner(_)) => {
@@ -582,7 +595,7 @@ impl SubprocessSandbox {
                 started_at_ms,
                 finished_at_ms: unix_ms(),
             },
-            warnings: Vec::new(),
+            warnings,
         })
     }
 }
