@@ -1,0 +1,276 @@
+//! Resource exhaustion: fork and memory bombs, a CPU spin, a 1 GiB output flood, one
+//! huge file, many small files.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use paddock_core::{ErrorCode, ExecResult, LimitKind, Outcome};
+
+use crate::harness::{Check, Lang, Stop, Target, H};
+
+fn limit(kind: LimitKind) -> Outcome {
+    Outcome::LimitExceeded { limit: kind }
+}
+
+/// A trivial execution succeeds: the engine recovered from what came before.
+pub(crate) async fn still_works(h: &H) -> Check {
+    let r = h
+        .exec(h.program("echo ok", "print('ok')", "console.log('ok')"))
+        .await?;
+    ensure!(
+        r.is_success() && r.stdout == "ok\n",
+        "the next execution did not run normally: {r:?}"
+    );
+    Ok(())
+}
+
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+pub(crate) async fn fork_bomb(h: Arc<H>) -> Check {
+    if h.target.lang() == Lang::Js {
+        skip!("a script in an isolate has no way to create a process: there is nothing to bomb");
+    }
+    let t = &h.token;
+    // The bomb runs for two seconds against the pids limit; every copy is a fork of
+    // the script's shell (or of Python, which then becomes `sleep <token>`), so a
+    // survivor carries the token.
+    let mut request = h.program(
+        &format!("f() {{ f | f & }}; f; sleep 2; echo bombed # {t}"),
+        &format!(
+            "import os, time\nparent = os.getpid()\nend = time.time() + 2\nwhile time.time() < end:\n    try:\n        os.fork()\n    except OSError:\n        time.sleep(0.01)\nif os.getpid() != parent:\n    os.execvp('sleep', ['sleep', '{t}'])\nprint('bombed')"
+        ),
+        "",
+    );
+    request.limits.pids = Some(64);
+    request.limits.timeout_ms = Some(15_000);
+    let started = Instant::now();
+    let r = h.exec(request).await?;
+    let took = started.elapsed();
+    ensure!(
+        took < Duration::from_secs(14),
+        "the bomb ran into its deadline ({took:?}): {r:?}"
+    );
+    // A cold container's group (which counted the refusals) goes with the container,
+    // so only the shell's own complaint shows the limit there.
+    let said_so = h.target == Target::ContainerCold && r.stderr.contains("Cannot fork");
+    let bound = matches!(
+        r.outcome,
+        Outcome::LimitExceeded {
+            limit: LimitKind::Pids
+        }
+    ) || r.warnings.iter().any(|w| w.contains("pids"))
+        || said_so;
+    ensure!(
+        bound,
+        "the pids limit was not reported (outcome or warning): {:?} warnings {:?} stderr {}",
+        r.outcome,
+        r.warnings,
+        crate::harness::clip(&r.stderr, 300)
+    );
+    h.no_survivors("the fork bomb").await?;
+    still_works(&h).await
+}
+
+pub(crate) async fn memory_bomb(h: Arc<H>) -> Check {
+    let mut request = h.program(
+        "exec python3 -c 'b = []\nwhile True: b.append(bytearray(8 << 20))'",
+        "b = []\nwhile True: b.append(bytearray(8 << 20))",
+        "const a = []; while (true) { a.push(new Array(100000).fill(1.5)); }",
+    );
+    request.limits.memory_bytes = Some(64 << 20);
+    let r = h.exec(request).await?;
+    ensure!(
+        r.outcome == limit(LimitKind::Memory),
+        "expected limit_exceeded (memory), got {:?}: {}",
+        r.outcome,
+        crate::harness::clip(&r.stderr, 300)
+    );
+    ensure!(
+        r.outcome.error_code() == Some(ErrorCode::MemoryExceeded),
+        "a memory limit must map to MEMORY_EXCEEDED: {:?}",
+        r.outcome.error_code()
+    );
+    still_works(&h).await
+}
+
+pub(crate) async fn cpu_spin(h: Arc<H>) -> Check {
+    let t = &h.token;
+    let spin = |timeout_ms: u64| {
+        let mut r = h.program(
+            &format!("while :; do :; done # {t}"),
+            "while True: pass",
+            "while (true) {}",
+        );
+        r.limits.timeout_ms = Some(timeout_ms);
+        r
+    };
+    let started = Instant::now();
+    let r = h.exec(spin(1_000)).await?;
+    let took = started.elapsed();
+    ensure!(r.outcome == Outcome::TimedOut, "expected timed_out: {r:?}");
+    ensure!(
+        took < Duration::from_secs(6),
+        "a 1 s deadline took {took:?} to end the spin"
+    );
+    h.no_survivors("the CPU spin").await?;
+    if h.target.lang() != Lang::Js {
+        // The CPU-time limit ends the spin before its 20 s deadline.
+        let mut request = spin(20_000);
+        request.limits.cpu_ms = Some(500);
+        match h
+            .paddock()
+            .execute_with(paddock_pool::Execute::new(request).on(h.target.engine()))
+            .await
+        {
+            Ok(r) => ensure!(
+                r.outcome == limit(LimitKind::Cpu),
+                "expected limit_exceeded (cpu) from cpu_ms 500: {r:?}"
+            ),
+            Err(e) => fail!("a cpu_ms limit was refused: {e}"),
+        }
+        h.no_survivors("the CPU-limited spin").await?;
+    }
+    still_works(&h).await
+}
+
+pub(crate) async fn output_flood(h: Arc<H>) -> Check {
+    const CAP: u64 = 1 << 20;
+    let mut request = h.program(
+        "yes | head -c 1073741824",
+        "import sys\nb = 'y' * (1 << 20)\nfor _ in range(1024):\n    sys.stdout.write(b)",
+        "const s = 'y'.repeat(1 << 20); for (let i = 0; i < 1024; i++) console.log(s);",
+    );
+    request.limits.max_output_bytes = Some(CAP);
+    request.limits.timeout_ms = Some(120_000);
+    let rss_before = rss_bytes();
+    let started = Instant::now();
+    let r = h.exec(request).await?;
+    let took = started.elapsed();
+    let grew = rss_bytes().saturating_sub(rss_before);
+    check_capped(&r, CAP)?;
+    ensure!(
+        matches!(
+            r.outcome,
+            Outcome::Completed { exit_code: 0, .. }
+                | Outcome::LimitExceeded {
+                    limit: LimitKind::Output
+                }
+        ),
+        "a flood past the cap ends completed or limit_exceeded (output): {:?}",
+        r.outcome
+    );
+    ensure!(
+        grew < 256 << 20,
+        "this process grew by {} MiB during a 1 GiB flood: the output was buffered",
+        grew >> 20
+    );
+    println!(
+        "output_flood: 1 GiB in {took:?}, host RSS +{} KiB",
+        grew >> 10
+    );
+    still_works(&h).await
+}
+
+fn check_capped(r: &ExecResult, cap: u64) -> Check {
+    ensure!(
+        r.stdout_truncated,
+        "stdout past the cap must be flagged truncated: {:?}",
+        r.outcome
+    );
+    // The cap, and at most a short truncation marker.
+    ensure!(
+        (r.stdout.len() as u64) <= cap + 256,
+        "stdout holds {} bytes with a cap of {cap}",
+        r.stdout.len()
+    );
+    Ok(())
+}
+
+pub(crate) async fn huge_file(h: Arc<H>) -> Check {
+    const LIMIT: u64 = 8 << 20;
+    let sandbox = h.sandbox().await?;
+    let mut request = h.program(
+        "exec head -c 67108864 /dev/zero > big",
+        "with open('big', 'wb') as f:\n    f.write(b'\\0' * (64 << 20))",
+        "import { writeFile } from 'sandbox:fs'; writeFile('big', 'x'.repeat(64 << 20));",
+    );
+    request.limits.file_size_bytes = Some(LIMIT);
+    request.limits.memory_bytes = Some(512 << 20);
+    let r = sandbox
+        .exec(request)
+        .await
+        .map_err(|e| Stop::Fail(format!("exec: {e}")))?;
+    let size = sandbox
+        .list_files("")
+        .await
+        .map_err(|e| Stop::Fail(format!("list_files: {e}")))?
+        .into_iter()
+        .find(|f| f.path.ends_with("/big"))
+        .map(|f| f.size);
+    sandbox
+        .destroy()
+        .await
+        .map_err(|e| Stop::Fail(format!("destroy: {e}")))?;
+    if let Some(size) = size {
+        ensure!(
+            size <= LIMIT,
+            "the file grew to {size} bytes past file_size_bytes {LIMIT} ({:?})",
+            r.outcome
+        );
+    }
+    // Killed by SIGXFSZ, or refused; Python ignores SIGXFSZ and gets EFBIG instead,
+    // which is the program's own error to report.
+    let efbig = h.target.lang() == Lang::Python
+        && matches!(r.outcome, Outcome::Completed { exit_code: 1, .. })
+        && r.stderr.contains("File too large");
+    ensure!(
+        r.outcome == limit(LimitKind::FileSize) || efbig,
+        "expected limit_exceeded (file_size), got {:?}: {}",
+        r.outcome,
+        crate::harness::clip(&r.stderr, 300)
+    );
+    still_works(&h).await
+}
+
+pub(crate) async fn many_files(h: Arc<H>) -> Check {
+    let sandbox = h.sandbox().await?;
+    let root = std::path::PathBuf::from(&sandbox.info().root_dir);
+    let mut request = h.program(
+        "mkdir d && i=0 && while [ $i -lt 20000 ]; do : > d/f$i; i=$((i+1)); done; ls d | wc -l",
+        "import os\nos.makedirs('d')\nfor i in range(20000):\n    open(f'd/f{i}', 'w').close()\nprint(len(os.listdir('d')))",
+        "import { writeFile, listFiles } from 'sandbox:fs'; for (let i = 0; i < 20000; i++) writeFile('d/f' + i, ''); console.log(listFiles('d').length);",
+    );
+    request.limits.timeout_ms = Some(120_000);
+    let r = sandbox
+        .exec(request)
+        .await
+        .map_err(|e| Stop::Fail(format!("exec: {e}")))?;
+    ensure!(
+        r.is_success() && r.stdout.trim() == "20000",
+        "20,000 files were not made: {r:?}"
+    );
+    let started = Instant::now();
+    sandbox
+        .destroy()
+        .await
+        .map_err(|e| Stop::Fail(format!("destroy: {e}")))?;
+    ensure!(
+        !root.exists(),
+        "the workdir {} outlived destroy",
+        root.display()
+    );
+    println!(
+        "many_files: destroy removed 20,000 files in {:?}",
+        started.elapsed()
+    );
+    still_works(&h).await
+}
