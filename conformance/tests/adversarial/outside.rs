@@ -285,6 +285,11 @@ impl TestNet {
                 ))
             }
         };
+        // Whatever a crashed earlier run left under these names goes first.
+        drop(TestNet {
+            name: name.clone(),
+            host_if: host_if.clone(),
+        });
         ip(&["netns", "add", &name])?;
         ip(&[
             "link", "add", &host_if, "type", "veth", "peer", "name", &peer,

@@ -76,7 +76,6 @@ pub(crate) async fn slow_subscriber(h: Arc<H>) -> Check {
         .execute_stream(Execute::new(request).on(h.target.engine()))
         .await
         .map_err(|e| Stop::Fail(format!("execute_stream: {e}")))?;
-    let started = Instant::now();
     let (mut received, mut chunks) = (0usize, 0usize);
     let result = loop {
         match stream.next().await {
@@ -104,11 +103,6 @@ pub(crate) async fn slow_subscriber(h: Arc<H>) -> Check {
     ensure!(
         received == TOTAL,
         "the slow subscriber received {received} of {TOTAL} bytes in {chunks} chunks"
-    );
-    ensure!(
-        started.elapsed() >= Duration::from_millis(900),
-        "the subscriber slept 1 s but the stream was done in {:?}",
-        started.elapsed()
     );
     // A subscriber that walks away: the execution still ends, once, in the audit.
     let request = h.program(
