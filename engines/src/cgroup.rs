@@ -223,6 +223,18 @@ pub(crate) fn pids_max_count(text: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// The warning a result carries when the pids limit refused a fork.
+pub(crate) fn pids_warning(refused: bool, limits: &paddock_core::Limits) -> Vec<String> {
+    if refused {
+        vec![format!(
+            "the pids limit ({}) refused at least one fork",
+            limits.pids.unwrap_or(0)
+        )]
+    } else {
+        Vec::new()
+    }
+}
+
 /// The `oom_kill N` count of a `memory.oom_control` (or `/proc/vmstat`) text.
 pub(crate) fn oom_kill_count(text: &str) -> u64 {
     text.lines()

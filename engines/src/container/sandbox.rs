@@ -549,7 +549,6 @@ impl ContainerSandbox {
         if ending != Ending::Cancelled && !cancel.finish() {
             outcome = Outcome::Cancelled;
         }
-
         Ok(ExecResult {
             id: request.id,
             outcome,
@@ -704,7 +703,7 @@ impl ContainerSandbox {
         let counters = wc.counters();
         let (ooms, peak, cpu_ns) = (counters.ooms(), counters.peak(), counters.cpu_ns());
         let pids_max = counters.pids_max_hits();
-        let warnings = pids_warning(pids_max > wc.pids_max_seen, limits);
+        let warnings = crate::cgroup::pids_warning(pids_max > wc.pids_max_seen, limits);
         wc.pids_max_seen = pids_max;
         wc.ooms_seen = ooms;
         let oom = ooms > ooms_before;
@@ -953,19 +952,6 @@ fn cpu_usage_ns(dir: &Path) -> u64 {
 }
 
 /// OOM kills on the whole host so far (`/proc/vmstat`).
-/// The warning a result carries when the pids limit refused a fork (as the
-/// subprocess engine says it).
-fn pids_warning(refused: bool, limits: &Limits) -> Vec<String> {
-    if refused {
-        vec![format!(
-            "the pids limit ({}) refused at least one fork",
-            limits.pids.unwrap_or(0)
-        )]
-    } else {
-        Vec::new()
-    }
-}
-
 fn global_oom_kills() -> u64 {
     sys::read_small("/proc/vmstat").map_or(0, |s| crate::cgroup::oom_kill_count(&s))
 }

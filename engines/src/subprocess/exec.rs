@@ -243,15 +243,12 @@ impl SubprocessSandbox {
         if ending != Ending::Cancelled && !cancel.finish() {
             outcome = Outcome::Cancelled;
         }
-        let mut warnings = Vec::new();
-        if let Some(g) = &self.cgroup {
-            if g.new_pids_max_hits() > 0 && ending == Ending::Exited {
-                warnings.push(format!(
-                    "the pids limit ({}) refused at least one fork",
-                    limits.pids.unwrap_or(0)
-                ));
-            }
-        }
+        let refused_forks = self
+            .cgroup
+            .as_ref()
+            .is_some_and(|g| g.new_pids_max_hits() > 0);
+        let warnings =
+            crate::cgroup::pids_warning(refused_forks && ending == Ending::Exited, &limits);
         Ok(ExecResult {
             id: request.id,
             outcome,

@@ -422,18 +422,11 @@ impl SubprocessSandbox {
             .as_ref()
             .is_some_and(|g| g.new_oom_kills() > 0);
         // As a cold execution does: a fork the pids limit refused is worth a warning.
-        let mut warnings = Vec::new();
-        if self
+        let refused_forks = self
             .warm_cgroup
             .as_ref()
-            .is_some_and(|g| g.new_pids_max_hits() > 0)
-            && turn.end.is_ok()
-        {
-            warnings.push(format!(
-                "the pids limit ({}) refused at least one fork",
-                limits.pids.unwrap_or(0)
-            ));
-        }
+            .is_some_and(|g| g.new_pids_max_hits() > 0);
+        let warnings = crate::cgroup::pids_warning(refused_forks && turn.end.is_ok(), &limits);
         let (mut outcome, value) = match (turn.end, &key) {
             // A runner answers like a process: `{exit_code, value}`.
             (Ok(TurnEnd::Output(out)), WorkerKey::Runner(_)) => {
