@@ -5,7 +5,9 @@
 //! HTTP streaming) subscribe by execution id — before the execution starts, or late,
 //! in which case they get what is still buffered. A finished execution's buffer
 //! lingers for a while for late subscribers, then is dropped. The number of open
-//! buffers is capped, so the registry never grows without bound.
+//! buffers is capped, and so are the bytes finished buffers hold while they linger
+//! (the oldest goes first; a subscriber already reading it keeps it), so the registry
+//! never grows without bound.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -28,6 +30,8 @@ pub struct StreamerConfig {
     pub linger: Duration,
     /// Most buffers open at once.
     pub max_streams: usize,
+    /// Most output finished buffers hold while they linger, in bytes.
+    pub max_lingering_bytes: usize,
 }
 
 impl Default for StreamerConfig {
@@ -37,6 +41,7 @@ impl Default for StreamerConfig {
             flush_bytes: 64 << 10,
             linger: Duration::from_secs(10),
             max_streams: 100_000,
+            max_lingering_bytes: 64 << 20,
         }
     }
 }
@@ -49,7 +54,10 @@ pub struct Streamer {
     /// Closed streams in closing order, with the time they may be dropped. One
     /// periodic sweep drops them (a timer per stream would make every message cost
     /// time proportional to the number of lingering streams).
-    lingering: std::collections::VecDeque<(std::time::Instant, ExecutionId)>,
+    /// Each with the bytes it held when it closed.
+    lingering: std::collections::VecDeque<(std::time::Instant, ExecutionId, usize)>,
+    /// The sum of those bytes.
+    lingering_bytes: usize,
     /// Recently finished executions whose buffers are gone (nothing was left to
     /// read), so a late subscriber sees the end at once instead of waiting.
     ended: std::collections::VecDeque<ExecutionId>,
@@ -63,6 +71,7 @@ impl Streamer {
             config,
             streams: HashMap::new(),
             lingering: std::collections::VecDeque::new(),
+            lingering_bytes: 0,
             ended: std::collections::VecDeque::new(),
             ended_set: std::collections::HashSet::new(),
         }
@@ -81,16 +90,21 @@ impl Streamer {
         }
     }
 
+    /// Drops the oldest lingering stream; false when none lingers.
+    fn drop_oldest_lingering(&mut self) -> bool {
+        let Some((_, id, bytes)) = self.lingering.pop_front() else {
+            return false;
+        };
+        self.lingering_bytes -= bytes;
+        self.streams.remove(&id);
+        self.remember_ended(id);
+        true
+    }
+
     /// Drops closed streams whose linger period has passed.
     fn sweep(&mut self, now: std::time::Instant) {
-        while let Some((at, _)) = self.lingering.front() {
-            if *at > now {
-                break;
-            }
-            if let Some((_, id)) = self.lingering.pop_front() {
-                self.streams.remove(&id);
-                self.remember_ended(id);
-            }
+        while self.lingering.front().is_some_and(|(at, _, _)| *at <= now) {
+            self.drop_oldest_lingering();
         }
     }
 }
@@ -126,10 +140,7 @@ impl Handler<OpenStream> for Streamer {
         }
         if self.streams.len() >= self.config.max_streams {
             // Make room from finished streams first, oldest first.
-            if let Some((_, id)) = self.lingering.pop_front() {
-                self.streams.remove(&id);
-                self.remember_ended(id);
-            } else {
+            if !self.drop_oldest_lingering() {
                 return Err(Error::new(
                     ErrorCode::PoolExhausted,
                     format!(
@@ -182,8 +193,16 @@ impl Handler<CloseStream> for Streamer {
                 self.streams.remove(&msg.0);
                 self.remember_ended(msg.0);
             } else {
-                self.lingering
-                    .push_back((std::time::Instant::now() + self.config.linger, msg.0));
+                let bytes = b.buffered_bytes();
+                self.lingering.push_back((
+                    std::time::Instant::now() + self.config.linger,
+                    msg.0,
+                    bytes,
+                ));
+                self.lingering_bytes += bytes;
+                while self.lingering_bytes > self.config.max_lingering_bytes
+                    && self.drop_oldest_lingering()
+                {}
             }
         }
     }
@@ -232,5 +251,53 @@ pub struct BufferSink(pub Arc<StreamBuffer>);
 impl OutputSink for BufferSink {
     async fn chunk(&self, chunk: OutputChunk) -> Result<(), Error> {
         self.0.push(chunk).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use paddock_core::StreamKind;
+
+    fn chunk(n: usize) -> OutputChunk {
+        OutputChunk {
+            stream: StreamKind::Stdout,
+            data: vec![b'x'; n],
+        }
+    }
+
+    #[actix::test]
+    async fn lingering_output_is_bounded_in_bytes_oldest_first() {
+        let streamer = Streamer::new(StreamerConfig {
+            linger: Duration::from_secs(60),
+            max_lingering_bytes: 100,
+            ..StreamerConfig::default()
+        })
+        .start();
+        let ids: Vec<ExecutionId> = (0..3).map(|_| ExecutionId::new()).collect();
+        for id in &ids {
+            let buffer = streamer
+                .send(OpenStream(id.clone()))
+                .await
+                .unwrap()
+                .unwrap();
+            buffer.push(chunk(40)).await.unwrap();
+            streamer.send(CloseStream(id.clone())).await.unwrap();
+        }
+        // 3 × 40 bytes against a cap of 100: the oldest went, the others stay.
+        assert_eq!(streamer.send(OpenStreams).await.unwrap(), 2);
+        let mut late = streamer
+            .send(Subscribe(ids[0].clone()))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(late.next().await, None, "the oldest buffer was dropped");
+        let mut late = streamer
+            .send(Subscribe(ids[2].clone()))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(late.next().await.map(|c| c.data.len()), Some(40));
+        assert_eq!(late.next().await, None);
     }
 }
