@@ -44,6 +44,56 @@ fn timeout_is_124_and_json_reports_it() {
 }
 
 #[test]
+fn a_short_soak_answers_every_execution_once_and_leaves_nothing() {
+    // Five seconds of the mixed load; the RSS bound is loose because so short a run
+    // measures the allocator's warm-up, not a leak.
+    let out = paddock(&[
+        "bench",
+        "soak",
+        "--json",
+        "--duration",
+        "5s",
+        "--warmup",
+        "2s",
+        "--max-rss-growth-pct",
+        "100",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(lines.iter().all(|v| v["scenario"] == "soak"), "{stdout}");
+    let v = lines.last().unwrap();
+    assert_eq!(v["kind"], "summary", "{v}");
+    for (name, ok) in v["pass"].as_object().unwrap() {
+        if ok.is_boolean() {
+            assert_eq!(ok, true, "{name}: {v}");
+        }
+    }
+    assert!(v["executions"].as_u64().unwrap() > 0, "{v}");
+    assert_eq!(v["lost"], 0, "{v}");
+    assert_eq!(v["duplicated"], 0, "{v}");
+    assert_eq!(v["audit_entries"], v["accepted"], "{v}");
+    assert_eq!(v["unexpected"]["count"], 0, "{v}");
+    assert!(
+        v["timed_out"].as_u64().unwrap() > 0 && v["cancelled"].as_u64().unwrap() > 0,
+        "{v}"
+    );
+    let engines = v["engines"].as_array().unwrap();
+    assert!(
+        engines.contains(&"subprocess".into()) && engines.contains(&"isolate".into()),
+        "{v}"
+    );
+}
+
+#[test]
 fn json_carries_output_flags_and_usage() {
     let out = paddock(&[
         "run",

@@ -9,6 +9,7 @@ mod isolate;
 mod load;
 mod peers;
 mod pipeline;
+mod soak;
 mod spawn;
 mod warm;
 
@@ -136,6 +137,47 @@ enum Scenario {
         #[arg(long, default_value_t = 128)]
         max_waiting: usize,
     },
+    /// A mixed load on every engine the host can run — successes, failures,
+    /// timeouts, cancellations, output past the cap, sandbox sessions — through one
+    /// `Paddock` for `--duration`; then checks memory growth, open descriptors,
+    /// leftover processes, pool sizes and that every execution got exactly one answer
+    /// and one audit entry.
+    Soak {
+        /// How long the measured load runs, after the warm-up (`300s`, `5m`).
+        #[arg(long, default_value = "25s", value_parser = crate::units::parse_duration)]
+        duration: Duration,
+        /// The warm-up before the baseline (default: a tenth of `--duration`, at
+        /// least 15 s); it goes on until every kind of work has run once.
+        #[arg(long, value_parser = crate::units::parse_duration)]
+        warmup: Option<Duration>,
+        /// Concurrent callers.
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1024))]
+        callers: u32,
+        /// Every pool's min_idle.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(0..=64))]
+        min_idle: u32,
+        /// Every pool's max_size.
+        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+        max_size: u32,
+        /// Every pool's max_waiting (callers beyond it are refused with
+        /// POOL_EXHAUSTED, then retry).
+        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(0..=100_000))]
+        max_waiting: u32,
+        /// How often a sample line is printed with `--json`.
+        #[arg(long, default_value = "10s", value_parser = crate::units::parse_duration)]
+        sample_every: Duration,
+        /// Run only these tasks of the mix (comma-separated names, as in `by_task`),
+        /// to find which kind of work a growth comes from.
+        #[arg(long, value_delimiter = ',')]
+        tasks: Vec<String>,
+        /// The streamer's max_streams: open output buffers, and ended executions it
+        /// remembers (the scheduler's default is 100,000).
+        #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(16..=1_000_000))]
+        max_streams: u32,
+        /// The RSS growth after the warm-up that still passes, in percent.
+        #[arg(long, default_value_t = 10.0)]
+        max_rss_growth_pct: f64,
+    },
 }
 
 /// Runs `paddock bench`.
@@ -223,6 +265,44 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32, crate::run::UsageError
                 args.json,
             )
             .await
+        }
+        Scenario::Soak {
+            duration,
+            warmup,
+            callers,
+            min_idle,
+            max_size,
+            max_waiting,
+            sample_every,
+            tasks,
+            max_streams,
+            max_rss_growth_pct,
+        } => {
+            if !(max_rss_growth_pct.is_finite() && max_rss_growth_pct >= 0.0) {
+                return Err(crate::run::UsageError(format!(
+                    "--max-rss-growth-pct must be a percentage of 0 or more, not {max_rss_growth_pct}"
+                )));
+            }
+            if min_idle > max_size {
+                return Err(crate::run::UsageError(format!(
+                    "--min-idle ({min_idle}) must not exceed --max-size ({max_size})"
+                )));
+            }
+            let settings = soak::SoakArgs {
+                duration,
+                warmup: warmup.unwrap_or_else(|| (duration / 10).max(Duration::from_secs(15))),
+                callers: callers as usize,
+                min_idle: min_idle as usize,
+                max_size: max_size as usize,
+                max_waiting: max_waiting as usize,
+                sample_every,
+                only: tasks.into_iter().filter(|t| !t.trim().is_empty()).collect(),
+                max_streams: max_streams as usize,
+                max_rss_growth_pct,
+            };
+            let task = tokio::spawn(soak::soak(settings, args.json));
+            task.await
+                .map_err(|e| crate::run::UsageError(format!("the benchmark task failed: {e}")))?
         }
         Scenario::Spawn {
             iterations,
