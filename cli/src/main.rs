@@ -35,8 +35,30 @@ enum Command {
     Shell(shell::ShellArgs),
 }
 
+/// Raises this process's soft limit on open descriptors to its hard limit.
+///
+/// Every sandbox holds descriptors of its own (its workers' pipes and pidfds, its
+/// network namespace, cgroup files), so the common soft limit of 1024 would cap a
+/// server at a few dozen open sandboxes (seen: `Too many open files` at 68). The
+/// programs Paddock runs do not inherit the raised limit: each gets its
+/// `open_files` limit (1024 by default).
+fn raise_open_files_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit with a pointer to a local.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
 fn main() {
     let cli = Cli::parse();
+    raise_open_files_limit();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

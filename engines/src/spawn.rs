@@ -256,17 +256,6 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
             return fail(ctx, SpawnStage::Mntns);
         }
 
-        for i in 0..ctx.rlimits_len {
-            let (resource, soft, hard) = *ctx.rlimits.add(i);
-            let lim = libc::rlimit {
-                rlim_cur: soft,
-                rlim_max: hard,
-            };
-            if libc::setrlimit(resource, &lim) == -1 {
-                return fail(ctx, SpawnStage::Rlimit);
-            }
-        }
-
         // First move every source above the targets, so that placing one cannot
         // overwrite another that happens to sit on a target number; dup2 then
         // clears close-on-exec on each target.
@@ -297,6 +286,20 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         ) == -1
         {
             return fail(ctx, SpawnStage::Stdio);
+        }
+
+        // The limits come last: until the exec the child holds every descriptor of
+        // the host (close-on-exec ones included), and an `open_files` limit below
+        // that count would make the moves above fail with EMFILE.
+        for i in 0..ctx.rlimits_len {
+            let (resource, soft, hard) = *ctx.rlimits.add(i);
+            let lim = libc::rlimit {
+                rlim_cur: soft,
+                rlim_max: hard,
+            };
+            if libc::setrlimit(resource, &lim) == -1 {
+                return fail(ctx, SpawnStage::Rlimit);
+            }
         }
 
         if libc::chdir(ctx.cwd) == -1 {
