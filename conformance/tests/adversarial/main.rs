@@ -8,13 +8,16 @@
 //! `Paddock` whose engines keep their workdirs in a directory of the run's own, and
 //! the harness checks after the case, whatever the case itself asserted:
 //!
-//! - no process the case started survives (the survivors carry a token in their
-//!   command line, and the processes of the engines are counted before and after);
+//! - no process the case started survives (what a hostile program leaves behind
+//!   carries the run's token in its command line; cases also check right after the
+//!   execution that ended it);
 //! - every pool is back at a healthy size: nothing busy, queued or creating, not
-//!   degraded, between `min_idle` and `max_size`;
+//!   degraded, between `min_idle` and `max_size`, no sandbox session open;
 //! - the audit log holds exactly one entry per accepted execution;
-//! - after shutdown: no process of the engines, no workdir, no cgroup and no mount is
-//!   left, and the open descriptors of this process are back at their baseline.
+//! - after shutdown: no process descending from this one or in the engines' cgroups
+//!   (this catches survivors without the token, such as a warm worker's forks), no
+//!   workdir, no cgroup and no mount is left, and the open descriptors of this
+//!   process are back at their baseline.
 //!
 //! A case an engine cannot defend against is reported as skipped with the reason (the
 //! same limits are listed in `docs/security.md`). The cases run one at a time: the
