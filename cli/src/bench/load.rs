@@ -14,18 +14,7 @@ use paddock_pool::audit::{AuditConfig, AuditQuery};
 use paddock_pool::Paddock;
 use serde_json::json;
 
-use super::{report, round, summarize};
-
-fn rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb * 1024)
-}
+use super::{report, round, rss_bytes, summarize};
 
 #[derive(Debug)]
 enum Answer {

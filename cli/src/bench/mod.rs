@@ -355,6 +355,23 @@ fn summarize(mut samples: Vec<Duration>) -> Summary {
     }
 }
 
+/// A field of `/proc/self/status`, in its unit (kB for memory).
+fn status_field(name: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// This process's resident memory, in bytes.
+fn rss_bytes() -> u64 {
+    status_field("VmRSS:") * 1024
+}
+
 fn round(v: f64) -> f64 {
     (v * 10.0).round() / 10.0
 }

@@ -50,7 +50,7 @@ use paddock_pool::streamer::StreamerConfig;
 use paddock_pool::{Execute, Paddock, PoolStats, SandboxHandle, Stats, StreamEvent};
 use serde_json::json;
 
-use super::{report, round};
+use super::{report, round, rss_bytes, status_field};
 
 mod callers;
 mod mix;
@@ -290,15 +290,9 @@ pub(super) async fn soak(args: SoakArgs, as_json: bool) -> Result<i32, crate::ru
     )
     .await;
     let warmup_executions = ledger.issued.load(Ordering::Relaxed);
-    let baseline_stats = settle(&paddock, args.min_idle, settle_limit)
+    let base = Snapshot::at_rest(&paddock, args.min_idle, settle_limit)
         .await
         .map_err(|e| crate::run::UsageError(e.to_string()))?;
-    let fds_baseline = steady_fds().await;
-    let rss_baseline = rss_bytes();
-    let heap_baseline = heap();
-    let threads_baseline = status_field("Threads:");
-    let procs_baseline = descendants();
-    let (_, dir_entries_baseline) = engine_dirs();
 
     let (measured, samples) = phase(
         &ctx,
@@ -312,15 +306,9 @@ pub(super) async fn soak(args: SoakArgs, as_json: bool) -> Result<i32, crate::ru
     .await;
     let measured_executions = ledger.issued.load(Ordering::Relaxed) - warmup_executions;
 
-    let end_stats = settle(&paddock, args.min_idle, settle_limit)
+    let end = Snapshot::at_rest(&paddock, args.min_idle, settle_limit)
         .await
         .map_err(|e| crate::run::UsageError(e.to_string()))?;
-    let fds_end = steady_fds().await;
-    let rss_end = rss_bytes();
-    let heap_end = heap();
-    let threads_end = status_field("Threads:");
-    let procs_end = descendants();
-    let (_, dir_entries_end) = engine_dirs();
     // Every audit entry of an answered execution is queued before its answer; a
     // query after the last answer is handled after all of them.
     let audit_stats = paddock
@@ -356,21 +344,21 @@ pub(super) async fn soak(args: SoakArgs, as_json: bool) -> Result<i32, crate::ru
     let duplicated = ledger.duplicate_answers.load(Ordering::Relaxed)
         + ledger.duplicate_audits.load(Ordering::Relaxed)
         + ledger.unmatched_audits.load(Ordering::Relaxed);
-    let accepted = end_stats.accepted_total;
-    let refused = end_stats.refused_total;
+    let accepted = end.stats.accepted_total;
+    let refused = end.stats.refused_total;
 
-    let rss_max = samples.iter().copied().max().unwrap_or(rss_end);
+    let rss_max = samples.iter().copied().max().unwrap_or(end.rss);
     // The kernel updates the high-water mark lazily, so the samples can pass it.
     let rss_peak = (status_field("VmHWM:") * 1024)
         .max(rss_max)
-        .max(rss_end)
+        .max(end.rss)
         .max(warmup_samples.iter().copied().max().unwrap_or(0));
     let quarter = (samples.len() / 4).max(1);
     let rss_trend_pct = pct(
         median(samples.iter().take(quarter).copied().collect()),
         median(samples.iter().rev().take(quarter).copied().collect()),
     );
-    let rss_growth_pct = pct(rss_baseline, rss_end);
+    let rss_growth_pct = pct(base.rss, end.rss);
     let counts = &counts;
     let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
     let unexpected = load(&counts.unexpected);
@@ -390,14 +378,14 @@ pub(super) async fn soak(args: SoakArgs, as_json: bool) -> Result<i32, crate::ru
     }
 
     let rss_ok = rss_growth_pct <= args.max_rss_growth_pct;
-    let fds_ok = fds_end <= fds_baseline + FD_ALLOWANCE;
+    let fds_ok = end.fds <= base.fds + FD_ALLOWANCE;
     let exactly_once_ok = lost == 0
         && duplicated == 0
         && audited == accepted
         && audit_stats.total == accepted
         && unaudited == refused;
-    let pools_ok = end_stats.pools.len() == engines.len()
-        && end_stats.pools.iter().all(|p| {
+    let pools_ok = end.stats.pools.len() == engines.len()
+        && end.stats.pools.iter().all(|p| {
             (args.min_idle.min(p.max_size)..=p.max_size).contains(&p.size)
                 && p.busy == 0
                 && p.waiting == 0
@@ -406,9 +394,9 @@ pub(super) async fn soak(args: SoakArgs, as_json: bool) -> Result<i32, crate::ru
     let unexpected_ok = unexpected == 0;
     // The same processes and engine directory entries as at the baseline (the pools
     // are at the same size), no zombie among them.
-    let nothing_piled_up = procs_end.len() <= procs_baseline.len()
-        && procs_end.iter().all(|(_, state)| *state != 'Z')
-        && dir_entries_end <= dir_entries_baseline;
+    let nothing_piled_up = end.procs.len() <= base.procs.len()
+        && end.procs.iter().all(|(_, state)| *state != 'Z')
+        && end.dir_entries <= base.dir_entries;
     let clean_shutdown = procs_after.is_empty()
         && dirs_after_shutdown == 0
         && fds_after_shutdown <= fds_before_start;
@@ -463,34 +451,34 @@ pub(super) async fn soak(args: SoakArgs, as_json: bool) -> Result<i32, crate::ru
             "audit_log_total": audit_stats.total,
         }),
         json!({
-            "rss_baseline_bytes": rss_baseline,
-            "rss_end_bytes": rss_end,
+            "rss_baseline_bytes": base.rss,
+            "rss_end_bytes": end.rss,
             "rss_max_after_warmup_bytes": rss_max,
             "rss_peak_bytes": rss_peak,
             "rss_growth_pct": round(rss_growth_pct),
-            "rss_max_growth_pct": round(pct(rss_baseline, rss_max)),
+            "rss_max_growth_pct": round(pct(base.rss, rss_max)),
             "rss_trend_pct": round(rss_trend_pct),
-            "heap_in_use_baseline_bytes": heap_baseline.map(|h| h.0),
-            "heap_in_use_end_bytes": heap_end.map(|h| h.0),
-            "heap_in_use_growth_pct": heap_baseline.zip(heap_end).map(|(b, e)| round(pct(b.0, e.0))),
-            "heap_free_baseline_bytes": heap_baseline.map(|h| h.1),
-            "heap_free_end_bytes": heap_end.map(|h| h.1),
+            "heap_in_use_baseline_bytes": base.heap.map(|h| h.0),
+            "heap_in_use_end_bytes": end.heap.map(|h| h.0),
+            "heap_in_use_growth_pct": base.heap.zip(end.heap).map(|(b, e)| round(pct(b.0, e.0))),
+            "heap_free_baseline_bytes": base.heap.map(|h| h.1),
+            "heap_free_end_bytes": end.heap.map(|h| h.1),
             "fds_before_start": fds_before_start,
-            "fds_baseline": fds_baseline,
-            "fds_end": fds_end,
+            "fds_baseline": base.fds,
+            "fds_end": end.fds,
             "fds_after_shutdown": fds_after_shutdown,
-            "threads_baseline": threads_baseline,
-            "threads_end": threads_end,
-            "engine_dir_entries_baseline": dir_entries_baseline,
-            "engine_dir_entries_end": dir_entries_end,
+            "threads_baseline": base.threads,
+            "threads_end": end.threads,
+            "engine_dir_entries_baseline": base.dir_entries,
+            "engine_dir_entries_end": end.dir_entries,
             "engine_dirs_after_shutdown": dirs_after_shutdown,
         }),
         json!({
-            "descendants_baseline": describe(&procs_baseline),
-            "descendants_end": describe(&procs_end),
+            "descendants_baseline": describe(&base.procs),
+            "descendants_end": describe(&end.procs),
             "descendants_after_shutdown": describe(&procs_after),
-            "pools_baseline": pools_json(&baseline_stats, args.min_idle),
-            "pools": pools_json(&end_stats, args.min_idle),
+            "pools_baseline": pools_json(&base.stats, args.min_idle),
+            "pools": pools_json(&end.stats, args.min_idle),
         }),
         json!({
             "pass": {

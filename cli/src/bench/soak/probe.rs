@@ -3,20 +3,38 @@
 
 use super::*;
 
-/// A field of `/proc/self/status`, in its unit (kB for memory).
-pub(super) fn status_field(name: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix(name))
-                .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
-        })
-        .unwrap_or(0)
+/// What the soak compares between the baseline and the end: the same figures, each
+/// taken once the load has stopped and the pools are at rest.
+#[derive(Debug)]
+pub(super) struct Snapshot {
+    pub(super) stats: Stats,
+    pub(super) fds: usize,
+    pub(super) rss: u64,
+    pub(super) heap: Option<(u64, u64)>,
+    pub(super) threads: u64,
+    pub(super) procs: Vec<(String, char)>,
+    pub(super) dir_entries: usize,
 }
 
-pub(super) fn rss_bytes() -> u64 {
-    status_field("VmRSS:") * 1024
+impl Snapshot {
+    /// Waits until the pools are at rest (see [`settle`]), then takes the figures.
+    pub(super) async fn at_rest(
+        paddock: &Paddock,
+        min_idle: usize,
+        limit: Duration,
+    ) -> Result<Snapshot, Error> {
+        let stats = settle(paddock, min_idle, limit).await?;
+        let fds = steady_fds().await;
+        Ok(Snapshot {
+            stats,
+            fds,
+            rss: rss_bytes(),
+            heap: heap(),
+            threads: status_field("Threads:"),
+            procs: descendants(),
+            dir_entries: engine_dirs().1,
+        })
+    }
 }
 
 /// The allocator's live heap (bytes handed out and not given back) and the free
