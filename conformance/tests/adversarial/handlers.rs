@@ -5,10 +5,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use paddock_core::{EngineKind, ErrorCode, ExecRequest, Outcome, Program};
-use paddock_pool::Execute;
 use serde_json::json;
 
-use crate::harness::{Check, Stop, H, HANDLER_NAME};
+use crate::harness::{Check, H, HANDLER_NAME};
 
 fn invoke(op: &str, timeout_ms: u64) -> ExecRequest {
     ExecRequest::new(Program::Invoke {
@@ -19,14 +18,10 @@ fn invoke(op: &str, timeout_ms: u64) -> ExecRequest {
 }
 
 /// The error code of an execution's answer: its failure, or its refusal.
-async fn answer_code(h: &H, request: ExecRequest) -> Result<Option<ErrorCode>, Stop> {
-    match h
-        .paddock()
-        .execute_with(Execute::new(request).on(h.target.engine()))
-        .await
-    {
-        Ok(r) => Ok(r.outcome.error_code()),
-        Err(e) => Ok(Some(e.code)),
+async fn answer_code(h: &H, request: ExecRequest) -> Option<ErrorCode> {
+    match h.answer(request).await {
+        Ok(r) => r.outcome.error_code(),
+        Err(e) => Some(e.code),
     }
 }
 
@@ -36,7 +31,7 @@ async fn needs_frames(h: &H) -> Check {
     match h.target.engine() {
         EngineKind::Subprocess => Ok(()),
         EngineKind::Container => {
-            let code = answer_code(h, invoke("echo", 5_000)).await?;
+            let code = answer_code(h, invoke("echo", 5_000)).await;
             ensure!(
                 code == Some(ErrorCode::CapabilityNotSupported),
                 "an Invoke on the container engine must be refused CAPABILITY_NOT_SUPPORTED: {code:?}"
@@ -64,7 +59,7 @@ pub(crate) async fn malformed_frames(h: Arc<H>) -> Check {
     handler_recovered(&h).await?;
     for op in ["garbage", "version", "stranger", "huge"] {
         let started = Instant::now();
-        let code = answer_code(&h, invoke(op, 20_000)).await?;
+        let code = answer_code(&h, invoke(op, 20_000)).await;
         ensure!(
             matches!(code, Some(ErrorCode::ProtocolError | ErrorCode::WorkerFailed)),
             "a handler that sent `{op}` must fail the execution with PROTOCOL_ERROR or WORKER_FAILED, got {code:?}"
@@ -100,7 +95,7 @@ pub(crate) async fn handler_never_answers(h: Arc<H>) -> Check {
 pub(crate) async fn handler_crashes_mid_frame(h: Arc<H>) -> Check {
     needs_frames(&h).await?;
     handler_recovered(&h).await?;
-    let code = answer_code(&h, invoke("die-mid-frame", 20_000)).await?;
+    let code = answer_code(&h, invoke("die-mid-frame", 20_000)).await;
     ensure!(
         matches!(code, Some(ErrorCode::WorkerFailed | ErrorCode::ProtocolError)),
         "a handler that dies mid-frame fails the execution with WORKER_FAILED or PROTOCOL_ERROR, got {code:?}"

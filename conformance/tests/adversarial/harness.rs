@@ -241,11 +241,21 @@ impl H {
         ExecRequest::new(program).with_timeout_ms(30_000)
     }
 
-    /// Runs `request` on the target's engine through the whole scheduler.
-    pub(crate) async fn exec(&self, request: ExecRequest) -> Result<ExecResult, Stop> {
-        let what = format!("{:?}", request.program);
+    /// Runs `request` on the target's engine through the whole scheduler and returns
+    /// its answer, a refusal included.
+    pub(crate) async fn answer(
+        &self,
+        request: ExecRequest,
+    ) -> Result<ExecResult, paddock_core::Error> {
         self.paddock()
             .execute_with(Execute::new(request).on(self.target.engine()))
+            .await
+    }
+
+    /// [`H::answer`], where a refusal fails the case.
+    pub(crate) async fn exec(&self, request: ExecRequest) -> Result<ExecResult, Stop> {
+        let what = format!("{:?}", request.program);
+        self.answer(request)
             .await
             .map_err(|e| Stop::Fail(format!("execute {}: {e}", clip(&what, 200))))
     }

@@ -377,11 +377,7 @@ pub(crate) async fn engine_creation_fails(h: Arc<H>) -> Check {
     for _ in 0..4 {
         let started = Instant::now();
         let answer = h
-            .paddock()
-            .execute_with(
-                Execute::new(h.program("echo x", "print('x')", "console.log('x')"))
-                    .on(h.target.engine()),
-            )
+            .answer(h.program("echo x", "print('x')", "console.log('x')"))
             .await;
         ensure!(
             started.elapsed() < Duration::from_secs(20),
@@ -421,11 +417,7 @@ pub(crate) async fn engine_creation_fails(h: Arc<H>) -> Check {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let answer = h
-            .paddock()
-            .execute_with(
-                Execute::new(h.program("echo ok", "print('ok')", "console.log('ok')"))
-                    .on(h.target.engine()),
-            )
+            .answer(h.program("echo ok", "print('ok')", "console.log('ok')"))
             .await;
         if matches!(&answer, Ok(r) if r.is_success()) {
             break;
