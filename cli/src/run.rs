@@ -254,7 +254,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<i32, UsageError> {
         let paddock = paddock.clone();
         tokio::spawn(async move {
             if tokio::signal::ctrl_c().await.is_ok() {
-                paddock.cancel(&id);
+                paddock.cancel(&paddock_pool::Caller::Embedder, &id);
             }
         })
     };

@@ -37,10 +37,10 @@ pub(crate) fn load_config(path: Option<&PathBuf>) -> Result<PaddockConfig, Usage
                     "PADDOCK_API_KEYS must look like tenant=key,tenant2=key2".into(),
                 ));
             };
-            config.server.api_keys.push(paddock_core::ApiKey {
-                key: key.trim().to_string(),
-                tenant: tenant.trim().to_string(),
-            });
+            config
+                .server
+                .api_keys
+                .push(paddock_core::ApiKey::new(key.trim(), tenant.trim()));
         }
     }
     config.validate().map_err(|e| UsageError(e.to_string()))?;
@@ -75,7 +75,7 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<i32, UsageError> {
             return Ok(1);
         }
     };
-    let server = match paddock_pool::http::start(paddock.clone(), server_config) {
+    let server = match paddock_pool::http::start(paddock.clone(), server_config.clone()) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("paddock serve: {e}");
@@ -89,6 +89,12 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<i32, UsageError> {
         let _ = out.flush();
     }
     eprintln!("paddock serve: listening on http://{}", server.local_addr());
+    if let Some(warning) = exposure_warning(&server_config, server.local_addr()) {
+        eprintln!("paddock serve: warning: {warning}");
+    }
+    if let Some(at) = server.metrics_addr() {
+        eprintln!("paddock serve: /metrics on http://{at}");
+    }
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| UsageError(format!("installing the SIGTERM handler: {e}")))?;
@@ -113,6 +119,22 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<i32, UsageError> {
             Ok(1)
         }
     }
+}
+
+/// What to warn about when the server listens beyond loopback without API keys:
+/// anyone who reaches the address then runs code as any tenant they claim.
+fn exposure_warning(
+    config: &paddock_core::ServerConfig,
+    addr: std::net::SocketAddr,
+) -> Option<String> {
+    if !config.api_keys.is_empty() || addr.ip().is_loopback() {
+        return None;
+    }
+    Some(format!(
+        "listening on {addr}, beyond loopback, without API keys: anyone who can reach it runs code and \
+         claims any tenant with X-Paddock-Tenant; set [[server.api_keys]] or PADDOCK_API_KEYS \
+         (docs/security.md)"
+    ))
 }
 
 /// Arguments of `paddock config`.
@@ -163,5 +185,25 @@ pub(crate) async fn config(args: ConfigArgs) -> Result<i32, UsageError> {
             }
             Ok(0)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::exposure_warning;
+    use paddock_core::{ApiKey, ServerConfig};
+
+    #[test]
+    fn warns_beyond_loopback_without_keys_only() {
+        let open = ServerConfig::default();
+        assert!(exposure_warning(&open, "127.0.0.1:7878".parse().unwrap()).is_none());
+        assert!(exposure_warning(&open, "[::1]:7878".parse().unwrap()).is_none());
+        let w = exposure_warning(&open, "0.0.0.0:7878".parse().unwrap()).unwrap();
+        assert!(w.contains("without API keys"), "{w}");
+        let mut keyed = ServerConfig::default();
+        keyed
+            .api_keys
+            .push(ApiKey::new("0123456789abcdef", "alice"));
+        assert!(exposure_warning(&keyed, "0.0.0.0:7878".parse().unwrap()).is_none());
     }
 }

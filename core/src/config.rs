@@ -9,15 +9,18 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, ErrorCode, Result};
-use crate::limits::Limits;
+use crate::isolation::IsolationLevel;
 use crate::program::Language;
+pub use crate::tenancy::LimitsConfig;
+use crate::tenancy::{AccessRules, Allowed, NetworkKind};
 
 /// The whole Paddock configuration.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PaddockConfig {
-    /// Default limits for every execution; requests may narrow or override them.
-    pub limits: Limits,
+    /// Default limits for every execution (`[limits]`), and the operator's ceilings on
+    /// what a request may ask for (`[limits.max]`).
+    pub limits: LimitsConfig,
     /// The subprocess engine.
     pub subprocess: SubprocessConfig,
     /// The QuickJS isolate engine.
@@ -117,6 +120,14 @@ pub struct LimiterConfig {
     pub max_concurrent_per_tenant: Option<u32>,
     /// Permits all tenants together may hold at once. Default `None`: unlimited.
     pub max_concurrent: Option<u32>,
+    /// Sandboxes a tenant may have open at once (counting ones being opened); more
+    /// are refused with `RATE_LIMITED`. Default `None`: unlimited.
+    pub max_sandboxes_per_tenant: Option<u32>,
+    /// Pool slots a tenant may hold at once: each open sandbox holds one for its
+    /// life, each pooled execution one while it waits or runs (executions inside a
+    /// sandbox use the sandbox's). More are refused with `POOL_EXHAUSTED`. Counted
+    /// across every engine's pool. Default `None`: unlimited.
+    pub max_slots_per_tenant: Option<u32>,
     /// Tenants tracked at most. Default 100 000.
     pub max_tenants: usize,
     /// The `retry_after_ms` hint given for a concurrency refusal. Default 100.
@@ -130,6 +141,8 @@ impl Default for LimiterConfig {
             window_ms: 60_000,
             max_concurrent_per_tenant: None,
             max_concurrent: None,
+            max_sandboxes_per_tenant: None,
+            max_slots_per_tenant: None,
             max_tenants: 100_000,
             busy_retry_after_ms: 100,
         }
@@ -161,6 +174,11 @@ impl LimiterConfig {
                 self.max_concurrent_per_tenant,
             ),
             ("limiter.max_concurrent", self.max_concurrent),
+            (
+                "limiter.max_sandboxes_per_tenant",
+                self.max_sandboxes_per_tenant,
+            ),
+            ("limiter.max_slots_per_tenant", self.max_slots_per_tenant),
         ] {
             if value == Some(0) {
                 return Err(Error::invalid_config(
@@ -283,6 +301,15 @@ pub struct ServerConfig {
     /// API keys and the tenant each one stands for. Empty (the default) turns
     /// authentication off; the tenant then comes from the `X-Paddock-Tenant` header.
     pub api_keys: Vec<ApiKey>,
+    /// Isolation levels every tenant may use, unless its key says otherwise.
+    /// Default: every level without API keys; every level but `none` with them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allowed_levels: Option<Vec<IsolationLevel>>,
+    /// Network policies every tenant may ask for, unless its key says otherwise.
+    /// Default: every policy without API keys; every policy but `unrestricted` with
+    /// them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allowed_networks: Option<Vec<NetworkKind>>,
     /// Largest JSON request body, in bytes. Default 1 MiB.
     pub max_body_bytes: usize,
     /// Largest file upload, in bytes. Default 64 MiB.
@@ -292,6 +319,23 @@ pub struct ServerConfig {
     pub result_retention_s: u64,
     /// Most results kept at once. Default 10000.
     pub max_results: usize,
+    /// Bytes of kept results (output, values, messages) for all tenants together;
+    /// the oldest are dropped first. Default 256 MiB.
+    pub max_result_bytes: u64,
+    /// Bytes of kept results per tenant; a tenant over it loses its own oldest
+    /// results, never another tenant's. A single result larger than this is kept
+    /// without its output (a warning says so). Default 64 MiB.
+    pub max_result_bytes_per_tenant: u64,
+    /// Requests a tenant may have in progress at once, streamed responses and open
+    /// WebSockets included; more are answered 429 `RATE_LIMITED`. Default 256.
+    pub max_requests_per_tenant: u32,
+    /// WebSockets (attach, TCP) a tenant may have open at once; more are answered
+    /// 429 `RATE_LIMITED`. Default 64.
+    pub max_websockets_per_tenant: u32,
+    /// Where `/metrics` is served: `"api"` (the default) on the API's address to
+    /// anyone, `"operator"` on the API's address to operator keys only, or an
+    /// `ADDR:PORT` of its own (then not on the API's address at all).
+    pub metrics: String,
     /// How long a graceful shutdown lets running executions finish, in ms. Default 10000.
     pub drain_ms: u64,
     /// HTTP worker threads. Default 2.
@@ -306,6 +350,42 @@ pub struct ApiKey {
     pub key: String,
     /// The tenant requests with this key are accounted to.
     pub tenant: String,
+    /// An operator key: it sees and may cancel every tenant's executions, audit and
+    /// statistics (each such use is itself recorded). Default `false`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub admin: bool,
+    /// Isolation levels this key's tenant may use; default the server's
+    /// `allowed_levels`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_levels: Option<Vec<IsolationLevel>>,
+    /// Network policies this key's tenant may ask for; default the server's
+    /// `allowed_networks`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_networks: Option<Vec<NetworkKind>>,
+}
+
+impl ApiKey {
+    /// A plain (non-operator) key with the server's allowances.
+    pub fn new(key: impl Into<String>, tenant: impl Into<String>) -> ApiKey {
+        ApiKey {
+            key: key.into(),
+            tenant: tenant.into(),
+            admin: false,
+            allowed_levels: None,
+            allowed_networks: None,
+        }
+    }
+}
+
+/// Where `/metrics` is served, from [`ServerConfig::metrics`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MetricsAccess {
+    /// On the API's address, to anyone.
+    Open,
+    /// On the API's address, to operator keys only.
+    Operator,
+    /// On an address of its own, and not on the API's.
+    Listen(std::net::SocketAddr),
 }
 
 impl Default for ServerConfig {
@@ -313,10 +393,17 @@ impl Default for ServerConfig {
         ServerConfig {
             listen: "127.0.0.1:7878".into(),
             api_keys: Vec::new(),
+            allowed_levels: None,
+            allowed_networks: None,
             max_body_bytes: 1 << 20,
             max_file_bytes: 64 << 20,
             result_retention_s: 600,
             max_results: 10_000,
+            max_result_bytes: 256 << 20,
+            max_result_bytes_per_tenant: 64 << 20,
+            max_requests_per_tenant: 256,
+            max_websockets_per_tenant: 64,
+            metrics: "api".into(),
             drain_ms: 10_000,
             workers: 2,
         }
@@ -324,6 +411,53 @@ impl Default for ServerConfig {
 }
 
 impl ServerConfig {
+    /// What each tenant may use: the server's `allowed_*` (or, when unset, everything
+    /// without API keys and [`Allowed::multi_tenant_default`] with them), overridden
+    /// per key.
+    pub fn access_rules(&self) -> AccessRules {
+        let base = if self.api_keys.is_empty() {
+            Allowed::all()
+        } else {
+            Allowed::multi_tenant_default()
+        };
+        let default = Allowed {
+            levels: self.allowed_levels.clone(),
+            networks: self.allowed_networks.clone(),
+        }
+        .or(&base);
+        let tenants = self
+            .api_keys
+            .iter()
+            .filter(|k| k.allowed_levels.is_some() || k.allowed_networks.is_some())
+            .map(|k| {
+                (
+                    k.tenant.clone(),
+                    Allowed {
+                        levels: k.allowed_levels.clone(),
+                        networks: k.allowed_networks.clone(),
+                    },
+                )
+            })
+            .collect();
+        AccessRules { default, tenants }
+    }
+
+    /// Where `/metrics` is served (`server.metrics` checked).
+    pub fn metrics_access(&self) -> Result<MetricsAccess> {
+        match self.metrics.as_str() {
+            "api" => Ok(MetricsAccess::Open),
+            "operator" => Ok(MetricsAccess::Operator),
+            other => other.parse().map(MetricsAccess::Listen).map_err(|_| {
+                Error::invalid_config(
+                    "server.metrics",
+                    format!(
+                        "`{other}` is not `api`, `operator` or an ADDR:PORT such as 127.0.0.1:9464"
+                    ),
+                )
+            }),
+        }
+    }
+
     /// Checks the values; the error names the first bad field.
     pub fn validate(&self) -> Result<()> {
         if self.listen.parse::<std::net::SocketAddr>().is_err() {
@@ -335,6 +469,7 @@ impl ServerConfig {
                 ),
             ));
         }
+        let mut tenants_of_keys: BTreeMap<&str, (usize, bool)> = BTreeMap::new();
         for (i, k) in self.api_keys.iter().enumerate() {
             if k.key.len() < 16 {
                 return Err(Error::invalid_config(
@@ -348,11 +483,32 @@ impl ServerConfig {
                     "must be 1 to 256 characters",
                 ));
             }
+            let has_rules = k.allowed_levels.is_some() || k.allowed_networks.is_some();
+            if let Some((first, first_rules)) = tenants_of_keys.insert(&k.tenant, (i, has_rules)) {
+                if first_rules || has_rules {
+                    return Err(Error::invalid_config(
+                        &format!("server.api_keys[{i}]"),
+                        format!(
+                            "tenant `{}` also has key {first}: give allowed_levels / allowed_networks on one key per tenant only",
+                            k.tenant
+                        ),
+                    ));
+                }
+            }
         }
+        self.metrics_access()?;
         for (name, v) in [
             ("server.max_body_bytes", self.max_body_bytes),
             ("server.max_file_bytes", self.max_file_bytes),
             ("server.max_results", self.max_results),
+            (
+                "server.max_requests_per_tenant",
+                self.max_requests_per_tenant as usize,
+            ),
+            (
+                "server.max_websockets_per_tenant",
+                self.max_websockets_per_tenant as usize,
+            ),
             ("server.workers", self.workers),
         ] {
             if v == 0 {
@@ -363,6 +519,17 @@ impl ServerConfig {
             return Err(Error::invalid_config(
                 "server.workers",
                 "must be at most 64",
+            ));
+        }
+        if self.max_result_bytes_per_tenant == 0
+            || self.max_result_bytes_per_tenant > self.max_result_bytes
+        {
+            return Err(Error::invalid_config(
+                "server.max_result_bytes_per_tenant",
+                format!(
+                    "must be in 1..=server.max_result_bytes ({})",
+                    self.max_result_bytes
+                ),
             ));
         }
         Ok(())
@@ -416,6 +583,12 @@ pub struct PoolConfig {
     /// A parked instance is retired this long after its execution suspended.
     /// Default 600000 ms.
     pub suspend_ttl_ms: u64,
+    /// An open sandbox nobody used for this long (no call on it, no execution in
+    /// it) is destroyed. Default 1800000 ms (30 min); 0 never.
+    pub sandbox_idle_timeout_ms: u64,
+    /// An open sandbox is destroyed this long after it was opened, used or not.
+    /// Default 86400000 ms (24 h); 0 never.
+    pub sandbox_max_lifetime_ms: u64,
 }
 
 impl Default for PoolConfig {
@@ -436,6 +609,8 @@ impl Default for PoolConfig {
             watchdog_grace_ms: 10_000,
             max_suspended: 4,
             suspend_ttl_ms: 600_000,
+            sandbox_idle_timeout_ms: 1_800_000,
+            sandbox_max_lifetime_ms: 86_400_000,
         }
     }
 }
@@ -809,7 +984,7 @@ impl PaddockConfig {
 
     /// Checks every value is usable; the error names the first bad field.
     pub fn validate(&self) -> Result<()> {
-        self.limits.validate("limits", true)?;
+        self.limits.validate()?;
         self.pool.validate("pool")?;
         self.server.validate()?;
         self.audit.validate()?;
@@ -984,7 +1159,7 @@ mod tests {
     #[test]
     fn full_document_round_trips() {
         let mut c = PaddockConfig::default();
-        c.limits.timeout_ms = Some(1000);
+        c.limits.defaults.timeout_ms = Some(1000);
         c.subprocess.env_passthrough = vec!["AWS_PROFILE".into()];
         c.subprocess.cgroup = CgroupMode::Off;
         let text = toml::to_string(&c).unwrap();

@@ -279,7 +279,24 @@ pub fn arbitrary_config(rng: &mut Rng) -> PaddockConfig {
         let mut alone = Limits::default();
         *limit_field(&mut alone, field) = arbitrary_limit(rng);
         if alone.validate("limits", true).is_ok() {
-            *limit_field(&mut config.limits, field) = *limit_field(&mut alone, field);
+            *limit_field(&mut config.limits.defaults, field) = *limit_field(&mut alone, field);
+        }
+        // Half the time a ceiling too, at or above the default (a default above its
+        // ceiling is refused); otherwise none, or the built-in one where it holds.
+        let default = *limit_field(&mut config.limits.defaults, field);
+        if rng.one_in(2) {
+            let mut alone = Limits::default();
+            *limit_field(&mut alone, field) = arbitrary_limit(rng);
+            let candidate = *limit_field(&mut alone, field);
+            if alone.validate("limits.max", true).is_ok() && candidate >= default {
+                *limit_field(&mut config.limits.max, field) = candidate;
+            }
+        }
+        if let Some(d) = default {
+            let in_force = *limit_field(&mut config.limits.ceilings(), field);
+            if in_force.is_some_and(|c| d > c) {
+                *limit_field(&mut config.limits.max, field) = Some(d);
+            }
         }
     }
     let s = &mut config.subprocess;
@@ -1163,7 +1180,7 @@ mod tests {
         let (mut with_limits, mut with_root) = (0, 0);
         for _ in 0..CASES {
             let config = arbitrary_config(&mut rng);
-            with_limits += usize::from(config.limits != Limits::default());
+            with_limits += usize::from(config.limits.defaults != Limits::default());
             with_root += usize::from(config.subprocess.workdir_root.is_some());
             config_round_trip(&config);
         }

@@ -40,11 +40,13 @@ pub mod protocol;
 pub mod slots;
 pub mod spin;
 pub mod stream_buffer;
+pub mod tenancy;
 
 pub use cancel::{CancelToken, TokenState};
 pub use config::{
-    ApiKey, AuditConfig, CgroupMode, ContainerConfig, HandlerConfig, IsolateConfig, OciRuntime,
-    PaddockConfig, PoolConfig, ServerConfig, SubprocessConfig, WarmConfig,
+    ApiKey, AuditConfig, CgroupMode, ContainerConfig, HandlerConfig, IsolateConfig, LimitsConfig,
+    MetricsAccess, OciRuntime, PaddockConfig, PoolConfig, ServerConfig, SubprocessConfig,
+    WarmConfig,
 };
 pub use engine::{DiscardSink, Engine, FileEntry, OutputSink, Sandbox, SandboxSpec, SandboxStatus};
 pub use error::{Error, ErrorCode, Result};
@@ -61,3 +63,4 @@ pub use interactive::{
 pub use isolation::{Capabilities, EngineKind, IsolationLevel, NetworkPolicy};
 pub use limits::{LimitKind, Limits};
 pub use program::{Language, Program, ProgramKind};
+pub use tenancy::{AccessRules, Allowed, NetworkKind};

@@ -47,6 +47,7 @@
 #![forbid(unsafe_code)]
 
 pub mod audit;
+mod caller;
 pub mod clock;
 pub mod limiter;
 pub mod policy;
@@ -61,6 +62,7 @@ pub use paddock_core::{slots, stream_buffer};
 pub mod streamer;
 mod supervisor;
 
+pub use caller::Caller;
 pub use engine_pool::PoolStats;
 pub use messages::*;
 pub use paddock::{ExecutionStream, Paddock, PaddockBuilder, SandboxHandle, StreamEvent};

@@ -15,7 +15,8 @@ use paddock_core::{
 };
 use serde::Serialize;
 
-use crate::audit::{AuditEntry, AuditQuery, AuditStats};
+use crate::audit::{AuditEntry, AuditQuery, AuditStats, OperatorAccess};
+use crate::caller::Caller;
 use crate::engine_pool::PoolStats;
 
 /// Runs one execution in a pooled engine instance.
@@ -67,11 +68,29 @@ impl std::fmt::Debug for Execute {
     }
 }
 
-/// Cancels a queued or running execution by id. Answers whether this call cancelled
-/// it (`false` when it is unknown or already finished).
+/// Cancels a queued or running execution by id, on behalf of `caller`. Answers
+/// whether this call cancelled it (`false` when it is unknown, already finished, or
+/// another tenant's).
 #[derive(Debug, Message, Clone)]
 #[rtype(result = "bool")]
-pub struct Cancel(pub ExecutionId);
+pub struct Cancel {
+    /// On whose behalf.
+    pub caller: Caller,
+    /// The execution.
+    pub id: ExecutionId,
+}
+
+/// Looks up an open sandbox by id, on behalf of `caller`: another tenant's sandbox
+/// is `NOT_FOUND`, like one that never existed; a destroyed one of the caller's is
+/// `ENGINE_DISPOSED`.
+#[derive(Debug, Message, Clone)]
+#[rtype(result = "Result<SandboxInfo, Error>")]
+pub struct GetSandbox {
+    /// On whose behalf.
+    pub caller: Caller,
+    /// The sandbox id.
+    pub id: String,
+}
 
 /// Opens a sandbox session: a lease of one engine instance with a persistent workdir.
 #[derive(Debug, Message, Clone)]
@@ -177,40 +196,72 @@ pub struct GetSandboxStatus(pub String);
 #[rtype(result = "Result<(), Error>")]
 pub struct DestroySandbox(pub String);
 
-/// Scheduler statistics.
+/// A snapshot of the scheduler, as `caller` may see it: a tenant gets the pools'
+/// sizes and its own figures; an operator or the embedder every tenant's.
 #[derive(Debug, Message, Clone)]
 #[rtype(result = "Stats")]
-pub struct GetStats;
+pub struct GetStats {
+    /// On whose behalf.
+    pub caller: Caller,
+}
 
 /// A snapshot of the scheduler (eventually consistent).
 #[derive(Debug, Clone, Serialize)]
 pub struct Stats {
-    /// One entry per pool.
+    /// One entry per pool (shared by every tenant).
     pub pools: Vec<PoolStats>,
-    /// Executions accepted so far.
-    pub accepted_total: u64,
-    /// Executions refused before acceptance (validation, policy, limiter).
-    pub refused_total: u64,
-    /// Executions queued or running now.
+    /// Executions accepted so far, every tenant's; absent in a tenant's view.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub accepted_total: Option<u64>,
+    /// Executions refused before acceptance (validation, policy, limiter), every
+    /// tenant's; absent in a tenant's view.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refused_total: Option<u64>,
+    /// Executions queued or running now (the tenant's, in a tenant's view).
     pub in_flight: usize,
-    /// Open sandbox sessions.
+    /// Open sandbox sessions (the tenant's, in a tenant's view).
     pub sandboxes: usize,
     /// Pooled executions suspended and waiting for their resume (each holds an
-    /// instance; see `pool.max_suspended`).
+    /// instance; see `pool.max_suspended`); the tenant's, in a tenant's view.
     pub suspended: usize,
     /// Whether the supervisor still admits work.
     pub admitting: bool,
+    /// The tenant the figures are confined to (`""`: callers without a tenant);
+    /// absent when they cover every tenant.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
-/// Searches the audit log.
+/// Searches the audit log on behalf of `caller`: a tenant gets only its own entries,
+/// whatever `query.tenant` says.
 #[derive(Debug, Message, Clone)]
 #[rtype(result = "Vec<AuditEntry>")]
-pub struct SearchAudit(pub AuditQuery);
+pub struct SearchAudit {
+    /// On whose behalf.
+    pub caller: Caller,
+    /// The filters.
+    pub query: AuditQuery,
+}
 
-/// Audit statistics.
+/// Audit statistics as `caller` may see them (a tenant's cover its entries still in
+/// the ring).
 #[derive(Debug, Message, Clone)]
 #[rtype(result = "AuditStats")]
-pub struct AuditStatistics;
+pub struct AuditStatistics {
+    /// On whose behalf.
+    pub caller: Caller,
+}
+
+/// The most recent uses of operator keys, newest first; operators and the embedder
+/// only (a tenant gets `NOT_FOUND`).
+#[derive(Debug, Message, Clone)]
+#[rtype(result = "Result<Vec<OperatorAccess>, Error>")]
+pub struct OperatorAccesses {
+    /// On whose behalf.
+    pub caller: Caller,
+    /// At most this many.
+    pub limit: usize,
+}
 
 /// Graceful shutdown: stop admitting, let in-flight work finish up to `drain`, cancel
 /// what remains, destroy every instance and session, flush the audit log.

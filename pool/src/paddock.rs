@@ -18,13 +18,18 @@ use paddock_engines::container::ContainerEngine;
 use paddock_engines::isolate::IsolateEngine;
 use paddock_engines::subprocess::SubprocessEngine;
 
-use crate::audit::{Audit, AuditConfig, AuditEntry, AuditLog, AuditQuery, AuditStats};
+use crate::audit::{
+    Audit, AuditConfig, AuditEntry, AuditLog, AuditQuery, AuditStats, OperatorAccess,
+};
+use crate::caller::Caller;
 use crate::clock::SystemClock;
 use crate::limiter::{Limiter, LimiterConfig, LimiterCore};
 use crate::messages::*;
 use crate::policy::{Policy, PolicyConfig};
 use crate::streamer::{CloseStream, Streamer, StreamerConfig, Subscribe, Subscription};
-use crate::supervisor::{cancel_running, Shared, Supervisor, SupervisorParts};
+use crate::supervisor::{
+    access_record, cancel_running, Shared, Shares, Supervisor, SupervisorParts,
+};
 use paddock_telemetry::Telemetry;
 
 /// Configures and starts Paddock.
@@ -43,6 +48,7 @@ pub struct PaddockBuilder {
     streamer: StreamerConfig,
     telemetry: Option<Telemetry>,
     spin: Duration,
+    access: Option<paddock_core::AccessRules>,
 }
 
 impl std::fmt::Debug for PaddockBuilder {
@@ -70,6 +76,7 @@ impl Default for PaddockBuilder {
             streamer: StreamerConfig::default(),
             telemetry: None,
             spin: Duration::from_micros(200),
+            access: None,
         }
     }
 }
@@ -161,6 +168,15 @@ impl PaddockBuilder {
         self
     }
 
+    /// Which isolation levels and network policies each tenant may use. Default: the
+    /// config's `[server]` rules (`ServerConfig::access_rules`): everything without
+    /// API keys; with them, every level but `none` and every network but
+    /// `unrestricted`, unless the operator allows them.
+    pub fn access(mut self, rules: paddock_core::AccessRules) -> Self {
+        self.access = Some(rules);
+        self
+    }
+
     /// How long a call through the handle polls for its answer before parking, while
     /// recent answers came back within that time (see `spin.rs`). Default 200 µs;
     /// zero turns it off.
@@ -186,7 +202,7 @@ impl PaddockBuilder {
         if self.builtin_subprocess && self.config.subprocess.enabled {
             let e = SubprocessEngine::with_defaults(
                 &self.config.subprocess,
-                self.config.limits.clone(),
+                self.config.limits.defaults.clone(),
             )?;
             engines.insert(0, Arc::new(e));
         }
@@ -200,8 +216,10 @@ impl PaddockBuilder {
             && self.config.container.enabled
             && !engines.iter().any(|e| e.kind() == EngineKind::Container)
         {
-            match ContainerEngine::with_defaults(&self.config.container, self.config.limits.clone())
-            {
+            match ContainerEngine::with_defaults(
+                &self.config.container,
+                self.config.limits.defaults.clone(),
+            ) {
                 Ok(e) => engines.push(Arc::new(e)),
                 // A host without a usable OCI runtime runs the other engines.
                 Err(e) if e.code == ErrorCode::EngineFailed => {
@@ -237,6 +255,7 @@ impl PaddockBuilder {
         if let Some(cb) = self.on_audit {
             audit_log.set_on_log(cb);
         }
+        let shares = Shares::new(&limiter);
         let limiter_core = LimiterCore::new(limiter, Arc::new(SystemClock))?;
         let shared = Arc::new(Shared::default());
         let parts_shared = shared.clone();
@@ -244,8 +263,16 @@ impl PaddockBuilder {
         let defaults = self
             .config
             .limits
+            .defaults
             .clone()
             .or(&paddock_core::Limits::defaults());
+        let ceilings = self.config.limits.ceilings();
+        let access = self
+            .access
+            .unwrap_or_else(|| self.config.server.access_rules());
+        let parts_access = access.clone();
+        let access = Arc::new(access);
+
         let streamer_config = self.streamer;
         let self_spin = self.spin.min(Duration::from_millis(1));
         let telemetry = match self.telemetry {
@@ -271,15 +298,19 @@ impl PaddockBuilder {
                         defaults,
                         policy,
                         limiter,
-                        audit,
+                        audit: audit.clone(),
                         streamer: streamer.clone(),
                         shared: parts_shared,
                         telemetry: parts_telemetry,
+                        ceilings,
+                        access: parts_access,
+                        shares,
                     })
                     .start();
                     let _ = tx.send((
                         supervisor,
                         streamer,
+                        audit.clone(),
                         actix::System::current(),
                         actix::Arbiter::current(),
                     ));
@@ -287,13 +318,15 @@ impl PaddockBuilder {
                 let _ = system.run();
             })
             .map_err(|e| Error::engine_io("starting the actor thread", e))?;
-        let (supervisor, streamer, system, arbiter) = rx
+        let (supervisor, streamer, audit, system, arbiter) = rx
             .recv()
             .map_err(|_| Error::new(ErrorCode::EngineFailed, "the actor thread failed to start"))?;
         Ok(Paddock {
             supervisor,
             streamer,
+            audit,
             shared,
+            access,
             telemetry,
             runtime: Arc::new(RuntimeHandle {
                 spin: paddock_core::spin::Spin::new(self_spin),
@@ -319,8 +352,10 @@ struct RuntimeHandle {
 pub struct Paddock {
     supervisor: Addr<Supervisor>,
     streamer: Addr<Streamer>,
+    audit: Addr<Audit>,
     shared: Arc<Shared>,
     telemetry: Telemetry,
+    access: Arc<paddock_core::AccessRules>,
     runtime: Arc<RuntimeHandle>,
 }
 
@@ -347,6 +382,11 @@ impl Paddock {
     /// without a thread hand-off.
     pub fn arbiter(&self) -> actix::ArbiterHandle {
         self.runtime.arbiter.clone()
+    }
+
+    /// Which isolation levels and network policies each tenant may use.
+    pub fn access_rules(&self) -> &paddock_core::AccessRules {
+        &self.access
     }
 
     /// The telemetry handle (metrics in Prometheus text with `render_prometheus`).
@@ -400,9 +440,59 @@ impl Paddock {
         self.streamer.send(Subscribe(id)).await.map_err(gone)?
     }
 
-    /// Cancels a queued or running execution. Returns whether this call cancelled it.
-    pub fn cancel(&self, id: &ExecutionId) -> bool {
-        cancel_running(&self.shared, id)
+    /// Cancels a queued or running execution on behalf of `caller`. Returns whether
+    /// this call cancelled it: `false` for an unknown or finished id, and for another
+    /// tenant's execution, which is left running.
+    pub fn cancel(&self, caller: &Caller, id: &ExecutionId) -> bool {
+        let cancelled = cancel_running(&self.shared, caller, id);
+        self.note_operator(caller, "execution.cancel", Some(id.to_string()));
+        cancelled
+    }
+
+    /// Whether `caller` may see an execution accounted to `owner`. Surfaces that keep
+    /// results of their own (the HTTP API's result store) use it so that their
+    /// lookups by id follow the same rule as the facade's; an operator's look at
+    /// another tenant's execution is recorded.
+    pub fn may_see(&self, caller: &Caller, owner: Option<&str>, id: &ExecutionId) -> bool {
+        if !caller.sees(owner) {
+            return false;
+        }
+        self.note_operator(caller, "execution.get", Some(id.to_string()));
+        true
+    }
+
+    /// Records an operator's use of its key, on the actors' arbiter.
+    fn note_operator(&self, caller: &Caller, action: &str, target: Option<String>) {
+        if let Some(record) = access_record(caller, action, target) {
+            let audit = self.audit.clone();
+            self.runtime.arbiter.spawn(async move {
+                let _ = audit.send(record).await;
+            });
+        }
+    }
+
+    /// The tenant of a queued or running execution, when `caller` may see it.
+    pub fn running_tenant(&self, caller: &Caller, id: &ExecutionId) -> Option<Option<String>> {
+        let r = self.shared.running.get(id)?;
+        caller.sees(r.tenant.as_deref()).then(|| r.tenant.clone())
+    }
+
+    /// An open sandbox by id, on behalf of `caller`: another tenant's is `NOT_FOUND`,
+    /// exactly like an id that never existed; one of the caller's that was destroyed
+    /// is `ENGINE_DISPOSED`.
+    pub async fn sandbox(&self, caller: &Caller, id: &str) -> Result<SandboxHandle, Error> {
+        let info = self
+            .supervisor
+            .send(GetSandbox {
+                caller: caller.clone(),
+                id: id.to_string(),
+            })
+            .await
+            .map_err(gone)??;
+        Ok(SandboxHandle {
+            paddock: self.clone(),
+            info,
+        })
     }
 
     /// Opens a sandbox session on the default engine (or `engine`).
@@ -422,19 +512,62 @@ impl Paddock {
         })
     }
 
-    /// Searches the audit log (newest first).
-    pub async fn audit(&self, query: AuditQuery) -> Result<Vec<AuditEntry>, Error> {
-        self.supervisor.send(SearchAudit(query)).await.map_err(gone)
+    /// Searches the audit log (newest first) on behalf of `caller`: a tenant gets
+    /// only its own entries, whatever `query.tenant` says.
+    pub async fn audit(
+        &self,
+        caller: &Caller,
+        query: AuditQuery,
+    ) -> Result<Vec<AuditEntry>, Error> {
+        self.supervisor
+            .send(SearchAudit {
+                caller: caller.clone(),
+                query,
+            })
+            .await
+            .map_err(gone)
     }
 
-    /// Audit statistics.
-    pub async fn audit_statistics(&self) -> Result<AuditStats, Error> {
-        self.supervisor.send(AuditStatistics).await.map_err(gone)
+    /// Audit statistics as `caller` may see them (a tenant's cover its own entries
+    /// still in the ring).
+    pub async fn audit_statistics(&self, caller: &Caller) -> Result<AuditStats, Error> {
+        self.supervisor
+            .send(AuditStatistics {
+                caller: caller.clone(),
+            })
+            .await
+            .map_err(gone)
     }
 
-    /// Scheduler statistics.
+    /// The most recent uses of operator keys (operators and the embedder only).
+    pub async fn operator_accesses(
+        &self,
+        caller: &Caller,
+        limit: usize,
+    ) -> Result<Vec<OperatorAccess>, Error> {
+        self.supervisor
+            .send(OperatorAccesses {
+                caller: caller.clone(),
+                limit,
+            })
+            .await
+            .map_err(gone)?
+    }
+
+    /// Scheduler statistics: every tenant's, for the embedder.
     pub async fn stats(&self) -> Result<Stats, Error> {
-        self.supervisor.send(GetStats).await.map_err(gone)
+        self.stats_for(&Caller::Embedder).await
+    }
+
+    /// Scheduler statistics as `caller` may see them: a tenant gets the pools'
+    /// sizes and its own figures.
+    pub async fn stats_for(&self, caller: &Caller) -> Result<Stats, Error> {
+        self.supervisor
+            .send(GetStats {
+                caller: caller.clone(),
+            })
+            .await
+            .map_err(gone)
     }
 
     /// Graceful shutdown: stop admitting, drain in-flight executions for up to

@@ -61,6 +61,14 @@ impl Parking {
         self.parked.len()
     }
 
+    /// How many instances are parked for `tenant`.
+    pub(crate) fn count_for(&self, tenant: Option<&str>) -> usize {
+        self.parked
+            .keys()
+            .filter(|(t, _)| t.as_deref() == tenant)
+            .count()
+    }
+
     /// The pool of the instance holding `token` for `tenant`.
     pub(crate) fn pool_of(&self, tenant: &Option<String>, token: &str) -> Option<Arc<EnginePool>> {
         self.parked

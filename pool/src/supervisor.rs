@@ -2,7 +2,7 @@
 //! routes every execution through policy → limiter → pool → engine → streamer →
 //! audit.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -12,13 +12,16 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use async_trait::async_trait;
 use dashmap::DashMap;
+use paddock_core::config::LimiterConfig;
+use paddock_core::AccessRules;
 use paddock_core::{
     code_hash, unix_ms, CancelToken, Engine, EngineKind, Error, ErrorCode, ExecRequest, ExecResult,
     ExecutionId, IsolationLevel, Limits, NetworkPolicy, Outcome, OutputChunk, OutputSink,
     PoolConfig, SandboxStatus,
 };
 
-use crate::audit::{Audit, AuditEntry, Record};
+use crate::audit::{Audit, AuditEntry, OperatorAccess, Record, RecordAccess};
+use crate::caller::Caller;
 use crate::engine_actor::RunExec;
 use crate::engine_pool::{EnginePool, Lease, Release};
 use crate::limiter::{Admit, Limiter};
@@ -32,11 +35,20 @@ use tracing::Instrument;
 /// How many destroyed session ids are remembered, so a repeated destroy is Ok.
 const REMEMBERED_DESTROYED: usize = 10_000;
 
+/// An accepted execution not yet finished.
+#[derive(Debug, Clone)]
+pub(crate) struct Running {
+    /// The tenant it is accounted to.
+    pub(crate) tenant: Option<String>,
+    /// Cancels it.
+    pub(crate) token: CancelToken,
+}
+
 /// State shared between the supervisor and `Paddock` handles on other threads.
 #[derive(Debug, Default)]
 pub(crate) struct Shared {
     /// Accepted executions not yet finished, by id.
-    pub(crate) running: DashMap<ExecutionId, CancelToken>,
+    pub(crate) running: DashMap<ExecutionId, Running>,
     pub(crate) accepted_total: AtomicU64,
     pub(crate) refused_total: AtomicU64,
     pub(crate) stopping: AtomicBool,
@@ -52,8 +64,109 @@ struct Pipeline {
     audit: Addr<Audit>,
     streamer: Addr<Streamer>,
     defaults: Limits,
+    /// The operator's ceilings on what a request may ask for.
+    ceilings: Limits,
+    /// Which levels and networks each tenant may use.
+    access: AccessRules,
+    /// Per-tenant counts of open sandboxes and held pool slots.
+    shares: Rc<RefCell<Shares>>,
     /// Instances of pooled executions that suspended, waiting for their resume.
     parking: RefCell<Parking>,
+}
+
+/// Per-tenant fair shares: open sandboxes and pool slots held.
+#[derive(Debug, Default)]
+pub(crate) struct Shares {
+    max_sandboxes: Option<u32>,
+    max_slots: Option<u32>,
+    sandboxes: HashMap<Option<String>, u32>,
+    slots: HashMap<Option<String>, u32>,
+}
+
+/// How long a tenant at its sandbox cap is told to wait before trying again.
+const SANDBOX_CAP_RETRY_MS: u64 = 1_000;
+/// How long a tenant at its slot cap is told to wait before trying again.
+const SLOT_CAP_RETRY_MS: u64 = 250;
+
+impl Shares {
+    pub(crate) fn new(config: &LimiterConfig) -> Shares {
+        Shares {
+            max_sandboxes: config.max_sandboxes_per_tenant,
+            max_slots: config.max_slots_per_tenant,
+            ..Shares::default()
+        }
+    }
+}
+
+/// What a tenant holds of its shares; given back when dropped.
+#[derive(Debug)]
+pub(crate) struct Share {
+    shares: Rc<RefCell<Shares>>,
+    tenant: Option<String>,
+    sandbox: bool,
+}
+
+impl Share {
+    /// Takes a pool slot (and, for a sandbox, a sandbox place) for `tenant`, or
+    /// refuses: `RATE_LIMITED` at the sandbox cap, `POOL_EXHAUSTED` at the slot cap.
+    fn take(
+        shares: &Rc<RefCell<Shares>>,
+        tenant: &Option<String>,
+        sandbox: bool,
+    ) -> Result<Share, Error> {
+        let mut s = shares.borrow_mut();
+        let who = tenant.as_deref().unwrap_or("(none)");
+        if sandbox {
+            let open = s.sandboxes.get(tenant).copied().unwrap_or(0);
+            if let Some(max) = s.max_sandboxes.filter(|m| open >= *m) {
+                return Err(Error::new(
+                    ErrorCode::RateLimited,
+                    format!(
+                        "tenant `{who}` has {open} sandboxes open, its cap (limiter.max_sandboxes_per_tenant = {max}); destroy one first"
+                    ),
+                )
+                .with_retry_after_ms(SANDBOX_CAP_RETRY_MS));
+            }
+        }
+        let held = s.slots.get(tenant).copied().unwrap_or(0);
+        if let Some(max) = s.max_slots.filter(|m| held >= *m) {
+            return Err(Error::new(
+                ErrorCode::PoolExhausted,
+                format!(
+                    "tenant `{who}` holds {held} pool slots (open sandboxes and pooled executions), its cap (limiter.max_slots_per_tenant = {max}); retry when one ends"
+                ),
+            )
+            .with_retry_after_ms(SLOT_CAP_RETRY_MS));
+        }
+        *s.slots.entry(tenant.clone()).or_default() += 1;
+        if sandbox {
+            *s.sandboxes.entry(tenant.clone()).or_default() += 1;
+        }
+        drop(s);
+        Ok(Share {
+            shares: shares.clone(),
+            tenant: tenant.clone(),
+            sandbox,
+        })
+    }
+}
+
+impl Drop for Share {
+    fn drop(&mut self) {
+        let mut s = self.shares.borrow_mut();
+        let give_back = |map: &mut HashMap<Option<String>, u32>, tenant: &Option<String>| {
+            if let Some(n) = map.get_mut(tenant) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    map.remove(tenant);
+                }
+            }
+        };
+        give_back(&mut s.slots, &self.tenant);
+        if self.sandbox {
+            give_back(&mut s.sandboxes, &self.tenant);
+        }
+    }
 }
 
 mod interactive;
@@ -66,6 +179,46 @@ struct Session {
     limits: Limits,
     /// Its background processes and terminals.
     processes: RefCell<interactive::Processes>,
+    /// When it was opened.
+    opened: Instant,
+    /// The last call on it.
+    last_used: Cell<Instant>,
+    /// Executions running in it.
+    busy: Cell<u32>,
+    /// Its place among its tenant's shares.
+    _share: Share,
+}
+
+impl Session {
+    /// Why it should be destroyed now, if it should: idle past `idle`, or open past
+    /// `lifetime` (zero: never).
+    fn expired(&self, now: Instant, idle: Duration, lifetime: Duration) -> Option<&'static str> {
+        if !lifetime.is_zero() && now.duration_since(self.opened) >= lifetime {
+            return Some("pool.sandbox_max_lifetime_ms");
+        }
+        let idle_now = self.busy.get() == 0 && !self.processes.borrow().any_live();
+        if !idle.is_zero() && idle_now && now.duration_since(self.last_used.get()) >= idle {
+            return Some("pool.sandbox_idle_timeout_ms");
+        }
+        None
+    }
+}
+
+/// Counts an execution running in a session while it lives.
+struct Busy(Rc<Session>);
+
+impl Busy {
+    fn new(session: Rc<Session>) -> Busy {
+        session.busy.set(session.busy.get() + 1);
+        Busy(session)
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.busy.set(self.0.busy.get().saturating_sub(1));
+        self.0.last_used.set(Instant::now());
+    }
 }
 
 /// The supervisor actor. Build it with [`crate::PaddockBuilder`] (which also starts
@@ -78,7 +231,9 @@ pub struct Supervisor {
     pool_config: PoolConfig,
     pipeline: Rc<Pipeline>,
     sessions: HashMap<String, Rc<Session>>,
-    destroyed_sessions: VecDeque<String>,
+    /// Destroyed session ids and their tenants, so a repeated destroy is Ok for the
+    /// owner and another tenant still gets `NOT_FOUND`.
+    destroyed_sessions: VecDeque<(String, Option<String>)>,
 }
 
 /// Parts of a supervisor, assembled by the builder.
@@ -94,6 +249,9 @@ pub(crate) struct SupervisorParts {
     pub(crate) streamer: Addr<Streamer>,
     pub(crate) shared: Arc<Shared>,
     pub(crate) telemetry: Telemetry,
+    pub(crate) ceilings: Limits,
+    pub(crate) access: AccessRules,
+    pub(crate) shares: Shares,
 }
 
 impl Supervisor {
@@ -111,6 +269,9 @@ impl Supervisor {
                 audit: parts.audit,
                 streamer: parts.streamer,
                 defaults: parts.defaults,
+                ceilings: parts.ceilings,
+                access: parts.access,
+                shares: Rc::new(RefCell::new(parts.shares)),
                 parking: RefCell::default(),
             }),
             sessions: HashMap::new(),
@@ -122,14 +283,24 @@ impl Supervisor {
     /// named engine, else the default engine when it provides the level, else the
     /// configured engine with the weakest isolation that still provides it. A level no
     /// engine provides is left to the capability check, which refuses it.
-    fn choose(&self, engine: Option<EngineKind>, level: IsolationLevel) -> EngineKind {
+    ///
+    /// Only engines whose level `tenant` may use are chosen when one is not named; a
+    /// named engine is taken as named, and the access check refuses it if need be.
+    fn choose(
+        &self,
+        engine: Option<EngineKind>,
+        level: IsolationLevel,
+        tenant: Option<&str>,
+    ) -> EngineKind {
         if let Some(kind) = engine {
             return kind;
         }
+        let allowed = self.pipeline.access.for_tenant(tenant);
         let provides = |kind: &EngineKind| {
-            self.engines
-                .get(kind)
-                .is_some_and(|e| e.capabilities().max_level >= level)
+            self.engines.get(kind).is_some_and(|e| {
+                let max = e.capabilities().max_level;
+                max >= level && allowed.allows_level(max)
+            })
         };
         if provides(&self.default_engine) {
             return self.default_engine;
@@ -147,8 +318,9 @@ impl Supervisor {
         engine: Option<EngineKind>,
         level: IsolationLevel,
         network: &NetworkPolicy,
+        tenant: Option<&str>,
     ) -> Result<Arc<EnginePool>, Error> {
-        let kind = self.choose(engine, level);
+        let kind = self.choose(engine, level, tenant);
         let key = (kind, network.clone());
         if let Some(p) = self.pools.get(&key) {
             return Ok(p.clone());
@@ -189,7 +361,8 @@ impl Supervisor {
     fn prewarm_all(&mut self) {
         let kinds: Vec<EngineKind> = self.engines.keys().copied().collect();
         for kind in kinds {
-            if let Err(e) = self.pool(Some(kind), IsolationLevel::None, &NetworkPolicy::None) {
+            if let Err(e) = self.pool(Some(kind), IsolationLevel::None, &NetworkPolicy::None, None)
+            {
                 tracing::info!(engine = %kind, error = %e, "no default pool");
             }
         }
@@ -203,18 +376,124 @@ impl Supervisor {
         e
     }
 
+    /// The session `id` (a call on it counts as use).
     fn session(&self, id: &str) -> Result<Rc<Session>, Error> {
         if let Some(s) = self.sessions.get(id) {
+            s.last_used.set(Instant::now());
             return Ok(s.clone());
         }
-        if self.destroyed_sessions.iter().any(|d| d == id) {
+        if self.destroyed_sessions.iter().any(|(d, _)| d == id) {
             return Err(Error::disposed(&format!("sandbox {id}")));
         }
-        Err(Error::new(
-            ErrorCode::NotFound,
-            format!("no sandbox with id `{id}`; open one first"),
-        ))
+        Err(no_sandbox(id))
     }
+
+    /// The session `id` if `caller` may use it: another tenant's session (open or
+    /// destroyed) is `NOT_FOUND`, like one that never existed.
+    fn session_for(&self, caller: &Caller, id: &str) -> Result<Rc<Session>, Error> {
+        if let Some(s) = self.sessions.get(id) {
+            if !caller.sees(s.tenant.as_deref()) {
+                return Err(no_sandbox(id));
+            }
+            s.last_used.set(Instant::now());
+            return Ok(s.clone());
+        }
+        match self.destroyed_sessions.iter().find(|(d, _)| d == id) {
+            Some((_, owner)) if caller.sees(owner.as_deref()) => {
+                Err(Error::disposed(&format!("sandbox {id}")))
+            }
+            _ => Err(no_sandbox(id)),
+        }
+    }
+
+    /// Checks that `tenant` may ask for `network`, then finds the pool and checks
+    /// that its engine gives a level `tenant` may use.
+    fn allowed_pool(
+        &mut self,
+        engine: Option<EngineKind>,
+        level: IsolationLevel,
+        network: &NetworkPolicy,
+        tenant: Option<&str>,
+    ) -> Result<Arc<EnginePool>, Error> {
+        let allowed = self.pipeline.access.for_tenant(tenant);
+        allowed.check_network(network, tenant)?;
+        let pool = self.pool(engine, level, network, tenant)?;
+        let given = pool.engine().capabilities().max_level;
+        allowed.check_level(given, pool.kind.as_str(), tenant)?;
+        Ok(pool)
+    }
+
+    /// Forgets session `id`, remembering it (and its owner) as destroyed.
+    fn remove_session(&mut self, id: &str) -> Option<Rc<Session>> {
+        let session = self.sessions.remove(id)?;
+        if self.destroyed_sessions.len() >= REMEMBERED_DESTROYED {
+            self.destroyed_sessions.pop_front();
+        }
+        self.destroyed_sessions
+            .push_back((id.to_string(), session.tenant.clone()));
+        Some(session)
+    }
+
+    /// Destroys sessions idle or open past their time.
+    fn expire_sessions(&mut self) {
+        let idle = Duration::from_millis(self.pool_config.sandbox_idle_timeout_ms);
+        let lifetime = Duration::from_millis(self.pool_config.sandbox_max_lifetime_ms);
+        let now = Instant::now();
+        let expired: Vec<(String, &'static str)> = self
+            .sessions
+            .iter()
+            .filter_map(|(id, s)| s.expired(now, idle, lifetime).map(|why| (id.clone(), why)))
+            .collect();
+        for (id, why) in expired {
+            if let Some(session) = self.remove_session(&id) {
+                tracing::info!(sandbox = %id, reason = why, "destroying an expired sandbox");
+                actix::spawn(async move {
+                    let sandbox = session.lease.instance().sandbox.clone();
+                    if let Err(e) = sandbox.destroy().await {
+                        tracing::warn!(sandbox = %id, error = %e, "destroying an expired sandbox failed");
+                    }
+                    drop(session);
+                });
+            }
+        }
+    }
+
+    /// Records an operator's use of its key (nothing for tenants or the embedder).
+    fn note_operator(&self, caller: &Caller, action: &str, target: Option<String>) {
+        note_operator(&self.pipeline.audit, caller, action, target);
+    }
+}
+
+/// Records an operator's use of its key (nothing for tenants or the embedder), from
+/// the supervisor's arbiter.
+fn note_operator(audit: &Addr<Audit>, caller: &Caller, action: &str, target: Option<String>) {
+    if let Some(record) = access_record(caller, action, target) {
+        if let Err(SendError::Full(msg)) = audit.try_send(record) {
+            let audit = audit.clone();
+            actix::spawn(async move {
+                let _ = audit.send(msg).await;
+            });
+        }
+    }
+}
+
+/// The record of an operator's use of its key; `None` for tenants and the embedder.
+pub(crate) fn access_record(
+    caller: &Caller,
+    action: &str,
+    target: Option<String>,
+) -> Option<RecordAccess> {
+    match caller {
+        Caller::Operator(name) => Some(RecordAccess(OperatorAccess::now(name, action, target))),
+        Caller::Tenant(_) | Caller::Embedder => None,
+    }
+}
+
+fn no_sandbox(id: &str) -> Error {
+    Error::new(
+        ErrorCode::NotFound,
+        format!("no sandbox with id `{id}`; open one first"),
+    )
 }
 
 impl Actor for Supervisor {
@@ -231,6 +510,7 @@ impl Actor for Supervisor {
             for pool in act.pools.values() {
                 pool.maintain();
             }
+            act.expire_sessions();
         });
     }
 }
@@ -286,6 +566,8 @@ impl Pipeline {
             )));
         }
         request.validate().map_err(refuse)?;
+        paddock_core::tenancy::check_ceilings(&self.ceilings, &request.limits, "limits")
+            .map_err(refuse)?;
         let warnings = self.policy.check(&request.program).map_err(|r| {
             tracing::info!(rule = %r.rule, "policy refused an execution");
             self.telemetry.record_rule_block(&r.rule);
@@ -311,6 +593,12 @@ impl Pipeline {
             Ok(Err(e)) => return Err(refuse(e)),
             Err(e) => return Err(refuse(mailbox_error("limiter", e))),
         };
+        // A pooled execution holds one of its tenant's pool slots while it waits and
+        // runs; one in a session uses the session's.
+        let share = match &target {
+            Target::Pool(_) => Some(Share::take(&self.shares, &tenant, false).map_err(refuse)?),
+            Target::Session(_) | Target::Parked(_) => None,
+        };
         let id = request.id.clone();
         let token = CancelToken::new();
         {
@@ -323,7 +611,10 @@ impl Pipeline {
                     )))
                 }
                 Entry::Vacant(v) => {
-                    v.insert(token.clone());
+                    v.insert(Running {
+                        tenant: tenant.clone(),
+                        token: token.clone(),
+                    });
                 }
             }
         }
@@ -370,6 +661,7 @@ impl Pipeline {
             }
         }
         self.shared.running.remove(&id);
+        drop(share);
         drop(permit);
         outcome.map(|mut r| {
             r.timings.queued_at_ms = queued_at_ms;
@@ -462,6 +754,7 @@ impl Pipeline {
                 result
             }
             Target::Session(session) => {
+                let _busy = Busy::new(session.clone());
                 let mut request = request;
                 request.limits = request.limits.or(&session.limits);
                 let limits = request.limits.clone().or(&self.defaults);
@@ -621,8 +914,9 @@ impl Handler<Execute> for Supervisor {
                 }
             };
         }
+        let tenant = msg.request.tenant.clone();
         let prepared = self
-            .pool(msg.engine, msg.level, &msg.network)
+            .allowed_pool(msg.engine, msg.level, &msg.network, tenant.as_deref())
             .and_then(|pool| {
                 let caps = pool.engine().capabilities();
                 caps.check_level(pool.kind, msg.level)?;
@@ -652,15 +946,17 @@ impl Handler<Cancel> for Supervisor {
     type Result = bool;
 
     fn handle(&mut self, msg: Cancel, _ctx: &mut Self::Context) -> bool {
-        cancel_running(&self.pipeline.shared, &msg.0)
+        self.note_operator(&msg.caller, "execution.cancel", Some(msg.id.to_string()));
+        cancel_running(&self.pipeline.shared, &msg.caller, &msg.id)
     }
 }
 
-/// Cancels a running execution through the shared registry.
-pub(crate) fn cancel_running(shared: &Shared, id: &ExecutionId) -> bool {
+/// Cancels a running execution through the shared registry, if `caller` may see it:
+/// another tenant's execution is not cancelled, exactly like an unknown id.
+pub(crate) fn cancel_running(shared: &Shared, caller: &Caller, id: &ExecutionId) -> bool {
     match shared.running.get(id) {
-        Some(token) => token.cancel(),
-        None => false,
+        Some(r) if caller.sees(r.tenant.as_deref()) => r.token.cancel(),
+        _ => false,
     }
 }
 
@@ -668,13 +964,26 @@ impl Handler<OpenSandbox> for Supervisor {
     type Result = ResponseActFuture<Self, Result<SandboxInfo, Error>>;
 
     fn handle(&mut self, msg: OpenSandbox, _ctx: &mut Self::Context) -> Self::Result {
+        let tenant = msg.spec.tenant.clone();
         let prepared = self
-            .pool(msg.engine, msg.spec.level, &msg.spec.network)
+            .allowed_pool(
+                msg.engine,
+                msg.spec.level,
+                &msg.spec.network,
+                tenant.as_deref(),
+            )
             .and_then(|pool| {
                 let caps = pool.engine().capabilities();
                 caps.check_level(pool.kind, msg.spec.level)?;
                 msg.spec.limits.validate("limits", false)?;
-                Ok(pool)
+                paddock_core::tenancy::check_ceilings(
+                    &self.pipeline.ceilings,
+                    &msg.spec.limits,
+                    "limits",
+                )?;
+                // Held from here: a sandbox being opened counts against the caps.
+                let share = Share::take(&self.pipeline.shares, &tenant, true)?;
+                Ok((pool, share))
             });
         let stopping = self.pipeline.shared.stopping.load(Ordering::Acquire);
         Box::pin(
@@ -685,13 +994,13 @@ impl Handler<OpenSandbox> for Supervisor {
                         "Paddock is shutting down; no new sandboxes are opened",
                     ));
                 }
-                let pool = prepared?;
+                let (pool, share) = prepared?;
                 let lease = pool.acquire(&CancelToken::new()).await?;
-                Ok((pool.kind, lease))
+                Ok((pool.kind, lease, share))
             }
             .into_actor(self)
             .map(move |r, act, _ctx| {
-                let (engine, lease) = r?;
+                let (engine, lease, share) = r?;
                 let inst = lease.instance();
                 let info = SandboxInfo {
                     id: inst.sandbox.id().to_string(),
@@ -707,6 +1016,10 @@ impl Handler<OpenSandbox> for Supervisor {
                         tenant: msg.spec.tenant.clone(),
                         limits: msg.spec.limits.clone(),
                         processes: RefCell::new(Default::default()),
+                        opened: Instant::now(),
+                        last_used: Cell::new(Instant::now()),
+                        busy: Cell::new(0),
+                        _share: share,
                     }),
                 );
                 Ok(info)
@@ -778,6 +1091,22 @@ impl Handler<SandboxTenant> for Supervisor {
     }
 }
 
+impl Handler<GetSandbox> for Supervisor {
+    type Result = Result<SandboxInfo, Error>;
+
+    fn handle(&mut self, msg: GetSandbox, _ctx: &mut Self::Context) -> Self::Result {
+        let session = self.session_for(&msg.caller, &msg.id)?;
+        self.note_operator(&msg.caller, "sandbox.get", Some(msg.id.clone()));
+        let inst = session.lease.instance();
+        Ok(SandboxInfo {
+            id: msg.id,
+            engine: session.engine,
+            status: inst.sandbox.status(),
+            root_dir: inst.sandbox.root_dir().to_string_lossy().into_owned(),
+        })
+    }
+}
+
 impl Handler<GetSandboxStatus> for Supervisor {
     type Result = Result<SandboxStatus, Error>;
 
@@ -794,8 +1123,8 @@ impl Handler<DestroySandbox> for Supervisor {
     type Result = ResponseFuture<Result<(), Error>>;
 
     fn handle(&mut self, msg: DestroySandbox, _ctx: &mut Self::Context) -> Self::Result {
-        let Some(session) = self.sessions.remove(&msg.0) else {
-            let known = self.destroyed_sessions.iter().any(|d| *d == msg.0);
+        let Some(session) = self.remove_session(&msg.0) else {
+            let known = self.destroyed_sessions.iter().any(|(d, _)| *d == msg.0);
             return Box::pin(async move {
                 if known {
                     Ok(())
@@ -807,10 +1136,6 @@ impl Handler<DestroySandbox> for Supervisor {
                 }
             });
         };
-        if self.destroyed_sessions.len() >= REMEMBERED_DESTROYED {
-            self.destroyed_sessions.pop_front();
-        }
-        self.destroyed_sessions.push_back(msg.0.clone());
         Box::pin(async move {
             let sandbox = session.lease.instance().sandbox.clone();
             // Destroy now (it kills running executions and waits for them); the lease
@@ -825,16 +1150,40 @@ impl Handler<DestroySandbox> for Supervisor {
 impl Handler<GetStats> for Supervisor {
     type Result = MessageResult<GetStats>;
 
-    fn handle(&mut self, _msg: GetStats, _ctx: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, msg: GetStats, _ctx: &mut Self::Context) -> Self::Result {
+        self.note_operator(&msg.caller, "stats", None);
         let shared = &self.pipeline.shared;
+        let pools = self.pools.values().map(|p| p.stats()).collect();
+        let admitting = !shared.stopping.load(Ordering::Relaxed);
+        let Some(owner) = msg.caller.confined_to() else {
+            return MessageResult(Stats {
+                pools,
+                accepted_total: Some(shared.accepted_total.load(Ordering::Relaxed)),
+                refused_total: Some(shared.refused_total.load(Ordering::Relaxed)),
+                in_flight: shared.running.len(),
+                sandboxes: self.sessions.len(),
+                suspended: self.pipeline.parking.borrow().len(),
+                admitting,
+                tenant: None,
+            });
+        };
         MessageResult(Stats {
-            pools: self.pools.values().map(|p| p.stats()).collect(),
-            accepted_total: shared.accepted_total.load(Ordering::Relaxed),
-            refused_total: shared.refused_total.load(Ordering::Relaxed),
-            in_flight: shared.running.len(),
-            sandboxes: self.sessions.len(),
-            suspended: self.pipeline.parking.borrow().len(),
-            admitting: !shared.stopping.load(Ordering::Relaxed),
+            pools,
+            accepted_total: None,
+            refused_total: None,
+            in_flight: shared
+                .running
+                .iter()
+                .filter(|r| r.value().tenant.as_deref() == owner)
+                .count(),
+            sandboxes: self
+                .sessions
+                .values()
+                .filter(|s| s.tenant.as_deref() == owner)
+                .count(),
+            suspended: self.pipeline.parking.borrow().count_for(owner),
+            admitting,
+            tenant: Some(owner.unwrap_or_default().to_string()),
         })
     }
 }
@@ -843,10 +1192,15 @@ impl Handler<SearchAudit> for Supervisor {
     type Result = ResponseFuture<Vec<AuditEntry>>;
 
     fn handle(&mut self, msg: SearchAudit, _ctx: &mut Self::Context) -> Self::Result {
+        self.note_operator(&msg.caller, "audit.search", msg.query.tenant.clone());
         let audit = self.pipeline.audit.clone();
+        let owner = msg.caller.confined_to().map(|o| o.map(str::to_owned));
         Box::pin(async move {
             audit
-                .send(crate::audit::Search(msg.0))
+                .send(crate::audit::SearchFor {
+                    query: msg.query,
+                    owner,
+                })
                 .await
                 .unwrap_or_default()
         })
@@ -856,13 +1210,38 @@ impl Handler<SearchAudit> for Supervisor {
 impl Handler<AuditStatistics> for Supervisor {
     type Result = ResponseFuture<crate::audit::AuditStats>;
 
-    fn handle(&mut self, _msg: AuditStatistics, _ctx: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, msg: AuditStatistics, _ctx: &mut Self::Context) -> Self::Result {
+        self.note_operator(&msg.caller, "audit.statistics", None);
+        let audit = self.pipeline.audit.clone();
+        let owner = msg.caller.confined_to().map(|o| o.map(str::to_owned));
+        Box::pin(async move {
+            audit
+                .send(crate::audit::StatisticsFor { owner })
+                .await
+                .unwrap_or_default()
+        })
+    }
+}
+
+impl Handler<OperatorAccesses> for Supervisor {
+    type Result = ResponseFuture<Result<Vec<OperatorAccess>, Error>>;
+
+    fn handle(&mut self, msg: OperatorAccesses, _ctx: &mut Self::Context) -> Self::Result {
+        if msg.caller.confined_to().is_some() {
+            return Box::pin(async {
+                Err(Error::new(
+                    ErrorCode::NotFound,
+                    "operator accesses are shown to operator keys only",
+                ))
+            });
+        }
+        self.note_operator(&msg.caller, "audit.operator_accesses", None);
         let audit = self.pipeline.audit.clone();
         Box::pin(async move {
             audit
-                .send(crate::audit::Statistics)
+                .send(crate::audit::Accesses { limit: msg.limit })
                 .await
-                .unwrap_or_default()
+                .map_err(|e| mailbox_error("audit", e))
         })
     }
 }
@@ -886,7 +1265,7 @@ impl Handler<Shutdown> for Supervisor {
                 }
                 let mut cancelled = 0;
                 for entry in shared.running.iter() {
-                    if entry.value().cancel() {
+                    if entry.value().token.cancel() {
                         cancelled += 1;
                     }
                 }

@@ -148,7 +148,7 @@ pub(super) async fn http(
             "http_per_s": (total as f64 / http_elapsed.as_secs_f64()).round(),
             "inproc_per_s": (total as f64 / inproc.as_secs_f64()).round(),
             "http_failures": failures,
-            "accepted": stats.map(|s| s.accepted_total),
+            "accepted": stats.map(|s| s.accepted_total.unwrap_or_default()),
         }),
         as_json,
     );

@@ -56,7 +56,11 @@ pub(super) async fn load(
             .await;
     }
     let rss_before = rss_bytes();
-    let accepted_before = paddock.stats().await.map(|s| s.accepted_total).unwrap_or(0);
+    let accepted_before = paddock
+        .stats()
+        .await
+        .map(|s| s.accepted_total.unwrap_or_default())
+        .unwrap_or(0);
 
     let next = Arc::new(AtomicUsize::new(0));
     let start = Instant::now();
@@ -129,12 +133,15 @@ pub(super) async fn load(
         .stats()
         .await
         .map_err(|e| crate::run::UsageError(e.to_string()))?;
-    let accepted = stats.accepted_total - accepted_before;
+    let accepted = stats.accepted_total.unwrap_or_default() - accepted_before;
     let audit = paddock
-        .audit(AuditQuery {
-            limit: Some(total * 4),
-            ..AuditQuery::default()
-        })
+        .audit(
+            &paddock_pool::Caller::Embedder,
+            AuditQuery {
+                limit: Some(total * 4),
+                ..AuditQuery::default()
+            },
+        )
         .await
         .map_err(|e| crate::run::UsageError(e.to_string()))?;
     let audited_ids: HashSet<&ExecutionId> = audit.iter().map(|e| &e.id).collect();

@@ -208,7 +208,7 @@ pub(super) async fn pipeline(
         Err(_) => None,
     };
     let audit = paddock
-        .audit_statistics()
+        .audit_statistics(&paddock_pool::Caller::Embedder)
         .await
         .map_err(|e| crate::run::UsageError(e.to_string()))?;
     let stats = paddock
@@ -236,7 +236,7 @@ pub(super) async fn pipeline(
             "throughput_executions": total,
             "throughput_per_s": throughput.round(),
             "audited": audit.total,
-            "accepted": stats.accepted_total,
+            "accepted": stats.accepted_total.unwrap_or_default(),
         }),
         as_json,
     );

@@ -179,7 +179,7 @@ pub(super) async fn warm(
             "failures": failures.load(Ordering::Relaxed),
             "seconds": round3(elapsed.as_secs_f64()),
             "executions_per_s": round(executions as f64 / elapsed.as_secs_f64()),
-            "accepted_total": stats.map(|s| s.accepted_total),
+            "accepted_total": stats.map(|s| s.accepted_total.unwrap_or_default()),
         }),
         as_json,
     );

@@ -187,7 +187,11 @@ impl H {
     /// (which is shut down first).
     pub(crate) async fn restart(&self, config: PaddockConfig) -> Result<(), Stop> {
         let old = self.paddock();
-        let accepted = old.stats().await.map(|s| s.accepted_total).unwrap_or(0);
+        let accepted = old
+            .stats()
+            .await
+            .map(|s| s.accepted_total.unwrap_or_default())
+            .unwrap_or(0);
         *lock(&self.accepted_before) += accepted;
         let _ = old.shutdown(Duration::from_secs(10)).await;
         let fresh = start(self.target, config, self.audit.clone())
@@ -206,7 +210,11 @@ impl H {
 
     /// Shuts down a `Paddock` from [`H::try_start`], counting what it accepted.
     pub(crate) async fn retire(&self, paddock: Paddock) {
-        let accepted = paddock.stats().await.map(|s| s.accepted_total).unwrap_or(0);
+        let accepted = paddock
+            .stats()
+            .await
+            .map(|s| s.accepted_total.unwrap_or_default())
+            .unwrap_or(0);
         *lock(&self.accepted_before) += accepted;
         let _ = paddock.shutdown(Duration::from_secs(10)).await;
     }
@@ -725,7 +733,7 @@ async fn audit_problems(h: &H) -> Vec<String> {
     loop {
         // The counts span every `Paddock` the case started.
         let accepted = match paddock.stats().await {
-            Ok(s) => s.accepted_total + *lock(&h.accepted_before),
+            Ok(s) => s.accepted_total.unwrap_or_default() + *lock(&h.accepted_before),
             Err(e) => return vec![format!("stats: {e}")],
         };
         let (entries, twice): (u64, Vec<ExecutionId>) = {

@@ -229,7 +229,7 @@ pub(crate) async fn secrets_in_environment(h: Arc<H>) -> Check {
     // The audit log holds a hash of the code, never the environment.
     let audit = h
         .paddock()
-        .audit(AuditQuery::default())
+        .audit(&paddock_pool::Caller::Embedder, AuditQuery::default())
         .await
         .map_err(|e| Stop::Fail(format!("audit: {e}")))?;
     let entry = audit

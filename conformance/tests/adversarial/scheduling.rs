@@ -158,7 +158,10 @@ pub(crate) async fn cancel_at_every_stage(h: Arc<H>) -> Check {
         ensure!(Instant::now() < deadline, "B never queued");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    ensure!(paddock.cancel(&b_id), "cancelling queued B returned false");
+    ensure!(
+        paddock.cancel(&paddock_pool::Caller::Embedder, &b_id),
+        "cancelling queued B returned false"
+    );
     let b_answer = b_task.await.map_err(|e| Stop::Fail(e.to_string()))?;
     ensure!(
         is_cancelled(&b_answer),
@@ -169,7 +172,10 @@ pub(crate) async fn cancel_at_every_stage(h: Arc<H>) -> Check {
         ensure!(!r.stdout.contains("B-ran"), "queued B ran after its cancel");
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    ensure!(paddock.cancel(&a_id), "cancelling running A returned false");
+    ensure!(
+        paddock.cancel(&paddock_pool::Caller::Embedder, &a_id),
+        "cancelling running A returned false"
+    );
     let a_answer = a_task.await.map_err(|e| Stop::Fail(e.to_string()))?;
     ensure!(
         is_cancelled(&a_answer),
@@ -177,7 +183,10 @@ pub(crate) async fn cancel_at_every_stage(h: Arc<H>) -> Check {
         show(&a_answer)
     );
     h.no_survivors("cancelling a running execution").await?;
-    ensure!(!paddock.cancel(&a_id), "a second cancel of A returned true");
+    ensure!(
+        !paddock.cancel(&paddock_pool::Caller::Embedder, &a_id),
+        "a second cancel of A returned true"
+    );
 
     // After finish: the cancel is refused and the result stands.
     let d = h.program("echo done", "print('done')", "console.log('done')");
@@ -185,7 +194,7 @@ pub(crate) async fn cancel_at_every_stage(h: Arc<H>) -> Check {
     let r = h.exec(d).await?;
     ensure!(r.is_success(), "D: {r:?}");
     ensure!(
-        !paddock.cancel(&d_id),
+        !paddock.cancel(&paddock_pool::Caller::Embedder, &d_id),
         "cancelling finished D returned true"
     );
 
@@ -205,7 +214,7 @@ pub(crate) async fn cancel_at_every_stage(h: Arc<H>) -> Check {
             async move { p.execute_with(Execute::new(c).on(engine)).await }
         });
         tokio::time::sleep(Duration::from_micros(delay_us)).await;
-        let won = paddock.cancel(&c_id);
+        let won = paddock.cancel(&paddock_pool::Caller::Embedder, &c_id);
         let answer = task.await.map_err(|e| Stop::Fail(e.to_string()))?;
         if won {
             cancelled += 1;

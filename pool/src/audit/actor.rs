@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use actix::{Actor, ActorContext, AsyncContext, Context, Handler, Message, MessageResult};
 
+use super::access::OperatorAccess;
 use super::entry::AuditEntry;
 use super::log::{AuditHealth, AuditLog, AuditQuery, AuditStats};
 
@@ -91,6 +92,73 @@ impl Handler<Search> for Audit {
 
     fn handle(&mut self, msg: Search, _ctx: &mut Context<Self>) -> Self::Result {
         MessageResult(self.log.search(&msg.0))
+    }
+}
+
+/// Searches the ring for one tenant's entries (`owner`: `Some(None)` is entries
+/// without a tenant; `None` every tenant, as [`Search`]).
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Vec<AuditEntry>")]
+pub struct SearchFor {
+    /// The filters.
+    pub query: AuditQuery,
+    /// Whose entries.
+    pub owner: Option<Option<String>>,
+}
+
+impl Handler<SearchFor> for Audit {
+    type Result = MessageResult<SearchFor>;
+
+    fn handle(&mut self, msg: SearchFor, _ctx: &mut Context<Self>) -> Self::Result {
+        let owner = msg.owner.as_ref().map(|o| o.as_deref());
+        MessageResult(self.log.search_for(&msg.query, owner))
+    }
+}
+
+/// Asks for one tenant's [`AuditStats`], over its entries still in the ring
+/// (`owner` as in [`SearchFor`]; `None` is [`Statistics`]).
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "AuditStats")]
+pub struct StatisticsFor {
+    /// Whose figures.
+    pub owner: Option<Option<String>>,
+}
+
+impl Handler<StatisticsFor> for Audit {
+    type Result = MessageResult<StatisticsFor>;
+
+    fn handle(&mut self, msg: StatisticsFor, _ctx: &mut Context<Self>) -> Self::Result {
+        let owner = msg.owner.as_ref().map(|o| o.as_deref());
+        MessageResult(self.log.statistics_for(owner))
+    }
+}
+
+/// Records an operator's access.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "()")]
+pub struct RecordAccess(pub OperatorAccess);
+
+impl Handler<RecordAccess> for Audit {
+    type Result = ();
+
+    fn handle(&mut self, msg: RecordAccess, _ctx: &mut Context<Self>) {
+        self.log.record_access(msg.0);
+    }
+}
+
+/// The most recent operator accesses, newest first, at most `limit`.
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "Vec<OperatorAccess>")]
+pub struct Accesses {
+    /// At most this many.
+    pub limit: usize,
+}
+
+impl Handler<Accesses> for Audit {
+    type Result = MessageResult<Accesses>;
+
+    fn handle(&mut self, msg: Accesses, _ctx: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.log.accesses(msg.limit))
     }
 }
 

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use paddock_core::{EngineKind, Error, ExecutionId};
 use serde::{Deserialize, Serialize};
 
+use super::access::{OperatorAccess, MAX_ACCESS_RECORDS};
 use super::entry::{AuditEntry, Timestamp};
 use super::sink::FileSink;
 
@@ -135,6 +136,7 @@ pub struct AuditLog {
     on_log: Option<OnLog>,
     totals: Totals,
     health: AuditHealth,
+    access: VecDeque<OperatorAccess>,
 }
 
 #[derive(Debug, Default)]
@@ -186,6 +188,7 @@ impl AuditLog {
             sink,
             on_log: None,
             totals: Totals::default(),
+            access: VecDeque::new(),
         })
     }
 
@@ -301,35 +304,105 @@ impl AuditLog {
             .collect()
     }
 
+    /// [`search`](AuditLog::search) confined to one tenant's entries when `owner` is
+    /// `Some` (`Some(None)`: entries without a tenant), whatever `query.tenant` says.
+    pub fn search_for(&self, query: &AuditQuery, owner: Option<Option<&str>>) -> Vec<AuditEntry> {
+        let Some(owner) = owner else {
+            return self.search(query);
+        };
+        let limit = query.limit.unwrap_or(DEFAULT_SEARCH_LIMIT);
+        self.ring
+            .iter()
+            .rev()
+            .filter(|e| e.tenant.as_deref() == owner && query.matches(e))
+            .take(limit)
+            .cloned()
+            .collect()
+    }
+
+    /// [`statistics`](AuditLog::statistics) of one tenant when `owner` is `Some`:
+    /// every figure then covers that tenant's entries still in the ring.
+    pub fn statistics_for(&self, owner: Option<Option<&str>>) -> AuditStats {
+        let Some(owner) = owner else {
+            return self.statistics();
+        };
+        let mut totals = Totals::default();
+        let mut durations = Vec::new();
+        for e in self.ring.iter().filter(|e| e.tenant.as_deref() == owner) {
+            totals.total += 1;
+            if e.is_success() {
+                totals.success += 1;
+            }
+            totals.duration_ms += u128::from(e.duration_ms);
+            totals.memory_bytes = totals.memory_bytes.saturating_add(e.memory_bytes);
+            durations.push(e.duration_ms);
+        }
+        durations.sort_unstable();
+        stats_of(&totals, &durations)
+    }
+
+    /// Records an operator's access: into a ring of [`MAX_ACCESS_RECORDS`] and, as a
+    /// line with `"kind": "operator_access"`, into the file.
+    pub fn record_access(&mut self, access: OperatorAccess) {
+        tracing::info!(
+            operator = %access.operator,
+            action = %access.action,
+            target = access.target.as_deref().unwrap_or(""),
+            "operator access"
+        );
+        if let Some(sink) = self.sink.as_mut() {
+            let mut value = serde_json::to_value(&access).unwrap_or_default();
+            if let Some(o) = value.as_object_mut() {
+                o.insert("kind".into(), "operator_access".into());
+            }
+            let mut line = serde_json::to_vec(&value).unwrap_or_default();
+            line.push(b'\n');
+            let written = sink.write_line(&line);
+            self.note_file_result(written);
+        }
+        if self.access.len() >= MAX_ACCESS_RECORDS {
+            self.access.pop_front();
+        }
+        self.access.push_back(access);
+    }
+
+    /// The most recent operator accesses, newest first.
+    pub fn accesses(&self, limit: usize) -> Vec<OperatorAccess> {
+        self.access.iter().rev().take(limit).cloned().collect()
+    }
+
     /// Statistics; see [`AuditStats`] for what each field covers.
     pub fn statistics(&self) -> AuditStats {
-        let t = &self.totals;
         let mut durations: Vec<u64> = self.ring.iter().map(|e| e.duration_ms).collect();
         durations.sort_unstable();
-        let (success_rate, avg) = if t.total == 0 {
-            (0.0, 0.0)
-        } else {
-            (
-                t.success as f64 / t.total as f64,
-                t.duration_ms as f64 / t.total as f64,
-            )
-        };
-        AuditStats {
-            total: t.total,
-            success: t.success,
-            failure: t.total - t.success,
-            success_rate,
-            avg_duration_ms: avg,
-            p50_ms: nearest_rank(&durations, 50),
-            p99_ms: nearest_rank(&durations, 99),
-            total_memory_bytes: t.memory_bytes,
-            sample: durations.len(),
-        }
+        stats_of(&self.totals, &durations)
     }
 
     /// The state of the file sink and the callback.
     pub fn health(&self) -> AuditHealth {
         self.health.clone()
+    }
+}
+
+fn stats_of(t: &Totals, durations: &[u64]) -> AuditStats {
+    let (success_rate, avg) = if t.total == 0 {
+        (0.0, 0.0)
+    } else {
+        (
+            t.success as f64 / t.total as f64,
+            t.duration_ms as f64 / t.total as f64,
+        )
+    };
+    AuditStats {
+        total: t.total,
+        success: t.success,
+        failure: t.total - t.success,
+        success_rate,
+        avg_duration_ms: avg,
+        p50_ms: nearest_rank(durations, 50),
+        p99_ms: nearest_rank(durations, 99),
+        total_memory_bytes: t.memory_bytes,
+        sample: durations.len(),
     }
 }
 

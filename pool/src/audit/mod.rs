@@ -23,12 +23,17 @@
 //! rule: it records the entry when the execution's result is final, whatever the
 //! outcome; requests refused before they were accepted get no entry.
 
+mod access;
 mod actor;
 mod entry;
 mod log;
 mod sink;
 
-pub use actor::{Audit, Flush, Health, Record, Search, Statistics};
+pub use access::{OperatorAccess, MAX_ACCESS_RECORDS};
+pub use actor::{
+    Accesses, Audit, Flush, Health, Record, RecordAccess, Search, SearchFor, Statistics,
+    StatisticsFor,
+};
 pub use entry::{AuditEntry, AuditOutcome, KillReason, Timestamp};
 pub use log::{
     AuditConfig, AuditHealth, AuditLog, AuditQuery, AuditStats, OnLog, DEFAULT_SEARCH_LIMIT,

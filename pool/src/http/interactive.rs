@@ -147,12 +147,19 @@ pub(super) async fn attach(
     body: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let started = find(&state, &req, path).await?;
+    let held = state
+        .websockets
+        .enter(&super::tenancy::caller(&state.config, &req)?)?;
     let (response, session, stream) = actix_ws::handle(&req, body).map_err(upgrade_error)?;
     let stream = stream
         .max_frame_size(MAX_WS_MESSAGE)
         .aggregate_continuations()
         .max_continuation_size(MAX_WS_MESSAGE);
-    actix_web::rt::spawn(relay_process(started, session, stream));
+    actix_web::rt::spawn(async move {
+        // The tenant's place among its open WebSockets, until this one closes.
+        let _held = held;
+        relay_process(started, session, stream).await
+    });
     Ok(response)
 }
 
@@ -301,7 +308,7 @@ pub(super) async fn tcp(
     body: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let (sandbox, port) = path.into_inner();
-    sandbox_access(&state, &req, &sandbox).await?;
+    let caller = sandbox_access(&state, &req, &sandbox).await?;
     let port: u16 = port.parse().map_err(|_| {
         Error::invalid_options("port", format!("{port:?} is not a port; use 1 to 65535"))
     })?;
@@ -319,6 +326,7 @@ pub(super) async fn tcp(
             "no upgrade",
         )));
     }
+    let held = state.websockets.enter(&caller)?;
     let conn = ask(
         state.paddock.supervisor(),
         OpenTcpConnection { sandbox, target },
@@ -329,7 +337,11 @@ pub(super) async fn tcp(
         .max_frame_size(MAX_WS_MESSAGE)
         .aggregate_continuations()
         .max_continuation_size(MAX_WS_MESSAGE);
-    actix_web::rt::spawn(relay_tcp(conn, session, stream));
+    actix_web::rt::spawn(async move {
+        // The tenant's place among its open WebSockets, until this one closes.
+        let _held = held;
+        relay_tcp(conn, session, stream).await
+    });
     Ok(response)
 }
 

@@ -8,25 +8,36 @@ mod errors;
 mod interactive;
 mod openapi;
 mod results;
+mod tenancy;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix_web::http::{header, StatusCode};
+use actix_web::http::StatusCode;
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 use bytes::Bytes;
 use paddock_core::api::{ExecBody, SandboxBody};
-use paddock_core::{EngineKind, Error, ErrorCode, ExecutionId, SandboxSpec, ServerConfig};
+use paddock_core::{
+    EngineKind, Error, ErrorCode, ExecutionId, MetricsAccess, SandboxSpec, ServerConfig,
+};
 use serde::Deserialize;
-use subtle::ConstantTimeEq;
 
 pub use errors::{status_for, ApiError};
-use results::{Answer, Begin, ResultStore};
+
+/// Every route the server answers, as `(method, path pattern)` (`{id}`, `{path}`,
+/// `{process}` and `{port}` stand for path parameters): the table
+/// `/v1/openapi.json` is made from, so tests can walk every route, including ones
+/// added later.
+pub fn route_table() -> impl Iterator<Item = (&'static str, &'static str)> {
+    openapi::ROUTES.iter().map(|(m, p, _, _)| (*m, *p))
+}
+use results::{Answer, Begin, Bounds, ResultStore};
+use tenancy::{account, caller, Gauge, Held};
 
 use crate::audit::AuditQuery;
-use crate::{Execute, Paddock, StreamEvent};
+use crate::{Caller, Execute, Paddock, StreamEvent};
 
 /// Shared by every worker.
 #[derive(Debug)]
@@ -35,14 +46,50 @@ struct State {
     config: ServerConfig,
     results: ResultStore,
     draining: AtomicBool,
+    /// Requests in progress per tenant (streamed responses until they end).
+    requests: Arc<Gauge>,
+    /// Open WebSockets per tenant.
+    websockets: Arc<Gauge>,
+    /// Where `/metrics` is served.
+    metrics: MetricsAccess,
+}
+
+impl State {
+    fn new(paddock: Paddock, config: ServerConfig) -> Result<State, Error> {
+        let metrics = config.metrics_access()?;
+        Ok(State {
+            results: ResultStore::new(Bounds {
+                retention: Duration::from_secs(config.result_retention_s),
+                max: config.max_results,
+                max_bytes: config.max_result_bytes,
+                max_bytes_per_tenant: config.max_result_bytes_per_tenant,
+            }),
+            requests: Gauge::new(
+                config.max_requests_per_tenant,
+                "requests in progress",
+                "server.max_requests_per_tenant",
+            ),
+            websockets: Gauge::new(
+                config.max_websockets_per_tenant,
+                "WebSockets open",
+                "server.max_websockets_per_tenant",
+            ),
+            metrics,
+            paddock,
+            config,
+            draining: AtomicBool::new(false),
+        })
+    }
 }
 
 /// A running server.
 #[derive(Debug)]
 pub struct HttpServerHandle {
     addr: SocketAddr,
+    metrics_addr: Option<SocketAddr>,
     state: Arc<State>,
     server: actix_web::dev::ServerHandle,
+    metrics_server: Option<actix_web::dev::ServerHandle>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -50,6 +97,12 @@ impl HttpServerHandle {
     /// The address the server is bound to.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The address `/metrics` is served on when `server.metrics` gives it one of its
+    /// own.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
     }
 
     /// Stops admitting work: new executions get 503 and `/readyz` fails.
@@ -60,6 +113,9 @@ impl HttpServerHandle {
     /// Stops the server (after in-flight requests finish) and joins its thread.
     pub async fn stop(mut self) {
         self.begin_drain();
+        if let Some(m) = self.metrics_server.take() {
+            m.stop(true).await;
+        }
         self.server.stop(true).await;
         if let Some(t) = self.thread.take() {
             let _ = tokio::task::spawn_blocking(move || t.join()).await;
@@ -68,21 +124,27 @@ impl HttpServerHandle {
 }
 
 /// Starts the HTTP server for `paddock` with `config`.
+///
+/// `paddock` must have been built with the access rules `config` implies (the same
+/// `[server]` section in its config, or `.access(config.access_rules())`): a server
+/// with API keys refuses level `none` and `unrestricted` network unless allowed, and
+/// it refuses to start on a handle that would let them through.
 pub fn start(paddock: Paddock, config: ServerConfig) -> Result<HttpServerHandle, Error> {
     config.validate()?;
+    if *paddock.access_rules() != config.access_rules() {
+        return Err(Error::invalid_config(
+            "server",
+            "the Paddock handle enforces other allowed levels or networks than this server \
+             config implies (API keys, allowed_levels, allowed_networks); build it with \
+             `.config(…)` holding the same [server] section, or with \
+             `.access(server.access_rules())`",
+        ));
+    }
     let listen: SocketAddr = config
         .listen
         .parse()
         .map_err(|e| Error::invalid_config("server.listen", e))?;
-    let state = Arc::new(State {
-        results: ResultStore::new(
-            Duration::from_secs(config.result_retention_s),
-            config.max_results,
-        ),
-        paddock,
-        config,
-        draining: AtomicBool::new(false),
-    });
+    let state = Arc::new(State::new(paddock, config)?);
     let app_state = state.clone();
     let (tx, rx) = std::sync::mpsc::channel();
     let thread = std::thread::Builder::new()
@@ -91,13 +153,19 @@ pub fn start(paddock: Paddock, config: ServerConfig) -> Result<HttpServerHandle,
             let system = actix_rt::System::new();
             system.block_on(async move {
                 let workers = app_state.config.workers;
+                let metrics = app_state.metrics.clone();
                 let data = web::Data::from(app_state);
-                let server =
-                    HttpServer::new(move || App::new().app_data(data.clone()).configure(routes))
-                        .workers(workers)
-                        .disable_signals()
-                        .shutdown_timeout(30)
-                        .bind(listen);
+                let metrics_data = data.clone();
+                let server = HttpServer::new(move || {
+                    App::new()
+                        .app_data(data.clone())
+                        .wrap(actix_web::middleware::from_fn(tenancy::limit_requests))
+                        .configure(routes)
+                })
+                .workers(workers)
+                .disable_signals()
+                .shutdown_timeout(30)
+                .bind(listen);
                 let server = match server {
                     Ok(s) => s,
                     Err(e) => {
@@ -109,19 +177,52 @@ pub fn start(paddock: Paddock, config: ServerConfig) -> Result<HttpServerHandle,
                     }
                 };
                 let addr = server.addrs().first().copied().unwrap_or(listen);
+                // `/metrics` on an address of its own, when configured so.
+                let mut metrics_server = None;
+                if let MetricsAccess::Listen(at) = metrics {
+                    let bound = HttpServer::new(move || {
+                        App::new()
+                            .app_data(metrics_data.clone())
+                            .route("/metrics", web::get().to(metrics_only))
+                    })
+                    .workers(1)
+                    .disable_signals()
+                    .bind(at);
+                    match bound {
+                        Ok(m) => {
+                            let m_addr = m.addrs().first().copied().unwrap_or(at);
+                            let running = m.run();
+                            metrics_server = Some((m_addr, running.handle()));
+                            actix_rt::spawn(running);
+                        }
+                        Err(e) => {
+                            let _ = tx.send(Err(Error::invalid_config(
+                                "server.metrics",
+                                format!("cannot listen on {at}: {e}"),
+                            )));
+                            return;
+                        }
+                    }
+                }
                 let running = server.run();
-                let _ = tx.send(Ok((addr, running.handle())));
+                let _ = tx.send(Ok((addr, running.handle(), metrics_server)));
                 let _ = running.await;
             });
         })
         .map_err(|e| Error::engine_io("starting the HTTP thread", e))?;
-    let (addr, server) = rx
+    let (addr, server, metrics_server) = rx
         .recv()
         .map_err(|_| Error::new(ErrorCode::EngineFailed, "the HTTP thread failed to start"))??;
+    let (metrics_addr, metrics_server) = match metrics_server {
+        Some((a, h)) => (Some(a), Some(h)),
+        None => (None, None),
+    };
     Ok(HttpServerHandle {
         addr,
+        metrics_addr,
         state,
         server,
+        metrics_server,
         thread: Some(thread),
     })
 }
@@ -165,6 +266,7 @@ fn routes(cfg: &mut web::ServiceConfig) {
     .route("/metrics", web::get().to(metrics))
     .route("/v1/stats", web::get().to(stats))
     .route("/v1/audit", web::get().to(audit))
+    .route("/v1/audit/operator", web::get().to(operator_accesses))
     .route("/v1/executions", web::post().to(create_execution))
     .route("/v1/executions/{id}", web::get().to(get_execution))
     .route("/v1/executions/{id}", web::delete().to(cancel_execution))
@@ -218,64 +320,18 @@ fn routes(cfg: &mut web::ServiceConfig) {
 
 type Shared = web::Data<State>;
 
-/// The caller's tenant, allowed to use `sandbox`: a sandbox opened for one tenant is
-/// `NOT_FOUND` to every other, so ids of other tenants' sandboxes neither work nor
-/// show that they exist. A destroyed sandbox stays 409 `ENGINE_DISPOSED` (its owner is
-/// no longer known).
+/// Checks that the caller may use `sandbox` (through the facade: a sandbox opened for
+/// one tenant is `NOT_FOUND` to every other, so ids of other tenants' sandboxes
+/// neither work nor show that they exist; a destroyed one of the caller's is 409
+/// `ENGINE_DISPOSED`), and returns the caller.
 async fn sandbox_access(
     state: &State,
     req: &HttpRequest,
     sandbox: &str,
-) -> Result<Option<String>, ApiError> {
-    let caller = tenant(state, req)?;
-    let owner = ask(
-        state.paddock.supervisor(),
-        crate::messages::SandboxTenant(sandbox.to_string()),
-    )
-    .await?;
-    if owner != caller {
-        return Err(Error::new(
-            ErrorCode::NotFound,
-            format!("no sandbox with id `{sandbox}`; open one first"),
-        )
-        .into());
-    }
+) -> Result<Caller, ApiError> {
+    let caller = caller(&state.config, req)?;
+    state.paddock.sandbox(&caller, sandbox).await?;
     Ok(caller)
-}
-
-/// The tenant of a request: the API key's when keys are configured (401 without a
-/// valid key), else the `X-Paddock-Tenant` header.
-fn tenant(state: &State, req: &HttpRequest) -> Result<Option<String>, ApiError> {
-    if state.config.api_keys.is_empty() {
-        return Ok(req
-            .headers()
-            .get("x-paddock-tenant")
-            .and_then(|v| v.to_str().ok())
-            .filter(|t| !t.is_empty())
-            .map(str::to_owned));
-    }
-    let presented = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    // Compare against every key in constant time; no early exit on a match.
-    let mut found: Option<&str> = None;
-    for k in &state.config.api_keys {
-        let eq: bool = k.key.as_bytes().ct_eq(presented.as_bytes()).into();
-        if eq && found.is_none() {
-            found = Some(&k.tenant);
-        }
-    }
-    match found {
-        Some(t) => Ok(Some(t.to_string())),
-        None => Err(ApiError::with_status(
-            StatusCode::UNAUTHORIZED,
-            ErrorCode::InvalidOptions,
-            "missing or wrong API key: send `Authorization: Bearer <key>`",
-        )),
-    }
 }
 
 fn admitting(state: &State) -> Result<(), ApiError> {
@@ -361,7 +417,8 @@ async fn create_execution(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     admitting(&state)?;
-    let tenant = tenant(&state, &req)?;
+    let caller = caller(&state.config, &req)?;
+    let tenant = account(&caller);
     let body: ExecBody = parse_body(&state, payload).await?;
     let (request, engine, network, level) = body.into_request(tenant.clone());
     let mut msg = Execute::new(request);
@@ -379,10 +436,7 @@ async fn create_execution(
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     let id = msg.request.id.clone();
-    match state
-        .results
-        .begin(&id, tenant.as_deref().unwrap_or(""), key.as_deref())
-    {
+    match state.results.begin(&id, tenant.as_deref(), key.as_deref()) {
         Begin::Attach(mut rx) => {
             let answer = loop {
                 if let Some(a) = rx.borrow().clone() {
@@ -398,12 +452,19 @@ async fn create_execution(
         }
         Begin::Run(tx) => {
             if query.stream {
+                let held = state.requests.enter(&caller)?;
                 let stream = state
                     .paddock
                     .execute_stream(msg)
                     .await
                     .map_err(|e| refusal(&state, e))?;
-                Ok(stream_response(state.into_inner(), stream, id, Some(tx)))
+                Ok(stream_response(
+                    state.into_inner(),
+                    stream,
+                    id,
+                    Some(tx),
+                    held,
+                ))
             } else {
                 let answer = Arc::new(state.paddock.execute_with(msg).await);
                 if answer.as_ref().as_ref().is_err_and(retryable) {
@@ -437,11 +498,14 @@ fn stream_response(
     mut stream: crate::ExecutionStream,
     id: ExecutionId,
     mut tx: Option<tokio::sync::watch::Sender<Option<Answer>>>,
+    held: Held,
 ) -> HttpResponse {
     use futures_util::StreamExt;
     let started = ndjson(&serde_json::json!({"type": "started", "id": id}));
     let (lines_tx, lines_rx) = tokio::sync::mpsc::channel::<Bytes>(16);
     actix_rt::spawn(async move {
+        // The tenant's place among its requests in progress, until the stream ends.
+        let _held = held;
         let mut reader_gone = false;
         while let Some(event) = stream.next().await {
             let line = match event {
@@ -526,11 +590,16 @@ async fn get_execution(
     req: HttpRequest,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    tenant(&state, &req)?;
+    let caller = caller(&state.config, &req)?;
     let id = parse_id(&path)?;
-    match state.results.get(&id) {
-        Some(Some(answer)) => Ok(answer_json(&state, &answer)),
-        Some(None) => {
+    // Another tenant's execution is answered exactly like one that never existed.
+    let found = state
+        .results
+        .get(&id)
+        .filter(|(owner, _)| state.paddock.may_see(&caller, owner.as_deref(), &id));
+    match found {
+        Some((_, Some(answer))) => Ok(answer_json(&state, &answer)),
+        Some((_, None)) => {
             Ok(HttpResponse::Ok().json(serde_json::json!({"id": id, "status": "running"})))
         }
         None => Err(Error::new(
@@ -549,10 +618,15 @@ async fn cancel_execution(
     req: HttpRequest,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    tenant(&state, &req)?;
+    let caller = caller(&state.config, &req)?;
     let id = parse_id(&path)?;
-    let cancelled = state.paddock.cancel(&id);
-    if !cancelled && state.results.get(&id).is_none() {
+    let cancelled = state.paddock.cancel(&caller, &id);
+    let known = cancelled
+        || state
+            .results
+            .get(&id)
+            .is_some_and(|(owner, _)| caller.sees(owner.as_deref()));
+    if !known {
         return Err(
             Error::new(ErrorCode::NotFound, format!("no execution {id} is running")).into(),
         );
@@ -566,7 +640,7 @@ async fn create_sandbox(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     admitting(&state)?;
-    let tenant = tenant(&state, &req)?;
+    let tenant = account(&caller(&state.config, &req)?);
     let body = read_body(
         payload,
         state.config.max_body_bytes,
@@ -661,10 +735,12 @@ async fn sandbox_exec(
 ) -> Result<HttpResponse, ApiError> {
     admitting(&state)?;
     let sandbox = path.into_inner();
-    let tenant = sandbox_access(&state, &req, &sandbox).await?;
+    let caller = sandbox_access(&state, &req, &sandbox).await?;
     let body: ExecBody = parse_body(&state, payload).await?;
-    let (request, _, _, _) = body.into_request(tenant);
+    // Accounted to the sandbox's tenant.
+    let (request, _, _, _) = body.into_request(None);
     if query.stream {
+        let held = state.requests.enter(&caller)?;
         let id = request.id.clone();
         let sub = state.paddock.subscribe(id.clone()).await?;
         let supervisor = state.paddock.supervisor();
@@ -680,7 +756,7 @@ async fn sandbox_exec(
             .await
         });
         let stream = crate::ExecutionStream::from_parts(sub, result);
-        return Ok(stream_response(state.into_inner(), stream, id, None));
+        return Ok(stream_response(state.into_inner(), stream, id, None, held));
     }
     let r = ask(
         state.paddock.supervisor(),
@@ -787,7 +863,7 @@ async fn audit(
     req: HttpRequest,
     q: web::Query<AuditParams>,
 ) -> Result<HttpResponse, ApiError> {
-    tenant(&state, &req)?;
+    let caller = caller(&state.config, &req)?;
     let q = q.into_inner();
     let parse = |t: &Option<String>, field: &str| -> Result<_, ApiError> {
         match t {
@@ -806,18 +882,79 @@ async fn audit(
         before: parse(&q.before, "before")?,
         limit: q.limit,
     };
-    let entries = state.paddock.audit(query).await?;
+    let entries = state.paddock.audit(&caller, query).await?;
     Ok(HttpResponse::Ok().json(entries))
 }
 
-async fn stats(state: Shared, req: HttpRequest) -> Result<HttpResponse, ApiError> {
-    tenant(&state, &req)?;
-    let stats = state.paddock.stats().await?;
-    let audit = state.paddock.audit_statistics().await?;
-    Ok(HttpResponse::Ok().json(serde_json::json!({"scheduler": stats, "audit": audit})))
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitParam {
+    limit: Option<usize>,
 }
 
-async fn metrics(state: Shared) -> HttpResponse {
+async fn operator_accesses(
+    state: Shared,
+    req: HttpRequest,
+    q: web::Query<LimitParam>,
+) -> Result<HttpResponse, ApiError> {
+    let caller = caller(&state.config, &req)?;
+    let limit = q.limit.unwrap_or(crate::audit::DEFAULT_SEARCH_LIMIT);
+    // Without API keys there are no operators: nobody gets the record.
+    let caller = match caller {
+        Caller::Operator(_) => caller,
+        _ => Caller::tenant(""),
+    };
+    let accesses = state.paddock.operator_accesses(&caller, limit).await?;
+    Ok(HttpResponse::Ok().json(accesses))
+}
+
+async fn stats(state: Shared, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    let caller = caller(&state.config, &req)?;
+    let stats = state.paddock.stats_for(&caller).await?;
+    let audit = state.paddock.audit_statistics(&caller).await?;
+    let (total, own) = state.results.bytes(account(&caller).as_deref());
+    let results = match caller.confined_to() {
+        Some(_) => serde_json::json!({
+            "bytes": own,
+            "max_bytes": state.config.max_result_bytes_per_tenant,
+        }),
+        None => serde_json::json!({
+            "bytes": total,
+            "max_bytes": state.config.max_result_bytes,
+        }),
+    };
+    Ok(HttpResponse::Ok()
+        .json(serde_json::json!({"scheduler": stats, "audit": audit, "results": results})))
+}
+
+/// `/metrics` on the API's address: open, for operator keys only, or not here at all
+/// (`server.metrics`). It carries no tenant names or ids.
+async fn metrics(state: Shared, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    match &state.metrics {
+        MetricsAccess::Open => {}
+        MetricsAccess::Operator => {
+            let operator =
+                state.config.api_keys.is_empty() || caller(&state.config, &req)?.is_operator();
+            if !operator {
+                return Err(Error::new(
+                    ErrorCode::NotFound,
+                    "/metrics is served to operator keys only (server.metrics = \"operator\")",
+                )
+                .into());
+            }
+        }
+        MetricsAccess::Listen(at) => {
+            return Err(Error::new(
+                ErrorCode::NotFound,
+                format!("/metrics is served on {at} (server.metrics)"),
+            )
+            .into());
+        }
+    }
+    Ok(metrics_only(state).await)
+}
+
+async fn metrics_only(state: Shared) -> HttpResponse {
     HttpResponse::Ok()
         .content_type(paddock_telemetry::PROMETHEUS_CONTENT_TYPE)
         .body(state.paddock.telemetry().render_prometheus())
@@ -855,12 +992,7 @@ mod tests {
             .start()
             .unwrap();
         let config = ServerConfig::default();
-        let state = Arc::new(State {
-            results: ResultStore::new(Duration::from_secs(60), 100),
-            paddock: paddock.clone(),
-            config,
-            draining: AtomicBool::new(false),
-        });
+        let state = Arc::new(State::new(paddock.clone(), config).unwrap());
         let app = test::init_service(
             App::new()
                 .app_data(web::Data::from(state))

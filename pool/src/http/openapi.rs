@@ -17,6 +17,12 @@ pub(crate) const ROUTES: &[(&str, &str, &str, &str)] = &[
     ("get", "/v1/stats", "Pool and audit statistics", "200"),
     ("get", "/v1/audit", "Search the audit log", "200"),
     (
+        "get",
+        "/v1/audit/operator",
+        "Recent uses of operator keys (operator keys only)",
+        "200",
+    ),
+    (
         "post",
         "/v1/executions",
         "Run one program (`?stream=true` for NDJSON)",

@@ -1,7 +1,10 @@
 //! Results kept for a retention window, by execution id and by idempotency key.
 //!
 //! A key seen again while its execution runs attaches to it; seen again after, it
-//! returns the first result. The program never runs twice. Bounded in count and time.
+//! returns the first result. The program never runs twice. Every result belongs to
+//! the tenant that ran it: lookups answer only that tenant (and operators). Bounded
+//! in count, in time, and in bytes, both in total and per tenant: a tenant over its
+//! share loses its own oldest results, never another tenant's.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -17,6 +20,8 @@ pub(crate) type Answer = Arc<Result<ExecResult, Error>>;
 struct Entry {
     done: watch::Receiver<Option<Answer>>,
     finished_at: Option<Instant>,
+    tenant: Option<String>,
+    bytes: u64,
 }
 
 /// What [`ResultStore::begin`] found for an idempotency key.
@@ -33,30 +38,60 @@ struct Inner {
     by_id: HashMap<ExecutionId, Entry>,
     keys: HashMap<(String, String), ExecutionId>,
     order: VecDeque<(ExecutionId, Option<(String, String)>)>,
+    total_bytes: u64,
+    tenant_bytes: HashMap<Option<String>, u64>,
+}
+
+/// The bounds of a [`ResultStore`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bounds {
+    /// How long a finished result is kept.
+    pub(crate) retention: Duration,
+    /// Most results kept.
+    pub(crate) max: usize,
+    /// Most bytes kept, all tenants together.
+    pub(crate) max_bytes: u64,
+    /// Most bytes kept per tenant.
+    pub(crate) max_bytes_per_tenant: u64,
 }
 
 /// The store.
 #[derive(Debug)]
 pub(crate) struct ResultStore {
     inner: parking_lot::Mutex<Inner>,
-    retention: Duration,
-    max: usize,
+    bounds: Bounds,
+}
+
+/// The bytes a kept result holds, roughly: its output, value and messages, plus a
+/// fixed overhead for the rest.
+fn answer_bytes(answer: &Result<ExecResult, Error>) -> u64 {
+    const OVERHEAD: u64 = 512;
+    let size = match answer {
+        Ok(r) => {
+            r.stdout.len()
+                + r.stderr.len()
+                + r.instance_id.len()
+                + r.value.as_ref().map_or(0, |v| v.to_string().len())
+                + r.warnings.iter().map(String::len).sum::<usize>()
+        }
+        Err(e) => e.message.len(),
+    };
+    size as u64 + OVERHEAD
 }
 
 impl ResultStore {
-    pub(crate) fn new(retention: Duration, max: usize) -> ResultStore {
+    pub(crate) fn new(bounds: Bounds) -> ResultStore {
         ResultStore {
             inner: parking_lot::Mutex::new(Inner::default()),
-            retention,
-            max,
+            bounds,
         }
     }
 
-    /// Registers an execution (under `key` for `tenant`, if given).
-    pub(crate) fn begin(&self, id: &ExecutionId, tenant: &str, key: Option<&str>) -> Begin {
+    /// Registers an execution of `tenant` (under its idempotency `key`, if given).
+    pub(crate) fn begin(&self, id: &ExecutionId, tenant: Option<&str>, key: Option<&str>) -> Begin {
         let mut inner = self.inner.lock();
         self.expire(&mut inner);
-        let scoped = key.map(|k| (tenant.to_string(), k.to_string()));
+        let scoped = key.map(|k| (tenant.unwrap_or_default().to_string(), k.to_string()));
         if let Some(scoped) = &scoped {
             if let Some(existing) = inner.keys.get(scoped).cloned() {
                 if let Some(e) = inner.by_id.get(&existing) {
@@ -64,7 +99,7 @@ impl ResultStore {
                 }
             }
         }
-        while inner.order.len() >= self.max {
+        while inner.order.len() >= self.bounds.max {
             Self::evict_oldest(&mut inner);
         }
         let (tx, rx) = watch::channel(None);
@@ -73,6 +108,8 @@ impl ResultStore {
             Entry {
                 done: rx,
                 finished_at: None,
+                tenant: tenant.map(str::to_owned),
+                bytes: 0,
             },
         );
         if let Some(scoped) = &scoped {
@@ -82,16 +119,54 @@ impl ResultStore {
         Begin::Run(tx)
     }
 
-    /// Records the answer of an execution started with [`ResultStore::begin`].
+    /// Records the answer of an execution started with [`ResultStore::begin`]. An
+    /// answer larger than a tenant's whole share is kept without its output (a
+    /// warning says so); then the tenant's own oldest results, and then everyone's
+    /// oldest, make room.
     pub(crate) fn finish(
         &self,
         id: &ExecutionId,
         tx: watch::Sender<Option<Answer>>,
         answer: Answer,
     ) {
-        let _ = tx.send(Some(answer));
-        if let Some(e) = self.inner.lock().by_id.get_mut(id) {
-            e.finished_at = Some(Instant::now());
+        let mut bytes = answer_bytes(&answer);
+        let kept = if bytes > self.bounds.max_bytes_per_tenant {
+            let mut slim = (*answer).clone();
+            if let Ok(r) = &mut slim {
+                r.warnings.push(format!(
+                    "the output ({bytes} bytes with the rest) was not kept for later lookups: it exceeds server.max_result_bytes_per_tenant ({})",
+                    self.bounds.max_bytes_per_tenant
+                ));
+                r.stdout = String::new();
+                r.stderr = String::new();
+                r.value = None;
+            }
+            bytes = answer_bytes(&slim);
+            Arc::new(slim)
+        } else {
+            answer
+        };
+        let _ = tx.send(Some(kept));
+        let mut inner = self.inner.lock();
+        let Some(e) = inner.by_id.get_mut(id) else {
+            return;
+        };
+        e.finished_at = Some(Instant::now());
+        e.bytes = bytes;
+        let tenant = e.tenant.clone();
+        inner.total_bytes += bytes;
+        *inner.tenant_bytes.entry(tenant.clone()).or_default() += bytes;
+        while inner.tenant_bytes.get(&tenant).copied().unwrap_or(0)
+            > self.bounds.max_bytes_per_tenant
+        {
+            if !Self::evict_first(&mut inner, |e| e.tenant == tenant, id) {
+                break;
+            }
+        }
+        while inner.total_bytes > self.bounds.max_bytes {
+            if !Self::evict_first(&mut inner, |_| true, id) {
+                break;
+            }
         }
     }
 
@@ -106,15 +181,30 @@ impl ResultStore {
     ) {
         let _ = tx.send(Some(answer));
         let mut inner = self.inner.lock();
-        inner.by_id.remove(id);
+        Self::forget(&mut inner, id);
         inner.keys.retain(|_, v| v != id);
     }
 
-    /// The answer of a finished execution, `Some(None)` while it runs, `None` if unknown.
-    pub(crate) fn get(&self, id: &ExecutionId) -> Option<Option<Answer>> {
+    /// The owner and answer of an execution: the answer `None` while it runs; `None`
+    /// altogether if unknown.
+    pub(crate) fn get(&self, id: &ExecutionId) -> Option<(Option<String>, Option<Answer>)> {
         let mut inner = self.inner.lock();
         self.expire(&mut inner);
-        inner.by_id.get(id).map(|e| e.done.borrow().clone())
+        inner
+            .by_id
+            .get(id)
+            .map(|e| (e.tenant.clone(), e.done.borrow().clone()))
+    }
+
+    /// Bytes kept: in total, and for `tenant`.
+    pub(crate) fn bytes(&self, tenant: Option<&str>) -> (u64, u64) {
+        let inner = self.inner.lock();
+        let own = inner
+            .tenant_bytes
+            .get(&tenant.map(str::to_owned))
+            .copied()
+            .unwrap_or(0);
+        (inner.total_bytes, own)
     }
 
     fn expire(&self, inner: &mut Inner) {
@@ -123,7 +213,7 @@ impl ResultStore {
                 .by_id
                 .get(id)
                 .and_then(|e| e.finished_at)
-                .is_some_and(|t| t.elapsed() >= self.retention);
+                .is_some_and(|t| t.elapsed() >= self.bounds.retention);
             let gone = !inner.by_id.contains_key(id);
             if !(expired || gone) {
                 break;
@@ -134,10 +224,47 @@ impl ResultStore {
 
     fn evict_oldest(inner: &mut Inner) {
         if let Some((id, key)) = inner.order.pop_front() {
-            inner.by_id.remove(&id);
+            Self::forget(inner, &id);
             if let Some(key) = key {
                 if inner.keys.get(&key) == Some(&id) {
                     inner.keys.remove(&key);
+                }
+            }
+        }
+    }
+
+    /// Evicts the oldest finished result that passes `which` (never `keep`); whether
+    /// one was found.
+    fn evict_first(inner: &mut Inner, which: impl Fn(&Entry) -> bool, keep: &ExecutionId) -> bool {
+        let found = inner.order.iter().position(|(id, _)| {
+            id != keep
+                && inner
+                    .by_id
+                    .get(id)
+                    .is_some_and(|e| e.finished_at.is_some() && which(e))
+        });
+        let Some(at) = found else {
+            return false;
+        };
+        if let Some((id, key)) = inner.order.remove(at) {
+            Self::forget(inner, &id);
+            if let Some(key) = key {
+                if inner.keys.get(&key) == Some(&id) {
+                    inner.keys.remove(&key);
+                }
+            }
+        }
+        true
+    }
+
+    /// Drops `id`'s entry and its bytes.
+    fn forget(inner: &mut Inner, id: &ExecutionId) {
+        if let Some(e) = inner.by_id.remove(id) {
+            inner.total_bytes = inner.total_bytes.saturating_sub(e.bytes);
+            if let Some(n) = inner.tenant_bytes.get_mut(&e.tenant) {
+                *n = n.saturating_sub(e.bytes);
+                if *n == 0 {
+                    inner.tenant_bytes.remove(&e.tenant);
                 }
             }
         }
@@ -147,16 +274,39 @@ impl ResultStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use paddock_core::ErrorCode;
+    use paddock_core::{EngineKind, ErrorCode, Outcome};
+
+    fn bounds(max: usize) -> Bounds {
+        Bounds {
+            retention: Duration::from_secs(60),
+            max,
+            max_bytes: 1 << 30,
+            max_bytes_per_tenant: 1 << 30,
+        }
+    }
+
+    fn output(id: &ExecutionId, bytes: usize) -> Answer {
+        let mut r = ExecResult::empty(
+            id.clone(),
+            Outcome::Completed {
+                exit_code: 0,
+                signal: None,
+            },
+            EngineKind::Noop,
+            "",
+        );
+        r.stdout = "x".repeat(bytes);
+        Arc::new(Ok(r))
+    }
 
     #[test]
     fn a_forgotten_refusal_lets_the_same_key_run_again() {
-        let store = ResultStore::new(Duration::from_secs(60), 10);
+        let store = ResultStore::new(bounds(10));
         let id = ExecutionId::new();
-        let Begin::Run(tx) = store.begin(&id, "t", Some("k")) else {
+        let Begin::Run(tx) = store.begin(&id, Some("t"), Some("k")) else {
             panic!("a new key runs")
         };
-        let Begin::Attach(rx) = store.begin(&ExecutionId::new(), "t", Some("k")) else {
+        let Begin::Attach(rx) = store.begin(&ExecutionId::new(), Some("t"), Some("k")) else {
             panic!("a repeated key attaches")
         };
         let refusal: Answer = Arc::new(Err(Error::new(ErrorCode::RateLimited, "slow down")));
@@ -167,28 +317,81 @@ mod tests {
         );
         assert!(store.get(&id).is_none());
         assert!(matches!(
-            store.begin(&ExecutionId::new(), "t", Some("k")),
+            store.begin(&ExecutionId::new(), Some("t"), Some("k")),
             Begin::Run(_)
         ));
     }
 
     #[test]
     fn results_are_bounded_and_keys_are_per_tenant() {
-        let store = ResultStore::new(Duration::from_secs(60), 2);
+        let store = ResultStore::new(bounds(2));
         let ids: Vec<ExecutionId> = (0..3).map(|_| ExecutionId::new()).collect();
         for id in &ids {
-            assert!(matches!(store.begin(id, "t", None), Begin::Run(_)));
+            assert!(matches!(store.begin(id, Some("t"), None), Begin::Run(_)));
         }
         assert!(
             store.get(&ids[0]).is_none(),
             "the oldest was evicted at the cap"
         );
-        assert!(store.get(&ids[2]).is_some());
+        assert_eq!(store.get(&ids[2]).unwrap().0.as_deref(), Some("t"));
         let a = ExecutionId::new();
-        assert!(matches!(store.begin(&a, "one", Some("k")), Begin::Run(_)));
         assert!(matches!(
-            store.begin(&ExecutionId::new(), "two", Some("k")),
+            store.begin(&a, Some("one"), Some("k")),
             Begin::Run(_)
         ));
+        assert!(matches!(
+            store.begin(&ExecutionId::new(), Some("two"), Some("k")),
+            Begin::Run(_)
+        ));
+    }
+
+    #[test]
+    fn bytes_are_bounded_per_tenant_without_touching_the_others() {
+        let store = ResultStore::new(Bounds {
+            retention: Duration::from_secs(60),
+            max: 1000,
+            max_bytes: 100_000,
+            max_bytes_per_tenant: 30_000,
+        });
+        let run = |tenant: &str, bytes: usize| {
+            let id = ExecutionId::new();
+            let Begin::Run(tx) = store.begin(&id, Some(tenant), None) else {
+                panic!("runs")
+            };
+            store.finish(&id, tx, output(&id, bytes));
+            id
+        };
+        let alice = run("alice", 10_000);
+        let bobs: Vec<ExecutionId> = (0..10).map(|_| run("bob", 10_000)).collect();
+        // Bob's share holds two of his results (30,000 with the overhead); his
+        // oldest went, alice's stayed.
+        assert!(
+            store.get(&alice).is_some(),
+            "another tenant's result was evicted"
+        );
+        assert!(store.get(&bobs[0]).is_none());
+        assert!(store.get(&bobs[9]).is_some());
+        let (total, bob_bytes) = store.bytes(Some("bob"));
+        assert!(bob_bytes <= 30_000, "{bob_bytes}");
+        assert!(total <= 100_000, "{total}");
+        // One result larger than a share is kept without its output.
+        let big = run("carol", 50_000);
+        let (_, answer) = store.get(&big).unwrap();
+        let answer = answer.unwrap();
+        let r = answer.as_ref().as_ref().unwrap();
+        assert!(r.stdout.is_empty());
+        assert!(
+            r.warnings
+                .iter()
+                .any(|w| w.contains("max_result_bytes_per_tenant")),
+            "{:?}",
+            r.warnings
+        );
+        assert!(store.bytes(Some("carol")).1 < 30_000);
+        // The total bound holds across tenants.
+        for t in ["d", "e", "f", "g", "h"] {
+            run(t, 25_000);
+        }
+        assert!(store.bytes(None).0 <= 100_000, "{}", store.bytes(None).0);
     }
 }

@@ -53,6 +53,13 @@ impl Processes {
     fn list(&self) -> Vec<ProcessInfo> {
         self.entries.values().map(|s| refresh(s).info).collect()
     }
+
+    /// Whether a process or terminal is still running.
+    pub(super) fn any_live(&self) -> bool {
+        self.entries
+            .values()
+            .any(|s| s.handle.shared().exit().is_none())
+    }
 }
 
 /// The record with the exit as it is now.

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use paddock_core::{ApiKey, PaddockConfig, PoolConfig};
+use paddock_core::{ApiKey, IsolationLevel, PaddockConfig, PoolConfig};
 use paddock_pool::limiter::LimiterConfig;
 use paddock_pool::Paddock;
 use serde_json::{json, Value};
@@ -92,15 +92,12 @@ async fn api_keys_are_required_and_name_the_tenant() {
     let key = "key-acme-0123456789";
     let mut server = server_config();
     server.api_keys = vec![
-        ApiKey {
-            key: key.into(),
-            tenant: "acme".into(),
-        },
-        ApiKey {
-            key: "key-other-0123456789".into(),
-            tenant: "other".into(),
-        },
+        ApiKey::new(key, "acme"),
+        ApiKey::new("key-other-0123456789", "other"),
     ];
+    // These tenants may use the subprocess engine (level `none`), which a server with
+    // API keys refuses unless its operator allows it.
+    server.allowed_levels = Some(vec![IsolationLevel::None]);
     let t = TestServer::start_with(Paddock::builder(), server);
     let body = sh("echo authed");
     let unauthorized = |r: Response| {
@@ -300,7 +297,11 @@ async fn a_tenant_over_its_rate_gets_429_with_retry_after() {
     // Another tenant has its own quota.
     post("t2").send(t.addr).await.expect(200);
     // Refusals are not executions: the audit log holds only the accepted one.
-    let entries = get(t.addr, "/v1/audit?tenant=t1").await.expect(200);
+    let entries = Request::get("/v1/audit")
+        .header("X-Paddock-Tenant", "t1")
+        .send(t.addr)
+        .await
+        .expect(200);
     assert_eq!(entries.as_array().unwrap().len(), 1, "{entries}");
     t.stop().await;
 }
@@ -470,16 +471,10 @@ async fn a_request_admitted_before_the_drain_and_run_after_it_gets_503() {
 async fn a_tenants_sandbox_is_invisible_to_other_tenants() {
     let (acme, other) = ("key-acme-0123456789", "key-other-0123456789");
     let mut server = server_config();
-    server.api_keys = vec![
-        ApiKey {
-            key: acme.into(),
-            tenant: "acme".into(),
-        },
-        ApiKey {
-            key: other.into(),
-            tenant: "other".into(),
-        },
-    ];
+    server.api_keys = vec![ApiKey::new(acme, "acme"), ApiKey::new(other, "other")];
+    // These tenants may use the subprocess engine (level `none`), which a server with
+    // API keys refuses unless its operator allows it.
+    server.allowed_levels = Some(vec![IsolationLevel::None]);
     let t = TestServer::start_with(Paddock::builder(), server);
     let as_ = |key: &str, r: Request| r.header("Authorization", &format!("Bearer {key}"));
     let created = as_(acme, Request::post("/v1/sandboxes"))

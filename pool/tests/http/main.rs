@@ -13,3 +13,4 @@ mod malformed;
 mod operations;
 mod sandboxes;
 mod streaming;
+mod tenants;

@@ -1,9 +1,31 @@
 //! `/healthz`, `/readyz`, `/metrics`, `/v1/stats` and `/v1/audit`.
 
+use paddock_core::{ApiKey, IsolationLevel};
+use paddock_pool::Paddock;
 use serde_json::Value;
 
-use crate::client::{get, Request};
-use crate::support::{sh, TestServer};
+use crate::client::{get, Request, Response};
+use crate::support::{server_config, sh, TestServer};
+
+const ALPHA: &str = "key-alpha-0123456789";
+const BETA: &str = "key-beta-01234567890";
+const OPS: &str = "key-ops-012345678901";
+
+async fn run_with_key(t: &TestServer, key: &str, script: &str) -> Value {
+    Request::post("/v1/executions")
+        .header("Authorization", &format!("Bearer {key}"))
+        .json(&sh(script))
+        .send(t.addr)
+        .await
+        .expect(200)
+}
+
+async fn ops_get(addr: std::net::SocketAddr, path: &str) -> Response {
+    Request::get(path)
+        .header("Authorization", &format!("Bearer {OPS}"))
+        .send(addr)
+        .await
+}
 
 async fn run_as(t: &TestServer, tenant: &str, script: &str) -> Value {
     Request::post("/v1/executions")
@@ -60,9 +82,15 @@ async fn health_readiness_metrics_and_stats() {
         assert!(text.contains(family), "{family} missing from:\n{text}");
     }
 
-    let s = get(t.addr, "/v1/stats").await.expect(200);
+    // Without keys, the caller sees the figures of the tenant it claims.
+    let s = Request::get("/v1/stats")
+        .header("X-Paddock-Tenant", "ops")
+        .send(t.addr)
+        .await
+        .expect(200);
     let sched = &s["scheduler"];
-    assert_eq!(sched["accepted_total"], 2, "{s}");
+    assert_eq!(sched["tenant"], "ops", "{s}");
+    assert!(sched.get("accepted_total").is_none(), "{s}");
     assert_eq!(sched["in_flight"], 0, "{s}");
     assert_eq!(sched["admitting"], true, "{s}");
     let pools = sched["pools"].as_array().expect("pools");
@@ -74,6 +102,9 @@ async fn health_readiness_metrics_and_stats() {
     );
     let audit = &s["audit"];
     assert_eq!(audit["total"], 2, "{s}");
+    // Another tenant's view has none of them.
+    let other = get(t.addr, "/v1/stats").await.expect(200);
+    assert_eq!(other["audit"]["total"], 0, "{other}");
     assert_eq!(audit["success"], 1, "{s}");
     assert_eq!(audit["failure"], 1, "{s}");
     assert_eq!(audit["success_rate"], 0.5, "{s}");
@@ -82,15 +113,21 @@ async fn health_readiness_metrics_and_stats() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn audit_filters() {
-    let t = TestServer::start();
-    let a_ok = run_as(&t, "alpha", "true").await;
-    let b_fail = run_as(&t, "beta", "exit 2").await;
-    let b_ok = run_as(&t, "beta", "true").await;
+    // Across tenants the audit answers an operator key only.
+    let mut server = server_config();
+    let mut ops = ApiKey::new(OPS, "ops");
+    ops.admin = true;
+    server.api_keys = vec![ApiKey::new(ALPHA, "alpha"), ApiKey::new(BETA, "beta"), ops];
+    server.allowed_levels = Some(vec![IsolationLevel::None]);
+    let t = TestServer::start_with(Paddock::builder(), server);
+    let a_ok = run_with_key(&t, ALPHA, "true").await;
+    let b_fail = run_with_key(&t, BETA, "exit 2").await;
+    let b_ok = run_with_key(&t, BETA, "true").await;
     let id = |v: &Value| v["id"].as_str().unwrap().to_string();
     let (a_ok, b_fail, b_ok) = (id(&a_ok), id(&b_fail), id(&b_ok));
 
     // Newest first.
-    let all = get(t.addr, "/v1/audit").await.expect(200);
+    let all = ops_get(t.addr, "/v1/audit").await.expect(200);
     assert_eq!(ids(&all), [&b_ok, &b_fail, &a_ok]);
     let first = &all.as_array().unwrap()[1];
     assert_eq!(first["tenant"], "beta");
@@ -98,7 +135,7 @@ async fn audit_filters() {
     assert_eq!(first["outcome"], "completed");
     assert_eq!(first["exit_code"], 2);
 
-    let q = |query: &'static str| get(t.addr, query);
+    let q = |query: &'static str| ops_get(t.addr, query);
     assert_eq!(ids(&q("/v1/audit?tenant=alpha").await.expect(200)), [&a_ok]);
     assert_eq!(
         ids(&q("/v1/audit?tenant=beta&success=false").await.expect(200)),
@@ -136,13 +173,13 @@ async fn audit_filters() {
         .as_str()
         .unwrap()
         .to_string();
-    let between = get(
+    let between = ops_get(
         t.addr,
         &format!("/v1/audit?after={stamp}&tenant=beta&success=false"),
     )
     .await;
     assert_eq!(ids(&between.expect(200)), [&b_fail]);
-    let before = get(t.addr, &format!("/v1/audit?before={stamp}"))
+    let before = ops_get(t.addr, &format!("/v1/audit?before={stamp}"))
         .await
         .expect(200);
     assert!(
@@ -162,5 +199,18 @@ async fn audit_filters() {
         let msg = q(query).await.expect_error(400, "INVALID_OPTIONS");
         assert!(msg.contains(field), "{query}: {msg}");
     }
+    // A tenant's own key sees its own entries, whatever it filters by.
+    let own = Request::get("/v1/audit")
+        .header("Authorization", &format!("Bearer {BETA}"))
+        .send(t.addr)
+        .await
+        .expect(200);
+    assert_eq!(ids(&own), [&b_ok, &b_fail]);
+    let other = Request::get("/v1/audit?tenant=alpha")
+        .header("Authorization", &format!("Bearer {BETA}"))
+        .send(t.addr)
+        .await
+        .expect(200);
+    assert_eq!(ids(&other).len(), 0);
     t.stop().await;
 }

@@ -37,7 +37,10 @@ impl TestServer {
             server.listen.starts_with("127.0.0.1:"),
             "tests listen on loopback only"
         );
-        let paddock = builder.start().expect("Paddock starts");
+        let paddock = builder
+            .access(server.access_rules())
+            .start()
+            .expect("Paddock starts");
         let handle = paddock_pool::http::start(paddock.clone(), server).expect("server starts");
         let addr = handle.local_addr();
         assert!(addr.ip().is_loopback(), "{addr}");

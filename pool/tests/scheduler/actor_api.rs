@@ -55,7 +55,14 @@ async fn an_actor_drives_paddock_by_messages() {
     let canceller = async {
         for _ in 0..200 {
             tokio::time::sleep(Duration::from_millis(10)).await;
-            if supervisor.send(Cancel(id.clone())).await.unwrap() {
+            if supervisor
+                .send(Cancel {
+                    caller: paddock_pool::Caller::Embedder,
+                    id: id.clone(),
+                })
+                .await
+                .unwrap()
+            {
                 return true;
             }
         }
@@ -67,8 +74,13 @@ async fn an_actor_drives_paddock_by_messages() {
         r.unwrap().unwrap().outcome,
         paddock_core::Outcome::Cancelled
     );
-    let stats = supervisor.send(GetStats).await.unwrap();
-    assert_eq!(stats.accepted_total, 2);
+    let stats = supervisor
+        .send(GetStats {
+            caller: paddock_pool::Caller::Embedder,
+        })
+        .await
+        .unwrap();
+    assert_eq!(stats.accepted_total.unwrap_or_default(), 2);
     assert_eq!(stats.in_flight, 0);
     paddock.shutdown(Duration::from_secs(5)).await.unwrap();
 }

@@ -37,15 +37,18 @@ async fn executes_through_the_whole_pipeline() {
         .await
         .unwrap_err();
     assert_eq!(blocked.code, ErrorCode::CodeBlocked);
-    let audit = paddock.audit(Default::default()).await.unwrap();
+    let audit = paddock
+        .audit(&paddock_pool::Caller::Embedder, Default::default())
+        .await
+        .unwrap();
     assert_eq!(
         audit.len(),
         2,
         "one entry per accepted execution: {audit:?}"
     );
     let stats = paddock.stats().await.unwrap();
-    assert_eq!(stats.accepted_total, 2);
-    assert_eq!(stats.refused_total, 1);
+    assert_eq!(stats.accepted_total.unwrap_or_default(), 2);
+    assert_eq!(stats.refused_total.unwrap_or_default(), 1);
     let report = paddock.shutdown(Duration::from_secs(5)).await.unwrap();
     assert_eq!(report.cancelled, 0);
     let after = paddock.execute(sh("true")).await.unwrap_err();
@@ -89,7 +92,7 @@ async fn cancel_by_id_while_running() {
     let mut cancelled = false;
     for _ in 0..200 {
         tokio::time::sleep(Duration::from_millis(10)).await;
-        if paddock.cancel(&id) {
+        if paddock.cancel(&paddock_pool::Caller::Embedder, &id) {
             cancelled = true;
             break;
         }
@@ -97,7 +100,10 @@ async fn cancel_by_id_while_running() {
     assert!(cancelled, "the execution never showed up as running");
     let r = running.await.unwrap().unwrap();
     assert_eq!(r.outcome, Outcome::Cancelled);
-    assert!(!paddock.cancel(&id), "cancel after finish is a no-op");
+    assert!(
+        !paddock.cancel(&paddock_pool::Caller::Embedder, &id),
+        "cancel after finish is a no-op"
+    );
     paddock.shutdown(Duration::from_secs(5)).await.unwrap();
 }
 
@@ -332,7 +338,10 @@ async fn a_suspended_handler_resumes_in_its_session_through_the_pipeline() {
         .unwrap();
     assert!(r.is_success(), "{r:?}");
     assert_eq!(r.value, Some(serde_json::json!({"approved": true})));
-    let audit = paddock.audit(Default::default()).await.unwrap();
+    let audit = paddock
+        .audit(&paddock_pool::Caller::Embedder, Default::default())
+        .await
+        .unwrap();
     assert_eq!(
         audit.len(),
         2,

@@ -121,7 +121,10 @@ async fn a_pooled_suspension_resumes_on_the_same_process_and_only_once() {
     assert_eq!(again.code, ErrorCode::NotFound);
     assert!(again.message.contains("resumed"), "{again}");
 
-    let audit = p.audit(Default::default()).await.unwrap();
+    let audit = p
+        .audit(&paddock_pool::Caller::Embedder, Default::default())
+        .await
+        .unwrap();
     let outcomes: Vec<AuditOutcome> = audit.iter().map(|e| e.outcome).collect();
     assert_eq!(audit.len(), 2, "the invoke and the resume: {audit:?}");
     assert!(outcomes.contains(&AuditOutcome::Suspended), "{outcomes:?}");

@@ -290,7 +290,9 @@ impl Ctx {
                 let run = tokio::spawn(async move { paddock.execute_with(msg).await });
                 tokio::time::sleep(after).await;
                 // Until it is registered (it may still be on its way to the supervisor).
-                while !run.is_finished() && !self.paddock.cancel(&id) {
+                while !run.is_finished()
+                    && !self.paddock.cancel(&paddock_pool::Caller::Embedder, &id)
+                {
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
                 run.await.unwrap_or_else(|e| {
@@ -308,7 +310,7 @@ impl Ctx {
                         Some(StreamEvent::Output(_)) => {
                             if !cancelled {
                                 cancelled = true;
-                                self.paddock.cancel(&id);
+                                self.paddock.cancel(&paddock_pool::Caller::Embedder, &id);
                             }
                         }
                         Some(StreamEvent::Finished(r)) => return *r,

@@ -189,7 +189,7 @@ pub(super) async fn soak(args: SoakArgs, as_json: bool) -> Result<i32, crate::ru
 
     // The engines are started here, so that what is missing can be reported.
     let subprocess =
-        match SubprocessEngine::with_defaults(&config.subprocess, config.limits.clone()) {
+        match SubprocessEngine::with_defaults(&config.subprocess, config.limits.defaults.clone()) {
             Ok(e) => e,
             Err(e) => {
                 eprintln!("paddock bench: the subprocess engine cannot start: {e}");
@@ -205,8 +205,9 @@ pub(super) async fn soak(args: SoakArgs, as_json: bool) -> Result<i32, crate::ru
         Some(Err(why)) => Err(why.clone()),
         None => Err("no python runner is configured".to_string()),
     };
-    let container = ContainerEngine::with_defaults(&config.container, config.limits.clone())
-        .map_err(|e| e.message);
+    let container =
+        ContainerEngine::with_defaults(&config.container, config.limits.defaults.clone())
+            .map_err(|e| e.message);
     let container_report = match &container {
         Ok(e) => json!({
             "runtime": e.runtime_info().kind.as_str(),
@@ -312,7 +313,7 @@ pub(super) async fn soak(args: SoakArgs, as_json: bool) -> Result<i32, crate::ru
     // Every audit entry of an answered execution is queued before its answer; a
     // query after the last answer is handled after all of them.
     let audit_stats = paddock
-        .audit_statistics()
+        .audit_statistics(&paddock_pool::Caller::Embedder)
         .await
         .map_err(|e| crate::run::UsageError(e.to_string()))?;
     let unaudited = ledger.answered_without_audit();
@@ -344,8 +345,8 @@ pub(super) async fn soak(args: SoakArgs, as_json: bool) -> Result<i32, crate::ru
     let duplicated = ledger.duplicate_answers.load(Ordering::Relaxed)
         + ledger.duplicate_audits.load(Ordering::Relaxed)
         + ledger.unmatched_audits.load(Ordering::Relaxed);
-    let accepted = end.stats.accepted_total;
-    let refused = end.stats.refused_total;
+    let accepted = end.stats.accepted_total.unwrap_or_default();
+    let refused = end.stats.refused_total.unwrap_or_default();
 
     let rss_max = samples.iter().copied().max().unwrap_or(end.rss);
     // The kernel updates the high-water mark lazily, so the samples can pass it.

@@ -1,0 +1,204 @@
+//! Who is calling, and how much one tenant may hold of the server at once.
+//!
+//! Every request is answered on behalf of a [`Caller`]: the tenant of its API key (an
+//! operator for a key marked `admin`), or, without keys, the tenant its
+//! `X-Paddock-Tenant` header claims. Requests in progress and open WebSockets are
+//! counted per tenant; one tenant at its cap is answered 429 `RATE_LIMITED` while the
+//! others go on.
+
+use std::sync::Arc;
+
+use actix_web::body::MessageBody;
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::http::{header, StatusCode};
+use actix_web::middleware::Next;
+use actix_web::{web, HttpRequest, ResponseError};
+use dashmap::DashMap;
+use paddock_core::{Error, ErrorCode, ServerConfig};
+use subtle::ConstantTimeEq;
+
+use super::{ApiError, State};
+use crate::Caller;
+
+/// How long a tenant at a cap is told to wait.
+const CAP_RETRY_MS: u64 = 100;
+
+/// The caller of a request: the API key's tenant when keys are configured (401
+/// without a valid key; an operator for an `admin` key), else the tenant the
+/// `X-Paddock-Tenant` header claims (or none).
+pub(super) fn caller(config: &ServerConfig, req: &HttpRequest) -> Result<Caller, ApiError> {
+    if config.api_keys.is_empty() {
+        return Ok(Caller::of(
+            req.headers()
+                .get("x-paddock-tenant")
+                .and_then(|v| v.to_str().ok())
+                .filter(|t| !t.is_empty()),
+        ));
+    }
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    // Compare against every key in constant time; no early exit on a match.
+    let mut found = None;
+    for k in &config.api_keys {
+        let eq: bool = k.key.as_bytes().ct_eq(presented.as_bytes()).into();
+        if eq && found.is_none() {
+            found = Some(k);
+        }
+    }
+    match found {
+        Some(k) if k.admin => Ok(Caller::Operator(k.tenant.clone())),
+        Some(k) => Ok(Caller::tenant(k.tenant.clone())),
+        None => Err(ApiError::with_status(
+            StatusCode::UNAUTHORIZED,
+            ErrorCode::InvalidOptions,
+            "missing or wrong API key: send `Authorization: Bearer <key>`",
+        )),
+    }
+}
+
+/// The tenant work created by `caller` is accounted to (an operator's own tenant).
+pub(super) fn account(caller: &Caller) -> Option<String> {
+    match caller {
+        Caller::Tenant(t) => t.clone(),
+        Caller::Operator(name) => Some(name.clone()),
+        Caller::Embedder => None,
+    }
+}
+
+/// The key a caller is counted under.
+fn key(caller: &Caller) -> String {
+    account(caller).unwrap_or_default()
+}
+
+/// A count per tenant with a cap.
+#[derive(Debug)]
+pub(super) struct Gauge {
+    counts: DashMap<String, u32>,
+    max: u32,
+    what: &'static str,
+    setting: &'static str,
+}
+
+/// One place in a [`Gauge`], given back when dropped.
+#[derive(Debug)]
+pub(super) struct Held {
+    gauge: Arc<Gauge>,
+    key: String,
+}
+
+impl Gauge {
+    pub(super) fn new(max: u32, what: &'static str, setting: &'static str) -> Arc<Gauge> {
+        Arc::new(Gauge {
+            counts: DashMap::new(),
+            max,
+            what,
+            setting,
+        })
+    }
+
+    /// Takes a place for `caller`, or answers 429 `RATE_LIMITED` at its cap.
+    pub(super) fn enter(self: &Arc<Self>, caller: &Caller) -> Result<Held, ApiError> {
+        let key = key(caller);
+        let mut n = self.counts.entry(key.clone()).or_insert(0);
+        if *n >= self.max {
+            let held = *n;
+            drop(n);
+            return Err(ApiError::from(
+                Error::new(
+                    ErrorCode::RateLimited,
+                    format!(
+                        "this tenant has {held} {} at once, its cap ({} = {}); wait for one to end",
+                        self.what, self.setting, self.max
+                    ),
+                )
+                .with_retry_after_ms(CAP_RETRY_MS),
+            ));
+        }
+        *n += 1;
+        drop(n);
+        Ok(Held {
+            gauge: self.clone(),
+            key,
+        })
+    }
+
+    /// Places held now by `caller`.
+    #[cfg(test)]
+    pub(super) fn held(&self, caller: &Caller) -> u32 {
+        self.counts.get(&key(caller)).map_or(0, |n| *n)
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let remove = match self.gauge.counts.get_mut(&self.key) {
+            Some(mut n) => {
+                *n = n.saturating_sub(1);
+                *n == 0
+            }
+            None => false,
+        };
+        if remove {
+            self.gauge.counts.remove_if(&self.key, |_, n| *n == 0);
+        }
+    }
+}
+
+/// Middleware: counts a request against its tenant's `max_requests_per_tenant`
+/// while the handler runs (a streamed response then holds a place of its own until
+/// it ends). A request without a valid key passes through to be answered 401 by its
+/// handler.
+pub(super) async fn limit_requests(
+    req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<actix_web::body::BoxBody>, actix_web::Error> {
+    let held = match req.app_data::<web::Data<State>>() {
+        Some(state) => match caller(&state.config, req.request()) {
+            Ok(c) => match state.requests.enter(&c) {
+                Ok(h) => Some(h),
+                Err(e) => {
+                    let response = e.error_response();
+                    return Ok(req.into_response(response));
+                }
+            },
+            Err(_) => None,
+        },
+        None => None,
+    };
+    let response = next.call(req).await?;
+    drop(held);
+    Ok(response.map_into_boxed_body())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gauge_caps_one_tenant_and_not_the_others() {
+        let g = Gauge::new(2, "requests in progress", "server.max_requests_per_tenant");
+        let bob = Caller::tenant("bob");
+        let alice = Caller::tenant("alice");
+        let a = g.enter(&bob).unwrap();
+        let _b = g.enter(&bob).unwrap();
+        let refused = g.enter(&bob).unwrap_err();
+        assert_eq!(refused.error.code, ErrorCode::RateLimited);
+        assert!(refused.error.retry_after_ms.is_some());
+        assert!(
+            refused
+                .error
+                .message
+                .contains("server.max_requests_per_tenant = 2"),
+            "{}",
+            refused.error.message
+        );
+        let _c = g.enter(&alice).expect("another tenant is unaffected");
+        drop(a);
+        assert_eq!(g.held(&bob), 1);
+        let _d = g.enter(&bob).expect("a place was given back");
+    }
+}

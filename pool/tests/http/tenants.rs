@@ -1,0 +1,590 @@
+//! Tenants are walls: a two-tenant matrix over every route of the route table, the
+//! operator role, per-tenant fair shares, the operator's ceilings and allowances.
+//!
+//! The matrix walks `paddock_pool::http::route_table()`, so a route added later
+//! joins it: tenant B, holding its own valid key, must get 404 `NOT_FOUND` for every
+//! object of tenant A, and never one byte of A's output, ids or code hashes from any
+//! route.
+
+use std::time::{Duration, Instant};
+
+use paddock_core::{ApiKey, IsolationLevel, NetworkKind, PaddockConfig};
+use paddock_pool::limiter::LimiterConfig;
+use paddock_pool::Paddock;
+use serde_json::{json, Value};
+
+use crate::client::{Request, Response};
+use crate::support::{eventually, server_config, sh, TestServer};
+
+const ALICE: &str = "key-alice-0123456789";
+const BOB: &str = "key-bob-0123456789ab";
+const OPS: &str = "key-ops-0123456789abc";
+
+fn as_(key: &str, r: Request) -> Request {
+    r.header("Authorization", &format!("Bearer {key}"))
+}
+
+/// A server with keys for alice, bob and an operator, whose tenants may use the
+/// subprocess engine.
+fn keyed_server(config: PaddockConfig) -> TestServer {
+    let mut server = server_config();
+    let mut ops = ApiKey::new(OPS, "ops");
+    ops.admin = true;
+    server.api_keys = vec![ApiKey::new(ALICE, "alice"), ApiKey::new(BOB, "bob"), ops];
+    server.allowed_levels = Some(vec![
+        IsolationLevel::None,
+        IsolationLevel::ContextIsolated,
+        IsolationLevel::Strict,
+    ]);
+    TestServer::start_with(Paddock::builder().config(config), server)
+}
+
+/// What of alice's must never reach bob.
+struct Secrets {
+    markers: Vec<String>,
+}
+
+impl Secrets {
+    /// Checks an answer to bob; `asked` is what bob's request named itself (an id
+    /// an error may quote back).
+    fn check_except(&self, route: &str, r: &Response, asked: &str) {
+        let text = r.text();
+        for m in self.markers.iter().filter(|m| m.as_str() != asked) {
+            assert!(
+                !text.contains(m.as_str()),
+                "{route} answered bob with alice's `{m}`: {} {text}",
+                r.status
+            );
+        }
+    }
+
+    fn check(&self, route: &str, r: &Response) {
+        self.check_except(route, r, "")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_b_sees_nothing_of_tenant_a_on_any_route() {
+    let t = keyed_server(PaddockConfig::default());
+    let addr = t.addr;
+    let secret = format!("alice-secret-output-{}", std::process::id());
+
+    // Alice's objects: a finished execution, a running one, a sandbox with a file
+    // and a background process.
+    let done = as_(ALICE, Request::post("/v1/executions"))
+        .json(&sh(&format!("echo {secret}")))
+        .send(addr)
+        .await
+        .expect(200);
+    assert_eq!(done["stdout"], format!("{secret}\n"), "{done}");
+    let done_id = done["id"].as_str().unwrap().to_string();
+    let running = {
+        let r = as_(ALICE, Request::post("/v1/executions?stream=true"))
+            .json(&sh("sleep 30"))
+            .stream(addr)
+            .await;
+        assert_eq!(r.status, 200);
+        r
+    };
+    let mut running = running;
+    let (_, started) = running.next_line().await.expect("a started line");
+    let running_id = started["id"].as_str().unwrap().to_string();
+    let sandbox = as_(ALICE, Request::post("/v1/sandboxes"))
+        .send(addr)
+        .await
+        .expect(201);
+    let sandbox_id = sandbox["id"].as_str().unwrap().to_string();
+    let base = format!("/v1/sandboxes/{sandbox_id}");
+    let put = as_(ALICE, Request::put(&format!("{base}/files/a.txt")))
+        .body(secret.clone().into_bytes())
+        .send(addr)
+        .await;
+    assert_eq!(put.status, 204, "{}", put.text());
+    let process = as_(ALICE, Request::post(&format!("{base}/processes")))
+        .json(&json!({"argv": ["sh", "-c", format!("echo {secret}; sleep 30")]}))
+        .send(addr)
+        .await
+        .expect(201);
+    let process_id = process["id"].as_str().unwrap().to_string();
+    let process_exec = process["execution_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let audit = as_(ALICE, Request::get("/v1/audit"))
+        .send(addr)
+        .await
+        .expect(200);
+    let alice_hash = audit
+        .as_array()
+        .and_then(|a| a.iter().find(|e| e["id"] == done_id.as_str()))
+        .map(|e| e["code_hash"].as_str().unwrap().to_string())
+        .expect("alice's own audit has her execution");
+
+    let mut markers = vec![
+        secret.clone(),
+        done_id.clone(),
+        running_id.clone(),
+        sandbox_id.clone(),
+        alice_hash.clone(),
+        "alice".to_string(),
+    ];
+    if !process_exec.is_empty() {
+        markers.push(process_exec);
+    }
+    let secrets = Secrets { markers };
+
+    // Every route of the table, with alice's ids where it takes ids.
+    let mut walked = 0;
+    for (method, pattern) in paddock_pool::http::route_table() {
+        let method = method.to_uppercase();
+        let targets: Vec<String> = if pattern.starts_with("/v1/executions/{id}") {
+            vec![done_id.clone(), running_id.clone()]
+        } else {
+            vec![sandbox_id.clone()]
+        };
+        for target in targets {
+            let path = pattern
+                .replace("{id}", &target)
+                .replace("{process}", &process_id)
+                .replace("{path}", "a.txt")
+                .replace("{port}", "8000");
+            let names_an_object = pattern.contains('{');
+            let mut req = as_(BOB, Request::new(&method, &path));
+            req = match (method.as_str(), pattern) {
+                ("POST", "/v1/executions") => req.json(&sh("echo bob")),
+                ("POST", p) if p.ends_with("/exec") => req.json(&sh("cat a.txt")),
+                ("POST", p) if p.ends_with("/processes") => req.json(&json!({"argv": ["true"]})),
+                ("POST", p) if p.ends_with("/terminals") => req.json(&json!({})),
+                ("POST", p) if p.ends_with("/signal") => req.json(&json!({"signal": 9})),
+                ("PUT", _) => req.body(b"bob".to_vec()),
+                _ => req,
+            };
+            let r = req.send(addr).await;
+            let route = format!("{method} {pattern}");
+            let asked = if names_an_object { target.as_str() } else { "" };
+            secrets.check_except(&route, &r, asked);
+            if names_an_object {
+                let code = r.json()["error"]["code"].clone();
+                assert_eq!(
+                    (r.status, code.as_str()),
+                    (404, Some("NOT_FOUND")),
+                    "{route} on alice's object answered bob: {}",
+                    r.text()
+                );
+            } else if method == "POST" && pattern == "/v1/sandboxes" {
+                // Bob's own sandbox: fine, and closed again.
+                let id = r.expect(201)["id"].as_str().unwrap().to_string();
+                let d = as_(BOB, Request::delete(&format!("/v1/sandboxes/{id}")))
+                    .send(addr)
+                    .await;
+                assert_eq!(d.status, 204, "{}", d.text());
+            }
+            walked += 1;
+            if !names_an_object {
+                break;
+            }
+        }
+    }
+    assert!(
+        walked > 25,
+        "the route table was walked ({walked} requests)"
+    );
+
+    // The tenant filter cannot widen bob's view.
+    let r = as_(BOB, Request::get("/v1/audit?tenant=alice"))
+        .send(addr)
+        .await;
+    secrets.check("GET /v1/audit?tenant=alice", &r);
+    assert_eq!(r.expect(200), json!([]));
+    // Bob's statistics are his own.
+    let stats = as_(BOB, Request::get("/v1/stats"))
+        .send(addr)
+        .await
+        .expect(200);
+    assert_eq!(stats["scheduler"]["tenant"], "bob", "{stats}");
+    assert!(
+        stats["scheduler"].get("accepted_total").is_none(),
+        "{stats}"
+    );
+    assert_eq!(stats["scheduler"]["sandboxes"], 0, "{stats}");
+
+    // Nothing of alice's was touched: her running execution still runs, her sandbox
+    // and process are there, her file says what she wrote.
+    let r = as_(ALICE, Request::get(&format!("/v1/executions/{running_id}")))
+        .send(addr)
+        .await
+        .expect(200);
+    assert_eq!(r["status"], "running", "bob's DELETE cancelled it: {r}");
+    let file = as_(ALICE, Request::get(&format!("{base}/files/a.txt")))
+        .send(addr)
+        .await;
+    assert_eq!(file.status, 200);
+    assert_eq!(file.text(), secret);
+    let p = as_(
+        ALICE,
+        Request::get(&format!("{base}/processes/{process_id}")),
+    )
+    .send(addr)
+    .await
+    .expect(200);
+    assert!(p["exit"].is_null(), "{p}");
+
+    // The operator sees both tenants, and its use is recorded.
+    let r = as_(OPS, Request::get(&format!("/v1/executions/{done_id}")))
+        .send(addr)
+        .await
+        .expect(200);
+    assert_eq!(r["stdout"], format!("{secret}\n"));
+    let all = as_(OPS, Request::get("/v1/audit?limit=1000"))
+        .send(addr)
+        .await
+        .expect(200);
+    let tenants: Vec<&str> = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["tenant"].as_str())
+        .collect();
+    assert!(
+        tenants.contains(&"alice") && tenants.contains(&"bob"),
+        "{tenants:?}"
+    );
+    let ops_stats = as_(OPS, Request::get("/v1/stats"))
+        .send(addr)
+        .await
+        .expect(200);
+    assert!(ops_stats["scheduler"]["accepted_total"].as_u64().unwrap() >= 3);
+    let accesses = eventually_accesses(addr, &done_id).await;
+    assert!(
+        accesses.iter().any(|a| a["operator"] == "ops"
+            && a["action"] == "execution.get"
+            && a["target"] == done_id.as_str()),
+        "{accesses:?}"
+    );
+    assert!(accesses.iter().any(|a| a["action"] == "audit.search"));
+    // Tenants do not see the operator record.
+    as_(BOB, Request::get("/v1/audit/operator"))
+        .send(addr)
+        .await
+        .expect_error(404, "NOT_FOUND");
+    // /metrics carries no tenant names.
+    let metrics = Request::get("/metrics").send(addr).await;
+    assert_eq!(metrics.status, 200);
+    for name in ["alice", "bob", "ops"] {
+        assert!(!metrics.text().contains(name), "/metrics names `{name}`");
+    }
+
+    // Alice ends her work.
+    let c = as_(
+        ALICE,
+        Request::delete(&format!("/v1/executions/{running_id}")),
+    )
+    .send(addr)
+    .await
+    .expect(200);
+    assert_eq!(c["cancelled"], true, "{c}");
+    let (_, end) = running.lines().await.pop().expect("a last line");
+    assert_eq!(end["outcome"], "cancelled", "{end}");
+    let d = as_(ALICE, Request::delete(&base)).send(addr).await;
+    assert_eq!(d.status, 204);
+    // Destroyed, it stays invisible to bob and known to alice.
+    as_(BOB, Request::get(&base))
+        .send(addr)
+        .await
+        .expect_error(404, "NOT_FOUND");
+    as_(BOB, Request::delete(&base))
+        .send(addr)
+        .await
+        .expect_error(404, "NOT_FOUND");
+    let d = as_(ALICE, Request::delete(&base)).send(addr).await;
+    assert_eq!(d.status, 204, "a repeated destroy by the owner is fine");
+    t.stop().await;
+}
+
+/// The operator-access record, once it shows the operator's look at `id`.
+async fn eventually_accesses(addr: std::net::SocketAddr, id: &str) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = as_(OPS, Request::get("/v1/audit/operator"))
+            .send(addr)
+            .await
+            .expect(200);
+        let list = r.as_array().cloned().unwrap_or_default();
+        if list.iter().any(|a| a["target"] == id) || Instant::now() > deadline {
+            return list;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_at_its_caps_does_not_starve_the_others() {
+    let config = PaddockConfig {
+        limiter: LimiterConfig {
+            max_sandboxes_per_tenant: Some(3),
+            max_slots_per_tenant: Some(4),
+            ..LimiterConfig::default()
+        },
+        ..PaddockConfig::default()
+    };
+    let mut config = config;
+    config.pool.max_size = 6;
+    config.subprocess.warm.enabled = false;
+    let mut server = server_config();
+    server.max_websockets_per_tenant = 2;
+    server.api_keys = vec![ApiKey::new(ALICE, "alice"), ApiKey::new(BOB, "bob")];
+    server.allowed_levels = Some(vec![IsolationLevel::None]);
+    let t = TestServer::start_with(Paddock::builder().config(config), server);
+    let addr = t.addr;
+
+    // Bob opens sandboxes up to his cap; the next is refused at once.
+    let mut bobs = Vec::new();
+    for _ in 0..3 {
+        let r = as_(BOB, Request::post("/v1/sandboxes")).send(addr).await;
+        bobs.push(r.expect(201)["id"].as_str().unwrap().to_string());
+    }
+    let started = Instant::now();
+    let r = as_(BOB, Request::post("/v1/sandboxes")).send(addr).await;
+    let msg = r.expect_error(429, "RATE_LIMITED");
+    assert!(msg.contains("max_sandboxes_per_tenant = 3"), "{msg}");
+    assert!(r.json()["error"]["retry_after_ms"].as_u64().is_some());
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "refused at once"
+    );
+    // His fourth slot is one pooled execution; a fifth is refused.
+    let long = tokio::spawn(async move {
+        as_(BOB, Request::post("/v1/executions"))
+            .json(&sh("sleep 3"))
+            .send(addr)
+            .await
+    });
+    eventually(Duration::from_secs(10), "bob's execution runs", || async {
+        let s = as_(BOB, Request::get("/v1/stats")).send(addr).await.json();
+        s["scheduler"]["in_flight"] == 1
+    })
+    .await;
+    let r = as_(BOB, Request::post("/v1/executions"))
+        .json(&sh("echo more"))
+        .send(addr)
+        .await;
+    let msg = r.expect_error(503, "POOL_EXHAUSTED");
+    assert!(msg.contains("max_slots_per_tenant = 4"), "{msg}");
+    assert!(r.json()["error"]["retry_after_ms"].as_u64().is_some());
+    // WebSockets: bob's first two attach sockets open, the third is refused.
+    let base = format!("/v1/sandboxes/{}", bobs[0]);
+    let p = as_(BOB, Request::post(&format!("{base}/processes")))
+        .json(&json!({"argv": ["sleep", "30"]}))
+        .send(addr)
+        .await
+        .expect(201);
+    let url = format!(
+        "ws://{addr}{base}/processes/{}/attach",
+        p["id"].as_str().unwrap()
+    );
+    let mut sockets = Vec::new();
+    for _ in 0..2 {
+        sockets.push(ws_connect(&url, BOB).await.expect("within the cap"));
+    }
+    let refused = ws_connect(&url, BOB).await.expect_err("over the cap");
+    assert!(refused.contains("429"), "{refused}");
+
+    // Alice is unaffected: she opens a sandbox and runs an execution promptly.
+    let started = Instant::now();
+    let s = as_(ALICE, Request::post("/v1/sandboxes"))
+        .send(addr)
+        .await
+        .expect(201);
+    let r = as_(ALICE, Request::post("/v1/executions"))
+        .json(&sh("echo fine"))
+        .send(addr)
+        .await
+        .expect(200);
+    assert_eq!(r["stdout"], "fine\n");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "alice waited {:?} behind bob",
+        started.elapsed()
+    );
+    let id = s["id"].as_str().unwrap();
+    as_(ALICE, Request::delete(&format!("/v1/sandboxes/{id}")))
+        .send(addr)
+        .await;
+
+    // Bob's places come back when his work ends.
+    drop(sockets);
+    let done = long.await.unwrap();
+    assert_eq!(done.status, 200, "{}", done.text());
+    let d = as_(BOB, Request::delete(&format!("/v1/sandboxes/{}", bobs[1])))
+        .send(addr)
+        .await;
+    assert_eq!(d.status, 204);
+    as_(BOB, Request::post("/v1/sandboxes"))
+        .send(addr)
+        .await
+        .expect(201);
+    t.stop().await;
+}
+
+/// Opens a WebSocket as `key`; the error names the refusal's status.
+async fn ws_connect(
+    url: &str,
+    key: &str,
+) -> Result<
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
+    String,
+> {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let mut req = url.into_client_request().unwrap();
+    req.headers_mut()
+        .insert("Authorization", format!("Bearer {key}").parse().unwrap());
+    match tokio_tungstenite::connect_async(req).await {
+        Ok((ws, _)) => Ok(ws),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ceilings_and_allowances_are_refused_by_name() {
+    let mut config: PaddockConfig = PaddockConfig::from_toml_str(
+        "[limits]\ntimeout_ms = 2000\nmemory_bytes = 67108864\n\
+         [limits.max]\ntimeout_ms = 10000\nmemory_bytes = 134217728\n",
+    )
+    .unwrap();
+    config.subprocess.warm.enabled = false;
+    // No allowances given: the multi-tenant defaults.
+    let mut server = server_config();
+    let mut open = ApiKey::new(ALICE, "alice");
+    open.allowed_levels = Some(vec![IsolationLevel::None, IsolationLevel::ContextIsolated]);
+    open.allowed_networks = Some(vec![NetworkKind::None, NetworkKind::Unrestricted]);
+    server.api_keys = vec![open, ApiKey::new(BOB, "bob")];
+    let t = TestServer::start_with(Paddock::builder().config(config), server);
+    let addr = t.addr;
+
+    // Above a ceiling: refused with the field and the bound, for executions and
+    // sandboxes alike.
+    for (field, value, bound) in [
+        ("timeout_ms", json!(86_400_000u64), "10000"),
+        ("memory_bytes", json!(70_368_744_177_664u64), "134217728"),
+        ("max_output_bytes", json!(4_294_967_296u64), "67108864"),
+    ] {
+        let mut body = sh("echo hi");
+        body["limits"] = json!({ field: value });
+        let msg = as_(ALICE, Request::post("/v1/executions"))
+            .json(&body)
+            .send(addr)
+            .await
+            .expect_error(400, "INVALID_OPTIONS");
+        assert!(
+            msg.contains(&format!("limits.{field}")) && msg.contains(bound),
+            "{msg}"
+        );
+        let msg = as_(ALICE, Request::post("/v1/sandboxes"))
+            .json(&json!({"limits": { field: value }}))
+            .send(addr)
+            .await
+            .expect_error(400, "INVALID_OPTIONS");
+        assert!(msg.contains(bound), "{msg}");
+    }
+    // At the ceiling it runs.
+    let mut body = sh("echo at-the-bound");
+    body["limits"] = json!({"timeout_ms": 10_000});
+    let r = as_(ALICE, Request::post("/v1/executions"))
+        .json(&body)
+        .send(addr)
+        .await
+        .expect(200);
+    assert_eq!(r["stdout"], "at-the-bound\n");
+
+    // Bob has the defaults of a server with keys: no level `none` (the subprocess
+    // engine), no unrestricted network.
+    let msg = as_(BOB, Request::post("/v1/executions"))
+        .json(&json!({"engine": "subprocess", "program": {"command": ["true"]}}))
+        .send(addr)
+        .await
+        .expect_error(400, "INVALID_OPTIONS");
+    assert!(
+        msg.contains("level `none`") && msg.contains("`bob`"),
+        "{msg}"
+    );
+    let msg = as_(BOB, Request::post("/v1/sandboxes"))
+        .json(&json!({"engine": "subprocess"}))
+        .send(addr)
+        .await
+        .expect_error(400, "INVALID_OPTIONS");
+    assert!(msg.contains("level `none`"), "{msg}");
+    let msg = as_(BOB, Request::post("/v1/executions"))
+        .json(&json!({"engine": "isolate", "network": "unrestricted", "program": {"language": "javascript", "code": "1"}}))
+        .send(addr)
+        .await
+        .expect_error(400, "INVALID_OPTIONS");
+    assert!(msg.contains("network `unrestricted`"), "{msg}");
+    // With no engine named, bob's JavaScript goes to an engine he may use.
+    let r = as_(BOB, Request::post("/v1/executions"))
+        .json(&json!({"program": {"language": "javascript", "code": "6*7"}}))
+        .send(addr)
+        .await
+        .expect(200);
+    assert_eq!(r["value"], 42, "{r}");
+    assert_ne!(r["engine"], "subprocess", "{r}");
+    // Alice's key allows level `none`.
+    let r = as_(ALICE, Request::post("/v1/executions"))
+        .json(&sh("echo alice"))
+        .send(addr)
+        .await
+        .expect(200);
+    assert_eq!(r["stdout"], "alice\n");
+    t.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kept_results_are_bounded_in_bytes_per_tenant() {
+    let mut config = PaddockConfig::default();
+    config.subprocess.warm.enabled = false;
+    let mut server = server_config();
+    server.max_result_bytes = 8 << 20;
+    server.max_result_bytes_per_tenant = 3 << 20;
+    let t = TestServer::start_with(Paddock::builder().config(config), server);
+    let addr = t.addr;
+    let tenant = |name: &str, r: Request| r.header("X-Paddock-Tenant", name);
+    // Alice keeps one small result; bob floods 1 MiB outputs.
+    let a = tenant("alice", Request::post("/v1/executions"))
+        .json(&sh("echo small"))
+        .send(addr)
+        .await
+        .expect(200);
+    let alice_id = a["id"].as_str().unwrap().to_string();
+    let mut ids = Vec::new();
+    for _ in 0..8 {
+        let mut body = sh("head -c 1048576 /dev/zero | tr '\\0' x");
+        body["limits"] = json!({"max_output_bytes": 2 << 20});
+        let r = tenant("bob", Request::post("/v1/executions"))
+            .json(&body)
+            .send(addr)
+            .await
+            .expect(200);
+        assert_eq!(r["stdout"].as_str().unwrap().len(), 1 << 20);
+        ids.push(r["id"].as_str().unwrap().to_string());
+        let stats = tenant("bob", Request::get("/v1/stats"))
+            .send(addr)
+            .await
+            .expect(200);
+        let held = stats["results"]["bytes"].as_u64().unwrap();
+        assert!(held <= 3 << 20, "bob's kept results hold {held} bytes");
+    }
+    // His oldest went, his newest and alice's stayed.
+    tenant("bob", Request::get(&format!("/v1/executions/{}", ids[0])))
+        .send(addr)
+        .await
+        .expect_error(404, "NOT_FOUND");
+    tenant("bob", Request::get(&format!("/v1/executions/{}", ids[7])))
+        .send(addr)
+        .await
+        .expect(200);
+    let r = tenant("alice", Request::get(&format!("/v1/executions/{alice_id}")))
+        .send(addr)
+        .await
+        .expect(200);
+    assert_eq!(r["stdout"], "small\n");
+    t.stop().await;
+}
