@@ -45,7 +45,6 @@ pub struct LimitsConfig {
     pub max: Limits,
 }
 
-
 impl TryFrom<Map<String, Value>> for LimitsConfig {
     type Error = String;
 

@@ -57,6 +57,11 @@ impl TestServer {
         TestServer::start_with(Paddock::builder().config(config), server)
     }
 
+    /// Where `/metrics` is served when `server.metrics` gives it an address of its own.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.server.as_ref().and_then(|s| s.metrics_addr())
+    }
+
     pub fn begin_drain(&self) {
         self.server.as_ref().expect("running").begin_drain();
     }

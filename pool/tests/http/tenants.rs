@@ -588,3 +588,91 @@ async fn kept_results_are_bounded_in_bytes_per_tenant() {
     assert_eq!(r["stdout"], "small\n");
     t.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_in_progress_are_capped_per_tenant() {
+    let mut config = PaddockConfig::default();
+    config.subprocess.warm.enabled = false;
+    let mut server = server_config();
+    server.max_requests_per_tenant = 2;
+    let t = TestServer::start_with(Paddock::builder().config(config), server);
+    let addr = t.addr;
+    let as_tenant = |name: &str, r: Request| r.header("X-Paddock-Tenant", name);
+    let slow: Vec<_> = (0..2)
+        .map(|_| {
+            tokio::spawn(async move {
+                as_tenant("bob", Request::post("/v1/executions"))
+                    .json(&sh("sleep 2"))
+                    .send(addr)
+                    .await
+            })
+        })
+        .collect();
+    // Watched through the handle: a request of bob's would take one of his places.
+    let paddock = t.paddock.clone();
+    eventually(Duration::from_secs(10), "bob's two executions run", || {
+        let paddock = paddock.clone();
+        async move { paddock.stats().await.unwrap().in_flight == 2 }
+    })
+    .await;
+    let r = as_tenant("bob", Request::post("/v1/executions"))
+        .json(&sh("echo third"))
+        .send(addr)
+        .await;
+    let msg = r.expect_error(429, "RATE_LIMITED");
+    assert!(msg.contains("server.max_requests_per_tenant = 2"), "{msg}");
+    let r = as_tenant("alice", Request::post("/v1/executions"))
+        .json(&sh("echo alice"))
+        .send(addr)
+        .await
+        .expect(200);
+    assert_eq!(r["stdout"], "alice\n");
+    for s in slow {
+        assert_eq!(s.await.unwrap().status, 200);
+    }
+    // The places came back.
+    as_tenant("bob", Request::post("/v1/executions"))
+        .json(&sh("true"))
+        .send(addr)
+        .await
+        .expect(200);
+    t.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_are_served_where_the_operator_says() {
+    let keys = || {
+        let mut ops = ApiKey::new(OPS, "ops");
+        ops.admin = true;
+        vec![ApiKey::new(ALICE, "alice"), ops]
+    };
+    let mut server = server_config();
+    server.api_keys = keys();
+    server.metrics = "operator".into();
+    let t = TestServer::start_with(Paddock::builder(), server);
+    assert_eq!(Request::get("/metrics").send(t.addr).await.status, 401);
+    as_(ALICE, Request::get("/metrics"))
+        .send(t.addr)
+        .await
+        .expect_error(404, "NOT_FOUND");
+    let m = as_(OPS, Request::get("/metrics")).send(t.addr).await;
+    assert_eq!(m.status, 200);
+    assert!(m.text().contains("paddock_pool_size"), "{}", m.text());
+    t.stop().await;
+
+    let mut server = server_config();
+    server.api_keys = keys();
+    server.metrics = "127.0.0.1:0".into();
+    let t = TestServer::start_with(Paddock::builder(), server);
+    let own = t.metrics_addr().expect("an address of its own");
+    assert!(own.ip().is_loopback());
+    as_(OPS, Request::get("/metrics"))
+        .send(t.addr)
+        .await
+        .expect_error(404, "NOT_FOUND");
+    let m = Request::get("/metrics").send(own).await;
+    assert_eq!(m.status, 200);
+    assert!(m.text().contains("paddock_pool_size"));
+    assert!(!m.text().contains("alice"));
+    t.stop().await;
+}

@@ -6,3 +6,4 @@ mod chaos;
 mod facade;
 mod lifecycle;
 mod suspend;
+mod tenancy;

@@ -1,0 +1,293 @@
+//! The facade takes the tenant: cancel, lookups, audit and statistics on behalf of a
+//! `Caller`; sandbox lifetimes; fair shares and the operator's ceilings, through the
+//! `Paddock` handle with no HTTP in between.
+
+use std::time::{Duration, Instant};
+
+use paddock_core::{
+    AccessRules, Allowed, EngineKind, ErrorCode, ExecRequest, IsolationLevel, Limits,
+    NetworkPolicy, PaddockConfig, Program, SandboxSpec, SandboxStatus,
+};
+use paddock_pool::audit::AuditQuery;
+use paddock_pool::limiter::LimiterConfig;
+use paddock_pool::{Caller, Execute, Paddock};
+
+fn sh_as(tenant: &str, script: &str) -> ExecRequest {
+    let mut r = ExecRequest::new(Program::command(["sh", "-c", script]));
+    r.tenant = Some(tenant.into());
+    r
+}
+
+fn spec_for(tenant: &str) -> SandboxSpec {
+    SandboxSpec {
+        tenant: Some(tenant.into()),
+        ..SandboxSpec::default()
+    }
+}
+
+fn quiet_config() -> PaddockConfig {
+    let mut c = PaddockConfig::default();
+    c.subprocess.warm.enabled = false;
+    c
+}
+
+fn start(config: PaddockConfig) -> Paddock {
+    Paddock::builder()
+        .config(config)
+        .without_isolate()
+        .without_container()
+        .start()
+        .expect("starts")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_audit_stats_and_lookups_answer_for_the_callers_tenant() {
+    let p = start(quiet_config());
+    let alice = Caller::tenant("alice");
+    let bob = Caller::tenant("bob");
+    // Alice's execution runs; bob cannot cancel it, alice can.
+    let req = sh_as("alice", "sleep 20");
+    let id = req.id.clone();
+    let running = {
+        let p = p.clone();
+        tokio::spawn(async move { p.execute(req).await })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while p.running_tenant(&Caller::Embedder, &id).is_none() {
+        assert!(Instant::now() < deadline, "the execution never ran");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        p.running_tenant(&bob, &id),
+        None,
+        "bob sees alice's execution"
+    );
+    assert_eq!(
+        p.running_tenant(&alice, &id),
+        Some(Some("alice".to_string()))
+    );
+    assert!(!p.cancel(&bob, &id), "bob cancelled alice's execution");
+    assert!(!p.cancel(&Caller::of(None), &id));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(p.running_tenant(&alice, &id).is_some(), "it still runs");
+    assert!(p.cancel(&alice, &id));
+    let r = running.await.unwrap().unwrap();
+    assert_eq!(r.outcome.name(), "cancelled");
+    p.execute(sh_as("bob", "true")).await.unwrap();
+
+    // The audit: a tenant gets its own entries, whatever it filters by.
+    let own = p.audit(&bob, AuditQuery::default()).await.unwrap();
+    assert_eq!(own.len(), 1);
+    assert!(own.iter().all(|e| e.tenant.as_deref() == Some("bob")));
+    let widened = p
+        .audit(
+            &bob,
+            AuditQuery {
+                tenant: Some("alice".into()),
+                ..AuditQuery::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(widened.is_empty(), "{widened:?}");
+    let all = p
+        .audit(&Caller::Embedder, AuditQuery::default())
+        .await
+        .unwrap();
+    assert_eq!(all.len(), 2);
+    // Statistics likewise.
+    let s = p.stats_for(&bob).await.unwrap();
+    assert_eq!(s.tenant.as_deref(), Some("bob"));
+    assert_eq!(s.accepted_total, None);
+    let a = p.audit_statistics(&bob).await.unwrap();
+    assert_eq!((a.total, a.success), (1, 1));
+    let everyone = p.audit_statistics(&Caller::Embedder).await.unwrap();
+    assert_eq!(everyone.total, 2);
+
+    // Sandboxes by id: another tenant's is NOT_FOUND, open or destroyed.
+    let sb = p.open_sandbox(spec_for("alice"), None).await.unwrap();
+    let e = p.sandbox(&bob, sb.id()).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::NotFound);
+    let mine = p.sandbox(&alice, sb.id()).await.unwrap();
+    assert_eq!(mine.id(), sb.id());
+    sb.destroy().await.unwrap();
+    assert_eq!(
+        p.sandbox(&bob, sb.id()).await.unwrap_err().code,
+        ErrorCode::NotFound
+    );
+    assert_eq!(
+        p.sandbox(&alice, sb.id()).await.unwrap_err().code,
+        ErrorCode::EngineDisposed
+    );
+
+    // An operator sees everything, and each look is recorded; a tenant may not read
+    // the record.
+    let ops = Caller::Operator("ops".into());
+    assert_eq!(p.audit(&ops, AuditQuery::default()).await.unwrap().len(), 2);
+    assert!(p.may_see(&ops, Some("alice"), &id));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let record = loop {
+        let r = p.operator_accesses(&Caller::Embedder, 10).await.unwrap();
+        if r.len() >= 2 || Instant::now() > deadline {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let actions: Vec<&str> = record.iter().map(|a| a.action.as_str()).collect();
+    assert!(
+        actions.contains(&"audit.search") && actions.contains(&"execution.get"),
+        "{actions:?}"
+    );
+    assert!(record.iter().all(|a| a.operator == "ops"));
+    assert_eq!(
+        p.operator_accesses(&bob, 10).await.unwrap_err().code,
+        ErrorCode::NotFound
+    );
+    p.shutdown(Duration::from_secs(5)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_sandboxes_and_old_ones_are_destroyed() {
+    let mut config = quiet_config();
+    config.pool.sandbox_idle_timeout_ms = 600;
+    config.pool.sandbox_max_lifetime_ms = 0;
+    let p = start(config);
+    let idle = p.open_sandbox(spec_for("alice"), None).await.unwrap();
+    let used = p.open_sandbox(spec_for("alice"), None).await.unwrap();
+    // A long execution keeps `used` busy past the idle timeout; calls on it count as
+    // use.
+    let busy = {
+        let used = used.clone();
+        tokio::spawn(async move { used.exec(sh_as("alice", "sleep 2")).await })
+    };
+    // Watched through the statistics: a call on a sandbox counts as its use.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while p.stats().await.unwrap().sandboxes != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the idle sandbox was not destroyed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(idle.status().await.unwrap(), SandboxStatus::Destroyed);
+    let r = busy.await.unwrap().unwrap();
+    assert_eq!(r.outcome.name(), "completed", "{r:?}");
+    assert_ne!(used.status().await.unwrap(), SandboxStatus::Destroyed);
+    let e = idle.exec(sh_as("alice", "true")).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::EngineDisposed);
+    // Left alone now, `used` goes too.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let s = p.stats().await.unwrap();
+        if s.sandboxes == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the used sandbox never expired");
+    }
+    p.shutdown(Duration::from_secs(5)).await.unwrap();
+
+    // A lifetime ends a sandbox however busy it keeps.
+    let mut config = quiet_config();
+    config.pool.sandbox_idle_timeout_ms = 0;
+    config.pool.sandbox_max_lifetime_ms = 800;
+    let p = start(config);
+    let sb = p.open_sandbox(spec_for("alice"), None).await.unwrap();
+    let started = Instant::now();
+    let r = sb.exec(sh_as("alice", "sleep 5")).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "the lifetime did not end the running execution"
+    );
+    match r {
+        Ok(r) => assert_ne!(r.outcome.name(), "completed", "{r:?}"),
+        Err(e) => assert_eq!(e.code, ErrorCode::EngineDisposed, "{e}"),
+    }
+    assert_eq!(sb.status().await.unwrap(), SandboxStatus::Destroyed);
+    p.shutdown(Duration::from_secs(5)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shares_ceilings_and_allowances_hold_through_the_facade() {
+    let mut config = quiet_config();
+    config.limiter = LimiterConfig {
+        max_sandboxes_per_tenant: Some(2),
+        max_slots_per_tenant: Some(2),
+        ..LimiterConfig::default()
+    };
+    config.limits.max = Limits {
+        timeout_ms: Some(5_000),
+        ..Limits::default()
+    };
+    let p = Paddock::builder()
+        .config(config)
+        .without_container()
+        .access(AccessRules {
+            default: Allowed::multi_tenant_default(),
+            tenants: [(
+                "trusted".to_string(),
+                Allowed {
+                    levels: Some(vec![IsolationLevel::None]),
+                    networks: None,
+                },
+            )]
+            .into(),
+        })
+        .start()
+        .unwrap();
+    // Allowances: the subprocess engine (level none) only for `trusted`.
+    let e = p
+        .execute_with(Execute::new(sh_as("bob", "true")).on(EngineKind::Subprocess))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::InvalidOptions);
+    assert!(e.message.contains("level `none`"), "{}", e.message);
+    let mut js = ExecRequest::new(Program::code(paddock_core::Language::Javascript, "6*7"));
+    js.tenant = Some("bob".into());
+    let r = p.execute(js).await.unwrap();
+    assert_eq!(r.engine, EngineKind::Isolate, "{r:?}");
+    let mut unrestricted = Execute::new(sh_as("trusted", "true"));
+    unrestricted.network = NetworkPolicy::Unrestricted;
+    let e = p.execute_with(unrestricted).await.unwrap_err();
+    assert!(
+        e.message.contains("network `unrestricted`"),
+        "{}",
+        e.message
+    );
+    // Ceilings.
+    let mut long = sh_as("trusted", "true");
+    long.limits.timeout_ms = Some(5_001);
+    let e = p.execute(long).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::InvalidOptions);
+    assert!(e.message.contains("limits.timeout_ms") && e.message.contains("5000"));
+    // Shares: two sandboxes take both of trusted's slots.
+    let a = p
+        .open_sandbox(spec_for("trusted"), Some(EngineKind::Subprocess))
+        .await
+        .unwrap();
+    let b = p
+        .open_sandbox(spec_for("trusted"), Some(EngineKind::Subprocess))
+        .await
+        .unwrap();
+    let e = p
+        .open_sandbox(spec_for("trusted"), Some(EngineKind::Subprocess))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::RateLimited);
+    assert!(e.retry_after_ms.is_some());
+    let e = p.execute(sh_as("trusted", "true")).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::PoolExhausted, "{e}");
+    assert!(e.message.contains("max_slots_per_tenant"), "{}", e.message);
+    // A refused execution is not accepted, so not audited.
+    let audited = p
+        .audit(&Caller::tenant("trusted"), AuditQuery::default())
+        .await
+        .unwrap();
+    assert!(audited.is_empty(), "{audited:?}");
+    // Giving one back lets the next in.
+    a.destroy().await.unwrap();
+    let r = p.execute(sh_as("trusted", "echo in")).await.unwrap();
+    assert_eq!(r.stdout, "in\n");
+    b.destroy().await.unwrap();
+    p.shutdown(Duration::from_secs(5)).await.unwrap();
+}
