@@ -78,7 +78,7 @@ static CASES: &[Case] = &[
     entry!(lifecycle::destroy_kills_running_exec, COMMAND,
         "destroy during an execution ends it promptly and never as a clean success"),
     entry!(environment::env_is_sanitized, COMMAND,
-        "secret-looking host variables are hidden, ordinary ones and request env are visible"),
+        "secret-looking host variables are hidden, ordinary ones (only listed ones when strict) and request env are visible"),
     entry!(limits::output_is_capped, COMMAND,
         "`max_output_bytes` bounds stdout and stderr and sets the truncated flags"),
     entry!(refusals::refuses_unsupported_program, &[],
