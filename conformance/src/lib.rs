@@ -128,6 +128,7 @@ macro_rules! __with_case_names {
             files_round_trip,
             files_list,
             files_path_escape,
+            cwd_path_escape,
             files_shared_with_program,
             sandboxes_are_separate,
             destroy_is_idempotent,

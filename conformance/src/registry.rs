@@ -67,6 +67,8 @@ static CASES: &[Case] = &[
         "list_files gives absolute paths with sizes from the workdir root (``, `.`, `/`) and subdirectories; a missing directory lists empty"),
     entry!(files::files_path_escape, COMMAND,
         "`..`, absolute paths outside the workdir and symlink escapes are refused with PATH_ESCAPE"),
+    entry!(files::cwd_path_escape, COMMAND,
+        "an execution's cwd resolves beneath the workdir: a symlink out is PATH_ESCAPE, a missing directory NOT_FOUND"),
     entry!(files::files_shared_with_program, COMMAND,
         "a program reads files the caller wrote and the caller reads files the program wrote"),
     entry!(lifecycle::sandboxes_are_separate, COMMAND,

@@ -79,6 +79,74 @@ impl Workdir {
         Ok(out)
     }
 
+    /// Resolves `path` (a program's working directory) to an existing directory
+    /// beneath the workdir, and returns its host path with every symlink resolved.
+    ///
+    /// The path is taken as [`relative`](Workdir::relative) takes it and opened with
+    /// `RESOLVE_BENEATH`, like a file: `..`, absolute paths outside the workdir and
+    /// symlinks that lead out (`esc -> /`, or a symlinked parent) are refused with
+    /// `PATH_ESCAPE`; a missing directory is `NOT_FOUND`; a file is
+    /// `INVALID_OPTIONS`. Symlinks that stay inside are followed, so the path returned
+    /// names the directory itself.
+    ///
+    /// The program is started in the returned path afterwards, so a program of the
+    /// sandbox that swaps a component for a symlink in between could still move the
+    /// new program's start elsewhere; the engines' own boundary (the container's
+    /// mount namespace) is what holds then, not this check.
+    pub fn resolve_dir(&self, path: &str) -> Result<PathBuf> {
+        self.resolve_dir_as(path, path)
+    }
+
+    /// [`resolve_dir`](Workdir::resolve_dir) of `path`, naming it `shown` in errors
+    /// (the path as the caller wrote it, such as `/workspace/sub` in a container).
+    pub(crate) fn resolve_dir_as(&self, path: &str, shown: &str) -> Result<PathBuf> {
+        let not_found = || {
+            Error::new(
+                ErrorCode::NotFound,
+                format!(
+                    "the working directory `{shown}` does not exist in the sandbox workdir; create it first, or leave cwd unset"
+                ),
+            )
+        };
+        let rel = self.relative(path).map_err(|e| match e.code {
+            ErrorCode::PathEscape => escape(shown),
+            _ => e,
+        })?;
+        let fd = openat_beneath(
+            self.fd.as_raw_fd(),
+            &cpath(&rel)?,
+            libc::O_PATH | libc::O_CLOEXEC,
+            0,
+        )
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ENOENT) => not_found(),
+            Some(libc::ENOTDIR) => Error::new(
+                ErrorCode::NotFound,
+                format!("the working directory `{shown}`: a parent component is not a directory"),
+            ),
+            _ => map_io(e, shown),
+        })?;
+        let dir = File::from(fd);
+        let meta = dir.metadata().map_err(|e| map_io(e, shown))?;
+        if !meta.is_dir() {
+            return Err(Error::invalid_options(
+                "cwd",
+                format!(
+                    "`{shown}` is not a directory; name a directory inside the sandbox workdir"
+                ),
+            ));
+        }
+        // The directory the kernel resolved, through its fd: every symlink followed.
+        let real = std::fs::read_link(format!("/proc/self/fd/{}", dir.as_raw_fd()))
+            .map_err(|e| map_io(e, shown))?;
+        match real.strip_prefix(&self.root) {
+            Ok(_) => Ok(real),
+            // Resolved beneath the workdir's fd, yet not under its path: the workdir
+            // itself was moved or removed meanwhile.
+            Err(_) => Err(not_found()),
+        }
+    }
+
     /// Writes `data` to `path`, creating parent directories.
     pub fn write_file(&self, path: &str, data: &[u8]) -> Result<()> {
         let rel = self.relative(path)?;
@@ -507,6 +575,51 @@ mod tests {
         std::os::unix::fs::symlink("real", w.root().join("alias")).unwrap();
         assert_eq!(w.read_file("alias/f").unwrap(), b"1");
         assert_eq!(w.read_file("nope").unwrap_err().code, ErrorCode::NotFound);
+    }
+
+    #[test]
+    fn working_directories_resolve_beneath_the_root() {
+        let (_t, w) = wd();
+        w.write_file("sub/dir/f", b"1").unwrap();
+        let sub = w.root().join("sub/dir");
+        assert_eq!(w.resolve_dir("sub/dir").unwrap(), sub);
+        assert_eq!(w.resolve_dir("./sub//dir/").unwrap(), sub);
+        assert_eq!(w.resolve_dir(sub.to_str().unwrap()).unwrap(), sub);
+        for root in ["", ".", "/"] {
+            assert_eq!(w.resolve_dir(root).unwrap(), w.root(), "{root:?}");
+        }
+        // A symlink that stays inside resolves to its target.
+        std::os::unix::fs::symlink("sub", w.root().join("alias")).unwrap();
+        assert_eq!(w.resolve_dir("alias/dir").unwrap(), sub);
+        // Escapes, through a symlink or a symlinked parent, are refused.
+        std::os::unix::fs::symlink("/", w.root().join("esc")).unwrap();
+        std::os::unix::fs::symlink("/etc", w.root().join("etc")).unwrap();
+        std::os::unix::fs::symlink("../..", w.root().join("sub/up")).unwrap();
+        for p in [
+            "esc",
+            "esc/tmp",
+            "etc",
+            "sub/up",
+            "sub/up/x",
+            "..",
+            "sub/../..",
+            "/tmp",
+        ] {
+            let e = w.resolve_dir(p).unwrap_err();
+            assert_eq!(e.code, ErrorCode::PathEscape, "{p}: {e}");
+            assert!(e.message.contains(&format!("`{p}`")), "{e}");
+        }
+        let e = w.resolve_dir("missing").unwrap_err();
+        assert_eq!(e.code, ErrorCode::NotFound, "{e}");
+        assert!(e.message.contains("`missing`"), "{e}");
+        let e = w.resolve_dir("sub/dir/f/deeper").unwrap_err();
+        assert_eq!(e.code, ErrorCode::NotFound, "{e}");
+        let e = w.resolve_dir("sub/dir/f").unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidOptions, "{e}");
+        let e = w
+            .resolve_dir_as("sub/nope", "/workspace/sub/nope")
+            .unwrap_err();
+        assert!(e.message.contains("`/workspace/sub/nope`"), "{e}");
     }
 
     #[test]

@@ -225,16 +225,32 @@ impl ContainerSandbox {
         extra: &std::collections::BTreeMap<String, String>,
     ) -> Result<(String, std::collections::BTreeMap<String, String>)> {
         let cwd = match cwd {
-            Some(c) => {
-                let rel = self.workdir.relative(c)?;
-                format!("{WORKSPACE}/{}", rel.to_string_lossy())
-            }
+            Some(c) => self.guest_cwd(c)?,
             None => WORKSPACE.to_string(),
         };
-        Ok((
-            cwd.clone(),
-            guest_vars(&self.engine.passthrough_env, &cwd, extra),
-        ))
+        let vars = guest_vars(&self.engine.passthrough_env, &cwd, extra);
+        Ok((cwd, vars))
+    }
+
+    /// The container path of the working directory `cwd`: `/workspace/…` as the
+    /// program sees it, or a path relative to the workdir (or a host path inside
+    /// it). It is resolved on the host beneath the workdir (see
+    /// [`Workdir::resolve_dir`]): it must exist, and a symlink out of the workdir is
+    /// refused with `PATH_ESCAPE`, as the files API refuses it.
+    fn guest_cwd(&self, cwd: &str) -> Result<String> {
+        let inside = match cwd.strip_prefix(WORKSPACE) {
+            Some(rest) if rest.is_empty() || rest.starts_with('/') => rest.trim_start_matches('/'),
+            _ => cwd,
+        };
+        let dir = self.workdir.resolve_dir_as(inside, cwd)?;
+        let rel = dir
+            .strip_prefix(self.workdir.root())
+            .unwrap_or(Path::new(""));
+        Ok(if rel.as_os_str().is_empty() {
+            WORKSPACE.to_string()
+        } else {
+            format!("{WORKSPACE}/{}", rel.to_string_lossy())
+        })
     }
 
     /// Notes that a process or terminal ran in the warm container.

@@ -819,3 +819,99 @@ async fn containers_see_only_listed_host_variables() {
         sb.destroy().await.unwrap();
     }
 }
+
+/// Everything a background process prints, until it ends.
+async fn process_output(p: &paddock_core::ProcessHandle) -> String {
+    let mut out = p.output();
+    let mut text = Vec::new();
+    while let Some(chunk) = tokio::time::timeout(Duration::from_secs(10), out.next())
+        .await
+        .expect("the process's output arrives")
+    {
+        text.extend_from_slice(&chunk.data);
+    }
+    String::from_utf8_lossy(&text).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cwd_is_resolved_beneath_the_workdir() {
+    for warm in [false, true] {
+        let config = ContainerConfig {
+            warm,
+            ..ContainerConfig::default()
+        };
+        let engine = match ContainerEngine::new(&config) {
+            Ok(e) => e,
+            Err(e) if std::env::var_os("PADDOCK_REQUIRE_CONTAINERS").is_some() => {
+                panic!("the container engine must start here: {e}")
+            }
+            Err(e) => {
+                eprintln!("skipped: {e}");
+                return;
+            }
+        };
+        let what = if warm { "warm" } else { "cold" };
+        let sb = sandbox(&engine).await;
+        sb.write_file("sub/dir/keep", b"").await.unwrap();
+        // `esc -> /` made by a program inside (where `/` is the container's root),
+        // one made on the host, and a symlinked parent.
+        let r = run(&*sb, sh("ln -s / esc && ln -s ../.. sub/up")).await;
+        assert_eq!(r.outcome, exit(0), "{what}: {r:?}");
+        std::os::unix::fs::symlink("/", sb.root_dir().join("host-esc")).unwrap();
+        let in_dir = |cwd: &str| {
+            let mut req = sh("pwd");
+            req.cwd = Some(cwd.to_string());
+            req
+        };
+        for cwd in [
+            "sub/dir",
+            "/workspace/sub/dir",
+            "/workspace/sub/dir/",
+            "./sub//dir",
+        ] {
+            let r = run(&*sb, in_dir(cwd)).await;
+            assert_eq!(r.stdout, "/workspace/sub/dir\n", "{what} {cwd}: {r:?}");
+        }
+        for cwd in ["/workspace", "/workspace/", "."] {
+            assert_eq!(run(&*sb, in_dir(cwd)).await.stdout, "/workspace\n", "{cwd}");
+        }
+        for cwd in [
+            "esc",
+            "/workspace/esc",
+            "esc/usr",
+            "host-esc",
+            "sub/up",
+            "/workspace/sub/up/tmp",
+            "/workspace/..",
+            "/tmp",
+            "/workspacex",
+        ] {
+            let e = sb
+                .exec(in_dir(cwd), &DiscardSink, CancelToken::new())
+                .await
+                .unwrap_err();
+            assert_eq!(e.code, ErrorCode::PathEscape, "{what} {cwd}: {e}");
+        }
+        let e = sb
+            .exec(in_dir("/workspace/nope"), &DiscardSink, CancelToken::new())
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, ErrorCode::NotFound, "{what}: {e}");
+        assert!(e.message.contains("`/workspace/nope`"), "{e}");
+
+        if warm && engine.agent().is_ok() {
+            let mut spec = paddock_core::ProcessSpec::new(["pwd"]);
+            spec.cwd = Some("/workspace/sub/dir".into());
+            let p = sb.start_process(spec.clone()).await.unwrap();
+            assert_eq!(process_output(&p).await, "/workspace/sub/dir\n");
+            spec.cwd = Some("esc".into());
+            let e = sb.start_process(spec).await.unwrap_err();
+            assert_eq!(e.code, ErrorCode::PathEscape, "{e}");
+            let mut term = paddock_core::TerminalSpec::new("sh", Vec::<String>::new());
+            term.cwd = Some("/workspace/esc".into());
+            let e = sb.open_terminal(term).await.unwrap_err();
+            assert_eq!(e.code, ErrorCode::PathEscape, "{e}");
+        }
+        sb.destroy().await.unwrap();
+    }
+}
