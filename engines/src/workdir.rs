@@ -4,17 +4,30 @@
 //! the workdir, so `..`, absolute paths outside it and symlinks that lead out (even
 //! ones a program creates while we resolve) are refused with `PATH_ESCAPE` without a
 //! check-then-use race.
+//!
+//! Streaming transfers ([`Sandbox::open_read`](paddock_core::Sandbox::open_read),
+//! [`Sandbox::write_from`](paddock_core::Sandbox::write_from)) open their file by the
+//! same rules and then move its bytes through one buffer of [`STREAM_BUFFER_BYTES`],
+//! whatever the file's size.
 
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 
-use paddock_core::{Error, ErrorCode, FileEntry, Result};
+use paddock_core::files::{source_failed, too_long};
+use paddock_core::{ByteSource, Error, ErrorCode, FileEntry, FileReader, Result};
+use tokio::io::AsyncReadExt;
 
-/// Largest file [`Workdir::read_file`] returns.
+use crate::task::blocking;
+
+/// Largest file [`Workdir::read_file`] returns. A streaming read (`open_read`) has no
+/// size limit: it holds one buffer of [`STREAM_BUFFER_BYTES`], however large the file.
 pub const MAX_READ_BYTES: u64 = 256 << 20;
+/// The buffer a streaming read or write holds, in bytes.
+pub const STREAM_BUFFER_BYTES: usize = 64 << 10;
 /// Most entries [`Workdir::list_files`] returns.
 pub const MAX_LIST_ENTRIES: usize = 50_000;
 /// Deepest nesting [`Workdir::list_files`] walks.
@@ -149,6 +162,14 @@ impl Workdir {
 
     /// Writes `data` to `path`, creating parent directories.
     pub fn write_file(&self, path: &str, data: &[u8]) -> Result<()> {
+        let mut new = self.create_file(path)?;
+        new.file.write_all(data).map_err(|e| map_io(e, path))?;
+        Ok(())
+    }
+
+    /// Creates (or truncates) the regular file at `path` for writing, creating
+    /// parent directories; a symlink at `path` is refused, never followed.
+    fn create_file(&self, path: &str) -> Result<NewFile> {
         let rel = self.relative(path)?;
         let Some(name) = rel.file_name() else {
             return Err(Error::invalid_options(
@@ -171,42 +192,23 @@ impl Workdir {
             0o644,
         )
         .map_err(|e| map_io(e, path))?;
-        let mut file = File::from(fd);
+        let file = File::from(fd);
         regular_only(&file, path)?;
-        file.write_all(data).map_err(|e| map_io(e, path))?;
-        Ok(())
+        Ok(NewFile { parent, name, file })
     }
 
     /// Reads the file at `path`.
     pub fn read_file(&self, path: &str) -> Result<Vec<u8>> {
-        let rel = self.relative(path)?;
-        // O_NONBLOCK: opening a FIFO a program left here must not block the caller.
-        let fd = openat_beneath(
-            self.fd.as_raw_fd(),
-            &cpath(&rel)?,
-            libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NONBLOCK,
-            0,
-        )
-        .map_err(|e| map_io(e, path))?;
-        let mut file = File::from(fd);
-        let meta = file.metadata().map_err(|e| map_io(e, path))?;
-        if meta.is_dir() {
-            return Err(Error::invalid_options(
-                "path",
-                format!("`{path}` is a directory; use list_files"),
-            ));
-        }
-        regular_only(&file, path)?;
-        if meta.len() > MAX_READ_BYTES {
+        let (mut file, len) = self.open_file(path)?;
+        if len > MAX_READ_BYTES {
             return Err(Error::new(
                 ErrorCode::LimitsExceeded,
                 format!(
-                    "`{path}` is {} bytes; read_file returns at most {MAX_READ_BYTES}",
-                    meta.len()
+                    "`{path}` is {len} bytes; read_file returns at most {MAX_READ_BYTES}; read it as a stream (open_read) instead"
                 ),
             ));
         }
-        let mut buf = Vec::with_capacity(meta.len() as usize);
+        let mut buf = Vec::with_capacity(len as usize);
         (&mut file)
             .take(MAX_READ_BYTES + 1)
             .read_to_end(&mut buf)
@@ -218,6 +220,112 @@ impl Workdir {
             ));
         }
         Ok(buf)
+    }
+
+    /// Opens the regular file at `path` for reading, and returns it with its size.
+    /// Symlinks that stay inside the workdir are followed; a directory, FIFO, socket
+    /// or device is refused with `INVALID_OPTIONS` (opening never blocks).
+    pub fn open_file(&self, path: &str) -> Result<(File, u64)> {
+        let rel = self.relative(path)?;
+        // O_NONBLOCK: opening a FIFO a program left here must not block the caller.
+        let fd = openat_beneath(
+            self.fd.as_raw_fd(),
+            &cpath(&rel)?,
+            libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NONBLOCK,
+            0,
+        )
+        .map_err(|e| map_io(e, path))?;
+        let file = File::from(fd);
+        let meta = file.metadata().map_err(|e| map_io(e, path))?;
+        if meta.is_dir() {
+            return Err(Error::invalid_options(
+                "path",
+                format!("`{path}` is a directory; use list_files"),
+            ));
+        }
+        regular_only(&file, path)?;
+        Ok((file, meta.len()))
+    }
+
+    /// A streaming read of `path` (see [`Sandbox::open_read`]): opened as
+    /// [`open_file`](Workdir::open_file) opens it, then read through one buffer of
+    /// [`STREAM_BUFFER_BYTES`], at most the size it had when opened. No size limit.
+    ///
+    /// [`Sandbox::open_read`]: paddock_core::Sandbox::open_read
+    pub(crate) async fn open_read(self: &Arc<Self>, path: &str) -> Result<FileReader> {
+        let (workdir, owned) = (self.clone(), path.to_string());
+        let (file, size) = blocking(move || workdir.open_file(&owned)).await?;
+        let mut file = tokio::fs::File::from_std(file);
+        file.set_max_buf_size(STREAM_BUFFER_BYTES);
+        Ok(FileReader::new(size, Box::pin(file.take(size))))
+    }
+
+    /// A streaming write of `source` to `path` (see [`Sandbox::write_from`]): the file
+    /// is created as [`write_file`](Workdir::write_file) creates it, then filled one
+    /// buffer of [`STREAM_BUFFER_BYTES`] at a time; never more than `max_bytes` reach
+    /// it. Any refusal removes the file.
+    ///
+    /// `admit` is asked before each step that touches the workdir and its guard is
+    /// held only during that step, so a destroy waits for one buffer's write at most,
+    /// never for a slow source; an `admit` error ends the write (for a source that
+    /// stalls, when it next yields bytes or ends).
+    ///
+    /// [`Sandbox::write_from`]: paddock_core::Sandbox::write_from
+    pub(crate) async fn write_from<G>(
+        self: &Arc<Self>,
+        path: &str,
+        mut source: ByteSource,
+        max_bytes: u64,
+        admit: impl Fn() -> Result<G>,
+    ) -> Result<u64> {
+        let guard = admit()?;
+        let (workdir, owned) = (self.clone(), path.to_string());
+        let mut new = blocking(move || workdir.create_file(&owned)).await?;
+        drop(guard);
+        let mut buf = vec![0u8; STREAM_BUFFER_BYTES];
+        let mut written: u64 = 0;
+        let ended: Result<()> = loop {
+            // One byte past the limit is enough to tell that the source is too long.
+            let room = max_bytes.saturating_sub(written).saturating_add(1);
+            let want = buf.len().min(usize::try_from(room).unwrap_or(usize::MAX));
+            let n = match source.read(&mut buf[..want]).await {
+                Ok(0) => break Ok(()),
+                Ok(n) => n,
+                Err(e) => break Err(source_failed(path, written, &e)),
+            };
+            if written + n as u64 > max_bytes {
+                break Err(too_long(path, max_bytes));
+            }
+            let guard = match admit() {
+                Ok(g) => g,
+                Err(e) => break Err(e),
+            };
+            let shown = path.to_string();
+            let (back, back_buf, wrote) = blocking(move || {
+                let wrote = (&new.file)
+                    .write_all(&buf[..n])
+                    .map_err(|e| map_io(e, &shown));
+                Ok((new, buf, wrote))
+            })
+            .await?;
+            drop(guard);
+            (new, buf) = (back, back_buf);
+            if let Err(e) = wrote {
+                break Err(e);
+            }
+            written += n as u64;
+        };
+        match ended {
+            Ok(()) => Ok(written),
+            Err(e) => {
+                blocking(move || {
+                    new.discard();
+                    Ok(())
+                })
+                .await?;
+                Err(e)
+            }
+        }
     }
 
     /// Whether `path` exists (a symlink counts as itself, never followed).
@@ -368,6 +476,40 @@ impl Workdir {
         match remove_tree(&self.root) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
             other => other,
+        }
+    }
+}
+
+/// A file [`Workdir::create_file`] made, with the directory and name it has there.
+struct NewFile {
+    parent: OwnedFd,
+    name: CString,
+    file: File,
+}
+
+impl NewFile {
+    /// Empties the file and removes its name from its directory, if the name still
+    /// leads to this file (a program may have put something else there meanwhile;
+    /// that stays).
+    fn discard(self) {
+        use std::os::unix::fs::MetadataExt;
+        let _ = self.file.set_len(0);
+        let Ok(ours) = self.file.metadata() else {
+            return;
+        };
+        // SAFETY: stat is plain data; fstatat fills it from a valid fd and C string.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        let found = unsafe {
+            libc::fstatat(
+                self.parent.as_raw_fd(),
+                self.name.as_ptr(),
+                &mut st,
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        };
+        if found == 0 && st.st_dev == ours.dev() && st.st_ino == ours.ino() {
+            // SAFETY: unlinkat with a valid fd and C string.
+            unsafe { libc::unlinkat(self.parent.as_raw_fd(), self.name.as_ptr(), 0) };
         }
     }
 }

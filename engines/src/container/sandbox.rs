@@ -1071,6 +1071,22 @@ impl Sandbox for ContainerSandbox {
         self.file_op(move |w| w.read_file(&path)).await
     }
 
+    async fn open_read(&self, path: &str) -> Result<paddock_core::FileReader> {
+        let _op = self.enter()?;
+        self.workdir.open_read(path).await
+    }
+
+    async fn write_from(
+        &self,
+        path: &str,
+        source: paddock_core::ByteSource,
+        max_bytes: u64,
+    ) -> Result<u64> {
+        self.workdir
+            .write_from(path, source, max_bytes, || self.enter())
+            .await
+    }
+
     async fn list_files(&self, path: &str) -> Result<Vec<FileEntry>> {
         let path = path.to_string();
         let mut entries = self.file_op(move |w| w.list_files(&path)).await?;
