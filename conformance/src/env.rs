@@ -5,12 +5,25 @@ use std::sync::Once;
 /// The variables [`prepare_process_env`] sets in the host process.
 ///
 /// `SECRET_X` and `API_KEY` look secret and must not reach programs;
-/// `PADDOCK_CONFORMANCE_PLAIN` is an ordinary variable and must.
+/// `PADDOCK_CONFORMANCE_PLAIN` ([`LISTED_HOST_VAR`]) is an ordinary variable and
+/// must. `PADDOCK_CONFORMANCE_UNLISTED` is ordinary too, but an engine with `strict`
+/// isolation passes only the host variables it is configured to pass, so it must not
+/// reach programs there.
 pub const HOST_ENV: &[(&str, &str)] = &[
     ("SECRET_X", "conformance-secret"),
     ("API_KEY", "conformance-key"),
     ("PADDOCK_CONFORMANCE_PLAIN", "visible"),
+    ("PADDOCK_CONFORMANCE_UNLISTED", "conformance-unlisted"),
 ];
+
+/// The host variable every engine must pass to programs. An engine that passes only
+/// listed host variables (a `strict` one, such as the container engine) must be
+/// configured to pass this one (for the container engine, in
+/// `container.env_passthrough`) and no other of [`HOST_ENV`].
+pub const LISTED_HOST_VAR: &str = "PADDOCK_CONFORMANCE_PLAIN";
+
+/// The ordinary host variable a `strict` engine must keep out (see [`HOST_ENV`]).
+pub(crate) const UNLISTED_HOST_VAR: &str = "PADDOCK_CONFORMANCE_UNLISTED";
 
 static PREPARE: Once = Once::new();
 

@@ -60,7 +60,7 @@ mod registry;
 mod suite;
 
 pub use case::{Case, CaseResult, Requirement};
-pub use env::{prepare_process_env, HOST_ENV};
+pub use env::{prepare_process_env, HOST_ENV, LISTED_HOST_VAR};
 pub use factory::{BoxFuture, EngineFactory, IntoEngine};
 pub use handler::{handler_command, HANDLER_NAME, HANDLER_SCRIPT};
 pub use registry::{case, cases};
@@ -128,6 +128,7 @@ macro_rules! __with_case_names {
             files_round_trip,
             files_list,
             files_path_escape,
+            cwd_path_escape,
             files_shared_with_program,
             sandboxes_are_separate,
             destroy_is_idempotent,

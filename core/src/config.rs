@@ -874,6 +874,12 @@ pub enum OciRuntime {
     Runc,
 }
 
+/// The variables the container engine sets in every container itself (`PATH` for the
+/// container's root, `HOME` and `PWD` in the workdir, `TMPDIR`); they are never taken
+/// from the host, so `container.env_passthrough` may not name them. A request's `env`
+/// may still set them.
+pub const CONTAINER_OWN_ENV: &[&str] = &["PATH", "HOME", "PWD", "TMPDIR"];
+
 /// Settings of the OCI container engine (`strict` isolation).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -899,8 +905,13 @@ pub struct ContainerConfig {
     pub cpus: f64,
     /// Whether the seccomp profile is applied. Default `true`.
     pub seccomp: bool,
-    /// Host variables passed in although their names look secret (the host's
-    /// environment is otherwise passed sanitized, as for the subprocess engine).
+    /// Host variables a container receives, by exact name. Default: none.
+    ///
+    /// A container sees only these host variables (those the host has set when the
+    /// engine starts), the variables the engine sets itself ([`CONTAINER_OWN_ENV`])
+    /// and the request's `env`; the rest of the host's environment never reaches
+    /// it, whatever the names. Names must not contain `=` or NUL, and may not be one
+    /// of [`CONTAINER_OWN_ENV`].
     pub env_passthrough: Vec<String>,
     /// Keep a warm container per sandbox, with `paddock-agent` as its pid 1, and run
     /// executions in it as a frame round trip. Default `true` (when the agent binary
@@ -930,8 +941,21 @@ impl Default for ContainerConfig {
 }
 
 impl ContainerConfig {
-    /// Checks paths and ranges.
+    /// Checks paths, ranges and variable names.
     pub fn validate(&self) -> Result<()> {
+        check_env_names("container.env_passthrough", &self.env_passthrough)?;
+        if let Some(own) = self
+            .env_passthrough
+            .iter()
+            .find(|n| CONTAINER_OWN_ENV.contains(&n.as_str()))
+        {
+            return Err(Error::invalid_config(
+                "container.env_passthrough",
+                format!(
+                    "`{own}` is set by the container engine for the container itself and is never taken from the host; remove it, or set it in a request's env"
+                ),
+            ));
+        }
         if !(self.cpus.is_finite() && (0.01..=1024.0).contains(&self.cpus)) {
             return Err(Error::invalid_config(
                 "container.cpus",
@@ -1049,16 +1073,22 @@ impl PaddockConfig {
                 ));
             }
         }
-        for name in &s.env_passthrough {
-            if name.is_empty() || name.contains('=') || name.contains('\0') {
-                return Err(Error::invalid_config(
-                    "subprocess.env_passthrough",
-                    format!("`{name}` is not a valid variable name"),
-                ));
-            }
-        }
+        check_env_names("subprocess.env_passthrough", &s.env_passthrough)?;
         Ok(())
     }
+}
+
+/// Refuses names that cannot be environment variable names (empty, or with `=` or NUL).
+fn check_env_names(field: &str, names: &[String]) -> Result<()> {
+    for name in names {
+        if name.is_empty() || name.contains('=') || name.contains('\0') {
+            return Err(Error::invalid_config(
+                field,
+                format!("`{name}` is not a valid variable name"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -1154,6 +1184,44 @@ mod tests {
         assert_eq!(c.policy.max_code_length, 10);
         let e = PaddockConfig::from_toml_str("[policy]\nmax_lenght = 1\n").unwrap_err();
         assert!(e.message.contains("max_lenght"), "{}", e.message);
+    }
+
+    #[test]
+    fn env_passthrough_names_are_checked() {
+        let c = PaddockConfig::from_toml_str(
+            "[container]\nenv_passthrough = [\"AWS_PROFILE\", \"DATABASE_URL\"]\n",
+        )
+        .unwrap();
+        assert_eq!(c.container.env_passthrough, ["AWS_PROFILE", "DATABASE_URL"]);
+        for (doc, field) in [
+            (
+                "[container]\nenv_passthrough = [\"A=B\"]\n",
+                "container.env_passthrough",
+            ),
+            (
+                "[container]\nenv_passthrough = [\"\"]\n",
+                "container.env_passthrough",
+            ),
+            (
+                "[container]\nenv_passthrough = [\"PATH\"]\n",
+                "container.env_passthrough",
+            ),
+            (
+                "[subprocess]\nenv_passthrough = [\"A=B\"]\n",
+                "subprocess.env_passthrough",
+            ),
+        ] {
+            let e = PaddockConfig::from_toml_str(doc).unwrap_err();
+            assert_eq!(e.code, ErrorCode::InvalidConfig, "{doc}");
+            assert!(e.message.contains(field), "{doc}: {e}");
+        }
+        let e = ContainerConfig {
+            env_passthrough: vec!["HOME".into()],
+            ..ContainerConfig::default()
+        }
+        .validate()
+        .unwrap_err();
+        assert!(e.message.contains("`HOME`"), "{e}");
     }
 
     #[test]

@@ -136,6 +136,46 @@ pub trait Sandbox: Send + Sync + fmt::Debug {
     /// Lists a directory recursively; a missing directory lists as empty.
     async fn list_files(&self, path: &str) -> Result<Vec<FileEntry>>;
 
+    /// Opens a file for a streaming read: its size when opened, and its bytes (at most
+    /// that many). Paths and refusals are those of [`read_file`](Sandbox::read_file):
+    /// escapes are `PATH_ESCAPE`, a missing file `NOT_FOUND`, a directory, FIFO or
+    /// device `INVALID_OPTIONS` at once (never a read that blocks).
+    ///
+    /// An engine that streams holds one bounded buffer per reader, whatever the
+    /// file's size. The reader holds the open file, not the sandbox: it keeps reading
+    /// the bytes it opened after a destroy.
+    ///
+    /// The default reads the whole file with [`read_file`](Sandbox::read_file) (and
+    /// its size limit) and serves it from memory.
+    async fn open_read(&self, path: &str) -> Result<crate::FileReader> {
+        Ok(crate::FileReader::from_bytes(self.read_file(path).await?))
+    }
+
+    /// Writes the bytes of `source` to a file, creating parent directories as
+    /// [`write_file`](Sandbox::write_file) does, and returns how many were written.
+    ///
+    /// At most `max_bytes` are taken: a longer source is refused with
+    /// `LIMITS_EXCEEDED`, naming the limit. A source that fails is refused with
+    /// `INVALID_OPTIONS`, and a sandbox destroyed meanwhile with `ENGINE_DISPOSED`.
+    /// No refusal leaves a partial file: an engine that streams removes the file it
+    /// was writing (so a file that was at `path` before is gone too, as `write_file`
+    /// would have replaced it).
+    ///
+    /// An engine that streams holds one bounded buffer per write, whatever
+    /// `max_bytes` is. The default reads the source into memory (up to `max_bytes`
+    /// bytes) and then calls [`write_file`](Sandbox::write_file), so a refused source
+    /// writes nothing at all.
+    async fn write_from(
+        &self,
+        path: &str,
+        source: crate::ByteSource,
+        max_bytes: u64,
+    ) -> Result<u64> {
+        let data = crate::files::read_to_limit(path, source, max_bytes).await?;
+        self.write_file(path, &data).await?;
+        Ok(data.len() as u64)
+    }
+
     /// Resets the sandbox for reuse by another lease, or fails if it cannot be reused.
     async fn recycle(&self) -> Result<()>;
 

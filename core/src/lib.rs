@@ -27,6 +27,7 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod exec;
+pub mod files;
 pub mod fuzzing;
 mod hash;
 pub mod interactive;
@@ -53,6 +54,7 @@ pub use error::{Error, ErrorCode, Result};
 pub use exec::{
     unix_ms, ExecRequest, ExecResult, ExecutionId, Outcome, OutputChunk, StreamKind, Timings, Usage,
 };
+pub use files::{ByteSource, FileReader};
 pub use hash::code_hash;
 #[cfg(not(loom))]
 pub use interactive::TcpConnection;

@@ -1,6 +1,7 @@
 //! Environment sanitization for programs started on the host.
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 
 /// Substrings that mark a variable as secret (matched case-insensitively).
 pub const SECRET_MARKERS: &[&str] = &["SECRET", "KEY", "TOKEN", "PASSWORD", "CREDENTIAL", "AUTH"];
@@ -23,13 +24,48 @@ pub fn allowed(name: &str, passthrough: &[String]) -> bool {
 /// `PATH` guaranteed. Captured once per engine, so the spawn path never reads the
 /// process environment.
 pub fn sanitized_host_env(passthrough: &[String]) -> BTreeMap<String, String> {
-    let mut env: BTreeMap<String, String> = std::env::vars_os()
-        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+    sanitized_env(std::env::vars_os(), passthrough)
+}
+
+/// [`sanitized_host_env`] over `host` instead of the process environment.
+pub fn sanitized_env<I, K, V>(host: I, passthrough: &[String]) -> BTreeMap<String, String>
+where
+    I: IntoIterator<Item = (K, V)>,
+    K: Into<OsString>,
+    V: Into<OsString>,
+{
+    let mut env = utf8_vars(host)
         .filter(|(k, _)| allowed(k, passthrough))
-        .collect();
+        .collect::<BTreeMap<_, _>>();
     env.entry("PATH".into())
         .or_insert_with(|| DEFAULT_PATH.into());
     env
+}
+
+/// The host variables a container receives: exactly those `passthrough` names, taken
+/// from `host` (the process environment when the engine starts). Nothing else of the
+/// host's environment is passed, whatever its name: the engine sets the container's
+/// own `PATH`, `HOME`, `PWD` and `TMPDIR` itself, and a request adds its own `env`.
+pub fn listed_env<I, K, V>(host: I, passthrough: &[String]) -> BTreeMap<String, String>
+where
+    I: IntoIterator<Item = (K, V)>,
+    K: Into<OsString>,
+    V: Into<OsString>,
+{
+    utf8_vars(host)
+        .filter(|(k, _)| passthrough.iter().any(|p| p == k))
+        .collect()
+}
+
+/// The variables of `host` whose names and values are UTF-8 (others are skipped).
+fn utf8_vars<I, K, V>(host: I) -> impl Iterator<Item = (String, String)>
+where
+    I: IntoIterator<Item = (K, V)>,
+    K: Into<OsString>,
+    V: Into<OsString>,
+{
+    host.into_iter()
+        .filter_map(|(k, v)| Some((k.into().into_string().ok()?, v.into().into_string().ok()?)))
 }
 
 /// Looks `program` up on `path` (a `PATH` value) the way `execvp` would; names with a
@@ -123,6 +159,50 @@ mod tests {
             assert!(allowed(name, &[]), "{name}");
         }
         assert!(allowed("API_KEY", &["API_KEY".to_string()]));
+    }
+
+    #[test]
+    fn the_sanitized_env_drops_secrets_and_keeps_the_rest() {
+        let host = [
+            ("DATABASE_PASSWORD", "hunter2"),
+            ("LANG", "C.UTF-8"),
+            ("HOME", "/root"),
+        ];
+        let env = sanitized_env(host, &[]);
+        assert_eq!(env.get("LANG").map(String::as_str), Some("C.UTF-8"));
+        assert!(!env.contains_key("DATABASE_PASSWORD"));
+        assert!(!env.contains_key("HOME"));
+        assert_eq!(env.get("PATH").map(String::as_str), Some(DEFAULT_PATH));
+    }
+
+    #[test]
+    fn the_listed_env_holds_only_listed_variables() {
+        let host = [
+            ("DATABASE_URL", "postgres://u:pass@h/db"),
+            ("PADDOCK_LEAK_PROBE", "x"),
+            ("LANG", "C.UTF-8"),
+            ("PATH", "/host/bin"),
+            ("AWS_PROFILE", "dev"),
+            ("API_TOKEN", "t0k3n"),
+        ];
+        let listed = ["AWS_PROFILE".to_string(), "API_TOKEN".to_string()];
+        let env = listed_env(host, &listed);
+        assert_eq!(
+            env,
+            BTreeMap::from([
+                ("API_TOKEN".to_string(), "t0k3n".to_string()),
+                ("AWS_PROFILE".to_string(), "dev".to_string()),
+            ])
+        );
+        assert!(listed_env(host, &[]).is_empty());
+        // Listed but not set on the host: absent, not empty.
+        assert!(listed_env(host, &["UNSET_HERE".to_string()]).is_empty());
+        // Names match exactly, case included.
+        assert!(listed_env(host, &["aws_profile".to_string()]).is_empty());
+        // A value that is not UTF-8 is skipped rather than mangled.
+        use std::os::unix::ffi::OsStringExt;
+        let odd = [(OsString::from("ODD"), OsString::from_vec(vec![0xff, 0xfe]))];
+        assert!(listed_env(odd, &["ODD".to_string()]).is_empty());
     }
 
     #[test]

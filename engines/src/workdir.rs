@@ -4,17 +4,30 @@
 //! the workdir, so `..`, absolute paths outside it and symlinks that lead out (even
 //! ones a program creates while we resolve) are refused with `PATH_ESCAPE` without a
 //! check-then-use race.
+//!
+//! Streaming transfers ([`Sandbox::open_read`](paddock_core::Sandbox::open_read),
+//! [`Sandbox::write_from`](paddock_core::Sandbox::write_from)) open their file by the
+//! same rules and then move its bytes through one buffer of [`STREAM_BUFFER_BYTES`],
+//! whatever the file's size.
 
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 
-use paddock_core::{Error, ErrorCode, FileEntry, Result};
+use paddock_core::files::{source_failed, too_long};
+use paddock_core::{ByteSource, Error, ErrorCode, FileEntry, FileReader, Result};
+use tokio::io::AsyncReadExt;
 
-/// Largest file [`Workdir::read_file`] returns.
+use crate::task::blocking;
+
+/// Largest file [`Workdir::read_file`] returns. A streaming read (`open_read`) has no
+/// size limit: it holds one buffer of [`STREAM_BUFFER_BYTES`], however large the file.
 pub const MAX_READ_BYTES: u64 = 256 << 20;
+/// The buffer a streaming read or write holds, in bytes.
+pub const STREAM_BUFFER_BYTES: usize = 64 << 10;
 /// Most entries [`Workdir::list_files`] returns.
 pub const MAX_LIST_ENTRIES: usize = 50_000;
 /// Deepest nesting [`Workdir::list_files`] walks.
@@ -79,8 +92,84 @@ impl Workdir {
         Ok(out)
     }
 
+    /// Resolves `path` (a program's working directory) to an existing directory
+    /// beneath the workdir, and returns its host path with every symlink resolved.
+    ///
+    /// The path is taken as [`relative`](Workdir::relative) takes it and opened with
+    /// `RESOLVE_BENEATH`, like a file: `..`, absolute paths outside the workdir and
+    /// symlinks that lead out (`esc -> /`, or a symlinked parent) are refused with
+    /// `PATH_ESCAPE`; a missing directory is `NOT_FOUND`; a file is
+    /// `INVALID_OPTIONS`. Symlinks that stay inside are followed, so the path returned
+    /// names the directory itself.
+    ///
+    /// The program is started in the returned path afterwards, so a program of the
+    /// sandbox that swaps a component for a symlink in between could still move the
+    /// new program's start elsewhere; the engines' own boundary (the container's
+    /// mount namespace) is what holds then, not this check.
+    pub fn resolve_dir(&self, path: &str) -> Result<PathBuf> {
+        self.resolve_dir_as(path, path)
+    }
+
+    /// [`resolve_dir`](Workdir::resolve_dir) of `path`, naming it `shown` in errors
+    /// (the path as the caller wrote it, such as `/workspace/sub` in a container).
+    pub(crate) fn resolve_dir_as(&self, path: &str, shown: &str) -> Result<PathBuf> {
+        let not_found = || {
+            Error::new(
+                ErrorCode::NotFound,
+                format!(
+                    "the working directory `{shown}` does not exist in the sandbox workdir; create it first, or leave cwd unset"
+                ),
+            )
+        };
+        let rel = self.relative(path).map_err(|e| match e.code {
+            ErrorCode::PathEscape => escape(shown),
+            _ => e,
+        })?;
+        let fd = openat_beneath(
+            self.fd.as_raw_fd(),
+            &cpath(&rel)?,
+            libc::O_PATH | libc::O_CLOEXEC,
+            0,
+        )
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ENOENT) => not_found(),
+            Some(libc::ENOTDIR) => Error::new(
+                ErrorCode::NotFound,
+                format!("the working directory `{shown}`: a parent component is not a directory"),
+            ),
+            _ => map_io(e, shown),
+        })?;
+        let dir = File::from(fd);
+        let meta = dir.metadata().map_err(|e| map_io(e, shown))?;
+        if !meta.is_dir() {
+            return Err(Error::invalid_options(
+                "cwd",
+                format!(
+                    "`{shown}` is not a directory; name a directory inside the sandbox workdir"
+                ),
+            ));
+        }
+        // The directory the kernel resolved, through its fd: every symlink followed.
+        let real = std::fs::read_link(format!("/proc/self/fd/{}", dir.as_raw_fd()))
+            .map_err(|e| map_io(e, shown))?;
+        match real.strip_prefix(&self.root) {
+            Ok(_) => Ok(real),
+            // Resolved beneath the workdir's fd, yet not under its path: the workdir
+            // itself was moved or removed meanwhile.
+            Err(_) => Err(not_found()),
+        }
+    }
+
     /// Writes `data` to `path`, creating parent directories.
     pub fn write_file(&self, path: &str, data: &[u8]) -> Result<()> {
+        let mut new = self.create_file(path)?;
+        new.file.write_all(data).map_err(|e| map_io(e, path))?;
+        Ok(())
+    }
+
+    /// Creates (or truncates) the regular file at `path` for writing, creating
+    /// parent directories; a symlink at `path` is refused, never followed.
+    fn create_file(&self, path: &str) -> Result<NewFile> {
         let rel = self.relative(path)?;
         let Some(name) = rel.file_name() else {
             return Err(Error::invalid_options(
@@ -103,42 +192,23 @@ impl Workdir {
             0o644,
         )
         .map_err(|e| map_io(e, path))?;
-        let mut file = File::from(fd);
+        let file = File::from(fd);
         regular_only(&file, path)?;
-        file.write_all(data).map_err(|e| map_io(e, path))?;
-        Ok(())
+        Ok(NewFile { parent, name, file })
     }
 
     /// Reads the file at `path`.
     pub fn read_file(&self, path: &str) -> Result<Vec<u8>> {
-        let rel = self.relative(path)?;
-        // O_NONBLOCK: opening a FIFO a program left here must not block the caller.
-        let fd = openat_beneath(
-            self.fd.as_raw_fd(),
-            &cpath(&rel)?,
-            libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NONBLOCK,
-            0,
-        )
-        .map_err(|e| map_io(e, path))?;
-        let mut file = File::from(fd);
-        let meta = file.metadata().map_err(|e| map_io(e, path))?;
-        if meta.is_dir() {
-            return Err(Error::invalid_options(
-                "path",
-                format!("`{path}` is a directory; use list_files"),
-            ));
-        }
-        regular_only(&file, path)?;
-        if meta.len() > MAX_READ_BYTES {
+        let (mut file, len) = self.open_file(path)?;
+        if len > MAX_READ_BYTES {
             return Err(Error::new(
                 ErrorCode::LimitsExceeded,
                 format!(
-                    "`{path}` is {} bytes; read_file returns at most {MAX_READ_BYTES}",
-                    meta.len()
+                    "`{path}` is {len} bytes; read_file returns at most {MAX_READ_BYTES}; read it as a stream (open_read) instead"
                 ),
             ));
         }
-        let mut buf = Vec::with_capacity(meta.len() as usize);
+        let mut buf = Vec::with_capacity(len as usize);
         (&mut file)
             .take(MAX_READ_BYTES + 1)
             .read_to_end(&mut buf)
@@ -150,6 +220,112 @@ impl Workdir {
             ));
         }
         Ok(buf)
+    }
+
+    /// Opens the regular file at `path` for reading, and returns it with its size.
+    /// Symlinks that stay inside the workdir are followed; a directory, FIFO, socket
+    /// or device is refused with `INVALID_OPTIONS` (opening never blocks).
+    pub fn open_file(&self, path: &str) -> Result<(File, u64)> {
+        let rel = self.relative(path)?;
+        // O_NONBLOCK: opening a FIFO a program left here must not block the caller.
+        let fd = openat_beneath(
+            self.fd.as_raw_fd(),
+            &cpath(&rel)?,
+            libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NONBLOCK,
+            0,
+        )
+        .map_err(|e| map_io(e, path))?;
+        let file = File::from(fd);
+        let meta = file.metadata().map_err(|e| map_io(e, path))?;
+        if meta.is_dir() {
+            return Err(Error::invalid_options(
+                "path",
+                format!("`{path}` is a directory; use list_files"),
+            ));
+        }
+        regular_only(&file, path)?;
+        Ok((file, meta.len()))
+    }
+
+    /// A streaming read of `path` (see [`Sandbox::open_read`]): opened as
+    /// [`open_file`](Workdir::open_file) opens it, then read through one buffer of
+    /// [`STREAM_BUFFER_BYTES`], at most the size it had when opened. No size limit.
+    ///
+    /// [`Sandbox::open_read`]: paddock_core::Sandbox::open_read
+    pub(crate) async fn open_read(self: &Arc<Self>, path: &str) -> Result<FileReader> {
+        let (workdir, owned) = (self.clone(), path.to_string());
+        let (file, size) = blocking(move || workdir.open_file(&owned)).await?;
+        let mut file = tokio::fs::File::from_std(file);
+        file.set_max_buf_size(STREAM_BUFFER_BYTES);
+        Ok(FileReader::new(size, Box::pin(file.take(size))))
+    }
+
+    /// A streaming write of `source` to `path` (see [`Sandbox::write_from`]): the file
+    /// is created as [`write_file`](Workdir::write_file) creates it, then filled one
+    /// buffer of [`STREAM_BUFFER_BYTES`] at a time; never more than `max_bytes` reach
+    /// it. Any refusal removes the file.
+    ///
+    /// `admit` is asked before each step that touches the workdir and its guard is
+    /// held only during that step, so a destroy waits for one buffer's write at most,
+    /// never for a slow source; an `admit` error ends the write (for a source that
+    /// stalls, when it next yields bytes or ends).
+    ///
+    /// [`Sandbox::write_from`]: paddock_core::Sandbox::write_from
+    pub(crate) async fn write_from<G>(
+        self: &Arc<Self>,
+        path: &str,
+        mut source: ByteSource,
+        max_bytes: u64,
+        admit: impl Fn() -> Result<G>,
+    ) -> Result<u64> {
+        let guard = admit()?;
+        let (workdir, owned) = (self.clone(), path.to_string());
+        let mut new = blocking(move || workdir.create_file(&owned)).await?;
+        drop(guard);
+        let mut buf = vec![0u8; STREAM_BUFFER_BYTES];
+        let mut written: u64 = 0;
+        let ended: Result<()> = loop {
+            // One byte past the limit is enough to tell that the source is too long.
+            let room = max_bytes.saturating_sub(written).saturating_add(1);
+            let want = buf.len().min(usize::try_from(room).unwrap_or(usize::MAX));
+            let n = match source.read(&mut buf[..want]).await {
+                Ok(0) => break Ok(()),
+                Ok(n) => n,
+                Err(e) => break Err(source_failed(path, written, &e)),
+            };
+            if written + n as u64 > max_bytes {
+                break Err(too_long(path, max_bytes));
+            }
+            let guard = match admit() {
+                Ok(g) => g,
+                Err(e) => break Err(e),
+            };
+            let shown = path.to_string();
+            let (back, back_buf, wrote) = blocking(move || {
+                let wrote = (&new.file)
+                    .write_all(&buf[..n])
+                    .map_err(|e| map_io(e, &shown));
+                Ok((new, buf, wrote))
+            })
+            .await?;
+            drop(guard);
+            (new, buf) = (back, back_buf);
+            if let Err(e) = wrote {
+                break Err(e);
+            }
+            written += n as u64;
+        };
+        match ended {
+            Ok(()) => Ok(written),
+            Err(e) => {
+                blocking(move || {
+                    new.discard();
+                    Ok(())
+                })
+                .await?;
+                Err(e)
+            }
+        }
     }
 
     /// Whether `path` exists (a symlink counts as itself, never followed).
@@ -300,6 +476,40 @@ impl Workdir {
         match remove_tree(&self.root) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
             other => other,
+        }
+    }
+}
+
+/// A file [`Workdir::create_file`] made, with the directory and name it has there.
+struct NewFile {
+    parent: OwnedFd,
+    name: CString,
+    file: File,
+}
+
+impl NewFile {
+    /// Empties the file and removes its name from its directory, if the name still
+    /// leads to this file (a program may have put something else there meanwhile;
+    /// that stays).
+    fn discard(self) {
+        use std::os::unix::fs::MetadataExt;
+        let _ = self.file.set_len(0);
+        let Ok(ours) = self.file.metadata() else {
+            return;
+        };
+        // SAFETY: stat is plain data; fstatat fills it from a valid fd and C string.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        let found = unsafe {
+            libc::fstatat(
+                self.parent.as_raw_fd(),
+                self.name.as_ptr(),
+                &mut st,
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        };
+        if found == 0 && st.st_dev == ours.dev() && st.st_ino == ours.ino() {
+            // SAFETY: unlinkat with a valid fd and C string.
+            unsafe { libc::unlinkat(self.parent.as_raw_fd(), self.name.as_ptr(), 0) };
         }
     }
 }
@@ -507,6 +717,51 @@ mod tests {
         std::os::unix::fs::symlink("real", w.root().join("alias")).unwrap();
         assert_eq!(w.read_file("alias/f").unwrap(), b"1");
         assert_eq!(w.read_file("nope").unwrap_err().code, ErrorCode::NotFound);
+    }
+
+    #[test]
+    fn working_directories_resolve_beneath_the_root() {
+        let (_t, w) = wd();
+        w.write_file("sub/dir/f", b"1").unwrap();
+        let sub = w.root().join("sub/dir");
+        assert_eq!(w.resolve_dir("sub/dir").unwrap(), sub);
+        assert_eq!(w.resolve_dir("./sub//dir/").unwrap(), sub);
+        assert_eq!(w.resolve_dir(sub.to_str().unwrap()).unwrap(), sub);
+        for root in ["", ".", "/"] {
+            assert_eq!(w.resolve_dir(root).unwrap(), w.root(), "{root:?}");
+        }
+        // A symlink that stays inside resolves to its target.
+        std::os::unix::fs::symlink("sub", w.root().join("alias")).unwrap();
+        assert_eq!(w.resolve_dir("alias/dir").unwrap(), sub);
+        // Escapes, through a symlink or a symlinked parent, are refused.
+        std::os::unix::fs::symlink("/", w.root().join("esc")).unwrap();
+        std::os::unix::fs::symlink("/etc", w.root().join("etc")).unwrap();
+        std::os::unix::fs::symlink("../..", w.root().join("sub/up")).unwrap();
+        for p in [
+            "esc",
+            "esc/tmp",
+            "etc",
+            "sub/up",
+            "sub/up/x",
+            "..",
+            "sub/../..",
+            "/tmp",
+        ] {
+            let e = w.resolve_dir(p).unwrap_err();
+            assert_eq!(e.code, ErrorCode::PathEscape, "{p}: {e}");
+            assert!(e.message.contains(&format!("`{p}`")), "{e}");
+        }
+        let e = w.resolve_dir("missing").unwrap_err();
+        assert_eq!(e.code, ErrorCode::NotFound, "{e}");
+        assert!(e.message.contains("`missing`"), "{e}");
+        let e = w.resolve_dir("sub/dir/f/deeper").unwrap_err();
+        assert_eq!(e.code, ErrorCode::NotFound, "{e}");
+        let e = w.resolve_dir("sub/dir/f").unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidOptions, "{e}");
+        let e = w
+            .resolve_dir_as("sub/nope", "/workspace/sub/nope")
+            .unwrap_err();
+        assert!(e.message.contains("`/workspace/sub/nope`"), "{e}");
     }
 
     #[test]

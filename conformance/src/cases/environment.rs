@@ -1,10 +1,13 @@
-//! The program's environment: secrets hidden, ordinary variables and request env visible.
+//! The program's environment: secrets hidden, ordinary variables and request env
+//! visible; with `strict` isolation, only the host variables the engine is configured
+//! to pass.
 
 use std::collections::BTreeMap;
 
 use crate::case::Check;
 use crate::context::{brief, exec, sh, Ctx};
-use crate::env::HOST_ENV;
+use crate::env::{HOST_ENV, LISTED_HOST_VAR, UNLISTED_HOST_VAR};
+use paddock_core::IsolationLevel;
 
 pub(crate) async fn env_is_sanitized(ctx: Ctx) -> Check {
     for (name, value) in HOST_ENV {
@@ -32,7 +35,7 @@ pub(crate) async fn env_is_sanitized(ctx: Ctx) -> Check {
     }
     for (_, secret) in HOST_ENV
         .iter()
-        .filter(|(n, _)| *n != "PADDOCK_CONFORMANCE_PLAIN")
+        .filter(|(n, _)| ![LISTED_HOST_VAR, UNLISTED_HOST_VAR].contains(n))
     {
         ensure!(
             !r.stdout.contains(secret),
@@ -44,11 +47,23 @@ pub(crate) async fn env_is_sanitized(ctx: Ctx) -> Check {
         "PATH must be set for the program; its environment was {vars:?}"
     );
     ensure!(
-        vars.get("PADDOCK_CONFORMANCE_PLAIN") == Some(&"visible"),
-        "the ordinary host variable PADDOCK_CONFORMANCE_PLAIN=visible must reach the program; \
+        vars.get(LISTED_HOST_VAR) == Some(&"visible"),
+        "the ordinary host variable {LISTED_HOST_VAR}=visible must reach the program (an \
+         engine that passes only listed host variables must be configured to pass it); \
          got {:?}",
-        vars.get("PADDOCK_CONFORMANCE_PLAIN")
+        vars.get(LISTED_HOST_VAR)
     );
+    if ctx.engine().capabilities().max_level == IsolationLevel::Strict {
+        let unlisted = HOST_ENV
+            .iter()
+            .find(|(n, _)| *n == UNLISTED_HOST_VAR)
+            .map_or("", |(_, v)| *v);
+        ensure!(
+            !vars.contains_key(UNLISTED_HOST_VAR) && !r.stdout.contains(unlisted),
+            "a strict engine passed the host variable {UNLISTED_HOST_VAR}, which it was not \
+             configured to pass: a strict sandbox must get only listed host variables"
+        );
+    }
     ensure!(
         vars.get("PADDOCK_CONFORMANCE_REQUEST") == Some(&"from-request"),
         "a variable from the request's env must reach the program; got {:?}",

@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use paddock_core::{ErrorCode, FileEntry, Sandbox};
+use paddock_core::{CancelToken, DiscardSink, ErrorCode, FileEntry, Sandbox};
 
 use crate::case::{expect_code, Check, OrFail, Stop};
 use crate::context::{brief, exec, sh, Ctx};
@@ -299,6 +299,58 @@ async fn path_escape_checks(sandbox: &dyn Sandbox) -> Check {
         secret == "outside-secret",
         "a file outside the workdir was changed: {secret:?}"
     );
+    Ok(())
+}
+
+/// The symlink `cwd_path_escape` has a program plant.
+const CWD_ESCAPE_LINK: &str = "cwd_escape";
+
+pub(crate) async fn cwd_path_escape(ctx: Ctx) -> Check {
+    let sandbox = ctx.sandbox().await?;
+    let result = cwd_escape_checks(&*sandbox).await;
+    let _ = std::fs::remove_file(sandbox.root_dir().join(CWD_ESCAPE_LINK));
+    result
+}
+
+async fn cwd_escape_checks(sandbox: &dyn Sandbox) -> Check {
+    sandbox
+        .write_file("sub/dir/keep", b"")
+        .await
+        .or_fail("write_file(\"sub/dir/keep\")")?;
+    let r = exec(sandbox, sh("ln -s / \"$1\"", &[CWD_ESCAPE_LINK])).await?;
+    ensure!(
+        r.is_success(),
+        "the program could not create a symlink in its workdir: {}",
+        brief(&r)
+    );
+    let in_dir = |cwd: &str| {
+        let mut request = sh("pwd", &[]);
+        request.cwd = Some(cwd.to_string());
+        request
+    };
+    let r = exec(sandbox, in_dir("sub/dir")).await?;
+    ensure!(
+        r.is_success() && r.stdout.trim_end().ends_with("/sub/dir"),
+        "a program run with cwd \"sub/dir\" must start in that directory of its workdir: {}",
+        brief(&r)
+    );
+    let through_link = format!("{CWD_ESCAPE_LINK}/etc");
+    for cwd in [CWD_ESCAPE_LINK, through_link.as_str(), "../..", "sub/../.."] {
+        expect_code(
+            sandbox
+                .exec(in_dir(cwd), &DiscardSink, CancelToken::new())
+                .await,
+            ErrorCode::PathEscape,
+            format_args!("exec with cwd {cwd:?} (outside the workdir)"),
+        )?;
+    }
+    expect_code(
+        sandbox
+            .exec(in_dir("sub/missing"), &DiscardSink, CancelToken::new())
+            .await,
+        ErrorCode::NotFound,
+        "exec with cwd \"sub/missing\" (a directory that does not exist)",
+    )?;
     Ok(())
 }
 

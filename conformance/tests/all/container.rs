@@ -10,9 +10,11 @@ use std::sync::{Arc, OnceLock};
 use paddock_core::{ContainerConfig, Engine, OciRuntime};
 use paddock_engines::container::ContainerEngine;
 
+/// The engine passes only listed host variables; the suite's ordinary one is listed.
 fn config(runtime: OciRuntime) -> ContainerConfig {
     ContainerConfig {
         runtime,
+        env_passthrough: vec![paddock_conformance::LISTED_HOST_VAR.to_string()],
         ..ContainerConfig::default()
     }
 }
@@ -20,7 +22,7 @@ fn config(runtime: OciRuntime) -> ContainerConfig {
 fn cold_engine() -> Arc<dyn Engine> {
     let config = ContainerConfig {
         warm: false,
-        ..ContainerConfig::default()
+        ..config(OciRuntime::Auto)
     };
     Arc::new(ContainerEngine::new(&config).expect("the container engine starts"))
 }

@@ -10,6 +10,11 @@
 //! cancel or destroy kills every process of the container through its cgroup (the
 //! freezer first), which ends the container.
 //!
+//! Environment: a container never gets the host's environment. Its processes see
+//! the variables the engine sets (`PATH` for the container's root, `HOME` and `PWD`
+//! in `/workspace`, `TMPDIR=/tmp`), the host variables `container.env_passthrough`
+//! names (read once, when the engine starts) and the request's `env`; nothing else.
+//!
 //! Cgroups: every container's `cgroupsPath` lies under the cgroup this process lives
 //! in (its memory hierarchy's path), below one group per engine and one per sandbox.
 //! The sandbox group carries the same memory limit, so that a kill by the OOM killer
@@ -76,8 +81,10 @@ pub struct ContainerEngine {
 pub(crate) struct EngineInner {
     pub(crate) caps: Capabilities,
     pub(crate) defaults: Limits,
-    /// The host environment, sanitized (see [`crate::env::sanitized_host_env`]).
-    pub(crate) base_env: BTreeMap<String, String>,
+    /// The host variables `container.env_passthrough` names, read when the engine
+    /// started (see [`crate::env::listed_env`]); nothing else of the host's
+    /// environment reaches a container.
+    pub(crate) passthrough_env: BTreeMap<String, String>,
     pub(crate) runtime: Runtime,
     pub(crate) info: RuntimeInfo,
     /// The engine's directory: `rootfs/`, `state/`, `bundles/`, `sandboxes/`.
@@ -233,7 +240,7 @@ impl ContainerEngine {
         let mut inner = EngineInner {
             caps: Capabilities::new(IsolationLevel::Strict, &[], &[], &[]),
             defaults,
-            base_env: crate::env::sanitized_host_env(&config.env_passthrough),
+            passthrough_env: crate::env::listed_env(std::env::vars_os(), &config.env_passthrough),
             runtime: Runtime {
                 kind: RuntimeKind::Crun,
                 path: PathBuf::new(),

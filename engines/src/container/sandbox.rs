@@ -214,31 +214,43 @@ impl ContainerSandbox {
         short && l.cpu_ms.is_none() && l.file_size_bytes.is_none() && l.open_files.is_none()
     }
 
-    /// The working directory inside the container for `cwd` (relative to the
-    /// workdir), and the environment: the host's sanitized one (as for every engine:
-    /// no secrets, no HOME or USER), the container's own PATH, HOME and TMPDIR, then
-    /// `extra`.
+    /// The working directory inside the container for `cwd`, and the environment.
+    ///
+    /// The environment is an allow-list, never the host's: the host variables
+    /// `container.env_passthrough` names, then the container's own `PATH`, `HOME`,
+    /// `PWD` and `TMPDIR`, then `extra` (the request's `env`).
     pub(super) fn guest_env(
         &self,
         cwd: Option<&str>,
         extra: &std::collections::BTreeMap<String, String>,
     ) -> Result<(String, std::collections::BTreeMap<String, String>)> {
         let cwd = match cwd {
-            Some(c) => {
-                let rel = self.workdir.relative(c)?;
-                format!("{WORKSPACE}/{}", rel.to_string_lossy())
-            }
+            Some(c) => self.guest_cwd(c)?,
             None => WORKSPACE.to_string(),
         };
-        let mut vars = self.engine.base_env.clone();
-        vars.insert("PATH".into(), CONTAINER_PATH.into());
-        vars.insert("HOME".into(), WORKSPACE.into());
-        vars.insert("PWD".into(), cwd.clone());
-        vars.insert("TMPDIR".into(), "/tmp".into());
-        for (k, v) in extra {
-            vars.insert(k.clone(), v.clone());
-        }
+        let vars = guest_vars(&self.engine.passthrough_env, &cwd, extra);
         Ok((cwd, vars))
+    }
+
+    /// The container path of the working directory `cwd`: `/workspace/…` as the
+    /// program sees it, or a path relative to the workdir (or a host path inside
+    /// it). It is resolved on the host beneath the workdir (see
+    /// [`Workdir::resolve_dir`]): it must exist, and a symlink out of the workdir is
+    /// refused with `PATH_ESCAPE`, as the files API refuses it.
+    fn guest_cwd(&self, cwd: &str) -> Result<String> {
+        let inside = match cwd.strip_prefix(WORKSPACE) {
+            Some(rest) if rest.is_empty() || rest.starts_with('/') => rest.trim_start_matches('/'),
+            _ => cwd,
+        };
+        let dir = self.workdir.resolve_dir_as(inside, cwd)?;
+        let rel = dir
+            .strip_prefix(self.workdir.root())
+            .unwrap_or(Path::new(""));
+        Ok(if rel.as_os_str().is_empty() {
+            WORKSPACE.to_string()
+        } else {
+            format!("{WORKSPACE}/{}", rel.to_string_lossy())
+        })
     }
 
     /// Notes that a process or terminal ran in the warm container.
@@ -810,6 +822,25 @@ impl ContainerSandbox {
     }
 }
 
+/// A container process's environment: `passthrough` (host variables the
+/// configuration lists), then the variables the engine owns (`PATH`, `HOME`, `PWD`,
+/// `TMPDIR`, see `paddock_core::config::CONTAINER_OWN_ENV`), then `extra`.
+fn guest_vars(
+    passthrough: &std::collections::BTreeMap<String, String>,
+    cwd: &str,
+    extra: &std::collections::BTreeMap<String, String>,
+) -> std::collections::BTreeMap<String, String> {
+    let mut vars = passthrough.clone();
+    vars.insert("PATH".into(), CONTAINER_PATH.into());
+    vars.insert("HOME".into(), WORKSPACE.into());
+    vars.insert("PWD".into(), cwd.into());
+    vars.insert("TMPDIR".into(), "/tmp".into());
+    for (k, v) in extra {
+        vars.insert(k.clone(), v.clone());
+    }
+    vars
+}
+
 /// Runs `argv` in a one-off container of a bundle like an execution's (the engine's
 /// default limits), straight through `<runtime> run`; blocking.
 fn run_once(
@@ -1040,6 +1071,22 @@ impl Sandbox for ContainerSandbox {
         self.file_op(move |w| w.read_file(&path)).await
     }
 
+    async fn open_read(&self, path: &str) -> Result<paddock_core::FileReader> {
+        let _op = self.enter()?;
+        self.workdir.open_read(path).await
+    }
+
+    async fn write_from(
+        &self,
+        path: &str,
+        source: paddock_core::ByteSource,
+        max_bytes: u64,
+    ) -> Result<u64> {
+        self.workdir
+            .write_from(path, source, max_bytes, || self.enter())
+            .await
+    }
+
     async fn list_files(&self, path: &str) -> Result<Vec<FileEntry>> {
         let path = path.to_string();
         let mut entries = self.file_op(move |w| w.list_files(&path)).await?;
@@ -1227,6 +1274,38 @@ impl Drop for ContainerSandbox {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn guest_vars_are_the_listed_the_own_and_the_requested() {
+        use std::collections::BTreeMap;
+        let host = [
+            ("DATABASE_URL", "postgres://u:pass@h/db"),
+            ("PADDOCK_LEAK_PROBE", "x"),
+            ("PATH", "/host/only/bin"),
+            ("HOME", "/root"),
+            ("LISTED", "yes"),
+        ];
+        let passthrough = crate::env::listed_env(host, &["LISTED".to_string()]);
+        let extra = BTreeMap::from([("FROM_REQUEST".to_string(), "r".to_string())]);
+        let vars = guest_vars(&passthrough, "/workspace/sub", &extra);
+        let own: Vec<&str> = paddock_core::config::CONTAINER_OWN_ENV.to_vec();
+        let mut names: Vec<&str> = vars.keys().map(String::as_str).collect();
+        names.retain(|n| !own.contains(n));
+        assert_eq!(names, ["FROM_REQUEST", "LISTED"], "{vars:?}");
+        for name in own {
+            assert!(vars.contains_key(name), "{name} is missing: {vars:?}");
+        }
+        assert_eq!(vars["PATH"], CONTAINER_PATH);
+        assert_eq!(vars["HOME"], WORKSPACE);
+        assert_eq!(vars["PWD"], "/workspace/sub");
+        assert_eq!(vars["LISTED"], "yes");
+        // A request may still set what the engine owns.
+        let extra = BTreeMap::from([("PATH".to_string(), "/opt/bin".to_string())]);
+        assert_eq!(
+            guest_vars(&passthrough, WORKSPACE, &extra)["PATH"],
+            "/opt/bin"
+        );
+    }
 
     #[test]
     fn exit_codes_and_signals_map_to_outcomes() {

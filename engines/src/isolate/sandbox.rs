@@ -418,6 +418,22 @@ impl Sandbox for IsolateSandbox {
         blocking(move || workdir.list_files(&path)).await
     }
 
+    async fn open_read(&self, path: &str) -> Result<paddock_core::FileReader> {
+        let _op = self.enter()?;
+        self.workdir.open_read(path).await
+    }
+
+    async fn write_from(
+        &self,
+        path: &str,
+        source: paddock_core::ByteSource,
+        max_bytes: u64,
+    ) -> Result<u64> {
+        self.workdir
+            .write_from(path, source, max_bytes, || self.enter())
+            .await
+    }
+
     async fn recycle(&self) -> Result<()> {
         let _op = self.enter()?;
         let _run = self.run_lock.lock().await;

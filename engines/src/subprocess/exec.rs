@@ -353,17 +353,18 @@ impl SubprocessSandbox {
     ) -> Result<SpawnSpec> {
         let engine = &self.engine;
         let root = self.workdir.root();
+        // Beneath the workdir, checked by the kernel like a file path.
+        let cwd = match cwd {
+            Some(c) => self.workdir.resolve_dir(c)?,
+            None => root.to_path_buf(),
+        };
         let mut env = engine.base_env.clone();
         env.insert("HOME".into(), root.to_string_lossy().into_owned());
-        env.insert("PWD".into(), root.to_string_lossy().into_owned());
+        env.insert("PWD".into(), cwd.to_string_lossy().into_owned());
         env.insert("TMPDIR".into(), root.to_string_lossy().into_owned());
         for (k, v) in extra_env {
             env.insert(k.clone(), v.clone());
         }
-        let cwd = match cwd {
-            Some(c) => root.join(self.workdir.relative(c)?),
-            None => root.to_path_buf(),
-        };
         let path_var = env.get("PATH").cloned().unwrap_or_default();
         let program = resolve_program(&argv[0], &path_var, &cwd).ok_or_else(|| {
             Error::new(

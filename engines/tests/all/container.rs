@@ -692,3 +692,226 @@ async fn the_agent_reaps_orphans_between_executions() {
     orphans.wait().await;
     sb.destroy().await.unwrap();
 }
+
+/// Host variables for [`containers_see_only_listed_host_variables`], set once before
+/// its engines are created (engines read the host's environment when they start).
+const LEAKED_HOST_VARS: &[(&str, &str)] = &[
+    (
+        "PADDOCK_ENV_TEST_DATABASE_URL",
+        "postgres://u:pass@h/db-host-only",
+    ),
+    ("PADDOCK_ENV_TEST_LEAK_PROBE", "leak-probe-host-only"),
+];
+const LISTED_HOST_VAR: (&str, &str) = ("PADDOCK_ENV_TEST_LISTED", "listed-value");
+
+fn plant_host_vars() {
+    static PLANT: std::sync::Once = std::sync::Once::new();
+    PLANT.call_once(|| {
+        for (name, value) in LEAKED_HOST_VARS.iter().chain([&LISTED_HOST_VAR]) {
+            std::env::set_var(name, value);
+        }
+    });
+}
+
+/// The program's environment as `NAME=value` lines, in one map.
+fn env_of(stdout: &str) -> std::collections::BTreeMap<String, String> {
+    stdout
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn assert_allow_listed(what: &str, stdout: &str) {
+    for (name, value) in LEAKED_HOST_VARS {
+        assert!(
+            !stdout.contains(name) && !stdout.contains(value),
+            "{what}: the unlisted host variable {name} reached the container:\n{stdout}"
+        );
+    }
+    let vars = env_of(stdout);
+    assert_eq!(
+        vars.get(LISTED_HOST_VAR.0).map(String::as_str),
+        Some(LISTED_HOST_VAR.1),
+        "{what}: the listed host variable is missing:\n{stdout}"
+    );
+    assert_eq!(
+        vars.get("FROM_REQUEST").map(String::as_str),
+        Some("request-value"),
+        "{what}: the request's env is missing:\n{stdout}"
+    );
+    assert_eq!(
+        vars.get("HOME").map(String::as_str),
+        Some("/workspace"),
+        "{what}"
+    );
+    assert!(
+        vars.get("PATH").is_some_and(|p| p.contains("/usr/bin")),
+        "{what}"
+    );
+    // Nothing of the host's own comes in unless listed: not even its locale or user.
+    for name in vars.keys() {
+        assert!(
+            [
+                LISTED_HOST_VAR.0,
+                "FROM_REQUEST",
+                "PATH",
+                "HOME",
+                "PWD",
+                "TMPDIR",
+                "TERM",
+                "SHLVL",
+                "_",
+            ]
+            .contains(&name.as_str()),
+            "{what}: unexpected variable {name} in the container:\n{stdout}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn containers_see_only_listed_host_variables() {
+    plant_host_vars();
+    for warm in [false, true] {
+        let config = ContainerConfig {
+            warm,
+            env_passthrough: vec![LISTED_HOST_VAR.0.to_string()],
+            ..ContainerConfig::default()
+        };
+        let engine = match ContainerEngine::new(&config) {
+            Ok(e) => e,
+            Err(e) if std::env::var_os("PADDOCK_REQUIRE_CONTAINERS").is_some() => {
+                panic!("the container engine must start here: {e}")
+            }
+            Err(e) => {
+                eprintln!("skipped: {e}");
+                return;
+            }
+        };
+        let sb = sandbox(&engine).await;
+        let mut req = ExecRequest::new(Program::command(["env"])).with_timeout_ms(20_000);
+        req.env
+            .insert("FROM_REQUEST".to_string(), "request-value".to_string());
+        let r = run(&*sb, req.clone()).await;
+        assert_eq!(r.outcome, exit(0), "{r:?}");
+        let what = if warm { "warm" } else { "cold" };
+        // The warm engine runs it in the warm container (its pid 1 is the agent).
+        let init = run(&*sb, sh("cat /proc/1/cmdline | tr '\\0' ' '")).await;
+        let agent = init.stdout.contains("paddock-agent");
+        assert_eq!(agent, warm && engine.agent().is_ok(), "{init:?}");
+        assert_allow_listed(what, &r.stdout);
+        // A background process in the warm container gets the same environment.
+        if warm && engine.agent().is_ok() {
+            let mut spec = paddock_core::ProcessSpec::new(["env"]);
+            spec.env = req.env.clone();
+            let p = sb.start_process(spec).await.unwrap();
+            let mut out = p.output();
+            let mut text = Vec::new();
+            while let Some(chunk) = tokio::time::timeout(Duration::from_secs(10), out.next())
+                .await
+                .expect("the process's output arrives")
+            {
+                text.extend_from_slice(&chunk.data);
+            }
+            assert_eq!(p.wait().await.exit_code, 0);
+            assert_allow_listed("background process", &String::from_utf8_lossy(&text));
+        }
+        sb.destroy().await.unwrap();
+    }
+}
+
+/// Everything a background process prints, until it ends.
+async fn process_output(p: &paddock_core::ProcessHandle) -> String {
+    let mut out = p.output();
+    let mut text = Vec::new();
+    while let Some(chunk) = tokio::time::timeout(Duration::from_secs(10), out.next())
+        .await
+        .expect("the process's output arrives")
+    {
+        text.extend_from_slice(&chunk.data);
+    }
+    String::from_utf8_lossy(&text).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cwd_is_resolved_beneath_the_workdir() {
+    for warm in [false, true] {
+        let config = ContainerConfig {
+            warm,
+            ..ContainerConfig::default()
+        };
+        let engine = match ContainerEngine::new(&config) {
+            Ok(e) => e,
+            Err(e) if std::env::var_os("PADDOCK_REQUIRE_CONTAINERS").is_some() => {
+                panic!("the container engine must start here: {e}")
+            }
+            Err(e) => {
+                eprintln!("skipped: {e}");
+                return;
+            }
+        };
+        let what = if warm { "warm" } else { "cold" };
+        let sb = sandbox(&engine).await;
+        sb.write_file("sub/dir/keep", b"").await.unwrap();
+        // `esc -> /` made by a program inside (where `/` is the container's root),
+        // one made on the host, and a symlinked parent.
+        let r = run(&*sb, sh("ln -s / esc && ln -s ../.. sub/up")).await;
+        assert_eq!(r.outcome, exit(0), "{what}: {r:?}");
+        std::os::unix::fs::symlink("/", sb.root_dir().join("host-esc")).unwrap();
+        let in_dir = |cwd: &str| {
+            let mut req = sh("pwd");
+            req.cwd = Some(cwd.to_string());
+            req
+        };
+        for cwd in [
+            "sub/dir",
+            "/workspace/sub/dir",
+            "/workspace/sub/dir/",
+            "./sub//dir",
+        ] {
+            let r = run(&*sb, in_dir(cwd)).await;
+            assert_eq!(r.stdout, "/workspace/sub/dir\n", "{what} {cwd}: {r:?}");
+        }
+        for cwd in ["/workspace", "/workspace/", "."] {
+            assert_eq!(run(&*sb, in_dir(cwd)).await.stdout, "/workspace\n", "{cwd}");
+        }
+        for cwd in [
+            "esc",
+            "/workspace/esc",
+            "esc/usr",
+            "host-esc",
+            "sub/up",
+            "/workspace/sub/up/tmp",
+            "/workspace/..",
+            "/tmp",
+            "/workspacex",
+        ] {
+            let e = sb
+                .exec(in_dir(cwd), &DiscardSink, CancelToken::new())
+                .await
+                .unwrap_err();
+            assert_eq!(e.code, ErrorCode::PathEscape, "{what} {cwd}: {e}");
+        }
+        let e = sb
+            .exec(in_dir("/workspace/nope"), &DiscardSink, CancelToken::new())
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, ErrorCode::NotFound, "{what}: {e}");
+        assert!(e.message.contains("`/workspace/nope`"), "{e}");
+
+        if warm && engine.agent().is_ok() {
+            let mut spec = paddock_core::ProcessSpec::new(["pwd"]);
+            spec.cwd = Some("/workspace/sub/dir".into());
+            let p = sb.start_process(spec.clone()).await.unwrap();
+            assert_eq!(process_output(&p).await, "/workspace/sub/dir\n");
+            spec.cwd = Some("esc".into());
+            let e = sb.start_process(spec).await.unwrap_err();
+            assert_eq!(e.code, ErrorCode::PathEscape, "{e}");
+            let mut term = paddock_core::TerminalSpec::new("sh", Vec::<String>::new());
+            term.cwd = Some("/workspace/esc".into());
+            let e = sb.open_terminal(term).await.unwrap_err();
+            assert_eq!(e.code, ErrorCode::PathEscape, "{e}");
+        }
+        sb.destroy().await.unwrap();
+    }
+}

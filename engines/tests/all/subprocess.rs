@@ -538,3 +538,77 @@ async fn sandboxes_have_separate_loopbacks() {
     a.destroy().await.unwrap();
     b.destroy().await.unwrap();
 }
+
+/// Everything a background process prints, until it ends.
+async fn process_output(p: &paddock_core::ProcessHandle) -> String {
+    let mut out = p.output();
+    let mut text = Vec::new();
+    while let Some(chunk) = tokio::time::timeout(Duration::from_secs(10), out.next())
+        .await
+        .expect("the process's output arrives")
+    {
+        text.extend_from_slice(&chunk.data);
+    }
+    String::from_utf8_lossy(&text).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cwd_is_resolved_beneath_the_workdir() {
+    let sb = sandbox(SandboxSpec::default()).await;
+    let root = sb.root_dir().to_path_buf();
+    sb.write_file("sub/dir/keep", b"").await.unwrap();
+    // A symlink to the host's root, one planted by a program, and a symlinked parent.
+    std::os::unix::fs::symlink("/", root.join("esc")).unwrap();
+    let r = run(&*sb, sh("ln -s / made-esc && ln -s ../.. sub/up")).await;
+    assert!(r.is_success(), "{r:?}");
+    let in_dir = |cwd: &str| {
+        let mut req = sh("pwd; echo \"$PWD\"");
+        req.cwd = Some(cwd.to_string());
+        req
+    };
+    let sub_dir = root.join("sub/dir").display().to_string();
+    for cwd in ["sub/dir", "./sub/dir/", sub_dir.as_str()] {
+        let r = run(&*sb, in_dir(cwd)).await;
+        assert_eq!(r.stdout, format!("{sub_dir}\n{sub_dir}\n"), "{cwd}: {r:?}");
+    }
+    for cwd in [
+        "esc",
+        "esc/tmp",
+        "made-esc",
+        "sub/up",
+        "sub/up/etc",
+        "../..",
+        "/tmp",
+    ] {
+        let e = sb
+            .exec(in_dir(cwd), &DiscardSink, CancelToken::new())
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, ErrorCode::PathEscape, "{cwd}: {e}");
+    }
+    let e = sb
+        .exec(in_dir("sub/missing"), &DiscardSink, CancelToken::new())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::NotFound, "{e}");
+    assert!(e.message.contains("`sub/missing`"), "{e}");
+    let e = sb
+        .exec(in_dir("sub/dir/keep"), &DiscardSink, CancelToken::new())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::InvalidOptions, "{e}");
+
+    // Background processes and terminals get the same check.
+    let mut spec = paddock_core::ProcessSpec::new(["pwd"]);
+    spec.cwd = Some("sub/dir".into());
+    let p = sb.start_process(spec.clone()).await.unwrap();
+    assert_eq!(process_output(&p).await, format!("{sub_dir}\n"));
+    spec.cwd = Some("esc".into());
+    let e = sb.start_process(spec).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::PathEscape, "{e}");
+    let mut term = paddock_core::TerminalSpec::new("sh", Vec::<String>::new());
+    term.cwd = Some("made-esc".into());
+    let e = sb.open_terminal(term).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::PathEscape, "{e}");
+    sb.destroy().await.unwrap();
+}

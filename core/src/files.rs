@@ -1,0 +1,262 @@
+//! Streaming file transfer between a caller and a sandbox's workdir.
+//!
+//! [`Sandbox::open_read`](crate::Sandbox::open_read) hands out a [`FileReader`]: the
+//! file's size and a stream of its bytes. [`Sandbox::write_from`](crate::Sandbox::write_from)
+//! takes a [`ByteSource`] and a byte limit. Engines that implement them hold one
+//! bounded buffer per transfer, whatever the file's size; the trait's defaults (for
+//! engines that do not) go through `read_file` and `write_file` and hold the whole
+//! file in memory.
+
+use std::fmt;
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
+
+use crate::error::{Error, ErrorCode, Result};
+
+/// A stream of bytes to write into a sandbox, such as an upload's body.
+pub type ByteSource = Pin<Box<dyn AsyncRead + Send>>;
+
+/// A file of a sandbox opened for reading: its size when it was opened, and its bytes.
+///
+/// The reader yields at most `size` bytes: bytes a program appends after the file was
+/// opened are not read, and a file that shrinks meanwhile ends early. It implements
+/// [`AsyncRead`] itself, so it can be passed to [`tokio::io::copy`] as it is.
+pub struct FileReader {
+    /// The file's size in bytes when it was opened.
+    pub size: u64,
+    /// The file's bytes.
+    pub reader: ByteSource,
+}
+
+impl FileReader {
+    /// A reader of `size` bytes from `reader`.
+    pub fn new(size: u64, reader: ByteSource) -> FileReader {
+        FileReader { size, reader }
+    }
+
+    /// A reader over bytes already in memory.
+    pub fn from_bytes(data: Vec<u8>) -> FileReader {
+        FileReader::new(data.len() as u64, Box::pin(io::Cursor::new(data)))
+    }
+}
+
+impl fmt::Debug for FileReader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FileReader")
+            .field("size", &self.size)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AsyncRead for FileReader {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        self.reader.as_mut().poll_read(cx, buf)
+    }
+}
+
+/// `LIMITS_EXCEEDED` for a source longer than `max_bytes`, naming the limit.
+pub fn too_long(path: &str, max_bytes: u64) -> Error {
+    Error::new(
+        ErrorCode::LimitsExceeded,
+        format!(
+            "the data for `{path}` is longer than the limit of {max_bytes} bytes (max_bytes); nothing was kept: send less, or raise the limit"
+        ),
+    )
+}
+
+/// `INVALID_OPTIONS` for a source that failed after `read` bytes.
+pub fn source_failed(path: &str, read: u64, err: &io::Error) -> Error {
+    Error::invalid_options(
+        "source",
+        format!(
+            "reading the data for `{path}` failed after {read} bytes ({err}); nothing was kept: send it again"
+        ),
+    )
+}
+
+/// Reads all of `source` into memory, refusing more than `max_bytes`: the default of
+/// [`Sandbox::write_from`](crate::Sandbox::write_from). Holds up to `max_bytes`.
+pub(crate) async fn read_to_limit(
+    path: &str,
+    source: ByteSource,
+    max_bytes: u64,
+) -> Result<Vec<u8>> {
+    let mut data = Vec::new();
+    source
+        .take(max_bytes.saturating_add(1))
+        .read_to_end(&mut data)
+        .await
+        .map_err(|e| source_failed(path, data.len() as u64, &e))?;
+    if data.len() as u64 > max_bytes {
+        return Err(too_long(path, max_bytes));
+    }
+    Ok(data)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::path::Path;
+
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::{
+        CancelToken, EngineKind, ExecRequest, ExecResult, FileEntry, OutputSink, Sandbox,
+        SandboxStatus,
+    };
+
+    /// A sandbox with files in memory and nothing else: only the required methods, so
+    /// the streaming methods are the trait's defaults.
+    #[derive(Debug, Default)]
+    struct MemorySandbox {
+        files: parking_lot::Mutex<BTreeMap<String, Vec<u8>>>,
+    }
+
+    #[async_trait]
+    impl Sandbox for MemorySandbox {
+        fn id(&self) -> &str {
+            "memory"
+        }
+        fn kind(&self) -> EngineKind {
+            EngineKind::Noop
+        }
+        fn root_dir(&self) -> &Path {
+            Path::new("/memory")
+        }
+        fn status(&self) -> SandboxStatus {
+            SandboxStatus::Ready
+        }
+        async fn exec(
+            &self,
+            _request: ExecRequest,
+            _sink: &dyn OutputSink,
+            _cancel: CancelToken,
+        ) -> Result<ExecResult> {
+            Err(Error::new(ErrorCode::CapabilityNotSupported, "no programs"))
+        }
+        async fn write_file(&self, path: &str, data: &[u8]) -> Result<()> {
+            if path.starts_with("..") {
+                return Err(Error::new(ErrorCode::PathEscape, "outside"));
+            }
+            self.files.lock().insert(path.to_string(), data.to_vec());
+            Ok(())
+        }
+        async fn read_file(&self, path: &str) -> Result<Vec<u8>> {
+            self.files
+                .lock()
+                .get(path)
+                .cloned()
+                .ok_or_else(|| Error::new(ErrorCode::NotFound, format!("`{path}` does not exist")))
+        }
+        async fn list_files(&self, _path: &str) -> Result<Vec<FileEntry>> {
+            Ok(Vec::new())
+        }
+        async fn recycle(&self) -> Result<()> {
+            Ok(())
+        }
+        async fn destroy(&self) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A source of `n` bytes (`i % 251` at position `i`), made as it is read.
+    struct Generated {
+        n: u64,
+        at: u64,
+    }
+
+    impl AsyncRead for Generated {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            while self.at < self.n && buf.remaining() > 0 {
+                buf.put_slice(&[(self.at % 251) as u8]);
+                self.at += 1;
+            }
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    fn generated(n: u64) -> ByteSource {
+        Box::pin(Generated { n, at: 0 })
+    }
+
+    /// A source that fails after a few bytes.
+    struct Failing;
+
+    impl AsyncRead for Failing {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+            _buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            Poll::Ready(Err(io::Error::new(io::ErrorKind::ConnectionReset, "gone")))
+        }
+    }
+
+    #[tokio::test]
+    async fn the_defaults_go_through_read_file_and_write_file() {
+        let sb = MemorySandbox::default();
+        let n = sb
+            .write_from("gen", generated(10_000), 10_000)
+            .await
+            .unwrap();
+        assert_eq!(n, 10_000);
+        let stored = sb.read_file("gen").await.unwrap();
+        assert_eq!(stored.len(), 10_000);
+        assert!(stored
+            .iter()
+            .enumerate()
+            .all(|(i, b)| *b == (i % 251) as u8));
+
+        let mut reader = sb.open_read("gen").await.unwrap();
+        assert_eq!(reader.size, 10_000);
+        let mut back = Vec::new();
+        reader.read_to_end(&mut back).await.unwrap();
+        assert_eq!(back, stored);
+
+        // One byte over the limit: refused, and nothing is written.
+        let e = sb
+            .write_from("over", generated(101), 100)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, ErrorCode::LimitsExceeded, "{e}");
+        assert!(e.message.contains("100 bytes"), "{e}");
+        assert_eq!(
+            sb.read_file("over").await.unwrap_err().code,
+            ErrorCode::NotFound
+        );
+        assert_eq!(sb.write_from("empty", generated(0), 0).await.unwrap(), 0);
+
+        let e = sb
+            .write_from("failing", Box::pin(Failing), 100)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidOptions, "{e}");
+        // The write_file's and read_file's errors come through as they are.
+        let e = sb.write_from("../x", generated(1), 10).await.unwrap_err();
+        assert_eq!(e.code, ErrorCode::PathEscape);
+        let e = sb.open_read("missing").await.unwrap_err();
+        assert_eq!(e.code, ErrorCode::NotFound);
+    }
+
+    #[tokio::test]
+    async fn a_file_reader_reads_what_it_holds() {
+        let mut r = FileReader::from_bytes(b"abc".to_vec());
+        assert_eq!(r.size, 3);
+        let mut out = Vec::new();
+        tokio::io::copy(&mut r, &mut out).await.unwrap();
+        assert_eq!(out, b"abc");
+        assert!(format!("{r:?}").contains("size: 3"));
+    }
+}
