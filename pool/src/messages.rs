@@ -136,6 +136,42 @@ impl std::fmt::Debug for SandboxExec {
     }
 }
 
+/// Opens a file of a session for a streaming read: its size and its bytes, through
+/// one bounded buffer whatever the size.
+#[derive(Debug, Message, Clone)]
+#[rtype(result = "Result<paddock_core::FileReader, Error>")]
+pub struct OpenRead {
+    /// The session id.
+    pub sandbox: String,
+    /// The file, as for [`ReadFile`].
+    pub path: String,
+}
+
+/// Writes a file of a session from a byte stream, taking at most `max_bytes`
+/// (`LIMITS_EXCEEDED` beyond, and no file is left); answers the bytes written.
+#[derive(Message)]
+#[rtype(result = "Result<u64, Error>")]
+pub struct WriteFrom {
+    /// The session id.
+    pub sandbox: String,
+    /// The file, as for [`WriteFile`].
+    pub path: String,
+    /// Its bytes.
+    pub source: paddock_core::ByteSource,
+    /// The most bytes taken.
+    pub max_bytes: u64,
+}
+
+impl std::fmt::Debug for WriteFrom {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriteFrom")
+            .field("sandbox", &self.sandbox)
+            .field("path", &self.path)
+            .field("max_bytes", &self.max_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Writes a file in a session.
 #[derive(Debug, Message, Clone)]
 #[rtype(result = "Result<(), Error>")]

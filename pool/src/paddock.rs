@@ -728,6 +728,39 @@ impl SandboxHandle {
             .map_err(gone)?
     }
 
+    /// Opens a file for a streaming read: its size and its bytes, through one bounded
+    /// buffer whatever the size (engines that stream; others read it whole).
+    pub async fn open_read(&self, path: &str) -> Result<paddock_core::FileReader, Error> {
+        self.paddock
+            .supervisor
+            .send(OpenRead {
+                sandbox: self.info.id.clone(),
+                path: path.into(),
+            })
+            .await
+            .map_err(gone)?
+    }
+
+    /// Writes a file from `source`, taking at most `max_bytes` (`LIMITS_EXCEEDED`
+    /// beyond, and no file is left); returns the bytes written.
+    pub async fn write_from(
+        &self,
+        path: &str,
+        source: paddock_core::ByteSource,
+        max_bytes: u64,
+    ) -> Result<u64, Error> {
+        self.paddock
+            .supervisor
+            .send(WriteFrom {
+                sandbox: self.info.id.clone(),
+                path: path.into(),
+                source,
+                max_bytes,
+            })
+            .await
+            .map_err(gone)?
+    }
+
     /// Lists a directory (absolute paths with sizes; missing lists as empty).
     pub async fn list_files(&self, path: &str) -> Result<Vec<FileEntry>, Error> {
         self.paddock

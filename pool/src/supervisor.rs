@@ -1071,6 +1071,12 @@ session_op!(WriteFile, (), |sb, msg| async move {
 session_op!(ReadFile, Vec<u8>, |sb, msg| async move {
     sb.read_file(&msg.path).await
 });
+session_op!(OpenRead, paddock_core::FileReader, |sb, msg| async move {
+    sb.open_read(&msg.path).await
+});
+session_op!(WriteFrom, u64, |sb, msg| async move {
+    sb.write_from(&msg.path, msg.source, msg.max_bytes).await
+});
 session_op!(PauseSandbox, (), |sb, _msg| async move { sb.pause().await });
 session_op!(
     UnpauseSandbox,

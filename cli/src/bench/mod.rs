@@ -7,6 +7,7 @@ mod container;
 mod http;
 mod isolate;
 mod load;
+mod memory;
 mod peers;
 mod pipeline;
 mod soak;
@@ -121,6 +122,25 @@ enum Scenario {
         /// Executions per measured run.
         #[arg(long, default_value_t = 50_000)]
         executions: usize,
+    },
+    /// What the server holds for large outputs and for slow readers of a large file,
+    /// against its RSS at rest, through the HTTP API in this process.
+    Memory {
+        /// Concurrent executions that each print `--output-mib`.
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=32))]
+        outputs: u64,
+        /// MiB each execution prints (1 to 64, the default output ceiling).
+        #[arg(long, default_value_t = 48)]
+        output_mib: u64,
+        /// Concurrent slow readers of one file.
+        #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u64).range(1..=256))]
+        readers: u64,
+        /// The file's size in MiB (sparse).
+        #[arg(long, default_value_t = 250)]
+        file_mib: u64,
+        /// How long each slow reader reads before it is cut off, in seconds.
+        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=60))]
+        read_secs: u64,
     },
     /// Many short subprocess executions from many callers against a small pool.
     Load {
@@ -251,6 +271,23 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32, crate::run::UsageError
             callers,
             executions,
         } => http::http(callers.max(1), executions.max(callers), args.json).await,
+        Scenario::Memory {
+            outputs,
+            output_mib,
+            readers,
+            file_mib,
+            read_secs,
+        } => {
+            memory::memory(
+                outputs as usize,
+                output_mib,
+                readers as usize,
+                file_mib,
+                read_secs,
+                args.json,
+            )
+            .await
+        }
         Scenario::Load {
             executions,
             callers,

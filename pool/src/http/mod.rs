@@ -800,6 +800,7 @@ async fn list_files(
     Ok(HttpResponse::Ok().json(out))
 }
 
+/// Streams a file out through one bounded buffer, with its size as Content-Length.
 async fn read_file(
     state: Shared,
     req: HttpRequest,
@@ -807,44 +808,83 @@ async fn read_file(
 ) -> Result<HttpResponse, ApiError> {
     let (sandbox, file) = path.into_inner();
     sandbox_access(&state, &req, &sandbox).await?;
-    let data = ask(
+    let reader = ask(
         state.paddock.supervisor(),
-        crate::ReadFile {
+        crate::OpenRead {
             sandbox,
             path: file,
         },
     )
     .await?;
+    let body = tokio_util::io::ReaderStream::with_capacity(reader.reader, FILE_CHUNK_BYTES);
     Ok(HttpResponse::Ok()
         .content_type("application/octet-stream")
-        .body(data))
+        .no_chunking(reader.size)
+        .streaming(body))
 }
 
+/// The buffer a file moves through over HTTP, in each direction.
+const FILE_CHUNK_BYTES: usize = 64 << 10;
+
+/// Streams an upload into the file: the body goes through a bounded channel (a few
+/// chunks) to the scheduler's thread, which writes it through one buffer; at most
+/// `server.max_file_bytes` are taken (413 beyond, and no file is left).
 async fn write_file(
     state: Shared,
     req: HttpRequest,
     path: web::Path<(String, String)>,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
+    use futures_util::StreamExt;
     admitting(&state)?;
     let (sandbox, file) = path.into_inner();
     sandbox_access(&state, &req, &sandbox).await?;
-    let data = read_body(
-        payload,
-        state.config.max_file_bytes,
-        "upload (server.max_file_bytes)",
-    )
-    .await?;
-    ask(
+    let max = state.config.max_file_bytes as u64;
+    let too_large = || {
+        ApiError::with_status(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::InvalidOptions,
+            format!("the upload (server.max_file_bytes) exceeds {max} bytes"),
+        )
+    };
+    let announced = req
+        .headers()
+        .get(actix_web::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if announced.is_some_and(|n| n > max) {
+        return Err(too_large());
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(4);
+    let chunks =
+        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) });
+    let source: paddock_core::ByteSource = Box::pin(tokio_util::io::StreamReader::new(chunks));
+    let write = ask(
         state.paddock.supervisor(),
-        crate::WriteFile {
+        crate::WriteFrom {
             sandbox,
             path: file,
-            data,
+            source,
+            max_bytes: max,
         },
-    )
-    .await?;
-    Ok(HttpResponse::NoContent().finish())
+    );
+    let pump = async move {
+        let mut payload = payload;
+        while let Some(chunk) = payload.next().await {
+            let item = chunk.map_err(|e| std::io::Error::other(e.to_string()));
+            let failed = item.is_err();
+            // The writer stopped reading (done or refused): stop feeding it.
+            if tx.send(item).await.is_err() || failed {
+                break;
+            }
+        }
+    };
+    let (written, ()) = futures_util::join!(write, pump);
+    match written {
+        Ok(_) => Ok(HttpResponse::NoContent().finish()),
+        Err(e) if e.code == ErrorCode::LimitsExceeded => Err(too_large()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 #[derive(Debug, Deserialize)]

@@ -208,6 +208,11 @@ impl Streaming {
         header(&self.headers, name)
     }
 
+    /// The next piece of the body as it arrives, `None` at its end.
+    pub async fn next_bytes(&mut self) -> Option<Vec<u8>> {
+        self.next_piece().await
+    }
+
     /// The next piece of the body (a chunk when chunked), `None` at its end.
     async fn next_piece(&mut self) -> Option<Vec<u8>> {
         if self.done {

@@ -676,3 +676,48 @@ async fn metrics_are_served_where_the_operator_says() {
     assert!(!m.text().contains("alice"));
     t.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_stream_both_ways_past_the_old_in_memory_limit() {
+    let mut config = PaddockConfig::default();
+    config.subprocess.warm.enabled = false;
+    let mut server = server_config();
+    server.max_file_bytes = 8 << 20;
+    let t = TestServer::start_with(Paddock::builder().config(config), server);
+    let addr = t.addr;
+    let sb = Request::post("/v1/sandboxes").send(addr).await.expect(201);
+    let base = format!("/v1/sandboxes/{}", sb["id"].as_str().unwrap());
+    // 300 MiB, past the 256 MiB a whole-file read returns: it streams, with its size.
+    let size: u64 = 300 << 20;
+    let r = Request::post(&format!("{base}/exec"))
+        .json(&json!({"program": {"command": ["truncate", "-s", size.to_string(), "big.bin"]}}))
+        .send(addr)
+        .await
+        .expect(200);
+    assert_eq!(r["exit_code"], 0, "{r}");
+    let mut s = Request::get(&format!("{base}/files/big.bin"))
+        .stream(addr)
+        .await;
+    assert_eq!(s.status, 200);
+    assert_eq!(s.header("content-length"), Some(size.to_string().as_str()));
+    let mut read = 0usize;
+    while read < (1 << 20) {
+        let piece = s.next_bytes().await.expect("more of the file");
+        assert!(piece.iter().all(|b| *b == 0));
+        read += piece.len();
+    }
+    drop(s);
+    // An upload streams in, at most server.max_file_bytes.
+    let data: Vec<u8> = (0..(6u32 << 20)).map(|i| (i % 251) as u8).collect();
+    let r = Request::put(&format!("{base}/files/up.bin"))
+        .body(data.clone())
+        .send(addr)
+        .await;
+    assert_eq!(r.status, 204, "{}", r.text());
+    let back = Request::get(&format!("{base}/files/up.bin"))
+        .send(addr)
+        .await;
+    assert_eq!(back.status, 200);
+    assert!(back.body == data, "the upload came back different");
+    t.stop().await;
+}
