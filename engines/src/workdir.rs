@@ -98,8 +98,8 @@ impl Workdir {
     /// The path is taken as [`relative`](Workdir::relative) takes it and opened with
     /// `RESOLVE_BENEATH`, like a file: `..`, absolute paths outside the workdir and
     /// symlinks that lead out (`esc -> /`, or a symlinked parent) are refused with
-    /// `PATH_ESCAPE`; a missing directory is `NOT_FOUND`; a file is
-    /// `INVALID_OPTIONS`. Symlinks that stay inside are followed, so the path returned
+    /// `PATH_ESCAPE`; a missing directory or a file is `INVALID_OPTIONS` naming
+    /// `cwd`. Symlinks that stay inside are followed, so the path returned
     /// names the directory itself.
     ///
     /// The program is started in the returned path afterwards, so a program of the
@@ -113,9 +113,10 @@ impl Workdir {
     /// [`resolve_dir`](Workdir::resolve_dir) of `path`, naming it `shown` in errors
     /// (the path as the caller wrote it, such as `/workspace/sub` in a container).
     pub(crate) fn resolve_dir_as(&self, path: &str, shown: &str) -> Result<PathBuf> {
+        // A bad option of the request, not a missing resource: the sandbox is there.
         let not_found = || {
-            Error::new(
-                ErrorCode::NotFound,
+            Error::invalid_options(
+                "cwd",
                 format!(
                     "the working directory `{shown}` does not exist in the sandbox workdir; create it first, or leave cwd unset"
                 ),
@@ -133,8 +134,8 @@ impl Workdir {
         )
         .map_err(|e| match e.raw_os_error() {
             Some(libc::ENOENT) => not_found(),
-            Some(libc::ENOTDIR) => Error::new(
-                ErrorCode::NotFound,
+            Some(libc::ENOTDIR) => Error::invalid_options(
+                "cwd",
                 format!("the working directory `{shown}`: a parent component is not a directory"),
             ),
             _ => map_io(e, shown),
@@ -752,10 +753,13 @@ mod tests {
             assert!(e.message.contains(&format!("`{p}`")), "{e}");
         }
         let e = w.resolve_dir("missing").unwrap_err();
-        assert_eq!(e.code, ErrorCode::NotFound, "{e}");
-        assert!(e.message.contains("`missing`"), "{e}");
+        assert_eq!(e.code, ErrorCode::InvalidOptions, "{e}");
+        assert!(
+            e.message.contains("`missing`") && e.message.contains("cwd"),
+            "{e}"
+        );
         let e = w.resolve_dir("sub/dir/f/deeper").unwrap_err();
-        assert_eq!(e.code, ErrorCode::NotFound, "{e}");
+        assert_eq!(e.code, ErrorCode::InvalidOptions, "{e}");
         let e = w.resolve_dir("sub/dir/f").unwrap_err();
         assert_eq!(e.code, ErrorCode::InvalidOptions, "{e}");
         let e = w

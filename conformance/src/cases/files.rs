@@ -348,7 +348,7 @@ async fn cwd_escape_checks(sandbox: &dyn Sandbox) -> Check {
         sandbox
             .exec(in_dir("sub/missing"), &DiscardSink, CancelToken::new())
             .await,
-        ErrorCode::NotFound,
+        ErrorCode::InvalidOptions,
         "exec with cwd \"sub/missing\" (a directory that does not exist)",
     )?;
     Ok(())

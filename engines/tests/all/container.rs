@@ -896,7 +896,7 @@ async fn cwd_is_resolved_beneath_the_workdir() {
             .exec(in_dir("/workspace/nope"), &DiscardSink, CancelToken::new())
             .await
             .unwrap_err();
-        assert_eq!(e.code, ErrorCode::NotFound, "{what}: {e}");
+        assert_eq!(e.code, ErrorCode::InvalidOptions, "{what}: {e}");
         assert!(e.message.contains("`/workspace/nope`"), "{e}");
 
         if warm && engine.agent().is_ok() {

@@ -590,7 +590,7 @@ async fn cwd_is_resolved_beneath_the_workdir() {
         .exec(in_dir("sub/missing"), &DiscardSink, CancelToken::new())
         .await
         .unwrap_err();
-    assert_eq!(e.code, ErrorCode::NotFound, "{e}");
+    assert_eq!(e.code, ErrorCode::InvalidOptions, "{e}");
     assert!(e.message.contains("`sub/missing`"), "{e}");
     let e = sb
         .exec(in_dir("sub/dir/keep"), &DiscardSink, CancelToken::new())
