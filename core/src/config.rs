@@ -496,7 +496,14 @@ impl ServerConfig {
                 }
             }
         }
-        self.metrics_access()?;
+        if self.metrics_access()? == MetricsAccess::Operator
+            && !self.api_keys.iter().any(|k| k.admin)
+        {
+            return Err(Error::invalid_config(
+                "server.metrics",
+                "`operator` serves /metrics to operator keys only, and no key has `admin = true`; add one, or use `api` or an ADDR:PORT",
+            ));
+        }
         for (name, v) in [
             ("server.max_body_bytes", self.max_body_bytes),
             ("server.max_file_bytes", self.max_file_bytes),

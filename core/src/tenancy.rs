@@ -85,6 +85,30 @@ impl LimitsConfig {
         }
     }
 
+    /// The defaults in force: each configured default, else the built-in one
+    /// ([`Limits::defaults`]), held to its ceiling. A built-in default above an
+    /// operator's ceiling becomes the ceiling, and a ceiling on a limit without a
+    /// default (`cpu_ms`) becomes its default, so a request that asks for nothing
+    /// never runs with more than the operator allows.
+    pub fn effective_defaults(&self) -> Limits {
+        let base = self.defaults.or(&Limits::defaults());
+        let max = self.ceilings();
+        let hold = |d: Option<u64>, m: Option<u64>| match (d, m) {
+            (Some(d), Some(m)) => Some(d.min(m)),
+            (None, m) => m,
+            (d, None) => d,
+        };
+        Limits {
+            timeout_ms: hold(base.timeout_ms, max.timeout_ms),
+            memory_bytes: hold(base.memory_bytes, max.memory_bytes),
+            cpu_ms: hold(base.cpu_ms, max.cpu_ms),
+            pids: hold(base.pids, max.pids),
+            max_output_bytes: hold(base.max_output_bytes, max.max_output_bytes),
+            file_size_bytes: hold(base.file_size_bytes, max.file_size_bytes),
+            open_files: hold(base.open_files, max.open_files),
+        }
+    }
+
     /// Checks the defaults and the ceilings, and that no default is above its ceiling.
     pub fn validate(&self) -> Result<()> {
         self.defaults.validate("limits", true)?;
@@ -337,6 +361,26 @@ mod tests {
         assert!(e.to_string().contains("timeout"), "{e}");
         let e = toml::from_str::<LimitsConfig>("[max]\nwall = 5\n").unwrap_err();
         assert!(e.to_string().contains("limits.max"), "{e}");
+    }
+
+    #[test]
+    fn built_in_defaults_are_held_to_the_ceilings() {
+        let c: LimitsConfig =
+            toml::from_str("[max]\ntimeout_ms = 10000\nmemory_bytes = 134217728\ncpu_ms = 1000\n")
+                .unwrap();
+        c.validate().unwrap();
+        let d = c.effective_defaults();
+        assert_eq!(d.timeout_ms, Some(10_000), "30 s built in, 10 s ceiling");
+        assert_eq!(d.memory_bytes, Some(134_217_728));
+        assert_eq!(
+            d.cpu_ms,
+            Some(1000),
+            "no CPU default: the ceiling is the default"
+        );
+        assert_eq!(d.pids, Limits::defaults().pids, "no ceiling: the built-in");
+        let mine: LimitsConfig =
+            toml::from_str("timeout_ms = 2000\n[max]\ntimeout_ms = 10000\n").unwrap();
+        assert_eq!(mine.effective_defaults().timeout_ms, Some(2000));
     }
 
     #[test]

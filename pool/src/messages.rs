@@ -90,6 +90,9 @@ pub struct GetSandbox {
     pub caller: Caller,
     /// The sandbox id.
     pub id: String,
+    /// What the caller is about to do with it (`sandbox.exec`, …), recorded when the
+    /// caller is an operator.
+    pub action: &'static str,
 }
 
 /// Opens a sandbox session: a lease of one engine instance with a persistent workdir.

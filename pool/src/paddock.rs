@@ -202,7 +202,7 @@ impl PaddockBuilder {
         if self.builtin_subprocess && self.config.subprocess.enabled {
             let e = SubprocessEngine::with_defaults(
                 &self.config.subprocess,
-                self.config.limits.defaults.clone(),
+                self.config.limits.effective_defaults(),
             )?;
             engines.insert(0, Arc::new(e));
         }
@@ -218,7 +218,7 @@ impl PaddockBuilder {
         {
             match ContainerEngine::with_defaults(
                 &self.config.container,
-                self.config.limits.defaults.clone(),
+                self.config.limits.effective_defaults(),
             ) {
                 Ok(e) => engines.push(Arc::new(e)),
                 // A host without a usable OCI runtime runs the other engines.
@@ -260,12 +260,7 @@ impl PaddockBuilder {
         let shared = Arc::new(Shared::default());
         let parts_shared = shared.clone();
         let pool_config = self.config.pool.clone();
-        let defaults = self
-            .config
-            .limits
-            .defaults
-            .clone()
-            .or(&paddock_core::Limits::defaults());
+        let defaults = self.config.limits.effective_defaults();
         let ceilings = self.config.limits.ceilings();
         let access = self
             .access
@@ -481,11 +476,23 @@ impl Paddock {
     /// exactly like an id that never existed; one of the caller's that was destroyed
     /// is `ENGINE_DISPOSED`.
     pub async fn sandbox(&self, caller: &Caller, id: &str) -> Result<SandboxHandle, Error> {
+        self.sandbox_for(caller, id, "sandbox.access").await
+    }
+
+    /// [`sandbox`](Self::sandbox), naming what the caller is about to do with it
+    /// (`sandbox.exec`, `sandbox.files.read`, …) for the record of an operator's uses.
+    pub async fn sandbox_for(
+        &self,
+        caller: &Caller,
+        id: &str,
+        action: &'static str,
+    ) -> Result<SandboxHandle, Error> {
         let info = self
             .supervisor
             .send(GetSandbox {
                 caller: caller.clone(),
                 id: id.to_string(),
+                action,
             })
             .await
             .map_err(gone)??;

@@ -183,8 +183,12 @@ struct Session {
     opened: Instant,
     /// The last call on it.
     last_used: Cell<Instant>,
-    /// Executions running in it.
+    /// Executions running in it, and uploads into it.
     busy: Cell<u32>,
+    /// Downloads of its files in progress (readers live on other threads).
+    transfers: Arc<std::sync::atomic::AtomicUsize>,
+    /// When the last download ended, in ms after `opened`.
+    transfer_ended_ms: Arc<AtomicU64>,
     /// Its place among its tenant's shares.
     _share: Share,
 }
@@ -196,8 +200,13 @@ impl Session {
         if !lifetime.is_zero() && now.duration_since(self.opened) >= lifetime {
             return Some("pool.sandbox_max_lifetime_ms");
         }
-        let idle_now = self.busy.get() == 0 && !self.processes.borrow().any_live();
-        if !idle.is_zero() && idle_now && now.duration_since(self.last_used.get()) >= idle {
+        let idle_now = self.busy.get() == 0
+            && self.transfers.load(Ordering::Acquire) == 0
+            && !self.processes.borrow().any_live();
+        let transfer_ended =
+            self.opened + Duration::from_millis(self.transfer_ended_ms.load(Ordering::Acquire));
+        let last = self.last_used.get().max(transfer_ended);
+        if !idle.is_zero() && idle_now && now.duration_since(last) >= idle {
             return Some("pool.sandbox_idle_timeout_ms");
         }
         None
@@ -1019,6 +1028,8 @@ impl Handler<OpenSandbox> for Supervisor {
                         opened: Instant::now(),
                         last_used: Cell::new(Instant::now()),
                         busy: Cell::new(0),
+                        transfers: Arc::default(),
+                        transfer_ended_ms: Arc::default(),
                         _share: share,
                     }),
                 );
@@ -1071,12 +1082,89 @@ session_op!(WriteFile, (), |sb, msg| async move {
 session_op!(ReadFile, Vec<u8>, |sb, msg| async move {
     sb.read_file(&msg.path).await
 });
-session_op!(OpenRead, paddock_core::FileReader, |sb, msg| async move {
-    sb.open_read(&msg.path).await
-});
-session_op!(WriteFrom, u64, |sb, msg| async move {
-    sb.write_from(&msg.path, msg.source, msg.max_bytes).await
-});
+impl Handler<OpenRead> for Supervisor {
+    type Result = ResponseFuture<Result<paddock_core::FileReader, Error>>;
+
+    fn handle(&mut self, msg: OpenRead, _ctx: &mut Self::Context) -> Self::Result {
+        let session = match self.session(&msg.sandbox) {
+            Ok(s) => s,
+            Err(e) => return Box::pin(async move { Err(e) }),
+        };
+        Box::pin(async move {
+            let sb = session.lease.instance().sandbox.clone();
+            let reader = sb.open_read(&msg.path).await?;
+            // The sandbox counts as in use until the reader is done.
+            let guard = Transfer::new(&session);
+            Ok(paddock_core::FileReader::new(
+                reader.size,
+                Box::pin(Guarded {
+                    inner: reader.reader,
+                    _guard: guard,
+                }),
+            ))
+        })
+    }
+}
+
+impl Handler<WriteFrom> for Supervisor {
+    type Result = ResponseFuture<Result<u64, Error>>;
+
+    fn handle(&mut self, msg: WriteFrom, _ctx: &mut Self::Context) -> Self::Result {
+        let session = match self.session(&msg.sandbox) {
+            Ok(s) => s,
+            Err(e) => return Box::pin(async move { Err(e) }),
+        };
+        Box::pin(async move {
+            // In use while the upload lasts.
+            let _busy = Busy::new(session.clone());
+            let sb = session.lease.instance().sandbox.clone();
+            sb.write_from(&msg.path, msg.source, msg.max_bytes).await
+        })
+    }
+}
+
+/// A download of a session's file in progress, counted so that idle expiry spares
+/// the session; it notes when it ended.
+struct Transfer {
+    count: Arc<std::sync::atomic::AtomicUsize>,
+    ended_ms: Arc<AtomicU64>,
+    opened: Instant,
+}
+
+impl Transfer {
+    fn new(session: &Session) -> Transfer {
+        session.transfers.fetch_add(1, Ordering::AcqRel);
+        Transfer {
+            count: session.transfers.clone(),
+            ended_ms: session.transfer_ended_ms.clone(),
+            opened: session.opened,
+        }
+    }
+}
+
+impl Drop for Transfer {
+    fn drop(&mut self) {
+        let ms = self.opened.elapsed().as_millis() as u64;
+        self.ended_ms.fetch_max(ms, Ordering::AcqRel);
+        self.count.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A reader that holds a [`Transfer`] while it lives.
+struct Guarded {
+    inner: paddock_core::ByteSource,
+    _guard: Transfer,
+}
+
+impl tokio::io::AsyncRead for Guarded {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.inner.as_mut().poll_read(cx, buf)
+    }
+}
 session_op!(PauseSandbox, (), |sb, _msg| async move { sb.pause().await });
 session_op!(
     UnpauseSandbox,
@@ -1102,7 +1190,7 @@ impl Handler<GetSandbox> for Supervisor {
 
     fn handle(&mut self, msg: GetSandbox, _ctx: &mut Self::Context) -> Self::Result {
         let session = self.session_for(&msg.caller, &msg.id)?;
-        self.note_operator(&msg.caller, "sandbox.get", Some(msg.id.clone()));
+        self.note_operator(&msg.caller, msg.action, Some(msg.id.clone()));
         let inst = session.lease.instance();
         Ok(SandboxInfo {
             id: msg.id,

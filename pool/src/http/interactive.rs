@@ -27,7 +27,7 @@ pub(super) async fn start_process(
     path: web::Path<String>,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    sandbox_access(&state, &req, path.as_str()).await?;
+    sandbox_access(&state, &req, path.as_str(), "sandbox.process.start").await?;
     let spec: ProcessSpec = parse_body(&state, payload).await?;
     let sandbox = path.into_inner();
     let started = ask(state.paddock.supervisor(), StartProcess { sandbox, spec }).await?;
@@ -40,7 +40,7 @@ pub(super) async fn open_terminal(
     path: web::Path<String>,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    sandbox_access(&state, &req, path.as_str()).await?;
+    sandbox_access(&state, &req, path.as_str(), "sandbox.terminal.open").await?;
     let spec: TerminalSpec = parse_body(&state, payload).await?;
     let sandbox = path.into_inner();
     let started = ask(state.paddock.supervisor(), OpenTerminal { sandbox, spec }).await?;
@@ -53,7 +53,7 @@ pub(super) async fn list_processes(
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let sandbox = path.into_inner();
-    sandbox_access(&state, &req, &sandbox).await?;
+    sandbox_access(&state, &req, &sandbox, "sandbox.process.list").await?;
     let list = ask(state.paddock.supervisor(), ListProcesses { sandbox }).await?;
     Ok(HttpResponse::Ok().json(serde_json::json!({ "processes": list })))
 }
@@ -63,9 +63,10 @@ async fn find(
     state: &Shared,
     req: &HttpRequest,
     path: web::Path<(String, String)>,
+    action: &'static str,
 ) -> Result<Started, ApiError> {
     let (sandbox, process) = path.into_inner();
-    sandbox_access(state, req, &sandbox).await?;
+    sandbox_access(state, req, &sandbox, action).await?;
     Ok(ask(state.paddock.supervisor(), GetProcess { sandbox, process }).await?)
 }
 
@@ -74,7 +75,7 @@ pub(super) async fn get_process(
     req: HttpRequest,
     path: web::Path<(String, String)>,
 ) -> Result<HttpResponse, ApiError> {
-    let started = find(&state, &req, path).await?;
+    let started = find(&state, &req, path, "sandbox.process.get").await?;
     Ok(HttpResponse::Ok().json(started.info))
 }
 
@@ -107,7 +108,7 @@ pub(super) async fn signal_process(
     path: web::Path<(String, String)>,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    let started = find(&state, &req, path).await?;
+    let started = find(&state, &req, path, "sandbox.process.signal").await?;
     let body: SignalBody = parse_body(&state, payload).await?;
     let signal = body.signal.number()?;
     started.handle.shared().control().signal(signal)?;
@@ -146,7 +147,7 @@ pub(super) async fn attach(
     path: web::Path<(String, String)>,
     body: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    let started = find(&state, &req, path).await?;
+    let started = find(&state, &req, path, "sandbox.process.attach").await?;
     let held = state
         .websockets
         .enter(&super::tenancy::caller(&state.config, &req)?)?;
@@ -308,7 +309,7 @@ pub(super) async fn tcp(
     body: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let (sandbox, port) = path.into_inner();
-    let caller = sandbox_access(&state, &req, &sandbox).await?;
+    let caller = sandbox_access(&state, &req, &sandbox, "sandbox.tcp").await?;
     let port: u16 = port.parse().map_err(|_| {
         Error::invalid_options("port", format!("{port:?} is not a port; use 1 to 65535"))
     })?;

@@ -34,7 +34,7 @@ pub fn route_table() -> impl Iterator<Item = (&'static str, &'static str)> {
     openapi::ROUTES.iter().map(|(m, p, _, _)| (*m, *p))
 }
 use results::{Answer, Begin, Bounds, ResultStore};
-use tenancy::{account, caller, Gauge, Held};
+use tenancy::{account, caller, Gauge};
 
 use crate::audit::AuditQuery;
 use crate::{Caller, Execute, Paddock, StreamEvent};
@@ -324,13 +324,15 @@ type Shared = web::Data<State>;
 /// one tenant is `NOT_FOUND` to every other, so ids of other tenants' sandboxes
 /// neither work nor show that they exist; a destroyed one of the caller's is 409
 /// `ENGINE_DISPOSED`), and returns the caller.
+/// `action` names what the caller does, for the record of an operator's uses.
 async fn sandbox_access(
     state: &State,
     req: &HttpRequest,
     sandbox: &str,
+    action: &'static str,
 ) -> Result<Caller, ApiError> {
     let caller = caller(&state.config, req)?;
-    state.paddock.sandbox(&caller, sandbox).await?;
+    state.paddock.sandbox_for(&caller, sandbox, action).await?;
     Ok(caller)
 }
 
@@ -452,29 +454,50 @@ async fn create_execution(
         }
         Begin::Run(tx) => {
             if query.stream {
-                let held = state.requests.enter(&caller)?;
-                let stream = state
-                    .paddock
-                    .execute_stream(msg)
-                    .await
-                    .map_err(|e| refusal(&state, e))?;
-                Ok(stream_response(
-                    state.into_inner(),
-                    stream,
-                    id,
-                    Some(tx),
-                    held,
-                ))
-            } else {
-                let answer = Arc::new(state.paddock.execute_with(msg).await);
-                if answer.as_ref().as_ref().is_err_and(retryable) {
-                    state.results.finish_and_forget(&id, tx, answer.clone());
-                } else {
-                    state.results.finish(&id, tx, answer.clone());
+                match state.paddock.execute_stream(msg).await {
+                    Ok(stream) => Ok(stream_response(state.into_inner(), stream, id, Some(tx))),
+                    Err(e) => {
+                        // Refused before it ran: nothing to replay for the key.
+                        state
+                            .results
+                            .finish_and_forget(&id, tx, Arc::new(Err(e.clone())));
+                        Err(refusal(&state, e))
+                    }
                 }
+            } else {
+                // Driven by a task of its own, so that its answer is recorded (for
+                // lookups by id and the idempotency key) even when the caller hangs
+                // up before it comes.
+                let (done, answered) = tokio::sync::oneshot::channel();
+                let shared = state.clone().into_inner();
+                actix_rt::spawn(async move {
+                    let answer = Arc::new(shared.paddock.execute_with(msg).await);
+                    record(&shared, &id, tx, answer.clone());
+                    let _ = done.send(answer);
+                });
+                let answer = answered.await.map_err(|_| {
+                    Error::new(
+                        ErrorCode::EngineFailed,
+                        "the execution's task ended without an answer; look it up by id",
+                    )
+                })?;
                 Ok(answer_json(&state, &answer))
             }
         }
+    }
+}
+
+/// Records a finished execution's answer; a refusal worth retrying is not kept.
+fn record(
+    state: &State,
+    id: &ExecutionId,
+    tx: tokio::sync::watch::Sender<Option<Answer>>,
+    answer: Answer,
+) {
+    if answer.as_ref().as_ref().is_err_and(retryable) {
+        state.results.finish_and_forget(id, tx, answer);
+    } else {
+        state.results.finish(id, tx, answer);
     }
 }
 
@@ -498,14 +521,11 @@ fn stream_response(
     mut stream: crate::ExecutionStream,
     id: ExecutionId,
     mut tx: Option<tokio::sync::watch::Sender<Option<Answer>>>,
-    held: Held,
 ) -> HttpResponse {
     use futures_util::StreamExt;
     let started = ndjson(&serde_json::json!({"type": "started", "id": id}));
     let (lines_tx, lines_rx) = tokio::sync::mpsc::channel::<Bytes>(16);
     actix_rt::spawn(async move {
-        // The tenant's place among its requests in progress, until the stream ends.
-        let _held = held;
         let mut reader_gone = false;
         while let Some(event) = stream.next().await {
             let line = match event {
@@ -532,11 +552,7 @@ fn stream_response(
                         Err(e) => ndjson(&serde_json::json!({"type": "error", "error": e})),
                     };
                     if let Some(tx) = tx.take() {
-                        if answer.as_ref().as_ref().is_err_and(retryable) {
-                            state.results.finish_and_forget(&id, tx, answer);
-                        } else {
-                            state.results.finish(&id, tx, answer);
-                        }
+                        record(&state, &id, tx, answer);
                     }
                     line
                 }
@@ -672,7 +688,7 @@ async fn sandbox_status(
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let sandbox = path.into_inner();
-    match sandbox_access(&state, &req, &sandbox).await {
+    match sandbox_access(&state, &req, &sandbox, "sandbox.status").await {
         // A destroyed sandbox answers its status.
         Err(e) if e.error.code == ErrorCode::EngineDisposed => {}
         other => {
@@ -689,7 +705,7 @@ async fn destroy_sandbox(
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let sandbox = path.into_inner();
-    match sandbox_access(&state, &req, &sandbox).await {
+    match sandbox_access(&state, &req, &sandbox, "sandbox.destroy").await {
         // Destroying a destroyed sandbox succeeds (idempotent).
         Err(e) if e.error.code == ErrorCode::EngineDisposed => {}
         other => {
@@ -706,7 +722,7 @@ async fn pause_sandbox(
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let sandbox = path.into_inner();
-    sandbox_access(&state, &req, &sandbox).await?;
+    sandbox_access(&state, &req, &sandbox, "sandbox.pause").await?;
     ask(state.paddock.supervisor(), crate::PauseSandbox { sandbox }).await?;
     Ok(HttpResponse::Ok().json(serde_json::json!({"status": "paused"})))
 }
@@ -717,7 +733,7 @@ async fn unpause_sandbox(
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let sandbox = path.into_inner();
-    sandbox_access(&state, &req, &sandbox).await?;
+    sandbox_access(&state, &req, &sandbox, "sandbox.unpause").await?;
     ask(
         state.paddock.supervisor(),
         crate::UnpauseSandbox { sandbox },
@@ -735,12 +751,11 @@ async fn sandbox_exec(
 ) -> Result<HttpResponse, ApiError> {
     admitting(&state)?;
     let sandbox = path.into_inner();
-    let caller = sandbox_access(&state, &req, &sandbox).await?;
+    sandbox_access(&state, &req, &sandbox, "sandbox.exec").await?;
     let body: ExecBody = parse_body(&state, payload).await?;
     // Accounted to the sandbox's tenant.
     let (request, _, _, _) = body.into_request(None);
     if query.stream {
-        let held = state.requests.enter(&caller)?;
         let id = request.id.clone();
         let sub = state.paddock.subscribe(id.clone()).await?;
         let supervisor = state.paddock.supervisor();
@@ -756,7 +771,7 @@ async fn sandbox_exec(
             .await
         });
         let stream = crate::ExecutionStream::from_parts(sub, result);
-        return Ok(stream_response(state.into_inner(), stream, id, None, held));
+        return Ok(stream_response(state.into_inner(), stream, id, None));
     }
     let r = ask(
         state.paddock.supervisor(),
@@ -784,7 +799,7 @@ async fn list_files(
     q: web::Query<DirQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let sandbox = path.into_inner();
-    sandbox_access(&state, &req, &sandbox).await?;
+    sandbox_access(&state, &req, &sandbox, "sandbox.files.list").await?;
     let files = ask(
         state.paddock.supervisor(),
         crate::ListFiles {
@@ -807,7 +822,7 @@ async fn read_file(
     path: web::Path<(String, String)>,
 ) -> Result<HttpResponse, ApiError> {
     let (sandbox, file) = path.into_inner();
-    sandbox_access(&state, &req, &sandbox).await?;
+    sandbox_access(&state, &req, &sandbox, "sandbox.files.read").await?;
     let reader = ask(
         state.paddock.supervisor(),
         crate::OpenRead {
@@ -838,7 +853,7 @@ async fn write_file(
     use futures_util::StreamExt;
     admitting(&state)?;
     let (sandbox, file) = path.into_inner();
-    sandbox_access(&state, &req, &sandbox).await?;
+    sandbox_access(&state, &req, &sandbox, "sandbox.files.write").await?;
     let max = state.config.max_file_bytes as u64;
     let too_large = || {
         ApiError::with_status(
@@ -882,7 +897,10 @@ async fn write_file(
     let (written, ()) = futures_util::join!(write, pump);
     match written {
         Ok(_) => Ok(HttpResponse::NoContent().finish()),
-        Err(e) if e.code == ErrorCode::LimitsExceeded => Err(too_large()),
+        // The upload's own bound (a file-size limit of the sandbox is its own answer).
+        Err(e) if e.code == ErrorCode::LimitsExceeded && e.message.contains("(max_bytes)") => {
+            Err(too_large())
+        }
         Err(e) => Err(e.into()),
     }
 }
@@ -973,9 +991,7 @@ async fn metrics(state: Shared, req: HttpRequest) -> Result<HttpResponse, ApiErr
     match &state.metrics {
         MetricsAccess::Open => {}
         MetricsAccess::Operator => {
-            let operator =
-                state.config.api_keys.is_empty() || caller(&state.config, &req)?.is_operator();
-            if !operator {
+            if !caller(&state.config, &req)?.is_operator() {
                 return Err(Error::new(
                     ErrorCode::NotFound,
                     "/metrics is served to operator keys only (server.metrics = \"operator\")",

@@ -40,6 +40,8 @@ struct Inner {
     order: VecDeque<(ExecutionId, Option<(String, String)>)>,
     total_bytes: u64,
     tenant_bytes: HashMap<Option<String>, u64>,
+    /// Results kept per tenant (running ones included).
+    tenant_counts: HashMap<Option<String>, usize>,
 }
 
 /// The bounds of a [`ResultStore`].
@@ -99,8 +101,34 @@ impl ResultStore {
                 }
             }
         }
-        while inner.order.len() >= self.bounds.max {
-            Self::evict_oldest(&mut inner);
+        // At the count bound, the tenant holding the most results (the caller's own,
+        // on a tie) loses its oldest finished one; an execution still running is
+        // never dropped (those are bounded by the pools' sizes and queues).
+        let own = tenant.map(str::to_owned);
+        while inner.by_id.len() >= self.bounds.max {
+            let most = inner.tenant_counts.values().copied().max().unwrap_or(0);
+            let heaviest = if inner.tenant_counts.get(&own) == Some(&most) {
+                Some(own.clone())
+            } else {
+                inner
+                    .tenant_counts
+                    .iter()
+                    .find(|(_, n)| **n == most)
+                    .map(|(t, _)| t.clone())
+            };
+            let evicted = match heaviest {
+                Some(t) => Self::evict_first(&mut inner, |e| e.tenant == t, id),
+                None => false,
+            } || Self::evict_first(&mut inner, |_| true, id);
+            if !evicted {
+                break;
+            }
+        }
+        // Ids forgotten out of order leave their places behind; sweep them now and
+        // then so the queue stays within twice the bound.
+        if inner.order.len() >= 2 * self.bounds.max {
+            let Inner { order, by_id, .. } = &mut *inner;
+            order.retain(|(id, _)| by_id.contains_key(id));
         }
         let (tx, rx) = watch::channel(None);
         inner.by_id.insert(
@@ -112,6 +140,10 @@ impl ResultStore {
                 bytes: 0,
             },
         );
+        *inner
+            .tenant_counts
+            .entry(tenant.map(str::to_owned))
+            .or_default() += 1;
         if let Some(scoped) = &scoped {
             inner.keys.insert(scoped.clone(), id.clone());
         }
@@ -260,6 +292,12 @@ impl ResultStore {
     /// Drops `id`'s entry and its bytes.
     fn forget(inner: &mut Inner, id: &ExecutionId) {
         if let Some(e) = inner.by_id.remove(id) {
+            if let Some(n) = inner.tenant_counts.get_mut(&e.tenant) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    inner.tenant_counts.remove(&e.tenant);
+                }
+            }
             inner.total_bytes = inner.total_bytes.saturating_sub(e.bytes);
             if let Some(n) = inner.tenant_bytes.get_mut(&e.tenant) {
                 *n = n.saturating_sub(e.bytes);
@@ -327,7 +365,10 @@ mod tests {
         let store = ResultStore::new(bounds(2));
         let ids: Vec<ExecutionId> = (0..3).map(|_| ExecutionId::new()).collect();
         for id in &ids {
-            assert!(matches!(store.begin(id, Some("t"), None), Begin::Run(_)));
+            let Begin::Run(tx) = store.begin(id, Some("t"), None) else {
+                panic!("runs")
+            };
+            store.finish(id, tx, output(id, 1));
         }
         assert!(
             store.get(&ids[0]).is_none(),
@@ -342,6 +383,45 @@ mod tests {
         assert!(matches!(
             store.begin(&ExecutionId::new(), Some("two"), Some("k")),
             Begin::Run(_)
+        ));
+    }
+
+    #[test]
+    fn at_the_count_bound_the_heaviest_tenant_loses_its_own_and_nothing_running_goes() {
+        let store = ResultStore::new(bounds(4));
+        let begin = |tenant: &str| {
+            let id = ExecutionId::new();
+            let Begin::Run(tx) = store.begin(&id, Some(tenant), Some(&id.to_string())) else {
+                panic!("a new key runs")
+            };
+            (id, tx)
+        };
+        // Alice has one running execution and one result; bob floods.
+        let (alice_running, alice_tx) = begin("alice");
+        let (alice_done, tx) = begin("alice");
+        store.finish(&alice_done, tx, output(&alice_done, 10));
+        for _ in 0..20 {
+            let (id, tx) = begin("bob");
+            store.finish(&id, tx, output(&id, 10));
+        }
+        assert!(
+            store.get(&alice_running).is_some(),
+            "a running execution was dropped"
+        );
+        assert!(
+            store.get(&alice_done).is_some(),
+            "alice lost a result to bob's flood"
+        );
+        // Her running one still records its answer, and its key still attaches.
+        store.finish(&alice_running, alice_tx, output(&alice_running, 10));
+        assert!(store.get(&alice_running).unwrap().1.is_some());
+        assert!(matches!(
+            store.begin(
+                &ExecutionId::new(),
+                Some("alice"),
+                Some(&alice_running.to_string())
+            ),
+            Begin::Attach(_)
         ));
     }
 

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use actix_web::body::MessageBody;
+use actix_web::body::{BoxBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::{header, StatusCode};
 use actix_web::middleware::Next;
@@ -148,14 +148,14 @@ impl Drop for Held {
     }
 }
 
-/// Middleware: counts a request against its tenant's `max_requests_per_tenant`
-/// while the handler runs (a streamed response then holds a place of its own until
-/// it ends). A request without a valid key passes through to be answered 401 by its
-/// handler.
+/// Middleware: counts a request against its tenant's `max_requests_per_tenant` from
+/// its arrival until its response body has ended (a streamed answer or a download
+/// holds its place while it streams). A request without a valid key passes through
+/// to be answered 401 by its handler.
 pub(super) async fn limit_requests(
     req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
-) -> Result<ServiceResponse<actix_web::body::BoxBody>, actix_web::Error> {
+) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
     let held = match req.app_data::<web::Data<State>>() {
         Some(state) => match caller(&state.config, req.request()) {
             Ok(c) => match state.requests.enter(&c) {
@@ -170,8 +170,33 @@ pub(super) async fn limit_requests(
         None => None,
     };
     let response = next.call(req).await?;
-    drop(held);
-    Ok(response.map_into_boxed_body())
+    Ok(response.map_body(|_, body| {
+        BoxBody::new(HeldBody {
+            body: BoxBody::new(body),
+            _held: held,
+        })
+    }))
+}
+
+/// A response body that keeps its request's place until it ends (or is dropped).
+struct HeldBody {
+    body: BoxBody,
+    _held: Option<Held>,
+}
+
+impl MessageBody for HeldBody {
+    type Error = Box<dyn std::error::Error>;
+
+    fn size(&self) -> actix_web::body::BodySize {
+        self.body.size()
+    }
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<bytes::Bytes, Self::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_next(cx)
+    }
 }
 
 #[cfg(test)]

@@ -133,45 +133,49 @@ async fn tenant_b_sees_nothing_of_tenant_a_on_any_route() {
     }
     let secrets = Secrets { markers };
 
-    // Every route of the table, with alice's ids where it takes ids.
+    // Every route of the table, with alice's ids where it takes ids, and the same
+    // route with ids that never existed: bob's two answers must be the same.
+    let never_sandbox = "sp-00000000000000000000000000000000-0";
+    let never_execution = paddock_core::ExecutionId::new().to_string();
+    let bob_request = |method: &str, pattern: &str, path: &str| {
+        let req = as_(BOB, Request::new(method, path));
+        match (method, pattern) {
+            ("POST", "/v1/executions") => req.json(&sh("echo bob")),
+            ("POST", p) if p.ends_with("/exec") => req.json(&sh("cat a.txt")),
+            ("POST", p) if p.ends_with("/processes") => req.json(&json!({"argv": ["true"]})),
+            ("POST", p) if p.ends_with("/terminals") => req.json(&json!({})),
+            ("POST", p) if p.ends_with("/signal") => req.json(&json!({"signal": 9})),
+            ("PUT", _) => req.body(b"bob".to_vec()),
+            _ => req,
+        }
+    };
+    let fill = |pattern: &str, id: &str, process: &str| {
+        pattern
+            .replace("{id}", id)
+            .replace("{process}", process)
+            .replace("{path}", "a.txt")
+            .replace("{port}", "8000")
+    };
+    // What bob's answer says once the ids it named are taken out.
+    let shape = |r: &Response, ids: &[&str]| {
+        let v = r.json();
+        let mut text = v["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        for id in ids {
+            text = text.replace(id, "<id>");
+        }
+        (r.status, v["error"]["code"].clone(), text)
+    };
     let mut walked = 0;
     for (method, pattern) in paddock_pool::http::route_table() {
         let method = method.to_uppercase();
-        let targets: Vec<String> = if pattern.starts_with("/v1/executions/{id}") {
-            vec![done_id.clone(), running_id.clone()]
-        } else {
-            vec![sandbox_id.clone()]
-        };
-        for target in targets {
-            let path = pattern
-                .replace("{id}", &target)
-                .replace("{process}", &process_id)
-                .replace("{path}", "a.txt")
-                .replace("{port}", "8000");
-            let names_an_object = pattern.contains('{');
-            let mut req = as_(BOB, Request::new(&method, &path));
-            req = match (method.as_str(), pattern) {
-                ("POST", "/v1/executions") => req.json(&sh("echo bob")),
-                ("POST", p) if p.ends_with("/exec") => req.json(&sh("cat a.txt")),
-                ("POST", p) if p.ends_with("/processes") => req.json(&json!({"argv": ["true"]})),
-                ("POST", p) if p.ends_with("/terminals") => req.json(&json!({})),
-                ("POST", p) if p.ends_with("/signal") => req.json(&json!({"signal": 9})),
-                ("PUT", _) => req.body(b"bob".to_vec()),
-                _ => req,
-            };
-            let r = req.send(addr).await;
-            let route = format!("{method} {pattern}");
-            let asked = if names_an_object { target.as_str() } else { "" };
-            secrets.check_except(&route, &r, asked);
-            if names_an_object {
-                let code = r.json()["error"]["code"].clone();
-                assert_eq!(
-                    (r.status, code.as_str()),
-                    (404, Some("NOT_FOUND")),
-                    "{route} on alice's object answered bob: {}",
-                    r.text()
-                );
-            } else if method == "POST" && pattern == "/v1/sandboxes" {
+        let route = format!("{method} {pattern}");
+        if !pattern.contains('{') {
+            let r = bob_request(&method, pattern, pattern).send(addr).await;
+            secrets.check(&route, &r);
+            if method == "POST" && pattern == "/v1/sandboxes" {
                 // Bob's own sandbox: fine, and closed again.
                 let id = r.expect(201)["id"].as_str().unwrap().to_string();
                 let d = as_(BOB, Request::delete(&format!("/v1/sandboxes/{id}")))
@@ -180,11 +184,55 @@ async fn tenant_b_sees_nothing_of_tenant_a_on_any_route() {
                 assert_eq!(d.status, 204, "{}", d.text());
             }
             walked += 1;
-            if !names_an_object {
-                break;
-            }
+            continue;
+        }
+        let (targets, never): (Vec<&str>, &str) = if pattern.starts_with("/v1/executions/{id}") {
+            (vec![&done_id, &running_id], &never_execution)
+        } else {
+            (vec![&sandbox_id], never_sandbox)
+        };
+        for target in targets {
+            let r = bob_request(&method, pattern, &fill(pattern, target, &process_id))
+                .send(addr)
+                .await;
+            secrets.check_except(&route, &r, target);
+            let code = r.json()["error"]["code"].clone();
+            assert_eq!(
+                (r.status, code.as_str()),
+                (404, Some("NOT_FOUND")),
+                "{route} on alice's object answered bob: {}",
+                r.text()
+            );
+            let unknown = bob_request(&method, pattern, &fill(pattern, never, "p999"))
+                .send(addr)
+                .await;
+            assert_eq!(
+                shape(&r, &[target, &process_id]),
+                shape(&unknown, &[never, "p999"]),
+                "{route}: alice's id and an id that never existed answer bob differently"
+            );
+            walked += 1;
         }
     }
+    // Alice's process id inside bob's own sandbox is an unknown process too.
+    let own = as_(BOB, Request::post("/v1/sandboxes"))
+        .send(addr)
+        .await
+        .expect(201);
+    let own_base = format!("/v1/sandboxes/{}", own["id"].as_str().unwrap());
+    let r = as_(
+        BOB,
+        Request::get(&format!("{own_base}/processes/{process_id}")),
+    )
+    .send(addr)
+    .await;
+    let unknown = as_(BOB, Request::get(&format!("{own_base}/processes/p999")))
+        .send(addr)
+        .await;
+    secrets.check("GET bob's sandbox with alice's process id", &r);
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert_eq!(shape(&r, &[&process_id]), shape(&unknown, &["p999"]));
+    as_(BOB, Request::delete(&own_base)).send(addr).await;
     assert!(
         walked > 25,
         "the route table was walked ({walked} requests)"
@@ -411,18 +459,52 @@ async fn a_tenant_at_its_caps_does_not_starve_the_others() {
         .send(addr)
         .await;
 
-    // Bob's places come back when his work ends.
+    // Bob's places come back when his work ends: exactly his caps again.
     drop(sockets);
     let done = long.await.unwrap();
     assert_eq!(done.status, 200, "{}", done.text());
+    // The server sees the sockets close a moment later.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let first = loop {
+        match ws_connect(&url, BOB).await {
+            Ok(ws) => break ws,
+            Err(e) => assert!(Instant::now() < deadline, "no place came back: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let second = loop {
+        match ws_connect(&url, BOB).await {
+            Ok(ws) => break ws,
+            Err(e) => assert!(Instant::now() < deadline, "only one place came back: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    ws_connect(&url, BOB)
+        .await
+        .expect_err("the cap holds again after the places came back");
+    drop((first, second));
     let d = as_(BOB, Request::delete(&format!("/v1/sandboxes/{}", bobs[1])))
         .send(addr)
         .await;
     assert_eq!(d.status, 204);
+    // Sandboxes: 2 open, 1 more fits, then the cap (3) refuses.
     as_(BOB, Request::post("/v1/sandboxes"))
         .send(addr)
         .await
         .expect(201);
+    as_(BOB, Request::post("/v1/sandboxes"))
+        .send(addr)
+        .await
+        .expect_error(429, "RATE_LIMITED");
+    // Slots: 3 sandboxes hold 3 of 4; the pooled execution's slot came back, so one
+    // more execution runs.
+    let r = as_(BOB, Request::post("/v1/executions"))
+        .json(&sh("echo slot"))
+        .send(addr)
+        .await
+        .expect(200);
+    assert_eq!(r["stdout"], "slot\n");
     t.stop().await;
 }
 
@@ -637,6 +719,39 @@ async fn requests_in_progress_are_capped_per_tenant() {
         .await
         .expect(200);
     t.stop().await;
+
+    // A streamed answer takes one place, not two, and holds it until it ends.
+    let mut config = PaddockConfig::default();
+    config.subprocess.warm.enabled = false;
+    let mut server = server_config();
+    server.max_requests_per_tenant = 1;
+    let t = TestServer::start_with(Paddock::builder().config(config), server);
+    let addr = t.addr;
+    let mut s = as_tenant("bob", Request::post("/v1/executions?stream=true"))
+        .json(&sh("echo streamed; sleep 1"))
+        .stream(addr)
+        .await;
+    assert_eq!(s.status, 200, "a stream alone is within a cap of one");
+    s.next_line().await.expect("the started line");
+    as_tenant("bob", Request::get("/v1/stats"))
+        .send(addr)
+        .await
+        .expect_error(429, "RATE_LIMITED");
+    let (_, last) = s.lines().await.pop().expect("a result line");
+    assert_eq!(last["type"], "result", "{last}");
+    eventually(
+        Duration::from_secs(5),
+        "the stream's place comes back",
+        || async {
+            as_tenant("bob", Request::get("/v1/stats"))
+                .send(addr)
+                .await
+                .status
+                == 200
+        },
+    )
+    .await;
+    t.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -719,5 +834,26 @@ async fn files_stream_both_ways_past_the_old_in_memory_limit() {
         .await;
     assert_eq!(back.status, 200);
     assert!(back.body == data, "the upload came back different");
+    // One byte over the bound: 413, and no file.
+    let over = vec![1u8; (8 << 20) + 1];
+    let msg = Request::put(&format!("{base}/files/over.bin"))
+        .body(over)
+        .send(addr)
+        .await
+        .expect_error(413, "INVALID_OPTIONS");
+    assert!(msg.contains("server.max_file_bytes"), "{msg}");
+    Request::get(&format!("{base}/files/over.bin"))
+        .send(addr)
+        .await
+        .expect_error(404, "NOT_FOUND");
+    // Streamed out piece by piece, the whole file arrives.
+    let mut s = Request::get(&format!("{base}/files/up.bin"))
+        .stream(addr)
+        .await;
+    let mut all = Vec::new();
+    while let Some(piece) = s.next_bytes().await {
+        all.extend_from_slice(&piece);
+    }
+    assert!(all == data, "the streamed download differs");
     t.stop().await;
 }

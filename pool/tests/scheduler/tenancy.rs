@@ -151,6 +151,7 @@ async fn idle_sandboxes_and_old_ones_are_destroyed() {
     let mut config = quiet_config();
     config.pool.sandbox_idle_timeout_ms = 600;
     config.pool.sandbox_max_lifetime_ms = 0;
+    config.limiter.max_sandboxes_per_tenant = Some(2);
     let p = start(config);
     let idle = p.open_sandbox(spec_for("alice"), None).await.unwrap();
     let used = p.open_sandbox(spec_for("alice"), None).await.unwrap();
@@ -185,6 +186,18 @@ async fn idle_sandboxes_and_old_ones_are_destroyed() {
         }
         assert!(Instant::now() < deadline, "the used sandbox never expired");
     }
+    // Expiry gave alice's places back: her cap of two fits again.
+    let a = p.open_sandbox(spec_for("alice"), None).await.unwrap();
+    let b = p.open_sandbox(spec_for("alice"), None).await.unwrap();
+    assert_eq!(
+        p.open_sandbox(spec_for("alice"), None)
+            .await
+            .unwrap_err()
+            .code,
+        ErrorCode::RateLimited
+    );
+    a.destroy().await.unwrap();
+    b.destroy().await.unwrap();
     p.shutdown(Duration::from_secs(5)).await.unwrap();
 
     // A lifetime ends a sandbox however busy it keeps.
@@ -211,7 +224,7 @@ async fn idle_sandboxes_and_old_ones_are_destroyed() {
 async fn shares_ceilings_and_allowances_hold_through_the_facade() {
     let mut config = quiet_config();
     config.limiter = LimiterConfig {
-        max_sandboxes_per_tenant: Some(2),
+        max_sandboxes_per_tenant: Some(3),
         max_slots_per_tenant: Some(2),
         ..LimiterConfig::default()
     };
@@ -269,11 +282,17 @@ async fn shares_ceilings_and_allowances_hold_through_the_facade() {
         .open_sandbox(spec_for("trusted"), Some(EngineKind::Subprocess))
         .await
         .unwrap();
+    // A third would be within the sandbox cap (3) but not the slot cap (2).
     let e = p
         .open_sandbox(spec_for("trusted"), Some(EngineKind::Subprocess))
         .await
         .unwrap_err();
-    assert_eq!(e.code, ErrorCode::RateLimited);
+    assert_eq!(e.code, ErrorCode::PoolExhausted, "{e}");
+    assert!(
+        e.message.contains("max_slots_per_tenant = 2"),
+        "{}",
+        e.message
+    );
     assert!(e.retry_after_ms.is_some());
     let e = p.execute(sh_as("trusted", "true")).await.unwrap_err();
     assert_eq!(e.code, ErrorCode::PoolExhausted, "{e}");

@@ -188,14 +188,16 @@ pub(super) async fn soak(args: SoakArgs, as_json: bool) -> Result<i32, crate::ru
         .map_err(|e| crate::run::UsageError(e.to_string()))?;
 
     // The engines are started here, so that what is missing can be reported.
-    let subprocess =
-        match SubprocessEngine::with_defaults(&config.subprocess, config.limits.defaults.clone()) {
-            Ok(e) => e,
-            Err(e) => {
-                eprintln!("paddock bench: the subprocess engine cannot start: {e}");
-                return Ok(1);
-            }
-        };
+    let subprocess = match SubprocessEngine::with_defaults(
+        &config.subprocess,
+        config.limits.effective_defaults(),
+    ) {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("paddock bench: the subprocess engine cannot start: {e}");
+            return Ok(1);
+        }
+    };
     let python = match subprocess
         .host_support()
         .interpreters
@@ -206,7 +208,7 @@ pub(super) async fn soak(args: SoakArgs, as_json: bool) -> Result<i32, crate::ru
         None => Err("no python runner is configured".to_string()),
     };
     let container =
-        ContainerEngine::with_defaults(&config.container, config.limits.defaults.clone())
+        ContainerEngine::with_defaults(&config.container, config.limits.effective_defaults())
             .map_err(|e| e.message);
     let container_report = match &container {
         Ok(e) => json!({
