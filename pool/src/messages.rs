@@ -122,6 +122,9 @@ pub struct SandboxInfo {
 #[derive(Message, Clone)]
 #[rtype(result = "Result<ExecResult, Error>")]
 pub struct SandboxExec {
+    /// On whose behalf: another tenant's session is `NOT_FOUND`, like one that never
+    /// existed.
+    pub caller: Caller,
     /// The session id.
     pub sandbox: String,
     /// The request.
@@ -144,6 +147,9 @@ impl std::fmt::Debug for SandboxExec {
 #[derive(Debug, Message, Clone)]
 #[rtype(result = "Result<paddock_core::FileReader, Error>")]
 pub struct OpenRead {
+    /// On whose behalf: another tenant's session is `NOT_FOUND`, like one that never
+    /// existed.
+    pub caller: Caller,
     /// The session id.
     pub sandbox: String,
     /// The file, as for [`ReadFile`].
@@ -155,6 +161,9 @@ pub struct OpenRead {
 #[derive(Message)]
 #[rtype(result = "Result<u64, Error>")]
 pub struct WriteFrom {
+    /// On whose behalf: another tenant's session is `NOT_FOUND`, like one that never
+    /// existed.
+    pub caller: Caller,
     /// The session id.
     pub sandbox: String,
     /// The file, as for [`WriteFile`].
@@ -179,6 +188,9 @@ impl std::fmt::Debug for WriteFrom {
 #[derive(Debug, Message, Clone)]
 #[rtype(result = "Result<(), Error>")]
 pub struct WriteFile {
+    /// On whose behalf: another tenant's session is `NOT_FOUND`, like one that never
+    /// existed.
+    pub caller: Caller,
     /// The session id.
     pub sandbox: String,
     /// Path inside the workdir.
@@ -191,6 +203,9 @@ pub struct WriteFile {
 #[derive(Debug, Message, Clone)]
 #[rtype(result = "Result<Vec<u8>, Error>")]
 pub struct ReadFile {
+    /// On whose behalf: another tenant's session is `NOT_FOUND`, like one that never
+    /// existed.
+    pub caller: Caller,
     /// The session id.
     pub sandbox: String,
     /// Path inside the workdir.
@@ -201,6 +216,9 @@ pub struct ReadFile {
 #[derive(Debug, Message, Clone)]
 #[rtype(result = "Result<Vec<FileEntry>, Error>")]
 pub struct ListFiles {
+    /// On whose behalf: another tenant's session is `NOT_FOUND`, like one that never
+    /// existed.
+    pub caller: Caller,
     /// The session id.
     pub sandbox: String,
     /// Directory inside the workdir.
@@ -212,6 +230,9 @@ pub struct ListFiles {
 #[derive(Debug, Message, Clone)]
 #[rtype(result = "Result<(), Error>")]
 pub struct PauseSandbox {
+    /// On whose behalf: another tenant's session is `NOT_FOUND`, like one that never
+    /// existed.
+    pub caller: Caller,
     /// The session id.
     pub sandbox: String,
 }
@@ -220,20 +241,34 @@ pub struct PauseSandbox {
 #[derive(Debug, Message, Clone)]
 #[rtype(result = "Result<(), Error>")]
 pub struct UnpauseSandbox {
+    /// On whose behalf: another tenant's session is `NOT_FOUND`, like one that never
+    /// existed.
+    pub caller: Caller,
     /// The session id.
     pub sandbox: String,
 }
 
-/// A session's status (`destroyed` for unknown ids that existed once is not kept:
-/// unknown ids are `NOT_FOUND`).
+/// A session's status: `destroyed` for one of the caller's that was destroyed (and
+/// is still remembered); `NOT_FOUND` for unknown ids and other tenants' sessions.
 #[derive(Debug, Message, Clone)]
 #[rtype(result = "Result<SandboxStatus, Error>")]
-pub struct GetSandboxStatus(pub String);
+pub struct GetSandboxStatus {
+    /// On whose behalf.
+    pub caller: Caller,
+    /// The session id.
+    pub sandbox: String,
+}
 
-/// Destroys a session. Idempotent for a session that was destroyed by this supervisor.
+/// Destroys a session. Idempotent for a session of the caller's that this
+/// supervisor destroyed; `NOT_FOUND` for unknown ids and other tenants' sessions.
 #[derive(Debug, Message, Clone)]
 #[rtype(result = "Result<(), Error>")]
-pub struct DestroySandbox(pub String);
+pub struct DestroySandbox {
+    /// On whose behalf.
+    pub caller: Caller,
+    /// The session id.
+    pub sandbox: String,
+}
 
 /// A snapshot of the scheduler, as `caller` may see it: a tenant gets the pools'
 /// sizes and its own figures; an operator or the embedder every tenant's.
@@ -374,6 +409,9 @@ pub struct Started {
 #[derive(Debug, Message, Clone)]
 #[rtype(result = "Result<Started, Error>")]
 pub struct StartProcess {
+    /// On whose behalf: another tenant's session is `NOT_FOUND`, like one that never
+    /// existed.
+    pub caller: Caller,
     /// The session id.
     pub sandbox: String,
     /// What to run.
@@ -384,6 +422,9 @@ pub struct StartProcess {
 #[derive(Debug, Message, Clone)]
 #[rtype(result = "Result<Started, Error>")]
 pub struct OpenTerminal {
+    /// On whose behalf: another tenant's session is `NOT_FOUND`, like one that never
+    /// existed.
+    pub caller: Caller,
     /// The session id.
     pub sandbox: String,
     /// What to run on it.
@@ -394,6 +435,9 @@ pub struct OpenTerminal {
 #[derive(Debug, Message, Clone)]
 #[rtype(result = "Result<paddock_core::TcpConnection, Error>")]
 pub struct OpenTcpConnection {
+    /// On whose behalf: another tenant's session is `NOT_FOUND`, like one that never
+    /// existed.
+    pub caller: Caller,
     /// The session id.
     pub sandbox: String,
     /// The guest port (and loopback host).
@@ -404,6 +448,9 @@ pub struct OpenTcpConnection {
 #[derive(Debug, Message, Clone)]
 #[rtype(result = "Result<Started, Error>")]
 pub struct GetProcess {
+    /// On whose behalf: another tenant's session is `NOT_FOUND`, like one that never
+    /// existed.
+    pub caller: Caller,
     /// The session id.
     pub sandbox: String,
     /// The process's id in the sandbox.
@@ -414,11 +461,9 @@ pub struct GetProcess {
 #[derive(Debug, Message, Clone)]
 #[rtype(result = "Result<Vec<ProcessInfo>, Error>")]
 pub struct ListProcesses {
+    /// On whose behalf: another tenant's session is `NOT_FOUND`, like one that never
+    /// existed.
+    pub caller: Caller,
     /// The session id.
     pub sandbox: String,
 }
-
-/// The tenant a session was opened for (`None`: no tenant).
-#[derive(Debug, Message, Clone)]
-#[rtype(result = "Result<Option<String>, Error>")]
-pub struct SandboxTenant(pub String);

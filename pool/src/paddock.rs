@@ -499,6 +499,7 @@ impl Paddock {
         Ok(SandboxHandle {
             paddock: self.clone(),
             info,
+            caller: caller.clone(),
         })
     }
 
@@ -510,12 +511,16 @@ impl Paddock {
     ) -> Result<SandboxHandle, Error> {
         let info = self
             .supervisor
-            .send(OpenSandbox { engine, spec })
+            .send(OpenSandbox {
+                engine,
+                spec: spec.clone(),
+            })
             .await
             .map_err(gone)??;
         Ok(SandboxHandle {
             paddock: self.clone(),
             info,
+            caller: Caller::Tenant(spec.tenant),
         })
     }
 
@@ -679,11 +684,15 @@ impl ExecutionStream {
     }
 }
 
-/// A sandbox session opened through [`Paddock::open_sandbox`].
+/// A sandbox session, opened with [`Paddock::open_sandbox`] or looked up with
+/// [`Paddock::sandbox`]. Every call through it runs on behalf of the caller it was
+/// obtained for (the tenant it was opened for): the supervisor checks that caller
+/// again on each call.
 #[derive(Debug, Clone)]
 pub struct SandboxHandle {
     paddock: Paddock,
     info: SandboxInfo,
+    caller: Caller,
 }
 
 impl SandboxHandle {
@@ -702,6 +711,7 @@ impl SandboxHandle {
         self.paddock
             .supervisor
             .send(SandboxExec {
+                caller: self.caller.clone(),
                 sandbox: self.info.id.clone(),
                 request,
                 sink: None,
@@ -710,11 +720,41 @@ impl SandboxHandle {
             .map_err(gone)?
     }
 
+    /// Runs an execution in the session and streams its output: chunks as they are
+    /// produced, then the result.
+    pub async fn exec_stream(&self, request: ExecRequest) -> Result<ExecutionStream, Error> {
+        let subscription = self
+            .paddock
+            .streamer
+            .send(Subscribe(request.id.clone()))
+            .await
+            .map_err(gone)??;
+        let supervisor = self.paddock.supervisor.clone();
+        let streamer = self.paddock.streamer.clone();
+        let id = request.id.clone();
+        let msg = SandboxExec {
+            caller: self.caller.clone(),
+            sandbox: self.info.id.clone(),
+            request,
+            sink: None,
+        };
+        let result: PendingResult = Box::pin(async move {
+            let r = supervisor.send(msg).await.map_err(gone)?;
+            if r.is_err() {
+                // Refused before it ran: nothing else will close the stream we opened.
+                let _ = streamer.send(CloseStream(id)).await;
+            }
+            r
+        });
+        Ok(ExecutionStream::from_parts(subscription, result))
+    }
+
     /// Writes a file, creating parent directories.
     pub async fn write_file(&self, path: &str, data: &[u8]) -> Result<(), Error> {
         self.paddock
             .supervisor
             .send(WriteFile {
+                caller: self.caller.clone(),
                 sandbox: self.info.id.clone(),
                 path: path.into(),
                 data: data.to_vec(),
@@ -728,6 +768,7 @@ impl SandboxHandle {
         self.paddock
             .supervisor
             .send(ReadFile {
+                caller: self.caller.clone(),
                 sandbox: self.info.id.clone(),
                 path: path.into(),
             })
@@ -741,6 +782,7 @@ impl SandboxHandle {
         self.paddock
             .supervisor
             .send(OpenRead {
+                caller: self.caller.clone(),
                 sandbox: self.info.id.clone(),
                 path: path.into(),
             })
@@ -759,6 +801,7 @@ impl SandboxHandle {
         self.paddock
             .supervisor
             .send(WriteFrom {
+                caller: self.caller.clone(),
                 sandbox: self.info.id.clone(),
                 path: path.into(),
                 source,
@@ -773,6 +816,7 @@ impl SandboxHandle {
         self.paddock
             .supervisor
             .send(ListFiles {
+                caller: self.caller.clone(),
                 sandbox: self.info.id.clone(),
                 path: path.into(),
             })
@@ -787,6 +831,7 @@ impl SandboxHandle {
         self.paddock
             .supervisor
             .send(PauseSandbox {
+                caller: self.caller.clone(),
                 sandbox: self.info.id.clone(),
             })
             .await
@@ -798,6 +843,7 @@ impl SandboxHandle {
         self.paddock
             .supervisor
             .send(UnpauseSandbox {
+                caller: self.caller.clone(),
                 sandbox: self.info.id.clone(),
             })
             .await
@@ -814,6 +860,7 @@ impl SandboxHandle {
         self.paddock
             .supervisor
             .send(StartProcess {
+                caller: self.caller.clone(),
                 sandbox: self.info.id.clone(),
                 spec,
             })
@@ -830,6 +877,7 @@ impl SandboxHandle {
         self.paddock
             .supervisor
             .send(OpenTerminal {
+                caller: self.caller.clone(),
                 sandbox: self.info.id.clone(),
                 spec,
             })
@@ -846,6 +894,7 @@ impl SandboxHandle {
         self.paddock
             .supervisor
             .send(OpenTcpConnection {
+                caller: self.caller.clone(),
                 sandbox: self.info.id.clone(),
                 target,
             })
@@ -858,6 +907,7 @@ impl SandboxHandle {
         self.paddock
             .supervisor
             .send(GetProcess {
+                caller: self.caller.clone(),
                 sandbox: self.info.id.clone(),
                 process: id.into(),
             })
@@ -870,6 +920,7 @@ impl SandboxHandle {
         self.paddock
             .supervisor
             .send(ListProcesses {
+                caller: self.caller.clone(),
                 sandbox: self.info.id.clone(),
             })
             .await
@@ -880,7 +931,10 @@ impl SandboxHandle {
     pub async fn status(&self) -> Result<SandboxStatus, Error> {
         self.paddock
             .supervisor
-            .send(GetSandboxStatus(self.info.id.clone()))
+            .send(GetSandboxStatus {
+                caller: self.caller.clone(),
+                sandbox: self.info.id.clone(),
+            })
             .await
             .map_err(gone)?
     }
@@ -889,7 +943,10 @@ impl SandboxHandle {
     pub async fn destroy(&self) -> Result<(), Error> {
         self.paddock
             .supervisor
-            .send(DestroySandbox(self.info.id.clone()))
+            .send(DestroySandbox {
+                caller: self.caller.clone(),
+                sandbox: self.info.id.clone(),
+            })
             .await
             .map_err(gone)?
     }

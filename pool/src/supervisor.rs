@@ -385,18 +385,6 @@ impl Supervisor {
         e
     }
 
-    /// The session `id` (a call on it counts as use).
-    fn session(&self, id: &str) -> Result<Rc<Session>, Error> {
-        if let Some(s) = self.sessions.get(id) {
-            s.last_used.set(Instant::now());
-            return Ok(s.clone());
-        }
-        if self.destroyed_sessions.iter().any(|(d, _)| d == id) {
-            return Err(Error::disposed(&format!("sandbox {id}")));
-        }
-        Err(no_sandbox(id))
-    }
-
     /// The session `id` if `caller` may use it: another tenant's session (open or
     /// destroyed) is `NOT_FOUND`, like one that never existed.
     fn session_for(&self, caller: &Caller, id: &str) -> Result<Rc<Session>, Error> {
@@ -1043,7 +1031,7 @@ impl Handler<SandboxExec> for Supervisor {
     type Result = ResponseFuture<Result<ExecResult, Error>>;
 
     fn handle(&mut self, msg: SandboxExec, _ctx: &mut Self::Context) -> Self::Result {
-        let session = match self.session(&msg.sandbox) {
+        let session = match self.session_for(&msg.caller, &msg.sandbox) {
             Ok(s) => s,
             Err(e) => return Box::pin(async move { Err(e) }),
         };
@@ -1063,7 +1051,7 @@ macro_rules! session_op {
             type Result = ResponseFuture<Result<$out, Error>>;
 
             fn handle(&mut self, $m: $msg, _ctx: &mut Self::Context) -> Self::Result {
-                let session = match self.session(&$m.sandbox) {
+                let session = match self.session_for(&$m.caller, &$m.sandbox) {
                     Ok(s) => s,
                     Err(e) => return Box::pin(async move { Err(e) }),
                 };
@@ -1086,7 +1074,7 @@ impl Handler<OpenRead> for Supervisor {
     type Result = ResponseFuture<Result<paddock_core::FileReader, Error>>;
 
     fn handle(&mut self, msg: OpenRead, _ctx: &mut Self::Context) -> Self::Result {
-        let session = match self.session(&msg.sandbox) {
+        let session = match self.session_for(&msg.caller, &msg.sandbox) {
             Ok(s) => s,
             Err(e) => return Box::pin(async move { Err(e) }),
         };
@@ -1110,7 +1098,7 @@ impl Handler<WriteFrom> for Supervisor {
     type Result = ResponseFuture<Result<u64, Error>>;
 
     fn handle(&mut self, msg: WriteFrom, _ctx: &mut Self::Context) -> Self::Result {
-        let session = match self.session(&msg.sandbox) {
+        let session = match self.session_for(&msg.caller, &msg.sandbox) {
             Ok(s) => s,
             Err(e) => return Box::pin(async move { Err(e) }),
         };
@@ -1177,14 +1165,6 @@ session_op!(
     |sb, msg| async move { sb.list_files(&msg.path).await }
 );
 
-impl Handler<SandboxTenant> for Supervisor {
-    type Result = Result<Option<String>, Error>;
-
-    fn handle(&mut self, msg: SandboxTenant, _ctx: &mut Self::Context) -> Self::Result {
-        Ok(self.session(&msg.0)?.tenant.clone())
-    }
-}
-
 impl Handler<GetSandbox> for Supervisor {
     type Result = Result<SandboxInfo, Error>;
 
@@ -1205,7 +1185,7 @@ impl Handler<GetSandboxStatus> for Supervisor {
     type Result = Result<SandboxStatus, Error>;
 
     fn handle(&mut self, msg: GetSandboxStatus, _ctx: &mut Self::Context) -> Self::Result {
-        match self.session(&msg.0) {
+        match self.session_for(&msg.caller, &msg.sandbox) {
             Ok(s) => Ok(s.lease.instance().sandbox.status()),
             Err(e) if e.code == ErrorCode::EngineDisposed => Ok(SandboxStatus::Destroyed),
             Err(e) => Err(e),
@@ -1217,19 +1197,17 @@ impl Handler<DestroySandbox> for Supervisor {
     type Result = ResponseFuture<Result<(), Error>>;
 
     fn handle(&mut self, msg: DestroySandbox, _ctx: &mut Self::Context) -> Self::Result {
-        let Some(session) = self.remove_session(&msg.0) else {
-            let known = self.destroyed_sessions.iter().any(|(d, _)| *d == msg.0);
-            return Box::pin(async move {
-                if known {
-                    Ok(())
-                } else {
-                    Err(Error::new(
-                        ErrorCode::NotFound,
-                        format!("no sandbox with id `{}`", msg.0),
-                    ))
-                }
-            });
+        // Another tenant's session, open or destroyed, is NOT_FOUND; a destroyed one
+        // of the caller's is destroyed again, which is fine.
+        match self.session_for(&msg.caller, &msg.sandbox) {
+            Ok(_) => {}
+            Err(e) if e.code == ErrorCode::EngineDisposed => return Box::pin(async { Ok(()) }),
+            Err(e) => return Box::pin(async move { Err(e) }),
+        }
+        let Some(session) = self.remove_session(&msg.sandbox) else {
+            return Box::pin(async { Ok(()) });
         };
+        self.note_operator(&msg.caller, "sandbox.destroy", Some(msg.sandbox.clone()));
         Box::pin(async move {
             let sandbox = session.lease.instance().sandbox.clone();
             // Destroy now (it kills running executions and waits for them); the lease

@@ -10,10 +10,8 @@ use paddock_core::{Error, ProcessSpec, StreamKind, TcpTarget, TerminalSize, Term
 use serde::Deserialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::{ask, parse_body, sandbox_access, ApiError, Shared};
-use crate::messages::{
-    GetProcess, ListProcesses, OpenTcpConnection, OpenTerminal, StartProcess, Started,
-};
+use super::{parse_body, sandbox_access, ApiError, Shared};
+use crate::messages::Started;
 
 /// The largest WebSocket message accepted from a client.
 const MAX_WS_MESSAGE: usize = 1 << 20;
@@ -27,10 +25,9 @@ pub(super) async fn start_process(
     path: web::Path<String>,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    sandbox_access(&state, &req, path.as_str(), "sandbox.process.start").await?;
+    let handle = sandbox_access(&state, &req, &path, "sandbox.process.start").await?;
     let spec: ProcessSpec = parse_body(&state, payload).await?;
-    let sandbox = path.into_inner();
-    let started = ask(state.paddock.supervisor(), StartProcess { sandbox, spec }).await?;
+    let started = handle.start_process(spec).await?;
     Ok(HttpResponse::Created().json(started.info))
 }
 
@@ -40,10 +37,9 @@ pub(super) async fn open_terminal(
     path: web::Path<String>,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    sandbox_access(&state, &req, path.as_str(), "sandbox.terminal.open").await?;
+    let handle = sandbox_access(&state, &req, &path, "sandbox.terminal.open").await?;
     let spec: TerminalSpec = parse_body(&state, payload).await?;
-    let sandbox = path.into_inner();
-    let started = ask(state.paddock.supervisor(), OpenTerminal { sandbox, spec }).await?;
+    let started = handle.open_terminal(spec).await?;
     Ok(HttpResponse::Created().json(started.info))
 }
 
@@ -52,9 +48,8 @@ pub(super) async fn list_processes(
     req: HttpRequest,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    let sandbox = path.into_inner();
-    sandbox_access(&state, &req, &sandbox, "sandbox.process.list").await?;
-    let list = ask(state.paddock.supervisor(), ListProcesses { sandbox }).await?;
+    let handle = sandbox_access(&state, &req, &path, "sandbox.process.list").await?;
+    let list = handle.processes().await?;
     Ok(HttpResponse::Ok().json(serde_json::json!({ "processes": list })))
 }
 
@@ -66,8 +61,8 @@ async fn find(
     action: &'static str,
 ) -> Result<Started, ApiError> {
     let (sandbox, process) = path.into_inner();
-    sandbox_access(state, req, &sandbox, action).await?;
-    Ok(ask(state.paddock.supervisor(), GetProcess { sandbox, process }).await?)
+    let handle = sandbox_access(state, req, &sandbox, action).await?;
+    Ok(handle.process(&process).await?)
 }
 
 pub(super) async fn get_process(
@@ -309,7 +304,7 @@ pub(super) async fn tcp(
     body: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let (sandbox, port) = path.into_inner();
-    let caller = sandbox_access(&state, &req, &sandbox, "sandbox.tcp").await?;
+    let handle = sandbox_access(&state, &req, &sandbox, "sandbox.tcp").await?;
     let port: u16 = port.parse().map_err(|_| {
         Error::invalid_options("port", format!("{port:?} is not a port; use 1 to 65535"))
     })?;
@@ -327,12 +322,10 @@ pub(super) async fn tcp(
             "no upgrade",
         )));
     }
-    let held = state.websockets.enter(&caller)?;
-    let conn = ask(
-        state.paddock.supervisor(),
-        OpenTcpConnection { sandbox, target },
-    )
-    .await?;
+    let held = state
+        .websockets
+        .enter(&super::tenancy::caller(&state.config, &req)?)?;
+    let conn = handle.open_tcp_connection(target).await?;
     let (response, session, stream) = actix_ws::handle(&req, body).map_err(upgrade_error)?;
     let stream = stream
         .max_frame_size(MAX_WS_MESSAGE)

@@ -320,20 +320,19 @@ fn routes(cfg: &mut web::ServiceConfig) {
 
 type Shared = web::Data<State>;
 
-/// Checks that the caller may use `sandbox` (through the facade: a sandbox opened for
-/// one tenant is `NOT_FOUND` to every other, so ids of other tenants' sandboxes
-/// neither work nor show that they exist; a destroyed one of the caller's is 409
-/// `ENGINE_DISPOSED`), and returns the caller.
-/// `action` names what the caller does, for the record of an operator's uses.
+/// The caller's handle on `sandbox`, through the facade: a sandbox opened for one
+/// tenant is `NOT_FOUND` to every other, so ids of other tenants' sandboxes neither
+/// work nor show that they exist; a destroyed one of the caller's is 409
+/// `ENGINE_DISPOSED`. `action` names what the caller does, for the record of an
+/// operator's uses.
 async fn sandbox_access(
     state: &State,
     req: &HttpRequest,
     sandbox: &str,
     action: &'static str,
-) -> Result<Caller, ApiError> {
+) -> Result<crate::SandboxHandle, ApiError> {
     let caller = caller(&state.config, req)?;
-    state.paddock.sandbox_for(&caller, sandbox, action).await?;
-    Ok(caller)
+    Ok(state.paddock.sandbox_for(&caller, sandbox, action).await?)
 }
 
 fn admitting(state: &State) -> Result<(), ApiError> {
@@ -582,21 +581,6 @@ fn ndjson(v: &serde_json::Value) -> Bytes {
     Bytes::from(line)
 }
 
-/// Asks the supervisor; a supervisor that no longer answers is `ENGINE_FAILED`.
-async fn ask<M, R>(supervisor: actix::Addr<crate::Supervisor>, msg: M) -> Result<R, Error>
-where
-    M: actix::Message<Result = Result<R, Error>> + Send + 'static,
-    R: Send + 'static,
-    crate::Supervisor: actix::Handler<M>,
-{
-    supervisor.send(msg).await.map_err(|e| {
-        Error::new(
-            ErrorCode::EngineFailed,
-            format!("the scheduler did not answer ({e}); retry"),
-        )
-    })?
-}
-
 fn parse_id(raw: &str) -> Result<ExecutionId, ApiError> {
     Ok(ExecutionId::parse(raw)?)
 }
@@ -687,15 +671,14 @@ async fn sandbox_status(
     req: HttpRequest,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    let sandbox = path.into_inner();
-    match sandbox_access(&state, &req, &sandbox, "sandbox.status").await {
-        // A destroyed sandbox answers its status.
-        Err(e) if e.error.code == ErrorCode::EngineDisposed => {}
-        other => {
-            other?;
+    let status = match sandbox_access(&state, &req, &path, "sandbox.status").await {
+        Ok(handle) => handle.status().await?,
+        // A destroyed sandbox of the caller's answers its status.
+        Err(e) if e.error.code == ErrorCode::EngineDisposed => {
+            paddock_core::SandboxStatus::Destroyed
         }
-    }
-    let status = ask(state.paddock.supervisor(), crate::GetSandboxStatus(sandbox)).await?;
+        Err(e) => return Err(e),
+    };
     Ok(HttpResponse::Ok().json(serde_json::json!({"status": status})))
 }
 
@@ -704,15 +687,12 @@ async fn destroy_sandbox(
     req: HttpRequest,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    let sandbox = path.into_inner();
-    match sandbox_access(&state, &req, &sandbox, "sandbox.destroy").await {
+    match sandbox_access(&state, &req, &path, "sandbox.destroy").await {
+        Ok(handle) => handle.destroy().await?,
         // Destroying a destroyed sandbox succeeds (idempotent).
         Err(e) if e.error.code == ErrorCode::EngineDisposed => {}
-        other => {
-            other?;
-        }
+        Err(e) => return Err(e),
     }
-    ask(state.paddock.supervisor(), crate::DestroySandbox(sandbox)).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -721,9 +701,8 @@ async fn pause_sandbox(
     req: HttpRequest,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    let sandbox = path.into_inner();
-    sandbox_access(&state, &req, &sandbox, "sandbox.pause").await?;
-    ask(state.paddock.supervisor(), crate::PauseSandbox { sandbox }).await?;
+    let handle = sandbox_access(&state, &req, &path, "sandbox.pause").await?;
+    handle.pause().await?;
     Ok(HttpResponse::Ok().json(serde_json::json!({"status": "paused"})))
 }
 
@@ -732,13 +711,8 @@ async fn unpause_sandbox(
     req: HttpRequest,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    let sandbox = path.into_inner();
-    sandbox_access(&state, &req, &sandbox, "sandbox.unpause").await?;
-    ask(
-        state.paddock.supervisor(),
-        crate::UnpauseSandbox { sandbox },
-    )
-    .await?;
+    let handle = sandbox_access(&state, &req, &path, "sandbox.unpause").await?;
+    handle.unpause().await?;
     Ok(HttpResponse::Ok().json(serde_json::json!({"status": "ready"})))
 }
 
@@ -750,39 +724,16 @@ async fn sandbox_exec(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     admitting(&state)?;
-    let sandbox = path.into_inner();
-    sandbox_access(&state, &req, &sandbox, "sandbox.exec").await?;
+    let handle = sandbox_access(&state, &req, &path, "sandbox.exec").await?;
     let body: ExecBody = parse_body(&state, payload).await?;
     // Accounted to the sandbox's tenant.
     let (request, _, _, _) = body.into_request(None);
     if query.stream {
         let id = request.id.clone();
-        let sub = state.paddock.subscribe(id.clone()).await?;
-        let supervisor = state.paddock.supervisor();
-        let result = Box::pin(async move {
-            ask(
-                supervisor,
-                crate::SandboxExec {
-                    sandbox,
-                    request,
-                    sink: None,
-                },
-            )
-            .await
-        });
-        let stream = crate::ExecutionStream::from_parts(sub, result);
+        let stream = handle.exec_stream(request).await?;
         return Ok(stream_response(state.into_inner(), stream, id, None));
     }
-    let r = ask(
-        state.paddock.supervisor(),
-        crate::SandboxExec {
-            sandbox,
-            request,
-            sink: None,
-        },
-    )
-    .await
-    .map_err(|e| refusal(&state, e))?;
+    let r = handle.exec(request).await.map_err(|e| refusal(&state, e))?;
     Ok(HttpResponse::Ok().json(r.to_wire_json()))
 }
 
@@ -798,16 +749,8 @@ async fn list_files(
     path: web::Path<String>,
     q: web::Query<DirQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    let sandbox = path.into_inner();
-    sandbox_access(&state, &req, &sandbox, "sandbox.files.list").await?;
-    let files = ask(
-        state.paddock.supervisor(),
-        crate::ListFiles {
-            sandbox,
-            path: q.dir.clone(),
-        },
-    )
-    .await?;
+    let handle = sandbox_access(&state, &req, &path, "sandbox.files.list").await?;
+    let files = handle.list_files(&q.dir).await?;
     let out: Vec<_> = files
         .iter()
         .map(|f| serde_json::json!({"path": f.path, "size": f.size, "is_dir": f.is_dir}))
@@ -822,15 +765,8 @@ async fn read_file(
     path: web::Path<(String, String)>,
 ) -> Result<HttpResponse, ApiError> {
     let (sandbox, file) = path.into_inner();
-    sandbox_access(&state, &req, &sandbox, "sandbox.files.read").await?;
-    let reader = ask(
-        state.paddock.supervisor(),
-        crate::OpenRead {
-            sandbox,
-            path: file,
-        },
-    )
-    .await?;
+    let handle = sandbox_access(&state, &req, &sandbox, "sandbox.files.read").await?;
+    let reader = handle.open_read(&file).await?;
     let body = tokio_util::io::ReaderStream::with_capacity(reader.reader, FILE_CHUNK_BYTES);
     Ok(HttpResponse::Ok()
         .content_type("application/octet-stream")
@@ -853,7 +789,7 @@ async fn write_file(
     use futures_util::StreamExt;
     admitting(&state)?;
     let (sandbox, file) = path.into_inner();
-    sandbox_access(&state, &req, &sandbox, "sandbox.files.write").await?;
+    let handle = sandbox_access(&state, &req, &sandbox, "sandbox.files.write").await?;
     let max = state.config.max_file_bytes as u64;
     let too_large = || {
         ApiError::with_status(
@@ -874,15 +810,7 @@ async fn write_file(
     let chunks =
         futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) });
     let source: paddock_core::ByteSource = Box::pin(tokio_util::io::StreamReader::new(chunks));
-    let write = ask(
-        state.paddock.supervisor(),
-        crate::WriteFrom {
-            sandbox,
-            path: file,
-            source,
-            max_bytes: max,
-        },
-    );
+    let write = handle.write_from(&file, source, max);
     let pump = async move {
         let mut payload = payload;
         while let Some(chunk) = payload.next().await {

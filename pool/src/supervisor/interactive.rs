@@ -138,7 +138,7 @@ impl Handler<StartProcess> for Supervisor {
     type Result = ResponseFuture<Result<Started, Error>>;
 
     fn handle(&mut self, msg: StartProcess, _ctx: &mut Self::Context) -> Self::Result {
-        let session = match self.session(&msg.sandbox) {
+        let session = match self.session_for(&msg.caller, &msg.sandbox) {
             Ok(s) => s,
             Err(e) => return Box::pin(async move { Err(e) }),
         };
@@ -160,7 +160,7 @@ impl Handler<OpenTerminal> for Supervisor {
     type Result = ResponseFuture<Result<Started, Error>>;
 
     fn handle(&mut self, msg: OpenTerminal, _ctx: &mut Self::Context) -> Self::Result {
-        let session = match self.session(&msg.sandbox) {
+        let session = match self.session_for(&msg.caller, &msg.sandbox) {
             Ok(s) => s,
             Err(e) => return Box::pin(async move { Err(e) }),
         };
@@ -182,7 +182,7 @@ impl Handler<OpenTcpConnection> for Supervisor {
     type Result = ResponseFuture<Result<paddock_core::TcpConnection, Error>>;
 
     fn handle(&mut self, msg: OpenTcpConnection, _ctx: &mut Self::Context) -> Self::Result {
-        let session = match self.session(&msg.sandbox) {
+        let session = match self.session_for(&msg.caller, &msg.sandbox) {
             Ok(s) => s,
             Err(e) => return Box::pin(async move { Err(e) }),
         };
@@ -197,7 +197,7 @@ impl Handler<GetProcess> for Supervisor {
     type Result = Result<Started, Error>;
 
     fn handle(&mut self, msg: GetProcess, _ctx: &mut Self::Context) -> Self::Result {
-        let session = self.session(&msg.sandbox)?;
+        let session = self.session_for(&msg.caller, &msg.sandbox)?;
         let found = session.processes.borrow().get(&msg.process);
         found.ok_or_else(|| {
             Error::new(
@@ -215,7 +215,7 @@ impl Handler<ListProcesses> for Supervisor {
     type Result = Result<Vec<ProcessInfo>, Error>;
 
     fn handle(&mut self, msg: ListProcesses, _ctx: &mut Self::Context) -> Self::Result {
-        let session = self.session(&msg.sandbox)?;
+        let session = self.session_for(&msg.caller, &msg.sandbox)?;
         let list = session.processes.borrow().list();
         Ok(list)
     }
