@@ -1,10 +1,13 @@
-//! One actor per engine instance: runs executions, recycles and destroys the sandbox,
-//! and turns a panic in engine code into `ENGINE_FAILED` instead of a crash.
+//! One actor per engine instance, and the one door to it: executions, file
+//! operations, pause, processes, terminals, TCP streams, recycle and destroy all go
+//! through it, and a panic in any engine method becomes `ENGINE_FAILED` (and taints
+//! the instance, so it is never leased again) instead of a crash.
 
 use std::any::Any;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
 
@@ -19,13 +22,104 @@ const MAILBOX: usize = 16;
 #[derive(Debug)]
 pub struct EngineActor {
     sandbox: Arc<dyn Sandbox>,
+    tainted: Arc<AtomicBool>,
 }
 
 impl EngineActor {
     /// Wraps a sandbox.
     pub fn new(sandbox: Arc<dyn Sandbox>) -> EngineActor {
-        EngineActor { sandbox }
+        EngineActor {
+            sandbox,
+            tainted: Arc::default(),
+        }
     }
+
+    /// Set once an engine method panicked on this instance: it must not be leased
+    /// again.
+    pub fn tainted(&self) -> Arc<AtomicBool> {
+        self.tainted.clone()
+    }
+}
+
+/// The future a [`Call`] runs.
+pub type CallFuture<T> = Pin<Box<dyn Future<Output = Result<T, Error>> + Send>>;
+
+/// Runs one engine method on the instance's sandbox, with panic capture: file
+/// operations, pause and unpause, processes, terminals, TCP streams, a session's
+/// destroy.
+pub struct Call<T> {
+    what: &'static str,
+    call: Box<dyn FnOnce(Arc<dyn Sandbox>) -> CallFuture<T> + Send>,
+}
+
+impl<T> Call<T> {
+    /// A call named `what` (in the error of a panic) that runs `call` on the sandbox.
+    pub fn new(
+        what: &'static str,
+        call: impl FnOnce(Arc<dyn Sandbox>) -> CallFuture<T> + Send + 'static,
+    ) -> Call<T> {
+        Call {
+            what,
+            call: Box::new(call),
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for Call<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Call")
+            .field("what", &self.what)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T: Send + 'static> Message for Call<T> {
+    type Result = Result<T, Error>;
+}
+
+impl<T: Send + 'static> Handler<Call<T>> for EngineActor {
+    type Result = ResponseFuture<Result<T, Error>>;
+
+    fn handle(&mut self, msg: Call<T>, _ctx: &mut Self::Context) -> Self::Result {
+        let sandbox = self.sandbox.clone();
+        let tainted = self.tainted.clone();
+        let Call { what, call } = msg;
+        Box::pin(async move {
+            // Building the future runs engine code too.
+            let fut = match std::panic::catch_unwind(AssertUnwindSafe(|| call(sandbox))) {
+                Ok(fut) => fut,
+                Err(panic) => {
+                    tainted.store(true, Ordering::Release);
+                    return Err(panicked(what, &*panic));
+                }
+            };
+            taint_on_panic(&tainted, caught(what, fut).await)
+        })
+    }
+}
+
+/// Marks the instance tainted when `result` is a caught panic.
+fn taint_on_panic<T>(tainted: &AtomicBool, result: Result<T, Error>) -> Result<T, Error> {
+    if let Err(e) = &result {
+        if e.code == ErrorCode::EngineFailed && e.message.starts_with(PANICKED) {
+            tainted.store(true, Ordering::Release);
+        }
+    }
+    result
+}
+
+/// How the error of a caught panic starts.
+const PANICKED: &str = "the engine panicked during ";
+
+/// The error of a panic in engine code during `what`.
+pub(crate) fn panicked(what: &str, panic: &(dyn Any + Send)) -> Error {
+    Error::new(
+        ErrorCode::EngineFailed,
+        format!(
+            "{PANICKED}{what}: {}; the instance is replaced",
+            panic_message(panic)
+        ),
+    )
 }
 
 impl Actor for EngineActor {
@@ -61,16 +155,18 @@ impl Handler<RunExec> for EngineActor {
 
     fn handle(&mut self, msg: RunExec, _ctx: &mut Self::Context) -> Self::Result {
         let sandbox = self.sandbox.clone();
+        let tainted = self.tainted.clone();
         Box::pin(async move {
             let RunExec {
                 request,
                 sink,
                 cancel,
             } = msg;
-            caught("exec", async move {
+            let r = caught("exec", async move {
                 sandbox.exec(request, &*sink, cancel).await
             })
-            .await
+            .await;
+            taint_on_panic(&tainted, r)
         })
     }
 }
@@ -85,7 +181,11 @@ impl Handler<Recycle> for EngineActor {
 
     fn handle(&mut self, _msg: Recycle, _ctx: &mut Self::Context) -> Self::Result {
         let sandbox = self.sandbox.clone();
-        Box::pin(caught("recycle", async move { sandbox.recycle().await }))
+        let tainted = self.tainted.clone();
+        Box::pin(async move {
+            let r = caught("recycle", async move { sandbox.recycle().await }).await;
+            taint_on_panic(&tainted, r)
+        })
     }
 }
 
@@ -117,13 +217,7 @@ pub(crate) async fn caught<T>(
 ) -> Result<T, Error> {
     match CatchUnwind(Box::pin(fut)).await {
         Ok(r) => r,
-        Err(panic) => Err(Error::new(
-            ErrorCode::EngineFailed,
-            format!(
-                "the engine panicked during {what}: {}; the instance is replaced",
-                panic_message(&*panic)
-            ),
-        )),
+        Err(panic) => Err(panicked(what, &*panic)),
     }
 }
 

@@ -36,6 +36,8 @@ use paddock_telemetry::{labels, PoolGaugeSource, PoolSnapshot, Telemetry};
 pub(crate) struct Instance {
     pub(crate) actor: Addr<EngineActor>,
     pub(crate) sandbox: Arc<dyn Sandbox>,
+    /// Set when an engine method panicked on it: it is retired, never reused.
+    pub(crate) tainted: Arc<std::sync::atomic::AtomicBool>,
     pub(crate) created: Instant,
     pub(crate) last_used: Instant,
     pub(crate) executions: u64,
@@ -267,9 +269,12 @@ impl EnginePool {
         }
         .map(|sandbox| {
             let now = Instant::now();
+            let actor = EngineActor::new(sandbox.clone());
+            let tainted = actor.tainted();
             Instance {
-                actor: EngineActor::new(sandbox.clone()).start(),
+                actor: actor.start(),
                 sandbox,
+                tainted,
                 created: now,
                 last_used: now,
                 executions: 0,
@@ -387,8 +392,9 @@ impl EnginePool {
         inst.last_used = Instant::now();
         let worn_out = inst.executions >= self.config.max_executions_per_engine
             || inst.created.elapsed() >= Duration::from_millis(self.config.max_age_ms);
-        if how == Release::Retire || worn_out {
-            self.retire(inst, how == Release::Retire);
+        let tainted = inst.tainted.load(std::sync::atomic::Ordering::Acquire);
+        if how == Release::Retire || worn_out || tainted {
+            self.retire(inst, how == Release::Retire || tainted);
             return;
         }
         let pool = self.clone();

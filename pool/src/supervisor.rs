@@ -194,6 +194,49 @@ struct Session {
 }
 
 impl Session {
+    /// Runs one engine method on the session's instance through its engine actor,
+    /// the one door to an instance: a panic becomes `ENGINE_FAILED` and taints it.
+    fn call<T, F>(
+        &self,
+        what: &'static str,
+        f: F,
+    ) -> impl std::future::Future<Output = Result<T, Error>> + 'static
+    where
+        T: Send + 'static,
+        F: FnOnce(Arc<dyn paddock_core::Sandbox>) -> crate::engine_actor::CallFuture<T>
+            + Send
+            + 'static,
+    {
+        let actor = self.lease.instance().actor.clone();
+        async move {
+            actor
+                .send(crate::engine_actor::Call::new(what, f))
+                .await
+                .map_err(|_| Error::disposed("the sandbox's engine instance"))?
+        }
+    }
+
+    /// Destroys the session's sandbox (through the engine actor).
+    fn destroy(&self) -> impl std::future::Future<Output = Result<(), Error>> + 'static {
+        self.call("destroy", |sb| Box::pin(async move { sb.destroy().await }))
+    }
+
+    /// The sandbox's status and workdir, read with panic capture.
+    fn describe(&self) -> Result<(SandboxStatus, String), Error> {
+        let inst = self.lease.instance();
+        let sandbox = inst.sandbox.clone();
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            (
+                sandbox.status(),
+                sandbox.root_dir().to_string_lossy().into_owned(),
+            )
+        }))
+        .map_err(|panic| {
+            inst.tainted.store(true, Ordering::Release);
+            crate::engine_actor::panicked("status", &*panic)
+        })
+    }
+
     /// Why it should be destroyed now, if it should: idle past `idle`, or open past
     /// `lifetime` (zero: never).
     fn expired(&self, now: Instant, idle: Duration, lifetime: Duration) -> Option<&'static str> {
@@ -445,8 +488,7 @@ impl Supervisor {
             if let Some(session) = self.remove_session(&id) {
                 tracing::info!(sandbox = %id, reason = why, "destroying an expired sandbox");
                 actix::spawn(async move {
-                    let sandbox = session.lease.instance().sandbox.clone();
-                    if let Err(e) = sandbox.destroy().await {
+                    if let Err(e) = session.destroy().await {
                         tracing::warn!(sandbox = %id, error = %e, "destroying an expired sandbox failed");
                     }
                     drop(session);
@@ -998,30 +1040,30 @@ impl Handler<OpenSandbox> for Supervisor {
             .into_actor(self)
             .map(move |r, act, _ctx| {
                 let (engine, lease, share) = r?;
-                let inst = lease.instance();
-                let info = SandboxInfo {
-                    id: inst.sandbox.id().to_string(),
+                let id = lease.instance().sandbox.id().to_string();
+                let session = Rc::new(Session {
                     engine,
-                    status: inst.sandbox.status(),
-                    root_dir: inst.sandbox.root_dir().to_string_lossy().into_owned(),
-                };
-                act.sessions.insert(
-                    info.id.clone(),
-                    Rc::new(Session {
-                        engine,
-                        lease,
-                        tenant: msg.spec.tenant.clone(),
-                        limits: msg.spec.limits.clone(),
-                        processes: RefCell::new(Default::default()),
-                        opened: Instant::now(),
-                        last_used: Cell::new(Instant::now()),
-                        busy: Cell::new(0),
-                        transfers: Arc::default(),
-                        transfer_ended_ms: Arc::default(),
-                        _share: share,
-                    }),
-                );
-                Ok(info)
+                    lease,
+                    tenant: msg.spec.tenant.clone(),
+                    limits: msg.spec.limits.clone(),
+                    processes: RefCell::new(Default::default()),
+                    opened: Instant::now(),
+                    last_used: Cell::new(Instant::now()),
+                    busy: Cell::new(0),
+                    transfers: Arc::default(),
+                    transfer_ended_ms: Arc::default(),
+                    _share: share,
+                });
+                // An engine that panics here never gets a session: the lease retires
+                // the tainted instance when it goes.
+                let (status, root_dir) = session.describe()?;
+                act.sessions.insert(id.clone(), session);
+                Ok(SandboxInfo {
+                    id,
+                    engine,
+                    status,
+                    root_dir,
+                })
             }),
         )
     }
@@ -1045,8 +1087,9 @@ impl Handler<SandboxExec> for Supervisor {
     }
 }
 
+/// A session message handled by one engine method, called through the engine actor.
 macro_rules! session_op {
-    ($msg:ty, $out:ty, |$s:ident, $m:ident| $body:expr) => {
+    ($msg:ty, $out:ty, $what:literal, |$s:ident, $m:ident| $body:expr) => {
         impl Handler<$msg> for Supervisor {
             type Result = ResponseFuture<Result<$out, Error>>;
 
@@ -1055,19 +1098,16 @@ macro_rules! session_op {
                     Ok(s) => s,
                     Err(e) => return Box::pin(async move { Err(e) }),
                 };
-                Box::pin(async move {
-                    let $s = session.lease.instance().sandbox.clone();
-                    $body.await
-                })
+                Box::pin(session.call($what, move |$s| Box::pin($body)))
             }
         }
     };
 }
 
-session_op!(WriteFile, (), |sb, msg| async move {
+session_op!(WriteFile, (), "write_file", |sb, msg| async move {
     sb.write_file(&msg.path, &msg.data).await
 });
-session_op!(ReadFile, Vec<u8>, |sb, msg| async move {
+session_op!(ReadFile, Vec<u8>, "read_file", |sb, msg| async move {
     sb.read_file(&msg.path).await
 });
 impl Handler<OpenRead> for Supervisor {
@@ -1079,8 +1119,12 @@ impl Handler<OpenRead> for Supervisor {
             Err(e) => return Box::pin(async move { Err(e) }),
         };
         Box::pin(async move {
-            let sb = session.lease.instance().sandbox.clone();
-            let reader = sb.open_read(&msg.path).await?;
+            let path = msg.path;
+            let reader = session
+                .call("open_read", move |sb| {
+                    Box::pin(async move { sb.open_read(&path).await })
+                })
+                .await?;
             // The sandbox counts as in use until the reader is done.
             let guard = Transfer::new(&session);
             Ok(paddock_core::FileReader::new(
@@ -1105,8 +1149,17 @@ impl Handler<WriteFrom> for Supervisor {
         Box::pin(async move {
             // In use while the upload lasts.
             let _busy = Busy::new(session.clone());
-            let sb = session.lease.instance().sandbox.clone();
-            sb.write_from(&msg.path, msg.source, msg.max_bytes).await
+            let WriteFrom {
+                path,
+                source,
+                max_bytes,
+                ..
+            } = msg;
+            session
+                .call("write_from", move |sb| {
+                    Box::pin(async move { sb.write_from(&path, source, max_bytes).await })
+                })
+                .await
         })
     }
 }
@@ -1153,15 +1206,16 @@ impl tokio::io::AsyncRead for Guarded {
         self.inner.as_mut().poll_read(cx, buf)
     }
 }
-session_op!(PauseSandbox, (), |sb, _msg| async move { sb.pause().await });
-session_op!(
-    UnpauseSandbox,
-    (),
-    |sb, _msg| async move { sb.unpause().await }
-);
+session_op!(PauseSandbox, (), "pause", |sb, _msg| async move {
+    sb.pause().await
+});
+session_op!(UnpauseSandbox, (), "unpause", |sb, _msg| async move {
+    sb.unpause().await
+});
 session_op!(
     ListFiles,
     Vec<paddock_core::FileEntry>,
+    "list_files",
     |sb, msg| async move { sb.list_files(&msg.path).await }
 );
 
@@ -1171,12 +1225,12 @@ impl Handler<GetSandbox> for Supervisor {
     fn handle(&mut self, msg: GetSandbox, _ctx: &mut Self::Context) -> Self::Result {
         let session = self.session_for(&msg.caller, &msg.id)?;
         self.note_operator(&msg.caller, msg.action, Some(msg.id.clone()));
-        let inst = session.lease.instance();
+        let (status, root_dir) = session.describe()?;
         Ok(SandboxInfo {
             id: msg.id,
             engine: session.engine,
-            status: inst.sandbox.status(),
-            root_dir: inst.sandbox.root_dir().to_string_lossy().into_owned(),
+            status,
+            root_dir,
         })
     }
 }
@@ -1186,7 +1240,7 @@ impl Handler<GetSandboxStatus> for Supervisor {
 
     fn handle(&mut self, msg: GetSandboxStatus, _ctx: &mut Self::Context) -> Self::Result {
         match self.session_for(&msg.caller, &msg.sandbox) {
-            Ok(s) => Ok(s.lease.instance().sandbox.status()),
+            Ok(s) => Ok(s.describe()?.0),
             Err(e) if e.code == ErrorCode::EngineDisposed => Ok(SandboxStatus::Destroyed),
             Err(e) => Err(e),
         }
@@ -1209,10 +1263,9 @@ impl Handler<DestroySandbox> for Supervisor {
         };
         self.note_operator(&msg.caller, "sandbox.destroy", Some(msg.sandbox.clone()));
         Box::pin(async move {
-            let sandbox = session.lease.instance().sandbox.clone();
             // Destroy now (it kills running executions and waits for them); the lease
             // then retires the instance when the last reference goes.
-            let r = sandbox.destroy().await;
+            let r = session.destroy().await;
             drop(session);
             r
         })
@@ -1348,8 +1401,7 @@ impl Handler<Shutdown> for Supervisor {
                 }
                 let mut destroyed = 0;
                 for s in sessions {
-                    let sandbox = s.lease.instance().sandbox.clone();
-                    let _ = sandbox.destroy().await;
+                    let _ = s.destroy().await;
                     destroyed += 1;
                 }
                 for p in parked {

@@ -145,9 +145,13 @@ impl Handler<StartProcess> for Supervisor {
         let pipeline = self.pipeline.clone();
         Box::pin(async move {
             pipeline.check_command(&msg.spec.argv)?;
-            let sandbox = session.lease.instance().sandbox.clone();
             let argv = msg.spec.argv.clone();
-            let handle = sandbox.start_process(msg.spec).await?;
+            let spec = msg.spec;
+            let handle = session
+                .call("start_process", move |sb| {
+                    Box::pin(async move { sb.start_process(spec).await })
+                })
+                .await?;
             let s = started("process", Attachable::Process(handle), argv);
             pipeline.audit_on_exit(&session, &s);
             session.processes.borrow_mut().insert(s.clone());
@@ -168,8 +172,12 @@ impl Handler<OpenTerminal> for Supervisor {
         Box::pin(async move {
             let argv = msg.spec.argv();
             pipeline.check_command(&argv)?;
-            let sandbox = session.lease.instance().sandbox.clone();
-            let handle = sandbox.open_terminal(msg.spec).await?;
+            let spec = msg.spec;
+            let handle = session
+                .call("open_terminal", move |sb| {
+                    Box::pin(async move { sb.open_terminal(spec).await })
+                })
+                .await?;
             let s = started("terminal", Attachable::Terminal(handle), argv);
             pipeline.audit_on_exit(&session, &s);
             session.processes.borrow_mut().insert(s.clone());
@@ -186,10 +194,10 @@ impl Handler<OpenTcpConnection> for Supervisor {
             Ok(s) => s,
             Err(e) => return Box::pin(async move { Err(e) }),
         };
-        Box::pin(async move {
-            let sandbox = session.lease.instance().sandbox.clone();
-            sandbox.open_tcp_connection(msg.target).await
-        })
+        let target = msg.target;
+        Box::pin(session.call("open_tcp_connection", move |sb| {
+            Box::pin(async move { sb.open_tcp_connection(target).await })
+        }))
     }
 }
 

@@ -5,5 +5,6 @@ mod actor_api;
 mod chaos;
 mod facade;
 mod lifecycle;
+mod panics;
 mod suspend;
 mod tenancy;
