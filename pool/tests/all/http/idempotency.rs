@@ -6,8 +6,8 @@ use std::time::Duration;
 use paddock_pool::Paddock;
 use serde_json::{json, Value};
 
-use crate::client::{get, Request};
-use crate::support::{server_config, TestServer};
+use crate::http::client::{get, Request};
+use crate::http::support::{server_config, TestServer};
 
 /// A program with a side effect: it appends a line to `counter`, waits, and prints
 /// how many lines the file has.
@@ -97,7 +97,7 @@ async fn a_key_retried_after_the_client_went_away_gets_the_first_result() {
         tokio::spawn(async move { req.send(addr).await })
     };
     let paddock = t.paddock.clone();
-    crate::support::eventually(Duration::from_secs(10), "the execution to start", || {
+    crate::http::support::eventually(Duration::from_secs(10), "the execution to start", || {
         let paddock = paddock.clone();
         async move { paddock.stats().await.unwrap().in_flight == 1 }
     })
@@ -127,7 +127,7 @@ async fn a_key_retried_after_a_stream_reader_went_away_gets_the_first_result() {
     );
 
     // The first caller streams, reads the start, and hangs up mid-run.
-    let (s, id) = crate::support::open_stream_with(
+    let (s, id) = crate::http::support::open_stream_with(
         t.addr,
         Request::post("/v1/executions?stream=true")
             .header("Idempotency-Key", "stream-retry")
@@ -135,13 +135,13 @@ async fn a_key_retried_after_a_stream_reader_went_away_gets_the_first_result() {
     )
     .await;
     let paddock = t.paddock.clone();
-    crate::support::eventually(Duration::from_secs(10), "the execution to start", || {
+    crate::http::support::eventually(Duration::from_secs(10), "the execution to start", || {
         let paddock = paddock.clone();
         async move { paddock.stats().await.unwrap().in_flight == 1 }
     })
     .await;
     drop(s);
-    crate::support::eventually(Duration::from_secs(10), "the execution to end", || {
+    crate::http::support::eventually(Duration::from_secs(10), "the execution to end", || {
         let paddock = paddock.clone();
         async move { paddock.stats().await.unwrap().in_flight == 0 }
     })

@@ -3,8 +3,8 @@
 
 use serde_json::json;
 
-use crate::client::{delete, get, post_json, Request};
-use crate::support::{finish_stream, open_stream, sh, TestServer};
+use crate::http::client::{delete, get, post_json, Request};
+use crate::http::support::{finish_stream, open_stream, sh, TestServer};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sandbox_lifecycle_over_http() {

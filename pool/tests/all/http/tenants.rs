@@ -13,8 +13,8 @@ use paddock_pool::limiter::LimiterConfig;
 use paddock_pool::Paddock;
 use serde_json::{json, Value};
 
-use crate::client::{Request, Response};
-use crate::support::{eventually, server_config, sh, TestServer};
+use crate::http::client::{Request, Response};
+use crate::http::support::{eventually, server_config, sh, TestServer};
 
 const ALICE: &str = "key-alice-0123456789";
 const BOB: &str = "key-bob-0123456789ab";

@@ -7,8 +7,8 @@ use paddock_pool::limiter::LimiterConfig;
 use paddock_pool::Paddock;
 use serde_json::{json, Value};
 
-use crate::client::{get, post_json, Request, Response};
-use crate::support::{
+use crate::http::client::{get, post_json, Request, Response};
+use crate::http::support::{
     eventually, finish_stream, open_stream, server_config, sh, wait_for_stdout, TestServer,
 };
 
@@ -284,7 +284,7 @@ async fn a_tenant_over_its_rate_gets_429_with_retry_after() {
     assert!(secs <= 60, "within the 60 s window: {secs}");
     assert!(refused.json()["error"]["retry_after_ms"].as_u64().unwrap() > 0);
     // Streamed, the refusal is the stream's error line.
-    let (s, _) = crate::support::open_stream_with(
+    let (s, _) = crate::http::support::open_stream_with(
         t.addr,
         Request::post("/v1/executions?stream=true")
             .header("X-Paddock-Tenant", "t1")
@@ -354,7 +354,7 @@ async fn an_exhausted_pool_is_503_at_once_with_retry_after() {
     retry_after(&r);
 
     // The long one is unharmed; cancel it, and the pool serves again.
-    let r = crate::client::delete(t.addr, &format!("/v1/executions/{id}")).await;
+    let r = crate::http::client::delete(t.addr, &format!("/v1/executions/{id}")).await;
     assert_eq!(r.expect(200)["cancelled"], true);
     let (_, _, last) = finish_stream(s).await;
     assert_eq!(last["outcome"], "cancelled", "{last}");

@@ -8,8 +8,8 @@ use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::client::{get, post_json, Request};
-use crate::support::TestServer;
+use crate::http::client::{get, post_json, Request};
+use crate::http::support::TestServer;
 
 type Socket =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
@@ -400,7 +400,7 @@ message = "netcat is not allowed"
 "#,
     )
     .expect("a valid config");
-    let t = TestServer::start_config(config, crate::support::server_config());
+    let t = TestServer::start_config(config, crate::http::support::server_config());
     let id = open_sandbox(t.addr).await;
     let base = format!("/v1/sandboxes/{id}");
     let msg = post_json(

@@ -4,8 +4,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::client::{delete, get, post_json, Request};
-use crate::support::{finish_stream, open_stream, sh, wait_for_stdout, without_type, TestServer};
+use crate::http::client::{delete, get, post_json, Request};
+use crate::http::support::{
+    finish_stream, open_stream, sh, wait_for_stdout, without_type, TestServer,
+};
 
 fn assert_result_shape(r: &Value) {
     let id = r["id"].as_str().expect("id");
@@ -181,7 +183,7 @@ async fn delete_cancels_a_running_execution() {
 
     // A plain POST waiting on the same execution (attached by its idempotency key;
     // the streamed request that runs it reports the id) answers `cancelled` too.
-    let (mut s, id) = crate::support::open_stream_with(
+    let (mut s, id) = crate::http::support::open_stream_with(
         t.addr,
         Request::post("/v1/executions?stream=true")
             .header("Idempotency-Key", "cancel-me")
@@ -266,7 +268,7 @@ async fn a_pooled_execution_that_suspends_is_resumed_by_another_execution() {
             command: vec!["python3".into(), script.to_string_lossy().into_owned()],
         },
     );
-    let t = TestServer::start_config(config, crate::support::server_config());
+    let t = TestServer::start_config(config, crate::http::support::server_config());
     let suspended = Request::post("/v1/executions")
         .header("x-paddock-tenant", "acme")
         .json(&json!({"program": {"handler": "approval", "input": {"change": 7}}}))

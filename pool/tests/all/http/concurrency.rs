@@ -6,8 +6,8 @@ use std::time::Duration;
 use paddock_core::{PaddockConfig, PoolConfig};
 use serde_json::json;
 
-use crate::client::post_json;
-use crate::support::{server_config, TestServer};
+use crate::http::client::post_json;
+use crate::http::support::{server_config, TestServer};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_parallel_executions_each_get_their_own_output() {
@@ -48,7 +48,9 @@ async fn a_hundred_parallel_executions_each_get_their_own_output() {
         );
     }
     assert_eq!(ids.len(), 100);
-    let stats = crate::client::get(t.addr, "/v1/stats").await.expect(200);
+    let stats = crate::http::client::get(t.addr, "/v1/stats")
+        .await
+        .expect(200);
     assert_eq!(stats["audit"]["total"], 100, "{stats}");
     assert_eq!(stats["audit"]["success"], 100, "{stats}");
     t.stop().await;

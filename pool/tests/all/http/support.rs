@@ -8,7 +8,7 @@ use paddock_pool::http::HttpServerHandle;
 use paddock_pool::{Paddock, PaddockBuilder};
 use serde_json::{json, Value};
 
-use crate::client::{Request, Streaming};
+use crate::http::client::{Request, Streaming};
 
 /// The server settings every test starts from: loopback, a free port.
 pub fn server_config() -> ServerConfig {

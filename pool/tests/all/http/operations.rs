@@ -4,8 +4,8 @@ use paddock_core::{ApiKey, IsolationLevel};
 use paddock_pool::Paddock;
 use serde_json::Value;
 
-use crate::client::{get, Request, Response};
-use crate::support::{server_config, sh, TestServer};
+use crate::http::client::{get, Request, Response};
+use crate::http::support::{server_config, sh, TestServer};
 
 const ALPHA: &str = "key-alpha-0123456789";
 const BETA: &str = "key-beta-01234567890";

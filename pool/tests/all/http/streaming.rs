@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::client::Request;
-use crate::support::{finish_stream, open_stream, sh, TestServer};
+use crate::http::client::Request;
+use crate::http::support::{finish_stream, open_stream, sh, TestServer};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stream_delivers_output_as_it_is_produced() {

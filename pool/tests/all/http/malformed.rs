@@ -2,8 +2,8 @@
 
 use serde_json::json;
 
-use crate::client::{get, Request};
-use crate::support::{finish_stream, open_stream, sh, wait_for_stdout, TestServer};
+use crate::http::client::{get, Request};
+use crate::http::support::{finish_stream, open_stream, sh, wait_for_stdout, TestServer};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_bodies_are_400_and_do_not_disturb_a_running_execution() {
@@ -97,7 +97,7 @@ async fn malformed_bodies_are_400_and_do_not_disturb_a_running_execution() {
     assert_eq!(last["exit_code"], 0);
     // And the server serves on.
     assert_eq!(get(t.addr, "/healthz").await.status, 200);
-    let r = crate::client::post_json(
+    let r = crate::http::client::post_json(
         t.addr,
         "/v1/executions",
         &json!({"program": {"command": ["echo", "after"]}}),
