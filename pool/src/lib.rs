@@ -58,7 +58,9 @@ pub mod http;
 pub mod messages;
 mod paddock;
 mod parking;
+mod pipeline;
 pub use paddock_core::{slots, stream_buffer};
+mod shares;
 pub mod streamer;
 mod supervisor;
 

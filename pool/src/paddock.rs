@@ -26,10 +26,9 @@ use crate::clock::SystemClock;
 use crate::limiter::{Limiter, LimiterConfig, LimiterCore};
 use crate::messages::*;
 use crate::policy::{Policy, PolicyConfig};
+use crate::shares::Shares;
 use crate::streamer::{CloseStream, Streamer, StreamerConfig, Subscribe, Subscription};
-use crate::supervisor::{
-    access_record, cancel_running, Shared, Shares, Supervisor, SupervisorParts,
-};
+use crate::supervisor::{access_record, cancel_running, Shared, Supervisor, SupervisorParts};
 use paddock_telemetry::Telemetry;
 
 /// Configures and starts Paddock.

@@ -12,19 +12,20 @@ use actix::prelude::*;
 use paddock_core::{code_hash, unix_ms, Error, ExecResult, ExecutionId, Outcome, Program};
 use tracing::warn;
 
-use super::{Pipeline, Session, Supervisor};
+use super::{Session, Supervisor};
 use crate::audit::{AuditEntry, Record};
 use crate::messages::{
     Attachable, GetProcess, ListProcesses, OpenTcpConnection, OpenTerminal, ProcessInfo,
     StartProcess, Started,
 };
+use crate::pipeline::Pipeline;
 
 /// Finished processes a session keeps listing.
 const KEEP_FINISHED: usize = 64;
 
 /// A session's processes and terminals.
 #[derive(Debug, Default)]
-pub(super) struct Processes {
+pub(crate) struct Processes {
     entries: BTreeMap<u64, Started>,
     next: u64,
 }

@@ -1,0 +1,429 @@
+//! The pipeline every execution goes through: policy → limiter → pool → engine →
+//! streamer → audit. [`Pipeline::run`] shows each stage on a line of its own.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use async_trait::async_trait;
+use paddock_core::AccessRules;
+use paddock_core::{
+    code_hash, unix_ms, CancelToken, EngineKind, Error, ErrorCode, ExecRequest, ExecResult,
+    ExecutionId, Limits, Outcome, OutputChunk, OutputSink,
+};
+
+use crate::audit::{Audit, AuditEntry, Record};
+use crate::engine_actor::RunExec;
+use crate::engine_pool::{EnginePool, Lease, Release};
+use crate::limiter::{Admit, Limiter};
+use crate::parking::{Parking, Refused};
+use crate::policy::Policy;
+use crate::shares::Shares;
+use crate::streamer::{BufferSink, CloseStream, OpenStream, Streamer};
+use paddock_telemetry::{labels, Telemetry};
+use tracing::Instrument;
+
+use crate::shares::Share;
+use crate::supervisor::{Busy, Running, Session, Shared};
+
+/// Everything an execution needs after it left the supervisor's mailbox.
+#[derive(Debug)]
+pub(crate) struct Pipeline {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) telemetry: Telemetry,
+    pub(crate) policy: Arc<Policy>,
+    pub(crate) limiter: Addr<Limiter>,
+    pub(crate) audit: Addr<Audit>,
+    pub(crate) streamer: Addr<Streamer>,
+    pub(crate) defaults: Limits,
+    /// The operator's ceilings on what a request may ask for.
+    pub(crate) ceilings: Limits,
+    /// Which levels and networks each tenant may use.
+    pub(crate) access: AccessRules,
+    /// Per-tenant counts of open sandboxes and held pool slots.
+    pub(crate) shares: Rc<RefCell<Shares>>,
+    /// Instances of pooled executions that suspended, waiting for their resume.
+    pub(crate) parking: RefCell<Parking>,
+}
+
+/// A sink that feeds the streamer's buffer and, optionally, the caller's own sink.
+pub(crate) struct Tee {
+    pub(crate) buffer: BufferSink,
+    pub(crate) extra: Option<Arc<dyn OutputSink>>,
+}
+
+#[async_trait]
+impl OutputSink for Tee {
+    async fn chunk(&self, chunk: OutputChunk) -> Result<(), Error> {
+        match &self.extra {
+            Some(extra) => {
+                let first = self.buffer.chunk(chunk.clone()).await;
+                let second = extra.chunk(chunk).await;
+                first.and(second)
+            }
+            None => self.buffer.chunk(chunk).await,
+        }
+    }
+}
+
+/// Where an accepted execution runs.
+pub(crate) enum Target {
+    Pool(Arc<EnginePool>),
+    Session(Rc<Session>),
+    /// The resume of a pooled execution that suspended: the instance parked for it.
+    Parked(Arc<EnginePool>),
+}
+
+impl Pipeline {
+    /// Runs one accepted-or-refused execution to its end. Exactly one audit entry is
+    /// recorded for every execution the limiter admitted.
+    pub(crate) async fn run(
+        self: Rc<Self>,
+        target: Target,
+        request: ExecRequest,
+        engine: EngineKind,
+        sink: Option<Arc<dyn OutputSink>>,
+        traceparent: Option<String>,
+    ) -> Result<ExecResult, Error> {
+        let queued_at_ms = unix_ms();
+        let refuse = |e: Error| {
+            self.shared.refused_total.fetch_add(1, Ordering::Relaxed);
+            e
+        };
+        if self.shared.stopping.load(Ordering::Acquire) {
+            return Err(refuse(Error::new(
+                ErrorCode::EngineDisposed,
+                "Paddock is shutting down; no new executions are accepted",
+            )));
+        }
+        request.validate().map_err(refuse)?;
+        paddock_core::tenancy::check_ceilings(&self.ceilings, &request.limits, "limits")
+            .map_err(refuse)?;
+        let warnings = self.policy.check(&request.program).map_err(|r| {
+            tracing::info!(rule = %r.rule, "policy refused an execution");
+            self.telemetry.record_rule_block(&r.rule);
+            refuse(r.error)
+        })?;
+        let tenant = request.tenant.clone();
+        let engine_caps_output = match &target {
+            Target::Pool(p) | Target::Parked(p) => {
+                p.engine().capabilities().has_feature("output_cap")
+            }
+            Target::Session(s) => s.lease.engine_has_feature("output_cap"),
+        };
+        let max_output = request
+            .limits
+            .max_output_bytes
+            .or(self.defaults.max_output_bytes);
+        let permit = match self
+            .limiter
+            .send(Admit::tenant(tenant.clone().unwrap_or_default()))
+            .await
+        {
+            Ok(Ok(p)) => p,
+            Ok(Err(e)) => return Err(refuse(e)),
+            Err(e) => return Err(refuse(mailbox_error("limiter", e))),
+        };
+        // A pooled execution holds one of its tenant's pool slots while it waits and
+        // runs; one in a session uses the session's.
+        let share = match &target {
+            Target::Pool(_) => Some(Share::take(&self.shares, &tenant, false).map_err(refuse)?),
+            Target::Session(_) | Target::Parked(_) => None,
+        };
+        let id = request.id.clone();
+        let token = CancelToken::new();
+        {
+            use dashmap::mapref::entry::Entry;
+            match self.shared.running.entry(id.clone()) {
+                Entry::Occupied(_) => {
+                    return Err(refuse(Error::invalid_options(
+                        "id",
+                        format!("an execution with id {id} is already running; use a fresh id"),
+                    )))
+                }
+                Entry::Vacant(v) => {
+                    v.insert(Running {
+                        tenant: tenant.clone(),
+                        token: token.clone(),
+                    });
+                }
+            }
+        }
+        // Accepted from here on.
+        self.shared.accepted_total.fetch_add(1, Ordering::Relaxed);
+        let hash = code_hash(&request.program.audit_text());
+        let span = paddock_telemetry::execution_span(
+            &id,
+            engine.as_str(),
+            tenant.as_deref().unwrap_or(""),
+            traceparent.as_deref(),
+        );
+        let outcome = self
+            .clone()
+            .run_accepted(target, request, engine, sink, token)
+            .instrument(span)
+            .await;
+        self.record_metrics(engine, &outcome);
+        // Queued without waiting for the answer when the mailbox has room; a full
+        // mailbox waits (bounded, never dropped).
+        if let Err(SendError::Full(msg)) = self.streamer.try_send(CloseStream(id.clone())) {
+            let _ = self.streamer.send(msg).await;
+        }
+
+        let entry_result = match &outcome {
+            Ok(r) => AuditEntry::from_result(r, tenant.as_deref(), hash),
+            Err(e) => {
+                let mut failed = ExecResult::failed(id.clone(), engine, e.clone());
+                failed.timings.queued_at_ms = queued_at_ms;
+                AuditEntry::from_result(&failed, tenant.as_deref(), hash)
+            }
+        };
+        // Exactly one entry per accepted execution: queued in order (a later `Flush`
+        // or query sees it), waiting only when the mailbox is full.
+        match self.audit.try_send(Record(entry_result)) {
+            Ok(()) => {}
+            Err(SendError::Full(msg)) => {
+                if let Err(e) = self.audit.send(msg).await {
+                    tracing::error!(error = %e, "the audit actor is gone; an entry was lost");
+                }
+            }
+            Err(SendError::Closed(_)) => {
+                tracing::error!("the audit actor is gone; an entry was lost");
+            }
+        }
+        self.shared.running.remove(&id);
+        drop(share);
+        drop(permit);
+        outcome.map(|mut r| {
+            r.timings.queued_at_ms = queued_at_ms;
+            r.warnings.extend(warnings);
+            // Engines cap output while capturing; this holds the cap for any engine
+            // that does not.
+            // (An engine that caps by bytes while capturing says so with the
+            // `output_cap` feature; re-cutting its lossy UTF-8 text by length would
+            // flag binary output that never passed the cap.)
+            if let Some(cap) = max_output.filter(|_| !engine_caps_output) {
+                crate::limiter::enforce_output_cap(&mut r, cap);
+            }
+            r
+        })
+    }
+
+    pub(crate) fn record_metrics(&self, engine: EngineKind, outcome: &Result<ExecResult, Error>) {
+        let t = &self.telemetry;
+        let (name, wall_ms) = match outcome {
+            Ok(r) => (r.outcome.name(), r.usage.wall_ms as f64),
+            Err(_) => (labels::outcome::FAILED, 0.0),
+        };
+        t.record_execution(engine.as_str(), name);
+        t.record_duration(engine.as_str(), name, wall_ms);
+        if let Ok(r) = outcome {
+            let reason = match &r.outcome {
+                Outcome::TimedOut => Some(labels::kill::TIMEOUT),
+                Outcome::Cancelled => Some(labels::kill::CANCEL),
+                Outcome::LimitExceeded { limit } => Some(match limit {
+                    paddock_core::LimitKind::Memory => labels::kill::MEMORY,
+                    paddock_core::LimitKind::Pids => labels::kill::PIDS,
+                    paddock_core::LimitKind::Output => labels::kill::OUTPUT,
+                    paddock_core::LimitKind::Cpu => labels::kill::CPU,
+                    paddock_core::LimitKind::FileSize => "file_size",
+                }),
+                _ => None,
+            };
+            if let Some(reason) = reason {
+                t.record_kill(reason);
+            }
+        }
+    }
+
+    pub(crate) async fn run_accepted(
+        self: Rc<Self>,
+        target: Target,
+        request: ExecRequest,
+        engine: EngineKind,
+        sink: Option<Arc<dyn OutputSink>>,
+        token: CancelToken,
+    ) -> Result<ExecResult, Error> {
+        let buffer = match self.streamer.send(OpenStream(request.id.clone())).await {
+            Ok(Ok(b)) => b,
+            Ok(Err(e)) => return Err(e),
+            Err(e) => return Err(mailbox_error("streamer", e)),
+        };
+        let tee: Arc<dyn OutputSink> = Arc::new(Tee {
+            buffer: BufferSink(buffer),
+            extra: sink,
+        });
+        match target {
+            Target::Pool(_) | Target::Parked(_) => {
+                let (pool, lease) = match self.pooled_lease(target, &request, &token).await {
+                    Ok(Some(held)) => held,
+                    Ok(None) => return Ok(cancelled_result(request.id, engine)),
+                    Err(e) => return Err(e),
+                };
+                let limits = request.limits.clone().or(&self.defaults);
+                let grace = Duration::from_millis(pool.config.watchdog_grace_ms);
+                let tenant = request.tenant.clone();
+                let mut result = run_on(&lease, request, tee, token, &limits, grace).await;
+                self.settle(pool, lease, tenant, &mut result);
+                result
+            }
+            Target::Session(session) => {
+                let _busy = Busy::new(session.clone());
+                let mut request = request;
+                request.limits = request.limits.or(&session.limits);
+                let limits = request.limits.clone().or(&self.defaults);
+                let grace = Duration::from_millis(session.lease.pool_config().watchdog_grace_ms);
+                run_on(&session.lease, request, tee, token, &limits, grace).await
+            }
+        }
+    }
+}
+
+impl Pipeline {
+    /// The pooled instance an execution runs on, and its pool: a fresh lease from the
+    /// pool, or, for the resume of a suspended execution, the instance parked for it
+    /// (in the pool it was parked from, whatever the routing saw). `None`: cancelled
+    /// while it waited.
+    async fn pooled_lease(
+        &self,
+        target: Target,
+        request: &ExecRequest,
+        token: &CancelToken,
+    ) -> Result<Option<(Arc<EnginePool>, Lease)>, Error> {
+        match target {
+            Target::Pool(pool) => match pool.acquire(token).await {
+                Ok(lease) => Ok(Some((pool, lease))),
+                Err(e) if e.code == ErrorCode::Cancelled => Ok(None),
+                Err(e) => Err(e),
+            },
+            Target::Parked(_) => {
+                let paddock_core::Program::Resume { token_id, .. } = &request.program else {
+                    return Err(Error::invalid_options(
+                        "program",
+                        "only a resume runs on a parked instance",
+                    ));
+                };
+                let parked = self.parking.borrow_mut().take(&request.tenant, token_id)?;
+                Ok(Some((parked.pool, parked.lease)))
+            }
+            Target::Session(_) => Err(Error::new(
+                ErrorCode::EngineFailed,
+                "a session's execution has no pooled lease",
+            )),
+        }
+    }
+
+    /// Ends a pooled lease: an execution that suspended parks its instance for the
+    /// resume; anything else goes back to the pool (retired unless clean).
+    pub(crate) fn settle(
+        &self,
+        pool: Arc<EnginePool>,
+        lease: Lease,
+        tenant: Option<String>,
+        result: &mut Result<ExecResult, Error>,
+    ) {
+        let Ok(r) = result else {
+            pool.release(lease, release_for(result));
+            return;
+        };
+        let Outcome::Suspended { token_id } = &r.outcome else {
+            pool.release(lease, release_for(result));
+            return;
+        };
+        let parked = self
+            .parking
+            .borrow_mut()
+            .park(tenant, token_id.clone(), pool.clone(), lease);
+        match parked {
+            Ok(evicted) => {
+                for p in evicted {
+                    p.retire();
+                }
+            }
+            Err(Refused::Disabled(lease)) => {
+                r.warnings.push(
+                    "pool.max_suspended is 0, so the instance holding this suspension was retired: \
+                     the token cannot be resumed"
+                        .to_string(),
+                );
+                pool.release(lease, Release::Retire);
+            }
+            Err(Refused::Duplicate(lease)) => {
+                let message = format!(
+                    "the handler suspended on token `{token_id}`, which another suspended execution of \
+                     this tenant already holds; tokens must be unique"
+                );
+                r.outcome = Outcome::Failed {
+                    error: Error::new(ErrorCode::WorkerFailed, message),
+                };
+                pool.release(lease, Release::Retire);
+            }
+        }
+    }
+}
+
+/// Runs on a leased instance, with a watchdog in case the engine ignores its deadline.
+pub(crate) async fn run_on(
+    lease: &Lease,
+    request: ExecRequest,
+    sink: Arc<dyn OutputSink>,
+    cancel: CancelToken,
+    limits: &Limits,
+    grace: Duration,
+) -> Result<ExecResult, Error> {
+    let inst = lease.instance();
+    let id = request.id.clone();
+    let engine = inst.sandbox.kind();
+    let instance_id = inst.sandbox.id().to_string();
+    let deadline = limits.timeout().unwrap_or(Duration::from_secs(30)) + grace;
+    let started = Instant::now();
+    let fut = inst.actor.send(RunExec {
+        request,
+        sink,
+        cancel: cancel.clone(),
+    });
+    match tokio::time::timeout(deadline, fut).await {
+        Ok(Ok(result)) => result,
+        Ok(Err(e)) => Err(mailbox_error("engine instance", e)),
+        Err(_) => {
+            cancel.cancel();
+            let mut r = ExecResult::empty(id, Outcome::TimedOut, engine, instance_id);
+            r.usage.wall_ms = started.elapsed().as_millis() as u64;
+            r.warnings.push(format!(
+                "the engine did not stop within {} ms of its deadline; the instance was retired",
+                grace.as_millis()
+            ));
+            Ok(r)
+        }
+    }
+}
+
+/// Anything but a clean completion taints the instance.
+pub(crate) fn release_for(result: &Result<ExecResult, Error>) -> Release {
+    match result {
+        Ok(r) if matches!(r.outcome, Outcome::Completed { .. }) => Release::Reuse,
+        Ok(_) => Release::Retire,
+        Err(e) => match e.code {
+            ErrorCode::EngineFailed
+            | ErrorCode::WorkerFailed
+            | ErrorCode::ProtocolError
+            | ErrorCode::EngineDisposed
+            | ErrorCode::Timeout => Release::Retire,
+            _ => Release::Reuse,
+        },
+    }
+}
+
+pub(crate) fn cancelled_result(id: ExecutionId, engine: EngineKind) -> ExecResult {
+    ExecResult::empty(id, Outcome::Cancelled, engine, "")
+}
+
+pub(crate) fn mailbox_error(what: &str, e: MailboxError) -> Error {
+    Error::new(
+        ErrorCode::EngineFailed,
+        format!("the {what} actor did not answer ({e}); retry"),
+    )
+}

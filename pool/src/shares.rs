@@ -1,0 +1,105 @@
+//! Per-tenant fair shares: how many sandboxes a tenant has open and how many pool
+//! slots it holds, against `limiter.max_sandboxes_per_tenant` and
+//! `limiter.max_slots_per_tenant`.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use paddock_core::config::LimiterConfig;
+use paddock_core::{Error, ErrorCode};
+
+/// Per-tenant fair shares: open sandboxes and pool slots held.
+#[derive(Debug, Default)]
+pub(crate) struct Shares {
+    pub(crate) max_sandboxes: Option<u32>,
+    pub(crate) max_slots: Option<u32>,
+    pub(crate) sandboxes: HashMap<Option<String>, u32>,
+    pub(crate) slots: HashMap<Option<String>, u32>,
+}
+
+/// How long a tenant at its sandbox cap is told to wait before trying again.
+pub(crate) const SANDBOX_CAP_RETRY_MS: u64 = 1_000;
+/// How long a tenant at its slot cap is told to wait before trying again.
+pub(crate) const SLOT_CAP_RETRY_MS: u64 = 250;
+
+impl Shares {
+    pub(crate) fn new(config: &LimiterConfig) -> Shares {
+        Shares {
+            max_sandboxes: config.max_sandboxes_per_tenant,
+            max_slots: config.max_slots_per_tenant,
+            ..Shares::default()
+        }
+    }
+}
+
+/// What a tenant holds of its shares; given back when dropped.
+#[derive(Debug)]
+pub(crate) struct Share {
+    pub(crate) shares: Rc<RefCell<Shares>>,
+    pub(crate) tenant: Option<String>,
+    pub(crate) sandbox: bool,
+}
+
+impl Share {
+    /// Takes a pool slot (and, for a sandbox, a sandbox place) for `tenant`, or
+    /// refuses: `RATE_LIMITED` at the sandbox cap, `POOL_EXHAUSTED` at the slot cap.
+    pub(crate) fn take(
+        shares: &Rc<RefCell<Shares>>,
+        tenant: &Option<String>,
+        sandbox: bool,
+    ) -> Result<Share, Error> {
+        let mut s = shares.borrow_mut();
+        let who = tenant.as_deref().unwrap_or("(none)");
+        if sandbox {
+            let open = s.sandboxes.get(tenant).copied().unwrap_or(0);
+            if let Some(max) = s.max_sandboxes.filter(|m| open >= *m) {
+                return Err(Error::new(
+                    ErrorCode::RateLimited,
+                    format!(
+                        "tenant `{who}` has {open} sandboxes open, its cap (limiter.max_sandboxes_per_tenant = {max}); destroy one first"
+                    ),
+                )
+                .with_retry_after_ms(SANDBOX_CAP_RETRY_MS));
+            }
+        }
+        let held = s.slots.get(tenant).copied().unwrap_or(0);
+        if let Some(max) = s.max_slots.filter(|m| held >= *m) {
+            return Err(Error::new(
+                ErrorCode::PoolExhausted,
+                format!(
+                    "tenant `{who}` holds {held} pool slots (open sandboxes and pooled executions), its cap (limiter.max_slots_per_tenant = {max}); retry when one ends"
+                ),
+            )
+            .with_retry_after_ms(SLOT_CAP_RETRY_MS));
+        }
+        *s.slots.entry(tenant.clone()).or_default() += 1;
+        if sandbox {
+            *s.sandboxes.entry(tenant.clone()).or_default() += 1;
+        }
+        drop(s);
+        Ok(Share {
+            shares: shares.clone(),
+            tenant: tenant.clone(),
+            sandbox,
+        })
+    }
+}
+
+impl Drop for Share {
+    fn drop(&mut self) {
+        let mut s = self.shares.borrow_mut();
+        let give_back = |map: &mut HashMap<Option<String>, u32>, tenant: &Option<String>| {
+            if let Some(n) = map.get_mut(tenant) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    map.remove(tenant);
+                }
+            }
+        };
+        give_back(&mut s.slots, &self.tenant);
+        if self.sandbox {
+            give_back(&mut s.sandboxes, &self.tenant);
+        }
+    }
+}

@@ -1,0 +1,120 @@
+//! A session: a lease of one engine instance for a tenant, and what counts as its use.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use paddock_core::{EngineKind, Error, Limits, SandboxStatus};
+
+use crate::engine_pool::Lease;
+
+use crate::shares::Share;
+
+#[derive(Debug)]
+pub(crate) struct Session {
+    pub(crate) engine: EngineKind,
+    pub(crate) lease: Lease,
+    pub(crate) tenant: Option<String>,
+    pub(crate) limits: Limits,
+    /// Its background processes and terminals.
+    pub(crate) processes: RefCell<super::interactive::Processes>,
+    /// When it was opened.
+    pub(crate) opened: Instant,
+    /// The last call on it.
+    pub(crate) last_used: Cell<Instant>,
+    /// Executions running in it, and uploads into it.
+    pub(crate) busy: Cell<u32>,
+    /// Downloads of its files in progress (readers live on other threads).
+    pub(crate) transfers: Arc<std::sync::atomic::AtomicUsize>,
+    /// When the last download ended, in ms after `opened`.
+    pub(crate) transfer_ended_ms: Arc<AtomicU64>,
+    /// Its place among its tenant's shares.
+    pub(crate) _share: Share,
+}
+
+impl Session {
+    /// Runs one engine method on the session's instance through its engine actor,
+    /// the one door to an instance: a panic becomes `ENGINE_FAILED` and taints it.
+    pub(crate) fn call<T, F>(
+        &self,
+        what: &'static str,
+        f: F,
+    ) -> impl std::future::Future<Output = Result<T, Error>> + 'static
+    where
+        T: Send + 'static,
+        F: FnOnce(Arc<dyn paddock_core::Sandbox>) -> crate::engine_actor::CallFuture<T>
+            + Send
+            + 'static,
+    {
+        let actor = self.lease.instance().actor.clone();
+        async move {
+            actor
+                .send(crate::engine_actor::Call::new(what, f))
+                .await
+                .map_err(|_| Error::disposed("the sandbox's engine instance"))?
+        }
+    }
+
+    /// Destroys the session's sandbox (through the engine actor).
+    pub(crate) fn destroy(&self) -> impl std::future::Future<Output = Result<(), Error>> + 'static {
+        self.call("destroy", |sb| Box::pin(async move { sb.destroy().await }))
+    }
+
+    /// The sandbox's status and workdir, read with panic capture.
+    pub(crate) fn describe(&self) -> Result<(SandboxStatus, String), Error> {
+        let inst = self.lease.instance();
+        let sandbox = inst.sandbox.clone();
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            (
+                sandbox.status(),
+                sandbox.root_dir().to_string_lossy().into_owned(),
+            )
+        }))
+        .map_err(|panic| {
+            inst.tainted.store(true, Ordering::Release);
+            crate::engine_actor::panicked("status", &*panic)
+        })
+    }
+
+    /// Why it should be destroyed now, if it should: idle past `idle`, or open past
+    /// `lifetime` (zero: never).
+    pub(crate) fn expired(
+        &self,
+        now: Instant,
+        idle: Duration,
+        lifetime: Duration,
+    ) -> Option<&'static str> {
+        if !lifetime.is_zero() && now.duration_since(self.opened) >= lifetime {
+            return Some("pool.sandbox_max_lifetime_ms");
+        }
+        let idle_now = self.busy.get() == 0
+            && self.transfers.load(Ordering::Acquire) == 0
+            && !self.processes.borrow().any_live();
+        let transfer_ended =
+            self.opened + Duration::from_millis(self.transfer_ended_ms.load(Ordering::Acquire));
+        let last = self.last_used.get().max(transfer_ended);
+        if !idle.is_zero() && idle_now && now.duration_since(last) >= idle {
+            return Some("pool.sandbox_idle_timeout_ms");
+        }
+        None
+    }
+}
+
+/// Counts an execution running in a session while it lives.
+pub(crate) struct Busy(Rc<Session>);
+
+impl Busy {
+    pub(crate) fn new(session: Rc<Session>) -> Busy {
+        session.busy.set(session.busy.get() + 1);
+        Busy(session)
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.busy.set(self.0.busy.get().saturating_sub(1));
+        self.0.last_used.set(Instant::now());
+    }
+}
