@@ -1,0 +1,247 @@
+//! `/v1/executions`: run one program (JSON or NDJSON), look up its result, cancel it.
+
+use std::sync::Arc;
+
+use actix_web::{web, HttpRequest, HttpResponse};
+use bytes::Bytes;
+use paddock_core::api::ExecBody;
+use paddock_core::{Error, ErrorCode, ExecutionId};
+
+use super::results::{Answer, Begin};
+use super::tenancy::{account, caller};
+use super::*;
+use super::{body::*, server::*};
+use crate::{Execute, StreamEvent};
+
+pub(super) fn answer_json(state: &State, answer: &Answer) -> HttpResponse {
+    match answer.as_ref() {
+        Ok(r) => HttpResponse::Ok().json(r.to_wire_json()),
+        Err(e) => {
+            let err = refusal(state, e.clone());
+            actix_web::ResponseError::error_response(&err)
+        }
+    }
+}
+
+pub(super) async fn create_execution(
+    state: Shared,
+    req: HttpRequest,
+    query: web::Query<StreamQuery>,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    admitting(&state)?;
+    let caller = caller(&state.config, &req)?;
+    let tenant = account(&caller);
+    let body: ExecBody = parse_body(&state, payload).await?;
+    let (request, engine, network, level) = body.into_request(tenant.clone());
+    let mut msg = Execute::new(request);
+    msg.engine = engine;
+    msg.network = network;
+    msg.level = level;
+    msg.traceparent = req
+        .headers()
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let key = req
+        .headers()
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let id = msg.request.id.clone();
+    match state.results.begin(&id, tenant.as_deref(), key.as_deref()) {
+        Begin::Attach(mut rx) => {
+            let answer = loop {
+                if let Some(a) = rx.borrow().clone() {
+                    break a;
+                }
+                if rx.changed().await.is_err() {
+                    return Err(
+                        Error::new(ErrorCode::NotFound, "the original execution is gone").into(),
+                    );
+                }
+            };
+            Ok(answer_json(&state, &answer))
+        }
+        Begin::Run(tx) => {
+            if query.stream {
+                match state.paddock.execute_stream(msg).await {
+                    Ok(stream) => Ok(stream_response(state.into_inner(), stream, id, Some(tx))),
+                    Err(e) => {
+                        // Refused before it ran: nothing to replay for the key.
+                        state
+                            .results
+                            .finish_and_forget(&id, tx, Arc::new(Err(e.clone())));
+                        Err(refusal(&state, e))
+                    }
+                }
+            } else {
+                // Driven by a task of its own, so that its answer is recorded (for
+                // lookups by id and the idempotency key) even when the caller hangs
+                // up before it comes.
+                let (done, answered) = tokio::sync::oneshot::channel();
+                let shared = state.clone().into_inner();
+                actix_rt::spawn(async move {
+                    let answer = Arc::new(shared.paddock.execute_with(msg).await);
+                    record(&shared, &id, tx, answer.clone());
+                    let _ = done.send(answer);
+                });
+                let answer = answered.await.map_err(|_| {
+                    Error::new(
+                        ErrorCode::EngineFailed,
+                        "the execution's task ended without an answer; look it up by id",
+                    )
+                })?;
+                Ok(answer_json(&state, &answer))
+            }
+        }
+    }
+}
+
+/// Records a finished execution's answer; a refusal worth retrying is not kept.
+pub(super) fn record(
+    state: &State,
+    id: &ExecutionId,
+    tx: tokio::sync::watch::Sender<Option<Answer>>,
+    answer: Answer,
+) {
+    if answer.as_ref().as_ref().is_err_and(retryable) {
+        state.results.finish_and_forget(id, tx, answer);
+    } else {
+        state.results.finish(id, tx, answer);
+    }
+}
+
+/// A refusal a client should retry (after `Retry-After`): never replayed for an
+/// idempotency key.
+pub(super) fn retryable(e: &Error) -> bool {
+    matches!(
+        e.code,
+        ErrorCode::RateLimited | ErrorCode::PoolExhausted | ErrorCode::EngineDisposed
+    )
+}
+
+/// NDJSON: `started`, then `stdout`/`stderr` chunks as produced, then `result` (or
+/// `error` when the execution was refused).
+///
+/// The execution is driven by a task of its own, not by the response body, so that
+/// its answer is recorded (for `GET /v1/executions/{id}` and the idempotency key)
+/// even when the caller hangs up mid-stream.
+pub(super) fn stream_response(
+    state: Arc<State>,
+    mut stream: crate::ExecutionStream,
+    id: ExecutionId,
+    mut tx: Option<tokio::sync::watch::Sender<Option<Answer>>>,
+) -> HttpResponse {
+    use futures_util::StreamExt;
+    let started = ndjson(&serde_json::json!({"type": "started", "id": id}));
+    let (lines_tx, lines_rx) = tokio::sync::mpsc::channel::<Bytes>(16);
+    actix_rt::spawn(async move {
+        let mut reader_gone = false;
+        while let Some(event) = stream.next().await {
+            let line = match event {
+                StreamEvent::Output(chunk) => {
+                    let kind = match chunk.stream {
+                        paddock_core::StreamKind::Stdout => "stdout",
+                        paddock_core::StreamKind::Stderr => "stderr",
+                    };
+                    ndjson(&serde_json::json!({
+                        "type": kind,
+                        "data": String::from_utf8_lossy(&chunk.data),
+                    }))
+                }
+                StreamEvent::Finished(result) => {
+                    let answer: Answer = Arc::new(*result);
+                    let line = match answer.as_ref() {
+                        Ok(r) => {
+                            let mut v = r.to_wire_json();
+                            if let Some(o) = v.as_object_mut() {
+                                o.insert("type".into(), "result".into());
+                            }
+                            ndjson(&v)
+                        }
+                        Err(e) => ndjson(&serde_json::json!({"type": "error", "error": e})),
+                    };
+                    if let Some(tx) = tx.take() {
+                        record(&state, &id, tx, answer);
+                    }
+                    line
+                }
+            };
+            // A caller that went away stops reading; the output is still drained so
+            // the result above is reached.
+            if !reader_gone && lines_tx.send(line).await.is_err() {
+                reader_gone = true;
+            }
+        }
+    });
+    let rest = futures_util::stream::unfold(lines_rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|line| (Ok::<Bytes, actix_web::Error>(line), rx))
+    });
+    let body = futures_util::stream::once(async move { Ok::<Bytes, actix_web::Error>(started) })
+        .chain(rest);
+    HttpResponse::Ok()
+        .content_type("application/x-ndjson")
+        .streaming(body.boxed_local())
+}
+
+pub(super) fn ndjson(v: &serde_json::Value) -> Bytes {
+    let mut line = serde_json::to_vec(v).unwrap_or_default();
+    line.push(b'\n');
+    Bytes::from(line)
+}
+
+pub(super) fn parse_id(raw: &str) -> Result<ExecutionId, ApiError> {
+    Ok(ExecutionId::parse(raw)?)
+}
+
+pub(super) async fn get_execution(
+    state: Shared,
+    req: HttpRequest,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let caller = caller(&state.config, &req)?;
+    let id = parse_id(&path)?;
+    // Another tenant's execution is answered exactly like one that never existed.
+    let found = state
+        .results
+        .get(&id)
+        .filter(|(owner, _)| state.paddock.may_see(&caller, owner.as_deref(), &id));
+    match found {
+        Some((_, Some(answer))) => Ok(answer_json(&state, &answer)),
+        Some((_, None)) => {
+            Ok(HttpResponse::Ok().json(serde_json::json!({"id": id, "status": "running"})))
+        }
+        None => Err(Error::new(
+            ErrorCode::NotFound,
+            format!(
+                "no execution {id} is running or kept (results are kept for {} s)",
+                state.config.result_retention_s
+            ),
+        )
+        .into()),
+    }
+}
+
+pub(super) async fn cancel_execution(
+    state: Shared,
+    req: HttpRequest,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let caller = caller(&state.config, &req)?;
+    let id = parse_id(&path)?;
+    let cancelled = state.paddock.cancel(&caller, &id);
+    let known = cancelled
+        || state
+            .results
+            .get(&id)
+            .is_some_and(|(owner, _)| caller.sees(owner.as_deref()));
+    if !known {
+        return Err(
+            Error::new(ErrorCode::NotFound, format!("no execution {id} is running")).into(),
+        );
+    }
+    Ok(HttpResponse::Ok().json(serde_json::json!({"id": id, "cancelled": cancelled})))
+}

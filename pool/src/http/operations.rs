@@ -1,0 +1,142 @@
+//! Operations: the audit log, statistics, metrics, health, readiness, the OpenAPI
+//! document.
+
+use std::sync::atomic::Ordering;
+
+use actix_web::{web, HttpRequest, HttpResponse};
+use paddock_core::{EngineKind, Error, ErrorCode, MetricsAccess};
+use serde::Deserialize;
+
+use super::tenancy::{account, caller};
+use super::*;
+use crate::audit::AuditQuery;
+use crate::Caller;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct AuditParams {
+    pub(super) success: Option<bool>,
+    pub(super) tenant: Option<String>,
+    pub(super) engine: Option<EngineKind>,
+    pub(super) after: Option<String>,
+    pub(super) before: Option<String>,
+    pub(super) limit: Option<usize>,
+}
+
+pub(super) async fn audit(
+    state: Shared,
+    req: HttpRequest,
+    q: web::Query<AuditParams>,
+) -> Result<HttpResponse, ApiError> {
+    let caller = caller(&state.config, &req)?;
+    let q = q.into_inner();
+    let parse = |t: &Option<String>, field: &str| -> Result<_, ApiError> {
+        match t {
+            Some(s) => Ok(Some(
+                crate::audit::Timestamp::parse_rfc3339(s)
+                    .map_err(|e| Error::invalid_options(field, e.message))?,
+            )),
+            None => Ok(None),
+        }
+    };
+    let query = AuditQuery {
+        success: q.success,
+        tenant: q.tenant,
+        engine: q.engine,
+        after: parse(&q.after, "after")?,
+        before: parse(&q.before, "before")?,
+        limit: q.limit,
+    };
+    let entries = state.paddock.audit(&caller, query).await?;
+    Ok(HttpResponse::Ok().json(entries))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct LimitParam {
+    pub(super) limit: Option<usize>,
+}
+
+pub(super) async fn operator_accesses(
+    state: Shared,
+    req: HttpRequest,
+    q: web::Query<LimitParam>,
+) -> Result<HttpResponse, ApiError> {
+    let caller = caller(&state.config, &req)?;
+    let limit = q.limit.unwrap_or(crate::audit::DEFAULT_SEARCH_LIMIT);
+    // Without API keys there are no operators: nobody gets the record.
+    let caller = match caller {
+        Caller::Operator(_) => caller,
+        _ => Caller::tenant(""),
+    };
+    let accesses = state.paddock.operator_accesses(&caller, limit).await?;
+    Ok(HttpResponse::Ok().json(accesses))
+}
+
+pub(super) async fn stats(state: Shared, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    let caller = caller(&state.config, &req)?;
+    let stats = state.paddock.stats_for(&caller).await?;
+    let audit = state.paddock.audit_statistics(&caller).await?;
+    let (total, own) = state.results.bytes(account(&caller).as_deref());
+    let results = match caller.confined_to() {
+        Some(_) => serde_json::json!({
+            "bytes": own,
+            "max_bytes": state.config.max_result_bytes_per_tenant,
+        }),
+        None => serde_json::json!({
+            "bytes": total,
+            "max_bytes": state.config.max_result_bytes,
+        }),
+    };
+    Ok(HttpResponse::Ok()
+        .json(serde_json::json!({"scheduler": stats, "audit": audit, "results": results})))
+}
+
+/// `/metrics` on the API's address: open, for operator keys only, or not here at all
+/// (`server.metrics`). It carries no tenant names or ids.
+pub(super) async fn metrics(state: Shared, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    match &state.metrics {
+        MetricsAccess::Open => {}
+        MetricsAccess::Operator => {
+            if !caller(&state.config, &req)?.is_operator() {
+                return Err(Error::new(
+                    ErrorCode::NotFound,
+                    "/metrics is served to operator keys only (server.metrics = \"operator\")",
+                )
+                .into());
+            }
+        }
+        MetricsAccess::Listen(at) => {
+            return Err(Error::new(
+                ErrorCode::NotFound,
+                format!("/metrics is served on {at} (server.metrics)"),
+            )
+            .into());
+        }
+    }
+    Ok(metrics_only(state).await)
+}
+
+pub(super) async fn metrics_only(state: Shared) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type(paddock_telemetry::PROMETHEUS_CONTENT_TYPE)
+        .body(state.paddock.telemetry().render_prometheus())
+}
+
+pub(super) async fn openapi_json() -> HttpResponse {
+    HttpResponse::Ok().json(openapi::document())
+}
+
+pub(super) async fn healthz() -> HttpResponse {
+    HttpResponse::Ok().json(serde_json::json!({"status": "ok"}))
+}
+
+pub(super) async fn readyz(state: Shared) -> HttpResponse {
+    if state.draining.load(Ordering::Acquire) {
+        return HttpResponse::ServiceUnavailable().json(serde_json::json!({"status": "draining"}));
+    }
+    match state.paddock.stats().await {
+        Ok(s) if s.admitting => HttpResponse::Ok().json(serde_json::json!({"status": "ready"})),
+        _ => HttpResponse::ServiceUnavailable().json(serde_json::json!({"status": "not ready"})),
+    }
+}

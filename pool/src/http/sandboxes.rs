@@ -1,0 +1,227 @@
+//! `/v1/sandboxes`: open a sandbox, and everything on one: status, exec, files,
+//! pause, destroy. (Processes, terminals and TCP are in `interactive`.)
+
+use actix_web::http::StatusCode;
+use actix_web::{web, HttpRequest, HttpResponse};
+use bytes::Bytes;
+use paddock_core::api::{ExecBody, SandboxBody};
+use paddock_core::{ErrorCode, SandboxSpec};
+use serde::Deserialize;
+
+use super::tenancy::{account, caller};
+use super::*;
+use super::{body::*, executions::*, server::*};
+
+/// The caller's handle on `sandbox`, through the facade: a sandbox opened for one
+/// tenant is `NOT_FOUND` to every other, so ids of other tenants' sandboxes neither
+/// work nor show that they exist; a destroyed one of the caller's is 409
+/// `ENGINE_DISPOSED`. `action` names what the caller does, for the record of an
+/// operator's uses.
+pub(super) async fn sandbox_access(
+    state: &State,
+    req: &HttpRequest,
+    sandbox: &str,
+    action: &'static str,
+) -> Result<crate::SandboxHandle, ApiError> {
+    let caller = caller(&state.config, req)?;
+    Ok(state.paddock.sandbox_for(&caller, sandbox, action).await?)
+}
+
+pub(super) async fn create_sandbox(
+    state: Shared,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    admitting(&state)?;
+    let tenant = account(&caller(&state.config, &req)?);
+    let body = read_body(
+        payload,
+        state.config.max_body_bytes,
+        "request body (server.max_body_bytes)",
+    )
+    .await?;
+    let body: SandboxBody = if body.iter().all(u8::is_ascii_whitespace) {
+        SandboxBody::default()
+    } else {
+        paddock_core::api::parse_body(&body)?
+    };
+    let spec = SandboxSpec {
+        level: body.level,
+        network: body.network,
+        limits: body.limits,
+        tenant,
+    };
+    let handle = state
+        .paddock
+        .open_sandbox(spec, body.engine)
+        .await
+        .map_err(|e| refusal(&state, e))?;
+    Ok(HttpResponse::Created().json(handle.info()))
+}
+
+pub(super) async fn sandbox_status(
+    state: Shared,
+    req: HttpRequest,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let status = match sandbox_access(&state, &req, &path, "sandbox.status").await {
+        Ok(handle) => handle.status().await?,
+        // A destroyed sandbox of the caller's answers its status.
+        Err(e) if e.error.code == ErrorCode::EngineDisposed => {
+            paddock_core::SandboxStatus::Destroyed
+        }
+        Err(e) => return Err(e),
+    };
+    Ok(HttpResponse::Ok().json(serde_json::json!({"status": status})))
+}
+
+pub(super) async fn destroy_sandbox(
+    state: Shared,
+    req: HttpRequest,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    match sandbox_access(&state, &req, &path, "sandbox.destroy").await {
+        Ok(handle) => handle.destroy().await?,
+        // Destroying a destroyed sandbox succeeds (idempotent).
+        Err(e) if e.error.code == ErrorCode::EngineDisposed => {}
+        Err(e) => return Err(e),
+    }
+    Ok(HttpResponse::NoContent().finish())
+}
+
+pub(super) async fn pause_sandbox(
+    state: Shared,
+    req: HttpRequest,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let handle = sandbox_access(&state, &req, &path, "sandbox.pause").await?;
+    handle.pause().await?;
+    Ok(HttpResponse::Ok().json(serde_json::json!({"status": "paused"})))
+}
+
+pub(super) async fn unpause_sandbox(
+    state: Shared,
+    req: HttpRequest,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let handle = sandbox_access(&state, &req, &path, "sandbox.unpause").await?;
+    handle.unpause().await?;
+    Ok(HttpResponse::Ok().json(serde_json::json!({"status": "ready"})))
+}
+
+pub(super) async fn sandbox_exec(
+    state: Shared,
+    req: HttpRequest,
+    path: web::Path<String>,
+    query: web::Query<StreamQuery>,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    admitting(&state)?;
+    let handle = sandbox_access(&state, &req, &path, "sandbox.exec").await?;
+    let body: ExecBody = parse_body(&state, payload).await?;
+    // Accounted to the sandbox's tenant.
+    let (request, _, _, _) = body.into_request(None);
+    if query.stream {
+        let id = request.id.clone();
+        let stream = handle.exec_stream(request).await?;
+        return Ok(stream_response(state.into_inner(), stream, id, None));
+    }
+    let r = handle.exec(request).await.map_err(|e| refusal(&state, e))?;
+    Ok(HttpResponse::Ok().json(r.to_wire_json()))
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct DirQuery {
+    #[serde(default)]
+    pub(super) dir: String,
+}
+
+pub(super) async fn list_files(
+    state: Shared,
+    req: HttpRequest,
+    path: web::Path<String>,
+    q: web::Query<DirQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let handle = sandbox_access(&state, &req, &path, "sandbox.files.list").await?;
+    let files = handle.list_files(&q.dir).await?;
+    let out: Vec<_> = files
+        .iter()
+        .map(|f| serde_json::json!({"path": f.path, "size": f.size, "is_dir": f.is_dir}))
+        .collect();
+    Ok(HttpResponse::Ok().json(out))
+}
+
+/// Streams a file out through one bounded buffer, with its size as Content-Length.
+pub(super) async fn read_file(
+    state: Shared,
+    req: HttpRequest,
+    path: web::Path<(String, String)>,
+) -> Result<HttpResponse, ApiError> {
+    let (sandbox, file) = path.into_inner();
+    let handle = sandbox_access(&state, &req, &sandbox, "sandbox.files.read").await?;
+    let reader = handle.open_read(&file).await?;
+    let body = tokio_util::io::ReaderStream::with_capacity(reader.reader, FILE_CHUNK_BYTES);
+    Ok(HttpResponse::Ok()
+        .content_type("application/octet-stream")
+        .no_chunking(reader.size)
+        .streaming(body))
+}
+
+/// The buffer a file moves through over HTTP, in each direction.
+pub(super) const FILE_CHUNK_BYTES: usize = 64 << 10;
+
+/// Streams an upload into the file: the body goes through a bounded channel (a few
+/// chunks) to the scheduler's thread, which writes it through one buffer; at most
+/// `server.max_file_bytes` are taken (413 beyond, and no file is left).
+pub(super) async fn write_file(
+    state: Shared,
+    req: HttpRequest,
+    path: web::Path<(String, String)>,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    use futures_util::StreamExt;
+    admitting(&state)?;
+    let (sandbox, file) = path.into_inner();
+    let handle = sandbox_access(&state, &req, &sandbox, "sandbox.files.write").await?;
+    let max = state.config.max_file_bytes as u64;
+    let too_large = || {
+        ApiError::with_status(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::InvalidOptions,
+            format!("the upload (server.max_file_bytes) exceeds {max} bytes"),
+        )
+    };
+    let announced = req
+        .headers()
+        .get(actix_web::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if announced.is_some_and(|n| n > max) {
+        return Err(too_large());
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(4);
+    let chunks =
+        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) });
+    let source: paddock_core::ByteSource = Box::pin(tokio_util::io::StreamReader::new(chunks));
+    let write = handle.write_from(&file, source, max);
+    let pump = async move {
+        let mut payload = payload;
+        while let Some(chunk) = payload.next().await {
+            let item = chunk.map_err(|e| std::io::Error::other(e.to_string()));
+            let failed = item.is_err();
+            // The writer stopped reading (done or refused): stop feeding it.
+            if tx.send(item).await.is_err() || failed {
+                break;
+            }
+        }
+    };
+    let (written, ()) = futures_util::join!(write, pump);
+    match written {
+        Ok(_) => Ok(HttpResponse::NoContent().finish()),
+        // The upload's own bound (a file-size limit of the sandbox is its own answer).
+        Err(e) if e.code == ErrorCode::LimitsExceeded && e.message.contains("(max_bytes)") => {
+            Err(too_large())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
