@@ -28,6 +28,10 @@ pub mod engine;
 pub mod error;
 pub mod exec;
 pub mod files;
+/// Generators and oracles for the fuzz targets (and their `cargo test` runs); not
+/// part of the public API: built for tests and with the `fuzzing` feature only.
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
 pub mod fuzzing;
 mod hash;
 pub mod interactive;
