@@ -1,4 +1,4 @@
-//! The HTTP API (`paddock serve`): JSON over actix-web, on top of the [`Paddock`]
+//! The HTTP API (`paddock serve`): JSON over actix-web, on top of the [`Paddock`](crate::Paddock)
 //! handle. See `docs/http-api.md` for every route.
 //!
 //! [`start`] runs the server on its own thread (its own actix system) and returns the
