@@ -120,6 +120,11 @@ pub trait Sandbox: Send + Sync + fmt::Debug {
     ///
     /// Errors are reserved for requests that never ran (refused or invalid); anything
     /// that happens once the program started is reported in the result's outcome.
+    ///
+    /// The engine applies `max_output_bytes` (the request's, else its defaults) while
+    /// it captures: at most that many bytes of each stream are kept in the result,
+    /// the rest drained and dropped, with the `*_truncated` flag set. The scheduler
+    /// does not cut output a second time.
     async fn exec(
         &self,
         request: ExecRequest,

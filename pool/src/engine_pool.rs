@@ -120,10 +120,6 @@ pub(crate) struct Lease {
 }
 
 impl Lease {
-    pub(crate) fn engine_has_feature(&self, feature: &str) -> bool {
-        self.pool.engine.capabilities().has_feature(feature)
-    }
-
     pub(crate) fn pool_config(&self) -> &PoolConfig {
         &self.pool.config
     }

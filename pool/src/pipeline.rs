@@ -74,7 +74,7 @@ pub(crate) enum Target {
     Pool(Arc<EnginePool>),
     Session(Rc<Session>),
     /// The resume of a pooled execution that suspended: the instance parked for it.
-    Parked(Arc<EnginePool>),
+    Parked,
 }
 
 impl Pipeline {
@@ -108,16 +108,6 @@ impl Pipeline {
             refuse(r.error)
         })?;
         let tenant = request.tenant.clone();
-        let engine_caps_output = match &target {
-            Target::Pool(p) | Target::Parked(p) => {
-                p.engine().capabilities().has_feature("output_cap")
-            }
-            Target::Session(s) => s.lease.engine_has_feature("output_cap"),
-        };
-        let max_output = request
-            .limits
-            .max_output_bytes
-            .or(self.defaults.max_output_bytes);
         let permit = match self
             .limiter
             .send(Admit::tenant(tenant.clone().unwrap_or_default()))
@@ -131,7 +121,7 @@ impl Pipeline {
         // runs; one in a session uses the session's.
         let share = match &target {
             Target::Pool(_) => Some(Share::take(&self.shares, &tenant, false).map_err(refuse)?),
-            Target::Session(_) | Target::Parked(_) => None,
+            Target::Session(_) | Target::Parked => None,
         };
         let id = request.id.clone();
         let token = CancelToken::new();
@@ -200,14 +190,8 @@ impl Pipeline {
         outcome.map(|mut r| {
             r.timings.queued_at_ms = queued_at_ms;
             r.warnings.extend(warnings);
-            // Engines cap output while capturing; this holds the cap for any engine
-            // that does not.
-            // (An engine that caps by bytes while capturing says so with the
-            // `output_cap` feature; re-cutting its lossy UTF-8 text by length would
-            // flag binary output that never passed the cap.)
-            if let Some(cap) = max_output.filter(|_| !engine_caps_output) {
-                crate::limiter::enforce_output_cap(&mut r, cap);
-            }
+            // The output cap is the engine's, applied once while it captures (the
+            // engine contract; the conformance suite's `limits` cases check it).
             r
         })
     }
@@ -257,7 +241,7 @@ impl Pipeline {
             extra: sink,
         });
         match target {
-            Target::Pool(_) | Target::Parked(_) => {
+            Target::Pool(_) | Target::Parked => {
                 let (pool, lease) = match self.pooled_lease(target, &request, &token).await {
                     Ok(Some(held)) => held,
                     Ok(None) => return Ok(cancelled_result(request.id, engine)),
@@ -299,7 +283,7 @@ impl Pipeline {
                 Err(e) if e.code == ErrorCode::Cancelled => Ok(None),
                 Err(e) => Err(e),
             },
-            Target::Parked(_) => {
+            Target::Parked => {
                 let paddock_core::Program::Resume { token_id, .. } = &request.program else {
                     return Err(Error::invalid_options(
                         "program",

@@ -361,7 +361,7 @@ impl Handler<Execute> for Supervisor {
                 Ok(pool) => {
                     let kind = pool.kind;
                     Box::pin(self.pipeline.clone().run(
-                        Target::Parked(pool),
+                        Target::Parked,
                         msg.request,
                         kind,
                         msg.sink,

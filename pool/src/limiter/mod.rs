@@ -1,5 +1,6 @@
 //! The limiter: per-tenant sliding-window rate, per-tenant and global concurrency caps,
-//! and the output cap.
+//! and an output-cap helper for engines that keep output as text (the scheduler
+//! itself leaves the cap to the engine, which applies it while capturing).
 //!
 //! [`LimiterCore`] is the pure logic, driven by an injectable [`Clock`](crate::clock::Clock); the
 //! [`Limiter`] actor owns one and answers [`Admit`] and [`Stats`].
