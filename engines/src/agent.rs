@@ -255,7 +255,7 @@ impl Agent {
             return;
         };
         let mut buf = vec![0u8; CONTROL_MESSAGE_MAX];
-        let (n, fds) = match crate::sys::recv_with_fds(sock, &mut buf) {
+        let (n, fds) = match crate::host::sys::recv_with_fds(sock, &mut buf) {
             Ok((0, _)) | Err(_) => {
                 // The host closed it: no more background processes.
                 self.control = None;
@@ -290,7 +290,7 @@ impl Agent {
         if let Some(sock) = &self.control {
             let bytes = ControlFrame::encode(message);
             let fds: Vec<RawFd> = fd.into_iter().collect();
-            let _ = crate::sys::send_with_fds(sock.as_raw_fd(), &bytes, &fds);
+            let _ = crate::host::sys::send_with_fds(sock.as_raw_fd(), &bytes, &fds);
         }
     }
 
@@ -332,7 +332,7 @@ impl Agent {
                 None
             }
             Some((rows, cols)) => {
-                match crate::interactive::open_pty(paddock_core::TerminalSize { rows, cols }) {
+                match crate::host::pty::open(paddock_core::TerminalSize { rows, cols }) {
                     Ok((master, slave)) => {
                         let copies = (slave.try_clone(), slave.try_clone());
                         let (Ok(a), Ok(b)) = copies else {
@@ -657,7 +657,7 @@ struct Stream {
 impl Stream {
     fn new(fd: Option<OwnedFd>, kind: StreamKind, budget: u64) -> Stream {
         if let Some(fd) = &fd {
-            crate::sys::set_nonblocking(fd.as_raw_fd());
+            crate::host::sys::set_nonblocking(fd.as_raw_fd());
         }
         Stream {
             fd,

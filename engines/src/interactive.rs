@@ -10,7 +10,7 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,9 +21,9 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::net::unix::pipe;
 
-use crate::cgroup::Cgroup;
-use crate::spawn::SpawnedChild;
-use crate::sys;
+use crate::host::cgroup::Cgroup;
+use crate::host::spawn::SpawnedChild;
+use crate::host::sys;
 
 /// Most background processes and terminals one sandbox runs at once.
 pub(crate) const MAX_PROCESSES: usize = 64;
@@ -362,47 +362,9 @@ impl ProcessControl for PtyControl {
     }
 
     fn resize(&self, size: TerminalSize) -> Result<()> {
-        set_window_size(self.master.as_raw_fd(), size)
+        crate::host::pty::set_window_size(self.master.as_raw_fd(), size)
             .map_err(|e| Error::engine_io("resizing the terminal", e))
     }
-}
-
-fn winsize(size: TerminalSize) -> libc::winsize {
-    libc::winsize {
-        ws_row: size.rows,
-        ws_col: size.cols,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    }
-}
-
-fn set_window_size(fd: RawFd, size: TerminalSize) -> io::Result<()> {
-    let ws = winsize(size);
-    // SAFETY: TIOCSWINSZ reads a winsize from a valid pointer.
-    sys::cvt(unsafe { libc::ioctl(fd, libc::TIOCSWINSZ, &ws) }).map(|_| ())
-}
-
-/// A new pseudo-terminal of `size`: (master, slave), both close-on-exec.
-pub(crate) fn open_pty(size: TerminalSize) -> io::Result<(OwnedFd, OwnedFd)> {
-    let (mut master, mut slave) = (-1, -1);
-    let ws = winsize(size);
-    // SAFETY: openpty writes two descriptors; the name and termios are optional.
-    sys::cvt(unsafe {
-        libc::openpty(
-            &mut master,
-            &mut slave,
-            std::ptr::null_mut(),
-            std::ptr::null(),
-            &ws,
-        )
-    })?;
-    // SAFETY: fresh descriptors nobody else owns.
-    let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
-    for fd in [&master, &slave] {
-        // SAFETY: fcntl on descriptors we own.
-        unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) };
-    }
-    Ok((master, slave))
 }
 
 /// How a started host process talks to the caller.

@@ -25,15 +25,13 @@
 
 pub mod agent;
 pub mod capture;
-pub mod cgroup;
 pub mod container;
 pub mod env;
+mod host;
 mod interactive;
 pub mod isolate;
-pub mod netns;
 pub mod noop;
-mod spawn;
 pub mod subprocess;
-mod sys;
 mod task;
-pub mod workdir;
+
+pub use host::{cgroup, netns, workdir};

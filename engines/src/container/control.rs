@@ -20,8 +20,8 @@ use tokio::io::Interest;
 use tokio::sync::oneshot;
 
 use crate::agent::{ControlFrame, ControlMessage, CONTROL_MESSAGE_MAX};
+use crate::host::sys;
 use crate::interactive::Signaller;
-use crate::sys;
 
 /// How long a spawn waits for the agent's answer.
 const SPAWN_PATIENCE: Duration = Duration::from_secs(10);

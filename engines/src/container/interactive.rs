@@ -19,8 +19,8 @@ use paddock_core::{
 
 use super::control::{AgentControl, RemoteLeader};
 use super::sandbox::ContainerSandbox;
+use crate::host::sys;
 use crate::interactive::{adopt_remote, pipes, Signaller, Wiring};
-use crate::sys;
 
 /// The warm container a sandbox's processes run in, as the sandbox keeps it while the
 /// container itself may be serving a turn.

@@ -27,7 +27,7 @@ use super::alloc::{Meter, MeteredAlloc};
 use super::host::{self, Control, RunState, CANCELLED, DESTROYED, RUNNING};
 use super::modules::HostModules;
 use crate::capture::Captured;
-use crate::workdir::Workdir;
+use crate::host::workdir::Workdir;
 
 /// What the thread needs to know about its engine.
 #[derive(Debug, Clone)]

@@ -28,8 +28,8 @@ use tokio::net::unix::pipe;
 use tokio::time::Instant;
 
 use crate::capture::Captured;
-use crate::spawn::{spawn, SpawnSpec, SpawnedChild};
-use crate::sys;
+use crate::host::spawn::{spawn, SpawnSpec, SpawnedChild};
+use crate::host::sys;
 use crate::task::sleep_until_opt;
 
 /// How long a worker has to end its turn after a `cancel` frame before it is killed.
@@ -101,7 +101,7 @@ pub(crate) struct TurnUsage {
 
 /// utime + stime + cutime + cstime of `pid`, in clock ticks.
 fn cpu_ticks(pid: libc::pid_t) -> Option<u64> {
-    let stat = crate::sys::read_small(format!("/proc/{pid}/stat")).ok()?;
+    let stat = crate::host::sys::read_small(format!("/proc/{pid}/stat")).ok()?;
     // The command name may hold spaces and parentheses: fields start after the last
     // ')', with the state (field 3) first, so utime (field 14) is the 12th.
     let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
@@ -219,7 +219,7 @@ impl Worker {
         let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
         let ticks = cpu_ticks(pid).unwrap_or(mark.cpu_ticks);
         let (mut peak, mut rss) = (0, 0);
-        if let Ok(status) = crate::sys::read_small(format!("/proc/{pid}/status")) {
+        if let Ok(status) = crate::host::sys::read_small(format!("/proc/{pid}/status")) {
             for line in status.lines() {
                 if let Some(rest) = line.strip_prefix("VmHWM:") {
                     peak = kib(rest);
@@ -467,7 +467,7 @@ impl Worker {
     pub(crate) async fn exited_within(&mut self, within: Duration) -> Option<i32> {
         if within.is_zero() {
             // Without a timer: tokio's would round zero up to its next millisecond tick.
-            if !crate::sys::pidfd_exited(self.exited.get_ref()) {
+            if !crate::host::sys::pidfd_exited(self.exited.get_ref()) {
                 return None;
             }
         } else {
@@ -568,7 +568,7 @@ async fn read_some<'a>(pipe: Option<&pipe::Receiver>, buf: &'a mut [u8]) -> Opti
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sys::cstring;
+    use crate::host::sys::cstring;
     use paddock_core::{CancelToken, DiscardSink};
 
     /// A custom handler (frames on stdout) written in Python.

@@ -1,6 +1,6 @@
 //! Thin, checked wrappers over the Linux calls the engines make.
 //!
-//! Everything `unsafe` in the crate lives here or in [`crate::spawn`].
+//! Everything `unsafe` in the crate lives here or in [`crate::host::spawn`].
 
 use std::ffi::CString;
 use std::io;

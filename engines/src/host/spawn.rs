@@ -204,7 +204,7 @@ pub(crate) fn spawn(spec: &SpawnSpec) -> Result<SpawnedChild, SpawnError> {
     if stage != 0 {
         let errno = ctx.fail_errno.load(Ordering::Acquire);
         // The child has exited; reap it so it does not linger as a zombie.
-        let _ = crate::sys::reap(pid);
+        let _ = crate::host::sys::reap(pid);
         return Err(SpawnError {
             stage: SpawnStage::from_i32(stage),
             error: io::Error::from_raw_os_error(errno),
