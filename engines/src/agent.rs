@@ -30,13 +30,15 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::Write;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Command, Stdio};
 
 use paddock_core::protocol::{encode, Frame, FrameDecoder};
 use paddock_core::StreamKind;
 use serde_json::{json, Value};
+
+use crate::host::{spawn, sys};
 
 /// Bytes read at a time.
 const CHUNK: usize = 64 * 1024;
@@ -60,15 +62,20 @@ impl Host {
     /// Reads what stdin has (once) and queues the frames in it.
     fn read(&mut self) {
         let mut buf = [0u8; CHUNK];
-        // SAFETY: read(2) into a local buffer.
-        let n = unsafe { libc::read(0, buf.as_mut_ptr().cast(), buf.len()) };
-        if n <= 0 {
-            if n == 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+        let n = match sys::read(std::io::stdin(), &mut buf) {
+            Ok(0) => {
                 self.closed = true;
+                return;
             }
-            return;
-        }
-        for item in self.decoder.decode(&buf[..n as usize]) {
+            Ok(n) => n,
+            Err(e) => {
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    self.closed = true;
+                }
+                return;
+            }
+        };
+        for item in self.decoder.decode(&buf[..n]) {
             match item {
                 Ok(frame) => self.queued.push_back(frame),
                 Err(e) => eprintln!("paddock-agent: ignoring a line that is not a frame: {e}"),
@@ -106,46 +113,17 @@ pub fn main() -> i32 {
     }
 }
 
-/// fd 3 when the host passed a `SOCK_SEQPACKET` socket there: the control channel.
+/// fd 3 when the host passed a `SOCK_SEQPACKET` socket there: the control channel
+/// (close-on-exec, so no command inherits it).
 fn control_channel() -> Option<OwnedFd> {
-    let mut kind: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: getsockopt into a local int; fails harmlessly when fd 3 is no socket.
-    let r = unsafe {
-        libc::getsockopt(
-            3,
-            libc::SOL_SOCKET,
-            libc::SO_TYPE,
-            (&mut kind as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    };
-    if r != 0 || kind != libc::SOCK_SEQPACKET {
-        return None;
-    }
-    // SAFETY: fd 3 is open (getsockopt succeeded) and nothing else in this process
-    // owns it; close-on-exec keeps it from every command.
-    unsafe {
-        libc::fcntl(3, libc::F_SETFD, libc::FD_CLOEXEC);
-        Some(OwnedFd::from_raw_fd(3))
-    }
+    sys::take_inherited_control_socket()
 }
 
 /// A descriptor that reads SIGCHLD (blocked, so it is delivered only there): between
 /// turns the agent reaps orphans as they die, not only when the next turn ends.
+/// Commands are started with it unblocked (see `spawn_unblocked`).
 fn child_signals() -> Option<OwnedFd> {
-    // SAFETY: sigset_t is plain data; the calls fill and use a local set. Commands are
-    // started with it unblocked (see `spawn_unblocked`).
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGCHLD);
-        if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
-            return None;
-        }
-        let fd = libc::signalfd(-1, &set, libc::SFD_NONBLOCK | libc::SFD_CLOEXEC);
-        (fd >= 0).then(|| OwnedFd::from_raw_fd(fd))
-    }
+    sys::signal_fd(libc::SIGCHLD).ok()
 }
 
 /// Starts `cmd` with SIGCHLD unblocked: a command inherits the agent's signal mask
@@ -153,17 +131,7 @@ fn child_signals() -> Option<OwnedFd> {
 /// children end (`wait` hangs). A SIGCHLD that lands in this window is lost to the
 /// signalfd; what it announced is reaped at the next one or when the turn ends.
 fn spawn_unblocked(cmd: &mut Command) -> std::io::Result<std::process::Child> {
-    // SAFETY: sigset_t is plain data; the calls fill and use a local set.
-    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
-    unsafe {
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGCHLD);
-        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
-    }
-    let spawned = cmd.spawn();
-    // SAFETY: as above.
-    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
-    spawned
+    sys::with_signal_unblocked(libc::SIGCHLD, || cmd.spawn())
 }
 
 /// A background process started through the control channel.
@@ -211,7 +179,7 @@ impl Agent {
     fn service(&mut self, ready: &[libc::pollfd]) {
         if ready.get(1).is_some_and(|fd| fd.revents != 0) {
             if let Some(fd) = &self.sigchld {
-                drain(fd.as_raw_fd());
+                drain(fd);
             }
             // During a turn its command is the turn's to reap; everything else is
             // reaped when the turn ends.
@@ -238,9 +206,7 @@ impl Agent {
     fn idle(&mut self) {
         let mut fds = vec![pollfd(0)];
         fds.extend(self.extra_fds());
-        // SAFETY: poll(2) over a local array.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
-        if n < 0 {
+        if sys::poll(&mut fds, -1).is_err() {
             return;
         }
         if fds[0].revents != 0 {
@@ -251,11 +217,11 @@ impl Agent {
 
     /// Reads and handles one control message.
     fn read_control(&mut self) {
-        let Some(sock) = self.control.as_ref().map(|c| c.as_raw_fd()) else {
+        let Some(sock) = self.control.as_ref() else {
             return;
         };
         let mut buf = vec![0u8; CONTROL_MESSAGE_MAX];
-        let (n, fds) = match crate::host::sys::recv_with_fds(sock, &mut buf) {
+        let (n, fds) = match sys::recv_with_fds(sock, &mut buf) {
             Ok((0, _)) | Err(_) => {
                 // The host closed it: no more background processes.
                 self.control = None;
@@ -273,8 +239,8 @@ impl Agent {
             }) => self.spawn_background(id, argv, env, cwd, tty, fds),
             Ok(ControlMessage::Signal { id, signal }) => {
                 if let Some(b) = self.background.iter().find(|b| b.id == id) {
-                    // SAFETY: kill(2) on the group of a process not yet reaped.
-                    unsafe { libc::kill(-b.pid, signal) };
+                    // The group of a process not yet reaped.
+                    sys::kill_group(b.pid, signal);
                 }
             }
             Ok(other) => {
@@ -286,11 +252,11 @@ impl Agent {
         }
     }
 
-    fn answer(&self, message: &ControlMessage, fd: Option<RawFd>) {
+    fn answer(&self, message: &ControlMessage, fd: Option<BorrowedFd<'_>>) {
         if let Some(sock) = &self.control {
             let bytes = ControlFrame::encode(message);
-            let fds: Vec<RawFd> = fd.into_iter().collect();
-            let _ = crate::host::sys::send_with_fds(sock.as_raw_fd(), &bytes, &fds);
+            let fds: Vec<BorrowedFd<'_>> = fd.into_iter().collect();
+            let _ = sys::send_with_fds(sock, &bytes, &fds);
         }
     }
 
@@ -345,19 +311,7 @@ impl Agent {
                 }
             }
         };
-        let on_tty = master.is_some();
-        // SAFETY: the closure makes only async-signal-safe calls (setsid, ioctl).
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::setsid() == -1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                if on_tty && libc::ioctl(0, libc::TIOCSCTTY, 0) == -1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        spawn::in_new_session(&mut cmd, master.is_some());
         let spawned = spawn_unblocked(&mut cmd);
         // The child's copies of the descriptors go with the command.
         drop(cmd);
@@ -367,11 +321,11 @@ impl Agent {
                 self.background.push(Background {
                     id: id.clone(),
                     pid,
-                    pidfd: pidfd_open(pid),
+                    pidfd: sys::pidfd_open(pid).ok(),
                 });
                 self.answer(
                     &ControlMessage::Started { id, pid },
-                    master.as_ref().map(|m| m.as_raw_fd()),
+                    master.as_ref().map(|m| m.as_fd()),
                 );
             }
             Err(e) => failed(self, format!("starting `{}` failed: {e}", argv[0])),
@@ -386,19 +340,15 @@ impl Agent {
         };
         // The unreaped leader keeps its pid, so the session id names only its own.
         kill_session(pid);
-        let mut status = 0;
-        // SAFETY: waitpid on our own child, which has exited.
-        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+        // Our own child, which has exited.
+        let status = sys::reap(pid);
         let b = self.background.remove(at);
-        let (exit_code, signal) = if r != pid {
-            (-1, None)
-        } else if libc::WIFEXITED(status) {
-            (libc::WEXITSTATUS(status), None)
-        } else if libc::WIFSIGNALED(status) {
-            let s = libc::WTERMSIG(status);
-            (128 + s, Some(s))
-        } else {
-            (-1, None)
+        let (exit_code, signal) = match status {
+            Ok(sys::ExitStatus { code: Some(c), .. }) => (c, None),
+            Ok(sys::ExitStatus {
+                signal: Some(s), ..
+            }) => (128 + s, Some(s)),
+            _ => (-1, None),
         };
         self.answer(
             &ControlMessage::Exited {
@@ -415,35 +365,15 @@ impl Agent {
     /// children are still running.
     fn reap(&mut self) -> Option<i32> {
         loop {
-            // SAFETY: siginfo_t is plain data; waitid writes it.
-            let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-            // SAFETY: waitid with a valid out pointer; WNOWAIT only peeks.
-            let r = unsafe {
-                libc::waitid(
-                    libc::P_ALL,
-                    0,
-                    &mut info,
-                    libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
-                )
+            let pid = match sys::exited_child() {
+                Ok(Some(pid)) => pid,
+                Ok(None) => return None,
+                Err(e) => return e.raw_os_error(),
             };
-            if r == -1 {
-                let e = std::io::Error::last_os_error().raw_os_error();
-                if e == Some(libc::EINTR) {
-                    continue;
-                }
-                return e;
-            }
-            // SAFETY: si_pid is valid for the SIGCHLD-style info waitid fills.
-            let pid = unsafe { info.si_pid() };
-            if pid == 0 {
-                return None;
-            }
             if self.background.iter().any(|b| b.pid == pid) {
                 self.finish_background(pid);
             } else {
-                let mut status = 0;
-                // SAFETY: waitpid on a child that has exited.
-                unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+                sys::discard_exited(pid);
             }
         }
     }
@@ -460,8 +390,8 @@ impl Agent {
         }
         if all {
             for b in &self.background {
-                // SAFETY: kill(2) on the group of a process not yet reaped.
-                unsafe { libc::kill(-b.pid, libc::SIGKILL) };
+                // The group of a process not yet reaped.
+                sys::kill_group(b.pid, libc::SIGKILL);
             }
         }
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
@@ -490,9 +420,9 @@ impl Agent {
                 {
                     continue;
                 }
-                // SAFETY: kill(2) with a pid read from this namespace's /proc (a
-                // zombie ignores it; reaping removes it).
-                unsafe { libc::kill(pid, libc::SIGKILL) };
+                // A pid read from this namespace's /proc (a zombie ignores it;
+                // reaping removes it).
+                sys::kill_pid(pid, libc::SIGKILL);
                 others += 1;
             }
             self.reap();
@@ -505,10 +435,9 @@ impl Agent {
 }
 
 /// Reads a non-blocking descriptor empty.
-fn drain(fd: RawFd) {
+fn drain(fd: &OwnedFd) {
     let mut buf = [0u8; 1024];
-    // SAFETY: read(2) into a local buffer until it would block.
-    while unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
+    while matches!(sys::read(fd, &mut buf), Ok(n) if n > 0) {}
 }
 
 /// The session id of `pid`, from `/proc/<pid>/stat`.
@@ -529,8 +458,8 @@ fn kill_session(sid: libc::pid_t) {
             continue;
         };
         if pid != sid && pid > 1 && session_of(pid) == Some(sid) {
-            // SAFETY: kill(2) on a process of the exited leader's session.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+            // A process of the exited leader's session.
+            sys::kill_pid(pid, libc::SIGKILL);
         }
     }
 }
@@ -657,7 +586,7 @@ struct Stream {
 impl Stream {
     fn new(fd: Option<OwnedFd>, kind: StreamKind, budget: u64) -> Stream {
         if let Some(fd) = &fd {
-            crate::host::sys::set_nonblocking(fd.as_raw_fd());
+            sys::set_nonblocking(fd.as_raw_fd());
         }
         Stream {
             fd,
@@ -669,32 +598,26 @@ impl Stream {
 
     /// Reads what is there and sends it; closes the stream at EOF.
     fn pump(&mut self, id: &str) {
-        let Some(fd) = self.fd.as_ref().map(|f| f.as_raw_fd()) else {
-            return;
-        };
         let mut buf = [0u8; CHUNK];
         loop {
-            // SAFETY: read(2) into a local buffer.
-            let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
-            if n > 0 {
-                // Past the budget the pipe is only drained, so the command is never
-                // blocked on a full pipe.
-                let wanted = usize::try_from(self.budget)
-                    .unwrap_or(usize::MAX)
-                    .min(n as usize);
-                if wanted > 0 {
-                    self.budget -= wanted as u64;
-                    self.pending.extend_from_slice(&buf[..wanted]);
-                    self.flush(id, self.budget == 0);
-                }
-                continue;
-            }
-            let err = std::io::Error::last_os_error().kind();
-            if n < 0 && err == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            if n < 0 && err == std::io::ErrorKind::WouldBlock {
+            let Some(fd) = self.fd.as_ref() else {
                 return;
+            };
+            match sys::read(fd, &mut buf) {
+                Ok(n) if n > 0 => {
+                    // Past the budget the pipe is only drained, so the command is
+                    // never blocked on a full pipe.
+                    let wanted = usize::try_from(self.budget).unwrap_or(usize::MAX).min(n);
+                    if wanted > 0 {
+                        self.budget -= wanted as u64;
+                        self.pending.extend_from_slice(&buf[..wanted]);
+                        self.flush(id, self.budget == 0);
+                    }
+                    continue;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                _ => {}
             }
             // EOF (or an error): the stream is done.
             self.flush(id, true);
@@ -716,13 +639,6 @@ impl Stream {
         }
         self.pending = tail;
     }
-}
-
-fn pidfd_open(pid: libc::pid_t) -> Option<OwnedFd> {
-    // SAFETY: the pidfd_open system call; a new fd on success.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    // SAFETY: a fresh descriptor nobody else owns.
-    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
 impl Agent {
@@ -773,9 +689,8 @@ impl Agent {
             });
             if let Err(e) = writer {
                 // No thread to be had (a pids limit, say): the command does not run
-                // without its input.
-                // SAFETY: kill(2) on the command's own process group.
-                unsafe { libc::kill(-pid, libc::SIGKILL) };
+                // without its input. Its own process group dies.
+                sys::kill_group(pid, libc::SIGKILL);
                 let _ = child.wait();
                 send(&Frame::error(
                     id,
@@ -797,7 +712,7 @@ impl Agent {
                 job.forward,
             ),
         ];
-        let pidfd = pidfd_open(pid);
+        let pidfd = sys::pidfd_open(pid).ok();
         let mut cancelled = false;
         let mut exited = false;
         let mut status = None;
@@ -841,9 +756,7 @@ impl Agent {
                 None if pidfd.is_none() => 10,
                 None => -1,
             };
-            // SAFETY: poll(2) over a local array.
-            let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
-            if n < 0 {
+            if sys::poll(&mut fds, timeout).is_err() {
                 continue;
             }
             if fds[0].revents != 0 {
@@ -853,8 +766,8 @@ impl Agent {
                     match frame {
                         Frame::Cancel { id: c } if c == id => {
                             cancelled = true;
-                            // SAFETY: kill(2) on the command's own process group.
-                            unsafe { libc::kill(-pid, libc::SIGKILL) };
+                            // The command's own process group.
+                            sys::kill_group(pid, libc::SIGKILL);
                         }
                         other => rest.push_back(other),
                     }
@@ -862,8 +775,7 @@ impl Agent {
                 self.host.queued = rest;
                 if self.host.closed && !exited {
                     // The host is gone: stop the command; the main loop then ends.
-                    // SAFETY: as above.
-                    unsafe { libc::kill(-pid, libc::SIGKILL) };
+                    sys::kill_group(pid, libc::SIGKILL);
                 }
             }
             for (i, s) in streams.iter_mut().enumerate() {
@@ -939,8 +851,7 @@ mod tests {
     #[test]
     fn session_of_reads_the_session_field() {
         let own = std::process::id() as libc::pid_t;
-        // SAFETY: getsid(0) has no preconditions.
-        let sid = unsafe { libc::getsid(0) };
+        let sid = rustix::process::getsid(None).unwrap().as_raw_pid();
         assert_eq!(session_of(own), Some(sid));
         assert_eq!(session_of(-5), None);
     }

@@ -527,8 +527,7 @@ fn sweep_stale(parent: &Path, own: &str, hierarchies: &[Hierarchy], config: &Con
     let Ok(entries) = std::fs::read_dir(parent) else {
         return;
     };
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
+    let me = crate::host::sys::effective_uid();
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
         if !dead(&name) {

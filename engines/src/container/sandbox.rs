@@ -13,7 +13,6 @@ use paddock_core::{
     Language, LimitKind, Limits, Outcome, OutputSink, Program, Result, Sandbox, SandboxSpec,
     SandboxStatus, StreamKind, Timings, Usage,
 };
-use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::sync::{watch, Mutex, Notify};
 use tokio::time::Instant;
@@ -499,9 +498,8 @@ impl ContainerSandbox {
 
         let waiter = async {
             let _stop = StopOnDrop(&stop_tx);
-            // SAFETY: the OwnedFd keeps the pidfd open for the AsyncFd's whole life.
-            let exit = unsafe { AsyncFd::register_with_interest(pidfd, Interest::READABLE) }
-                .map_err(|e| Error::engine_io("watching the runtime", e.into()))?;
+            let exit = sys::async_fd(pidfd, Interest::READABLE)
+                .map_err(|e| Error::engine_io("watching the runtime", e))?;
             let ending = tokio::select! {
                 biased;
                 _ = cancel.cancelled() => Ending::Cancelled,

@@ -1,5 +1,9 @@
 //! Pseudo-terminals: opening one, and setting its window size.
 
+// Opening a pseudo-terminal and its window-size ioctl are `unsafe` to call; they are
+// made here behind safe functions.
+#![allow(unsafe_code)]
+
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 

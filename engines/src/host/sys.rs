@@ -1,10 +1,27 @@
 //! Thin, checked wrappers over the Linux calls the engines make.
 //!
-//! Everything `unsafe` in the crate lives here or in [`crate::host::spawn`].
+//! Each function here is safe to call: it checks what the system call needs (valid
+//! pointers, descriptors the caller owns or borrows) and turns its answer into an
+//! `io::Result`. The rest of the crate calls these instead of `libc` directly.
+
+// The system calls themselves are `unsafe` to make; this module is where they are
+// made, each behind a safe function with its reasoning beside it.
+#![allow(unsafe_code)]
 
 use std::ffi::CString;
-use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::io::{self, IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use rustix::io::Errno;
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
 
 /// Converts a libc return value into an `io::Result`.
 pub(crate) fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
@@ -60,6 +77,28 @@ pub(crate) fn pidfd_send_signal(pidfd: &OwnedFd, signal: libc::c_int) -> io::Res
     }
 }
 
+/// A pidfd for process `pid` (close-on-exec): signals through it and polling it
+/// cannot reach another process that later gets the same pid.
+pub(crate) fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
+    let pid = rustix::process::Pid::from_raw(pid.max(0))
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+    Ok(rustix::process::pidfd_open(
+        pid,
+        rustix::process::PidfdFlags::empty(),
+    )?)
+}
+
+/// The process group of `pid`.
+pub(crate) fn process_group(pid: libc::pid_t) -> io::Result<libc::pid_t> {
+    // SAFETY: getpgid has no memory-safety preconditions.
+    let pgid = unsafe { libc::getpgid(pid) };
+    if pgid == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(pgid)
+    }
+}
+
 /// How a reaped child ended, with its resource usage.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ExitStatus {
@@ -104,6 +143,43 @@ pub(crate) fn reap(pid: libc::pid_t) -> io::Result<ExitStatus> {
         cpu_ms: tv_ms(usage.ru_utime) + tv_ms(usage.ru_stime),
         max_rss_bytes: usage.ru_maxrss.max(0) as u64 * 1024,
     })
+}
+
+/// A child of this process that has exited, left waitable (`waitid` with
+/// `WNOWAIT`): `Ok(None)` while every child still runs, `ECHILD` when there is no
+/// child at all.
+pub(crate) fn exited_child() -> io::Result<Option<libc::pid_t>> {
+    loop {
+        // SAFETY: siginfo_t is plain data; zeroed is a valid value.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waitid with a valid out pointer; WNOWAIT only peeks.
+        let r = unsafe {
+            libc::waitid(
+                libc::P_ALL,
+                0,
+                &mut info,
+                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+            )
+        };
+        if r == -1 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        // SAFETY: si_pid is valid for the child-state info waitid fills (and 0 in the
+        // zeroed info when no child has changed state).
+        let pid = unsafe { info.si_pid() };
+        return Ok((pid != 0).then_some(pid));
+    }
+}
+
+/// Reaps `pid` if it has exited, without waiting, and forgets how it ended.
+pub(crate) fn discard_exited(pid: libc::pid_t) {
+    let mut status = 0;
+    // SAFETY: waitpid with a valid pointer to a local.
+    unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
 }
 
 /// Current soft and hard limits of a resource.
@@ -177,106 +253,207 @@ pub(crate) fn set_nonblocking(fd: RawFd) {
     }
 }
 
+/// One `read(2)` from `fd` into `buf`; `Ok(0)` at the end.
+pub(crate) fn read(fd: impl AsFd, buf: &mut [u8]) -> io::Result<usize> {
+    Ok(rustix::io::read(fd, buf)?)
+}
+
+/// One `write(2)` of `buf` to `fd`; how many bytes it took.
+pub(crate) fn write(fd: impl AsFd, buf: &[u8]) -> io::Result<usize> {
+    Ok(rustix::io::write(fd, buf)?)
+}
+
+/// `poll(2)` over `fds` (an fd of -1 is skipped), waiting up to `timeout_ms`
+/// (-1: without end); how many have events.
+pub(crate) fn poll(fds: &mut [libc::pollfd], timeout_ms: libc::c_int) -> io::Result<usize> {
+    // SAFETY: poll reads and writes exactly `fds.len()` pollfd entries of the slice;
+    // the kernel checks each descriptor and reports a bad one as POLLNVAL.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// Registers `fd` with tokio's reactor for `interest`.
+pub(crate) fn async_fd(fd: OwnedFd, interest: Interest) -> io::Result<AsyncFd<OwnedFd>> {
+    // SAFETY: the AsyncFd owns the OwnedFd for its whole life, so the descriptor stays
+    // open and the same, as registration requires; nothing in the crate swaps it out
+    // through `get_mut`.
+    unsafe { AsyncFd::register_with_interest(fd, interest) }.map_err(Into::into)
+}
+
+/// The effective user id of this process.
+pub(crate) fn effective_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() }
+}
+
+/// Clock ticks a second, the unit of the CPU times in `/proc/<pid>/stat`.
+pub(crate) fn clock_ticks_per_second() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64
+}
+
+/// CPU time the calling thread has used; zero if the clock cannot be read.
+pub(crate) fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec we own.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// Blocks `signal` in the calling thread and answers a non-blocking, close-on-exec
+/// descriptor that reads it instead (`signalfd(2)`).
+pub(crate) fn signal_fd(signal: libc::c_int) -> io::Result<OwnedFd> {
+    let set = signal_set(signal);
+    // SAFETY: pthread_sigmask reads the local set; no old mask is asked for.
+    let r = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    if r != 0 {
+        return Err(io::Error::from_raw_os_error(r));
+    }
+    // SAFETY: signalfd(-1, …) makes a new descriptor from the local set.
+    let fd = unsafe { libc::signalfd(-1, &set, libc::SFD_NONBLOCK | libc::SFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Runs `f` with `signal` unblocked in the calling thread, then blocks it again.
+pub(crate) fn with_signal_unblocked<T>(signal: libc::c_int, f: impl FnOnce() -> T) -> T {
+    let set = signal_set(signal);
+    // SAFETY: pthread_sigmask reads the local set; no old mask is asked for.
+    unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut()) };
+    let out = f();
+    // SAFETY: as above.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    out
+}
+
+/// A signal set holding `signal` alone.
+fn signal_set(signal: libc::c_int) -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data; sigemptyset and sigaddset fill the local.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, signal);
+        set
+    }
+}
+
+/// The descriptor a warm container's agent gets its control channel on.
+const INHERITED_CONTROL_FD: RawFd = 3;
+/// Whether [`take_inherited_control_socket`] has taken it.
+static CONTROL_FD_TAKEN: AtomicBool = AtomicBool::new(false);
+
+/// Descriptor 3, when this process was started with a `SOCK_SEQPACKET` socket there
+/// (the container agent's control channel), owned from now on and close-on-exec, so
+/// that no command the process starts inherits it. Meant for the start of a process
+/// that was handed the socket across `exec`; only the first call can take it, later
+/// ones answer `None`, so it never has two owners.
+pub(crate) fn take_inherited_control_socket() -> Option<OwnedFd> {
+    let fd = INHERITED_CONTROL_FD;
+    let mut kind: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt into a local int; fails harmlessly when fd 3 is no socket.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_TYPE,
+            (&mut kind as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 || kind != libc::SOCK_SEQPACKET {
+        return None;
+    }
+    if CONTROL_FD_TAKEN.swap(true, Ordering::AcqRel) {
+        return None;
+    }
+    // SAFETY: fd 3 is open (getsockopt succeeded); it was inherited across exec, and
+    // the flag above makes this the only place that ever takes ownership of it.
+    unsafe {
+        libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+        Some(OwnedFd::from_raw_fd(fd))
+    }
+}
+
 /// Most descriptors one control message carries.
 pub(crate) const MAX_PASSED_FDS: usize = 4;
 
+/// Room for one `SCM_RIGHTS` message of [`MAX_PASSED_FDS`] descriptors.
+const FD_SPACE: usize = rustix::cmsg_space!(ScmRights(MAX_PASSED_FDS));
+
 /// Sends one message on a `SOCK_SEQPACKET` socket with `fds` attached.
-pub(crate) fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> io::Result<()> {
+pub(crate) fn send_with_fds(
+    sock: impl AsFd,
+    data: &[u8],
+    fds: &[BorrowedFd<'_>],
+) -> io::Result<()> {
     assert!(
         fds.len() <= MAX_PASSED_FDS,
         "at most {MAX_PASSED_FDS} descriptors"
     );
-    let mut iov = libc::iovec {
-        iov_base: data.as_ptr() as *mut libc::c_void,
-        iov_len: data.len(),
-    };
-    // u64 elements keep the control buffer aligned for cmsghdr.
-    let mut control = [0u64; 8];
-    // SAFETY: msghdr is plain data; zeroed is valid.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
+    let mut space = [MaybeUninit::<u8>::uninit(); FD_SPACE];
+    let mut control = SendAncillaryBuffer::new(&mut space);
     if !fds.is_empty() {
-        let bytes = std::mem::size_of_val(fds);
-        // SAFETY: CMSG_SPACE/CMSG_LEN are pure arithmetic.
-        let space = unsafe { libc::CMSG_SPACE(bytes as u32) } as usize;
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = space;
-        // SAFETY: the control buffer (64 bytes) holds one cmsghdr with up to four
-        // descriptors; CMSG_FIRSTHDR points into it.
-        unsafe {
-            let cmsg = libc::CMSG_FIRSTHDR(&msg);
-            (*cmsg).cmsg_level = libc::SOL_SOCKET;
-            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-            (*cmsg).cmsg_len = libc::CMSG_LEN(bytes as u32) as usize;
-            std::ptr::copy_nonoverlapping(
-                fds.as_ptr(),
-                libc::CMSG_DATA(cmsg).cast::<RawFd>(),
-                fds.len(),
-            );
-        }
+        let fits = control.push(SendAncillaryMessage::ScmRights(fds));
+        debug_assert!(fits, "the buffer holds {MAX_PASSED_FDS} descriptors");
     }
     loop {
-        // SAFETY: sendmsg with the message built above.
-        let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
-        if n >= 0 {
-            return Ok(());
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
+        match rustix::net::sendmsg(
+            &sock,
+            &[IoSlice::new(data)],
+            &mut control,
+            SendFlags::NOSIGNAL,
+        ) {
+            Ok(_) => return Ok(()),
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
         }
     }
 }
 
 /// Receives one message from a `SOCK_SEQPACKET` socket into `buf`, with the
 /// descriptors attached to it (close-on-exec). `Ok((0, _))` at the end.
-pub(crate) fn recv_with_fds(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
-    let mut control = [0u64; 8];
-    // SAFETY: msghdr is plain data; zeroed is valid.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&control);
-    let n = loop {
-        // SAFETY: recvmsg into the buffers above.
-        let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
-        if n >= 0 {
-            break n as usize;
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
+pub(crate) fn recv_with_fds(sock: impl AsFd, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
+    let mut space = [MaybeUninit::<u8>::uninit(); FD_SPACE];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let received = loop {
+        match rustix::net::recvmsg(
+            &sock,
+            &mut [IoSliceMut::new(&mut *buf)],
+            &mut control,
+            RecvFlags::CMSG_CLOEXEC,
+        ) {
+            Ok(r) => break r,
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
         }
     };
     let mut fds = Vec::new();
-    // SAFETY: walking the control messages the kernel wrote, within msg_controllen.
-    unsafe {
-        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
-        while !cmsg.is_null() {
-            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(cmsg).cast::<RawFd>();
-                let count = ((*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize)
-                    / std::mem::size_of::<RawFd>();
-                for i in 0..count {
-                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))));
-                }
-            }
-            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+    for message in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(passed) = message {
+            fds.extend(passed);
         }
     }
-    if msg.msg_flags & libc::MSG_TRUNC != 0 {
+    if received.flags.contains(ReturnFlags::TRUNC) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             "a control message larger than the buffer was cut",
         ));
     }
-    Ok((n, fds))
+    Ok((received.bytes, fds))
 }
 
 /// A connected pair of `SOCK_SEQPACKET` unix sockets, close-on-exec.
@@ -320,11 +497,11 @@ mod fd_passing_tests {
     fn descriptors_travel_with_their_message() {
         let (a, b) = seqpacket_pair().unwrap();
         let (r, w) = pipe().unwrap();
-        send_with_fds(a.as_raw_fd(), b"first", &[w.as_raw_fd()]).unwrap();
+        send_with_fds(&a, b"first", &[w.as_fd()]).unwrap();
         drop(w);
-        send_with_fds(a.as_raw_fd(), b"second", &[]).unwrap();
+        send_with_fds(&a, b"second", &[]).unwrap();
         let mut buf = [0u8; 64];
-        let (n, fds) = recv_with_fds(b.as_raw_fd(), &mut buf).unwrap();
+        let (n, fds) = recv_with_fds(&b, &mut buf).unwrap();
         assert_eq!(&buf[..n], b"first");
         assert_eq!(fds.len(), 1);
         // The received descriptor is the pipe's write end.
@@ -334,18 +511,18 @@ mod fd_passing_tests {
         let mut got = String::new();
         std::fs::File::from(r).read_to_string(&mut got).unwrap();
         assert_eq!(got, "through");
-        let (n, fds) = recv_with_fds(b.as_raw_fd(), &mut buf).unwrap();
+        let (n, fds) = recv_with_fds(&b, &mut buf).unwrap();
         assert_eq!((&buf[..n], fds.len()), (&b"second"[..], 0));
         drop(a);
-        assert_eq!(recv_with_fds(b.as_raw_fd(), &mut buf).unwrap().0, 0);
+        assert_eq!(recv_with_fds(&b, &mut buf).unwrap().0, 0);
     }
 
     #[test]
     fn an_oversized_message_is_an_error_not_a_cut() {
         let (a, b) = seqpacket_pair().unwrap();
-        send_with_fds(a.as_raw_fd(), &[7u8; 100], &[]).unwrap();
+        send_with_fds(&a, &[7u8; 100], &[]).unwrap();
         let mut small = [0u8; 10];
-        let e = recv_with_fds(b.as_raw_fd(), &mut small).unwrap_err();
+        let e = recv_with_fds(&b, &mut small).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidData);
     }
 }

@@ -8,7 +8,6 @@ use paddock_core::{
     unix_ms, CancelToken, EngineKind, Error, ErrorCode, ExecRequest, ExecResult, Language,
     LimitKind, Limits, Outcome, OutputSink, Program, Result, StreamKind, Timings, Usage,
 };
-use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -187,9 +186,8 @@ impl SubprocessSandbox {
 
         let waiter = async {
             let _stop = StopOnDrop(&stop_tx);
-            // SAFETY: the OwnedFd keeps the pidfd open for the AsyncFd's whole life.
-            let exit = unsafe { AsyncFd::register_with_interest(pidfd, Interest::READABLE) }
-                .map_err(|e| Error::engine_io("watching the child", e.into()))?;
+            let exit = sys::async_fd(pidfd, Interest::READABLE)
+                .map_err(|e| Error::engine_io("watching the child", e))?;
             let ending = tokio::select! {
                 biased;
                 _ = cancel.cancelled() => Ending::Cancelled,

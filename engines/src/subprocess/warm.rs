@@ -173,10 +173,8 @@ impl Worker {
         })?;
         // Our copies of the child's ends go now, so EOF means the worker closed them.
         drop(spec);
-        // SAFETY: the AsyncFd owns its own clone of the pidfd for its whole life.
-        let exited = unsafe {
-            AsyncFd::register_with_interest(child.pidfd.try_clone()?, Interest::READABLE)
-        }?;
+        // The AsyncFd owns its own clone of the pidfd.
+        let exited = sys::async_fd(child.pidfd.try_clone()?, Interest::READABLE)?;
         Ok(Worker {
             child: Some(child),
             exited,
@@ -215,8 +213,7 @@ impl Worker {
         let Some(pid) = self.pid() else {
             return TurnUsage::default();
         };
-        // SAFETY: sysconf has no preconditions.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+        let hz = sys::clock_ticks_per_second();
         let ticks = cpu_ticks(pid).unwrap_or(mark.cpu_ticks);
         let (mut peak, mut rss) = (0, 0);
         if let Ok(status) = crate::host::sys::read_small(format!("/proc/{pid}/status")) {
@@ -445,18 +442,11 @@ impl Worker {
             // readiness, which may not have seen these bytes yet. Bounded, so a
             // writer that keeps writing cannot hold the turn open.
             for _ in 0..64 {
-                // SAFETY: reads into our own buffer from a descriptor the pipe owns.
-                let n = unsafe {
-                    libc::read(
-                        std::os::fd::AsRawFd::as_raw_fd(pipe),
-                        buf.as_mut_ptr().cast(),
-                        buf.len(),
-                    )
+                let n = match sys::read(pipe, buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
                 };
-                if n <= 0 {
-                    break;
-                }
-                deliver(turn, stream, &buf[..n as usize], cap, sink, delivering).await;
+                deliver(turn, stream, &buf[..n], cap, sink, delivering).await;
             }
         }
     }
