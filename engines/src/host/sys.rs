@@ -425,7 +425,10 @@ pub(crate) fn send_with_fds(
 }
 
 /// Receives one message from a `SOCK_SEQPACKET` socket into `buf`, with the
-/// descriptors attached to it (close-on-exec). `Ok((0, _))` at the end.
+/// descriptors attached to it (close-on-exec). `Ok((0, _))` at the end. A message
+/// cut to fit, its data or its descriptors (more than [`MAX_PASSED_FDS`]; the kernel
+/// drops those that do not fit), is an `InvalidData` error, and the descriptors that
+/// did arrive with it are closed.
 pub(crate) fn recv_with_fds(sock: impl AsFd, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
     let mut space = [MaybeUninit::<u8>::uninit(); FD_SPACE];
     let mut control = RecvAncillaryBuffer::new(&mut space);
@@ -451,6 +454,16 @@ pub(crate) fn recv_with_fds(sock: impl AsFd, buf: &mut [u8]) -> io::Result<(usiz
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             "a control message larger than the buffer was cut",
+        ));
+    }
+    if received.flags.contains(ReturnFlags::CTRUNC) {
+        // `fds` goes with the error: what arrived is closed, not half-delivered.
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "a control message carried more descriptors than the {MAX_PASSED_FDS} it may; \
+                 those past the room were lost, and the message is refused"
+            ),
         ));
     }
     Ok((received.bytes, fds))
@@ -515,6 +528,46 @@ mod fd_passing_tests {
         assert_eq!((&buf[..n], fds.len()), (&b"second"[..], 0));
         drop(a);
         assert_eq!(recv_with_fds(&b, &mut buf).unwrap().0, 0);
+    }
+
+    #[test]
+    fn more_descriptors_than_the_buffer_holds_are_an_error_and_none_stays_open() {
+        let (a, b) = seqpacket_pair().unwrap();
+        let (r, w) = pipe().unwrap();
+        {
+            // Four times what a message may carry, past the receiver's room: the kernel
+            // installs what fits and drops the rest.
+            let many = vec![w.as_fd(); 4 * MAX_PASSED_FDS];
+            let mut space =
+                vec![MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(many.len()))];
+            let mut control = SendAncillaryBuffer::new(&mut space);
+            assert!(control.push(SendAncillaryMessage::ScmRights(&many)));
+            rustix::net::sendmsg(
+                &a,
+                &[IoSlice::new(b"many")],
+                &mut control,
+                SendFlags::empty(),
+            )
+            .unwrap();
+        }
+        drop(w);
+        let mut buf = [0u8; 64];
+        let e = recv_with_fds(&b, &mut buf).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+        // The copies that did arrive were closed: the pipe has no writer left. (A
+        // program another test starts meanwhile may hold a copy until its exec, hence
+        // the wait.)
+        let mut ready = [libc::pollfd {
+            fd: r.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        assert_eq!(
+            poll(&mut ready, 5_000).unwrap(),
+            1,
+            "a received copy stayed open"
+        );
+        assert_ne!(ready[0].revents & libc::POLLHUP, 0);
     }
 
     #[test]
