@@ -344,7 +344,7 @@ impl ProcessControl for PtyControl {
     }
 
     fn resize(&self, size: TerminalSize) -> Result<()> {
-        crate::host::pty::set_window_size(self.master.as_raw_fd(), size)
+        crate::host::pty::set_window_size(self.master.get_ref(), size)
             .map_err(|e| Error::engine_io("resizing the terminal", e))
     }
 }
