@@ -173,7 +173,7 @@ mod tests {
 
     #[tokio::test]
     async fn caps_marks_and_drains() {
-        let (r, w) = crate::sys::pipe().unwrap();
+        let (r, w) = crate::host::sys::pipe().unwrap();
         let writer = std::thread::spawn(move || {
             let mut f = std::fs::File::from(w);
             for _ in 0..64 {
@@ -194,7 +194,7 @@ mod tests {
 
     #[tokio::test]
     async fn stop_deadline_ends_a_pipe_held_open() {
-        let (r, w) = crate::sys::pipe().unwrap();
+        let (r, w) = crate::host::sys::pipe().unwrap();
         let (tx, rx) = watch::channel(None);
         let task = tokio::spawn(async move {
             let sink = paddock_core::DiscardSink;

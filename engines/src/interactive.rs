@@ -10,7 +10,7 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,9 +21,9 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::net::unix::pipe;
 
-use crate::cgroup::Cgroup;
-use crate::spawn::SpawnedChild;
-use crate::sys;
+use crate::host::cgroup::Cgroup;
+use crate::host::spawn::SpawnedChild;
+use crate::host::sys;
 
 /// Most background processes and terminals one sandbox runs at once.
 pub(crate) const MAX_PROCESSES: usize = 64;
@@ -193,17 +193,7 @@ impl Source {
             },
             Source::Pty(fd) => loop {
                 let mut guard = fd.readable().await?;
-                let r = guard.try_io(|inner| {
-                    // SAFETY: read(2) into the caller's buffer.
-                    let n = unsafe {
-                        libc::read(inner.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len())
-                    };
-                    if n < 0 {
-                        Err(io::Error::last_os_error())
-                    } else {
-                        Ok(n as usize)
-                    }
-                });
+                let r = guard.try_io(|inner| sys::read(inner, buf));
                 match r {
                     Ok(Ok(n)) => return Ok(n),
                     Ok(Err(e)) if e.raw_os_error() == Some(libc::EIO) => return Ok(0),
@@ -266,8 +256,8 @@ impl Signaller for Leader {
         if !*reaped {
             // The group holds the leader unless it moved to another one: then it
             // gets its own copy, and never two.
-            // SAFETY: getpgid on a pid that cannot be reused while unreaped.
-            if unsafe { libc::getpgid(self.pid) } != self.pid {
+            // The pid cannot be reused while unreaped.
+            if sys::process_group(self.pid).ok() != Some(self.pid) {
                 let _ = sys::pidfd_send_signal(&self.pidfd, signal);
             }
             sys::kill_group(self.pid, signal);
@@ -331,15 +321,7 @@ impl ProcessControl for PtyControl {
         let mut rest = data;
         while !rest.is_empty() {
             let mut guard = self.master.writable().await.map_err(|_| stdin_closed())?;
-            let r = guard.try_io(|inner| {
-                // SAFETY: write(2) from the caller's buffer.
-                let n = unsafe { libc::write(inner.as_raw_fd(), rest.as_ptr().cast(), rest.len()) };
-                if n < 0 {
-                    Err(io::Error::last_os_error())
-                } else {
-                    Ok(n as usize)
-                }
-            });
+            let r = guard.try_io(|inner| sys::write(inner, rest));
             match r {
                 Ok(Ok(n)) => rest = &rest[n..],
                 Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -362,47 +344,9 @@ impl ProcessControl for PtyControl {
     }
 
     fn resize(&self, size: TerminalSize) -> Result<()> {
-        set_window_size(self.master.as_raw_fd(), size)
+        crate::host::pty::set_window_size(self.master.get_ref(), size)
             .map_err(|e| Error::engine_io("resizing the terminal", e))
     }
-}
-
-fn winsize(size: TerminalSize) -> libc::winsize {
-    libc::winsize {
-        ws_row: size.rows,
-        ws_col: size.cols,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    }
-}
-
-fn set_window_size(fd: RawFd, size: TerminalSize) -> io::Result<()> {
-    let ws = winsize(size);
-    // SAFETY: TIOCSWINSZ reads a winsize from a valid pointer.
-    sys::cvt(unsafe { libc::ioctl(fd, libc::TIOCSWINSZ, &ws) }).map(|_| ())
-}
-
-/// A new pseudo-terminal of `size`: (master, slave), both close-on-exec.
-pub(crate) fn open_pty(size: TerminalSize) -> io::Result<(OwnedFd, OwnedFd)> {
-    let (mut master, mut slave) = (-1, -1);
-    let ws = winsize(size);
-    // SAFETY: openpty writes two descriptors; the name and termios are optional.
-    sys::cvt(unsafe {
-        libc::openpty(
-            &mut master,
-            &mut slave,
-            std::ptr::null_mut(),
-            std::ptr::null(),
-            &ws,
-        )
-    })?;
-    // SAFETY: fresh descriptors nobody else owns.
-    let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
-    for fd in [&master, &slave] {
-        // SAFETY: fcntl on descriptors we own.
-        unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) };
-    }
-    Ok((master, slave))
 }
 
 /// How a started host process talks to the caller.
@@ -470,15 +414,12 @@ pub(crate) fn adopt(
         }
         e
     };
-    // SAFETY: the AsyncFd owns its own clone of the pidfd for its whole life.
+    // The AsyncFd owns its own clone of the pidfd.
     let exited = leader
         .pidfd
         .try_clone()
+        .and_then(|fd| sys::async_fd(fd, Interest::READABLE))
         .map_err(io_err)
-        .and_then(|fd| {
-            unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }
-                .map_err(|e| io_err(e.into()))
-        })
         .map_err(abandon)?;
     let exit = Box::pin(host_exit(leader.clone(), exited));
     adopt_with(
@@ -554,12 +495,8 @@ fn adopt_with(
         }
         Wiring::Pty(master) => {
             sys::set_nonblocking(master.as_raw_fd());
-            // SAFETY: the AsyncFd owns the master for its whole life.
             let master = Arc::new(
-                unsafe {
-                    AsyncFd::register_with_interest(master, Interest::READABLE | Interest::WRITABLE)
-                }
-                .map_err(|e| io_err(e.into()))?,
+                sys::async_fd(master, Interest::READABLE | Interest::WRITABLE).map_err(io_err)?,
             );
             (
                 Arc::new(PtyControl {
@@ -675,26 +612,6 @@ async fn pump_all(shared: &ProcessShared, sources: &[Source]) {
     }
 }
 
-/// Connects to `addr` from inside the network namespace `netns` (an fd of
-/// `/proc/<pid>/ns/net` or of a namespace Paddock made). A short-lived thread enters
-/// the namespace and makes the socket there; the socket stays in that namespace, and
-/// no thread of the host changes namespace for longer than the connect.
-pub(crate) fn connect_in_netns(netns: RawFd, addr: SocketAddr) -> io::Result<std::net::TcpStream> {
-    let fd = netns;
-    std::thread::Builder::new()
-        .name("paddock-connect".into())
-        .spawn(move || {
-            // SAFETY: setns changes this thread's network namespace only; the thread
-            // ends right after the connect.
-            if unsafe { libc::setns(fd, libc::CLONE_NEWNET) } == -1 {
-                return Err(io::Error::last_os_error());
-            }
-            std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
-        })?
-        .join()
-        .map_err(|_| io::Error::other("the connecting thread panicked"))?
-}
-
 /// A TCP stream to `addr` inside `netns` (or the host's own loopback without one),
 /// ready for tokio. A refused connection is `NOT_FOUND`: nothing listens there.
 pub(crate) async fn connect(
@@ -705,7 +622,7 @@ pub(crate) async fn connect(
     // The fd stays open for the call: the sandbox is kept alive by the caller.
     let stream = crate::task::blocking(move || {
         let r = match netns {
-            Some(fd) => connect_in_netns(fd, addr),
+            Some(fd) => crate::host::netns::connect_in(fd, addr),
             None => std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)),
         };
         r.map_err(|e| connect_error(addr, e))

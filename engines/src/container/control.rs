@@ -9,7 +9,7 @@
 //! running is reported killed.
 
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -20,8 +20,8 @@ use tokio::io::Interest;
 use tokio::sync::oneshot;
 
 use crate::agent::{ControlFrame, ControlMessage, CONTROL_MESSAGE_MAX};
+use crate::host::sys;
 use crate::interactive::Signaller;
-use crate::sys;
 
 /// How long a spawn waits for the agent's answer.
 const SPAWN_PATIENCE: Duration = Duration::from_secs(10);
@@ -72,12 +72,9 @@ impl AgentControl {
         }
         let raw = fd.take().ok_or_else(gone)?;
         sys::set_nonblocking(raw.as_raw_fd());
-        // SAFETY: the AsyncFd owns the socket for its whole life.
         let sock = Arc::new(
-            unsafe {
-                AsyncFd::register_with_interest(raw, Interest::READABLE | Interest::WRITABLE)
-            }
-            .map_err(|e| Error::engine_io("watching the agent's control channel", e.into()))?,
+            sys::async_fd(raw, Interest::READABLE | Interest::WRITABLE)
+                .map_err(|e| Error::engine_io("watching the agent's control channel", e))?,
         );
         tokio::spawn(read_answers(sock.clone(), self.routes.clone()));
         let _ = self.live.set(sock.clone());
@@ -93,7 +90,7 @@ impl AgentControl {
         env: std::collections::BTreeMap<String, String>,
         cwd: String,
         tty: Option<(u16, u16)>,
-        fds: &[RawFd],
+        fds: &[BorrowedFd<'_>],
     ) -> Result<Started> {
         let message = ControlMessage::Spawn {
             id: id.to_string(),
@@ -170,7 +167,7 @@ impl AgentControl {
             id: id.to_string(),
             signal,
         });
-        match sys::send_with_fds(sock.as_raw_fd(), &bytes, &[]) {
+        match sys::send_with_fds(sock.get_ref(), &bytes, &[]) {
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 if let Ok(rt) = tokio::runtime::Handle::try_current() {
                     let sock = sock.clone();
@@ -200,13 +197,13 @@ fn gone() -> Error {
     )
 }
 
-async fn send(sock: &AsyncFd<OwnedFd>, bytes: &[u8], fds: &[RawFd]) -> Result<()> {
+async fn send(sock: &AsyncFd<OwnedFd>, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> Result<()> {
     loop {
         let mut guard = sock
             .writable()
             .await
             .map_err(|e| Error::engine_io("writing to the agent's control channel", e))?;
-        match guard.try_io(|s| sys::send_with_fds(s.as_raw_fd(), bytes, fds)) {
+        match guard.try_io(|s| sys::send_with_fds(s, bytes, fds)) {
             Ok(Ok(())) => return Ok(()),
             Ok(Err(e)) => {
                 return Err(Error::engine_io(
@@ -226,7 +223,7 @@ async fn read_answers(sock: Arc<AsyncFd<OwnedFd>>, routes: Arc<parking_lot::Mute
         let Ok(mut guard) = sock.readable().await else {
             break;
         };
-        let (n, mut fds) = match guard.try_io(|s| sys::recv_with_fds(s.as_raw_fd(), &mut buf)) {
+        let (n, mut fds) = match guard.try_io(|s| sys::recv_with_fds(s, &mut buf)) {
             Ok(Ok((0, _))) | Ok(Err(_)) => break,
             Ok(Ok(r)) => r,
             Err(_would_block) => continue,

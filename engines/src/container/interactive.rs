@@ -6,7 +6,7 @@
 //! network namespace. A sandbox without a warm container (warm mode off, or no agent)
 //! cannot have them, and the engine does not advertise them then.
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,8 +19,8 @@ use paddock_core::{
 
 use super::control::{AgentControl, RemoteLeader};
 use super::sandbox::ContainerSandbox;
+use crate::host::sys;
 use crate::interactive::{adopt_remote, pipes, Signaller, Wiring};
-use crate::sys;
 
 /// The warm container a sandbox's processes run in, as the sandbox keeps it while the
 /// container itself may be serving a turn.
@@ -68,7 +68,7 @@ impl ContainerSandbox {
                 env,
                 cwd,
                 None,
-                &ends.each_ref().map(|fd| fd.as_raw_fd()),
+                &ends.each_ref().map(|fd| fd.as_fd()),
             )
             .await?;
         // The container has its copies now; ours go, so EOF means the process's.
@@ -188,13 +188,7 @@ fn open_container_netns(pid: &str, cgroup: &str) -> Result<OwnedFd> {
         )
     };
     let pid: libc::pid_t = pid.parse().map_err(|_| gone())?;
-    // SAFETY: pidfd_open returns a new descriptor or -1.
-    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if pidfd < 0 {
-        return Err(gone());
-    }
-    // SAFETY: a fresh descriptor nobody else owns.
-    let pidfd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(pidfd as i32) };
+    let pidfd = sys::pidfd_open(pid).map_err(|_| gone())?;
     // Paths in /proc are relative to the reader's cgroup namespace: compare the
     // sandbox's and the container's own names, which are unique.
     let tail: Vec<&str> = cgroup.rsplit('/').take(2).collect();

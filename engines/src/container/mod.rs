@@ -48,7 +48,7 @@ use paddock_core::{
 pub use runtime::RuntimeKind;
 pub use sandbox::ContainerSandbox;
 
-use crate::cgroup::Hierarchy;
+use crate::host::cgroup::Hierarchy;
 use runtime::Runtime;
 
 static NEXT_ENGINE: AtomicU64 = AtomicU64::new(0);
@@ -124,17 +124,17 @@ impl EngineInner {
         if let Some(parent) = path.rsplit_once('/').map(|(p, _)| p) {
             if let Some(dir) = self.cgroup_dir("freezer", parent) {
                 if dir.exists() {
-                    let _ = crate::cgroup::set_frozen(&dir, false);
+                    let _ = crate::host::cgroup::set_frozen(&dir, false);
                 }
             }
         }
-        crate::cgroup::kill_dirs(&pids, freezer.as_deref())
+        crate::host::cgroup::kill_dirs(&pids, freezer.as_deref())
     }
 
     /// Removes cgroup `path` and everything below it from every hierarchy.
     pub(crate) fn remove_cgroup(&self, path: &str) {
         for h in &self.hierarchies {
-            if let Err(e) = crate::cgroup::remove_tree(&h.dir(path)) {
+            if let Err(e) = crate::host::cgroup::remove_tree(&h.dir(path)) {
                 tracing::warn!(path, error = %e, "a container cgroup could not be removed");
             }
         }
@@ -179,8 +179,8 @@ impl ContainerEngine {
                 format!("cannot create `{}`: {e}", parent.display()),
             )
         })?;
-        let hierarchies = crate::cgroup::hierarchies();
-        let own = crate::cgroup::own_path("memory").ok_or_else(|| {
+        let hierarchies = crate::host::cgroup::hierarchies();
+        let own = crate::host::cgroup::own_path("memory").ok_or_else(|| {
             unavailable(
                 "the container engine needs the cgroup v1 `memory` hierarchy, which is not mounted"
                     .into(),
@@ -282,7 +282,7 @@ impl ContainerEngine {
                 }
             };
             let mntns = if kind == RuntimeKind::Crun && runtime::hybrid_cgroups() {
-                match crate::netns::private_mounts_without_unified_cgroup() {
+                match crate::host::netns::private_mounts_without_unified_cgroup() {
                     Ok(fd) => Some(fd),
                     Err(e) => {
                         passed_over.push(format!(
@@ -520,15 +520,14 @@ fn sweep_stale(parent: &Path, own: &str, hierarchies: &[Hierarchy], config: &Con
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
             if dead(&name) {
-                let _ = crate::cgroup::remove_tree(&entry.path());
+                let _ = crate::host::cgroup::remove_tree(&entry.path());
             }
         }
     }
     let Ok(entries) = std::fs::read_dir(parent) else {
         return;
     };
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
+    let me = crate::host::sys::effective_uid();
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
         if !dead(&name) {

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use paddock_core::OciRuntime;
 
-use crate::spawn::{spawn, SpawnSpec, SpawnedChild};
-use crate::sys::{self, cstring};
+use crate::host::spawn::{spawn, SpawnSpec, SpawnedChild};
+use crate::host::sys::{self, cstring};
 
 /// Which runtime.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,7 +34,7 @@ pub(crate) struct Runtime {
     pub(crate) kind: RuntimeKind,
     pub(crate) path: PathBuf,
     /// The mount namespace crun runs in on a hybrid cgroup host (see
-    /// [`crate::netns::private_mounts_without_unified_cgroup`]).
+    /// [`crate::host::netns::private_mounts_without_unified_cgroup`]).
     pub(crate) mntns: Option<OwnedFd>,
     /// `--root`: where the runtime keeps its container state.
     pub(crate) state: PathBuf,
@@ -43,7 +43,7 @@ pub(crate) struct Runtime {
 /// Whether cgroup v1 controllers and a v2 hierarchy are both mounted (crun 1.8
 /// refuses that layout).
 pub(crate) fn hybrid_cgroups() -> bool {
-    let hs = crate::cgroup::hierarchies();
+    let hs = crate::host::cgroup::hierarchies();
     hs.iter().any(|h| !h.controllers.is_empty())
         && hs
             .iter()

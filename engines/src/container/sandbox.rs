@@ -13,7 +13,6 @@ use paddock_core::{
     Language, LimitKind, Limits, Outcome, OutputSink, Program, Result, Sandbox, SandboxSpec,
     SandboxStatus, StreamKind, Timings, Usage,
 };
-use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::sync::{watch, Mutex, Notify};
 use tokio::time::Instant;
@@ -22,9 +21,9 @@ use super::bundle::{self, BundleSpec, CONTAINER_PATH, WORKSPACE};
 use super::warm::WarmContainer;
 use super::EngineInner;
 use crate::capture::{pump, Captured};
-use crate::sys;
+use crate::host::sys;
+use crate::host::workdir::Workdir;
 use crate::task::{blocking, feed_stdin, sleep_until_opt};
-use crate::workdir::Workdir;
 
 /// A host file bound read-only into the container: (host path, path inside).
 type FileMount = (String, String);
@@ -152,7 +151,7 @@ impl ContainerSandbox {
         blocking(move || {
             std::fs::create_dir_all(&dir)
                 .map_err(|e| Error::engine_io("creating the sandbox's freezer group", e))?;
-            crate::cgroup::set_frozen(&dir, frozen).map_err(|e| {
+            crate::host::cgroup::set_frozen(&dir, frozen).map_err(|e| {
                 Error::engine_io(
                     if frozen {
                         "freezing the sandbox"
@@ -499,9 +498,8 @@ impl ContainerSandbox {
 
         let waiter = async {
             let _stop = StopOnDrop(&stop_tx);
-            // SAFETY: the OwnedFd keeps the pidfd open for the AsyncFd's whole life.
-            let exit = unsafe { AsyncFd::register_with_interest(pidfd, Interest::READABLE) }
-                .map_err(|e| Error::engine_io("watching the runtime", e.into()))?;
+            let exit = sys::async_fd(pidfd, Interest::READABLE)
+                .map_err(|e| Error::engine_io("watching the runtime", e))?;
             let ending = tokio::select! {
                 biased;
                 _ = cancel.cancelled() => Ending::Cancelled,
@@ -655,7 +653,7 @@ impl ContainerSandbox {
         if wc.applied != Some(wanted) {
             let set = (|| -> std::io::Result<()> {
                 if let Some(dir) = &memory {
-                    crate::cgroup::write_memory_limit(dir, limits.memory_bytes)?;
+                    crate::host::cgroup::write_memory_limit(dir, limits.memory_bytes)?;
                     // The peak is the turn's own.
                     let _ = std::fs::write(dir.join("memory.max_usage_in_bytes"), "0");
                 }
@@ -715,7 +713,7 @@ impl ContainerSandbox {
         let counters = wc.counters();
         let (ooms, peak, cpu_ns) = (counters.ooms(), counters.peak(), counters.cpu_ns());
         let pids_max = counters.pids_max_hits();
-        let warnings = crate::cgroup::pids_warning(pids_max > wc.pids_max_seen, limits);
+        let warnings = crate::host::cgroup::pids_warning(pids_max > wc.pids_max_seen, limits);
         wc.pids_max_seen = pids_max;
         wc.ooms_seen = ooms;
         let oom = ooms > ooms_before;
@@ -913,7 +911,7 @@ pub(super) fn probe(engine: &EngineInner) -> std::result::Result<(), String> {
 /// Kills the container and the runtime if the execution ends without reaping the
 /// runtime (its future dropped midway, or an error), off-thread.
 struct RuntimeGuard {
-    child: Option<crate::spawn::SpawnedChild>,
+    child: Option<crate::host::spawn::SpawnedChild>,
     engine: Arc<EngineInner>,
     container_cgroup: String,
     container_id: String,
@@ -984,7 +982,7 @@ fn cpu_usage_ns(dir: &Path) -> u64 {
 
 /// OOM kills on the whole host so far (`/proc/vmstat`).
 fn global_oom_kills() -> u64 {
-    sys::read_small("/proc/vmstat").map_or(0, |s| crate::cgroup::oom_kill_count(&s))
+    sys::read_small("/proc/vmstat").map_or(0, |s| crate::host::cgroup::oom_kill_count(&s))
 }
 
 /// Maps how the container ended to an outcome. The runtime exits with its init's

@@ -91,7 +91,7 @@ impl Counters {
         self.pids_events
             .as_ref()
             .and_then(read_at_start)
-            .map_or(0, |s| crate::cgroup::pids_max_count(&s))
+            .map_or(0, |s| crate::host::cgroup::pids_max_count(&s))
     }
 
     /// OOM kills in the group so far.
@@ -99,7 +99,7 @@ impl Counters {
         self.oom
             .as_ref()
             .and_then(read_at_start)
-            .map_or(0, |s| crate::cgroup::oom_kill_count(&s))
+            .map_or(0, |s| crate::host::cgroup::oom_kill_count(&s))
     }
 }
 
@@ -158,7 +158,7 @@ impl WarmContainer {
         let started = (|| -> std::io::Result<(Worker, std::os::fd::OwnedFd)> {
             let stdio = [null()?, null()?, null()?];
             // The control channel reaches the agent as fd 3.
-            let (ours, agents) = crate::sys::seqpacket_pair()?;
+            let (ours, agents) = crate::host::sys::seqpacket_pair()?;
             let mut spec = engine.runtime.spec(
                 &[
                     "run",

@@ -6,6 +6,10 @@
 //! execution is reported as `MEMORY_EXCEEDED` whatever the script does with the error.
 //! It also records the peak, which becomes the result's `peak_memory_bytes`.
 
+// rquickjs's `Allocator` is an `unsafe` trait over raw `malloc`/`free` pointers;
+// implementing it cannot be done in safe code.
+#![allow(unsafe_code)]
+
 use std::cell::Cell;
 use std::ptr;
 use std::rc::Rc;

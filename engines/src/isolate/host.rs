@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 
 use super::modules::{blocked, blocked_error, Export, HostModules, ModuleBody, SANDBOX_FS};
 use crate::capture::Captured;
-use crate::workdir::Workdir;
+use crate::host::workdir::Workdir;
 
 /// Timers one execution may have pending at once.
 const MAX_TIMERS: usize = 10_000;

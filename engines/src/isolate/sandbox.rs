@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, oneshot, Mutex};
 use super::host::{Control, CANCELLED, DESTROYED, RUNNING};
 use super::worker::{self, Ending, ExecJob, Job, JsProgram, Report};
 use super::EngineInner;
-use crate::workdir::Workdir;
+use crate::host::workdir::Workdir;
 
 /// Chunks in flight between the isolate thread and the caller's sink; a slower sink
 /// makes `console.log` wait.

@@ -27,7 +27,7 @@ use super::alloc::{Meter, MeteredAlloc};
 use super::host::{self, Control, RunState, CANCELLED, DESTROYED, RUNNING};
 use super::modules::HostModules;
 use crate::capture::Captured;
-use crate::workdir::Workdir;
+use crate::host::workdir::Workdir;
 
 /// What the thread needs to know about its engine.
 #[derive(Debug, Clone)]
@@ -347,16 +347,7 @@ pub(super) fn run_once(config: &WorkerConfig, job: &ExecJob) -> Report {
 
 /// CPU time of the calling thread.
 fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the timespec we own.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    if rc != 0 {
-        return Duration::ZERO;
-    }
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+    crate::host::sys::thread_cpu_time()
 }
 
 /// Why a script stopped before finishing: an exception, or something from outside.

@@ -8,7 +8,6 @@ use paddock_core::{
     unix_ms, CancelToken, EngineKind, Error, ErrorCode, ExecRequest, ExecResult, Language,
     LimitKind, Limits, Outcome, OutputSink, Program, Result, StreamKind, Timings, Usage,
 };
-use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -16,8 +15,8 @@ use tokio::time::Instant;
 use super::sandbox::SubprocessSandbox;
 use crate::capture::{pump, Captured};
 use crate::env::resolve_program;
-use crate::spawn::{spawn, SpawnSpec, SpawnedChild};
-use crate::sys::{self, cstring, ExitStatus};
+use crate::host::spawn::{spawn, SpawnSpec, SpawnedChild};
+use crate::host::sys::{self, cstring, ExitStatus};
 use crate::task::{feed_stdin, sleep_until_opt};
 
 /// How long output pipes may stay open after the program and its group are gone.
@@ -50,7 +49,7 @@ struct ChildGuard {
     /// Set once `wait4` collected the child: its pid may be reused from then on, so
     /// the guard must not signal or wait for it.
     reaped: std::sync::atomic::AtomicBool,
-    cgroup: Option<std::sync::Arc<crate::cgroup::Cgroup>>,
+    cgroup: Option<std::sync::Arc<crate::host::cgroup::Cgroup>>,
 }
 
 impl Drop for ChildGuard {
@@ -187,9 +186,8 @@ impl SubprocessSandbox {
 
         let waiter = async {
             let _stop = StopOnDrop(&stop_tx);
-            // SAFETY: the OwnedFd keeps the pidfd open for the AsyncFd's whole life.
-            let exit = unsafe { AsyncFd::register_with_interest(pidfd, Interest::READABLE) }
-                .map_err(|e| Error::engine_io("watching the child", e.into()))?;
+            let exit = sys::async_fd(pidfd, Interest::READABLE)
+                .map_err(|e| Error::engine_io("watching the child", e))?;
             let ending = tokio::select! {
                 biased;
                 _ = cancel.cancelled() => Ending::Cancelled,
@@ -248,7 +246,7 @@ impl SubprocessSandbox {
             .as_ref()
             .is_some_and(|g| g.new_pids_max_hits() > 0);
         let warnings =
-            crate::cgroup::pids_warning(refused_forks && ending == Ending::Exited, &limits);
+            crate::host::cgroup::pids_warning(refused_forks && ending == Ending::Exited, &limits);
         Ok(ExecResult {
             id: request.id,
             outcome,
@@ -349,7 +347,7 @@ impl SubprocessSandbox {
         cwd: Option<&str>,
         limits: &Limits,
         stdio: [OwnedFd; 3],
-        cgroup: Option<&crate::cgroup::Cgroup>,
+        cgroup: Option<&crate::host::cgroup::Cgroup>,
     ) -> Result<SpawnSpec> {
         let engine = &self.engine;
         let root = self.workdir.root();
@@ -383,7 +381,7 @@ impl SubprocessSandbox {
             (resource, want.min(hard), want.min(hard))
         };
         if let Some(ms) = limits.cpu_ms {
-            let (soft, hard) = crate::sys::cpu_rlimit(ms);
+            let (soft, hard) = crate::host::sys::cpu_rlimit(ms);
             rlimits.push((libc::RLIMIT_CPU, soft, hard));
         }
         if let Some(b) = limits.file_size_bytes {

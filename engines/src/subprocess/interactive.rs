@@ -16,9 +16,10 @@ use paddock_core::{
 };
 
 use super::sandbox::SubprocessSandbox;
-use crate::cgroup::Cgroup;
-use crate::interactive::{adopt, open_pty, pipes, Wiring};
-use crate::spawn::spawn;
+use crate::host::cgroup::Cgroup;
+use crate::host::pty;
+use crate::host::spawn::spawn;
+use crate::interactive::{adopt, pipes, Wiring};
 use crate::task::blocking;
 
 impl SubprocessSandbox {
@@ -101,7 +102,7 @@ impl SubprocessSandbox {
         let cgroup = self.process_cgroup(&id, &limits).await?;
         let started = (|| -> Result<_> {
             let (master, slave) =
-                open_pty(spec.size).map_err(|e| Error::engine_io("opening a terminal", e))?;
+                pty::open(spec.size).map_err(|e| Error::engine_io("opening a terminal", e))?;
             let dup = |fd: &OwnedFd| {
                 fd.try_clone()
                     .map_err(|e| Error::engine_io("opening a terminal", e))
@@ -153,7 +154,7 @@ impl SubprocessSandbox {
     }
 }
 
-fn spawn_failed(program: &str, e: crate::spawn::SpawnError) -> Error {
+fn spawn_failed(program: &str, e: crate::host::spawn::SpawnError) -> Error {
     Error::new(
         paddock_core::ErrorCode::SpawnFailed,
         format!(

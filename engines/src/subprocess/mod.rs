@@ -28,8 +28,8 @@ use paddock_core::{
 
 pub use sandbox::SubprocessSandbox;
 
-use crate::cgroup::CgroupRoot;
 use crate::env;
+use crate::host::cgroup::CgroupRoot;
 
 static NEXT_ENGINE: AtomicU64 = AtomicU64::new(0);
 
@@ -111,7 +111,7 @@ impl SubprocessEngine {
             },
         };
         let freezer = cgroups.as_ref().is_some_and(CgroupRoot::has_freezer);
-        let netns = crate::netns::create_empty()
+        let netns = crate::host::netns::create_empty()
             .map(drop)
             .map_err(|e| format!("cannot create a network namespace: {e}"));
 

@@ -426,7 +426,8 @@ impl SubprocessSandbox {
             .warm_cgroup
             .as_ref()
             .is_some_and(|g| g.new_pids_max_hits() > 0);
-        let warnings = crate::cgroup::pids_warning(refused_forks && turn.end.is_ok(), &limits);
+        let warnings =
+            crate::host::cgroup::pids_warning(refused_forks && turn.end.is_ok(), &limits);
         let (mut outcome, value) = match (turn.end, &key) {
             // A runner answers like a process: `{exit_code, value}`.
             (Ok(TurnEnd::Output(out)), WorkerKey::Runner(_)) => {

@@ -15,8 +15,8 @@ use paddock_core::{
 use tokio::sync::{Mutex, Notify};
 
 use super::EngineInner;
-use crate::cgroup::Cgroup;
-use crate::workdir::Workdir;
+use crate::host::cgroup::Cgroup;
+use crate::host::workdir::Workdir;
 
 /// A sandbox of the subprocess engine. Executions in one sandbox run one at a time,
 /// so that everything a run leaves behind in the cgroup can be killed when it ends.
@@ -79,7 +79,7 @@ impl SubprocessSandbox {
                 None => None,
             };
             let netns = match network {
-                NetworkPolicy::None => match crate::netns::create_empty() {
+                NetworkPolicy::None => match crate::host::netns::create_empty() {
                     Ok(fd) => Some(fd),
                     Err(e) => {
                         let _ = workdir.remove();

@@ -28,8 +28,8 @@ use tokio::net::unix::pipe;
 use tokio::time::Instant;
 
 use crate::capture::Captured;
-use crate::spawn::{spawn, SpawnSpec, SpawnedChild};
-use crate::sys;
+use crate::host::spawn::{spawn, SpawnSpec, SpawnedChild};
+use crate::host::sys;
 use crate::task::sleep_until_opt;
 
 /// How long a worker has to end its turn after a `cancel` frame before it is killed.
@@ -101,7 +101,7 @@ pub(crate) struct TurnUsage {
 
 /// utime + stime + cutime + cstime of `pid`, in clock ticks.
 fn cpu_ticks(pid: libc::pid_t) -> Option<u64> {
-    let stat = crate::sys::read_small(format!("/proc/{pid}/stat")).ok()?;
+    let stat = crate::host::sys::read_small(format!("/proc/{pid}/stat")).ok()?;
     // The command name may hold spaces and parentheses: fields start after the last
     // ')', with the state (field 3) first, so utime (field 14) is the 12th.
     let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
@@ -173,10 +173,8 @@ impl Worker {
         })?;
         // Our copies of the child's ends go now, so EOF means the worker closed them.
         drop(spec);
-        // SAFETY: the AsyncFd owns its own clone of the pidfd for its whole life.
-        let exited = unsafe {
-            AsyncFd::register_with_interest(child.pidfd.try_clone()?, Interest::READABLE)
-        }?;
+        // The AsyncFd owns its own clone of the pidfd.
+        let exited = sys::async_fd(child.pidfd.try_clone()?, Interest::READABLE)?;
         Ok(Worker {
             child: Some(child),
             exited,
@@ -215,11 +213,10 @@ impl Worker {
         let Some(pid) = self.pid() else {
             return TurnUsage::default();
         };
-        // SAFETY: sysconf has no preconditions.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+        let hz = sys::clock_ticks_per_second();
         let ticks = cpu_ticks(pid).unwrap_or(mark.cpu_ticks);
         let (mut peak, mut rss) = (0, 0);
-        if let Ok(status) = crate::sys::read_small(format!("/proc/{pid}/status")) {
+        if let Ok(status) = crate::host::sys::read_small(format!("/proc/{pid}/status")) {
             for line in status.lines() {
                 if let Some(rest) = line.strip_prefix("VmHWM:") {
                     peak = kib(rest);
@@ -445,18 +442,11 @@ impl Worker {
             // readiness, which may not have seen these bytes yet. Bounded, so a
             // writer that keeps writing cannot hold the turn open.
             for _ in 0..64 {
-                // SAFETY: reads into our own buffer from a descriptor the pipe owns.
-                let n = unsafe {
-                    libc::read(
-                        std::os::fd::AsRawFd::as_raw_fd(pipe),
-                        buf.as_mut_ptr().cast(),
-                        buf.len(),
-                    )
+                let n = match sys::read(pipe, buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
                 };
-                if n <= 0 {
-                    break;
-                }
-                deliver(turn, stream, &buf[..n as usize], cap, sink, delivering).await;
+                deliver(turn, stream, &buf[..n], cap, sink, delivering).await;
             }
         }
     }
@@ -467,7 +457,7 @@ impl Worker {
     pub(crate) async fn exited_within(&mut self, within: Duration) -> Option<i32> {
         if within.is_zero() {
             // Without a timer: tokio's would round zero up to its next millisecond tick.
-            if !crate::sys::pidfd_exited(self.exited.get_ref()) {
+            if !crate::host::sys::pidfd_exited(self.exited.get_ref()) {
                 return None;
             }
         } else {
@@ -568,7 +558,7 @@ async fn read_some<'a>(pipe: Option<&pipe::Receiver>, buf: &'a mut [u8]) -> Opti
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sys::cstring;
+    use crate::host::sys::cstring;
     use paddock_core::{CancelToken, DiscardSink};
 
     /// A custom handler (frames on stdout) written in Python.

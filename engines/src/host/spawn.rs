@@ -15,6 +15,10 @@
 //! controlling terminal when asked), marks every other fd
 //! close-on-exec, changes directory, unblocks signals and `execve`s.
 
+// `clone`, the child's system calls on its own stack and `pre_exec` are `unsafe`;
+// this module is where the crate starts programs, so it is where they are.
+#![allow(unsafe_code)]
+
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -204,7 +208,7 @@ pub(crate) fn spawn(spec: &SpawnSpec) -> Result<SpawnedChild, SpawnError> {
     if stage != 0 {
         let errno = ctx.fail_errno.load(Ordering::Acquire);
         // The child has exited; reap it so it does not linger as a zombie.
-        let _ = crate::sys::reap(pid);
+        let _ = crate::host::sys::reap(pid);
         return Err(SpawnError {
             stage: SpawnStage::from_i32(stage),
             error: io::Error::from_raw_os_error(errno),
@@ -325,4 +329,25 @@ fn fail(ctx: &ChildCtx, stage: SpawnStage) -> libc::c_int {
     ctx.fail_stage.store(stage as i32, Ordering::Release);
     // SAFETY: _exit is async-signal-safe and never returns.
     unsafe { libc::_exit(127) }
+}
+
+/// Makes `cmd`'s child start a new session (so it leads its own process group) and,
+/// with `controlling_tty`, take the terminal on its stdin as its controlling
+/// terminal, before it executes the program. For programs started with
+/// `std::process::Command` (the container agent's background processes).
+pub(crate) fn in_new_session(cmd: &mut std::process::Command, controlling_tty: bool) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec and makes only
+    // async-signal-safe calls (setsid, ioctl); it neither allocates nor locks.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setsid() == -1 {
+                return Err(io::Error::last_os_error());
+            }
+            if controlling_tty && libc::ioctl(0, libc::TIOCSCTTY, 0) == -1 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
 }

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::sys;
+use crate::host::sys;
 
 static NEXT_ROOT: AtomicU64 = AtomicU64::new(0);
 
@@ -40,7 +40,7 @@ pub struct Cgroup {
 
 /// A v1 mount: its mount point and our own path inside it, for one controller.
 fn v1_dir(controller: &str) -> Option<PathBuf> {
-    let mountinfo = crate::sys::read_small("/proc/self/mountinfo").ok()?;
+    let mountinfo = crate::host::sys::read_small("/proc/self/mountinfo").ok()?;
     let mount = mountinfo.lines().find_map(|line| {
         let (left, right) = line.split_once(" - ")?;
         let mut rf = right.split_whitespace();
@@ -56,7 +56,7 @@ fn v1_dir(controller: &str) -> Option<PathBuf> {
         Some((fields.get(3)?.to_string(), PathBuf::from(fields.get(4)?)))
     })?;
     let (mount_root, mount_point) = mount;
-    let cgroups = crate::sys::read_small("/proc/self/cgroup").ok()?;
+    let cgroups = crate::host::sys::read_small("/proc/self/cgroup").ok()?;
     let own = cgroups.lines().find_map(|line| {
         let mut parts = line.splitn(3, ':');
         let _id = parts.next()?;
@@ -277,28 +277,28 @@ impl Cgroup {
 
     /// How many processes the kernel OOM-killed in the group since the last call.
     pub fn new_oom_kills(&self) -> u64 {
-        let now = crate::sys::read_small(self.memory.join("memory.oom_control"))
+        let now = crate::host::sys::read_small(self.memory.join("memory.oom_control"))
             .map_or(0, |s| oom_kill_count(&s));
         now.saturating_sub(self.seen_oom.swap(now, Ordering::AcqRel))
     }
 
     /// How many forks the pids limit refused since the last call.
     pub fn new_pids_max_hits(&self) -> u64 {
-        let now =
-            crate::sys::read_small(self.pids.join("pids.events")).map_or(0, |s| pids_max_count(&s));
+        let now = crate::host::sys::read_small(self.pids.join("pids.events"))
+            .map_or(0, |s| pids_max_count(&s));
         now.saturating_sub(self.seen_pids_max.swap(now, Ordering::AcqRel))
     }
 
     /// Whether any process is still in the group.
     pub fn is_populated(&self) -> bool {
-        crate::sys::read_small(self.pids.join("cgroup.procs"))
+        crate::host::sys::read_small(self.pids.join("cgroup.procs"))
             .map(|s| !s.trim().is_empty())
             .unwrap_or(false)
     }
 
     /// Whether the group holds a process that is not in `keep`.
     pub fn has_other_than(&self, keep: &[libc::pid_t]) -> bool {
-        crate::sys::read_small(self.pids.join("cgroup.procs"))
+        crate::host::sys::read_small(self.pids.join("cgroup.procs"))
             .map(|s| {
                 s.lines()
                     .filter_map(|l| l.trim().parse::<libc::pid_t>().ok())
@@ -391,7 +391,7 @@ fn freeze(dir: &Path) -> bool {
     }
     let deadline = Instant::now() + Duration::from_secs(1);
     while Instant::now() < deadline {
-        match crate::sys::read_small(dir.join("freezer.state")) {
+        match crate::host::sys::read_small(dir.join("freezer.state")) {
             Ok(s) if s.trim() == "FROZEN" => return true,
             Ok(_) => std::thread::sleep(Duration::from_micros(200)),
             Err(_) => return false,
@@ -424,7 +424,7 @@ fn signal_procs(dir: &Path) -> io::Result<usize> {
 
 /// [`signal_procs`], sparing the processes in `keep`.
 fn signal_procs_except(dir: &Path, keep: &[libc::pid_t]) -> io::Result<usize> {
-    let procs = crate::sys::read_small(dir.join("cgroup.procs"))?;
+    let procs = crate::host::sys::read_small(dir.join("cgroup.procs"))?;
     let mut n = 0;
     for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
         if keep.contains(&pid) {
@@ -458,7 +458,7 @@ impl Hierarchy {
 
 /// Every cgroup hierarchy mounted in this mount namespace.
 pub fn hierarchies() -> Vec<Hierarchy> {
-    let Ok(mountinfo) = crate::sys::read_small("/proc/self/mountinfo") else {
+    let Ok(mountinfo) = crate::host::sys::read_small("/proc/self/mountinfo") else {
         return Vec::new();
     };
     mountinfo
@@ -499,7 +499,7 @@ pub fn hierarchies() -> Vec<Hierarchy> {
 
 /// This process's own path in the hierarchy holding `controller` (v1).
 pub fn own_path(controller: &str) -> Option<String> {
-    let cgroups = crate::sys::read_small("/proc/self/cgroup").ok()?;
+    let cgroups = crate::host::sys::read_small("/proc/self/cgroup").ok()?;
     cgroups.lines().find_map(|line| {
         let mut parts = line.splitn(3, ':');
         let _id = parts.next()?;

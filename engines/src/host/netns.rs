@@ -1,5 +1,9 @@
 //! Empty network namespaces for network policy `none`.
 
+// `unshare`, `setns`, `mount` and the interface ioctls are `unsafe` to call; each
+// is made here behind a safe function.
+#![allow(unsafe_code)]
+
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
 
@@ -104,4 +108,27 @@ fn loopback_up() -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Connects to `addr` from inside the network namespace `netns` (an fd of
+/// `/proc/<pid>/ns/net` or of a namespace Paddock made, open for the whole call). A
+/// short-lived thread enters the namespace and makes the socket there; the socket
+/// stays in that namespace, and no thread of the host changes namespace for longer
+/// than the connect.
+pub(crate) fn connect_in(
+    netns: std::os::fd::RawFd,
+    addr: std::net::SocketAddr,
+) -> io::Result<std::net::TcpStream> {
+    std::thread::Builder::new()
+        .name("paddock-connect".into())
+        .spawn(move || {
+            // SAFETY: setns changes this thread's network namespace only; the thread
+            // ends right after the connect.
+            if unsafe { libc::setns(netns, libc::CLONE_NEWNET) } == -1 {
+                return Err(io::Error::last_os_error());
+            }
+            std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(5))
+        })?
+        .join()
+        .map_err(|_| io::Error::other("the connecting thread panicked"))?
 }

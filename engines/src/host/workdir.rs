@@ -10,6 +10,11 @@
 //! same rules and then move its bytes through one buffer of [`STREAM_BUFFER_BYTES`],
 //! whatever the file's size.
 
+// The `*at` system calls that keep every path beneath the workdir (`openat2` with
+// `RESOLVE_BENEATH`, `mkdirat`, `fstatat`, `unlinkat`) are `unsafe` to call; they
+// are made here, behind the safe `Workdir` methods.
+#![allow(unsafe_code)]
+
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{self, Read, Write};

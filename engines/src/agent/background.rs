@@ -1,0 +1,139 @@
+//! Background processes: started through the control channel in sessions of their
+//! own, watched through their pidfds, and finished (what they left in their session
+//! killed, reaped, the host told) when they exit.
+
+use std::collections::BTreeMap;
+use std::os::fd::{AsFd, OwnedFd};
+use std::process::Command;
+
+use super::control::ControlMessage;
+use super::reaper::{session_of, spawn_unblocked};
+use super::Agent;
+use crate::host::{pty, spawn, sys};
+
+/// A background process started through the control channel.
+pub(super) struct Background {
+    pub(super) id: String,
+    /// Its pid, which is also its session and process group id.
+    pub(super) pid: libc::pid_t,
+    pub(super) pidfd: Option<OwnedFd>,
+}
+
+impl Agent {
+    /// Starts background process `id` for a `spawn` message, on the three descriptors
+    /// that came with it or on a terminal opened here, and answers `started` (with the
+    /// terminal's master) or `failed`.
+    pub(super) fn spawn_background(
+        &mut self,
+        id: String,
+        argv: Vec<String>,
+        env: BTreeMap<String, String>,
+        cwd: String,
+        tty: Option<(u16, u16)>,
+        fds: Vec<OwnedFd>,
+    ) {
+        let failed = |agent: &Agent, message: String| {
+            agent.answer(
+                &ControlMessage::Failed {
+                    id: id.clone(),
+                    message,
+                },
+                None,
+            );
+        };
+        if argv.is_empty() || self.background.iter().any(|b| b.id == id) {
+            return failed(self, "spawn needs a fresh id and a non-empty argv".into());
+        }
+        let mut cmd = Command::new(&argv[0]);
+        cmd.args(&argv[1..])
+            .env_clear()
+            .envs(&env)
+            .current_dir(&cwd);
+        let master = match tty {
+            None => {
+                let [stdin, stdout, stderr]: [OwnedFd; 3] = match fds.try_into() {
+                    Ok(f) => f,
+                    Err(_) => {
+                        return failed(self, "spawn without tty needs three descriptors".into())
+                    }
+                };
+                cmd.stdin(stdin).stdout(stdout).stderr(stderr);
+                None
+            }
+            Some((rows, cols)) => match pty::open(paddock_core::TerminalSize { rows, cols }) {
+                Ok((master, slave)) => {
+                    let copies = (slave.try_clone(), slave.try_clone());
+                    let (Ok(a), Ok(b)) = copies else {
+                        return failed(self, "cannot copy the terminal's descriptor".into());
+                    };
+                    cmd.stdin(a).stdout(b).stderr(slave);
+                    Some(master)
+                }
+                Err(e) => return failed(self, format!("opening a terminal failed: {e}")),
+            },
+        };
+        spawn::in_new_session(&mut cmd, master.is_some());
+        let spawned = spawn_unblocked(&mut cmd);
+        // The child's copies of the descriptors go with the command.
+        drop(cmd);
+        match spawned {
+            Ok(child) => {
+                let pid = child.id() as libc::pid_t;
+                self.background.push(Background {
+                    id: id.clone(),
+                    pid,
+                    pidfd: sys::pidfd_open(pid).ok(),
+                });
+                self.answer(
+                    &ControlMessage::Started { id, pid },
+                    master.as_ref().map(|m| m.as_fd()),
+                );
+            }
+            Err(e) => failed(self, format!("starting `{}` failed: {e}", argv[0])),
+        }
+    }
+
+    /// A background process's leader has exited (it is a zombie, or was just found
+    /// as one): everything left in its session dies, it is reaped, the host is told.
+    pub(super) fn finish_background(&mut self, pid: libc::pid_t) {
+        let Some(at) = self.background.iter().position(|b| b.pid == pid) else {
+            return;
+        };
+        // The unreaped leader keeps its pid, so the session id names only its own.
+        kill_session(pid);
+        // Our own child, which has exited.
+        let status = sys::reap(pid);
+        let b = self.background.remove(at);
+        let (exit_code, signal) = match status {
+            Ok(sys::ExitStatus { code: Some(c), .. }) => (c, None),
+            Ok(sys::ExitStatus {
+                signal: Some(s), ..
+            }) => (128 + s, Some(s)),
+            _ => (-1, None),
+        };
+        self.answer(
+            &ControlMessage::Exited {
+                id: b.id,
+                exit_code,
+                signal,
+            },
+            None,
+        );
+    }
+}
+
+/// SIGKILL to every process of session `sid` but its leader.
+fn kill_session(sid: libc::pid_t) {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for e in entries.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<libc::pid_t>() else {
+            continue;
+        };
+        if pid != sid && pid > 1 && session_of(pid) == Some(sid) {
+            // A process of the exited leader's session.
+            sys::kill_pid(pid, libc::SIGKILL);
+        }
+    }
+}

@@ -1,0 +1,155 @@
+//! `paddock-agent`: pid 1 of a warm container.
+//!
+//! It speaks protocol v1 (`docs/protocol.md`) on stdin and stdout. Each `invoke` runs
+//! one command: `input` is `{"argv": [...], "env": {"K": "V", …}, "cwd": "/…",
+//! "stdin": "…" | null}`. The command runs in its own process group with exactly that
+//! environment; its stdout and stderr stream back as `log` frames as they are
+//! written, and the turn ends with an `output` frame
+//! `{"exit_code": n, "signal": s | null}` (`exit_code` is `128 + s` when a signal
+//! killed it). A command that cannot be started ends the turn with an `error` frame
+//! of code `SPAWN_FAILED`. A `cancel` frame for the turn in progress kills the
+//! command's group and ends the turn with an `error` frame of code `CANCELLED`.
+//!
+//! When the command has exited, whatever it left running (a background child, a
+//! daemon that left its group) is killed: every process of the container except the
+//! agent — only when the agent is pid 1 of its own pid namespace. As pid 1 the agent
+//! also reaps the orphans the kernel hands it.
+//!
+//! **Background processes.** When the host passes a `SOCK_SEQPACKET` socket as fd 3,
+//! the agent also serves the control channel (`docs/protocol.md`, "The container
+//! agent's control channel"): `spawn` starts a process in a session of its own, with
+//! the three pipe ends passed along or on a pseudo-terminal the agent opens inside
+//! (its master goes back to the host with `started`); `signal` signals its process
+//! group; `exited` reports its end, after everything left in its session was killed.
+//! Such processes outlive turns: the cleanup after a turn spares the sessions of
+//! background processes still running (a process that leaves its session is a
+//! leftover like any other).
+//!
+//! One thread: a `poll` over the host's frames, the control channel, the command's
+//! two output pipes, its pidfd and the pidfds of background processes.
+//!
+//! The parts: the frames on stdin and stdout (`stdio.rs`), one turn's command
+//! (`turn.rs`), the control channel's messages (`control.rs`), background processes
+//! (`background.rs`), and reaping children and killing leftovers (`reaper.rs`).
+
+mod background;
+mod control;
+mod reaper;
+mod stdio;
+mod turn;
+
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+
+use paddock_core::protocol::{Frame, FrameDecoder};
+
+use crate::host::sys;
+use background::Background;
+pub(crate) use control::{ControlFrame, ControlMessage, CONTROL_MESSAGE_MAX};
+use stdio::Host;
+
+/// Bytes read at a time.
+const CHUNK: usize = 64 * 1024;
+
+/// Runs the agent until stdin closes; returns the process exit code.
+pub fn main() -> i32 {
+    let mut agent = Agent {
+        host: Host {
+            decoder: FrameDecoder::new(),
+            queued: VecDeque::new(),
+            closed: false,
+        },
+        control: control::channel(),
+        background: Vec::new(),
+        sigchld: reaper::child_signals(),
+        in_turn: false,
+    };
+    loop {
+        while let Some(frame) = agent.host.queued.pop_front() {
+            if let Frame::Invoke { id, input, .. } = frame {
+                agent.run_turn(&id, &input);
+                agent.reap();
+            }
+            // Anything else with no turn running (a late cancel) has nothing to do.
+        }
+        if agent.host.closed {
+            agent.kill_everything_else(true);
+            return 0;
+        }
+        agent.idle();
+    }
+}
+
+/// Everything the agent serves.
+struct Agent {
+    host: Host,
+    control: Option<OwnedFd>,
+    background: Vec<Background>,
+    /// SIGCHLD, as a descriptor (see [`reaper::child_signals`]).
+    sigchld: Option<OwnedFd>,
+    /// Whether a turn runs (its command is reaped by the turn, not by [`Agent::reap`]).
+    in_turn: bool,
+}
+
+fn pollfd(fd: RawFd) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    }
+}
+
+impl Agent {
+    /// The descriptors polled besides a turn's own: the control channel, SIGCHLD,
+    /// then each background process's pidfd (-1 where there is none).
+    fn extra_fds(&self) -> Vec<libc::pollfd> {
+        let mut fds = vec![
+            pollfd(self.control.as_ref().map_or(-1, |c| c.as_raw_fd())),
+            pollfd(self.sigchld.as_ref().map_or(-1, |c| c.as_raw_fd())),
+        ];
+        for b in &self.background {
+            fds.push(pollfd(b.pidfd.as_ref().map_or(-1, |p| p.as_raw_fd())));
+        }
+        fds
+    }
+
+    /// Handles what [`extra_fds`](Self::extra_fds) reported ready.
+    fn service(&mut self, ready: &[libc::pollfd]) {
+        if ready.get(1).is_some_and(|fd| fd.revents != 0) {
+            if let Some(fd) = &self.sigchld {
+                reaper::drain(fd);
+            }
+            // During a turn its command is the turn's to reap; everything else is
+            // reaped when the turn ends.
+            if !self.in_turn {
+                self.reap();
+            }
+        }
+        let exited: Vec<libc::pid_t> = ready
+            .iter()
+            .skip(2)
+            .zip(&self.background)
+            .filter(|(fd, _)| fd.revents != 0)
+            .map(|(_, b)| b.pid)
+            .collect();
+        for pid in exited {
+            self.finish_background(pid);
+        }
+        if ready.first().is_some_and(|fd| fd.revents != 0) {
+            self.read_control();
+        }
+    }
+
+    /// Waits between turns: for frames, control messages and background exits.
+    fn idle(&mut self) {
+        let mut fds = vec![pollfd(0)];
+        fds.extend(self.extra_fds());
+        if sys::poll(&mut fds, -1).is_err() {
+            return;
+        }
+        if fds[0].revents != 0 {
+            self.host.read();
+        }
+        self.service(&fds[1..]);
+    }
+}

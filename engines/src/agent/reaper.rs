@@ -1,0 +1,125 @@
+//! Children: SIGCHLD as a descriptor, reaping them as they die, and killing
+//! whatever a command left behind when its turn ends.
+
+use std::os::fd::OwnedFd;
+use std::process::Command;
+
+use super::Agent;
+use crate::host::sys;
+
+/// A descriptor that reads SIGCHLD (blocked, so it is delivered only there): between
+/// turns the agent reaps orphans as they die, not only when the next turn ends.
+/// Commands are started with it unblocked (see `spawn_unblocked`).
+pub(super) fn child_signals() -> Option<OwnedFd> {
+    sys::signal_fd(libc::SIGCHLD).ok()
+}
+
+/// Starts `cmd` with SIGCHLD unblocked: a command inherits the agent's signal mask
+/// (std does not reset it), and a shell whose SIGCHLD is blocked never sees its
+/// children end (`wait` hangs). A SIGCHLD that lands in this window is lost to the
+/// signalfd; what it announced is reaped at the next one or when the turn ends.
+pub(super) fn spawn_unblocked(cmd: &mut Command) -> std::io::Result<std::process::Child> {
+    sys::with_signal_unblocked(libc::SIGCHLD, || cmd.spawn())
+}
+
+impl Agent {
+    /// Reaps every exited child without waiting (a background leader is finished
+    /// properly); the error that ended it (`ECHILD`: no child at all), `None` when
+    /// children are still running.
+    pub(super) fn reap(&mut self) -> Option<i32> {
+        loop {
+            let pid = match sys::exited_child() {
+                Ok(Some(pid)) => pid,
+                Ok(None) => return None,
+                Err(e) => return e.raw_os_error(),
+            };
+            if self.background.iter().any(|b| b.pid == pid) {
+                self.finish_background(pid);
+            } else {
+                sys::discard_exited(pid);
+            }
+        }
+    }
+
+    /// Kills every process of the container but the agent (and, unless `all`, the
+    /// sessions of background processes) and reaps them, until none is left (at most
+    /// a second: a process in uninterruptible sleep dies when it wakes). Only as pid
+    /// 1 of its own pid namespace: anywhere else "every other process" would be the
+    /// host's.
+    pub(super) fn kill_everything_else(&mut self, all: bool) {
+        if std::process::id() != 1 {
+            self.reap();
+            return;
+        }
+        if all {
+            for b in &self.background {
+                // The group of a process not yet reaped.
+                sys::kill_group(b.pid, libc::SIGKILL);
+            }
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        loop {
+            // Every process of the namespace descends from pid 1 (nothing enters the
+            // container from outside), and orphans are handed to it: no child left
+            // means no process left, and the usual turn ends with this one call.
+            if matches!(self.reap(), Some(libc::ECHILD)) {
+                return;
+            }
+            let spared: Vec<libc::pid_t> = if all {
+                Vec::new()
+            } else {
+                self.background.iter().map(|b| b.pid).collect()
+            };
+            let Ok(entries) = std::fs::read_dir("/proc") else {
+                return;
+            };
+            let mut others = 0;
+            for e in entries.flatten() {
+                let Ok(pid) = e.file_name().to_string_lossy().parse::<libc::pid_t>() else {
+                    continue;
+                };
+                if pid == 1
+                    || (!spared.is_empty() && session_of(pid).is_some_and(|s| spared.contains(&s)))
+                {
+                    continue;
+                }
+                // A pid read from this namespace's /proc (a zombie ignores it;
+                // reaping removes it).
+                sys::kill_pid(pid, libc::SIGKILL);
+                others += 1;
+            }
+            self.reap();
+            if others == 0 || std::time::Instant::now() >= deadline {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+    }
+}
+
+/// Reads a non-blocking descriptor empty.
+pub(super) fn drain(fd: &OwnedFd) {
+    let mut buf = [0u8; 1024];
+    while matches!(sys::read(fd, &mut buf), Ok(n) if n > 0) {}
+}
+
+/// The session id of `pid`, from `/proc/<pid>/stat`.
+pub(super) fn session_of(pid: libc::pid_t) -> Option<libc::pid_t> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // pid (comm) state ppid pgrp session …; comm may hold spaces and parentheses.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(3)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_of_reads_the_session_field() {
+        let own = std::process::id() as libc::pid_t;
+        let sid = rustix::process::getsid(None).unwrap().as_raw_pid();
+        assert_eq!(session_of(own), Some(sid));
+        assert_eq!(session_of(-5), None);
+    }
+}

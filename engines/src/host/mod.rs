@@ -1,0 +1,14 @@
+//! The host layer: the operating-system mechanisms the engines stand on.
+//!
+//! Starting a program without forking the host ([`spawn`]), cgroups ([`cgroup`]),
+//! network and mount namespaces ([`netns`]), a sandbox's working directory with its
+//! path confinement ([`workdir`]), pseudo-terminals ([`pty`]) and the thin, checked
+//! wrappers over single system calls ([`sys`]). The engines above call these safe
+//! functions; the system calls themselves are made here.
+
+pub mod cgroup;
+pub mod netns;
+pub(crate) mod pty;
+pub(crate) mod spawn;
+pub(crate) mod sys;
+pub mod workdir;
