@@ -33,11 +33,15 @@ impl Shares {
     }
 }
 
-/// What a tenant holds of its shares; given back when dropped.
+/// What a tenant holds of its shares; given back when dropped. Only what a cap
+/// applies to is counted: without caps, taking a share costs nothing.
 #[derive(Debug)]
 pub(crate) struct Share {
     pub(crate) shares: Rc<RefCell<Shares>>,
     pub(crate) tenant: Option<String>,
+    /// Counted against `max_slots`.
+    pub(crate) slot: bool,
+    /// Counted against `max_sandboxes`.
     pub(crate) sandbox: bool,
 }
 
@@ -50,6 +54,17 @@ impl Share {
         sandbox: bool,
     ) -> Result<Share, Error> {
         let mut s = shares.borrow_mut();
+        let slot = s.max_slots.is_some();
+        let sandbox = sandbox && s.max_sandboxes.is_some();
+        if !(slot || sandbox) {
+            drop(s);
+            return Ok(Share {
+                shares: shares.clone(),
+                tenant: None,
+                slot,
+                sandbox,
+            });
+        }
         let who = tenant.as_deref().unwrap_or("(none)");
         if sandbox {
             let open = s.sandboxes.get(tenant).copied().unwrap_or(0);
@@ -63,17 +78,19 @@ impl Share {
                 .with_retry_after_ms(SANDBOX_CAP_RETRY_MS));
             }
         }
-        let held = s.slots.get(tenant).copied().unwrap_or(0);
-        if let Some(max) = s.max_slots.filter(|m| held >= *m) {
-            return Err(Error::new(
-                ErrorCode::PoolExhausted,
-                format!(
-                    "tenant `{who}` holds {held} pool slots (open sandboxes and pooled executions), its cap (limiter.max_slots_per_tenant = {max}); retry when one ends"
-                ),
-            )
-            .with_retry_after_ms(SLOT_CAP_RETRY_MS));
+        if slot {
+            let held = s.slots.get(tenant).copied().unwrap_or(0);
+            if let Some(max) = s.max_slots.filter(|m| held >= *m) {
+                return Err(Error::new(
+                    ErrorCode::PoolExhausted,
+                    format!(
+                        "tenant `{who}` holds {held} pool slots (open sandboxes and pooled executions), its cap (limiter.max_slots_per_tenant = {max}); retry when one ends"
+                    ),
+                )
+                .with_retry_after_ms(SLOT_CAP_RETRY_MS));
+            }
+            *s.slots.entry(tenant.clone()).or_default() += 1;
         }
-        *s.slots.entry(tenant.clone()).or_default() += 1;
         if sandbox {
             *s.sandboxes.entry(tenant.clone()).or_default() += 1;
         }
@@ -81,6 +98,7 @@ impl Share {
         Ok(Share {
             shares: shares.clone(),
             tenant: tenant.clone(),
+            slot,
             sandbox,
         })
     }
@@ -88,6 +106,9 @@ impl Share {
 
 impl Drop for Share {
     fn drop(&mut self) {
+        if !(self.slot || self.sandbox) {
+            return;
+        }
         let mut s = self.shares.borrow_mut();
         let give_back = |map: &mut HashMap<Option<String>, u32>, tenant: &Option<String>| {
             if let Some(n) = map.get_mut(tenant) {
@@ -97,7 +118,9 @@ impl Drop for Share {
                 }
             }
         };
-        give_back(&mut s.slots, &self.tenant);
+        if self.slot {
+            give_back(&mut s.slots, &self.tenant);
+        }
         if self.sandbox {
             give_back(&mut s.sandboxes, &self.tenant);
         }
