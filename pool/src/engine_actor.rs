@@ -93,30 +93,17 @@ impl<T: Send + 'static> Handler<Call<T>> for EngineActor {
                     return Err(panicked(what, &*panic));
                 }
             };
-            taint_on_panic(&tainted, caught(what, fut).await)
+            caught_tainting(what, &tainted, fut).await
         })
     }
 }
-
-/// Marks the instance tainted when `result` is a caught panic.
-fn taint_on_panic<T>(tainted: &AtomicBool, result: Result<T, Error>) -> Result<T, Error> {
-    if let Err(e) = &result {
-        if e.code == ErrorCode::EngineFailed && e.message.starts_with(PANICKED) {
-            tainted.store(true, Ordering::Release);
-        }
-    }
-    result
-}
-
-/// How the error of a caught panic starts.
-const PANICKED: &str = "the engine panicked during ";
 
 /// The error of a panic in engine code during `what`.
 pub(crate) fn panicked(what: &str, panic: &(dyn Any + Send)) -> Error {
     Error::new(
         ErrorCode::EngineFailed,
         format!(
-            "{PANICKED}{what}: {}; the instance is replaced",
+            "the engine panicked during {what}: {}; the instance is replaced",
             panic_message(panic)
         ),
     )
@@ -162,11 +149,10 @@ impl Handler<RunExec> for EngineActor {
                 sink,
                 cancel,
             } = msg;
-            let r = caught("exec", async move {
+            caught_tainting("exec", &tainted, async move {
                 sandbox.exec(request, &*sink, cancel).await
             })
-            .await;
-            taint_on_panic(&tainted, r)
+            .await
         })
     }
 }
@@ -183,8 +169,7 @@ impl Handler<Recycle> for EngineActor {
         let sandbox = self.sandbox.clone();
         let tainted = self.tainted.clone();
         Box::pin(async move {
-            let r = caught("recycle", async move { sandbox.recycle().await }).await;
-            taint_on_panic(&tainted, r)
+            caught_tainting("recycle", &tainted, async move { sandbox.recycle().await }).await
         })
     }
 }
@@ -218,6 +203,21 @@ pub(crate) async fn caught<T>(
     match CatchUnwind(Box::pin(fut)).await {
         Ok(r) => r,
         Err(panic) => Err(panicked(what, &*panic)),
+    }
+}
+
+/// [`caught`], marking the instance tainted when `fut` panicked.
+async fn caught_tainting<T>(
+    what: &'static str,
+    tainted: &AtomicBool,
+    fut: impl Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    match CatchUnwind(Box::pin(fut)).await {
+        Ok(r) => r,
+        Err(panic) => {
+            tainted.store(true, Ordering::Release);
+            Err(panicked(what, &*panic))
+        }
     }
 }
 

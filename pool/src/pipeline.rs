@@ -240,50 +240,50 @@ impl Pipeline {
             buffer: BufferSink(buffer),
             extra: sink,
         });
-        match target {
-            Target::Pool(_) | Target::Parked => {
-                let (pool, lease) = match self.pooled_lease(target, &request, &token).await {
-                    Ok(Some(held)) => held,
-                    Ok(None) => return Ok(cancelled_result(request.id, engine)),
-                    Err(e) => return Err(e),
-                };
-                let limits = request.limits.clone().or(&self.defaults);
-                let grace = Duration::from_millis(pool.config.watchdog_grace_ms);
-                let tenant = request.tenant.clone();
-                let mut result = run_on(&lease, request, tee, token, &limits, grace).await;
-                self.settle(pool, lease, tenant, &mut result);
-                result
-            }
+        let from = match target {
             Target::Session(session) => {
                 let _busy = Busy::new(session.clone());
                 let mut request = request;
                 request.limits = request.limits.or(&session.limits);
                 let limits = request.limits.clone().or(&self.defaults);
                 let grace = Duration::from_millis(session.lease.pool_config().watchdog_grace_ms);
-                run_on(&session.lease, request, tee, token, &limits, grace).await
+                return run_on(&session.lease, request, tee, token, &limits, grace).await;
             }
-        }
+            Target::Pool(pool) => Some(pool),
+            Target::Parked => None,
+        };
+        let (pool, lease) = match self.pooled_lease(from, &request, &token).await {
+            Ok(Some(held)) => held,
+            Ok(None) => return Ok(cancelled_result(request.id, engine)),
+            Err(e) => return Err(e),
+        };
+        let limits = request.limits.clone().or(&self.defaults);
+        let grace = Duration::from_millis(pool.config.watchdog_grace_ms);
+        let tenant = request.tenant.clone();
+        let mut result = run_on(&lease, request, tee, token, &limits, grace).await;
+        self.settle(pool, lease, tenant, &mut result);
+        result
     }
 }
 
 impl Pipeline {
-    /// The pooled instance an execution runs on, and its pool: a fresh lease from the
-    /// pool, or, for the resume of a suspended execution, the instance parked for it
-    /// (in the pool it was parked from, whatever the routing saw). `None`: cancelled
-    /// while it waited.
+    /// The pooled instance an execution runs on, and its pool: a fresh lease from
+    /// `from`, or (`None`), for the resume of a suspended execution, the instance
+    /// parked for it (in the pool it was parked from, whatever the routing saw).
+    /// `Ok(None)`: cancelled while it waited.
     async fn pooled_lease(
         &self,
-        target: Target,
+        from: Option<Arc<EnginePool>>,
         request: &ExecRequest,
         token: &CancelToken,
     ) -> Result<Option<(Arc<EnginePool>, Lease)>, Error> {
-        match target {
-            Target::Pool(pool) => match pool.acquire(token).await {
+        match from {
+            Some(pool) => match pool.acquire(token).await {
                 Ok(lease) => Ok(Some((pool, lease))),
                 Err(e) if e.code == ErrorCode::Cancelled => Ok(None),
                 Err(e) => Err(e),
             },
-            Target::Parked => {
+            None => {
                 let paddock_core::Program::Resume { token_id, .. } = &request.program else {
                     return Err(Error::invalid_options(
                         "program",
@@ -293,10 +293,6 @@ impl Pipeline {
                 let parked = self.parking.borrow_mut().take(&request.tenant, token_id)?;
                 Ok(Some((parked.pool, parked.lease)))
             }
-            Target::Session(_) => Err(Error::new(
-                ErrorCode::EngineFailed,
-                "a session's execution has no pooled lease",
-            )),
         }
     }
 

@@ -294,27 +294,17 @@ impl AuditLog {
     /// Entries in the ring that match `query`, newest first (in recording order), at
     /// most `query.limit` (default [`DEFAULT_SEARCH_LIMIT`]).
     pub fn search(&self, query: &AuditQuery) -> Vec<AuditEntry> {
-        let limit = query.limit.unwrap_or(DEFAULT_SEARCH_LIMIT);
-        self.ring
-            .iter()
-            .rev()
-            .filter(|e| query.matches(e))
-            .take(limit)
-            .cloned()
-            .collect()
+        self.search_for(query, None)
     }
 
     /// [`search`](AuditLog::search) confined to one tenant's entries when `owner` is
     /// `Some` (`Some(None)`: entries without a tenant), whatever `query.tenant` says.
     pub fn search_for(&self, query: &AuditQuery, owner: Option<Option<&str>>) -> Vec<AuditEntry> {
-        let Some(owner) = owner else {
-            return self.search(query);
-        };
         let limit = query.limit.unwrap_or(DEFAULT_SEARCH_LIMIT);
         self.ring
             .iter()
             .rev()
-            .filter(|e| e.tenant.as_deref() == owner && query.matches(e))
+            .filter(|e| owner.is_none_or(|o| e.tenant.as_deref() == o) && query.matches(e))
             .take(limit)
             .cloned()
             .collect()

@@ -255,12 +255,18 @@ impl ResultStore {
     }
 
     fn evict_oldest(inner: &mut Inner) {
-        if let Some((id, key)) = inner.order.pop_front() {
-            Self::forget(inner, &id);
-            if let Some(key) = key {
-                if inner.keys.get(&key) == Some(&id) {
-                    inner.keys.remove(&key);
-                }
+        if let Some(place) = inner.order.pop_front() {
+            Self::drop_place(inner, place);
+        }
+    }
+
+    /// Forgets the entry at a place of the queue, and its idempotency key if the key
+    /// still names it.
+    fn drop_place(inner: &mut Inner, (id, key): (ExecutionId, Option<(String, String)>)) {
+        Self::forget(inner, &id);
+        if let Some(key) = key {
+            if inner.keys.get(&key) == Some(&id) {
+                inner.keys.remove(&key);
             }
         }
     }
@@ -278,13 +284,8 @@ impl ResultStore {
         let Some(at) = found else {
             return false;
         };
-        if let Some((id, key)) = inner.order.remove(at) {
-            Self::forget(inner, &id);
-            if let Some(key) = key {
-                if inner.keys.get(&key) == Some(&id) {
-                    inner.keys.remove(&key);
-                }
-            }
+        if let Some(place) = inner.order.remove(at) {
+            Self::drop_place(inner, place);
         }
         true
     }
