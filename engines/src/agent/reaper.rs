@@ -105,8 +105,13 @@ pub(super) fn drain(fd: &OwnedFd) {
 
 /// The session id of `pid`, from `/proc/<pid>/stat`.
 pub(super) fn session_of(pid: libc::pid_t) -> Option<libc::pid_t> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // pid (comm) state ppid pgrp session …; comm may hold spaces and parentheses.
+    session_field(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// The session field of a `/proc/<pid>/stat` line: `pid (comm) state ppid pgrp session …`,
+/// where comm may hold spaces and parentheses. A process outside any session (started
+/// by a kernel thread or some container inits) reads 0.
+fn session_field(stat: &str) -> Option<libc::pid_t> {
     let rest = &stat[stat.rfind(')')? + 1..];
     rest.split_whitespace().nth(3)?.parse().ok()
 }
@@ -116,10 +121,34 @@ mod tests {
     use super::*;
 
     #[test]
-    fn session_of_reads_the_session_field() {
-        let own = std::process::id() as libc::pid_t;
-        let sid = rustix::process::getsid(None).unwrap().as_raw_pid();
-        assert_eq!(session_of(own), Some(sid));
+    fn session_field_skips_a_command_name_with_parentheses_and_spaces() {
+        assert_eq!(session_field("42 (a) b (c) S 1 40 41 0 -1"), Some(41));
+        assert_eq!(session_field("7 (init) S 0 0 0 0 -1"), Some(0));
+        assert_eq!(session_field("7 (init) S 0"), None);
+        assert_eq!(session_field("no parenthesis"), None);
+    }
+
+    #[test]
+    fn session_of_reads_a_new_sessions_leader() {
+        // `setsid` run by a process that is not a group leader calls setsid(2) and
+        // execs in place, so the child leads a session whose id is its own pid.
+        let mut child = std::process::Command::new("setsid")
+            .args(["sleep", "30"])
+            .spawn()
+            .expect("setsid is part of util-linux");
+        let pid = child.id() as libc::pid_t;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut seen = None;
+        while std::time::Instant::now() < deadline {
+            seen = session_of(pid);
+            if seen == Some(pid) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(seen, Some(pid));
         assert_eq!(session_of(-5), None);
     }
 }
