@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use paddock_core::{
-    EngineKind, ErrorCode, ExecRequest, ExecResult, Language, LimitKind, Limits, NetworkPolicy,
+    EngineName, ErrorCode, ExecRequest, ExecResult, Language, LimitKind, Limits, NetworkPolicy,
     Outcome, PaddockConfig, Program, StreamKind,
 };
 use paddock_pool::{Execute, Paddock, StreamEvent};
@@ -242,9 +242,9 @@ pub(crate) async fn run(args: RunArgs) -> Result<i32, UsageError> {
     }
     let id = request.id.clone();
     let mut msg = Execute::new(request).on(match args.engine {
-        EngineArg::Subprocess => EngineKind::Subprocess,
-        EngineArg::Isolate => EngineKind::Isolate,
-        EngineArg::Container => EngineKind::Container,
+        EngineArg::Subprocess => EngineName::SUBPROCESS,
+        EngineArg::Isolate => EngineName::ISOLATE,
+        EngineArg::Container => EngineName::CONTAINER,
     });
     msg.network = match args.network {
         NetworkArg::None => NetworkPolicy::None,

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use clap::Args;
 use paddock_core::{
-    EngineKind, Limits, NetworkPolicy, PaddockConfig, SandboxSpec, TerminalSize, TerminalSpec,
+    EngineName, Limits, NetworkPolicy, PaddockConfig, SandboxSpec, TerminalSize, TerminalSpec,
 };
 use paddock_pool::{Attachable, Paddock};
 use tokio::io::AsyncReadExt;
@@ -97,8 +97,8 @@ fn local_size() -> Option<TerminalSize> {
 /// Runs `paddock shell`; returns the process exit status.
 pub(crate) async fn shell(args: ShellArgs) -> Result<i32, UsageError> {
     let engine = match args.engine {
-        EngineArg::Subprocess => EngineKind::Subprocess,
-        EngineArg::Container => EngineKind::Container,
+        EngineArg::Subprocess => EngineName::SUBPROCESS,
+        EngineArg::Container => EngineName::CONTAINER,
         EngineArg::Isolate => {
             return Err(UsageError(
                 "the isolate engine runs JavaScript, not terminals: use --engine subprocess or container".into(),
@@ -116,7 +116,7 @@ pub(crate) async fn shell(args: ShellArgs) -> Result<i32, UsageError> {
     };
     config.pool.min_idle = 0;
     let mut builder = Paddock::builder().config(config);
-    if engine != EngineKind::Container {
+    if engine != EngineName::CONTAINER {
         builder = builder.without_container();
     }
     let paddock = match builder.start() {

@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use paddock_core::{
-    CancelToken, Capabilities, Engine, EngineKind, Error, ErrorCode, ExecRequest, ExecResult,
+    CancelToken, Capabilities, Engine, EngineName, Error, ErrorCode, ExecRequest, ExecResult,
     FileEntry, Outcome, OutputChunk, OutputSink, Result, Sandbox, SandboxSpec, SandboxStatus,
 };
 
@@ -120,8 +120,8 @@ impl Broken {
 
 #[async_trait]
 impl Engine for Broken {
-    fn kind(&self) -> EngineKind {
-        self.inner.kind()
+    fn name(&self) -> EngineName {
+        self.inner.name()
     }
 
     fn capabilities(&self) -> &Capabilities {
@@ -187,8 +187,8 @@ impl Sandbox for BrokenSandbox {
         self.inner.id()
     }
 
-    fn kind(&self) -> EngineKind {
-        self.inner.kind()
+    fn engine(&self) -> EngineName {
+        self.inner.engine()
     }
 
     fn root_dir(&self) -> &Path {

@@ -11,7 +11,7 @@ use serde::Deserialize;
 
 use crate::error::{Error, Result};
 use crate::exec::ExecRequest;
-use crate::isolation::{EngineKind, IsolationLevel, NetworkPolicy};
+use crate::isolation::{EngineName, IsolationLevel, NetworkPolicy};
 use crate::limits::Limits;
 use crate::program::Program;
 
@@ -21,7 +21,7 @@ use crate::program::Program;
 pub struct ExecBody {
     /// The engine (the configured default when absent).
     #[serde(default)]
-    pub engine: Option<EngineKind>,
+    pub engine: Option<EngineName>,
     /// What to run.
     pub program: Program,
     /// Its stdin.
@@ -51,7 +51,7 @@ impl ExecBody {
         tenant: Option<String>,
     ) -> (
         ExecRequest,
-        Option<EngineKind>,
+        Option<EngineName>,
         NetworkPolicy,
         IsolationLevel,
     ) {
@@ -71,7 +71,7 @@ impl ExecBody {
 pub struct SandboxBody {
     /// The engine (the configured default when absent).
     #[serde(default)]
-    pub engine: Option<EngineKind>,
+    pub engine: Option<EngineName>,
     /// The session's limits.
     #[serde(default)]
     pub limits: Limits,

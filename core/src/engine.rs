@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::cancel::CancelToken;
 use crate::error::{Error, ErrorCode, Result};
 use crate::exec::{ExecRequest, ExecResult, OutputChunk};
-use crate::isolation::{Capabilities, EngineKind, IsolationLevel, NetworkPolicy};
+use crate::isolation::{Capabilities, EngineName, IsolationLevel, NetworkPolicy};
 use crate::limits::Limits;
 
 /// What a new sandbox must provide.
@@ -86,8 +86,8 @@ impl OutputSink for DiscardSink {
 /// A backend that creates sandboxes.
 #[async_trait]
 pub trait Engine: Send + Sync + fmt::Debug {
-    /// The engine kind.
-    fn kind(&self) -> EngineKind;
+    /// The name the engine is registered under (and requests choose it by).
+    fn name(&self) -> EngineName;
 
     /// What the engine can do on this host.
     fn capabilities(&self) -> &Capabilities;
@@ -106,8 +106,8 @@ pub trait Sandbox: Send + Sync + fmt::Debug {
     /// The instance id.
     fn id(&self) -> &str;
 
-    /// The engine kind.
-    fn kind(&self) -> EngineKind;
+    /// The name of the engine that made it.
+    fn engine(&self) -> EngineName;
 
     /// The workdir on the host.
     fn root_dir(&self) -> &Path;
@@ -198,7 +198,7 @@ pub trait Sandbox: Send + Sync + fmt::Debug {
     async fn pause(&self) -> Result<()> {
         Err(Error::new(
             ErrorCode::CapabilityNotSupported,
-            format!("the {} engine cannot pause a sandbox", self.kind()),
+            format!("the {} engine cannot pause a sandbox", self.engine()),
         ))
     }
 
@@ -207,7 +207,7 @@ pub trait Sandbox: Send + Sync + fmt::Debug {
     async fn unpause(&self) -> Result<()> {
         Err(Error::new(
             ErrorCode::CapabilityNotSupported,
-            format!("the {} engine cannot pause a sandbox", self.kind()),
+            format!("the {} engine cannot pause a sandbox", self.engine()),
         ))
     }
 
@@ -218,7 +218,7 @@ pub trait Sandbox: Send + Sync + fmt::Debug {
     async fn start_process(&self, spec: crate::ProcessSpec) -> Result<crate::ProcessHandle> {
         let _ = spec;
         Err(not_supported(
-            self.kind(),
+            self.engine(),
             "run background processes",
             "process",
         ))
@@ -229,7 +229,7 @@ pub trait Sandbox: Send + Sync + fmt::Debug {
     /// resolved.
     async fn open_terminal(&self, spec: crate::TerminalSpec) -> Result<crate::TerminalHandle> {
         let _ = spec;
-        Err(not_supported(self.kind(), "open terminals", "terminal"))
+        Err(not_supported(self.engine(), "open terminals", "terminal"))
     }
 
     /// Opens a two-way byte stream to a service listening on the guest's own loopback
@@ -239,14 +239,14 @@ pub trait Sandbox: Send + Sync + fmt::Debug {
     async fn open_tcp_connection(&self, target: crate::TcpTarget) -> Result<crate::TcpConnection> {
         let _ = target;
         Err(not_supported(
-            self.kind(),
+            self.engine(),
             "open TCP streams into the guest",
             "tcp",
         ))
     }
 }
 
-fn not_supported(kind: EngineKind, what: &str, feature: &str) -> Error {
+fn not_supported(kind: EngineName, what: &str, feature: &str) -> Error {
     Error::new(
         ErrorCode::CapabilityNotSupported,
         format!(

@@ -7,7 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, ErrorCode, Result};
-use crate::isolation::EngineKind;
+use crate::isolation::EngineName;
 use crate::limits::{LimitKind, Limits};
 use crate::program::Program;
 
@@ -252,7 +252,7 @@ pub struct ExecResult {
     /// Resources used.
     pub usage: Usage,
     /// The engine that ran it.
-    pub engine: EngineKind,
+    pub engine: EngineName,
     /// The engine instance (sandbox) that ran it.
     pub instance_id: String,
     /// Timestamps.
@@ -268,7 +268,7 @@ impl ExecResult {
     pub fn empty(
         id: ExecutionId,
         outcome: Outcome,
-        engine: EngineKind,
+        engine: EngineName,
         instance_id: impl Into<String>,
     ) -> ExecResult {
         let now = unix_ms();
@@ -293,7 +293,7 @@ impl ExecResult {
     }
 
     /// A result for an execution that failed before or instead of running.
-    pub fn failed(id: ExecutionId, engine: EngineKind, error: Error) -> ExecResult {
+    pub fn failed(id: ExecutionId, engine: EngineName, error: Error) -> ExecResult {
         ExecResult::empty(id, Outcome::Failed { error }, engine, "")
     }
 
@@ -347,7 +347,7 @@ mod tests {
     fn result_wire_form_flattens_the_outcome() {
         let mut r = ExecResult::failed(
             ExecutionId::new(),
-            EngineKind::Subprocess,
+            EngineName::SUBPROCESS,
             Error::new(ErrorCode::SpawnFailed, "x"),
         );
         r.outcome = Outcome::Completed {

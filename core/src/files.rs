@@ -109,7 +109,7 @@ mod tests {
 
     use super::*;
     use crate::{
-        CancelToken, EngineKind, ExecRequest, ExecResult, FileEntry, OutputSink, Sandbox,
+        CancelToken, EngineName, ExecRequest, ExecResult, FileEntry, OutputSink, Sandbox,
         SandboxStatus,
     };
 
@@ -125,8 +125,8 @@ mod tests {
         fn id(&self) -> &str {
             "memory"
         }
-        fn kind(&self) -> EngineKind {
-            EngineKind::Noop
+        fn engine(&self) -> EngineName {
+            EngineName::NOOP
         }
         fn root_dir(&self) -> &Path {
             Path::new("/memory")

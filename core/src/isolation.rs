@@ -68,46 +68,183 @@ impl NetworkPolicy {
     }
 }
 
-/// The kind of engine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum EngineKind {
+/// The name an engine is registered under, and the name requests choose it by.
+///
+/// Engines are open: the built-in names ([`EngineName::SUBPROCESS`],
+/// [`EngineName::ISOLATE`], [`EngineName::CONTAINER`], [`EngineName::NOOP`]) are
+/// ordinary entries, and an engine from any crate registers under its own name. A
+/// name is 1 to 32 bytes of lower-case ASCII letters, digits, `-` and `_`, starting
+/// with a letter. Cloning a name never allocates.
+#[derive(Clone)]
+pub struct EngineName(NameRepr);
+
+#[derive(Clone)]
+enum NameRepr {
+    Static(&'static str),
+    Shared(std::sync::Arc<str>),
+}
+
+/// The longest engine name, in bytes.
+pub const MAX_ENGINE_NAME_LEN: usize = 32;
+
+impl EngineName {
     /// Host processes.
-    Subprocess,
+    pub const SUBPROCESS: EngineName = EngineName::from_static("subprocess");
     /// QuickJS isolates on dedicated threads.
-    Isolate,
+    pub const ISOLATE: EngineName = EngineName::from_static("isolate");
     /// OCI containers.
-    Container,
+    pub const CONTAINER: EngineName = EngineName::from_static("container");
     /// A test or benchmark engine that runs nothing.
-    Noop,
-}
+    pub const NOOP: EngineName = EngineName::from_static("noop");
 
-impl EngineKind {
-    /// The wire name.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            EngineKind::Subprocess => "subprocess",
-            EngineKind::Isolate => "isolate",
-            EngineKind::Container => "container",
-            EngineKind::Noop => "noop",
+    /// A name fixed at compile time. Panics (at compile time, in a `const`) when the
+    /// name breaks the rules of [`EngineName`].
+    pub const fn from_static(name: &'static str) -> EngineName {
+        if !name_is_valid(name.as_bytes()) {
+            panic!("an engine name is 1-32 bytes of a-z, 0-9, `-` and `_`, starting with a letter");
+        }
+        EngineName(NameRepr::Static(name))
+    }
+
+    /// Checks and takes a name given at run time, refusing one that breaks the rules
+    /// with `INVALID_OPTIONS` (the message says what a name may hold).
+    pub fn new(name: &str) -> Result<EngineName> {
+        for builtin in [Self::SUBPROCESS, Self::ISOLATE, Self::CONTAINER, Self::NOOP] {
+            if builtin.as_str() == name {
+                return Ok(builtin);
+            }
+        }
+        if !name_is_valid(name.as_bytes()) {
+            let shown: String = name.chars().take(MAX_ENGINE_NAME_LEN + 8).collect();
+            return Err(Error::new(
+                ErrorCode::InvalidOptions,
+                format!(
+                    "`{shown}` is not an engine name: a name is 1 to {MAX_ENGINE_NAME_LEN} bytes of lower-case letters, digits, `-` and `_`, starting with a letter"
+                ),
+            ));
+        }
+        Ok(EngineName(NameRepr::Shared(name.into())))
+    }
+
+    /// Parses a name, `None` when it breaks the rules.
+    pub fn parse(name: &str) -> Option<EngineName> {
+        EngineName::new(name).ok()
+    }
+
+    /// The name as a `&'static str` when it is one (every built-in name is).
+    pub fn as_static(&self) -> Option<&'static str> {
+        match &self.0 {
+            NameRepr::Static(s) => Some(s),
+            NameRepr::Shared(_) => None,
         }
     }
 
-    /// Parses a wire name.
-    pub fn parse(s: &str) -> Option<EngineKind> {
-        match s {
-            "subprocess" => Some(EngineKind::Subprocess),
-            "isolate" => Some(EngineKind::Isolate),
-            "container" => Some(EngineKind::Container),
-            "noop" => Some(EngineKind::Noop),
-            _ => None,
+    /// The name as a shared string: cloning it never allocates (a built-in name
+    /// allocates once here).
+    pub fn to_shared(&self) -> std::sync::Arc<str> {
+        match &self.0 {
+            NameRepr::Static(s) => (*s).into(),
+            NameRepr::Shared(s) => s.clone(),
+        }
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        match &self.0 {
+            NameRepr::Static(s) => s,
+            NameRepr::Shared(s) => s,
         }
     }
 }
 
-impl fmt::Display for EngineKind {
+const fn name_is_valid(name: &[u8]) -> bool {
+    if name.is_empty() || name.len() > MAX_ENGINE_NAME_LEN || !name[0].is_ascii_lowercase() {
+        return false;
+    }
+    let mut i = 0;
+    while i < name.len() {
+        let b = name[i];
+        if !(b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_') {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+impl PartialEq for EngineName {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for EngineName {}
+
+impl std::hash::Hash for EngineName {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state);
+    }
+}
+
+impl PartialOrd for EngineName {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for EngineName {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.as_str().cmp(other.as_str())
+    }
+}
+
+impl PartialEq<str> for EngineName {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl PartialEq<&str> for EngineName {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl fmt::Display for EngineName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Debug for EngineName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl std::str::FromStr for EngineName {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<EngineName> {
+        EngineName::new(s)
+    }
+}
+
+impl Serialize for EngineName {
+    fn serialize<S: serde::Serializer>(
+        &self,
+        serializer: S,
+    ) -> std::result::Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for EngineName {
+    fn deserialize<D: serde::Deserializer<'de>>(
+        deserializer: D,
+    ) -> std::result::Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+        EngineName::new(&s).map_err(|e| serde::de::Error::custom(e.message))
     }
 }
 
@@ -152,7 +289,7 @@ impl Capabilities {
     }
 
     /// `CAPABILITY_NOT_SUPPORTED` unless the engine runs `kind`.
-    pub fn check_program(&self, engine: EngineKind, kind: ProgramKind) -> Result<()> {
+    pub fn check_program(&self, engine: &EngineName, kind: ProgramKind) -> Result<()> {
         if self.supports_program(kind) {
             return Ok(());
         }
@@ -166,7 +303,7 @@ impl Capabilities {
     }
 
     /// `CAPABILITY_NOT_SUPPORTED` unless the engine advertises `feature`.
-    pub fn check_feature(&self, engine: EngineKind, feature: &str) -> Result<()> {
+    pub fn check_feature(&self, engine: &EngineName, feature: &str) -> Result<()> {
         if self.has_feature(feature) {
             return Ok(());
         }
@@ -180,7 +317,7 @@ impl Capabilities {
     }
 
     /// `LEVEL_NOT_SUPPORTED` unless the engine provides `level` or stronger.
-    pub fn check_level(&self, engine: EngineKind, level: IsolationLevel) -> Result<()> {
+    pub fn check_level(&self, engine: &EngineName, level: IsolationLevel) -> Result<()> {
         if level <= self.max_level {
             return Ok(());
         }
@@ -194,7 +331,7 @@ impl Capabilities {
     }
 
     /// `CAPABILITY_NOT_SUPPORTED` unless the engine can enforce `policy`.
-    pub fn check_network(&self, engine: EngineKind, policy: &NetworkPolicy) -> Result<()> {
+    pub fn check_network(&self, engine: &EngineName, policy: &NetworkPolicy) -> Result<()> {
         if self.network.contains(policy.name()) {
             return Ok(());
         }
@@ -212,6 +349,44 @@ impl Capabilities {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn engine_names_are_checked_and_compare_by_text() {
+        let custom = EngineName::new("my-engine_2").unwrap();
+        assert_eq!(custom.as_str(), "my-engine_2");
+        assert_eq!(custom.as_static(), None);
+        assert_eq!(
+            EngineName::new("subprocess").unwrap().as_static(),
+            Some("subprocess")
+        );
+        assert_eq!(EngineName::new("isolate").unwrap(), EngineName::ISOLATE);
+        assert_eq!(EngineName::from_static("my-engine_2"), custom);
+        for bad in [
+            "",
+            "Upper",
+            "1st",
+            "-x",
+            "has space",
+            "dot.ted",
+            "é",
+            &"a".repeat(33),
+        ] {
+            let e = EngineName::new(bad).unwrap_err();
+            assert_eq!(e.code, ErrorCode::InvalidOptions, "{bad:?}");
+            assert!(e.message.contains("lower-case letters"), "{}", e.message);
+        }
+        assert!(EngineName::new(&"a".repeat(32)).is_ok());
+    }
+
+    #[test]
+    fn engine_names_travel_as_strings() {
+        let json = serde_json::to_string(&EngineName::new("gvisor").unwrap()).unwrap();
+        assert_eq!(json, "\"gvisor\"");
+        let back: EngineName = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, "gvisor");
+        let bad = serde_json::from_str::<EngineName>("\"No Such\"").unwrap_err();
+        assert!(bad.to_string().contains("is not an engine name"), "{bad}");
+    }
     use crate::program::Language;
 
     #[test]
@@ -225,18 +400,18 @@ mod tests {
             &[],
         );
         assert!(caps
-            .check_level(EngineKind::Subprocess, IsolationLevel::None)
+            .check_level(&EngineName::SUBPROCESS, IsolationLevel::None)
             .is_ok());
         let e = caps
-            .check_level(EngineKind::Subprocess, IsolationLevel::Strict)
+            .check_level(&EngineName::SUBPROCESS, IsolationLevel::Strict)
             .unwrap_err();
         assert_eq!(e.code, ErrorCode::LevelNotSupported);
         let e = caps
-            .check_program(EngineKind::Subprocess, ProgramKind::Invoke)
+            .check_program(&EngineName::SUBPROCESS, ProgramKind::Invoke)
             .unwrap_err();
         assert_eq!(e.code, ErrorCode::CapabilityNotSupported);
         assert!(caps
-            .check_network(EngineKind::Subprocess, &NetworkPolicy::Unrestricted)
+            .check_network(&EngineName::SUBPROCESS, &NetworkPolicy::Unrestricted)
             .is_err());
         assert_eq!(
             serde_json::to_string(&IsolationLevel::ContextIsolated).unwrap(),

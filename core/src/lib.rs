@@ -66,7 +66,7 @@ pub use interactive::{
     OutputReader, ProcessExit, ProcessHandle, ProcessSpec, TcpTarget, TerminalHandle, TerminalSize,
     TerminalSpec,
 };
-pub use isolation::{Capabilities, EngineKind, IsolationLevel, NetworkPolicy};
+pub use isolation::{Capabilities, EngineName, IsolationLevel, NetworkPolicy};
 pub use limits::{LimitKind, Limits};
 pub use program::{Language, Program, ProgramKind};
 pub use tenancy::{AccessRules, Allowed, NetworkKind};

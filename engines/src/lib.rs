@@ -27,6 +27,7 @@
 #![deny(unsafe_code)]
 
 pub mod agent;
+mod builtin;
 pub mod capture;
 pub mod container;
 pub mod env;
@@ -37,4 +38,5 @@ pub mod noop;
 pub mod subprocess;
 mod task;
 
+pub use builtin::{builtin, Builtin, BUILTIN_NAMES};
 pub use host::{cgroup, netns, workdir};

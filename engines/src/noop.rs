@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use paddock_core::{
-    CancelToken, Capabilities, Engine, EngineKind, Error, ErrorCode, ExecRequest, ExecResult,
+    CancelToken, Capabilities, Engine, EngineName, Error, ErrorCode, ExecRequest, ExecResult,
     FileEntry, IsolationLevel, OutputSink, ProgramKind, Result, Sandbox, SandboxSpec,
     SandboxStatus,
 };
@@ -62,8 +62,8 @@ impl NoopEngine {
 
 #[async_trait]
 impl Engine for NoopEngine {
-    fn kind(&self) -> EngineKind {
-        EngineKind::Noop
+    fn name(&self) -> EngineName {
+        EngineName::NOOP
     }
 
     fn capabilities(&self) -> &Capabilities {
@@ -71,8 +71,8 @@ impl Engine for NoopEngine {
     }
 
     async fn create(&self, spec: &SandboxSpec) -> Result<Arc<dyn Sandbox>> {
-        self.caps.check_level(EngineKind::Noop, spec.level)?;
-        self.caps.check_network(EngineKind::Noop, &spec.network)?;
+        self.caps.check_level(&EngineName::NOOP, spec.level)?;
+        self.caps.check_network(&EngineName::NOOP, &spec.network)?;
         Ok(Arc::new(self.open()))
     }
 }
@@ -101,7 +101,7 @@ impl NoopSandbox {
         Ok(ExecResult::empty(
             request.id,
             ExecResult::noop_outcome(cancel),
-            EngineKind::Noop,
+            EngineName::NOOP,
             self.id.clone(),
         ))
     }
@@ -124,8 +124,8 @@ impl Sandbox for NoopSandbox {
         &self.id
     }
 
-    fn kind(&self) -> EngineKind {
-        EngineKind::Noop
+    fn engine(&self) -> EngineName {
+        EngineName::NOOP
     }
 
     fn root_dir(&self) -> &Path {

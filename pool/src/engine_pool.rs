@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use paddock_core::{
-    CancelToken, Engine, EngineKind, Error, ErrorCode, NetworkPolicy, PoolConfig, Sandbox,
+    CancelToken, Engine, EngineName, Error, ErrorCode, NetworkPolicy, PoolConfig, Sandbox,
     SandboxSpec,
 };
 use serde::Serialize;
@@ -55,7 +55,7 @@ struct Breaker {
 #[derive(Debug, Clone, Serialize)]
 pub struct PoolStats {
     /// The engine.
-    pub engine: EngineKind,
+    pub engine: EngineName,
     /// The network policy the pool's instances enforce.
     pub network: String,
     /// Instances that exist or are being created.
@@ -96,7 +96,7 @@ pub(crate) enum Release {
 /// The pool.
 #[derive(Debug)]
 pub(crate) struct EnginePool {
-    pub(crate) kind: EngineKind,
+    pub(crate) kind: EngineName,
     pub(crate) network: NetworkPolicy,
     engine: Arc<dyn Engine>,
     spec: SandboxSpec,
@@ -154,7 +154,7 @@ impl EnginePool {
             ..SandboxSpec::default()
         };
         Arc::new(EnginePool {
-            kind: engine.kind(),
+            kind: engine.name(),
             network,
             engine,
             spec,
@@ -178,7 +178,7 @@ impl EnginePool {
         let b = self.breaker.lock();
         let degraded = b.open_until.is_some();
         PoolStats {
-            engine: self.kind,
+            engine: self.kind.clone(),
             network: self.network.name().to_string(),
             size: c.size(),
             idle: c.idle,
@@ -293,7 +293,7 @@ impl EnginePool {
             Err(_) => labels::acquire::FAILED,
         };
         self.telemetry
-            .record_pool_acquisition(self.kind.as_str(), label);
+            .record_pool_acquisition(crate::pipeline::engine_label(&self.kind), label);
         result
     }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use paddock_core::{
-    EngineKind, Error, ExecRequest, ExecResult, ExecutionId, FileEntry, IsolationLevel,
+    EngineName, Error, ExecRequest, ExecResult, ExecutionId, FileEntry, IsolationLevel,
     NetworkPolicy, OutputSink, SandboxSpec, SandboxStatus,
 };
 use serde::Serialize;
@@ -26,7 +26,7 @@ pub struct Execute {
     /// The request (its `id` names the execution for cancel and streaming).
     pub request: ExecRequest,
     /// The engine; the configured default when `None`.
-    pub engine: Option<EngineKind>,
+    pub engine: Option<EngineName>,
     /// The isolation level required; refused, never downgraded, if the engine
     /// cannot give it.
     pub level: IsolationLevel,
@@ -52,7 +52,7 @@ impl Execute {
     }
 
     /// Chooses the engine.
-    pub fn on(mut self, engine: EngineKind) -> Execute {
+    pub fn on(mut self, engine: EngineName) -> Execute {
         self.engine = Some(engine);
         self
     }
@@ -100,7 +100,7 @@ pub struct GetSandbox {
 #[rtype(result = "Result<SandboxInfo, Error>")]
 pub struct OpenSandbox {
     /// The engine; the configured default when `None`.
-    pub engine: Option<EngineKind>,
+    pub engine: Option<EngineName>,
     /// Level, network, default limits and tenant.
     pub spec: SandboxSpec,
 }
@@ -111,7 +111,7 @@ pub struct SandboxInfo {
     /// The session id.
     pub id: String,
     /// The engine.
-    pub engine: EngineKind,
+    pub engine: EngineName,
     /// Its status.
     pub status: SandboxStatus,
     /// The workdir on the host.

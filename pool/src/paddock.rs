@@ -11,12 +11,9 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use paddock_core::{
-    Engine, EngineKind, Error, ErrorCode, ExecRequest, ExecResult, ExecutionId, FileEntry,
+    Engine, EngineName, Error, ErrorCode, ExecRequest, ExecResult, ExecutionId, FileEntry,
     OutputChunk, PaddockConfig, SandboxSpec, SandboxStatus,
 };
-use paddock_engines::container::ContainerEngine;
-use paddock_engines::isolate::IsolateEngine;
-use paddock_engines::subprocess::SubprocessEngine;
 
 use crate::audit::{
     Audit, AuditConfig, AuditEntry, AuditLog, AuditQuery, AuditStats, OperatorAccess,
@@ -31,15 +28,76 @@ use crate::streamer::{CloseStream, Streamer, StreamerConfig, Subscribe, Subscrip
 use crate::supervisor::{access_record, cancel_running, Shared, Supervisor, SupervisorParts};
 use paddock_telemetry::Telemetry;
 
+/// The engines to run, by name: the built-ins the config enables that neither
+/// `without` nor a registered engine of the same name displaces, then the registered
+/// ones; and the default engine.
+fn register_engines(
+    config: &PaddockConfig,
+    registered: Vec<Arc<dyn Engine>>,
+    without: &[EngineName],
+    default_engine: Option<EngineName>,
+) -> Result<(Vec<Arc<dyn Engine>>, EngineName), Error> {
+    let mut names = std::collections::BTreeSet::new();
+    for engine in &registered {
+        if !names.insert(engine.name()) {
+            return Err(Error::invalid_config(
+                "engines",
+                format!(
+                    "two engines are registered as `{}`; give each engine its own name",
+                    engine.name()
+                ),
+            ));
+        }
+    }
+    let first_registered = registered.first().map(|e| e.name());
+    let builtin = paddock_engines::builtin(config, |name| {
+        !without.contains(name) && !names.contains(name)
+    })?;
+    let first_builtin = builtin.engines.first().map(|e| e.name());
+    let mut engines = builtin.engines;
+    engines.extend(registered);
+    let Some(first) = first_registered.or(first_builtin) else {
+        if !builtin.unavailable.is_empty() {
+            let why: Vec<&str> = builtin
+                .unavailable
+                .iter()
+                .map(|(_, why)| why.as_str())
+                .collect();
+            return Err(Error::new(
+                ErrorCode::EngineFailed,
+                format!(
+                    "no engine can run: {}; run `paddock doctor`",
+                    why.join("; ")
+                ),
+            ));
+        }
+        return Err(Error::invalid_config(
+            "engines",
+            "no engine is enabled; enable the subprocess engine or add one",
+        ));
+    };
+    let has = |name: &EngineName| engines.iter().any(|e| e.name() == *name);
+    let default_engine = match default_engine {
+        Some(name) if !has(&name) => {
+            return Err(Error::invalid_config(
+                "default_engine",
+                format!("`{name}` is not among the configured engines"),
+            ))
+        }
+        Some(name) => name,
+        None if has(&EngineName::SUBPROCESS) => EngineName::SUBPROCESS,
+        None => first,
+    };
+    Ok((engines, default_engine))
+}
+
 /// Configures and starts Paddock.
 #[must_use]
 pub struct PaddockBuilder {
     config: PaddockConfig,
     engines: Vec<Arc<dyn Engine>>,
-    default_engine: Option<EngineKind>,
-    builtin_subprocess: bool,
-    builtin_isolate: bool,
-    builtin_container: bool,
+    default_engine: Option<EngineName>,
+    without: Vec<EngineName>,
     policy: Option<PolicyConfig>,
     limiter: Option<LimiterConfig>,
     audit: Option<AuditConfig>,
@@ -65,9 +123,7 @@ impl Default for PaddockBuilder {
             config: PaddockConfig::default(),
             engines: Vec::new(),
             default_engine: None,
-            builtin_subprocess: true,
-            builtin_isolate: true,
-            builtin_container: true,
+            without: Vec::new(),
             policy: None,
             limiter: None,
             audit: None,
@@ -88,41 +144,49 @@ impl PaddockBuilder {
         self
     }
 
-    /// Adds an engine. The subprocess, isolate and container engines are added from
-    /// the config unless [`without_subprocess`](Self::without_subprocess) /
-    /// [`without_isolate`](Self::without_isolate) /
-    /// [`without_container`](Self::without_container) is called (or the config
-    /// disables them). To give isolates Rust host functions, add an
-    /// `IsolateEngine::with_modules(…)` here and call `without_isolate`.
+    /// Registers an engine under its [`name`](Engine::name). Requests choose it by
+    /// that name (`"engine": "<name>"`), and its pools, metrics and audit entries
+    /// carry it.
+    ///
+    /// The built-in engines (`subprocess`, `isolate`, `container`) are ordinary
+    /// entries, made from the config by [`paddock_engines::builtin`] unless the config
+    /// disables them or [`without`](Self::without) names them. An engine registered
+    /// here under a built-in name takes that name's place: to give isolates Rust host
+    /// functions, register an `IsolateEngine::with_modules(…)`. Two engines registered
+    /// under one name are refused at [`start`](Self::start) with `INVALID_CONFIG`.
     pub fn engine(mut self, engine: Arc<dyn Engine>) -> Self {
         self.engines.push(engine);
         self
     }
 
-    /// Does not start the built-in subprocess engine.
-    pub fn without_subprocess(mut self) -> Self {
-        self.builtin_subprocess = false;
+    /// Does not make the built-in engine `name`.
+    pub fn without(mut self, name: EngineName) -> Self {
+        self.without.push(name);
         self
     }
 
+    /// Does not start the built-in subprocess engine.
+    pub fn without_subprocess(self) -> Self {
+        self.without(EngineName::SUBPROCESS)
+    }
+
     /// Does not start the built-in QuickJS isolate engine.
-    pub fn without_isolate(mut self) -> Self {
-        self.builtin_isolate = false;
-        self
+    pub fn without_isolate(self) -> Self {
+        self.without(EngineName::ISOLATE)
     }
 
     /// Does not start the built-in OCI container engine. (Without this, the engine is
     /// started when the config enables it and the host has a runtime that can run a
     /// container; a host without one runs without it, and `paddock doctor` says why.)
-    pub fn without_container(mut self) -> Self {
-        self.builtin_container = false;
-        self
+    pub fn without_container(self) -> Self {
+        self.without(EngineName::CONTAINER)
     }
 
     /// The engine used when a request names none and the engine provides the
     /// requested isolation level (otherwise the engine with the weakest level that
-    /// provides it is chosen). Default: subprocess, or the first engine added.
-    pub fn default_engine(mut self, kind: EngineKind) -> Self {
+    /// provides it is chosen). Default: `subprocess` when it is registered, else the
+    /// first engine registered with [`engine`](Self::engine), else the first built-in.
+    pub fn default_engine(mut self, kind: EngineName) -> Self {
         self.default_engine = Some(kind);
         self
     }
@@ -195,61 +259,15 @@ impl PaddockBuilder {
         let policy = Arc::new(Policy::new(
             self.policy.unwrap_or_else(|| self.config.policy.clone()),
         )?);
-        let mut engines = self.engines;
-        // Engines that could not start on this host, and why.
-        let mut unavailable = Vec::new();
-        if self.builtin_subprocess && self.config.subprocess.enabled {
-            let e = SubprocessEngine::with_defaults(
-                &self.config.subprocess,
-                self.config.limits.effective_defaults(),
-            )?;
-            engines.insert(0, Arc::new(e));
-        }
-        if self.builtin_isolate
-            && self.config.isolate.enabled
-            && !engines.iter().any(|e| e.kind() == EngineKind::Isolate)
-        {
-            engines.push(Arc::new(IsolateEngine::new(&self.config.isolate)?));
-        }
-        if self.builtin_container
-            && self.config.container.enabled
-            && !engines.iter().any(|e| e.kind() == EngineKind::Container)
-        {
-            match ContainerEngine::with_defaults(
-                &self.config.container,
-                self.config.limits.effective_defaults(),
-            ) {
-                Ok(e) => engines.push(Arc::new(e)),
-                // A host without a usable OCI runtime runs the other engines.
-                Err(e) if e.code == ErrorCode::EngineFailed => {
-                    tracing::warn!(error = %e, "the container engine is not available");
-                    unavailable.push(format!("the container engine cannot start: {}", e.message));
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        let Some(first) = engines.first().map(|e| e.kind()) else {
-            if !unavailable.is_empty() {
-                return Err(Error::new(
-                    ErrorCode::EngineFailed,
-                    format!(
-                        "no engine can run: {}; run `paddock doctor`",
-                        unavailable.join("; ")
-                    ),
-                ));
-            }
-            return Err(Error::invalid_config(
-                "engines",
-                "no engine is enabled; enable the subprocess engine or add one",
-            ));
-        };
-        let default_engine = self.default_engine.unwrap_or(first);
-        if !engines.iter().any(|e| e.kind() == default_engine) {
-            return Err(Error::invalid_config(
-                "default_engine",
-                format!("`{default_engine}` is not among the configured engines"),
-            ));
-        }
+        let (engines, default_engine) = register_engines(
+            &self.config,
+            self.engines,
+            &self.without,
+            self.default_engine,
+        )?;
+        let mut names: Vec<EngineName> = engines.iter().map(|e| e.name()).collect();
+        names.sort_unstable();
+        let names: Arc<[EngineName]> = names.into();
         let mut audit_log = AuditLog::new(audit)?;
         if let Some(cb) = self.on_audit {
             audit_log.set_on_log(cb);
@@ -322,6 +340,7 @@ impl PaddockBuilder {
             shared,
             access,
             telemetry,
+            engines: names,
             runtime: Arc::new(RuntimeHandle {
                 spin: paddock_core::spin::Spin::new(self_spin),
                 system,
@@ -350,6 +369,7 @@ pub struct Paddock {
     shared: Arc<Shared>,
     telemetry: Telemetry,
     access: Arc<paddock_core::AccessRules>,
+    engines: Arc<[EngineName]>,
     runtime: Arc<RuntimeHandle>,
 }
 
@@ -381,6 +401,12 @@ impl Paddock {
     /// Which isolation levels and network policies each tenant may use.
     pub fn access_rules(&self) -> &paddock_core::AccessRules {
         &self.access
+    }
+
+    /// The names of the engines this instance runs, sorted: requests may choose any
+    /// of them.
+    pub fn engines(&self) -> &[EngineName] {
+        &self.engines
     }
 
     /// The telemetry handle (metrics in Prometheus text with `render_prometheus`).
@@ -506,7 +532,7 @@ impl Paddock {
     pub async fn open_sandbox(
         &self,
         spec: SandboxSpec,
-        engine: Option<EngineKind>,
+        engine: Option<EngineName>,
     ) -> Result<SandboxHandle, Error> {
         let info = self
             .supervisor

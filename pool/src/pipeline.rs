@@ -11,7 +11,7 @@ use actix::prelude::*;
 use async_trait::async_trait;
 use paddock_core::AccessRules;
 use paddock_core::{
-    code_hash, unix_ms, CancelToken, EngineKind, Error, ErrorCode, ExecRequest, ExecResult,
+    code_hash, unix_ms, CancelToken, EngineName, Error, ErrorCode, ExecRequest, ExecResult,
     ExecutionId, Limits, Outcome, OutputChunk, OutputSink,
 };
 
@@ -84,7 +84,7 @@ impl Pipeline {
         self: Rc<Self>,
         target: Target,
         request: ExecRequest,
-        engine: EngineKind,
+        engine: EngineName,
         sink: Option<Arc<dyn OutputSink>>,
         traceparent: Option<String>,
     ) -> Result<ExecResult, Error> {
@@ -153,10 +153,10 @@ impl Pipeline {
         );
         let outcome = self
             .clone()
-            .run_accepted(target, request, engine, sink, token)
+            .run_accepted(target, request, engine.clone(), sink, token)
             .instrument(span)
             .await;
-        self.record_metrics(engine, &outcome);
+        self.record_metrics(engine.clone(), &outcome);
         // Queued without waiting for the answer when the mailbox has room; a full
         // mailbox waits (bounded, never dropped).
         if let Err(SendError::Full(msg)) = self.streamer.try_send(CloseStream(id.clone())) {
@@ -196,14 +196,14 @@ impl Pipeline {
         })
     }
 
-    pub(crate) fn record_metrics(&self, engine: EngineKind, outcome: &Result<ExecResult, Error>) {
+    pub(crate) fn record_metrics(&self, engine: EngineName, outcome: &Result<ExecResult, Error>) {
         let t = &self.telemetry;
         let (name, wall_ms) = match outcome {
             Ok(r) => (r.outcome.name(), r.usage.wall_ms as f64),
             Err(_) => (labels::outcome::FAILED, 0.0),
         };
-        t.record_execution(engine.as_str(), name);
-        t.record_duration(engine.as_str(), name, wall_ms);
+        t.record_execution(engine_label(&engine), name);
+        t.record_duration(engine_label(&engine), name, wall_ms);
         if let Ok(r) = outcome {
             let reason = match &r.outcome {
                 Outcome::TimedOut => Some(labels::kill::TIMEOUT),
@@ -227,7 +227,7 @@ impl Pipeline {
         self: Rc<Self>,
         target: Target,
         request: ExecRequest,
-        engine: EngineKind,
+        engine: EngineName,
         sink: Option<Arc<dyn OutputSink>>,
         token: CancelToken,
     ) -> Result<ExecResult, Error> {
@@ -356,7 +356,7 @@ pub(crate) async fn run_on(
 ) -> Result<ExecResult, Error> {
     let inst = lease.instance();
     let id = request.id.clone();
-    let engine = inst.sandbox.kind();
+    let engine = inst.sandbox.engine();
     let instance_id = inst.sandbox.id().to_string();
     let deadline = limits.timeout().unwrap_or(Duration::from_secs(30)) + grace;
     let started = Instant::now();
@@ -397,7 +397,15 @@ pub(crate) fn release_for(result: &Result<ExecResult, Error>) -> Release {
     }
 }
 
-pub(crate) fn cancelled_result(id: ExecutionId, engine: EngineKind) -> ExecResult {
+/// `engine` as a metric attribute, without copying a built-in name.
+pub(crate) fn engine_label(engine: &EngineName) -> paddock_telemetry::Label {
+    match engine.as_static() {
+        Some(name) => name.into(),
+        None => engine.to_shared().into(),
+    }
+}
+
+pub(crate) fn cancelled_result(id: ExecutionId, engine: EngineName) -> ExecResult {
     ExecResult::empty(id, Outcome::Cancelled, engine, "")
 }
 

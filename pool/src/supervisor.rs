@@ -13,7 +13,7 @@ use actix::prelude::*;
 use dashmap::DashMap;
 use paddock_core::AccessRules;
 use paddock_core::{
-    CancelToken, Engine, EngineKind, Error, ErrorCode, ExecResult, ExecutionId, IsolationLevel,
+    CancelToken, Engine, EngineName, Error, ErrorCode, ExecResult, ExecutionId, IsolationLevel,
     Limits, NetworkPolicy, PoolConfig, SandboxStatus,
 };
 
@@ -61,9 +61,9 @@ pub(crate) use session::{Busy, Session};
 /// it on its own thread; `Paddock::supervisor` gives its address).
 #[derive(Debug)]
 pub struct Supervisor {
-    engines: HashMap<EngineKind, Arc<dyn Engine>>,
-    default_engine: EngineKind,
-    pools: HashMap<(EngineKind, NetworkPolicy), Arc<EnginePool>>,
+    engines: HashMap<EngineName, Arc<dyn Engine>>,
+    default_engine: EngineName,
+    pools: HashMap<(EngineName, NetworkPolicy), Arc<EnginePool>>,
     pool_config: PoolConfig,
     pipeline: Rc<Pipeline>,
     sessions: HashMap<String, Rc<Session>>,
@@ -76,7 +76,7 @@ pub struct Supervisor {
 #[derive(Debug)]
 pub(crate) struct SupervisorParts {
     pub(crate) engines: Vec<Arc<dyn Engine>>,
-    pub(crate) default_engine: EngineKind,
+    pub(crate) default_engine: EngineName,
     pub(crate) pool_config: PoolConfig,
     pub(crate) defaults: Limits,
     pub(crate) policy: Arc<Policy>,
@@ -93,7 +93,7 @@ pub(crate) struct SupervisorParts {
 impl Supervisor {
     pub(crate) fn from_parts(parts: SupervisorParts) -> Supervisor {
         Supervisor {
-            engines: parts.engines.into_iter().map(|e| (e.kind(), e)).collect(),
+            engines: parts.engines.into_iter().map(|e| (e.name(), e)).collect(),
             default_engine: parts.default_engine,
             pools: HashMap::new(),
             pool_config: parts.pool_config,
@@ -124,45 +124,46 @@ impl Supervisor {
     /// named engine is taken as named, and the access check refuses it if need be.
     fn choose(
         &self,
-        engine: Option<EngineKind>,
+        engine: Option<EngineName>,
         level: IsolationLevel,
         tenant: Option<&str>,
-    ) -> EngineKind {
+    ) -> EngineName {
         if let Some(kind) = engine {
             return kind;
         }
         let allowed = self.pipeline.access.for_tenant(tenant);
-        let provides = |kind: &EngineKind| {
+        let provides = |kind: &EngineName| {
             self.engines.get(kind).is_some_and(|e| {
                 let max = e.capabilities().max_level;
                 max >= level && allowed.allows_level(max)
             })
         };
         if provides(&self.default_engine) {
-            return self.default_engine;
+            return self.default_engine.clone();
         }
         self.engines
             .iter()
             .filter(|(kind, _)| provides(kind))
-            .min_by_key(|(kind, e)| (e.capabilities().max_level, **kind))
-            .map_or(self.default_engine, |(kind, _)| *kind)
+            .min_by_key(|(kind, e)| (e.capabilities().max_level, (*kind).clone()))
+            .map_or_else(|| self.default_engine.clone(), |(kind, _)| kind.clone())
     }
 
     /// The pool for an engine and network policy, created (and prewarmed) on first use.
     fn pool(
         &mut self,
-        engine: Option<EngineKind>,
+        engine: Option<EngineName>,
         level: IsolationLevel,
         network: &NetworkPolicy,
         tenant: Option<&str>,
     ) -> Result<Arc<EnginePool>, Error> {
         let kind = self.choose(engine, level, tenant);
-        let key = (kind, network.clone());
+        let key = (kind.clone(), network.clone());
         if let Some(p) = self.pools.get(&key) {
             return Ok(p.clone());
         }
         let Some(engine) = self.engines.get(&kind).cloned() else {
-            let configured: Vec<&str> = self.engines.keys().map(|k| k.as_str()).collect();
+            let mut configured: Vec<&str> = self.engines.keys().map(|k| k.as_str()).collect();
+            configured.sort_unstable();
             return Err(Error::new(
                 ErrorCode::CapabilityNotSupported,
                 format!(
@@ -171,7 +172,7 @@ impl Supervisor {
                 ),
             ));
         };
-        engine.capabilities().check_network(kind, network)?;
+        engine.capabilities().check_network(&kind, network)?;
         let mut config = self.pool_config.clone();
         if *network != NetworkPolicy::None {
             // Only the default policy is kept warm; others grow on demand.
@@ -195,10 +196,14 @@ impl Supervisor {
     }
 
     fn prewarm_all(&mut self) {
-        let kinds: Vec<EngineKind> = self.engines.keys().copied().collect();
+        let kinds: Vec<EngineName> = self.engines.keys().cloned().collect();
         for kind in kinds {
-            if let Err(e) = self.pool(Some(kind), IsolationLevel::None, &NetworkPolicy::None, None)
-            {
+            if let Err(e) = self.pool(
+                Some(kind.clone()),
+                IsolationLevel::None,
+                &NetworkPolicy::None,
+                None,
+            ) {
                 tracing::info!(engine = %kind, error = %e, "no default pool");
             }
         }
@@ -234,7 +239,7 @@ impl Supervisor {
     /// that its engine gives a level `tenant` may use.
     fn allowed_pool(
         &mut self,
-        engine: Option<EngineKind>,
+        engine: Option<EngineName>,
         level: IsolationLevel,
         network: &NetworkPolicy,
         tenant: Option<&str>,
@@ -359,7 +364,7 @@ impl Handler<Execute> for Supervisor {
             drop(parking);
             return match routed {
                 Ok(pool) => {
-                    let kind = pool.kind;
+                    let kind = pool.kind.clone();
                     Box::pin(self.pipeline.clone().run(
                         Target::Parked,
                         msg.request,
@@ -379,8 +384,8 @@ impl Handler<Execute> for Supervisor {
             .allowed_pool(msg.engine, msg.level, &msg.network, tenant.as_deref())
             .and_then(|pool| {
                 let caps = pool.engine().capabilities();
-                caps.check_level(pool.kind, msg.level)?;
-                caps.check_program(pool.kind, msg.request.program.kind())?;
+                caps.check_level(&pool.kind, msg.level)?;
+                caps.check_program(&pool.kind, msg.request.program.kind())?;
                 Ok(pool)
             });
         let pool = match prepared {
@@ -391,7 +396,7 @@ impl Handler<Execute> for Supervisor {
             }
         };
         let pipeline = self.pipeline.clone();
-        let kind = pool.kind;
+        let kind = pool.kind.clone();
         Box::pin(pipeline.run(
             Target::Pool(pool),
             msg.request,
@@ -434,7 +439,7 @@ impl Handler<OpenSandbox> for Supervisor {
             )
             .and_then(|pool| {
                 let caps = pool.engine().capabilities();
-                caps.check_level(pool.kind, msg.spec.level)?;
+                caps.check_level(&pool.kind, msg.spec.level)?;
                 msg.spec.limits.validate("limits", false)?;
                 paddock_core::tenancy::check_ceilings(
                     &self.pipeline.ceilings,
@@ -456,14 +461,14 @@ impl Handler<OpenSandbox> for Supervisor {
                 }
                 let (pool, share) = prepared?;
                 let lease = pool.acquire(&CancelToken::new()).await?;
-                Ok((pool.kind, lease, share))
+                Ok((pool.kind.clone(), lease, share))
             }
             .into_actor(self)
             .map(move |r, act, _ctx| {
                 let (engine, lease, share) = r?;
                 let id = lease.instance().sandbox.id().to_string();
                 let session = Rc::new(Session {
-                    engine,
+                    engine: engine.clone(),
                     lease,
                     tenant: msg.spec.tenant.clone(),
                     limits: msg.spec.limits.clone(),
@@ -502,7 +507,7 @@ impl Handler<SandboxExec> for Supervisor {
         if request.tenant.is_none() {
             request.tenant = session.tenant.clone();
         }
-        let engine = session.engine;
+        let engine = session.engine.clone();
         let pipeline = self.pipeline.clone();
         Box::pin(pipeline.run(Target::Session(session), request, engine, msg.sink, None))
     }
@@ -517,7 +522,7 @@ impl Handler<GetSandbox> for Supervisor {
         let (status, root_dir) = session.describe()?;
         Ok(SandboxInfo {
             id: msg.id,
-            engine: session.engine,
+            engine: session.engine.clone(),
             status,
             root_dir,
         })

@@ -44,7 +44,7 @@ pub use otlp::OtlpConfig;
 pub use pool_gauges::{PoolGaugeSource, PoolGauges, PoolSnapshot};
 pub use span::execution_span;
 pub use subscriber::{init_tracing, TracingConfig, TracingGuard};
-pub use telemetry::{Telemetry, TelemetryBuilder, DEFAULT_DURATION_BUCKETS_MS, METER_NAME};
+pub use telemetry::{Label, Telemetry, TelemetryBuilder, DEFAULT_DURATION_BUCKETS_MS, METER_NAME};
 pub use traceparent::{parse_traceparent, TraceParent, TraceParentError};
 
 /// Content type of [`Telemetry::render_prometheus`]'s output.

@@ -31,7 +31,11 @@ const REASON: Key = Key::from_static_str(labels::REASON);
 const RULE: Key = Key::from_static_str(labels::RULE);
 
 /// A `(engine, outcome)` attribute set built from static strings: no allocation.
-fn engine_outcome(engine: &'static str, outcome: &'static str) -> [KeyValue; 2] {
+/// An attribute value: a `&'static str` or a shared string, neither copied when a
+/// measurement is recorded.
+pub type Label = opentelemetry::StringValue;
+
+fn engine_outcome(engine: Label, outcome: &'static str) -> [KeyValue; 2] {
     [
         KeyValue::new(ENGINE, engine),
         KeyValue::new(OUTCOME, outcome),
@@ -167,23 +171,23 @@ impl Telemetry {
     }
 
     /// Counts one finished execution.
-    pub fn record_execution(&self, engine: &'static str, outcome: &'static str) {
+    pub fn record_execution(&self, engine: impl Into<Label>, outcome: &'static str) {
         self.inner
             .executions
-            .add(1, &engine_outcome(engine, outcome));
+            .add(1, &engine_outcome(engine.into(), outcome));
     }
 
     /// Records an execution's wall time in milliseconds.
     ///
     /// A negative or non-finite value is a caller's bug and is dropped, so it
     /// cannot poison the histogram's sum.
-    pub fn record_duration(&self, engine: &'static str, outcome: &'static str, ms: f64) {
+    pub fn record_duration(&self, engine: impl Into<Label>, outcome: &'static str, ms: f64) {
         if !(ms.is_finite() && ms >= 0.0) {
             return;
         }
         self.inner
             .execution_duration
-            .record(ms, &engine_outcome(engine, outcome));
+            .record(ms, &engine_outcome(engine.into(), outcome));
     }
 
     /// Counts one request refused by the policy rule named `rule`.
@@ -197,10 +201,13 @@ impl Telemetry {
     }
 
     /// Counts one pool acquisition and how it ended (see [`labels::acquire`]).
-    pub fn record_pool_acquisition(&self, engine: &'static str, result: &'static str) {
+    pub fn record_pool_acquisition(&self, engine: impl Into<Label>, result: &'static str) {
         self.inner.pool_acquisitions.add(
             1,
-            &[KeyValue::new(ENGINE, engine), KeyValue::new(RESULT, result)],
+            &[
+                KeyValue::new(ENGINE, engine.into()),
+                KeyValue::new(RESULT, result),
+            ],
         );
     }
 

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use paddock_core::{EngineKind, ExecRequest, PaddockConfig, Program};
+use paddock_core::{EngineName, ExecRequest, PaddockConfig, Program};
 use paddock_pool::Execute;
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -89,7 +89,7 @@ pub(super) async fn http(
                 tasks.push(tokio::spawn(async move {
                     while next.fetch_add(1, Ordering::Relaxed) < n {
                         let msg = Execute::new(ExecRequest::new(Program::command(["noop"])))
-                            .on(EngineKind::Noop);
+                            .on(EngineName::NOOP);
                         let r = paddock.execute_with(msg).await;
                         assert!(matches!(r, Ok(ref r) if r.is_success()), "{r:?}");
                     }

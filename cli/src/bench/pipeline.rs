@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use paddock_core::{
-    CancelToken, DiscardSink, EngineKind, ExecRequest, PaddockConfig, Program, Sandbox,
+    CancelToken, DiscardSink, EngineName, ExecRequest, PaddockConfig, Program, Sandbox,
     SandboxSpec, SubprocessConfig,
 };
 use paddock_engines::noop::NoopEngine;
@@ -30,7 +30,7 @@ use serde_json::json;
 use super::{report, round, round3, summarize};
 
 fn noop_request() -> Execute {
-    Execute::new(ExecRequest::new(Program::command(["noop"]))).on(EngineKind::Noop)
+    Execute::new(ExecRequest::new(Program::command(["noop"]))).on(EngineName::NOOP)
 }
 
 /// Runs series of executions from inside the supervisor's arbiter.

@@ -11,10 +11,10 @@ pub(crate) async fn exec_exit_code(ctx: Ctx) -> Check {
     let engine = ctx.engine();
     let sandbox = ctx.sandbox().await?;
     ensure!(
-        sandbox.kind() == engine.kind(),
+        sandbox.engine() == engine.name(),
         "sandbox.kind() is {} but the engine's kind is {}",
-        sandbox.kind(),
-        engine.kind()
+        sandbox.engine(),
+        engine.name()
     );
 
     let request = sh("exit 7", &[]);
@@ -42,10 +42,10 @@ pub(crate) async fn exec_exit_code(ctx: Ctx) -> Check {
         r.id
     );
     ensure!(
-        r.engine == engine.kind(),
+        r.engine == engine.name(),
         "the result names engine {} but {} ran it",
         r.engine,
-        engine.kind()
+        engine.name()
     );
     ensure!(
         r.instance_id == sandbox.id(),

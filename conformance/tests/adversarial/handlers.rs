@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use paddock_core::{EngineKind, ErrorCode, ExecRequest, Outcome, Program};
+use paddock_core::{EngineName, ErrorCode, ExecRequest, Outcome, Program};
 use serde_json::json;
 
 use crate::harness::{Check, H, HANDLER_NAME};
@@ -28,9 +28,9 @@ async fn answer_code(h: &H, request: ExecRequest) -> Option<ErrorCode> {
 /// Skips targets whose engine runs no json-stdio handlers, after checking that an
 /// `Invoke` there is refused, not accepted and ignored.
 async fn needs_frames(h: &H) -> Check {
-    match h.target.engine() {
-        EngineKind::Subprocess => Ok(()),
-        EngineKind::Container => {
+    match h.target.engine().as_str() {
+        "subprocess" => Ok(()),
+        "container" => {
             let code = answer_code(h, invoke("echo", 5_000)).await;
             ensure!(
                 code == Some(ErrorCode::CapabilityNotSupported),
@@ -75,7 +75,7 @@ pub(crate) async fn malformed_frames(h: Arc<H>) -> Check {
 }
 
 pub(crate) async fn handler_never_answers(h: Arc<H>) -> Check {
-    if h.target.engine() == EngineKind::Container {
+    if h.target.engine() == EngineName::CONTAINER {
         needs_frames(&h).await?;
     }
     let started = Instant::now();

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use paddock_core::{
-    ContainerConfig, EngineKind, ExecRequest, ExecResult, ExecutionId, HandlerConfig, Language,
+    ContainerConfig, EngineName, ExecRequest, ExecResult, ExecutionId, HandlerConfig, Language,
     PaddockConfig, Program, SandboxSpec,
 };
 use paddock_engines::container::ContainerEngine;
@@ -42,11 +42,11 @@ pub(crate) enum Lang {
 }
 
 impl Target {
-    pub(crate) fn engine(self) -> EngineKind {
+    pub(crate) fn engine(self) -> EngineName {
         match self {
-            Target::Subprocess | Target::WarmPython => EngineKind::Subprocess,
-            Target::Isolate => EngineKind::Isolate,
-            Target::Container | Target::ContainerCold => EngineKind::Container,
+            Target::Subprocess | Target::WarmPython => EngineName::SUBPROCESS,
+            Target::Isolate => EngineName::ISOLATE,
+            Target::Container | Target::ContainerCold => EngineName::CONTAINER,
         }
     }
 
@@ -70,7 +70,7 @@ impl Target {
 
     /// Whether this host can run the target.
     fn available(self) -> Result<(), String> {
-        if self.engine() != EngineKind::Container {
+        if self.engine() != EngineName::CONTAINER {
             return Ok(());
         }
         static FOUND: OnceLock<Result<(), String>> = OnceLock::new();
@@ -374,16 +374,16 @@ fn start(
         .on_audit(move |entry| {
             *lock(&audit).entry(entry.id.clone()).or_insert(0) += 1;
         });
-    builder = match target.engine() {
-        EngineKind::Subprocess => builder.without_isolate().without_container(),
-        EngineKind::Isolate => builder
+    builder = match target.engine().as_str() {
+        "subprocess" => builder.without_isolate().without_container(),
+        "isolate" => builder
             .without_subprocess()
             .without_container()
-            .default_engine(EngineKind::Isolate),
+            .default_engine(EngineName::ISOLATE),
         _ => builder
             .without_subprocess()
             .without_isolate()
-            .default_engine(EngineKind::Container),
+            .default_engine(EngineName::CONTAINER),
     };
     builder.start()
 }

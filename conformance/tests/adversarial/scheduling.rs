@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use paddock_core::{EngineKind, Error, ErrorCode, ExecRequest, ExecResult, Outcome, StreamKind};
+use paddock_core::{EngineName, Error, ErrorCode, ExecRequest, ExecResult, Outcome, StreamKind};
 use paddock_pool::{Execute, StreamEvent};
 
 use crate::exhaustion::still_works;
@@ -140,6 +140,7 @@ pub(crate) async fn cancel_at_every_stage(h: Arc<H>) -> Check {
     let a_id = a.id.clone();
     let a_task = tokio::spawn({
         let p = paddock.clone();
+        let engine = engine.clone();
         async move { p.execute_with(Execute::new(a).on(engine)).await }
     });
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -152,6 +153,7 @@ pub(crate) async fn cancel_at_every_stage(h: Arc<H>) -> Check {
     let b_id = b.id.clone();
     let b_task = tokio::spawn({
         let p = paddock.clone();
+        let engine = engine.clone();
         async move { p.execute_with(Execute::new(b).on(engine)).await }
     });
     while pool_state(&h).await?.1 == 0 {
@@ -211,6 +213,7 @@ pub(crate) async fn cancel_at_every_stage(h: Arc<H>) -> Check {
         let c_id = c.id.clone();
         let task = tokio::spawn({
             let p = paddock.clone();
+            let engine = engine.clone();
             async move { p.execute_with(Execute::new(c).on(engine)).await }
         });
         tokio::time::sleep(Duration::from_micros(delay_us)).await;
@@ -291,6 +294,7 @@ pub(crate) async fn ten_thousand_queued(h: Arc<H>) -> Check {
             "const end = Date.now() + 50; while (Date.now() < end) {}",
         );
         let p = paddock.clone();
+        let engine = engine.clone();
         tasks.push(tokio::spawn(async move {
             let id = request.id.clone();
             (id, p.execute_with(Execute::new(request).on(engine)).await)
@@ -343,7 +347,7 @@ pub(crate) async fn ten_thousand_queued(h: Arc<H>) -> Check {
 }
 
 pub(crate) async fn engine_creation_fails(h: Arc<H>) -> Check {
-    if h.target.engine() == EngineKind::Container {
+    if h.target.engine() == EngineName::CONTAINER {
         container_start_refusals(&h).await?;
     }
     // Every execution needs a new instance; then the engine's directory vanishes.
@@ -372,9 +376,9 @@ pub(crate) async fn engine_creation_fails(h: Arc<H>) -> Check {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let sub = match h.target.engine() {
-        EngineKind::Isolate => "isolate",
-        EngineKind::Container => "container",
+    let sub = match h.target.engine().as_str() {
+        "isolate" => "isolate",
+        "container" => "container",
         _ => "subprocess",
     };
     let dir = h.root.join(sub);

@@ -49,7 +49,7 @@ impl ContainerSandbox {
 
     pub(super) async fn start_process_impl(&self, spec: ProcessSpec) -> Result<ProcessHandle> {
         self.engine.caps.check_feature(
-            paddock_core::EngineKind::Container,
+            &paddock_core::EngineName::CONTAINER,
             paddock_core::interactive::FEATURE_PROCESS,
         )?;
         let _op = self.enter()?;
@@ -89,7 +89,7 @@ impl ContainerSandbox {
 
     pub(super) async fn open_terminal_impl(&self, spec: TerminalSpec) -> Result<TerminalHandle> {
         self.engine.caps.check_feature(
-            paddock_core::EngineKind::Container,
+            &paddock_core::EngineName::CONTAINER,
             paddock_core::interactive::FEATURE_TERMINAL,
         )?;
         let _op = self.enter()?;
@@ -141,7 +141,7 @@ impl ContainerSandbox {
 
     pub(super) async fn open_tcp_impl(&self, target: TcpTarget) -> Result<TcpConnection> {
         self.engine.caps.check_feature(
-            paddock_core::EngineKind::Container,
+            &paddock_core::EngineName::CONTAINER,
             paddock_core::interactive::FEATURE_TCP,
         )?;
         let _op = self.enter()?;

@@ -41,7 +41,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use paddock_core::{
-    Capabilities, ContainerConfig, Engine, EngineKind, Error, ErrorCode, IsolationLevel, Language,
+    Capabilities, ContainerConfig, Engine, EngineName, Error, ErrorCode, IsolationLevel, Language,
     Limits, ProgramKind, Result, Sandbox, SandboxSpec,
 };
 
@@ -193,10 +193,11 @@ impl ContainerEngine {
         // the name first in a shared temp dir.
         let random = uuid::Uuid::now_v7().simple().to_string();
         let name = format!(
-            "{PREFIX}{}-{}-{}",
+            "{PREFIX}{}-{}-{}{}",
             std::process::id(),
             NEXT_ENGINE.fetch_add(1, Ordering::Relaxed),
-            &random[random.len() - 8..]
+            &random[random.len() - 8..],
+            crate::host::owner::namespace_suffix()
         );
         let root = parent.join(&name);
         let setup = || -> std::io::Result<()> {
@@ -433,8 +434,8 @@ impl ContainerEngine {
 
 #[async_trait]
 impl Engine for ContainerEngine {
-    fn kind(&self) -> EngineKind {
-        EngineKind::Container
+    fn name(&self) -> EngineName {
+        EngineName::CONTAINER
     }
 
     fn capabilities(&self) -> &Capabilities {
@@ -504,12 +505,10 @@ fn sweep_stale(parent: &Path, own: &str, hierarchies: &[Hierarchy], config: &Con
         let Some(rest) = name.strip_prefix(PREFIX) else {
             return false;
         };
-        // Dead: no such pid in this pid namespace. (Paddock processes in other pid
-        // namespaces sharing this temp dir and these cgroups are not told apart.)
-        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
-            return false;
-        };
-        !Path::new(&format!("/proc/{pid}")).exists()
+        // Dead: of this pid namespace, and no such pid. The resources of Paddock
+        // processes in other pid namespaces that share this temp dir and these
+        // cgroups are left alone.
+        crate::host::owner::owner_is_gone(rest)
     };
     // Cgroups first: killing a container's processes ends it.
     for h in hierarchies {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use paddock_core::lifecycle::{DestroyRole, Lifecycle, OpGuard, Phase};
 use paddock_core::{
-    unix_ms, CancelToken, EngineKind, Error, ErrorCode, ExecRequest, ExecResult, FileEntry,
+    unix_ms, CancelToken, EngineName, Error, ErrorCode, ExecRequest, ExecResult, FileEntry,
     Language, LimitKind, Limits, Outcome, OutputSink, Program, Result, Sandbox, SandboxSpec,
     SandboxStatus, StreamKind, Timings, Usage,
 };
@@ -76,10 +76,12 @@ enum Ending {
 
 impl ContainerSandbox {
     pub(super) async fn create(engine: Arc<EngineInner>, spec: &SandboxSpec) -> Result<Self> {
-        engine.caps.check_level(EngineKind::Container, spec.level)?;
         engine
             .caps
-            .check_network(EngineKind::Container, &spec.network)?;
+            .check_level(&EngineName::CONTAINER, spec.level)?;
+        engine
+            .caps
+            .check_network(&EngineName::CONTAINER, &spec.network)?;
         spec.limits.validate("limits", false)?;
         let n = engine.next_sandbox.fetch_add(1, Ordering::Relaxed);
         let id = format!(
@@ -339,7 +341,7 @@ impl ContainerSandbox {
         request.validate()?;
         self.engine
             .caps
-            .check_program(EngineKind::Container, request.program.kind())?;
+            .check_program(&EngineName::CONTAINER, request.program.kind())?;
         let limits = request
             .limits
             .or(&self.spec.limits)
@@ -572,7 +574,7 @@ impl ContainerSandbox {
                 wall_ms,
                 peak_memory_bytes: peak,
             },
-            engine: EngineKind::Container,
+            engine: EngineName::CONTAINER,
             instance_id: self.id.clone(),
             timings: Timings {
                 queued_at_ms,
@@ -795,7 +797,7 @@ impl ContainerSandbox {
                 wall_ms,
                 peak_memory_bytes: peak,
             },
-            engine: EngineKind::Container,
+            engine: EngineName::CONTAINER,
             instance_id: self.id.clone(),
             timings: Timings {
                 queued_at_ms,
@@ -1030,8 +1032,8 @@ impl Sandbox for ContainerSandbox {
         &self.id
     }
 
-    fn kind(&self) -> EngineKind {
-        EngineKind::Container
+    fn engine(&self) -> EngineName {
+        EngineName::CONTAINER
     }
 
     fn root_dir(&self) -> &Path {

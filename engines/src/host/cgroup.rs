@@ -80,9 +80,10 @@ impl CgroupRoot {
         let freezer = v1_dir("freezer");
         remove_stale(&pids, &memory, freezer.as_deref());
         let name = format!(
-            "paddock-{}-{}",
+            "paddock-{}-{}{}",
             std::process::id(),
-            NEXT_ROOT.fetch_add(1, Ordering::Relaxed)
+            NEXT_ROOT.fetch_add(1, Ordering::Relaxed),
+            super::owner::namespace_suffix()
         );
         let mut made = Vec::new();
         let mut mk = |base: &Path| -> Result<PathBuf, String> {
@@ -172,7 +173,8 @@ impl Drop for CgroupRoot {
     }
 }
 
-/// Removes groups left behind by Paddock processes that no longer exist.
+/// Removes groups left behind by Paddock processes that no longer exist (of this pid
+/// namespace: see `owner`).
 fn remove_stale(pids: &Path, memory: &Path, freezer: Option<&Path>) {
     for base in [Some(pids), Some(memory), freezer].into_iter().flatten() {
         let Ok(entries) = std::fs::read_dir(base) else {
@@ -183,10 +185,7 @@ fn remove_stale(pids: &Path, memory: &Path, freezer: Option<&Path>) {
             let Some(rest) = name.strip_prefix("paddock-") else {
                 continue;
             };
-            let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
-                continue;
-            };
-            if Path::new(&format!("/proc/{pid}")).exists() {
+            if !super::owner::owner_is_gone(rest) {
                 continue;
             }
             // Sandboxes, and the groups of their background processes below them.

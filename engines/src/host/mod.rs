@@ -8,6 +8,7 @@
 
 pub mod cgroup;
 pub mod netns;
+pub(crate) mod owner;
 pub(crate) mod pty;
 pub(crate) mod spawn;
 pub(crate) mod sys;

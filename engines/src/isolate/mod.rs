@@ -46,7 +46,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use paddock_core::{
-    CancelToken, Capabilities, Engine, EngineKind, Error, ErrorCode, ExecRequest, ExecResult,
+    CancelToken, Capabilities, Engine, EngineName, Error, ErrorCode, ExecRequest, ExecResult,
     IsolateConfig, IsolationLevel, Language, Limits, Program, ProgramKind, Result, Sandbox,
     SandboxSpec,
 };
@@ -99,7 +99,7 @@ impl EngineInner {
 
     fn js_program(&self, request: &ExecRequest) -> Result<worker::JsProgram> {
         self.caps
-            .check_program(EngineKind::Isolate, request.program.kind())?;
+            .check_program(&EngineName::ISOLATE, request.program.kind())?;
         let refuse = |what: &str| {
             Err(Error::new(
                 ErrorCode::CapabilityNotSupported,
@@ -230,8 +230,8 @@ impl IsolateEngine {
 
 #[async_trait]
 impl Engine for IsolateEngine {
-    fn kind(&self) -> EngineKind {
-        EngineKind::Isolate
+    fn name(&self) -> EngineName {
+        EngineName::ISOLATE
     }
 
     fn capabilities(&self) -> &Capabilities {

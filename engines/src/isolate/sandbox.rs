@@ -13,7 +13,7 @@ use paddock_core::exec::unix_ms;
 use paddock_core::lifecycle::{DestroyRole, Lifecycle, OpGuard, Phase};
 use paddock_core::spin::Spin;
 use paddock_core::{
-    CancelToken, EngineKind, Error, ErrorCode, ExecRequest, ExecResult, FileEntry, LimitKind,
+    CancelToken, EngineName, Error, ErrorCode, ExecRequest, ExecResult, FileEntry, LimitKind,
     Limits, Outcome, OutputSink, Result, Sandbox, SandboxSpec, SandboxStatus, Timings, Usage,
 };
 use tokio::sync::{mpsc, oneshot, Mutex};
@@ -62,8 +62,8 @@ pub struct IsolateSandbox {
 impl IsolateSandbox {
     pub(super) async fn create(engine: Arc<EngineInner>, spec: &SandboxSpec) -> Result<Self> {
         let caps = &engine.caps;
-        caps.check_level(EngineKind::Isolate, spec.level)?;
-        caps.check_network(EngineKind::Isolate, &spec.network)?;
+        caps.check_level(&EngineName::ISOLATE, spec.level)?;
+        caps.check_network(&EngineName::ISOLATE, &spec.network)?;
         spec.limits.validate("limits", false)?;
         let n = engine.next_sandbox.fetch_add(1, Ordering::Relaxed);
         let id = format!("iso-{}-{n}", uuid::Uuid::now_v7().simple());
@@ -299,7 +299,7 @@ pub(super) fn into_result(
             wall_ms: report.wall.as_millis() as u64,
             peak_memory_bytes: report.peak_memory,
         },
-        engine: EngineKind::Isolate,
+        engine: EngineName::ISOLATE,
         instance_id: instance_id.to_string(),
         timings: Timings {
             queued_at_ms,
@@ -316,8 +316,8 @@ impl Sandbox for IsolateSandbox {
         &self.id
     }
 
-    fn kind(&self) -> EngineKind {
-        EngineKind::Isolate
+    fn engine(&self) -> EngineName {
+        EngineName::ISOLATE
     }
 
     fn root_dir(&self) -> &std::path::Path {

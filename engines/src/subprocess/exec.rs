@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use paddock_core::{
-    unix_ms, CancelToken, EngineKind, Error, ErrorCode, ExecRequest, ExecResult, Language,
+    unix_ms, CancelToken, EngineName, Error, ErrorCode, ExecRequest, ExecResult, Language,
     LimitKind, Limits, Outcome, OutputSink, Program, Result, StreamKind, Timings, Usage,
 };
 use tokio::io::Interest;
@@ -97,7 +97,7 @@ impl SubprocessSandbox {
         request.validate()?;
         self.engine
             .caps
-            .check_program(EngineKind::Subprocess, request.program.kind())?;
+            .check_program(&EngineName::SUBPROCESS, request.program.kind())?;
         let limits = request
             .limits
             .or(&self.spec.limits)
@@ -260,7 +260,7 @@ impl SubprocessSandbox {
                 wall_ms,
                 peak_memory_bytes: status.max_rss_bytes,
             },
-            engine: EngineKind::Subprocess,
+            engine: EngineName::SUBPROCESS,
             instance_id: self.id.clone(),
             timings: Timings {
                 queued_at_ms,

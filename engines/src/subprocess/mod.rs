@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use paddock_core::{
-    Capabilities, CgroupMode, Engine, EngineKind, Error, ErrorCode, IsolationLevel, Language,
+    Capabilities, CgroupMode, Engine, EngineName, Error, ErrorCode, IsolationLevel, Language,
     Limits, ProgramKind, Result, Sandbox, SandboxSpec, SubprocessConfig,
 };
 
@@ -215,8 +215,8 @@ impl SubprocessEngine {
 
 #[async_trait]
 impl Engine for SubprocessEngine {
-    fn kind(&self) -> EngineKind {
-        EngineKind::Subprocess
+    fn name(&self) -> EngineName {
+        EngineName::SUBPROCESS
     }
 
     fn capabilities(&self) -> &Capabilities {

@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use std::collections::BTreeMap;
 
 use paddock_core::{
-    unix_ms, CancelToken, EngineKind, Error, ErrorCode, ExecRequest, ExecResult, HandlerConfig,
+    unix_ms, CancelToken, EngineName, Error, ErrorCode, ExecRequest, ExecResult, HandlerConfig,
     Language, LimitKind, Limits, Outcome, OutputSink, Program, Result, Timings, Usage, WarmConfig,
 };
 use serde_json::json;
@@ -582,7 +582,7 @@ impl SubprocessSandbox {
                 wall_ms,
                 peak_memory_bytes: usage.peak_memory_bytes,
             },
-            engine: EngineKind::Subprocess,
+            engine: EngineName::SUBPROCESS,
             instance_id: self.id.clone(),
             timings: Timings {
                 queued_at_ms,

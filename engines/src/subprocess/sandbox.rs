@@ -9,7 +9,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use paddock_core::lifecycle::{DestroyRole, Lifecycle, OpGuard, Phase};
 use paddock_core::{
-    CancelToken, EngineKind, Error, ExecRequest, ExecResult, FileEntry, NetworkPolicy, OutputSink,
+    CancelToken, EngineName, Error, ExecRequest, ExecResult, FileEntry, NetworkPolicy, OutputSink,
     Result, Sandbox, SandboxSpec, SandboxStatus,
 };
 use tokio::sync::{Mutex, Notify};
@@ -55,8 +55,8 @@ pub struct SubprocessSandbox {
 impl SubprocessSandbox {
     pub(super) async fn create(engine: Arc<EngineInner>, spec: &SandboxSpec) -> Result<Self> {
         let caps = &engine.caps;
-        caps.check_level(EngineKind::Subprocess, spec.level)?;
-        caps.check_network(EngineKind::Subprocess, &spec.network)?;
+        caps.check_level(&EngineName::SUBPROCESS, spec.level)?;
+        caps.check_network(&EngineName::SUBPROCESS, &spec.network)?;
         spec.limits.validate("limits", false)?;
 
         let n = engine.next_sandbox.fetch_add(1, Ordering::Relaxed);
@@ -236,8 +236,8 @@ impl Sandbox for SubprocessSandbox {
         &self.id
     }
 
-    fn kind(&self) -> EngineKind {
-        EngineKind::Subprocess
+    fn engine(&self) -> EngineName {
+        EngineName::SUBPROCESS
     }
 
     fn root_dir(&self) -> &Path {

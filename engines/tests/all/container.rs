@@ -111,7 +111,7 @@ async fn runs_commands_and_code_in_a_container() {
     assert_eq!(r.outcome, exit(7), "{r:?}");
     assert_eq!(r.stdout, "out\n");
     assert_eq!(r.stderr, "err\n");
-    assert_eq!(r.engine, paddock_core::EngineKind::Container);
+    assert_eq!(r.engine, paddock_core::EngineName::CONTAINER);
 
     // stdin, env and cwd reach the program; the workdir is /workspace.
     sb.write_file("sub/in.txt", b"from a file").await.unwrap();

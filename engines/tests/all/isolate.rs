@@ -63,7 +63,7 @@ async fn invoke_calls_a_function_with_json_arguments() {
     let r = run(&*sb, call("(a, b) => a * b", json!([6, 7]))).await;
     assert_eq!(r.outcome, completed(0), "{r:?}");
     assert_eq!(r.value, Some(json!(42)));
-    assert_eq!(r.engine, paddock_core::EngineKind::Isolate);
+    assert_eq!(r.engine, paddock_core::EngineName::ISOLATE);
     // A non-array input is the single argument; null passes none.
     let r = run(
         &*sb,

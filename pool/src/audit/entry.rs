@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use paddock_core::{EngineKind, Error, ErrorCode, ExecResult, ExecutionId, LimitKind, Outcome};
+use paddock_core::{EngineName, Error, ErrorCode, ExecResult, ExecutionId, LimitKind, Outcome};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// A point in time, in Unix milliseconds, written as RFC 3339 UTC with milliseconds
@@ -190,7 +190,7 @@ pub struct AuditEntry {
     #[serde(default)]
     pub tenant: Option<String>,
     /// The engine that ran (or refused) it.
-    pub engine: EngineKind,
+    pub engine: EngineName,
     /// [`paddock_core::code_hash`] of the program's audit text.
     pub code_hash: String,
     /// Wall-clock duration of the run in milliseconds.
@@ -233,7 +233,7 @@ impl AuditEntry {
             id: result.id.clone(),
             timestamp: Timestamp::from_unix_ms(finished),
             tenant: tenant.map(str::to_owned),
-            engine: result.engine,
+            engine: result.engine.clone(),
             code_hash,
             duration_ms,
             outcome: AuditOutcome::from(&result.outcome),

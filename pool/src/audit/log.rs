@@ -7,7 +7,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use paddock_core::{EngineKind, Error, ExecutionId};
+use paddock_core::{EngineName, Error, ExecutionId};
 use serde::{Deserialize, Serialize};
 
 use super::access::{OperatorAccess, MAX_ACCESS_RECORDS};
@@ -40,7 +40,7 @@ pub struct AuditQuery {
     /// Only this tenant.
     pub tenant: Option<String>,
     /// Only this engine.
-    pub engine: Option<EngineKind>,
+    pub engine: Option<EngineName>,
     /// Only entries at or after this time (inclusive).
     pub after: Option<Timestamp>,
     /// Only entries before this time (exclusive).
@@ -57,7 +57,7 @@ impl AuditQuery {
                 .tenant
                 .as_deref()
                 .is_none_or(|t| entry.tenant.as_deref() == Some(t))
-            && self.engine.is_none_or(|e| entry.engine == e)
+            && self.engine.as_ref().is_none_or(|e| entry.engine == *e)
             && self.after.is_none_or(|a| entry.timestamp >= a)
             && self.before.is_none_or(|b| entry.timestamp < b)
     }
@@ -114,13 +114,13 @@ pub struct AuditHealth {
 /// an `on_log` callback, search and statistics.
 ///
 /// ```
-/// use paddock_core::{EngineKind, ExecResult, ExecutionId, Outcome};
+/// use paddock_core::{EngineName, ExecResult, ExecutionId, Outcome};
 /// use paddock_pool::audit::{AuditConfig, AuditEntry, AuditLog, AuditQuery};
 ///
 /// let mut log = AuditLog::new(AuditConfig::default()).unwrap();
 /// let mut result = ExecResult::failed(
 ///     ExecutionId::new(),
-///     EngineKind::Noop,
+///     EngineName::NOOP,
 ///     paddock_core::Error::new(paddock_core::ErrorCode::Cancelled, "x"),
 /// );
 /// result.outcome = Outcome::Completed { exit_code: 0, signal: None };

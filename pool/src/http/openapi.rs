@@ -269,7 +269,7 @@ pub(crate) fn document() -> Value {
             "schemas": {
                 "Error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "object", "required": ["code", "message"], "properties": {"code": {"type": "string"}, "message": {"type": "string"}, "retry_after_ms": {"type": "integer"}}}}},
                 "ExecBody": {"type": "object", "required": ["program"], "additionalProperties": false, "properties": {
-                    "engine": {"type": "string", "enum": ["subprocess", "isolate", "container", "noop"]},
+                    "engine": {"type": "string", "pattern": "^[a-z][a-z0-9_-]{0,31}$", "description": "The name an engine is registered under: `subprocess`, `isolate` and `container` are built in; an embedder may register others. A name no engine is registered under is refused with CAPABILITY_NOT_SUPPORTED."},
                     "program": {"type": "object"},
                     "stdin": {"type": "string"},
                     "env": {"type": "object", "additionalProperties": {"type": "string"}},

@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 
 use actix_web::{web, HttpRequest, HttpResponse};
-use paddock_core::{EngineKind, Error, ErrorCode, MetricsAccess};
+use paddock_core::{EngineName, Error, ErrorCode, MetricsAccess};
 use serde::Deserialize;
 
 use super::tenancy::{account, caller};
@@ -17,7 +17,7 @@ use crate::Caller;
 pub(super) struct AuditParams {
     pub(super) success: Option<bool>,
     pub(super) tenant: Option<String>,
-    pub(super) engine: Option<EngineKind>,
+    pub(super) engine: Option<EngineName>,
     pub(super) after: Option<String>,
     pub(super) before: Option<String>,
     pub(super) limit: Option<usize>,
@@ -39,6 +39,20 @@ pub(super) async fn audit(
             None => Ok(None),
         }
     };
+    if let Some(engine) = &q.engine {
+        let runs = state.paddock.engines();
+        if !runs.contains(engine) {
+            let runs: Vec<&str> = runs.iter().map(EngineName::as_str).collect();
+            return Err(Error::invalid_options(
+                "query",
+                format!(
+                    "`engine={engine}` names no engine this server runs; it runs: {}",
+                    runs.join(", ")
+                ),
+            )
+            .into());
+        }
+    }
     let query = AuditQuery {
         success: q.success,
         tenant: q.tenant,

@@ -313,7 +313,7 @@ impl ResultStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use paddock_core::{EngineKind, ErrorCode, Outcome};
+    use paddock_core::{EngineName, ErrorCode, Outcome};
 
     fn bounds(max: usize) -> Bounds {
         Bounds {
@@ -331,7 +331,7 @@ mod tests {
                 exit_code: 0,
                 signal: None,
             },
-            EngineKind::Noop,
+            EngineName::NOOP,
             "",
         );
         r.stdout = "x".repeat(bytes);

@@ -90,7 +90,7 @@ impl Pipeline {
         let id = started.info.execution_id.clone();
         let started_at_ms = started.info.started_at_ms;
         let tenant = session.tenant.clone();
-        let engine = session.engine;
+        let engine = session.engine.clone();
         let instance = session.lease.instance().sandbox.id().to_string();
         let hash = code_hash(&Program::command(started.info.argv.iter().cloned()).audit_text());
         self.shared

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use paddock_core::{EngineKind, Error, Limits, SandboxStatus};
+use paddock_core::{EngineName, Error, Limits, SandboxStatus};
 
 use crate::engine_pool::Lease;
 
@@ -14,7 +14,7 @@ use crate::shares::Share;
 
 #[derive(Debug)]
 pub(crate) struct Session {
-    pub(crate) engine: EngineKind,
+    pub(crate) engine: EngineName,
     pub(crate) lease: Lease,
     pub(crate) tenant: Option<String>,
     pub(crate) limits: Limits,

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use actix::Actor;
 use paddock_core::{
-    code_hash, EngineKind, Error, ErrorCode, ExecRequest, ExecResult, ExecutionId, Language,
+    code_hash, EngineName, Error, ErrorCode, ExecRequest, ExecResult, ExecutionId, Language,
     LimitKind, Outcome, Program, Timings, Usage,
 };
 use paddock_pool::audit::{
@@ -20,7 +20,7 @@ use paddock_pool::audit::{
 
 const T0: u64 = 1_800_000_000_000;
 
-fn entry(n: u64, tenant: &str, engine: EngineKind, success: bool, duration_ms: u64) -> AuditEntry {
+fn entry(n: u64, tenant: &str, engine: EngineName, success: bool, duration_ms: u64) -> AuditEntry {
     AuditEntry {
         id: ExecutionId::new(),
         timestamp: Timestamp::from_unix_ms(T0 + n * 1_000),
@@ -37,7 +37,7 @@ fn entry(n: u64, tenant: &str, engine: EngineKind, success: bool, duration_ms: u
 }
 
 fn simple(n: u64) -> AuditEntry {
-    entry(n, "t", EngineKind::Subprocess, true, n)
+    entry(n, "t", EngineName::SUBPROCESS, true, n)
 }
 
 fn memory_log(ring_capacity: usize) -> AuditLog {
@@ -77,7 +77,7 @@ fn read_entries(path: &Path) -> Vec<AuditEntry> {
 fn result_with(outcome: Outcome) -> ExecResult {
     let mut r = ExecResult::failed(
         ExecutionId::new(),
-        EngineKind::Subprocess,
+        EngineName::SUBPROCESS,
         Error::new(ErrorCode::SpawnFailed, "x"),
     );
     r.outcome = outcome;
@@ -112,7 +112,7 @@ fn an_entry_is_built_from_a_result_and_holds_no_code_or_env() {
     assert_eq!(e.id, req.id);
     assert_eq!(e.timestamp, Timestamp::from_unix_ms(T0 + 43));
     assert_eq!(e.tenant.as_deref(), Some("acme"));
-    assert_eq!(e.engine, EngineKind::Subprocess);
+    assert_eq!(e.engine, EngineName::SUBPROCESS);
     assert_eq!(e.code_hash, hash);
     assert_eq!(e.duration_ms, 42);
     assert_eq!(e.outcome, AuditOutcome::Completed);
@@ -287,16 +287,16 @@ fn the_ring_is_bounded_and_search_is_newest_first() {
 fn search_filters_each_field() {
     let mut log = memory_log(100);
     let all = [
-        entry(1, "a", EngineKind::Subprocess, true, 10),
-        entry(2, "a", EngineKind::Isolate, false, 10),
-        entry(3, "b", EngineKind::Subprocess, false, 10),
-        entry(4, "b", EngineKind::Container, true, 10),
-        entry(5, "a", EngineKind::Subprocess, true, 10),
+        entry(1, "a", EngineName::SUBPROCESS, true, 10),
+        entry(2, "a", EngineName::ISOLATE, false, 10),
+        entry(3, "b", EngineName::SUBPROCESS, false, 10),
+        entry(4, "b", EngineName::CONTAINER, true, 10),
+        entry(5, "a", EngineName::SUBPROCESS, true, 10),
     ];
     for e in &all {
         log.record(e.clone());
     }
-    let mut anonymous = entry(6, "x", EngineKind::Noop, true, 10);
+    let mut anonymous = entry(6, "x", EngineName::NOOP, true, 10);
     anonymous.tenant = None;
     log.record(anonymous);
     let ns = |q: AuditQuery| -> Vec<u64> {
@@ -331,7 +331,7 @@ fn search_filters_each_field() {
     );
     assert_eq!(
         ns(AuditQuery {
-            engine: Some(EngineKind::Subprocess),
+            engine: Some(EngineName::SUBPROCESS),
             ..Default::default()
         }),
         [5, 3, 1]
@@ -363,7 +363,7 @@ fn search_filters_each_field() {
         ns(AuditQuery {
             success: Some(true),
             tenant: Some("a".into()),
-            engine: Some(EngineKind::Subprocess),
+            engine: Some(EngineName::SUBPROCESS),
             after: at(1),
             before: at(6),
             limit: Some(10),
@@ -384,9 +384,9 @@ fn statistics_are_exact_on_known_values() {
     let mut log = memory_log(100);
     let empty = log.statistics();
     assert_eq!((empty.total, empty.success_rate, empty.p99_ms), (0, 0.0, 0));
-    log.record(entry(1, "a", EngineKind::Subprocess, true, 10));
-    log.record(entry(2, "a", EngineKind::Subprocess, false, 20));
-    log.record(entry(3, "a", EngineKind::Subprocess, true, 30));
+    log.record(entry(1, "a", EngineName::SUBPROCESS, true, 10));
+    log.record(entry(2, "a", EngineName::SUBPROCESS, false, 20));
+    log.record(entry(3, "a", EngineName::SUBPROCESS, true, 30));
     let s = log.statistics();
     assert_eq!(s.total, 3);
     assert_eq!(s.success, 2);
@@ -638,8 +638,8 @@ fn the_actor_records_searches_and_flushes() {
                 seen.fetch_add(1, Ordering::SeqCst);
             }));
         let audit = Audit::new(log).start();
-        let a = entry(1, "a", EngineKind::Subprocess, true, 10);
-        let b = entry(2, "b", EngineKind::Isolate, false, 30);
+        let a = entry(1, "a", EngineName::SUBPROCESS, true, 10);
+        let b = entry(2, "b", EngineName::ISOLATE, false, 30);
         assert!(audit.send(Record(a.clone())).await.unwrap());
         assert!(audit.send(Record(b.clone())).await.unwrap());
         assert!(!audit.send(Record(b.clone())).await.unwrap());
@@ -663,7 +663,7 @@ fn the_actor_records_searches_and_flushes() {
         assert_eq!(health.write_errors, 0);
 
         // Stopping with the system flushes what is buffered.
-        let c = entry(3, "c", EngineKind::Subprocess, true, 5);
+        let c = entry(3, "c", EngineName::SUBPROCESS, true, 5);
         assert!(audit.send(Record(c.clone())).await.unwrap());
         assert_eq!(read_entries(&path_for_actor).len(), 2);
         actix::System::current().stop();

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::Actor;
-use paddock_core::{EngineKind, Error, ErrorCode, ExecResult, ExecutionId, Outcome};
+use paddock_core::{EngineName, Error, ErrorCode, ExecResult, ExecutionId, Outcome};
 use paddock_pool::clock::{ManualClock, SharedClock};
 use paddock_pool::limiter::{
     enforce_output_cap, truncate_output, truncation_marker, Admit, Limiter, LimiterConfig,
@@ -271,7 +271,7 @@ fn output_cap_cuts_at_a_char_boundary_with_the_sentinel() {
 
     let mut r = ExecResult::failed(
         ExecutionId::new(),
-        EngineKind::Noop,
+        EngineName::NOOP,
         Error::new(ErrorCode::Cancelled, "x"),
     );
     r.outcome = Outcome::Completed {

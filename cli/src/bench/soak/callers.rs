@@ -153,7 +153,7 @@ pub(super) struct Ctx {
     pub(super) schedule: Vec<usize>,
     pub(super) next: AtomicUsize,
     /// Engines sessions take turns on.
-    pub(super) session_engines: Vec<EngineKind>,
+    pub(super) session_engines: Vec<EngineName>,
     pub(super) next_session: AtomicUsize,
     pub(super) ledger: Arc<Ledger>,
     pub(super) counts: Counts,
@@ -236,8 +236,8 @@ impl Ctx {
             }
             Work::Session => {
                 let n = self.next_session.fetch_add(1, Ordering::Relaxed);
-                let engine = self.session_engines[n % self.session_engines.len()];
-                match self.session(engine, n).await {
+                let engine = self.session_engines[n % self.session_engines.len()].clone();
+                match self.session(engine.clone(), n).await {
                     Ok(()) => {
                         self.counts.sessions.fetch_add(1, Ordering::Relaxed);
                     }
@@ -256,7 +256,7 @@ impl Ctx {
             request.limits = exec.limits.clone();
             let id = request.id.clone();
             let mut msg = Execute::new(request);
-            msg.level = level_of(exec.engine);
+            msg.level = level_of(&exec.engine);
             self.ledger.issue(&id);
             let answer = tokio::time::timeout(ANSWER_LIMIT, self.drive(exec.drive, msg))
                 .await
@@ -349,15 +349,19 @@ impl Ctx {
     /// Opens a session on `engine`, uses it, destroys it, and checks that it is gone.
     pub(super) async fn session(
         self: &Arc<Self>,
-        engine: EngineKind,
+        engine: EngineName,
         n: usize,
     ) -> Result<(), String> {
         let spec = SandboxSpec {
-            level: level_of(engine),
+            level: level_of(&engine),
             ..SandboxSpec::default()
         };
         let sandbox = loop {
-            match self.paddock.open_sandbox(spec.clone(), Some(engine)).await {
+            match self
+                .paddock
+                .open_sandbox(spec.clone(), Some(engine.clone()))
+                .await
+            {
                 Ok(s) => break s,
                 Err(e) if retryable(&e) => {
                     self.counts.rejected.fetch_add(1, Ordering::Relaxed);
@@ -390,7 +394,7 @@ impl Ctx {
     pub(super) async fn use_session(
         &self,
         sandbox: &SandboxHandle,
-        engine: EngineKind,
+        engine: EngineName,
         n: usize,
     ) -> Result<(), String> {
         let data = format!("soak-{n}");
@@ -398,7 +402,7 @@ impl Ctx {
             .write_file("in/soak.txt", data.as_bytes())
             .await
             .map_err(|e| format!("write_file: {e}"))?;
-        let (reader, failing) = if engine == EngineKind::Isolate {
+        let (reader, failing) = if engine == EngineName::ISOLATE {
             (
                 Program::code(
                     Language::Javascript,
@@ -437,7 +441,7 @@ impl Ctx {
             return Err(format!("list_files(\"in\") gave {listed:?}"));
         }
         let r = self.session_exec(sandbox, failing).await?;
-        let code = if engine == EngineKind::Isolate { 1 } else { 3 };
+        let code = if engine == EngineName::ISOLATE { 1 } else { 3 };
         if !(r.exit_code() == Some(code) && r.stderr.contains("soak-session")) {
             return Err(format!("a failing exec: {}", brief(&r)));
         }

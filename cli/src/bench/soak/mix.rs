@@ -31,7 +31,7 @@ pub(super) enum Drive {
 /// One execution of the mix.
 #[derive(Debug, Clone)]
 pub(super) struct Exec {
-    pub(super) engine: EngineKind,
+    pub(super) engine: EngineName,
     pub(super) program: Program,
     pub(super) limits: Limits,
     pub(super) drive: Drive,
@@ -61,7 +61,7 @@ pub(super) fn sh(script: &str) -> Program {
 
 /// An execution on `engine` that must end as `expect`, adjusted by `with`.
 pub(super) fn exec_with(
-    engine: EngineKind,
+    engine: EngineName,
     program: Program,
     expect: Expect,
     with: impl FnOnce(&mut Exec),
@@ -78,19 +78,19 @@ pub(super) fn exec_with(
 }
 
 /// An execution on `engine` that must end as `expect`.
-pub(super) fn exec(engine: EngineKind, program: Program, expect: Expect) -> Work {
+pub(super) fn exec(engine: EngineName, program: Program, expect: Expect) -> Work {
     exec_with(engine, program, expect, |_| {})
 }
 
 /// An execution killed at a deadline of `timeout_ms`.
-pub(super) fn times_out(engine: EngineKind, program: Program, timeout_ms: u64) -> Work {
+pub(super) fn times_out(engine: EngineName, program: Program, timeout_ms: u64) -> Work {
     exec_with(engine, program, Expect::TimedOut, |e| {
         e.limits.timeout_ms = Some(timeout_ms);
     })
 }
 
 /// An execution cancelled mid-run (its own deadline 10 s away).
-pub(super) fn cancelled(engine: EngineKind, program: Program, drive: Drive) -> Work {
+pub(super) fn cancelled(engine: EngineName, program: Program, drive: Drive) -> Work {
     exec_with(engine, program, Expect::Cancelled, |e| {
         e.limits.timeout_ms = Some(10_000);
         e.drive = drive;
@@ -98,7 +98,7 @@ pub(super) fn cancelled(engine: EngineKind, program: Program, drive: Drive) -> W
 }
 
 /// An execution whose output passes [`CAP`].
-pub(super) fn floods(engine: EngineKind, program: Program) -> Work {
+pub(super) fn floods(engine: EngineName, program: Program) -> Work {
     exec_with(engine, program, Expect::Truncated, |e| {
         e.limits.max_output_bytes = Some(CAP);
     })
@@ -106,7 +106,9 @@ pub(super) fn floods(engine: EngineKind, program: Program) -> Work {
 
 /// The mix: every task the host can run, with its weight.
 pub(super) fn mix(python: bool, container: bool) -> Vec<Task> {
-    use EngineKind::{Container, Isolate, Subprocess};
+    const SUBPROCESS: EngineName = EngineName::SUBPROCESS;
+    const ISOLATE: EngineName = EngineName::ISOLATE;
+    const CONTAINER: EngineName = EngineName::CONTAINER;
     use Expect::{Exit, Ok};
     let task = |name, weight, work| Task { name, weight, work };
     let js = |source: &str| Program::code(Language::Javascript, source);
@@ -123,57 +125,57 @@ pub(super) fn mix(python: bool, container: bool) -> Vec<Task> {
     let by_id = Drive::CancelById(Duration::from_millis(150));
     let on_output = Drive::CancelOnOutput;
     let mut tasks = vec![
-        task("cmd_ok", 4, exec(Subprocess, sh("echo 42"), Ok("42\n"))),
+        task("cmd_ok", 4, exec(SUBPROCESS, sh("echo 42"), Ok("42\n"))),
         task(
             "cmd_fail",
             1,
-            exec(Subprocess, fail(), Exit(1, "soak-fail")),
+            exec(SUBPROCESS, fail(), Exit(1, "soak-fail")),
         ),
-        task("cmd_timeout", 1, times_out(Subprocess, sleep(), 250)),
-        task("cmd_cancel", 1, cancelled(Subprocess, sleep(), by_id)),
-        task("cmd_flood", 1, floods(Subprocess, flood())),
+        task("cmd_timeout", 1, times_out(SUBPROCESS, sleep(), 250)),
+        task("cmd_cancel", 1, cancelled(SUBPROCESS, sleep(), by_id)),
+        task("cmd_flood", 1, floods(SUBPROCESS, flood())),
         task(
             "js_ok",
             4,
-            exec(Isolate, js("console.log(6 * 7)"), Ok("42\n")),
+            exec(ISOLATE, js("console.log(6 * 7)"), Ok("42\n")),
         ),
-        task("js_throw", 1, exec(Isolate, js_throw, Exit(1, "soak-boom"))),
+        task("js_throw", 1, exec(ISOLATE, js_throw, Exit(1, "soak-boom"))),
         task(
             "js_timeout",
             1,
-            times_out(Isolate, js("while (true) {}"), 200),
+            times_out(ISOLATE, js("while (true) {}"), 200),
         ),
-        task("js_cancel", 1, cancelled(Isolate, js_started, on_output)),
-        task("js_flood", 1, floods(Isolate, js_flood)),
+        task("js_cancel", 1, cancelled(ISOLATE, js_started, on_output)),
+        task("js_flood", 1, floods(ISOLATE, js_flood)),
         task("session", 1, Work::Session),
     ];
     if python {
         tasks.extend([
-            task("py_ok", 3, exec(Subprocess, py("print(6 * 7)"), Ok("42\n"))),
+            task("py_ok", 3, exec(SUBPROCESS, py("print(6 * 7)"), Ok("42\n"))),
             task(
                 "py_raise",
                 1,
-                exec(Subprocess, py_raise, Exit(1, "ValueError: soak-raise")),
+                exec(SUBPROCESS, py_raise, Exit(1, "ValueError: soak-raise")),
             ),
             task(
                 "py_timeout",
                 1,
-                times_out(Subprocess, py("import time; time.sleep(5)"), 300),
+                times_out(SUBPROCESS, py("import time; time.sleep(5)"), 300),
             ),
-            task("py_flood", 1, floods(Subprocess, py_flood)),
+            task("py_flood", 1, floods(SUBPROCESS, py_flood)),
         ]);
     }
     if container {
         tasks.extend([
-            task("ctr_ok", 2, exec(Container, sh("echo 42"), Ok("42\n"))),
-            task("ctr_fail", 1, exec(Container, fail(), Exit(1, "soak-fail"))),
-            task("ctr_timeout", 1, times_out(Container, sleep(), 300)),
+            task("ctr_ok", 2, exec(CONTAINER, sh("echo 42"), Ok("42\n"))),
+            task("ctr_fail", 1, exec(CONTAINER, fail(), Exit(1, "soak-fail"))),
+            task("ctr_timeout", 1, times_out(CONTAINER, sleep(), 300)),
             task(
                 "ctr_cancel",
                 1,
-                cancelled(Container, ctr_started, on_output),
+                cancelled(CONTAINER, ctr_started, on_output),
             ),
-            task("ctr_flood", 1, floods(Container, flood())),
+            task("ctr_flood", 1, floods(CONTAINER, flood())),
         ]);
     }
     tasks
@@ -198,10 +200,12 @@ pub(super) fn schedule(tasks: &[Task]) -> Vec<usize> {
 }
 
 /// The isolation level that routes a request to `engine` without naming it.
-pub(super) fn level_of(engine: EngineKind) -> IsolationLevel {
-    match engine {
-        EngineKind::Isolate => IsolationLevel::ContextIsolated,
-        EngineKind::Container => IsolationLevel::Strict,
-        _ => IsolationLevel::None,
+pub(super) fn level_of(engine: &EngineName) -> IsolationLevel {
+    if *engine == EngineName::ISOLATE {
+        IsolationLevel::ContextIsolated
+    } else if *engine == EngineName::CONTAINER {
+        IsolationLevel::Strict
+    } else {
+        IsolationLevel::None
     }
 }

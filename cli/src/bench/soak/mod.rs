@@ -40,7 +40,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use paddock_core::{
-    EngineKind, Error, ErrorCode, ExecRequest, ExecResult, ExecutionId, IsolationLevel, Language,
+    EngineName, Error, ErrorCode, ExecRequest, ExecResult, ExecutionId, IsolationLevel, Language,
     Limits, Outcome, PaddockConfig, Program, SandboxSpec, SandboxStatus,
 };
 use paddock_engines::container::ContainerEngine;
@@ -221,7 +221,7 @@ pub(super) async fn soak(args: SoakArgs, as_json: bool) -> Result<i32, crate::ru
         }),
         Err(why) => json!(format!("skipped: {why}")),
     };
-    let mut engines = vec![EngineKind::Subprocess, EngineKind::Isolate];
+    let mut engines = vec![EngineName::SUBPROCESS, EngineName::ISOLATE];
     let ledger = Arc::new(Ledger::default());
     let on_audit = ledger.clone();
     let mut builder = Paddock::builder()
@@ -229,7 +229,7 @@ pub(super) async fn soak(args: SoakArgs, as_json: bool) -> Result<i32, crate::ru
         .without_subprocess()
         .engine(Arc::new(subprocess))
         .without_container()
-        .default_engine(EngineKind::Subprocess)
+        .default_engine(EngineName::SUBPROCESS)
         .audit(AuditConfig {
             ring_capacity: 1_000,
             ..AuditConfig::default()
@@ -242,7 +242,7 @@ pub(super) async fn soak(args: SoakArgs, as_json: bool) -> Result<i32, crate::ru
         });
     if let Ok(engine) = container {
         builder = builder.engine(Arc::new(engine));
-        engines.push(EngineKind::Container);
+        engines.push(EngineName::CONTAINER);
     }
     let paddock = match builder.start() {
         Ok(p) => p,
@@ -251,7 +251,7 @@ pub(super) async fn soak(args: SoakArgs, as_json: bool) -> Result<i32, crate::ru
             return Ok(1);
         }
     };
-    let mut tasks = mix(python.is_ok(), engines.contains(&EngineKind::Container));
+    let mut tasks = mix(python.is_ok(), engines.contains(&EngineName::CONTAINER));
     if !args.only.is_empty() {
         if let Some(unknown) = args
             .only

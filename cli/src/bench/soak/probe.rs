@@ -198,7 +198,7 @@ pub(super) async fn settle(
 /// Each pool's counts, with the configured `min_idle` beside them.
 pub(super) fn pools_json(stats: &Stats, min_idle: usize) -> serde_json::Value {
     let mut pools: Vec<&PoolStats> = stats.pools.iter().collect();
-    pools.sort_by_key(|p| (p.engine, p.network.clone()));
+    pools.sort_by_key(|p| (p.engine.clone(), p.network.clone()));
     pools
         .iter()
         .map(|p| {

@@ -330,7 +330,7 @@ async fn an_exhausted_pool_is_503_at_once_with_retry_after() {
                 paddock.stats().await.is_ok_and(|s| {
                     s.pools
                         .iter()
-                        .any(|p| p.engine == paddock_core::EngineKind::Subprocess && p.idle == 1)
+                        .any(|p| p.engine == paddock_core::EngineName::SUBPROCESS && p.idle == 1)
                 })
             }
         },

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use paddock_core::{
-    CancelToken, Capabilities, Engine, EngineKind, Error, ErrorCode, ExecRequest, ExecResult,
+    CancelToken, Capabilities, Engine, EngineName, Error, ErrorCode, ExecRequest, ExecResult,
     FileEntry, IsolationLevel, Outcome, OutputSink, PaddockConfig, Program, ProgramKind, Result,
     Sandbox, SandboxSpec, SandboxStatus,
 };
@@ -59,8 +59,8 @@ struct Scripted {
 
 #[async_trait]
 impl Engine for Scripted {
-    fn kind(&self) -> EngineKind {
-        EngineKind::Noop
+    fn name(&self) -> EngineName {
+        EngineName::NOOP
     }
     fn capabilities(&self) -> &Capabilities {
         &self.caps
@@ -90,8 +90,8 @@ impl Sandbox for ScriptedSandbox {
     fn id(&self) -> &str {
         "scripted"
     }
-    fn kind(&self) -> EngineKind {
-        EngineKind::Noop
+    fn engine(&self) -> EngineName {
+        EngineName::NOOP
     }
     fn root_dir(&self) -> &Path {
         Path::new("/scripted")
@@ -112,7 +112,7 @@ impl Sandbox for ScriptedSandbox {
         Ok(ExecResult::empty(
             request.id,
             ExecResult::noop_outcome(&cancel),
-            EngineKind::Noop,
+            EngineName::NOOP,
             "scripted",
         ))
     }

@@ -1,7 +1,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use paddock_core::{EngineKind, ErrorCode, ExecRequest, Language, Outcome, PaddockConfig, Program};
+use paddock_core::{EngineName, ErrorCode, ExecRequest, Language, Outcome, PaddockConfig, Program};
 use paddock_engines::noop::NoopEngine;
 use paddock_pool::{Execute, Paddock, StreamEvent};
 
@@ -165,17 +165,17 @@ async fn refusals_are_typed() {
         paddock.execute_with(msg).await.unwrap_err().code,
         ErrorCode::CapabilityNotSupported
     );
-    let msg = Execute::new(sh("true")).on(EngineKind::Container);
+    let msg = Execute::new(sh("true")).on(EngineName::CONTAINER);
     assert_eq!(
         paddock.execute_with(msg).await.unwrap_err().code,
         ErrorCode::CapabilityNotSupported
     );
     let r = paddock
-        .execute_with(Execute::new(sh("true")).on(EngineKind::Noop))
+        .execute_with(Execute::new(sh("true")).on(EngineName::NOOP))
         .await
         .unwrap();
     assert!(r.is_success());
-    assert_eq!(r.engine, EngineKind::Noop);
+    assert_eq!(r.engine, EngineName::NOOP);
     paddock.shutdown(Duration::from_secs(5)).await.unwrap();
 }
 
@@ -250,17 +250,17 @@ async fn isolates_are_pooled_engines_chosen_by_name_or_by_level() {
     let paddock = Paddock::builder().without_container().start().unwrap();
     let js = |src: &str| ExecRequest::new(Program::code(Language::Javascript, src));
     let r = paddock
-        .execute_with(Execute::new(js("console.log('hi'); 6 * 7")).on(EngineKind::Isolate))
+        .execute_with(Execute::new(js("console.log('hi'); 6 * 7")).on(EngineName::ISOLATE))
         .await
         .unwrap();
-    assert_eq!(r.engine, EngineKind::Isolate, "{r:?}");
+    assert_eq!(r.engine, EngineName::ISOLATE, "{r:?}");
     assert_eq!(r.value, Some(serde_json::json!(42)));
     assert_eq!(r.stdout, "hi\n");
     // No engine named: the level picks the weakest engine that provides it.
     let mut level = Execute::new(js("typeof process"));
     level.level = paddock_core::IsolationLevel::ContextIsolated;
     let r = paddock.execute_with(level).await.unwrap();
-    assert_eq!(r.engine, EngineKind::Isolate, "{r:?}");
+    assert_eq!(r.engine, EngineName::ISOLATE, "{r:?}");
     assert_eq!(r.value, Some(serde_json::json!("undefined")));
     // Still never a downgrade: strict is refused while no engine provides it.
     let mut strict = Execute::new(js("1"));
@@ -271,7 +271,7 @@ async fn isolates_are_pooled_engines_chosen_by_name_or_by_level() {
     let pool = stats
         .pools
         .iter()
-        .find(|p| p.engine == EngineKind::Isolate)
+        .find(|p| p.engine == EngineName::ISOLATE)
         .expect("an isolate pool");
     assert!(pool.size >= 1, "{pool:?}");
     let text = paddock.telemetry().render_prometheus();
@@ -358,7 +358,7 @@ async fn strict_isolation_goes_to_the_container_engine() {
     if !stats
         .pools
         .iter()
-        .any(|p| p.engine == EngineKind::Container)
+        .any(|p| p.engine == EngineName::CONTAINER)
     {
         assert!(
             std::env::var_os("PADDOCK_REQUIRE_CONTAINERS").is_none(),
@@ -370,11 +370,11 @@ async fn strict_isolation_goes_to_the_container_engine() {
     let mut strict = Execute::new(sh("echo $$; cat /proc/net/dev | wc -l"));
     strict.level = paddock_core::IsolationLevel::Strict;
     let r = paddock.execute_with(strict).await.unwrap();
-    assert_eq!(r.engine, EngineKind::Container, "{r:?}");
+    assert_eq!(r.engine, EngineName::CONTAINER, "{r:?}");
     // Inside its own pid namespace, with only loopback.
     assert_eq!(r.stdout, "2\n3\n", "{r:?}");
     // A request naming no level still runs on the default (subprocess) engine.
     let r = paddock.execute(sh("true")).await.unwrap();
-    assert_eq!(r.engine, EngineKind::Subprocess);
+    assert_eq!(r.engine, EngineName::SUBPROCESS);
     paddock.shutdown(Duration::from_secs(5)).await.unwrap();
 }

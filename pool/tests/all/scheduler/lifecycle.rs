@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use paddock_core::{
-    CancelToken, Capabilities, Engine, EngineKind, Error, ErrorCode, ExecRequest, ExecResult,
+    CancelToken, Capabilities, Engine, EngineName, Error, ErrorCode, ExecRequest, ExecResult,
     ExecutionId, FileEntry, IsolationLevel, Language, Outcome, OutputChunk, OutputSink,
     PaddockConfig, Program, ProgramKind, Result, Sandbox, SandboxSpec, SandboxStatus, StreamKind,
 };
@@ -27,7 +27,7 @@ fn sh(script: &str) -> ExecRequest {
 }
 
 /// The default pool (network policy `none`) of `engine`.
-async fn pool_stats(paddock: &Paddock, engine: EngineKind) -> PoolStats {
+async fn pool_stats(paddock: &Paddock, engine: EngineName) -> PoolStats {
     let stats = paddock.stats().await.unwrap();
     stats
         .pools
@@ -100,8 +100,8 @@ impl Flaky {
 
 #[async_trait]
 impl Engine for Flaky {
-    fn kind(&self) -> EngineKind {
-        EngineKind::Noop
+    fn name(&self) -> EngineName {
+        EngineName::NOOP
     }
     fn capabilities(&self) -> &Capabilities {
         &self.caps
@@ -133,8 +133,8 @@ impl Sandbox for FlakySandbox {
     fn id(&self) -> &str {
         &self.id
     }
-    fn kind(&self) -> EngineKind {
-        EngineKind::Noop
+    fn engine(&self) -> EngineName {
+        EngineName::NOOP
     }
     fn root_dir(&self) -> &Path {
         Path::new("/flaky")
@@ -155,7 +155,7 @@ impl Sandbox for FlakySandbox {
         Ok(ExecResult::empty(
             request.id,
             ExecResult::noop_outcome(&cancel),
-            EngineKind::Noop,
+            EngineName::NOOP,
             self.id.clone(),
         ))
     }
@@ -209,7 +209,7 @@ async fn failing_creation_opens_the_breaker_and_a_success_closes_it() {
         assert!(e.message.contains("interpreter missing"), "{e}");
         assert_eq!(engine.create_calls.load(Ordering::SeqCst), i);
     }
-    let p = pool_stats(&paddock, EngineKind::Noop).await;
+    let p = pool_stats(&paddock, EngineName::NOOP).await;
     assert!(p.degraded, "{p:?}");
     let cause = p
         .degraded_cause
@@ -252,7 +252,7 @@ async fn failing_creation_opens_the_breaker_and_a_success_closes_it() {
     tokio::time::sleep(Duration::from_millis(retry + 50)).await;
     let r = run().await.unwrap();
     assert!(r.is_success(), "{r:?}");
-    let p = pool_stats(&paddock, EngineKind::Noop).await;
+    let p = pool_stats(&paddock, EngineName::NOOP).await;
     assert!(!p.degraded, "{p:?}");
     assert_eq!(p.degraded_cause, None);
     assert_eq!(p.created_total, 1);
@@ -274,7 +274,7 @@ async fn a_panicking_exec_fails_the_call_and_retires_the_instance() {
     let run = || paddock.execute(ExecRequest::new(Program::command(["x"])));
 
     let first = run().await.unwrap();
-    let before = pool_stats(&paddock, EngineKind::Noop).await;
+    let before = pool_stats(&paddock, EngineName::NOOP).await;
     assert_eq!(before.retired_total, 0);
 
     engine.panic_next.store(true, Ordering::SeqCst);
@@ -285,7 +285,7 @@ async fn a_panicking_exec_fails_the_call_and_retires_the_instance() {
     assert!(e.message.contains("panic"), "{e}");
     assert!(e.message.contains("scripted exec panic"), "{e}");
 
-    let after = pool_stats(&paddock, EngineKind::Noop).await;
+    let after = pool_stats(&paddock, EngineName::NOOP).await;
     assert_eq!(
         after.retired_total,
         before.retired_total + 1,
@@ -296,7 +296,7 @@ async fn a_panicking_exec_fails_the_call_and_retires_the_instance() {
     assert!(next.is_success());
     assert_ne!(next.instance_id, first.instance_id);
     assert_eq!(
-        pool_stats(&paddock, EngineKind::Noop).await.created_total,
+        pool_stats(&paddock, EngineName::NOOP).await.created_total,
         2
     );
 
@@ -337,7 +337,7 @@ async fn instances_retire_at_their_execution_limit() {
     assert_ne!(ids[1], ids[2], "{ids:?}");
     assert_ne!(ids[3], ids[4], "{ids:?}");
     assert_ne!(ids[0], ids[4], "{ids:?}");
-    let p = pool_stats(&paddock, EngineKind::Subprocess).await;
+    let p = pool_stats(&paddock, EngineName::SUBPROCESS).await;
     assert!(p.created_total >= 3, "{p:?}");
     assert_eq!(p.retired_total, 2, "{p:?}");
     paddock.shutdown(Duration::from_secs(5)).await.unwrap();
@@ -353,7 +353,7 @@ async fn instances_older_than_max_age_are_not_reused() {
     let a = paddock.execute(sh("true")).await.unwrap();
     let b = paddock.execute(sh("true")).await.unwrap();
     assert_eq!(a.instance_id, b.instance_id, "a young instance is reused");
-    let created = pool_stats(&paddock, EngineKind::Subprocess)
+    let created = pool_stats(&paddock, EngineName::SUBPROCESS)
         .await
         .created_total;
     assert_eq!(created, 1);
@@ -365,7 +365,7 @@ async fn instances_older_than_max_age_are_not_reused() {
         c.instance_id, a.instance_id,
         "an old instance is not reused"
     );
-    let p = pool_stats(&paddock, EngineKind::Subprocess).await;
+    let p = pool_stats(&paddock, EngineName::SUBPROCESS).await;
     assert_eq!(p.created_total, created + 1, "{p:?}");
     assert!(p.retired_total >= 1, "{p:?}");
     paddock.shutdown(Duration::from_secs(5)).await.unwrap();
@@ -389,27 +389,27 @@ async fn idle_instances_are_reaped_down_to_min_idle() {
         })
         .collect();
     let grown = eventually(Duration::from_secs(3), || async {
-        pool_stats(&paddock, EngineKind::Subprocess).await.busy == 4
+        pool_stats(&paddock, EngineName::SUBPROCESS).await.busy == 4
     })
     .await;
     assert!(
         grown,
         "the pool never ran 4 at once: {:?}",
-        pool_stats(&paddock, EngineKind::Subprocess).await
+        pool_stats(&paddock, EngineName::SUBPROCESS).await
     );
     for t in tasks {
         assert!(t.await.unwrap().unwrap().is_success());
     }
-    let p = pool_stats(&paddock, EngineKind::Subprocess).await;
+    let p = pool_stats(&paddock, EngineName::SUBPROCESS).await;
     assert_eq!(p.size, 4, "clean instances are kept at first: {p:?}");
     let retired_before = p.retired_total;
 
     // The maintenance tick (every 500 ms) reaps what idled past idle_timeout.
     let reaped = eventually(Duration::from_secs(3), || async {
-        pool_stats(&paddock, EngineKind::Subprocess).await.size <= 1
+        pool_stats(&paddock, EngineName::SUBPROCESS).await.size <= 1
     })
     .await;
-    let p = pool_stats(&paddock, EngineKind::Subprocess).await;
+    let p = pool_stats(&paddock, EngineName::SUBPROCESS).await;
     assert!(reaped, "idle instances were not reaped: {p:?}");
     assert_eq!(p.size, 1, "min_idle is kept: {p:?}");
     assert_eq!(p.idle, 1, "{p:?}");
@@ -430,7 +430,7 @@ async fn timed_out_and_cancelled_instances_are_retired() {
     config.pool.max_size = 1;
     config.pool.min_idle = 0;
     let paddock = Paddock::builder().config(config).start().unwrap();
-    let stats = || pool_stats(&paddock, EngineKind::Subprocess);
+    let stats = || pool_stats(&paddock, EngineName::SUBPROCESS);
 
     let a = paddock.execute(sh("true")).await.unwrap();
     let timed_out = paddock
@@ -822,7 +822,7 @@ async fn every_accepted_execution_is_audited_exactly_once() {
         .collect();
     assert!(
         eventually(Duration::from_secs(3), || async {
-            pool_stats(&paddock, EngineKind::Subprocess).await.busy == 2
+            pool_stats(&paddock, EngineName::SUBPROCESS).await.busy == 2
         })
         .await
     );
@@ -832,7 +832,7 @@ async fn every_accepted_execution_is_audited_exactly_once() {
     let queued = tokio::spawn(async move { p.execute(r).await });
     assert!(
         eventually(Duration::from_secs(3), || async {
-            pool_stats(&paddock, EngineKind::Subprocess).await.waiting == 1
+            pool_stats(&paddock, EngineName::SUBPROCESS).await.waiting == 1
         })
         .await
     );

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use paddock_core::{
-    CancelToken, Capabilities, Engine, EngineKind, Error, ErrorCode, ExecRequest, ExecResult,
+    CancelToken, Capabilities, Engine, EngineName, Error, ErrorCode, ExecRequest, ExecResult,
     FileEntry, IsolationLevel, OutputSink, PaddockConfig, ProcessSpec, Program, ProgramKind,
     Result, Sandbox, SandboxSpec, SandboxStatus, TcpTarget, TerminalSpec,
 };
@@ -40,8 +40,8 @@ impl PanickySandbox {
 
 #[async_trait]
 impl Engine for Panicky {
-    fn kind(&self) -> EngineKind {
-        EngineKind::Noop
+    fn name(&self) -> EngineName {
+        EngineName::NOOP
     }
     fn capabilities(&self) -> &Capabilities {
         &self.caps
@@ -64,8 +64,8 @@ impl Sandbox for PanickySandbox {
     fn id(&self) -> &str {
         &self.id
     }
-    fn kind(&self) -> EngineKind {
-        EngineKind::Noop
+    fn engine(&self) -> EngineName {
+        EngineName::NOOP
     }
     fn root_dir(&self) -> &Path {
         Path::new("/panicky")
@@ -84,7 +84,7 @@ impl Sandbox for PanickySandbox {
         Ok(ExecResult::empty(
             request.id,
             ExecResult::noop_outcome(&cancel),
-            EngineKind::Noop,
+            EngineName::NOOP,
             self.id.clone(),
         ))
     }

@@ -87,7 +87,7 @@ async fn subprocess_pool(paddock: &Paddock) -> paddock_pool::PoolStats {
         .unwrap()
         .pools
         .into_iter()
-        .find(|p| p.engine == paddock_core::EngineKind::Subprocess)
+        .find(|p| p.engine == paddock_core::EngineName::SUBPROCESS)
         .expect("a subprocess pool")
 }
 

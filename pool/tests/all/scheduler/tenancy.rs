@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use paddock_core::{
-    AccessRules, Allowed, EngineKind, ErrorCode, ExecRequest, IsolationLevel, Limits,
+    AccessRules, Allowed, EngineName, ErrorCode, ExecRequest, IsolationLevel, Limits,
     NetworkPolicy, PaddockConfig, Program, SandboxSpec, SandboxStatus,
 };
 use paddock_pool::audit::AuditQuery;
@@ -250,7 +250,7 @@ async fn shares_ceilings_and_allowances_hold_through_the_facade() {
         .unwrap();
     // Allowances: the subprocess engine (level none) only for `trusted`.
     let e = p
-        .execute_with(Execute::new(sh_as("bob", "true")).on(EngineKind::Subprocess))
+        .execute_with(Execute::new(sh_as("bob", "true")).on(EngineName::SUBPROCESS))
         .await
         .unwrap_err();
     assert_eq!(e.code, ErrorCode::InvalidOptions);
@@ -258,7 +258,7 @@ async fn shares_ceilings_and_allowances_hold_through_the_facade() {
     let mut js = ExecRequest::new(Program::code(paddock_core::Language::Javascript, "6*7"));
     js.tenant = Some("bob".into());
     let r = p.execute(js).await.unwrap();
-    assert_eq!(r.engine, EngineKind::Isolate, "{r:?}");
+    assert_eq!(r.engine, EngineName::ISOLATE, "{r:?}");
     let mut unrestricted = Execute::new(sh_as("trusted", "true"));
     unrestricted.network = NetworkPolicy::Unrestricted;
     let e = p.execute_with(unrestricted).await.unwrap_err();
@@ -275,16 +275,16 @@ async fn shares_ceilings_and_allowances_hold_through_the_facade() {
     assert!(e.message.contains("limits.timeout_ms") && e.message.contains("5000"));
     // Shares: two sandboxes take both of trusted's slots.
     let a = p
-        .open_sandbox(spec_for("trusted"), Some(EngineKind::Subprocess))
+        .open_sandbox(spec_for("trusted"), Some(EngineName::SUBPROCESS))
         .await
         .unwrap();
     let b = p
-        .open_sandbox(spec_for("trusted"), Some(EngineKind::Subprocess))
+        .open_sandbox(spec_for("trusted"), Some(EngineName::SUBPROCESS))
         .await
         .unwrap();
     // A third would be within the sandbox cap (3) but not the slot cap (2).
     let e = p
-        .open_sandbox(spec_for("trusted"), Some(EngineKind::Subprocess))
+        .open_sandbox(spec_for("trusted"), Some(EngineName::SUBPROCESS))
         .await
         .unwrap_err();
     assert_eq!(e.code, ErrorCode::PoolExhausted, "{e}");
