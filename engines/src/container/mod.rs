@@ -29,6 +29,7 @@
 
 mod bundle;
 mod control;
+mod exec;
 mod interactive;
 mod runtime;
 mod sandbox;
@@ -301,7 +302,7 @@ impl ContainerEngine {
                 mntns,
                 state: root.join("state"),
             };
-            match sandbox::probe(&inner) {
+            match exec::probe(&inner) {
                 Ok(()) => {
                     let version = inner
                         .runtime
@@ -402,7 +403,7 @@ impl ContainerEngine {
     /// runtime's exit code and how long that command took. Blocking; no capture, no
     /// init shell, no accounting.
     pub fn run_raw(&self, argv: &[String]) -> std::io::Result<(Option<i32>, std::time::Duration)> {
-        sandbox::run_raw(&self.inner, argv)
+        exec::run_raw(&self.inner, argv)
     }
 
     /// The baseline for benchmarks: `<runtime> exec <container> <argv…>` into a

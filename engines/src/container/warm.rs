@@ -1,6 +1,8 @@
 //! Warm containers: one long-lived container per sandbox whose pid 1 is
 //! `paddock-agent`, so that an execution costs a frame round trip instead of a
-//! container start (see `crate::agent` for the agent's side).
+//! container start (see `crate::agent` for the agent's side). Here: starting and
+//! closing one, and a warm execution (`ContainerSandbox::run_warm`); the cold path is
+//! in `exec.rs`, the sandbox's life in `sandbox.rs`.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -10,6 +12,15 @@ use paddock_core::{Error, ErrorCode, Limits, Result};
 use super::bundle::{self, BundleSpec, CONTAINER_PATH, WORKSPACE};
 use super::EngineInner;
 use crate::subprocess::warm::{FramesOn, Worker};
+use paddock_core::{
+    unix_ms, CancelToken, EngineName, ExecRequest, ExecResult, LimitKind, Outcome, OutputSink,
+    Timings, Usage,
+};
+use std::time::Duration;
+use tokio::time::Instant;
+
+use super::sandbox::ContainerSandbox;
+use crate::task::blocking;
 
 /// Where the agent binary is bound inside the container.
 pub(crate) const AGENT_INSIDE: &str = "/tmp/.paddock-agent";
@@ -293,5 +304,228 @@ impl Drop for WarmContainer {
         let engine = self.engine.clone();
         let (cgroup, id, bundle) = (self.cgroup.clone(), self.id.clone(), self.bundle.clone());
         std::thread::spawn(move || teardown(&engine, &cgroup, &id, &bundle));
+    }
+}
+
+impl ContainerSandbox {
+    /// Tears `wc` down and starts its replacement (unless the sandbox is going).
+    pub(super) async fn replace_warm(&self, wc: WarmContainer) {
+        let _ = blocking(move || {
+            wc.close();
+            Ok(())
+        })
+        .await;
+        if !self.destroying() {
+            self.prewarm();
+        }
+    }
+
+    /// The warm container, alive (one that died while idle is replaced first), or
+    /// `None` when the sandbox has none.
+    pub(super) async fn take_warm(&self) -> Option<WarmContainer> {
+        let mut wc = self.warm.lock().take()?;
+        if wc
+            .worker
+            .exited_within(std::time::Duration::ZERO)
+            .await
+            .is_some()
+        {
+            let dead = wc;
+            let _ = blocking(move || {
+                dead.close();
+                Ok(())
+            })
+            .await;
+            wc = match self.start_warm() {
+                Ok(fresh) => fresh,
+                Err(e) => {
+                    tracing::warn!(sandbox = %self.id, error = %e, "no warm container");
+                    return None;
+                }
+            };
+        }
+        Some(wc)
+    }
+
+    /// Runs `request` in the warm container: one `invoke` frame to its agent.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn run_warm(
+        &self,
+        mut wc: WarmContainer,
+        request: ExecRequest,
+        limits: &Limits,
+        (cwd, vars): (String, std::collections::BTreeMap<String, String>),
+        sink: &dyn OutputSink,
+        cancel: CancelToken,
+        destroyed: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>,
+        queued_at_ms: u64,
+    ) -> Result<ExecResult> {
+        let (argv, _) = self.argv(&request.program, None)?;
+        if !wc.wait_ready().await {
+            self.replace_warm(wc).await;
+            return Err(Error::new(
+                ErrorCode::EngineFailed,
+                format!(
+                    "the sandbox's warm container did not start ({}); retry",
+                    self.engine.info.kind.as_str()
+                ),
+            ));
+        }
+        let memory = wc.dir("memory");
+        let wanted = (limits.memory_bytes, limits.pids);
+        if wc.applied != Some(wanted) {
+            let set = (|| -> std::io::Result<()> {
+                if let Some(dir) = &memory {
+                    crate::host::cgroup::write_memory_limit(dir, limits.memory_bytes)?;
+                    // The peak is the turn's own.
+                    let _ = std::fs::write(dir.join("memory.max_usage_in_bytes"), "0");
+                }
+                if let Some(dir) = wc.dir("pids") {
+                    let value = limits
+                        .pids
+                        .map_or_else(|| "max".to_string(), |p| p.to_string());
+                    std::fs::write(dir.join("pids.max"), value)?;
+                }
+                Ok(())
+            })();
+            if let Err(e) = set {
+                // A limit below what the container holds (its /tmp, say) cannot be
+                // set: this container goes, a fresh one takes its place.
+                self.replace_warm(wc).await;
+                return Err(Error::new(
+                    ErrorCode::LimitsExceeded,
+                    format!("setting the warm container's limits failed ({e}); the container was replaced, retry"),
+                ));
+            }
+            wc.applied = Some(wanted);
+        } else {
+            // The peak is the turn's own.
+            wc.counters().reset_peak();
+        }
+        let cpu_before = wc.counters().cpu_ns();
+        let ooms_before = wc.ooms_seen;
+        wc.used = true;
+
+        let input = serde_json::json!({
+            "argv": argv,
+            "env": vars,
+            "cwd": cwd,
+            "stdin": request.stdin,
+            "max_output_bytes": limits.max_output_bytes,
+        });
+        let started = Instant::now();
+        let started_at_ms = unix_ms();
+        let timeout = limits.timeout().unwrap_or(Duration::from_secs(30));
+        let cap =
+            usize::try_from(limits.max_output_bytes.unwrap_or(u64::MAX)).unwrap_or(usize::MAX);
+        // The agent is asked to cancel first; past the grace the worker is killed.
+        let abort: std::pin::Pin<&mut (dyn std::future::Future<Output = ()> + Send)> = destroyed;
+        let (_, turn) = wc
+            .worker
+            .invoke(
+                request.id.to_string(),
+                input,
+                sink,
+                &cancel,
+                started + timeout,
+                cap,
+                abort,
+            )
+            .await;
+        let wall_ms = started.elapsed().as_millis() as u64;
+        let counters = wc.counters();
+        let (ooms, peak, cpu_ns) = (counters.ooms(), counters.peak(), counters.cpu_ns());
+        let pids_max = counters.pids_max_hits();
+        let warnings = crate::host::cgroup::pids_warning(pids_max > wc.pids_max_seen, limits);
+        wc.pids_max_seen = pids_max;
+        wc.ooms_seen = ooms;
+        let oom = ooms > ooms_before;
+        let cpu_ms = cpu_ns.saturating_sub(cpu_before) / 1_000_000;
+        use crate::subprocess::warm::{TurnEnd, TurnFault};
+        let failed = |code: ErrorCode, message: String| Outcome::Failed {
+            error: Error::new(code, message),
+        };
+        let mut outcome = match turn.end {
+            Ok(TurnEnd::Output(out)) => {
+                let code = out.get("exit_code").and_then(|c| c.as_i64()).unwrap_or(-1) as i32;
+                let signal = out.get("signal").and_then(|s| s.as_i64()).map(|s| s as i32);
+                if oom {
+                    Outcome::LimitExceeded {
+                        limit: LimitKind::Memory,
+                    }
+                } else {
+                    Outcome::Completed {
+                        exit_code: code,
+                        signal,
+                    }
+                }
+            }
+            Ok(TurnEnd::Error(e)) if e.code == "CANCELLED" => Outcome::Cancelled,
+            Ok(TurnEnd::Error(e)) if e.code == "SPAWN_FAILED" => {
+                // The container is fine; the program could not start.
+                *self.warm.lock() = Some(wc);
+                return Err(Error::new(ErrorCode::SpawnFailed, e.message));
+            }
+            Ok(TurnEnd::Error(e)) => failed(
+                ErrorCode::WorkerFailed,
+                format!("the container agent answered {}: {}", e.code, e.message),
+            ),
+            Ok(TurnEnd::Suspend(_)) => failed(
+                ErrorCode::ProtocolError,
+                "the container agent suspended, which it never does".into(),
+            ),
+            Err(TurnFault::TimedOut) => Outcome::TimedOut,
+            Err(TurnFault::Cancelled) => Outcome::Cancelled,
+            Err(_) if oom => Outcome::LimitExceeded {
+                limit: LimitKind::Memory,
+            },
+            Err(TurnFault::Protocol(e)) => Outcome::Failed { error: e.into() },
+            Err(TurnFault::Died(why)) => failed(
+                ErrorCode::WorkerFailed,
+                format!("the warm container ended during the execution: {why}"),
+            ),
+        };
+        // A container whose turn did not end cleanly (or whose memory ran out) is
+        // replaced; the new one starts now, off the next execution's path.
+        let clean = matches!(outcome, Outcome::Completed { .. });
+        // Background processes live in this container: it stays while they run and
+        // it is alive (the agent killed what the turn left behind).
+        let keep = clean
+            || (self.processes.has_live()
+                && wc
+                    .worker
+                    .exited_within(std::time::Duration::ZERO)
+                    .await
+                    .is_none());
+        if keep {
+            *self.warm.lock() = Some(wc);
+        } else {
+            self.replace_warm(wc).await;
+        }
+        if outcome != Outcome::Cancelled && !cancel.finish() {
+            outcome = Outcome::Cancelled;
+        }
+        Ok(ExecResult {
+            id: request.id,
+            outcome,
+            stdout_truncated: turn.stdout.truncated,
+            stderr_truncated: turn.stderr.truncated,
+            stdout: turn.stdout.into_string(),
+            stderr: turn.stderr.into_string(),
+            value: None,
+            usage: Usage {
+                cpu_ms,
+                wall_ms,
+                peak_memory_bytes: peak,
+            },
+            engine: EngineName::CONTAINER,
+            instance_id: self.id.clone(),
+            timings: Timings {
+                queued_at_ms,
+                started_at_ms,
+                finished_at_ms: unix_ms(),
+            },
+            warnings,
+        })
     }
 }

@@ -1,0 +1,646 @@
+//! A cold execution of the container engine: one container per execution, created
+//! by the OCI runtime over the sandbox's workdir, watched, killed and classified; and
+//! the one-off containers of `run_raw` and the engine's probe.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use paddock_core::{
+    unix_ms, CancelToken, EngineName, Error, ErrorCode, ExecRequest, ExecResult, Language,
+    LimitKind, Limits, Outcome, OutputSink, Program, Result, StreamKind, Timings, Usage,
+};
+use tokio::io::Interest;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::bundle::{self, BundleSpec, CONTAINER_PATH, WORKSPACE};
+use super::EngineInner;
+use crate::capture::{pump, Captured};
+use crate::host::sys;
+use crate::task::{blocking, feed_stdin, sleep_until_opt};
+
+use super::sandbox::{
+    ContainerSandbox, Ending, FileMount, DRAIN_GRACE, MAX_INLINE_SOURCE, RUNTIME_GRACE,
+};
+
+impl ContainerSandbox {
+    /// The argv to run inside the container, and files to bind for it.
+    pub(super) fn argv(
+        &self,
+        program: &Program,
+        bundle_dir: Option<&Path>,
+    ) -> Result<(Vec<String>, Vec<FileMount>)> {
+        match program {
+            Program::Command { argv } => Ok((argv.clone(), Vec::new())),
+            Program::Code { language, source } => {
+                let interp = self.engine.interpreters.get(language).ok_or_else(|| {
+                    Error::new(
+                        ErrorCode::CapabilityNotSupported,
+                        format!(
+                            "{language} code cannot run in this container root: no interpreter was found in it"
+                        ),
+                    )
+                })?;
+                let (flag, ext) = match language {
+                    Language::Python => ("-c", "py"),
+                    Language::Javascript => ("-e", "js"),
+                    Language::Shell => ("-c", "sh"),
+                };
+                if source.len() <= MAX_INLINE_SOURCE {
+                    Ok((
+                        vec![interp.clone(), flag.into(), source.clone()],
+                        Vec::new(),
+                    ))
+                } else if let Some(bundle_dir) = bundle_dir {
+                    // Too long for one argument: bound read-only from the bundle.
+                    let host = bundle_dir.join(format!("source.{ext}"));
+                    std::fs::write(&host, source)
+                        .map_err(|e| Error::engine_io("writing the source file", e))?;
+                    let inside = format!("/tmp/.paddock-source.{ext}");
+                    Ok((
+                        vec![interp.clone(), inside.clone()],
+                        vec![(host.to_string_lossy().into_owned(), inside)],
+                    ))
+                } else {
+                    Err(Error::new(
+                        ErrorCode::EngineFailed,
+                        "a long source needs a container of its own",
+                    ))
+                }
+            }
+            Program::Invoke { .. } | Program::Resume { .. } => Err(Error::new(
+                ErrorCode::CapabilityNotSupported,
+                "the container engine runs commands and code, not json-stdio handlers",
+            )),
+        }
+    }
+
+    pub(super) async fn run(
+        &self,
+        request: ExecRequest,
+        sink: &dyn OutputSink,
+        cancel: CancelToken,
+    ) -> Result<ExecResult> {
+        let queued_at_ms = unix_ms();
+        let _op = self.enter()?;
+        self.refuse_if_paused()?;
+        request.validate()?;
+        self.engine
+            .caps
+            .check_program(&EngineName::CONTAINER, request.program.kind())?;
+        let limits = request
+            .limits
+            .or(&self.spec.limits)
+            .or(&self.engine.defaults);
+        self.active.fetch_add(1, Ordering::AcqRel);
+        let _active = ActiveGuard(self);
+        let _run = self.run_lock.lock().await;
+        let destroyed = self.destroy_signal.notified();
+        tokio::pin!(destroyed);
+        destroyed.as_mut().enable();
+        if self.destroying() {
+            return Err(Error::disposed(&format!("sandbox {}", self.id)));
+        }
+        self.refuse_if_paused()?;
+
+        let (cwd, vars) = self.guest_env(request.cwd.as_deref(), &request.env)?;
+
+        if self.warm_fits(&request) {
+            if let Some(wc) = self.take_warm().await {
+                return self
+                    .run_warm(
+                        wc,
+                        request,
+                        &limits,
+                        (cwd, vars),
+                        sink,
+                        cancel,
+                        destroyed,
+                        queued_at_ms,
+                    )
+                    .await;
+            }
+        }
+
+        let k = self.next_container.fetch_add(1, Ordering::Relaxed);
+        let container_id = format!("{}-{k}", self.id);
+        let container_cgroup = format!("{}/c{k}", self.cgroup);
+        let bundle_dir = self.engine.root.join("bundles").join(&container_id);
+        std::fs::create_dir(&bundle_dir)
+            .map_err(|e| Error::engine_io("creating the container bundle", e))?;
+        let _bundle = RemoveOnDrop(bundle_dir.clone());
+        let (args, files) = self.argv(&request.program, Some(&bundle_dir))?;
+        let args = super::with_init(&self.engine, args);
+        let env: Vec<String> = vars.into_iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let mut rlimits: Vec<(&'static str, u64, u64)> = vec![("RLIMIT_CORE", 0, 0)];
+        let clamp = |resource, want: u64| want.min(sys::getrlimit(resource).1);
+        if let Some(ms) = limits.cpu_ms {
+            let (soft, hard) = sys::cpu_rlimit(ms);
+            rlimits.push(("RLIMIT_CPU", soft, hard));
+        }
+        if let Some(b) = limits.file_size_bytes {
+            let b = clamp(libc::RLIMIT_FSIZE, b);
+            rlimits.push(("RLIMIT_FSIZE", b, b));
+        }
+        let open_files = clamp(libc::RLIMIT_NOFILE, limits.open_files.unwrap_or(1024));
+        rlimits.push(("RLIMIT_NOFILE", open_files, open_files));
+        let config = bundle::config(&BundleSpec {
+            args: &args,
+            env: &env,
+            cwd: &cwd,
+            rootfs: &self.engine.rootfs,
+            host_usr: self.engine.host_usr,
+            workdir: self.workdir.root(),
+            files: &files,
+            cgroups_path: &container_cgroup,
+            memory_bytes: limits.memory_bytes,
+            pids: limits.pids,
+            cpu_quota_us: self.engine.cpu_quota_us,
+            rlimits: &rlimits,
+            seccomp: self.engine.seccomp,
+            hostname: "paddock",
+        });
+        std::fs::write(
+            bundle_dir.join("config.json"),
+            serde_json::to_vec(&config).map_err(|e| {
+                Error::new(
+                    ErrorCode::EngineFailed,
+                    format!("encoding config.json: {e}"),
+                )
+            })?,
+        )
+        .map_err(|e| Error::engine_io("writing config.json", e))?;
+
+        // The container's own group has the limit; the sandbox group (its parent,
+        // which outlives it) only has its peak reset, to tell an OOM kill apart.
+        let memory_dir = self.engine.cgroup_dir("memory", &self.cgroup);
+        if let Some(dir) = &memory_dir {
+            let _ = std::fs::write(dir.join("memory.max_usage_in_bytes"), "0");
+        }
+        let cpuacct = self.engine.cgroup_dir("cpuacct", &self.cgroup);
+        let cpu_before = cpuacct.as_deref().map_or(0, cpu_usage_ns);
+        let ooms_before = global_oom_kills();
+
+        let (out_r, out_w) = sys::pipe().map_err(|e| Error::engine_io("creating a pipe", e))?;
+        let (err_r, err_w) = sys::pipe().map_err(|e| Error::engine_io("creating a pipe", e))?;
+        let (in_r, in_w) = match &request.stdin {
+            Some(_) => {
+                let (r, w) = sys::pipe().map_err(|e| Error::engine_io("creating a pipe", e))?;
+                (r, Some(w))
+            }
+            None => (
+                std::fs::File::open("/dev/null")
+                    .map_err(|e| Error::engine_io("opening /dev/null", e))?
+                    .into(),
+                None,
+            ),
+        };
+        let pid_file = bundle_dir.join("init.pid");
+        let bundle_arg = bundle_dir.to_string_lossy().into_owned();
+        let pid_arg = pid_file.to_string_lossy().into_owned();
+        let child = self
+            .engine
+            .runtime
+            .start(
+                &[
+                    "run",
+                    "--bundle",
+                    &bundle_arg,
+                    "--pid-file",
+                    &pid_arg,
+                    &container_id,
+                ],
+                [in_r, out_w, err_w],
+                &bundle_dir,
+            )
+            .map_err(|e| {
+                Error::new(
+                    ErrorCode::SpawnFailed,
+                    format!("starting {} failed: {e}", self.engine.info.kind.as_str()),
+                )
+            })?;
+        let started = Instant::now();
+        let started_at_ms = unix_ms();
+        let mut guard = RuntimeGuard {
+            child: Some(child),
+            engine: self.engine.clone(),
+            container_cgroup: container_cgroup.clone(),
+            container_id: container_id.clone(),
+        };
+        let (pid, pidfd) = {
+            let c = guard.child.as_ref().expect("just set");
+            (
+                c.pid,
+                c.pidfd
+                    .try_clone()
+                    .map_err(|e| Error::engine_io("cloning the pidfd", e))?,
+            )
+        };
+
+        let cap = limits.max_output_bytes.unwrap_or(u64::MAX);
+        let (stop_tx, stop_rx) = watch::channel(None::<Instant>);
+        let stdout = pump(out_r, StreamKind::Stdout, cap, sink, stop_rx.clone());
+        let stderr = pump(err_r, StreamKind::Stderr, cap, sink, stop_rx.clone());
+        let feed = feed_stdin(in_w, request.stdin.clone().map(String::into_bytes), stop_rx);
+        let deadline = limits.timeout().map(|t| started + t);
+
+        let waiter = async {
+            let _stop = StopOnDrop(&stop_tx);
+            let exit = sys::async_fd(pidfd, Interest::READABLE)
+                .map_err(|e| Error::engine_io("watching the runtime", e))?;
+            let ending = tokio::select! {
+                biased;
+                _ = cancel.cancelled() => Ending::Cancelled,
+                _ = &mut destroyed => Ending::Destroyed,
+                _ = sleep_until_opt(deadline) => Ending::Deadline,
+                r = exit.readable() => { let _ready = r.map_err(|e| Error::engine_io("waiting for the runtime", e))?; Ending::Exited }
+            };
+            if ending != Ending::Exited {
+                // Every process of the container dies; its init's death ends the
+                // container and the runtime removes it.
+                self.kill_container(&container_cgroup).await;
+                if tokio::time::timeout(RUNTIME_GRACE, exit.readable())
+                    .await
+                    .is_err()
+                {
+                    sys::kill_group(pid, libc::SIGKILL);
+                    let _ = exit.readable().await;
+                }
+            }
+            sys::kill_group(pid, libc::SIGKILL);
+            let status = sys::reap(pid).map_err(|e| Error::engine_io("reaping the runtime", e))?;
+            Ok::<_, Error>((ending, status))
+        };
+        let (waited, out, err, ()) = tokio::join!(waiter, stdout, stderr, feed);
+        let (ending, status) = waited?;
+        // Reaped: the guard only needs to make sure the container is gone.
+        guard.reaped();
+        let wall_ms = started.elapsed().as_millis() as u64;
+        let out = out.unwrap_or_default();
+        let err = err.unwrap_or_default();
+        let container_started = pid_file.exists();
+        if !container_started && ending == Ending::Exited {
+            let why = String::from_utf8_lossy(&err.data);
+            return Err(Error::new(
+                ErrorCode::SpawnFailed,
+                format!(
+                    "{} could not start the container (exit {:?}): {}",
+                    self.engine.info.kind.as_str(),
+                    status.code,
+                    why.trim().chars().take(2000).collect::<String>()
+                ),
+            ));
+        }
+
+        let peak = memory_dir
+            .as_deref()
+            .map_or(0, |d| read_u64(&d.join("memory.max_usage_in_bytes")));
+        let oom = limits
+            .memory_bytes
+            .is_some_and(|limit| global_oom_kills() > ooms_before && peak + (1 << 20) >= limit);
+        let cpu_ms = cpuacct
+            .as_deref()
+            .map_or(0, cpu_usage_ns)
+            .saturating_sub(cpu_before)
+            / 1_000_000;
+        let mut outcome = classify(ending, status.code, oom, &limits, cpu_ms);
+        if ending != Ending::Cancelled && !cancel.finish() {
+            outcome = Outcome::Cancelled;
+        }
+        Ok(ExecResult {
+            id: request.id,
+            outcome,
+            stdout_truncated: out.truncated,
+            stderr_truncated: err.truncated,
+            stdout: Captured::into_string(out),
+            stderr: Captured::into_string(err),
+            value: None,
+            usage: Usage {
+                cpu_ms,
+                wall_ms,
+                peak_memory_bytes: peak,
+            },
+            engine: EngineName::CONTAINER,
+            instance_id: self.id.clone(),
+            timings: Timings {
+                queued_at_ms,
+                started_at_ms,
+                finished_at_ms: unix_ms(),
+            },
+            // The runtime removed the container's group, which counted the forks its
+            // pids limit refused, with the container: there is nothing to read.
+            warnings: Vec::new(),
+        })
+    }
+
+    /// Kills every process in the container's cgroup (see
+    /// `EngineInner::kill_container`).
+    pub(super) async fn kill_container(&self, container_cgroup: &str) {
+        let engine = self.engine.clone();
+        let cgroup = container_cgroup.to_string();
+        let _ = blocking(move || {
+            engine
+                .kill_container(&cgroup)
+                .map_err(|e| Error::engine_io("killing the container", e))
+        })
+        .await;
+    }
+}
+
+/// A container process's environment: `passthrough` (host variables the
+/// configuration lists), then the variables the engine owns (`PATH`, `HOME`, `PWD`,
+/// `TMPDIR`, see `paddock_core::config::CONTAINER_OWN_ENV`), then `extra`.
+pub(super) fn guest_vars(
+    passthrough: &std::collections::BTreeMap<String, String>,
+    cwd: &str,
+    extra: &std::collections::BTreeMap<String, String>,
+) -> std::collections::BTreeMap<String, String> {
+    let mut vars = passthrough.clone();
+    vars.insert("PATH".into(), CONTAINER_PATH.into());
+    vars.insert("HOME".into(), WORKSPACE.into());
+    vars.insert("PWD".into(), cwd.into());
+    vars.insert("TMPDIR".into(), "/tmp".into());
+    for (k, v) in extra {
+        vars.insert(k.clone(), v.clone());
+    }
+    vars
+}
+
+/// Runs `argv` in a one-off container of a bundle like an execution's (the engine's
+/// default limits), straight through `<runtime> run`; blocking.
+pub(super) fn run_once(
+    engine: &EngineInner,
+    argv: &[String],
+    tag: &str,
+) -> std::io::Result<(super::runtime::Finished, Duration)> {
+    let id = format!("{tag}-{}", uuid::Uuid::now_v7().simple());
+    let dir = engine.root.join("bundles").join(&id);
+    std::fs::create_dir(&dir)?;
+    let _remove = RemoveOnDrop(dir.clone());
+    let workdir = engine.root.join("sandboxes");
+    let cgroup = format!("{}/{id}", engine.cgroup_base);
+    let env = vec![format!("PATH={CONTAINER_PATH}")];
+    let limits = &engine.defaults;
+    let config = bundle::config(&BundleSpec {
+        args: argv,
+        env: &env,
+        cwd: "/",
+        rootfs: &engine.rootfs,
+        host_usr: engine.host_usr,
+        workdir: &workdir,
+        files: &[],
+        cgroups_path: &cgroup,
+        memory_bytes: limits.memory_bytes,
+        pids: limits.pids,
+        cpu_quota_us: engine.cpu_quota_us,
+        rlimits: &[("RLIMIT_CORE", 0, 0)],
+        seccomp: engine.seccomp,
+        hostname: "paddock",
+    });
+    std::fs::write(dir.join("config.json"), config.to_string())?;
+    let bundle = dir.to_string_lossy().into_owned();
+    let started = std::time::Instant::now();
+    let finished = engine
+        .runtime
+        .run_blocking(&["run", "--bundle", &bundle, &id], &dir);
+    let took = started.elapsed();
+    engine.remove_cgroup(&cgroup);
+    finished.map(|f| (f, took))
+}
+
+/// See [`super::ContainerEngine::run_raw`].
+pub(super) fn run_raw(
+    engine: &EngineInner,
+    argv: &[String],
+) -> std::io::Result<(Option<i32>, Duration)> {
+    run_once(engine, argv, "raw").map(|(f, took)| (f.code, took))
+}
+
+/// Runs a probe container (`sh -c 'exit 0'`) to see whether the runtime works here;
+/// the error carries what the runtime printed.
+pub(super) fn probe(engine: &EngineInner) -> std::result::Result<(), String> {
+    let args = vec![
+        "/bin/sh".to_string(),
+        "-c".to_string(),
+        "exit 0".to_string(),
+    ];
+    let (finished, _) = run_once(engine, &args, "probe").map_err(|e| e.to_string())?;
+    match finished.code {
+        Some(0) => Ok(()),
+        code => Err(format!(
+            "`{} run` exited with {code:?}: {}",
+            engine.runtime.kind.as_str(),
+            finished.output.chars().take(500).collect::<String>()
+        )),
+    }
+}
+
+/// Kills the container and the runtime if the execution ends without reaping the
+/// runtime (its future dropped midway, or an error), off-thread.
+pub(super) struct RuntimeGuard {
+    child: Option<crate::host::spawn::SpawnedChild>,
+    engine: Arc<EngineInner>,
+    container_cgroup: String,
+    container_id: String,
+}
+
+impl RuntimeGuard {
+    pub(super) fn reaped(&mut self) {
+        self.child = None;
+    }
+}
+
+impl Drop for RuntimeGuard {
+    fn drop(&mut self) {
+        let Some(child) = self.child.take() else {
+            return;
+        };
+        let engine = self.engine.clone();
+        let cgroup = std::mem::take(&mut self.container_cgroup);
+        let id = std::mem::take(&mut self.container_id);
+        std::thread::spawn(move || {
+            let _ = engine.kill_container(&cgroup);
+            sys::kill_group(child.pid, libc::SIGKILL);
+            let _ = sys::reap(child.pid);
+            let _ = engine
+                .runtime
+                .run_blocking(&["delete", "--force", &id], &engine.root);
+            engine.remove_cgroup(&cgroup);
+            drop(child);
+        });
+    }
+}
+
+pub(super) struct ActiveGuard<'a>(&'a ContainerSandbox);
+
+impl Drop for ActiveGuard<'_> {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+pub(super) struct StopOnDrop<'a>(&'a watch::Sender<Option<Instant>>);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.send(Some(Instant::now() + DRAIN_GRACE));
+    }
+}
+
+pub(super) struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub(super) fn read_u64(path: &Path) -> u64 {
+    sys::read_small(path)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// CPU time used by the group and its descendants, in nanoseconds.
+pub(super) fn cpu_usage_ns(dir: &Path) -> u64 {
+    read_u64(&dir.join("cpuacct.usage"))
+}
+
+/// OOM kills on the whole host so far (`/proc/vmstat`).
+pub(super) fn global_oom_kills() -> u64 {
+    sys::read_small("/proc/vmstat").map_or(0, |s| crate::host::cgroup::oom_kill_count(&s))
+}
+
+/// Maps how the container ended to an outcome. The runtime exits with its init's
+/// code, or 128 + the signal that killed it.
+pub(super) fn classify(
+    ending: Ending,
+    code: Option<i32>,
+    oom: bool,
+    limits: &Limits,
+    cpu_ms: u64,
+) -> Outcome {
+    match ending {
+        Ending::Cancelled | Ending::Destroyed => return Outcome::Cancelled,
+        Ending::Deadline => return Outcome::TimedOut,
+        Ending::Exited => {}
+    }
+    if oom {
+        return Outcome::LimitExceeded {
+            limit: LimitKind::Memory,
+        };
+    }
+    let code = code.unwrap_or(-1);
+    let signal = (129..=128 + 64).contains(&code).then_some(code - 128);
+    match signal {
+        Some(libc::SIGXCPU) => Outcome::LimitExceeded {
+            limit: LimitKind::Cpu,
+        },
+        Some(libc::SIGKILL)
+            if limits.cpu_ms.is_some_and(|ms| {
+                let limit = ms.div_ceil(1000) * 1000;
+                cpu_ms + (limit / 20).max(50) >= limit
+            }) =>
+        {
+            Outcome::LimitExceeded {
+                limit: LimitKind::Cpu,
+            }
+        }
+        Some(libc::SIGXFSZ) => Outcome::LimitExceeded {
+            limit: LimitKind::FileSize,
+        },
+        signal => Outcome::Completed {
+            exit_code: code,
+            signal,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guest_vars_are_the_listed_the_own_and_the_requested() {
+        use std::collections::BTreeMap;
+        let host = [
+            ("DATABASE_URL", "postgres://u:pass@h/db"),
+            ("PADDOCK_LEAK_PROBE", "x"),
+            ("PATH", "/host/only/bin"),
+            ("HOME", "/root"),
+            ("LISTED", "yes"),
+        ];
+        let passthrough = crate::env::listed_env(host, &["LISTED".to_string()]);
+        let extra = BTreeMap::from([("FROM_REQUEST".to_string(), "r".to_string())]);
+        let vars = guest_vars(&passthrough, "/workspace/sub", &extra);
+        let own: Vec<&str> = paddock_core::config::CONTAINER_OWN_ENV.to_vec();
+        let mut names: Vec<&str> = vars.keys().map(String::as_str).collect();
+        names.retain(|n| !own.contains(n));
+        assert_eq!(names, ["FROM_REQUEST", "LISTED"], "{vars:?}");
+        for name in own {
+            assert!(vars.contains_key(name), "{name} is missing: {vars:?}");
+        }
+        assert_eq!(vars["PATH"], CONTAINER_PATH);
+        assert_eq!(vars["HOME"], WORKSPACE);
+        assert_eq!(vars["PWD"], "/workspace/sub");
+        assert_eq!(vars["LISTED"], "yes");
+        // A request may still set what the engine owns.
+        let extra = BTreeMap::from([("PATH".to_string(), "/opt/bin".to_string())]);
+        assert_eq!(
+            guest_vars(&passthrough, WORKSPACE, &extra)["PATH"],
+            "/opt/bin"
+        );
+    }
+
+    #[test]
+    fn exit_codes_and_signals_map_to_outcomes() {
+        let l = Limits::default();
+        assert_eq!(
+            classify(Ending::Exited, Some(3), false, &l, 0),
+            Outcome::Completed {
+                exit_code: 3,
+                signal: None
+            }
+        );
+        assert_eq!(
+            classify(Ending::Exited, Some(137), false, &l, 0),
+            Outcome::Completed {
+                exit_code: 137,
+                signal: Some(9)
+            }
+        );
+        assert_eq!(
+            classify(Ending::Exited, Some(137), true, &l, 0),
+            Outcome::LimitExceeded {
+                limit: LimitKind::Memory
+            }
+        );
+        assert_eq!(
+            classify(Ending::Exited, Some(128 + libc::SIGXFSZ), false, &l, 0),
+            Outcome::LimitExceeded {
+                limit: LimitKind::FileSize
+            }
+        );
+        let cpu = Limits {
+            cpu_ms: Some(1000),
+            ..Limits::default()
+        };
+        assert_eq!(
+            classify(Ending::Exited, Some(137), false, &cpu, 990),
+            Outcome::LimitExceeded {
+                limit: LimitKind::Cpu
+            }
+        );
+        assert_eq!(
+            classify(Ending::Deadline, Some(137), true, &l, 0),
+            Outcome::TimedOut
+        );
+        assert_eq!(
+            classify(Ending::Destroyed, None, false, &l, 0),
+            Outcome::Cancelled
+        );
+    }
+}
