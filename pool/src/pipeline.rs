@@ -78,8 +78,9 @@ pub(crate) enum Target {
 }
 
 impl Pipeline {
-    /// Runs one accepted-or-refused execution to its end. Exactly one audit entry is
-    /// recorded for every execution the limiter admitted.
+    /// Runs one accepted-or-refused execution to its end, one stage a line. Exactly
+    /// one audit entry is recorded for every execution the limiter admitted; a
+    /// refusal before that is counted and answered, never audited.
     pub(crate) async fn run(
         self: Rc<Self>,
         target: Target,
@@ -89,81 +90,132 @@ impl Pipeline {
         traceparent: Option<String>,
     ) -> Result<ExecResult, Error> {
         let queued_at_ms = unix_ms();
-        let refuse = |e: Error| {
-            self.shared.refused_total.fetch_add(1, Ordering::Relaxed);
-            e
-        };
+        let (id, tenant) = (request.id.clone(), request.tenant.clone());
+        let refused = |e: Error| self.refused(e);
+        self.accepting().map_err(refused)?; // not shutting down
+        self.validate(&request).map_err(refused)?; // the request, the operator's ceilings
+        let warnings = self.policy(&request).map_err(refused)?; // the policy's rules
+        let permit = self.limit(&tenant).await.map_err(refused)?; // the limiter's permit
+        let share = self.share(&target, &tenant).map_err(refused)?; // the tenant's pool slot
+        let token = self.register(&id, &tenant).map_err(refused)?; // cancel by id
+        let hash = self.accept(&request);
+        let span = execution_span(&id, &engine, &tenant, traceparent.as_deref());
+        let run = Rc::clone(&self).run_accepted(target, request, engine.clone(), sink, token);
+        let outcome = run.instrument(span).await; // pool → engine → streamer
+        self.record_metrics(engine.clone(), &outcome); // telemetry
+        self.close_stream(&id).await; // the streamer's buffer
+        let audited = self.record_audit(&outcome, &id, engine, &tenant, hash, queued_at_ms);
+        audited.await; // exactly one audit entry
+        self.shared.running.remove(&id);
+        drop((share, permit));
+        outcome.map(|mut r| {
+            r.timings.queued_at_ms = queued_at_ms;
+            r.warnings.extend(warnings);
+            r
+        })
+    }
+
+    /// Counts a refusal and passes it on.
+    fn refused(&self, e: Error) -> Error {
+        self.shared.refused_total.fetch_add(1, Ordering::Relaxed);
+        e
+    }
+
+    /// `ENGINE_DISPOSED` once shutdown has begun.
+    fn accepting(&self) -> Result<(), Error> {
         if self.shared.stopping.load(Ordering::Acquire) {
-            return Err(refuse(Error::new(
+            return Err(Error::new(
                 ErrorCode::EngineDisposed,
                 "Paddock is shutting down; no new executions are accepted",
-            )));
+            ));
         }
-        request.validate().map_err(refuse)?;
+        Ok(())
+    }
+
+    /// The request is well formed and within the operator's ceilings. (The engine
+    /// checks what only it knows: its capabilities, and limits merged with its own
+    /// defaults.)
+    fn validate(&self, request: &ExecRequest) -> Result<(), Error> {
+        request.validate()?;
         paddock_core::tenancy::check_ceilings(&self.ceilings, &request.limits, "limits")
-            .map_err(refuse)?;
-        let warnings = self.policy.check(&request.program).map_err(|r| {
+    }
+
+    /// The policy's verdict: refused, or admitted with its warnings.
+    fn policy(&self, request: &ExecRequest) -> Result<Vec<String>, Error> {
+        self.policy.check(&request.program).map_err(|r| {
             tracing::info!(rule = %r.rule, "policy refused an execution");
             self.telemetry.record_rule_block(&r.rule);
-            refuse(r.error)
-        })?;
-        let tenant = request.tenant.clone();
-        let permit = match self
+            r.error
+        })
+    }
+
+    /// A permit from the limiter (rate and concurrency, per tenant).
+    async fn limit(&self, tenant: &Option<String>) -> Result<crate::limiter::Permit, Error> {
+        match self
             .limiter
             .send(Admit::tenant(tenant.clone().unwrap_or_default()))
             .await
         {
-            Ok(Ok(p)) => p,
-            Ok(Err(e)) => return Err(refuse(e)),
-            Err(e) => return Err(refuse(mailbox_error("limiter", e))),
-        };
-        // A pooled execution holds one of its tenant's pool slots while it waits and
-        // runs; one in a session uses the session's.
-        let share = match &target {
-            Target::Pool(_) => Some(Share::take(&self.shares, &tenant, false).map_err(refuse)?),
-            Target::Session(_) | Target::Parked => None,
-        };
-        let id = request.id.clone();
-        let token = CancelToken::new();
-        {
-            use dashmap::mapref::entry::Entry;
-            match self.shared.running.entry(id.clone()) {
-                Entry::Occupied(_) => {
-                    return Err(refuse(Error::invalid_options(
-                        "id",
-                        format!("an execution with id {id} is already running; use a fresh id"),
-                    )))
-                }
-                Entry::Vacant(v) => {
-                    v.insert(Running {
-                        tenant: tenant.clone(),
-                        token: token.clone(),
-                    });
-                }
+            Ok(result) => result,
+            Err(e) => Err(mailbox_error("limiter", e)),
+        }
+    }
+
+    /// A pooled execution holds one of its tenant's pool slots while it waits and
+    /// runs; one in a session uses the session's.
+    fn share(&self, target: &Target, tenant: &Option<String>) -> Result<Option<Share>, Error> {
+        match target {
+            Target::Pool(_) => Share::take(&self.shares, tenant, false).map(Some),
+            Target::Session(_) | Target::Parked => Ok(None),
+        }
+    }
+
+    /// Enters the execution in the running registry (where cancel by id finds it),
+    /// refusing an id that is already running.
+    fn register(&self, id: &ExecutionId, tenant: &Option<String>) -> Result<CancelToken, Error> {
+        use dashmap::mapref::entry::Entry;
+        match self.shared.running.entry(id.clone()) {
+            Entry::Occupied(_) => Err(Error::invalid_options(
+                "id",
+                format!("an execution with id {id} is already running; use a fresh id"),
+            )),
+            Entry::Vacant(v) => {
+                let token = CancelToken::new();
+                v.insert(Running {
+                    tenant: tenant.clone(),
+                    token: token.clone(),
+                });
+                Ok(token)
             }
         }
-        // Accepted from here on.
+    }
+
+    /// Counts the execution accepted; returns the hash of its code for the audit.
+    fn accept(&self, request: &ExecRequest) -> String {
         self.shared.accepted_total.fetch_add(1, Ordering::Relaxed);
-        let hash = code_hash(&request.program.audit_text());
-        let span = paddock_telemetry::execution_span(
-            &id,
-            engine.as_str(),
-            tenant.as_deref().unwrap_or(""),
-            traceparent.as_deref(),
-        );
-        let outcome = self
-            .clone()
-            .run_accepted(target, request, engine.clone(), sink, token)
-            .instrument(span)
-            .await;
-        self.record_metrics(engine.clone(), &outcome);
-        // Queued without waiting for the answer when the mailbox has room; a full
-        // mailbox waits (bounded, never dropped).
+        code_hash(&request.program.audit_text())
+    }
+
+    /// Closes the execution's stream buffer: queued without waiting for the answer
+    /// when the mailbox has room; a full mailbox waits (bounded, never dropped).
+    async fn close_stream(&self, id: &ExecutionId) {
         if let Err(SendError::Full(msg)) = self.streamer.try_send(CloseStream(id.clone())) {
             let _ = self.streamer.send(msg).await;
         }
+    }
 
-        let entry_result = match &outcome {
+    /// Records the execution's one audit entry: queued in order (a later `Flush` or
+    /// query sees it), waiting only when the mailbox is full.
+    async fn record_audit(
+        &self,
+        outcome: &Result<ExecResult, Error>,
+        id: &ExecutionId,
+        engine: EngineName,
+        tenant: &Option<String>,
+        hash: String,
+        queued_at_ms: u64,
+    ) {
+        let entry = match outcome {
             Ok(r) => AuditEntry::from_result(r, tenant.as_deref(), hash),
             Err(e) => {
                 let mut failed = ExecResult::failed(id.clone(), engine, e.clone());
@@ -171,9 +223,7 @@ impl Pipeline {
                 AuditEntry::from_result(&failed, tenant.as_deref(), hash)
             }
         };
-        // Exactly one entry per accepted execution: queued in order (a later `Flush`
-        // or query sees it), waiting only when the mailbox is full.
-        match self.audit.try_send(Record(entry_result)) {
+        match self.audit.try_send(Record(entry)) {
             Ok(()) => {}
             Err(SendError::Full(msg)) => {
                 if let Err(e) = self.audit.send(msg).await {
@@ -184,16 +234,6 @@ impl Pipeline {
                 tracing::error!("the audit actor is gone; an entry was lost");
             }
         }
-        self.shared.running.remove(&id);
-        drop(share);
-        drop(permit);
-        outcome.map(|mut r| {
-            r.timings.queued_at_ms = queued_at_ms;
-            r.warnings.extend(warnings);
-            // The output cap is the engine's, applied once while it captures (the
-            // engine contract; the conformance suite's `limits` cases check it).
-            r
-        })
     }
 
     pub(crate) fn record_metrics(&self, engine: EngineName, outcome: &Result<ExecResult, Error>) {
@@ -395,6 +435,21 @@ pub(crate) fn release_for(result: &Result<ExecResult, Error>) -> Release {
             _ => Release::Reuse,
         },
     }
+}
+
+/// The tracing span of one execution.
+fn execution_span(
+    id: &ExecutionId,
+    engine: &EngineName,
+    tenant: &Option<String>,
+    traceparent: Option<&str>,
+) -> tracing::Span {
+    paddock_telemetry::execution_span(
+        id,
+        engine.as_str(),
+        tenant.as_deref().unwrap_or(""),
+        traceparent,
+    )
 }
 
 /// `engine` as a metric attribute, without copying a built-in name.

@@ -368,4 +368,3 @@ pub fn arbitrary_body(rng: &mut Rng) -> Value {
     }
     Value::Object(body)
 }
-

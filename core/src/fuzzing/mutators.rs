@@ -87,4 +87,3 @@ pub fn mutate(rng: &mut Rng, data: &mut Vec<u8>) {
         }
     }
 }
-

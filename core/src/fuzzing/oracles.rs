@@ -385,4 +385,3 @@ pub(super) fn check_bodies(data: &[u8], summary: &mut BodySummary) {
     }
     summary.valid += count;
 }
-
