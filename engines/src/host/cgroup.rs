@@ -315,7 +315,7 @@ impl Cgroup {
         if let Some(f) = &self.freezer {
             // Frozen tasks cannot fork, so one pass catches every one of them; they
             // die once thawed.
-            if freeze(f) {
+            if freeze(f, KILL_FREEZE_WAIT) {
                 let _ = signal_procs(&self.pids);
             }
             let _ = write(&f.join("freezer.state"), "THAWED");
@@ -333,7 +333,7 @@ impl Cgroup {
         }
         let mut killed = 0;
         if let Some(f) = &self.freezer {
-            if freeze(f) {
+            if freeze(f, KILL_FREEZE_WAIT) {
                 killed += signal_procs_except(&self.pids, keep).unwrap_or(0);
             }
             let _ = write(&f.join("freezer.state"), "THAWED");
@@ -384,11 +384,11 @@ impl Cgroup {
 }
 
 /// Freezes the group and waits until the kernel reports it frozen (up to 1 s).
-fn freeze(dir: &Path) -> bool {
+fn freeze(dir: &Path, wait: Duration) -> bool {
     if write(&dir.join("freezer.state"), "FROZEN").is_err() {
         return false;
     }
-    let deadline = Instant::now() + Duration::from_secs(1);
+    let deadline = Instant::now() + wait;
     while Instant::now() < deadline {
         match crate::host::sys::read_small(dir.join("freezer.state")) {
             Ok(s) if s.trim() == "FROZEN" => return true,
@@ -511,16 +511,31 @@ pub fn own_path(controller: &str) -> Option<String> {
     })
 }
 
+/// How long a pause waits for the kernel to freeze every task. A task in an
+/// uninterruptible sleep (disk I/O on a loaded host) holds the group in `FREEZING`
+/// until it wakes, which can take well over a second.
+const PAUSE_FREEZE_WAIT: Duration = Duration::from_secs(5);
+
+/// How long a kill waits for the group to freeze before it signals anyway.
+const KILL_FREEZE_WAIT: Duration = Duration::from_secs(1);
+
 /// Freezes (or thaws) the v1 freezer group at `dir` and, when freezing, waits (up
-/// to 1 s) until the kernel reports every task frozen.
+/// to 5 s) until the kernel reports every task frozen. A group that does not freeze
+/// in time is thawed again, so that a failed pause leaves it running, not half
+/// frozen.
 pub fn set_frozen(dir: &Path, frozen: bool) -> io::Result<()> {
     if frozen {
-        if freeze(dir) {
+        if freeze(dir, PAUSE_FREEZE_WAIT) {
             Ok(())
         } else {
+            let _ = write(&dir.join("freezer.state"), "THAWED");
             Err(io::Error::new(
                 io::ErrorKind::TimedOut,
-                format!("`{}` did not freeze within 1 s", dir.display()),
+                format!(
+                    "`{}` did not freeze within {} s (a task stuck in the kernel); it was thawed again",
+                    dir.display(),
+                    PAUSE_FREEZE_WAIT.as_secs()
+                ),
             ))
         }
     } else {
@@ -535,7 +550,7 @@ pub fn kill_dirs(pids: &Path, freezer: Option<&Path>) -> io::Result<()> {
         return Ok(());
     }
     if let Some(f) = freezer.filter(|f| f.exists()) {
-        if freeze(f) {
+        if freeze(f, KILL_FREEZE_WAIT) {
             let _ = signal_procs(pids);
         }
         let _ = write(&f.join("freezer.state"), "THAWED");
