@@ -8,9 +8,10 @@ use paddock_core::api::ExecBody;
 use paddock_core::{Error, ErrorCode, ExecutionId};
 
 use super::results::{Answer, Begin};
-use super::tenancy::{account, caller};
+use super::tenancy::account;
 use super::*;
 use super::{body::*, server::*};
+use crate::Caller;
 use crate::{Execute, StreamEvent};
 
 pub(super) fn answer_json(state: &State, answer: &Answer) -> HttpResponse {
@@ -25,12 +26,12 @@ pub(super) fn answer_json(state: &State, answer: &Answer) -> HttpResponse {
 
 pub(super) async fn create_execution(
     state: Shared,
+    caller: Caller,
     req: HttpRequest,
     query: web::Query<StreamQuery>,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     admitting(&state)?;
-    let caller = caller(&state.config, &req)?;
     let tenant = account(&caller);
     let body: ExecBody = parse_body(&state, payload).await?;
     let (request, engine, network, level) = body.into_request(tenant.clone());
@@ -199,10 +200,9 @@ pub(super) fn parse_id(raw: &str) -> Result<ExecutionId, ApiError> {
 
 pub(super) async fn get_execution(
     state: Shared,
-    req: HttpRequest,
+    caller: Caller,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    let caller = caller(&state.config, &req)?;
     let id = parse_id(&path)?;
     // Another tenant's execution is answered exactly like one that never existed.
     let found = state
@@ -227,10 +227,9 @@ pub(super) async fn get_execution(
 
 pub(super) async fn cancel_execution(
     state: Shared,
-    req: HttpRequest,
+    caller: Caller,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    let caller = caller(&state.config, &req)?;
     let id = parse_id(&path)?;
     let cancelled = state.paddock.cancel(&caller, &id);
     let known = cancelled

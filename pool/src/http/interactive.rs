@@ -12,6 +12,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::{parse_body, sandbox_access, ApiError, Shared};
 use crate::messages::Started;
+use crate::Caller;
 
 /// The largest WebSocket message accepted from a client.
 const MAX_WS_MESSAGE: usize = 1 << 20;
@@ -21,11 +22,11 @@ const STDERR_TAG: u8 = 2;
 
 pub(super) async fn start_process(
     state: Shared,
-    req: HttpRequest,
+    caller: Caller,
     path: web::Path<String>,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    let handle = sandbox_access(&state, &req, &path, "sandbox.process.start").await?;
+    let handle = sandbox_access(&state, &caller, &path, "sandbox.process.start").await?;
     let spec: ProcessSpec = parse_body(&state, payload).await?;
     let started = handle.start_process(spec).await?;
     Ok(HttpResponse::Created().json(started.info))
@@ -33,11 +34,11 @@ pub(super) async fn start_process(
 
 pub(super) async fn open_terminal(
     state: Shared,
-    req: HttpRequest,
+    caller: Caller,
     path: web::Path<String>,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    let handle = sandbox_access(&state, &req, &path, "sandbox.terminal.open").await?;
+    let handle = sandbox_access(&state, &caller, &path, "sandbox.terminal.open").await?;
     let spec: TerminalSpec = parse_body(&state, payload).await?;
     let started = handle.open_terminal(spec).await?;
     Ok(HttpResponse::Created().json(started.info))
@@ -45,10 +46,10 @@ pub(super) async fn open_terminal(
 
 pub(super) async fn list_processes(
     state: Shared,
-    req: HttpRequest,
+    caller: Caller,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    let handle = sandbox_access(&state, &req, &path, "sandbox.process.list").await?;
+    let handle = sandbox_access(&state, &caller, &path, "sandbox.process.list").await?;
     let list = handle.processes().await?;
     Ok(HttpResponse::Ok().json(serde_json::json!({ "processes": list })))
 }
@@ -56,21 +57,21 @@ pub(super) async fn list_processes(
 /// The process, for a caller allowed to use its sandbox.
 async fn find(
     state: &Shared,
-    req: &HttpRequest,
+    caller: &Caller,
     path: web::Path<(String, String)>,
     action: &'static str,
 ) -> Result<Started, ApiError> {
     let (sandbox, process) = path.into_inner();
-    let handle = sandbox_access(state, req, &sandbox, action).await?;
+    let handle = sandbox_access(state, caller, &sandbox, action).await?;
     Ok(handle.process(&process).await?)
 }
 
 pub(super) async fn get_process(
     state: Shared,
-    req: HttpRequest,
+    caller: Caller,
     path: web::Path<(String, String)>,
 ) -> Result<HttpResponse, ApiError> {
-    let started = find(&state, &req, path, "sandbox.process.get").await?;
+    let started = find(&state, &caller, path, "sandbox.process.get").await?;
     Ok(HttpResponse::Ok().json(started.info))
 }
 
@@ -99,11 +100,11 @@ struct SignalBody {
 
 pub(super) async fn signal_process(
     state: Shared,
-    req: HttpRequest,
+    caller: Caller,
     path: web::Path<(String, String)>,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    let started = find(&state, &req, path, "sandbox.process.signal").await?;
+    let started = find(&state, &caller, path, "sandbox.process.signal").await?;
     let body: SignalBody = parse_body(&state, payload).await?;
     let signal = body.signal.number()?;
     started.handle.shared().control().signal(signal)?;
@@ -138,14 +139,13 @@ enum ClientMessage {
 /// plain 404.
 pub(super) async fn attach(
     state: Shared,
+    caller: Caller,
     req: HttpRequest,
     path: web::Path<(String, String)>,
     body: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    let started = find(&state, &req, path, "sandbox.process.attach").await?;
-    let held = state
-        .websockets
-        .enter(&super::tenancy::caller(&state.config, &req)?)?;
+    let started = find(&state, &caller, path, "sandbox.process.attach").await?;
+    let held = state.websockets.enter(&caller)?;
     let (response, session, stream) = actix_ws::handle(&req, body).map_err(upgrade_error)?;
     let stream = stream
         .max_frame_size(MAX_WS_MESSAGE)
@@ -298,13 +298,14 @@ pub(super) struct TcpQuery {
 /// refusal (nothing listening, a host that is not loopback) is a plain error.
 pub(super) async fn tcp(
     state: Shared,
+    caller: Caller,
     req: HttpRequest,
     path: web::Path<(String, String)>,
     query: web::Query<TcpQuery>,
     body: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let (sandbox, port) = path.into_inner();
-    let handle = sandbox_access(&state, &req, &sandbox, "sandbox.tcp").await?;
+    let handle = sandbox_access(&state, &caller, &sandbox, "sandbox.tcp").await?;
     let port: u16 = port.parse().map_err(|_| {
         Error::invalid_options("port", format!("{port:?} is not a port; use 1 to 65535"))
     })?;
@@ -322,9 +323,7 @@ pub(super) async fn tcp(
             "no upgrade",
         )));
     }
-    let held = state
-        .websockets
-        .enter(&super::tenancy::caller(&state.config, &req)?)?;
+    let held = state.websockets.enter(&caller)?;
     let conn = handle.open_tcp_connection(target).await?;
     let (response, session, stream) = actix_ws::handle(&req, body).map_err(upgrade_error)?;
     let stream = stream

@@ -7,7 +7,7 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use paddock_core::{EngineName, Error, ErrorCode, MetricsAccess};
 use serde::Deserialize;
 
-use super::tenancy::{account, caller};
+use super::tenancy::account;
 use super::*;
 use crate::audit::AuditQuery;
 use crate::Caller;
@@ -25,10 +25,9 @@ pub(super) struct AuditParams {
 
 pub(super) async fn audit(
     state: Shared,
-    req: HttpRequest,
+    caller: Caller,
     q: web::Query<AuditParams>,
 ) -> Result<HttpResponse, ApiError> {
-    let caller = caller(&state.config, &req)?;
     let q = q.into_inner();
     let parse = |t: &Option<String>, field: &str| -> Result<_, ApiError> {
         match t {
@@ -73,10 +72,9 @@ pub(super) struct LimitParam {
 
 pub(super) async fn operator_accesses(
     state: Shared,
-    req: HttpRequest,
+    caller: Caller,
     q: web::Query<LimitParam>,
 ) -> Result<HttpResponse, ApiError> {
-    let caller = caller(&state.config, &req)?;
     let limit = q.limit.unwrap_or(crate::audit::DEFAULT_SEARCH_LIMIT);
     // Without API keys there are no operators: nobody gets the record.
     let caller = match caller {
@@ -87,8 +85,7 @@ pub(super) async fn operator_accesses(
     Ok(HttpResponse::Ok().json(accesses))
 }
 
-pub(super) async fn stats(state: Shared, req: HttpRequest) -> Result<HttpResponse, ApiError> {
-    let caller = caller(&state.config, &req)?;
+pub(super) async fn stats(state: Shared, caller: Caller) -> Result<HttpResponse, ApiError> {
     let stats = state.paddock.stats_for(&caller).await?;
     let audit = state.paddock.audit_statistics(&caller).await?;
     let (total, own) = state.results.bytes(account(&caller).as_deref());
@@ -112,7 +109,7 @@ pub(super) async fn metrics(state: Shared, req: HttpRequest) -> Result<HttpRespo
     match &state.metrics {
         MetricsAccess::Open => {}
         MetricsAccess::Operator => {
-            if !caller(&state.config, &req)?.is_operator() {
+            if !super::tenancy::caller(&state.config, &req)?.is_operator() {
                 return Err(Error::new(
                     ErrorCode::NotFound,
                     "/metrics is served to operator keys only (server.metrics = \"operator\")",

@@ -8,9 +8,10 @@ use paddock_core::api::{ExecBody, SandboxBody};
 use paddock_core::{ErrorCode, SandboxSpec};
 use serde::Deserialize;
 
-use super::tenancy::{account, caller};
+use super::tenancy::account;
 use super::*;
 use super::{body::*, executions::*, server::*};
+use crate::Caller;
 
 /// The caller's handle on `sandbox`, through the facade: a sandbox opened for one
 /// tenant is `NOT_FOUND` to every other, so ids of other tenants' sandboxes neither
@@ -19,21 +20,20 @@ use super::{body::*, executions::*, server::*};
 /// operator's uses.
 pub(super) async fn sandbox_access(
     state: &State,
-    req: &HttpRequest,
+    caller: &Caller,
     sandbox: &str,
     action: &'static str,
 ) -> Result<crate::SandboxHandle, ApiError> {
-    let caller = caller(&state.config, req)?;
-    Ok(state.paddock.sandbox_for(&caller, sandbox, action).await?)
+    Ok(state.paddock.sandbox_for(caller, sandbox, action).await?)
 }
 
 pub(super) async fn create_sandbox(
     state: Shared,
-    req: HttpRequest,
+    caller: Caller,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     admitting(&state)?;
-    let tenant = account(&caller(&state.config, &req)?);
+    let tenant = account(&caller);
     let body = read_body(
         payload,
         state.config.max_body_bytes,
@@ -61,10 +61,10 @@ pub(super) async fn create_sandbox(
 
 pub(super) async fn sandbox_status(
     state: Shared,
-    req: HttpRequest,
+    caller: Caller,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    let status = match sandbox_access(&state, &req, &path, "sandbox.status").await {
+    let status = match sandbox_access(&state, &caller, &path, "sandbox.status").await {
         Ok(handle) => handle.status().await?,
         // A destroyed sandbox of the caller's answers its status.
         Err(e) if e.error.code == ErrorCode::EngineDisposed => {
@@ -77,10 +77,10 @@ pub(super) async fn sandbox_status(
 
 pub(super) async fn destroy_sandbox(
     state: Shared,
-    req: HttpRequest,
+    caller: Caller,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    match sandbox_access(&state, &req, &path, "sandbox.destroy").await {
+    match sandbox_access(&state, &caller, &path, "sandbox.destroy").await {
         Ok(handle) => handle.destroy().await?,
         // Destroying a destroyed sandbox succeeds (idempotent).
         Err(e) if e.error.code == ErrorCode::EngineDisposed => {}
@@ -91,33 +91,33 @@ pub(super) async fn destroy_sandbox(
 
 pub(super) async fn pause_sandbox(
     state: Shared,
-    req: HttpRequest,
+    caller: Caller,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    let handle = sandbox_access(&state, &req, &path, "sandbox.pause").await?;
+    let handle = sandbox_access(&state, &caller, &path, "sandbox.pause").await?;
     handle.pause().await?;
     Ok(HttpResponse::Ok().json(serde_json::json!({"status": "paused"})))
 }
 
 pub(super) async fn unpause_sandbox(
     state: Shared,
-    req: HttpRequest,
+    caller: Caller,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    let handle = sandbox_access(&state, &req, &path, "sandbox.unpause").await?;
+    let handle = sandbox_access(&state, &caller, &path, "sandbox.unpause").await?;
     handle.unpause().await?;
     Ok(HttpResponse::Ok().json(serde_json::json!({"status": "ready"})))
 }
 
 pub(super) async fn sandbox_exec(
     state: Shared,
-    req: HttpRequest,
+    caller: Caller,
     path: web::Path<String>,
     query: web::Query<StreamQuery>,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     admitting(&state)?;
-    let handle = sandbox_access(&state, &req, &path, "sandbox.exec").await?;
+    let handle = sandbox_access(&state, &caller, &path, "sandbox.exec").await?;
     let body: ExecBody = parse_body(&state, payload).await?;
     // Accounted to the sandbox's tenant.
     let (request, _, _, _) = body.into_request(None);
@@ -138,11 +138,11 @@ pub(super) struct DirQuery {
 
 pub(super) async fn list_files(
     state: Shared,
-    req: HttpRequest,
+    caller: Caller,
     path: web::Path<String>,
     q: web::Query<DirQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    let handle = sandbox_access(&state, &req, &path, "sandbox.files.list").await?;
+    let handle = sandbox_access(&state, &caller, &path, "sandbox.files.list").await?;
     let files = handle.list_files(&q.dir).await?;
     let out: Vec<_> = files
         .iter()
@@ -154,11 +154,11 @@ pub(super) async fn list_files(
 /// Streams a file out through one bounded buffer, with its size as Content-Length.
 pub(super) async fn read_file(
     state: Shared,
-    req: HttpRequest,
+    caller: Caller,
     path: web::Path<(String, String)>,
 ) -> Result<HttpResponse, ApiError> {
     let (sandbox, file) = path.into_inner();
-    let handle = sandbox_access(&state, &req, &sandbox, "sandbox.files.read").await?;
+    let handle = sandbox_access(&state, &caller, &sandbox, "sandbox.files.read").await?;
     let reader = handle.open_read(&file).await?;
     let body = tokio_util::io::ReaderStream::with_capacity(reader.reader, FILE_CHUNK_BYTES);
     Ok(HttpResponse::Ok()
@@ -175,6 +175,7 @@ pub(super) const FILE_CHUNK_BYTES: usize = 64 << 10;
 /// `server.max_file_bytes` are taken (413 beyond, and no file is left).
 pub(super) async fn write_file(
     state: Shared,
+    caller: Caller,
     req: HttpRequest,
     path: web::Path<(String, String)>,
     payload: web::Payload,
@@ -182,7 +183,7 @@ pub(super) async fn write_file(
     use futures_util::StreamExt;
     admitting(&state)?;
     let (sandbox, file) = path.into_inner();
-    let handle = sandbox_access(&state, &req, &sandbox, "sandbox.files.write").await?;
+    let handle = sandbox_access(&state, &caller, &sandbox, "sandbox.files.write").await?;
     let max = state.config.max_file_bytes as u64;
     let too_large = || {
         ApiError::with_status(

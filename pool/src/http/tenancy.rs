@@ -148,6 +148,24 @@ impl Drop for Held {
     }
 }
 
+/// A handler that takes a `Caller` gets the request's caller, as [`caller`] finds it:
+/// 401 `INVALID_OPTIONS` without a valid key when keys are configured.
+impl actix_web::FromRequest for Caller {
+    type Error = ApiError;
+    type Future = std::future::Ready<Result<Caller, ApiError>>;
+
+    fn from_request(req: &HttpRequest, _: &mut actix_web::dev::Payload) -> Self::Future {
+        std::future::ready(match req.app_data::<web::Data<State>>() {
+            Some(state) => caller(&state.config, req),
+            None => Err(ApiError::with_status(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                ErrorCode::EngineFailed,
+                "the server's state is missing from this route",
+            )),
+        })
+    }
+}
+
 /// Middleware: counts a request against its tenant's `max_requests_per_tenant` from
 /// its arrival until its response body has ended (a streamed answer or a download
 /// holds its place while it streams). A request without a valid key passes through
