@@ -119,7 +119,7 @@ async fn a_background_process_is_started_attached_to_and_audited() {
     assert_eq!(seen.texts[0]["type"], "error", "{:?}", seen.texts);
     assert_eq!(seen.texts[0]["code"], "INVALID_OPTIONS", "{:?}", seen.texts);
     socket
-        .send(Message::Binary(b"hello\n".to_vec()))
+        .send(Message::Binary(b"hello\n".to_vec().into()))
         .await
         .unwrap();
     read_until(&mut socket, &mut seen, |s| s.closed).await;
@@ -267,7 +267,7 @@ async fn a_terminal_is_driven_over_a_websocket() {
     let mut socket = connect(t.addr, &format!("{base}/processes/{tid}/attach")).await;
     let mut seen = Seen::default();
     socket
-        .send(Message::Binary(b"stty size | tr ' ' x\n".to_vec()))
+        .send(Message::Binary(b"stty size | tr ' ' x\n".to_vec().into()))
         .await
         .unwrap();
     read_until(&mut socket, &mut seen, |s| s.stdout().contains("30x90")).await;
@@ -278,13 +278,13 @@ async fn a_terminal_is_driven_over_a_websocket() {
         .await
         .unwrap();
     socket
-        .send(Message::Binary(b"stty size | tr ' ' y\n".to_vec()))
+        .send(Message::Binary(b"stty size | tr ' ' y\n".to_vec().into()))
         .await
         .unwrap();
     read_until(&mut socket, &mut seen, |s| s.stdout().contains("41y101")).await;
     assert!(seen.stderr.is_empty(), "a terminal has one stream");
     socket
-        .send(Message::Binary(b"exit 3\n".to_vec()))
+        .send(Message::Binary(b"exit 3\n".to_vec().into()))
         .await
         .unwrap();
     read_until(&mut socket, &mut seen, |s| s.closed).await;
@@ -347,7 +347,7 @@ async fn a_tcp_stream_reaches_a_service_in_the_guest() {
         .expect_error(400, "INVALID_OPTIONS");
 
     let mut tcp = connect(t.addr, &format!("{base}/tcp/{port}")).await;
-    tcp.send(Message::Binary(b"over-ws\n".to_vec()))
+    tcp.send(Message::Binary(b"over-ws\n".to_vec().into()))
         .await
         .unwrap();
     let mut reply = Vec::new();
