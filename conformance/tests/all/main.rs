@@ -3,5 +3,6 @@
 mod broken;
 mod container;
 mod isolate;
+mod plugged;
 mod subprocess;
 mod warm;
