@@ -29,6 +29,7 @@
 pub mod agent;
 mod builtin;
 pub mod capture;
+mod child;
 pub mod container;
 pub mod env;
 mod host;

@@ -11,19 +11,17 @@ use paddock_core::{
     unix_ms, CancelToken, EngineName, Error, ErrorCode, ExecRequest, ExecResult, Language,
     LimitKind, Limits, Outcome, OutputSink, Program, Result, StreamKind, Timings, Usage,
 };
-use tokio::io::Interest;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::bundle::{self, BundleSpec, CONTAINER_PATH, WORKSPACE};
 use super::EngineInner;
 use crate::capture::{pump, Captured};
+use crate::child::{Ending, StopOnDrop, Watched};
 use crate::host::sys;
-use crate::task::{blocking, feed_stdin, sleep_until_opt};
+use crate::task::{blocking, feed_stdin};
 
-use super::sandbox::{
-    ContainerSandbox, Ending, FileMount, DRAIN_GRACE, MAX_INLINE_SOURCE, RUNTIME_GRACE,
-};
+use super::sandbox::{ContainerSandbox, FileMount, MAX_INLINE_SOURCE, RUNTIME_GRACE};
 
 impl ContainerSandbox {
     /// The argv to run inside the container, and files to bind for it.
@@ -248,29 +246,17 @@ impl ContainerSandbox {
 
         let waiter = async {
             let _stop = StopOnDrop(&stop_tx);
-            let exit = sys::async_fd(pidfd, Interest::READABLE)
-                .map_err(|e| Error::engine_io("watching the runtime", e))?;
-            let ending = tokio::select! {
-                biased;
-                _ = cancel.cancelled() => Ending::Cancelled,
-                _ = &mut destroyed => Ending::Destroyed,
-                _ = sleep_until_opt(deadline) => Ending::Deadline,
-                r = exit.readable() => { let _ready = r.map_err(|e| Error::engine_io("waiting for the runtime", e))?; Ending::Exited }
-            };
-            if ending != Ending::Exited {
-                // Every process of the container dies; its init's death ends the
-                // container and the runtime removes it.
-                self.kill_container(&container_cgroup).await;
-                if tokio::time::timeout(RUNTIME_GRACE, exit.readable())
-                    .await
-                    .is_err()
-                {
-                    sys::kill_group(pid, libc::SIGKILL);
-                    let _ = exit.readable().await;
-                }
-            }
-            sys::kill_group(pid, libc::SIGKILL);
-            let status = sys::reap(pid).map_err(|e| Error::engine_io("reaping the runtime", e))?;
+            let runtime = Watched::new(pid, pidfd, "the runtime")?;
+            let ending = runtime
+                .ending(&cancel, destroyed.as_mut(), deadline)
+                .await?;
+            // Every process of the container dies; its init's death ends the
+            // container and the runtime removes it (the runtime's group is killed if
+            // it does not exit within its grace).
+            let kill = self.kill_container(&container_cgroup);
+            let status = runtime
+                .stop_and_reap(ending, kill, Some(RUNTIME_GRACE))
+                .await?;
             Ok::<_, Error>((ending, status))
         };
         let (waited, out, err, ()) = tokio::join!(waiter, stdout, stderr, feed);
@@ -478,14 +464,6 @@ pub(super) struct ActiveGuard<'a>(&'a ContainerSandbox);
 impl Drop for ActiveGuard<'_> {
     fn drop(&mut self) {
         self.0.active.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-pub(super) struct StopOnDrop<'a>(&'a watch::Sender<Option<Instant>>);
-
-impl Drop for StopOnDrop<'_> {
-    fn drop(&mut self) {
-        let _ = self.0.send(Some(Instant::now() + DRAIN_GRACE));
     }
 }
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use paddock_core::lifecycle::{DestroyRole, Lifecycle, OpGuard, Phase};
+use paddock_core::lifecycle::{Lifecycle, OpGuard, Phase, Teardown};
 use paddock_core::{
     CancelToken, EngineName, Error, ErrorCode, ExecRequest, ExecResult, FileEntry, OutputSink,
     Program, Result, Sandbox, SandboxSpec, SandboxStatus,
@@ -26,8 +26,6 @@ use crate::task::blocking;
 /// A host file bound read-only into the container: (host path, path inside).
 pub(super) type FileMount = (String, String);
 
-/// How long output pipes may stay open after the runtime has exited.
-pub(super) const DRAIN_GRACE: Duration = Duration::from_millis(200);
 /// How long the runtime has to exit after its container was killed before it is
 /// killed too.
 pub(super) const RUNTIME_GRACE: Duration = Duration::from_secs(5);
@@ -48,7 +46,6 @@ pub struct ContainerSandbox {
     pub(super) active: AtomicUsize,
     pub(super) lifecycle: Lifecycle,
     pub(super) destroy_signal: Notify,
-    pub(super) teardown_error: parking_lot::Mutex<Option<Error>>,
     pub(super) next_container: AtomicU64,
     /// The warm container (taken out while it serves a turn).
     pub(super) warm: parking_lot::Mutex<Option<WarmContainer>>,
@@ -61,15 +58,6 @@ pub struct ContainerSandbox {
     /// Whether a process or terminal ran since the last recycle (the warm container
     /// is then replaced, as after an execution).
     pub(super) interactive_used: std::sync::atomic::AtomicBool,
-}
-
-/// Why the wait for the container ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Ending {
-    Exited,
-    Deadline,
-    Cancelled,
-    Destroyed,
 }
 
 impl ContainerSandbox {
@@ -118,7 +106,6 @@ impl ContainerSandbox {
             active: AtomicUsize::new(0),
             lifecycle: Lifecycle::new(),
             destroy_signal: Notify::new(),
-            teardown_error: parking_lot::Mutex::new(None),
             next_container: AtomicU64::new(0),
             warm: parking_lot::Mutex::new(None),
             paused: std::sync::atomic::AtomicBool::new(false),
@@ -441,69 +428,41 @@ impl Sandbox for ContainerSandbox {
     }
 
     async fn destroy(&self) -> Result<()> {
-        match self.lifecycle.begin_destroy() {
-            DestroyRole::Leader => {
-                let mut guard = TeardownGuard {
-                    sandbox: self,
-                    done: false,
-                };
-                if self.paused.swap(false, Ordering::AcqRel) {
-                    // Frozen tasks do not die until thawed, and a running execution
-                    // must see the destroy.
-                    let _ = self.set_frozen(false).await;
-                }
-                self.destroy_signal.notify_waiters();
-                self.lifecycle.ops_drained().await;
-                let engine = self.engine.clone();
-                let cgroup = self.cgroup.clone();
-                let workdir = self.workdir.clone();
-                let warm = self.warm.lock().take();
-                let result = blocking(move || {
-                    if let Some(w) = warm {
-                        w.close();
-                    }
-                    engine.remove_cgroup(&cgroup);
-                    workdir
-                        .remove()
-                        .map_err(|e| Error::engine_io("removing the sandbox workdir", e))
-                })
-                .await;
-                // The container's processes and terminals died with it: their exits
-                // are known before destroy returns.
-                self.processes.kill_all(true).await;
-                if let Err(e) = &result {
-                    *self.teardown_error.lock() = Some(e.clone());
-                }
-                guard.done = true;
-                self.lifecycle.finish_destroy();
-                result
-            }
-            DestroyRole::Follower => {
-                self.lifecycle.destroyed().await;
-                match self.teardown_error.lock().clone() {
-                    Some(e) => Err(e),
-                    None => Ok(()),
-                }
-            }
-        }
+        self.lifecycle.destroy(self).await
     }
 }
 
-struct TeardownGuard<'a> {
-    sandbox: &'a ContainerSandbox,
-    done: bool,
-}
-
-impl Drop for TeardownGuard<'_> {
-    fn drop(&mut self) {
-        if !self.done {
-            self.sandbox.teardown_now();
-            self.sandbox.lifecycle.finish_destroy();
+impl Teardown for ContainerSandbox {
+    async fn stop_running(&self) {
+        if self.paused.swap(false, Ordering::AcqRel) {
+            // Frozen tasks do not die until thawed, and a running execution must see
+            // the destroy.
+            let _ = self.set_frozen(false).await;
         }
+        self.destroy_signal.notify_waiters();
     }
-}
 
-impl ContainerSandbox {
+    async fn teardown(&self) -> Result<()> {
+        let engine = self.engine.clone();
+        let cgroup = self.cgroup.clone();
+        let workdir = self.workdir.clone();
+        let warm = self.warm.lock().take();
+        let result = blocking(move || {
+            if let Some(w) = warm {
+                w.close();
+            }
+            engine.remove_cgroup(&cgroup);
+            workdir
+                .remove()
+                .map_err(|e| Error::engine_io("removing the sandbox workdir", e))
+        })
+        .await;
+        // The container's processes and terminals died with it: their exits are
+        // known before destroy returns.
+        self.processes.kill_all(true).await;
+        result
+    }
+
     fn teardown_now(&self) {
         if let Some(w) = self.warm.lock().take() {
             w.close();
@@ -516,8 +475,6 @@ impl ContainerSandbox {
 
 impl Drop for ContainerSandbox {
     fn drop(&mut self) {
-        if self.lifecycle.phase() != Phase::Destroyed {
-            self.teardown_now();
-        }
+        self.lifecycle.teardown_unless_destroyed(self);
     }
 }

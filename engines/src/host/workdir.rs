@@ -117,7 +117,7 @@ impl Workdir {
 
     /// [`resolve_dir`](Workdir::resolve_dir) of `path`, naming it `shown` in errors
     /// (the path as the caller wrote it, such as `/workspace/sub` in a container).
-    pub(crate) fn resolve_dir_as(&self, path: &str, shown: &str) -> Result<PathBuf> {
+    pub fn resolve_dir_as(&self, path: &str, shown: &str) -> Result<PathBuf> {
         // A bad option of the request, not a missing resource: the sandbox is there.
         let not_found = || {
             Error::invalid_options(
@@ -258,7 +258,7 @@ impl Workdir {
     /// [`STREAM_BUFFER_BYTES`], at most the size it had when opened. No size limit.
     ///
     /// [`Sandbox::open_read`]: paddock_core::Sandbox::open_read
-    pub(crate) async fn open_read(self: &Arc<Self>, path: &str) -> Result<FileReader> {
+    pub async fn open_read(self: &Arc<Self>, path: &str) -> Result<FileReader> {
         let (workdir, owned) = (self.clone(), path.to_string());
         let (file, size) = blocking(move || workdir.open_file(&owned)).await?;
         let mut file = tokio::fs::File::from_std(file);
@@ -277,7 +277,7 @@ impl Workdir {
     /// stalls, when it next yields bytes or ends).
     ///
     /// [`Sandbox::write_from`]: paddock_core::Sandbox::write_from
-    pub(crate) async fn write_from<G>(
+    pub async fn write_from<G>(
         self: &Arc<Self>,
         path: &str,
         mut source: ByteSource,

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use crossbeam_channel::Sender;
 use paddock_core::exec::unix_ms;
-use paddock_core::lifecycle::{DestroyRole, Lifecycle, OpGuard, Phase};
+use paddock_core::lifecycle::{Lifecycle, OpGuard, Phase, Teardown};
 use paddock_core::spin::Spin;
 use paddock_core::{
     CancelToken, EngineName, Error, ErrorCode, ExecRequest, ExecResult, FileEntry, LimitKind,
@@ -56,7 +56,6 @@ pub struct IsolateSandbox {
     stuck: AtomicBool,
     lifecycle: Lifecycle,
     spin: Spin,
-    teardown_error: parking_lot::Mutex<Option<Error>>,
 }
 
 impl IsolateSandbox {
@@ -116,7 +115,6 @@ impl IsolateSandbox {
             current: parking_lot::Mutex::new(None),
             stuck: AtomicBool::new(false),
             lifecycle: Lifecycle::new(),
-            teardown_error: parking_lot::Mutex::new(None),
         })
     }
 
@@ -460,53 +458,47 @@ impl Sandbox for IsolateSandbox {
     }
 
     async fn destroy(&self) -> Result<()> {
-        match self.lifecycle.begin_destroy() {
-            DestroyRole::Leader => {
-                let mut guard = TeardownGuard {
-                    sandbox: self,
-                    done: false,
-                };
-                if let Some(c) = self.current.lock().as_ref() {
-                    c.store(DESTROYED, Ordering::Relaxed);
-                }
-                self.lifecycle.ops_drained().await;
-                let _ = self.jobs.try_send(Job::Stop);
-                let thread = self.thread.lock().take();
-                let mut result = Ok(());
-                if let Some((thread, exited)) = thread {
-                    let ended =
-                        tokio::time::timeout(JOIN_GRACE, Spin::new(HANDOFF_SPIN).run(exited)).await;
-                    if ended.is_ok() {
-                        // The runtime is gone and the thread is returning: joining
-                        // takes microseconds.
-                        let _ = thread.join();
-                    } else {
-                        tracing::warn!(sandbox = %self.id, "the isolate thread did not end in time; it ends when its host call returns");
-                    }
-                }
-                let workdir = self.workdir.clone();
-                if let Err(e) = blocking(move || {
-                    workdir
-                        .remove()
-                        .map_err(|e| Error::engine_io("removing the sandbox workdir", e))
-                })
-                .await
-                {
-                    *self.teardown_error.lock() = Some(e.clone());
-                    result = Err(e);
-                }
-                guard.done = true;
-                self.lifecycle.finish_destroy();
-                result
-            }
-            DestroyRole::Follower => {
-                self.lifecycle.destroyed().await;
-                match self.teardown_error.lock().clone() {
-                    Some(e) => Err(e),
-                    None => Ok(()),
-                }
+        self.lifecycle.destroy(self).await
+    }
+}
+
+impl Teardown for IsolateSandbox {
+    async fn stop_running(&self) {
+        // A running script sees it at its next interrupt check and ends.
+        if let Some(c) = self.current.lock().as_ref() {
+            c.store(DESTROYED, Ordering::Relaxed);
+        }
+    }
+
+    async fn teardown(&self) -> Result<()> {
+        let _ = self.jobs.try_send(Job::Stop);
+        let thread = self.thread.lock().take();
+        if let Some((thread, exited)) = thread {
+            let ended = tokio::time::timeout(JOIN_GRACE, Spin::new(HANDOFF_SPIN).run(exited)).await;
+            if ended.is_ok() {
+                // The runtime is gone and the thread is returning: joining takes
+                // microseconds.
+                let _ = thread.join();
+            } else {
+                tracing::warn!(sandbox = %self.id, "the isolate thread did not end in time; it ends when its host call returns");
             }
         }
+        let workdir = self.workdir.clone();
+        blocking(move || {
+            workdir
+                .remove()
+                .map_err(|e| Error::engine_io("removing the sandbox workdir", e))
+        })
+        .await
+    }
+
+    /// Stops the thread (without waiting) and removes the workdir.
+    fn teardown_now(&self) {
+        if let Some(c) = self.current.lock().as_ref() {
+            c.store(DESTROYED, Ordering::Relaxed);
+        }
+        let _ = self.jobs.try_send(Job::Stop);
+        let _ = self.workdir.remove();
     }
 }
 
@@ -528,37 +520,9 @@ impl Drop for Running<'_> {
     }
 }
 
-/// Completes an interrupted teardown synchronously.
-struct TeardownGuard<'a> {
-    sandbox: &'a IsolateSandbox,
-    done: bool,
-}
-
-impl Drop for TeardownGuard<'_> {
-    fn drop(&mut self) {
-        if !self.done {
-            self.sandbox.teardown_now();
-            self.sandbox.lifecycle.finish_destroy();
-        }
-    }
-}
-
-impl IsolateSandbox {
-    /// Stops the thread (without waiting) and removes the workdir.
-    fn teardown_now(&self) {
-        if let Some(c) = self.current.lock().as_ref() {
-            c.store(DESTROYED, Ordering::Relaxed);
-        }
-        let _ = self.jobs.try_send(Job::Stop);
-        let _ = self.workdir.remove();
-    }
-}
-
 impl Drop for IsolateSandbox {
     fn drop(&mut self) {
-        if self.lifecycle.phase() != Phase::Destroyed {
-            self.teardown_now();
-        }
+        self.lifecycle.teardown_unless_destroyed(self);
     }
 }
 

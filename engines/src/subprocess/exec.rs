@@ -2,36 +2,24 @@
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use paddock_core::{
     unix_ms, CancelToken, EngineName, Error, ErrorCode, ExecRequest, ExecResult, Language,
     LimitKind, Limits, Outcome, OutputSink, Program, Result, StreamKind, Timings, Usage,
 };
-use tokio::io::Interest;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::sandbox::SubprocessSandbox;
 use crate::capture::{pump, Captured};
+use crate::child::{Ending, StopOnDrop, Watched};
 use crate::env::resolve_program;
 use crate::host::spawn::{spawn, SpawnSpec, SpawnedChild};
 use crate::host::sys::{self, cstring, ExitStatus};
-use crate::task::{feed_stdin, sleep_until_opt};
+use crate::task::feed_stdin;
 
-/// How long output pipes may stay open after the program and its group are gone.
-const DRAIN_GRACE: Duration = Duration::from_millis(200);
 /// Sources longer than this go through a file instead of an argument.
 const MAX_INLINE_SOURCE: usize = 96 * 1024;
-
-/// Why the wait for the program ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Ending {
-    Exited,
-    Deadline,
-    Cancelled,
-    Destroyed,
-}
 
 /// Decrements the active count however the execution ends.
 struct ActiveGuard<'a>(&'a SubprocessSandbox);
@@ -73,15 +61,6 @@ impl Drop for ChildGuard {
             }
             drop(child);
         });
-    }
-}
-
-/// Tells the output pumps to finish when the waiter ends, however it ends.
-struct StopOnDrop<'a>(&'a watch::Sender<Option<Instant>>);
-
-impl Drop for StopOnDrop<'_> {
-    fn drop(&mut self) {
-        let _ = self.0.send(Some(Instant::now() + DRAIN_GRACE));
     }
 }
 
@@ -186,26 +165,11 @@ impl SubprocessSandbox {
 
         let waiter = async {
             let _stop = StopOnDrop(&stop_tx);
-            let exit = sys::async_fd(pidfd, Interest::READABLE)
-                .map_err(|e| Error::engine_io("watching the child", e))?;
-            let ending = tokio::select! {
-                biased;
-                _ = cancel.cancelled() => Ending::Cancelled,
-                _ = &mut destroyed => Ending::Destroyed,
-                _ = sleep_until_opt(deadline) => Ending::Deadline,
-                r = exit.readable() => { let _ready = r.map_err(|e| Error::engine_io("waiting for the child", e))?; Ending::Exited }
-            };
-            if ending != Ending::Exited {
-                self.kill_everything(pid, exit.get_ref()).await;
-                let _ = exit
-                    .readable()
-                    .await
-                    .map_err(|e| Error::engine_io("waiting for the child", e))?;
-            }
-            // The child is a zombie: its pid cannot be reused yet, so the group kill
-            // cannot hit a stranger. Then reap, then sweep what escaped the group.
-            sys::kill_group(pid, libc::SIGKILL);
-            let status = sys::reap(pid).map_err(|e| Error::engine_io("reaping the child", e))?;
+            let child = Watched::new(pid, pidfd, "the child")?;
+            let ending = child.ending(&cancel, destroyed.as_mut(), deadline).await?;
+            // Then reap, then sweep what escaped the group.
+            let kill = self.kill_everything(pid, child.pidfd());
+            let status = child.stop_and_reap(ending, kill, None).await?;
             reaped.store(true, Ordering::Release);
             if let Some(g) = &self.cgroup {
                 if g.is_populated() {

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use paddock_core::lifecycle::{DestroyRole, Lifecycle, OpGuard, Phase};
+use paddock_core::lifecycle::{Lifecycle, OpGuard, Phase, Teardown};
 use paddock_core::{
     CancelToken, EngineName, Error, ExecRequest, ExecResult, FileEntry, NetworkPolicy, OutputSink,
     Result, Sandbox, SandboxSpec, SandboxStatus,
@@ -37,7 +37,6 @@ pub struct SubprocessSandbox {
     /// Woken when destroy starts, so running executions kill their programs.
     pub(super) destroy_signal: Notify,
     /// The teardown's error, for destroy calls that followed the one that ran it.
-    teardown_error: parking_lot::Mutex<Option<Error>>,
     /// Warm workers by language (taken out while they serve a turn).
     pub(super) warm: parking_lot::Mutex<
         std::collections::BTreeMap<super::runner::WorkerKey, super::runner::Slot>,
@@ -128,7 +127,6 @@ impl SubprocessSandbox {
             active: AtomicUsize::new(0),
             lifecycle: Lifecycle::new(),
             destroy_signal: Notify::new(),
-            teardown_error: parking_lot::Mutex::new(None),
             warm: parking_lot::Mutex::new(Default::default()),
             suspended: parking_lot::Mutex::new(Default::default()),
             warm_cgroup: warm_cgroup.map(Arc::new),
@@ -328,64 +326,32 @@ impl Sandbox for SubprocessSandbox {
     }
 
     async fn destroy(&self) -> Result<()> {
-        match self.lifecycle.begin_destroy() {
-            DestroyRole::Leader => {
-                // If this future is dropped midway, the guard finishes the teardown
-                // synchronously so that followers are never left waiting.
-                let mut guard = TeardownGuard {
-                    sandbox: self,
-                    done: false,
-                };
-                // Running executions see the signal, kill their programs and return.
-                self.destroy_signal.notify_waiters();
-                self.lifecycle.ops_drained().await;
-                // Processes and terminals: killed, and waited for, so that their
-                // exits are known when destroy returns.
-                self.processes.kill_all(true).await;
-                // Warm workers go first: dropping one kills its process group.
-                self.warm.lock().clear();
-                if let Some(g) = self.warm_cgroup.clone() {
-                    let _ = blocking(move || {
-                        g.remove()
-                            .map_err(|e| Error::engine_io("removing the warm cgroup", e))
-                    })
-                    .await;
-                }
-                let result = self.sweep(true).await;
-                if let Err(e) = &result {
-                    *self.teardown_error.lock() = Some(e.clone());
-                }
-                guard.done = true;
-                self.lifecycle.finish_destroy();
-                result
-            }
-            DestroyRole::Follower => {
-                self.lifecycle.destroyed().await;
-                match self.teardown_error.lock().clone() {
-                    Some(e) => Err(e),
-                    None => Ok(()),
-                }
-            }
-        }
+        self.lifecycle.destroy(self).await
     }
 }
 
-/// Completes an interrupted teardown synchronously.
-struct TeardownGuard<'a> {
-    sandbox: &'a SubprocessSandbox,
-    done: bool,
-}
-
-impl Drop for TeardownGuard<'_> {
-    fn drop(&mut self) {
-        if !self.done {
-            self.sandbox.teardown_now();
-            self.sandbox.lifecycle.finish_destroy();
-        }
+impl Teardown for SubprocessSandbox {
+    async fn stop_running(&self) {
+        // Running executions see the signal, kill their programs and return.
+        self.destroy_signal.notify_waiters();
     }
-}
 
-impl SubprocessSandbox {
+    async fn teardown(&self) -> Result<()> {
+        // Processes and terminals: killed, and waited for, so that their exits are
+        // known when destroy returns.
+        self.processes.kill_all(true).await;
+        // Warm workers go first: dropping one kills its process group.
+        self.warm.lock().clear();
+        if let Some(g) = self.warm_cgroup.clone() {
+            let _ = blocking(move || {
+                g.remove()
+                    .map_err(|e| Error::engine_io("removing the warm cgroup", e))
+            })
+            .await;
+        }
+        self.sweep(true).await
+    }
+
     /// Kills everything and removes the cgroup and workdir, blocking.
     fn teardown_now(&self) {
         self.processes.kill_now();
@@ -405,8 +371,6 @@ impl SubprocessSandbox {
 
 impl Drop for SubprocessSandbox {
     fn drop(&mut self) {
-        if self.lifecycle.phase() != Phase::Destroyed {
-            self.teardown_now();
-        }
+        self.lifecycle.teardown_unless_destroyed(self);
     }
 }

@@ -10,10 +10,10 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use async_trait::async_trait;
-use paddock_core::lifecycle::{DestroyRole, Lifecycle, OpGuard, Phase};
+use paddock_core::lifecycle::{Lifecycle, OpGuard, Phase, Teardown};
 use paddock_core::{
     CancelToken, Capabilities, Engine, EngineName, Error, ErrorCode, ExecRequest, ExecResult,
     FileEntry, IsolationLevel, Limits, OutputSink, ProgramKind, Result, Sandbox, SandboxSpec,
@@ -151,7 +151,6 @@ impl Engine for NsShell {
             lifecycle: Lifecycle::new(),
             active: AtomicUsize::new(0),
             kill_switch: CancelToken::new(),
-            teardown_error: Mutex::new(None),
         }))
     }
 }
@@ -170,8 +169,6 @@ pub(super) struct NsSandbox {
     pub(super) active: AtomicUsize,
     /// Cancelled when destroy begins: every running execution kills its namespaces.
     pub(super) kill_switch: CancelToken,
-    /// Why the teardown failed, for the destroys that waited for it.
-    teardown_error: Mutex<Option<Error>>,
 }
 
 impl NsSandbox {
@@ -262,61 +259,35 @@ impl Sandbox for NsSandbox {
     }
 
     async fn destroy(&self) -> Result<()> {
-        match self.lifecycle.begin_destroy() {
-            DestroyRole::Leader => {
-                let mut guard = Teardown {
-                    sandbox: self,
-                    done: false,
-                };
-                // Running executions kill their namespaces and return.
-                self.kill_switch.cancel();
-                self.lifecycle.ops_drained().await;
-                let workdir = self.workdir.clone();
-                let removed = blocking(move || {
-                    workdir
-                        .remove()
-                        .map_err(|e| Error::engine_io("removing the sandbox workdir", e))
-                })
-                .await;
-                if let Err(e) = &removed {
-                    *lock(&self.teardown_error) = Some(e.clone());
-                }
-                guard.done = true;
-                self.lifecycle.finish_destroy();
-                removed
-            }
-            DestroyRole::Follower => {
-                self.lifecycle.destroyed().await;
-                lock(&self.teardown_error).clone().map_or(Ok(()), Err)
-            }
-        }
+        // The core's destroy protocol: one leader tears down, concurrent destroys
+        // wait for it and get its result, a leader dropped midway finishes at once.
+        self.lifecycle.destroy(self).await
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
+impl Teardown for NsSandbox {
+    async fn stop_running(&self) {
+        // Running executions kill their namespaces and return.
+        self.kill_switch.cancel();
+    }
 
-/// Finishes a teardown whose destroy was dropped midway, so that the destroys
-/// waiting for it return.
-struct Teardown<'a> {
-    sandbox: &'a NsSandbox,
-    done: bool,
-}
+    async fn teardown(&self) -> Result<()> {
+        let workdir = self.workdir.clone();
+        blocking(move || {
+            workdir
+                .remove()
+                .map_err(|e| Error::engine_io("removing the sandbox workdir", e))
+        })
+        .await
+    }
 
-impl Drop for Teardown<'_> {
-    fn drop(&mut self) {
-        if !self.done {
-            let _ = self.sandbox.workdir.remove();
-            self.sandbox.lifecycle.finish_destroy();
-        }
+    fn teardown_now(&self) {
+        let _ = self.workdir.remove();
     }
 }
 
 impl Drop for NsSandbox {
     fn drop(&mut self) {
-        if self.lifecycle.phase() != Phase::Destroyed {
-            let _ = self.workdir.remove();
-        }
+        self.lifecycle.teardown_unless_destroyed(self);
     }
 }
