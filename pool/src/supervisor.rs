@@ -67,6 +67,9 @@ pub struct Supervisor {
     pool_config: PoolConfig,
     pipeline: Rc<Pipeline>,
     sessions: HashMap<String, Rc<Session>>,
+    /// Sessions whose destroy is under way, until their teardown has ended: a second
+    /// destroy joins it instead of returning early.
+    destroying: HashMap<String, Rc<Session>>,
     /// Destroyed session ids and their tenants, so a repeated destroy is Ok for the
     /// owner and another tenant still gets `NOT_FOUND`.
     destroyed_sessions: VecDeque<(String, Option<String>)>,
@@ -111,6 +114,7 @@ impl Supervisor {
                 parking: RefCell::default(),
             }),
             sessions: HashMap::new(),
+            destroying: HashMap::new(),
             destroyed_sessions: VecDeque::new(),
         }
     }
@@ -263,8 +267,31 @@ impl Supervisor {
         Some(session)
     }
 
+    /// Destroys `session` (already removed from the open ones), keeping it as
+    /// destroying until its teardown has ended, so that a concurrent destroy of the
+    /// same id waits for that teardown too.
+    fn destroy_session(
+        &mut self,
+        id: String,
+        session: Rc<Session>,
+    ) -> impl ActorFuture<Self, Output = Result<(), Error>> + 'static {
+        self.destroying.insert(id.clone(), session.clone());
+        async move {
+            // Destroy now (it kills running executions and waits for them); the
+            // lease then retires the instance when the last reference goes.
+            let r = session.destroy().await;
+            drop(session);
+            r
+        }
+        .into_actor(self)
+        .map(move |r, act, _ctx| {
+            act.destroying.remove(&id);
+            r
+        })
+    }
+
     /// Destroys sessions idle or open past their time.
-    fn expire_sessions(&mut self) {
+    fn expire_sessions(&mut self, ctx: &mut Context<Self>) {
         let idle = Duration::from_millis(self.pool_config.sandbox_idle_timeout_ms);
         let lifetime = Duration::from_millis(self.pool_config.sandbox_max_lifetime_ms);
         let now = Instant::now();
@@ -276,12 +303,12 @@ impl Supervisor {
         for (id, why) in expired {
             if let Some(session) = self.remove_session(&id) {
                 tracing::info!(sandbox = %id, reason = why, "destroying an expired sandbox");
-                actix::spawn(async move {
-                    if let Err(e) = session.destroy().await {
+                let destroyed = self.destroy_session(id.clone(), session);
+                ctx.spawn(destroyed.map(move |r, _act, _ctx| {
+                    if let Err(e) = r {
                         tracing::warn!(sandbox = %id, error = %e, "destroying an expired sandbox failed");
                     }
-                    drop(session);
-                });
+                }));
             }
         }
     }
@@ -330,7 +357,7 @@ impl Actor for Supervisor {
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.set_mailbox_capacity(65_536);
         self.prewarm_all();
-        ctx.run_interval(Duration::from_millis(500), |act, _| {
+        ctx.run_interval(Duration::from_millis(500), |act, ctx| {
             let expired = act.pipeline.parking.borrow_mut().expire(Instant::now());
             for parked in expired {
                 parked.retire();
@@ -338,7 +365,7 @@ impl Actor for Supervisor {
             for pool in act.pools.values() {
                 pool.maintain();
             }
-            act.expire_sessions();
+            act.expire_sessions(ctx);
         });
     }
 }
@@ -542,27 +569,34 @@ impl Handler<GetSandboxStatus> for Supervisor {
 }
 
 impl Handler<DestroySandbox> for Supervisor {
-    type Result = ResponseFuture<Result<(), Error>>;
+    type Result = ResponseActFuture<Self, Result<(), Error>>;
 
     fn handle(&mut self, msg: DestroySandbox, _ctx: &mut Self::Context) -> Self::Result {
         // Another tenant's session, open or destroyed, is NOT_FOUND; a destroyed one
-        // of the caller's is destroyed again, which is fine.
+        // of the caller's is destroyed again, which is fine, and one whose destroy is
+        // under way is joined: every destroy returns after the teardown.
         match self.session_for(&msg.caller, &msg.sandbox) {
             Ok(_) => {}
-            Err(e) if e.code == ErrorCode::EngineDisposed => return Box::pin(async { Ok(()) }),
-            Err(e) => return Box::pin(async move { Err(e) }),
+            Err(e) if e.code == ErrorCode::EngineDisposed => {
+                return match self.destroying.get(&msg.sandbox).cloned() {
+                    Some(session) => Box::pin(
+                        async move {
+                            let r = session.destroy().await;
+                            drop(session);
+                            r
+                        }
+                        .into_actor(self),
+                    ),
+                    None => Box::pin(actix::fut::ready(Ok(()))),
+                };
+            }
+            Err(e) => return Box::pin(actix::fut::ready(Err(e))),
         }
         let Some(session) = self.remove_session(&msg.sandbox) else {
-            return Box::pin(async { Ok(()) });
+            return Box::pin(actix::fut::ready(Ok(())));
         };
         self.note_operator(&msg.caller, "sandbox.destroy", Some(msg.sandbox.clone()));
-        Box::pin(async move {
-            // Destroy now (it kills running executions and waits for them); the lease
-            // then retires the instance when the last reference goes.
-            let r = session.destroy().await;
-            drop(session);
-            r
-        })
+        Box::pin(self.destroy_session(msg.sandbox, session))
     }
 }
 

@@ -145,6 +145,59 @@ async fn sessions_keep_files_and_refuse_after_destroy() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_destroys_all_return_after_the_teardown() {
+    let paddock = Paddock::builder()
+        .without_isolate()
+        .without_container()
+        .start()
+        .unwrap();
+    for round in 0..3 {
+        let sb = paddock
+            .open_sandbox(Default::default(), None)
+            .await
+            .unwrap();
+        // Enough files that removing the workdir takes a while.
+        let r = sb
+            .exec(sh("mkdir -p d && cd d && seq 4000 | xargs touch"))
+            .await
+            .unwrap();
+        assert!(
+            matches!(r.outcome, Outcome::Completed { exit_code: 0, .. }),
+            "{r:?}"
+        );
+        let root = std::path::PathBuf::from(&sb.info().root_dir);
+        assert!(root.join("d/4000").exists());
+        let again = paddock
+            .sandbox(&paddock_pool::Caller::Embedder, sb.id())
+            .await
+            .unwrap();
+        let destroys: Vec<_> = [sb, again]
+            .into_iter()
+            .enumerate()
+            .map(|(i, handle)| {
+                let root = root.clone();
+                tokio::spawn(async move {
+                    if i == 1 {
+                        // The second arrives while the first tears down.
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                    handle.destroy().await.unwrap();
+                    // Whichever returns, the teardown is over.
+                    root.exists()
+                })
+            })
+            .collect();
+        for (i, d) in destroys.into_iter().enumerate() {
+            assert!(
+                !d.await.unwrap(),
+                "round {round}: destroy {i} returned while the workdir was still there"
+            );
+        }
+    }
+    paddock.shutdown(Duration::from_secs(5)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_are_typed() {
     let paddock = Paddock::builder()
         .engine(Arc::new(NoopEngine::new()))
