@@ -98,7 +98,8 @@ pub(crate) struct RunArgs {
     /// Pass Paddock's own stdin to the program.
     #[arg(long)]
     stdin: bool,
-    /// Print one JSON result line on stdout instead of streaming output.
+    /// Print one JSON line on stdout instead of streaming output: the result, or
+    /// `{"error":{…}}` for a refusal.
     #[arg(long)]
     json: bool,
     /// A configuration file (TOML).
@@ -222,7 +223,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<i32, UsageError> {
     let paddock = match builder.start() {
         Ok(p) => p,
         Err(e) => {
-            eprintln!("paddock: {e}");
+            refused(args.json, &e);
             return Ok(exit_for_error(e.code));
         }
     };
@@ -238,6 +239,9 @@ pub(crate) async fn run(args: RunArgs) -> Result<i32, UsageError> {
         ..Limits::default()
     };
     if let Err(e) = request.validate() {
+        if args.json {
+            println!("{}", error_line(&e));
+        }
         return Err(UsageError(e.message));
     }
     let id = request.id.clone();
@@ -280,7 +284,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<i32, UsageError> {
             exit_status(&r)
         }
         Err(e) => {
-            eprintln!("paddock: {e}");
+            refused(args.json, &e);
             exit_for_error(e.code)
         }
     };
@@ -323,6 +327,21 @@ async fn stream_to_terminal(
         ErrorCode::EngineFailed,
         "the execution stream ended without a result",
     ))
+}
+
+/// A refusal: its message on stderr, and with `--json` its [`error_line`] on stdout,
+/// so that a script reading stdout gets one JSON object whatever happened.
+fn refused(json: bool, e: &paddock_core::Error) {
+    eprintln!("paddock: {e}");
+    if json {
+        println!("{}", error_line(e));
+    }
+}
+
+/// A refusal as one JSON line, in the HTTP API's error shape:
+/// `{"error":{"code":…,"message":…}}` (with `retry_after_ms` when there is one).
+pub(crate) fn error_line(e: &paddock_core::Error) -> String {
+    serde_json::json!({ "error": e }).to_string()
 }
 
 /// The one-line JSON result: the result's wire form plus `timed_out`, with
@@ -414,7 +433,10 @@ fn detach(args: &RunArgs, program: Program) -> Result<i32, UsageError> {
         }
     };
     let fail = |e: String| {
-        eprintln!("paddock: {e}");
+        refused(
+            args.json,
+            &paddock_core::Error::new(ErrorCode::EngineFailed, e),
+        );
         Ok(EXIT_INTERNAL)
     };
     let created = args.sandbox.is_none();
@@ -442,6 +464,12 @@ fn detach(args: &RunArgs, program: Program) -> Result<i32, UsageError> {
                     Some(id) => id.to_string(),
                     None => return fail(format!("the server opened a sandbox without an id: {v}")),
                 },
+                Ok((status, v)) if args.json && v.get("error").is_some() => {
+                    // The server's own error body, as it gave it.
+                    eprintln!("paddock: {}", crate::client::error_text(status, &v));
+                    println!("{v}");
+                    return Ok(EXIT_INTERNAL);
+                }
                 Ok((status, v)) => return fail(crate::client::error_text(status, &v)),
                 Err(e) => return fail(e),
             }
@@ -457,6 +485,10 @@ fn detach(args: &RunArgs, program: Program) -> Result<i32, UsageError> {
         Ok((201, v)) => v,
         Ok((status, v)) => {
             eprintln!("paddock: {}", crate::client::error_text(status, &v));
+            if args.json && v.get("error").is_some() {
+                // The server's own error body.
+                println!("{v}");
+            }
             if created {
                 // Nothing runs in it: it would only take a pool slot.
                 let _ = server.json("DELETE", &format!("/v1/sandboxes/{sandbox}"), None);

@@ -27,6 +27,55 @@ fn killed_by_signal_is_128_plus_n() {
 }
 
 #[test]
+fn json_prints_one_object_for_a_refusal_too() {
+    // The built-in policy blocks `eval` in JavaScript: refused before it runs.
+    let out = paddock(&[
+        "run",
+        "--json",
+        "--engine",
+        "isolate",
+        "--lang",
+        "javascript",
+        "--code",
+        "eval('1')",
+    ]);
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["error"]["code"], "CODE_BLOCKED", "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("eval"),
+        "{v}"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("CODE_BLOCKED"),
+        "the message still goes to stderr"
+    );
+
+    // A request that fails validation (a memory limit below the minimum) is a usage
+    // error (2), in JSON too.
+    let out = paddock(&["run", "--json", "--memory", "0", "--", "true"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(v["error"]["code"], "INVALID_OPTIONS", "{v}");
+
+    // Without --json, stdout stays empty.
+    let out = paddock(&[
+        "run",
+        "--engine",
+        "isolate",
+        "--lang",
+        "javascript",
+        "--code",
+        "eval('1')",
+    ]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(out.stdout.is_empty());
+}
+
+#[test]
 fn timeout_is_124_and_json_reports_it() {
     let start = Instant::now();
     let out = paddock(&["run", "--timeout", "300ms", "--json", "--", "sleep", "10"]);
