@@ -218,6 +218,8 @@ async fn relay_process(
     let mut pending: std::collections::VecDeque<Input> = std::collections::VecDeque::new();
     let mut pending_bytes = 0usize;
     let mut writing: Option<WriteFuture> = None;
+    // The client's close, once it came.
+    let mut closing = None;
     loop {
         if writing.is_none() {
             if let Some(next) = pending.pop_front() {
@@ -265,7 +267,11 @@ async fn relay_process(
                     Ok(())
                 }
                 Some(Ok(AggregatedMessage::Pong(_))) => Ok(()),
-                Some(Ok(AggregatedMessage::Close(_))) | Some(Err(_)) | None => break,
+                Some(Ok(AggregatedMessage::Close(reason))) => {
+                    closing = Some(reason);
+                    break;
+                }
+                Some(Err(_)) | None => break,
             },
         };
         if let Err(e) = result {
@@ -284,6 +290,22 @@ async fn relay_process(
     }
     // The client left: stop relaying; the process runs on.
     output.abort();
+    if let Some(reason) = closing {
+        answer_close(stream, replies, reason).await;
+    }
+}
+
+/// Answers the client's close. The incoming stream goes first, so that when the
+/// response ends with the close frame the server sees nothing more to read and ends
+/// the connection at once (with the stream still held, it would wait for the
+/// keep-alive timer or the client, which waits for the server).
+async fn answer_close(
+    stream: actix_ws::AggregatedMessageStream,
+    session: actix_ws::Session,
+    reason: Option<CloseReason>,
+) {
+    drop(stream);
+    let _ = session.close(reason).await;
 }
 
 #[derive(Debug, Deserialize)]
@@ -395,17 +417,19 @@ async fn relay_tcp(
                 let _ = replies.pong(&p).await;
             }
             Ok(AggregatedMessage::Pong(_)) => {}
-            Ok(AggregatedMessage::Close(_)) | Err(_) => break,
+            Ok(AggregatedMessage::Close(reason)) => {
+                // The close handshake, answered at once; the guest's connection ends
+                // with it (a WebSocket has no half-close: a client that wants the
+                // guest's answer reads it before it closes).
+                down.abort();
+                let _ = to_guest.shutdown().await;
+                answer_close(stream, replies, reason).await;
+                return;
+            }
+            Err(_) => break,
         }
     }
-    // The client is done sending: the guest reads end of file, and its answer still
-    // comes back until it closes.
+    // The client went away without a close: the guest reads end of file.
+    down.abort();
     let _ = to_guest.shutdown().await;
-    let mut down = down;
-    if tokio::time::timeout(std::time::Duration::from_secs(5), &mut down)
-        .await
-        .is_err()
-    {
-        down.abort();
-    }
 }

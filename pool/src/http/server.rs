@@ -14,6 +14,12 @@ use super::*;
 use super::{operations::*, routes::*};
 use crate::Paddock;
 
+/// How long a connection the server is closing may linger for its client before it
+/// is dropped. After a WebSocket close handshake the server is done with the
+/// connection, so this is what a close costs (actix's default, 1 s, made every
+/// WebSocket close take most of a second).
+const CLOSE_LINGER: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Shared by every worker.
 #[derive(Debug)]
 pub(super) struct State {
@@ -140,6 +146,7 @@ pub fn start(paddock: Paddock, config: ServerConfig) -> Result<HttpServerHandle,
                 .workers(workers)
                 .disable_signals()
                 .shutdown_timeout(30)
+                .client_disconnect_timeout(CLOSE_LINGER)
                 .bind(listen);
                 let server = match server {
                     Ok(s) => s,

@@ -435,3 +435,77 @@ message = "netcat is not allowed"
     .expect_error(400, "CAPABILITY_NOT_SUPPORTED");
     t.stop().await;
 }
+
+/// How long after a close handshake the server may keep the TCP connection open. A
+/// loopback close is a few round trips (well under a millisecond here); a lingering
+/// connection took 750–890 ms.
+const CLOSE_WITHIN: Duration = Duration::from_millis(100);
+
+/// Reads to the end of the connection after the close handshake; how long that took.
+async fn until_closed(socket: &mut Socket) -> Duration {
+    let from = tokio::time::Instant::now();
+    loop {
+        match tokio::time::timeout(PATIENCE, socket.next()).await {
+            Ok(None) | Ok(Some(Err(_))) => return from.elapsed(),
+            Ok(Some(Ok(_))) => {}
+            Err(_) => panic!("the connection stayed open {PATIENCE:?} after the close"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websocket_closes_end_the_connection_promptly() {
+    let t = TestServer::start();
+    let id = open_sandbox(t.addr).await;
+    let base = format!("/v1/sandboxes/{id}");
+    for round in 0..3 {
+        // The server closes: the process exits, the close frame comes, the client
+        // echoes it (tungstenite does on reading it), the connection ends.
+        let started = post_json(
+            t.addr,
+            &format!("{base}/processes"),
+            &json!({"argv": ["sh", "-c", "sleep 0.1; echo bye"]}),
+        )
+        .await
+        .expect(201);
+        let pid = started["id"].as_str().expect("process id").to_string();
+        let mut socket = connect(t.addr, &format!("{base}/processes/{pid}/attach")).await;
+        let mut seen = Seen::default();
+        read_until(&mut socket, &mut seen, |s| s.closed).await;
+        let took = until_closed(&mut socket).await;
+        println!(
+            "round {round}: server close: the connection ended {took:?} after the close frame"
+        );
+        assert!(
+            took < CLOSE_WITHIN,
+            "round {round}: the server's close took {took:?}"
+        );
+
+        // The client closes a terminal's socket: the server answers the close at once.
+        let started = post_json(
+            t.addr,
+            &format!("{base}/terminals"),
+            &json!({"command": "sh"}),
+        )
+        .await
+        .expect(201);
+        let pid = started["id"].as_str().expect("terminal id").to_string();
+        let mut socket = connect(t.addr, &format!("{base}/processes/{pid}/attach")).await;
+        socket.send(Message::Close(None)).await.unwrap();
+        let from = tokio::time::Instant::now();
+        loop {
+            match tokio::time::timeout(PATIENCE, socket.next()).await {
+                Ok(Some(Ok(Message::Close(_)))) => break,
+                Ok(Some(Ok(_))) => {}
+                other => panic!("round {round}: no close came back: {other:?}"),
+            }
+        }
+        let took = from.elapsed();
+        println!("round {round}: client close: answered in {took:?}");
+        assert!(
+            took < CLOSE_WITHIN,
+            "round {round}: the close was answered in {took:?}"
+        );
+    }
+    t.stop().await;
+}
