@@ -122,8 +122,9 @@ pub(super) fn retryable(e: &Error) -> bool {
     )
 }
 
-/// NDJSON: `started`, then `stdout`/`stderr` chunks as produced, then `result` (or
-/// `error` when the execution was refused).
+/// NDJSON: `started`, then `stdout`/`stderr` chunks as produced (`data` where the
+/// bytes are UTF-8, `data_base64` where they are not; see `chunks.rs`), then `result`
+/// (or `error` when the execution was refused).
 ///
 /// The execution is driven by a task of its own, not by the response body, so that
 /// its answer is recorded (for `GET /v1/executions/{id}` and the idempotency key)
@@ -139,19 +140,20 @@ pub(super) fn stream_response(
     let (lines_tx, lines_rx) = tokio::sync::mpsc::channel::<Bytes>(16);
     actix_rt::spawn(async move {
         let mut reader_gone = false;
+        let mut chunks = super::chunks::ChunkLines::default();
         while let Some(event) = stream.next().await {
             let line = match event {
-                StreamEvent::Output(chunk) => {
-                    let kind = match chunk.stream {
-                        paddock_core::StreamKind::Stdout => "stdout",
-                        paddock_core::StreamKind::Stderr => "stderr",
-                    };
-                    ndjson(&serde_json::json!({
-                        "type": kind,
-                        "data": String::from_utf8_lossy(&chunk.data),
-                    }))
-                }
+                StreamEvent::Output(chunk) => match chunks.line(chunk.stream, &chunk.data) {
+                    Some(line) => ndjson(&line),
+                    None => continue,
+                },
                 StreamEvent::Finished(result) => {
+                    // Bytes held back for a character that never came, first.
+                    for held in chunks.finish() {
+                        if !reader_gone && lines_tx.send(ndjson(&held)).await.is_err() {
+                            reader_gone = true;
+                        }
+                    }
                     let answer: Answer = Arc::new(*result);
                     let line = match answer.as_ref() {
                         Ok(r) => {

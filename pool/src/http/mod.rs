@@ -5,6 +5,7 @@
 //! bound address; [`HttpServerHandle::stop`] stops it gracefully.
 
 mod body;
+mod chunks;
 mod errors;
 mod executions;
 mod interactive;

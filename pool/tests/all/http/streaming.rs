@@ -83,3 +83,47 @@ async fn a_refused_stream_ends_with_an_error_line() {
     assert_eq!(last["exit_code"], 4);
     t.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_output_streams_losslessly() {
+    use base64::Engine as _;
+    let t = TestServer::start();
+    // Text, a character split across two writes, then bytes that are not UTF-8: a NUL,
+    // 0xff, and the first two bytes of a three-byte character that never ends.
+    let script =
+        "printf 'caf\\303'; sleep 0.2; printf '\\251 '; sleep 0.2; printf '\\000\\377x\\342\\202'";
+    let mut s = Request::post("/v1/executions?stream=true")
+        .json(&sh(script))
+        .stream(t.addr)
+        .await;
+    assert_eq!(s.status, 200);
+    let mut bytes = Vec::new();
+    let mut kinds = Vec::new();
+    while let Some((_, line)) = s.next_line().await {
+        if line["type"] != "stdout" {
+            continue;
+        }
+        match (line.get("data"), line.get("data_base64")) {
+            (Some(d), None) => {
+                kinds.push("data");
+                bytes.extend_from_slice(d.as_str().unwrap().as_bytes());
+            }
+            (None, Some(b)) => {
+                kinds.push("data_base64");
+                bytes.extend(
+                    base64::engine::general_purpose::STANDARD
+                        .decode(b.as_str().unwrap())
+                        .expect("base64"),
+                );
+            }
+            other => panic!("a chunk has exactly one of data and data_base64: {other:?}"),
+        }
+    }
+    assert_eq!(bytes, b"caf\xc3\xa9 \x00\xffx\xe2\x82", "{kinds:?}");
+    assert!(kinds.contains(&"data_base64"), "{kinds:?}");
+    assert_eq!(
+        kinds[0], "data",
+        "text stays text, the split character included: {kinds:?}"
+    );
+    t.stop().await;
+}
