@@ -46,6 +46,7 @@ pub struct Paddock {
     telemetry: Telemetry,
     access: Arc<paddock_core::AccessRules>,
     engines: Arc<[EngineName]>,
+    capabilities: Arc<[(EngineName, paddock_core::Capabilities)]>,
     runtime: Arc<RuntimeHandle>,
 }
 
@@ -83,6 +84,13 @@ impl Paddock {
     /// of them.
     pub fn engines(&self) -> &[EngineName] {
         &self.engines
+    }
+
+    /// What each engine this instance runs can do on this host, sorted by name: its
+    /// strongest isolation level, the programs it runs, the network policies it
+    /// enforces and the features it offers.
+    pub fn capabilities(&self) -> &[(EngineName, paddock_core::Capabilities)] {
+        &self.capabilities
     }
 
     /// The telemetry handle (metrics in Prometheus text with `render_prometheus`).

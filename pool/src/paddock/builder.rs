@@ -254,9 +254,13 @@ impl PaddockBuilder {
             &self.without,
             self.default_engine,
         )?;
-        let mut names: Vec<EngineName> = engines.iter().map(|e| e.name()).collect();
-        names.sort_unstable();
-        let names: Arc<[EngineName]> = names.into();
+        let mut described: Vec<(EngineName, paddock_core::Capabilities)> = engines
+            .iter()
+            .map(|e| (e.name(), e.capabilities().clone()))
+            .collect();
+        described.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let names: Arc<[EngineName]> = described.iter().map(|(n, _)| n.clone()).collect();
+        let described: Arc<[(EngineName, paddock_core::Capabilities)]> = described.into();
         let mut audit_log = AuditLog::new(audit)?;
         if let Some(cb) = self.on_audit {
             audit_log.set_on_log(cb);
@@ -330,6 +334,7 @@ impl PaddockBuilder {
             access,
             telemetry,
             engines: names,
+            capabilities: described,
             runtime: Arc::new(RuntimeHandle {
                 spin: paddock_core::spin::Spin::new(self_spin),
                 system,

@@ -198,6 +198,31 @@ async fn concurrent_destroys_all_return_after_the_teardown() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_facade_says_which_engines_run_and_what_they_can_do() {
+    let paddock = Paddock::builder()
+        .without_container()
+        .engine(Arc::new(NoopEngine::new()))
+        .start()
+        .unwrap();
+    assert_eq!(paddock.engines(), ["isolate", "noop", "subprocess"]);
+    let caps = paddock.capabilities();
+    let names: Vec<&str> = caps.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["isolate", "noop", "subprocess"]);
+    let of = |name: &str| &caps.iter().find(|(n, _)| *n == name).unwrap().1;
+    assert_eq!(
+        of("isolate").max_level,
+        paddock_core::IsolationLevel::ContextIsolated
+    );
+    assert!(
+        of("subprocess").has_feature("process"),
+        "{:?}",
+        of("subprocess")
+    );
+    assert!(of("subprocess").supports_program(paddock_core::ProgramKind::Command));
+    paddock.shutdown(Duration::from_secs(5)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_are_typed() {
     let paddock = Paddock::builder()
         .engine(Arc::new(NoopEngine::new()))
