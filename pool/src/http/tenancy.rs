@@ -148,7 +148,7 @@ impl Drop for Held {
     }
 }
 
-/// A handler that takes a `Caller` gets the request's caller, as [`caller`] finds it:
+/// A handler that takes a `Caller` gets the request's caller, as `caller` finds it:
 /// 401 `INVALID_OPTIONS` without a valid key when keys are configured.
 impl actix_web::FromRequest for Caller {
     type Error = ApiError;
