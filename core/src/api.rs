@@ -14,15 +14,19 @@ use crate::exec::ExecRequest;
 use crate::isolation::{EngineName, IsolationLevel, NetworkPolicy};
 use crate::limits::Limits;
 use crate::program::Program;
+use crate::strict::Strict;
 
 /// The body of `POST /v1/executions` and `POST /v1/sandboxes/{id}/exec`.
 #[derive(Debug, Clone, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ExecBody {
     /// The engine (the configured default when absent).
     #[serde(default)]
     pub engine: Option<EngineName>,
     /// What to run.
+    #[serde(deserialize_with = "program_object")]
+    #[cfg_attr(feature = "schema", schemars(with = "Program"))]
     pub program: Program,
     /// Its stdin.
     #[serde(default)]
@@ -67,6 +71,7 @@ impl ExecBody {
 
 /// The body of `POST /v1/sandboxes` (an empty body means all defaults).
 #[derive(Debug, Clone, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct SandboxBody {
     /// The engine (the configured default when absent).
@@ -83,11 +88,37 @@ pub struct SandboxBody {
     pub level: IsolationLevel,
 }
 
+/// A [`Program`] from a JSON object only. [`Program`] is an untagged enum, which
+/// buffers its input before it tries each variant, so the derived form would also
+/// take a variant's fields as an array (`"program": [["ls"]]`); [`Strict`] cannot
+/// reach inside that buffer, so the shape is checked here.
+fn program_object<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> std::result::Result<Program, D::Error> {
+    use serde::de::{Error as _, Unexpected};
+    let value = serde_json::Value::deserialize(deserializer)?;
+    let unexpected = match &value {
+        serde_json::Value::Object(_) => {
+            return Program::deserialize(value).map_err(D::Error::custom)
+        }
+        serde_json::Value::Array(_) => Unexpected::Seq,
+        serde_json::Value::Null => Unexpected::Unit,
+        serde_json::Value::Bool(b) => Unexpected::Bool(*b),
+        serde_json::Value::Number(_) => Unexpected::Other("a number"),
+        serde_json::Value::String(s) => Unexpected::Str(s),
+    };
+    Err(D::Error::invalid_type(
+        unexpected,
+        &"a program: {\"command\": […]}, {\"language\": …, \"code\": …}, {\"handler\": …} or {\"resume\": …}",
+    ))
+}
+
 /// Parses a JSON body; a malformed or misshapen one is `INVALID_OPTIONS` naming the
 /// field at fault (`limits.memory_bytes: invalid type…`), or `body` for the whole.
+/// A struct is read from a JSON object only, never from an array of its fields.
 pub fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T> {
     let mut de = serde_json::Deserializer::from_slice(body);
-    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+    let value = serde_path_to_error::deserialize(Strict(&mut de)).map_err(|e| {
         let path = e.path().to_string();
         let field = if path == "." || path.is_empty() {
             "body".to_string()
@@ -127,5 +158,53 @@ mod tests {
         let e = parse_body::<SandboxBody>(b"{} {}").unwrap_err();
         assert_eq!(e.code, ErrorCode::InvalidOptions);
         assert!(parse_body::<SandboxBody>(b"{}").is_ok());
+    }
+
+    #[test]
+    fn a_struct_is_an_object_never_an_array_of_its_fields() {
+        // serde's derived structs would take these (in field order); the API's
+        // bodies are objects, as its OpenAPI document says.
+        for (body, field) in [
+            (
+                &br#"{"program": {"command": ["true"]}, "limits": []}"#[..],
+                "limits",
+            ),
+            (
+                br#"{"program": {"command": ["true"]}, "limits": [5000]}"#,
+                "limits",
+            ),
+            (br#"{"program": [["true"]]}"#, "program"),
+            (br#"{"program": ["handler"]}"#, "program"),
+            (
+                br#"{"program": {"command": ["true"]}, "network": {"allowlist": [["h"]]}}"#,
+                "network",
+            ),
+        ] {
+            let e = parse_body::<ExecBody>(body).unwrap_err();
+            assert_eq!(e.code, ErrorCode::InvalidOptions);
+            assert!(e.message.contains(&format!("field `{field}")), "{e}");
+            assert!(e.message.contains("invalid type"), "{e}");
+        }
+        for body in [&b"[]"[..], b"[null, null]", br#"{"limits": [null]}"#] {
+            let e = parse_body::<SandboxBody>(body).unwrap_err();
+            assert!(e.message.contains("invalid type: sequence"), "{e}");
+        }
+        let e = parse_body::<crate::TerminalSpec>(br#"{"size": [24, 80]}"#).unwrap_err();
+        assert!(e.message.contains("`size`"), "{e}");
+        assert!(parse_body::<crate::TerminalSpec>(b"[]").is_err());
+        // Arrays where the API takes arrays, and anything inside a JSON input, pass.
+        let b: ExecBody = parse_body(
+            br#"{"program": {"handler": "h", "input": [[1], {"a": []}]},
+                 "network": {"allowlist": {"hosts": ["example.org"]}},
+                 "limits": {"timeout_ms": 5}}"#,
+        )
+        .unwrap();
+        assert_eq!(b.program.kind(), crate::ProgramKind::Invoke);
+        assert_eq!(b.limits.timeout_ms, Some(5));
+        let b: ExecBody = parse_body(br#"{"program": {"command": ["sh", "-c", "true"]}}"#).unwrap();
+        assert_eq!(b.program, Program::command(["sh", "-c", "true"]));
+        let e = parse_body::<ExecBody>(br#"{"program": {"command": ["true"], "bogus": 1}}"#)
+            .unwrap_err();
+        assert!(e.message.contains("`program`"), "{e}");
     }
 }

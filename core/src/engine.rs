@@ -37,6 +37,7 @@ pub struct SandboxSpec {
 
 /// The life-cycle state of a sandbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum SandboxStatus {
     /// Idle and able to run.
@@ -52,6 +53,7 @@ pub enum SandboxStatus {
 
 /// One entry of [`Sandbox::list_files`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct FileEntry {
     /// The absolute path inside the sandbox (rooted at the workdir as the program sees it).
     pub path: String,

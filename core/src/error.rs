@@ -13,6 +13,7 @@ macro_rules! error_codes {
         ///
         /// The wire form (`as_str`, serde) never changes once released.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
         pub enum ErrorCode {
             $( $(#[$doc])* #[serde(rename = $wire)] $variant, )*
         }
@@ -98,6 +99,9 @@ impl fmt::Display for ErrorCode {
 /// what was wrong and what to do.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 #[error("{code}: {message}")]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+// `Error` on the wire is the envelope `{"error": …}`; this is what it holds.
+#[cfg_attr(feature = "schema", schemars(rename = "ErrorDetail"))]
 pub struct Error {
     /// The stable code.
     pub code: ErrorCode,

@@ -47,6 +47,22 @@ impl fmt::Display for ExecutionId {
     }
 }
 
+/// On the wire an id is a string holding a UUID.
+#[cfg(feature = "schema")]
+impl schemars::JsonSchema for ExecutionId {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "ExecutionId".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "string",
+            "format": "uuid",
+            "description": "An execution id: a UUID (v7 for the ids Paddock makes, so they sort by creation time).",
+        })
+    }
+}
+
 /// One execution inside a sandbox.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -139,6 +155,7 @@ pub struct OutputChunk {
 
 /// How an execution ended.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum Outcome {
     /// The program ran to its end. `exit_code` is 128+N when it died of signal N.
@@ -202,6 +219,7 @@ impl Outcome {
 
 /// Resources an execution used. `0` means "not measured".
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Usage {
     /// CPU time (user + system) of the program and its waited-for children.
     pub cpu_ms: u64,
@@ -213,6 +231,7 @@ pub struct Usage {
 
 /// When an execution was queued, started and finished, in Unix milliseconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Timings {
     /// Accepted by Paddock.
     pub queued_at_ms: u64,
@@ -232,6 +251,7 @@ pub fn unix_ms() -> u64 {
 
 /// The result of one execution.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ExecResult {
     /// The execution id.
     pub id: ExecutionId,
@@ -316,16 +336,23 @@ impl ExecResult {
     }
 
     /// The wire form with `exit_code` and `signal` always present (`null` when the
-    /// program did not complete) and `timed_out`, as the CLI and the HTTP API print it.
+    /// program did not complete) and `timed_out`, as the CLI and the HTTP API print it
+    /// (see [`WireResult`]).
     pub fn to_wire_json(&self) -> serde_json::Value {
         let mut v = serde_json::to_value(self).unwrap_or_default();
-        if let Some(obj) = v.as_object_mut() {
-            obj.entry("exit_code").or_insert(serde_json::Value::Null);
-            obj.entry("signal").or_insert(serde_json::Value::Null);
-            obj.insert(
-                "timed_out".into(),
-                (self.outcome == Outcome::TimedOut).into(),
-            );
+        let signal = match self.outcome {
+            Outcome::Completed { signal, .. } => signal,
+            _ => None,
+        };
+        let fields = WireFields {
+            exit_code: self.exit_code(),
+            signal,
+            timed_out: self.outcome == Outcome::TimedOut,
+        };
+        if let (Some(obj), Ok(serde_json::Value::Object(fields))) =
+            (v.as_object_mut(), serde_json::to_value(fields))
+        {
+            obj.extend(fields);
         }
         v
     }
@@ -336,6 +363,50 @@ impl ExecResult {
             Outcome::Completed { exit_code, .. } => Some(exit_code),
             _ => None,
         }
+    }
+}
+
+/// An [`ExecResult`] in its wire form, [`ExecResult::to_wire_json`]: the result with
+/// `exit_code` and `signal` always present and `timed_out` added. What the HTTP API
+/// answers for an execution (its schema is `ExecutionResult`).
+#[derive(Debug, Clone, Copy)]
+pub struct WireResult<'a>(pub &'a ExecResult);
+
+impl Serialize for WireResult<'_> {
+    fn serialize<S: serde::Serializer>(
+        &self,
+        serializer: S,
+    ) -> std::result::Result<S::Ok, S::Error> {
+        self.0.to_wire_json().serialize(serializer)
+    }
+}
+
+/// The fields the wire form writes beside (or over) the serialized result.
+#[derive(Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(inline))]
+struct WireFields {
+    /// The exit status; `null` unless the program completed.
+    exit_code: Option<i32>,
+    /// The signal that ended the program; `null` if none did.
+    signal: Option<i32>,
+    /// Whether the wall-clock deadline ended it (`outcome` is `timed_out`).
+    timed_out: bool,
+}
+
+#[cfg(feature = "schema")]
+impl schemars::JsonSchema for WireResult<'_> {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "ExecutionResult".into()
+    }
+
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        let result = generator.subschema_for::<ExecResult>();
+        let fields = generator.subschema_for::<WireFields>();
+        schemars::json_schema!({
+            "description": "An execution's result as the HTTP API and the CLI print it: an ExecResult with `exit_code` and `signal` always present and `timed_out`.",
+            "allOf": [result, fields],
+        })
     }
 }
 

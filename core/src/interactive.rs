@@ -41,9 +41,11 @@ pub const DEFAULT_OUTPUT_BUFFER: usize = 1 << 20;
 
 /// A background process to start in a sandbox.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ProcessSpec {
     /// The program and its arguments; a bare name is looked up on the sandbox's PATH.
+    #[cfg_attr(feature = "schema", schemars(length(min = 1)))]
     pub argv: Vec<String>,
     /// Environment variables added to the sandbox's own.
     #[serde(default)]
@@ -81,13 +83,19 @@ impl ProcessSpec {
     }
 }
 
+/// The most rows (and columns) a terminal may have.
+const MAX_TERMINAL_SIDE: u16 = 1000;
+
 /// A terminal's size in character cells.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct TerminalSize {
     /// Rows (1..=1000).
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = MAX_TERMINAL_SIDE)))]
     pub rows: u16,
     /// Columns (1..=1000).
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = MAX_TERMINAL_SIDE)))]
     pub cols: u16,
 }
 
@@ -101,7 +109,7 @@ impl TerminalSize {
     /// `INVALID_OPTIONS` unless both sides are within 1..=1000.
     pub fn validate(&self) -> Result<()> {
         for (name, v) in [("size.rows", self.rows), ("size.cols", self.cols)] {
-            if !(1..=1000).contains(&v) {
+            if !(1..=MAX_TERMINAL_SIDE).contains(&v) {
                 return Err(Error::invalid_options(
                     name,
                     format!("{v} is out of range; use 1 to 1000"),
@@ -114,10 +122,12 @@ impl TerminalSize {
 
 /// A terminal to open in a sandbox: a command on a pseudo-terminal.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct TerminalSpec {
     /// The command (default `/bin/sh`); a bare name is looked up on the sandbox's PATH.
     #[serde(default = "default_shell")]
+    #[cfg_attr(feature = "schema", schemars(length(min = 1)))]
     pub command: String,
     /// Its arguments.
     #[serde(default)]
@@ -272,6 +282,7 @@ fn refused(host: &str) -> Error {
 
 /// How a background process or terminal ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ProcessExit {
     /// The exit code; `128 + N` when signal N killed it.
     pub exit_code: i32,
@@ -310,9 +321,12 @@ pub fn parse_signal(s: &str) -> Result<i32> {
     }
 }
 
-/// `INVALID_OPTIONS` unless `signal` is 1..=64.
+/// The highest signal number [`check_signal`] takes.
+pub const MAX_SIGNAL: i32 = 64;
+
+/// `INVALID_OPTIONS` unless `signal` is 1..=[`MAX_SIGNAL`].
 pub fn check_signal(signal: i32) -> Result<i32> {
-    if (1..=64).contains(&signal) {
+    if (1..=MAX_SIGNAL).contains(&signal) {
         Ok(signal)
     } else {
         Err(Error::invalid_options(

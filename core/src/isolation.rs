@@ -12,6 +12,7 @@ use crate::program::ProgramKind;
 #[derive(
     Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
 )]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "kebab-case")]
 pub enum IsolationLevel {
     /// A host process with rlimits and a cgroup: resource control, no security boundary.
@@ -43,6 +44,7 @@ impl fmt::Display for IsolationLevel {
 /// What network a program may reach. Engines fail closed: a policy an engine cannot
 /// enforce is refused, never relaxed.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum NetworkPolicy {
     /// No network at all: an empty network namespace (loopback only, down).
@@ -248,6 +250,25 @@ impl<'de> Deserialize<'de> for EngineName {
     }
 }
 
+/// On the wire a name is a string: [`EngineName`]'s rules as a pattern.
+#[cfg(feature = "schema")]
+impl schemars::JsonSchema for EngineName {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "EngineName".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "string",
+            "pattern": ENGINE_NAME_PATTERN,
+            "description": "The name an engine is registered under: `subprocess`, `isolate` and `container` are built in; an embedder may register others. A name no engine is registered under is refused with CAPABILITY_NOT_SUPPORTED.",
+        })
+    }
+}
+
+/// [`EngineName`]'s rules as a regular expression (for the JSON Schema of a name).
+pub const ENGINE_NAME_PATTERN: &str = "^[a-z][a-z0-9_-]{0,31}$";
+
 /// What an engine can do. Asking for anything outside it is a typed error, never a
 /// silent fallback.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -376,6 +397,12 @@ mod tests {
             assert!(e.message.contains("lower-case letters"), "{}", e.message);
         }
         assert!(EngineName::new(&"a".repeat(32)).is_ok());
+    }
+
+    #[test]
+    fn the_name_pattern_states_the_rules() {
+        let max = MAX_ENGINE_NAME_LEN - 1;
+        assert_eq!(ENGINE_NAME_PATTERN, format!("^[a-z][a-z0-9_-]{{0,{max}}}$"));
     }
 
     #[test]

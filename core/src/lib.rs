@@ -45,6 +45,7 @@ pub mod protocol;
 pub mod slots;
 pub mod spin;
 pub mod stream_buffer;
+mod strict;
 pub mod tenancy;
 
 pub use cancel::{CancelToken, TokenState};
@@ -56,7 +57,8 @@ pub use config::{
 pub use engine::{DiscardSink, Engine, FileEntry, OutputSink, Sandbox, SandboxSpec, SandboxStatus};
 pub use error::{Error, ErrorCode, Result};
 pub use exec::{
-    unix_ms, ExecRequest, ExecResult, ExecutionId, Outcome, OutputChunk, StreamKind, Timings, Usage,
+    unix_ms, ExecRequest, ExecResult, ExecutionId, Outcome, OutputChunk, StreamKind, Timings,
+    Usage, WireResult,
 };
 pub use files::{ByteSource, FileReader};
 pub use hash::code_hash;

@@ -6,32 +6,50 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
+// The range each limit must lie in (inclusive), as `Limits::validate` checks it and
+// the JSON Schema states it.
+const TIMEOUT_MS: (u64, u64) = (1, 24 * 3600 * 1000);
+const MEMORY_BYTES: (u64, u64) = (1 << 20, 1 << 46);
+const CPU_MS: (u64, u64) = (1, 24 * 3600 * 1000);
+const PIDS: (u64, u64) = (1, 1 << 22);
+const MAX_OUTPUT_BYTES: (u64, u64) = (0, 1 << 32);
+const FILE_SIZE_BYTES: (u64, u64) = (0, 1 << 46);
+const OPEN_FILES: (u64, u64) = (8, 1 << 20);
+
 /// Resource limits. `None` means "the engine's default"; see [`Limits::or`].
 ///
 /// Units are in the field names so that the wire form reads unambiguously.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Limits {
     /// Wall-clock deadline in milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(range(min = TIMEOUT_MS.0, max = TIMEOUT_MS.1)))]
     pub timeout_ms: Option<u64>,
     /// Memory limit in bytes (cgroup memory where available, address space otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(range(min = MEMORY_BYTES.0, max = MEMORY_BYTES.1)))]
     pub memory_bytes: Option<u64>,
     /// CPU time limit in milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(range(min = CPU_MS.0, max = CPU_MS.1)))]
     pub cpu_ms: Option<u64>,
     /// Maximum number of processes and threads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(range(min = PIDS.0, max = PIDS.1)))]
     pub pids: Option<u64>,
     /// Bytes of stdout and of stderr kept, each; the rest is dropped with a marker.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(range(min = MAX_OUTPUT_BYTES.0, max = MAX_OUTPUT_BYTES.1)))]
     pub max_output_bytes: Option<u64>,
     /// Largest file the program may write, in bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(range(min = FILE_SIZE_BYTES.0, max = FILE_SIZE_BYTES.1)))]
     pub file_size_bytes: Option<u64>,
     /// Maximum number of open file descriptors.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(range(min = OPEN_FILES.0, max = OPEN_FILES.1)))]
     pub open_files: Option<u64>,
 }
 
@@ -79,16 +97,16 @@ impl Limits {
                 Error::invalid_options(&name, problem)
             }
         };
-        let checks: [(&str, Option<u64>, u64, u64); 7] = [
-            ("timeout_ms", self.timeout_ms, 1, 24 * 3600 * 1000),
-            ("memory_bytes", self.memory_bytes, 1 << 20, 1 << 46),
-            ("cpu_ms", self.cpu_ms, 1, 24 * 3600 * 1000),
-            ("pids", self.pids, 1, 1 << 22),
-            ("max_output_bytes", self.max_output_bytes, 0, 1 << 32),
-            ("file_size_bytes", self.file_size_bytes, 0, 1 << 46),
-            ("open_files", self.open_files, 8, 1 << 20),
+        let checks: [(&str, Option<u64>, (u64, u64)); 7] = [
+            ("timeout_ms", self.timeout_ms, TIMEOUT_MS),
+            ("memory_bytes", self.memory_bytes, MEMORY_BYTES),
+            ("cpu_ms", self.cpu_ms, CPU_MS),
+            ("pids", self.pids, PIDS),
+            ("max_output_bytes", self.max_output_bytes, MAX_OUTPUT_BYTES),
+            ("file_size_bytes", self.file_size_bytes, FILE_SIZE_BYTES),
+            ("open_files", self.open_files, OPEN_FILES),
         ];
-        for (field, value, min, max) in checks {
+        for (field, value, (min, max)) in checks {
             if let Some(v) = value {
                 if v < min || v > max {
                     return Err(err(field, &format!("{v} is out of range {min}..={max}")));
@@ -101,6 +119,7 @@ impl Limits {
 
 /// Which limit ended an execution, in [`crate::Outcome::LimitExceeded`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum LimitKind {
     /// The memory limit.

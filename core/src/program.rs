@@ -11,12 +11,14 @@ use crate::error::{Error, Result};
 /// On the wire it is one of `{"command":[…]}`, `{"language":"python","code":"…"}`,
 /// `{"handler":"name","input":{…}}` or `{"resume":"token","value":…}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(untagged, deny_unknown_fields)]
 pub enum Program {
     /// Run an argv directly; `argv[0]` is looked up on `PATH`.
     Command {
         /// The argument vector; must not be empty.
         #[serde(rename = "command")]
+        #[cfg_attr(feature = "schema", schemars(length(min = 1)))]
         argv: Vec<String>,
     },
     /// Run source code with the language's interpreter.
@@ -30,6 +32,7 @@ pub enum Program {
     /// Call a named json-stdio handler with a JSON input.
     Invoke {
         /// The handler's name, as configured.
+        #[cfg_attr(feature = "schema", schemars(length(min = 1)))]
         handler: String,
         /// The JSON input passed in the `invoke` frame.
         #[serde(default)]
@@ -40,6 +43,7 @@ pub enum Program {
     Resume {
         /// The token the invocation waits for.
         #[serde(rename = "resume")]
+        #[cfg_attr(feature = "schema", schemars(length(min = 1)))]
         token_id: String,
         /// What the token resolved to.
         #[serde(default)]
@@ -136,6 +140,7 @@ impl Program {
 
 /// A source language for [`Program::Code`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Language {
     /// Python 3 (`python3`).

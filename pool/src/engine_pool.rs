@@ -52,7 +52,7 @@ struct Breaker {
 }
 
 /// Counters of one pool, for stats.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct PoolStats {
     /// The engine.
     pub engine: EngineName,

@@ -106,7 +106,7 @@ pub struct OpenSandbox {
 }
 
 /// A session's description.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct SandboxInfo {
     /// The session id.
     pub id: String,
@@ -280,7 +280,7 @@ pub struct GetStats {
 }
 
 /// A snapshot of the scheduler (eventually consistent).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct Stats {
     /// One entry per pool (shared by every tenant).
     pub pools: Vec<PoolStats>,
@@ -377,11 +377,12 @@ impl Attachable {
 }
 
 /// What the supervisor reports about a session's process or terminal.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct ProcessInfo {
     /// Its id in the sandbox (`p1`, `t2`, …).
     pub id: String,
     /// `process` or `terminal`.
+    #[schemars(extend("enum" = ["process", "terminal"]))]
     pub kind: &'static str,
     /// The execution id its audit entry is recorded under.
     pub execution_id: ExecutionId,

@@ -215,6 +215,26 @@ pub(crate) fn write_memory_limit(dir: &Path, bytes: Option<u64>) -> io::Result<(
     Ok(())
 }
 
+/// The error of a failed [`Cgroup::set_limits`] (`context` says which). The kernel
+/// refuses a memory limit below what the group already holds (the sandbox's live
+/// processes, memory it cannot reclaim) with `EBUSY`: that limit is the request's to
+/// fix, `INVALID_OPTIONS` naming `limits.memory_bytes`, not an engine failure.
+pub(crate) fn limits_error(
+    e: io::Error,
+    memory_bytes: Option<u64>,
+    context: &str,
+) -> paddock_core::Error {
+    match (e.raw_os_error(), memory_bytes) {
+        (Some(libc::EBUSY), Some(bytes)) => paddock_core::Error::invalid_options(
+            "limits.memory_bytes",
+            format!(
+                "{bytes} bytes is less than the sandbox already uses (its running processes); raise it, or stop them first"
+            ),
+        ),
+        _ => paddock_core::Error::engine_io(context, e),
+    }
+}
+
 /// The `max` count of a `pids.events` file: forks the group's pids limit refused.
 pub(crate) fn pids_max_count(text: &str) -> u64 {
     text.lines()

@@ -572,6 +572,10 @@ fn map_io(e: io::Error, path: &str) -> Error {
             format!("`{path}`: a parent component is not a directory"),
         ),
         Some(libc::EISDIR) => Error::invalid_options("path", format!("`{path}` is a directory")),
+        Some(libc::ENAMETOOLONG) => Error::invalid_options(
+            "path",
+            format!("`{path}` is too long: a name is at most 255 bytes, a path at most 4096"),
+        ),
         Some(libc::ENXIO) => Error::invalid_options(
             "path",
             format!("`{path}` is a FIFO or device, not a regular file"),
@@ -723,6 +727,16 @@ mod tests {
         std::os::unix::fs::symlink("real", w.root().join("alias")).unwrap();
         assert_eq!(w.read_file("alias/f").unwrap(), b"1");
         assert_eq!(w.read_file("nope").unwrap_err().code, ErrorCode::NotFound);
+        let long = "n".repeat(300);
+        let e = w.read_file(&long).unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidOptions, "{e}");
+        assert!(e.message.contains("too long"), "{e}");
+        let e = w.write_file(&format!("d/{long}"), b"x").unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidOptions, "{e}");
+        assert_eq!(
+            w.list_files(&long).unwrap_err().code,
+            ErrorCode::InvalidOptions
+        );
     }
 
     #[test]

@@ -123,7 +123,13 @@ impl SubprocessSandbox {
 
         if let Some(g) = &self.cgroup {
             g.set_limits(limits.memory_bytes, limits.pids)
-                .map_err(|e| Error::engine_io("setting cgroup limits", e))?;
+                .map_err(|e| {
+                    crate::host::cgroup::limits_error(
+                        e,
+                        limits.memory_bytes,
+                        "setting cgroup limits",
+                    )
+                })?;
         }
 
         let child = spawn(&spec).map_err(|e| {

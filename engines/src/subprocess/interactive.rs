@@ -50,7 +50,13 @@ impl SubprocessSandbox {
             // The sandbox's own limits, unless an execution set them already.
             sandbox_group
                 .set_limits_if_unset(memory, pids)
-                .map_err(|e| Error::engine_io("setting the sandbox's cgroup limits", e))?;
+                .map_err(|e| {
+                    crate::host::cgroup::limits_error(
+                        e,
+                        memory,
+                        "setting the sandbox's cgroup limits",
+                    )
+                })?;
             let g = root
                 .create_group(&name)
                 .map_err(|e| Error::engine_io("creating the process's cgroup", e))?;

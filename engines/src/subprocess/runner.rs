@@ -376,7 +376,13 @@ impl SubprocessSandbox {
         };
         if let Some(g) = &self.warm_cgroup {
             g.set_limits(limits.memory_bytes, limits.pids)
-                .map_err(|e| Error::engine_io("setting cgroup limits", e))?;
+                .map_err(|e| {
+                    crate::host::cgroup::limits_error(
+                        e,
+                        limits.memory_bytes,
+                        "setting cgroup limits",
+                    )
+                })?;
         }
         let mark = slot.worker.usage_mark();
         let started = tokio::time::Instant::now();

@@ -315,6 +315,50 @@ async fn limits_are_enforced_and_typed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_limit_below_what_the_sandbox_holds_is_the_requests_to_fix() {
+    let e = engine();
+    if !e.capabilities().has_feature("cgroup") {
+        return;
+    }
+    let sb = e.create(&SandboxSpec::default()).await.unwrap();
+    // A background process holds some 8 MB in the sandbox's group.
+    let p = sb
+        .start_process(paddock_core::ProcessSpec::new([
+            "sh",
+            "-c",
+            "x=$(head -c 8000000 /dev/zero | tr '\\0' a); echo held; sleep 30",
+        ]))
+        .await
+        .unwrap();
+    let mut out = p.output();
+    let chunk = tokio::time::timeout(Duration::from_secs(10), out.next())
+        .await
+        .expect("the process holds its memory")
+        .expect("output");
+    assert_eq!(chunk.data, b"held\n");
+    let small = ExecRequest {
+        limits: Limits {
+            memory_bytes: Some(1 << 20),
+            ..Limits::default()
+        },
+        ..sh("true")
+    };
+    // The kernel refuses a limit below the group's usage (EBUSY) unless it can swap
+    // the rest out: either way the answer is never an engine failure.
+    match sb.exec(small, &DiscardSink, CancelToken::new()).await {
+        Ok(_) => {}
+        Err(err) => {
+            assert_eq!(err.code, ErrorCode::InvalidOptions, "{err}");
+            assert!(err.message.contains("limits.memory_bytes"), "{err}");
+        }
+    }
+    // And the sandbox runs on with its own limits.
+    let r = run(&*sb, sh("echo fine")).await;
+    assert_eq!(r.stdout, "fine\n", "{r:?}");
+    sb.destroy().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn network_none_has_no_route_to_the_host() {
     let e = engine();
     if !e.capabilities().network.contains("none") {

@@ -11,7 +11,7 @@ pub const MAX_ACCESS_RECORDS: usize = 10_000;
 ///
 /// Written to the audit file as a line with `"kind": "operator_access"`, beside the
 /// execution entries, and kept in a bounded ring ([`MAX_ACCESS_RECORDS`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct OperatorAccess {
     /// When.
     pub timestamp: Timestamp,

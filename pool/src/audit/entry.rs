@@ -102,9 +102,33 @@ impl<'de> Deserialize<'de> for Timestamp {
     }
 }
 
+/// Written as an RFC 3339 string; read from one or from Unix milliseconds.
+impl schemars::JsonSchema for Timestamp {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Timestamp".into()
+    }
+
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        let text = schemars::json_schema!({
+            "type": "string",
+            "format": "date-time",
+            "description": "RFC 3339 UTC with milliseconds (`2026-11-29T22:19:56.123Z`).",
+        });
+        if generator.contract().is_serialize() {
+            return text;
+        }
+        schemars::json_schema!({
+            "oneOf": [
+                text,
+                {"type": "integer", "minimum": 0, "description": "Unix milliseconds."},
+            ],
+        })
+    }
+}
+
 /// How an execution ended, as the audit log names it (the wire names of
 /// [`Outcome`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum AuditOutcome {
     /// The program ran to its end (any exit code).
@@ -135,7 +159,7 @@ impl From<&Outcome> for AuditOutcome {
 }
 
 /// Why Paddock killed a program, when it did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum KillReason {
     /// The wall-clock deadline.
@@ -180,7 +204,7 @@ impl KillReason {
 /// environment, stdin or output of the execution.
 ///
 /// [`code_hash`]: paddock_core::code_hash
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct AuditEntry {
     /// The execution id.
     pub id: ExecutionId,

@@ -68,7 +68,7 @@ impl AuditQuery {
 /// `total`, `success`, `failure`, `avg_duration_ms` and `total_memory_bytes` count
 /// every entry recorded since start. `p50_ms` and `p99_ms` are nearest-rank
 /// percentiles of the durations of the `sample` entries still in the ring.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct AuditStats {
     /// Entries recorded.
     pub total: u64,

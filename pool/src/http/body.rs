@@ -8,8 +8,11 @@ use serde::Deserialize;
 use super::server::*;
 use super::*;
 
-#[derive(Debug, Deserialize)]
+/// The query of the routes that run a program.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 pub(super) struct StreamQuery {
+    /// Answer NDJSON lines as the program runs (`started`, `stdout`/`stderr`, then
+    /// `result` or `error`) instead of one JSON result.
     #[serde(default)]
     pub(super) stream: bool,
 }

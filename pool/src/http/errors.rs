@@ -77,6 +77,6 @@ impl ResponseError for ApiError {
         if let Some(ms) = self.error.retry_after_ms {
             res.insert_header((header::RETRY_AFTER, ms.div_ceil(1000).max(1).to_string()));
         }
-        res.json(serde_json::json!({ "error": self.error }))
+        res.json(super::answers::ErrorBody { error: &self.error })
     }
 }

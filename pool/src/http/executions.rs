@@ -5,8 +5,9 @@ use std::sync::Arc;
 use actix_web::{web, HttpRequest, HttpResponse};
 use bytes::Bytes;
 use paddock_core::api::ExecBody;
-use paddock_core::{Error, ErrorCode, ExecutionId};
+use paddock_core::{Error, ErrorCode, ExecutionId, WireResult};
 
+use super::answers::{Cancelled, ExecutionAnswer, Running, RunningState};
 use super::results::{Answer, Begin};
 use super::tenancy::account;
 use super::*;
@@ -16,7 +17,7 @@ use crate::{Execute, StreamEvent};
 
 pub(super) fn answer_json(state: &State, answer: &Answer) -> HttpResponse {
     match answer.as_ref() {
-        Ok(r) => HttpResponse::Ok().json(r.to_wire_json()),
+        Ok(r) => HttpResponse::Ok().json(WireResult(r)),
         Err(e) => {
             let err = refusal(state, e.clone());
             actix_web::ResponseError::error_response(&err)
@@ -35,6 +36,9 @@ pub(super) async fn create_execution(
     let tenant = account(&caller);
     let body: ExecBody = parse_body(&state, payload).await?;
     let (request, engine, network, level) = body.into_request(tenant.clone());
+    // A request wrong in itself is answered 400 before anything starts, so that with
+    // `?stream=true` too it is a refusal, not a 200 with an `error` line.
+    request.validate()?;
     let mut msg = Execute::new(request);
     msg.engine = engine;
     msg.network = network;
@@ -212,10 +216,14 @@ pub(super) async fn get_execution(
         .get(&id)
         .filter(|(owner, _)| state.paddock.may_see(&caller, owner.as_deref(), &id));
     match found {
-        Some((_, Some(answer))) => Ok(answer_json(&state, &answer)),
-        Some((_, None)) => {
-            Ok(HttpResponse::Ok().json(serde_json::json!({"id": id, "status": "running"})))
-        }
+        Some((_, Some(answer))) => match answer.as_ref() {
+            Ok(r) => Ok(HttpResponse::Ok().json(ExecutionAnswer::Finished(WireResult(r)))),
+            Err(_) => Ok(answer_json(&state, &answer)),
+        },
+        Some((_, None)) => Ok(HttpResponse::Ok().json(ExecutionAnswer::Running(Running {
+            id,
+            status: RunningState::Running,
+        }))),
         None => Err(Error::new(
             ErrorCode::NotFound,
             format!(
@@ -234,15 +242,21 @@ pub(super) async fn cancel_execution(
 ) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&path)?;
     let cancelled = state.paddock.cancel(&caller, &id);
-    let known = cancelled
-        || state
-            .results
-            .get(&id)
-            .is_some_and(|(owner, _)| caller.sees(owner.as_deref()));
-    if !known {
-        return Err(
-            Error::new(ErrorCode::NotFound, format!("no execution {id} is running")).into(),
-        );
+    let kept = state
+        .results
+        .get(&id)
+        .is_some_and(|(owner, _)| caller.sees(owner.as_deref()));
+    if !(cancelled || kept) {
+        return Err(Error::new(
+            ErrorCode::NotFound,
+            format!("no execution {id} is running or kept"),
+        )
+        .into());
     }
-    Ok(HttpResponse::Ok().json(serde_json::json!({"id": id, "cancelled": cancelled})))
+    // DELETE removes the execution: its id is unknown from now on (404), like any
+    // deleted resource's. The request that runs it still answers (`cancelled`).
+    if kept {
+        state.results.forget(&id);
+    }
+    Ok(HttpResponse::Ok().json(Cancelled { id, cancelled }))
 }

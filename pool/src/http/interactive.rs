@@ -10,6 +10,7 @@ use paddock_core::{Error, ProcessSpec, StreamKind, TcpTarget, TerminalSize, Term
 use serde::Deserialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use super::answers::{ProcessList, Signalled};
 use super::{parse_body, sandbox_access, ApiError, Shared};
 use crate::messages::Started;
 use crate::Caller;
@@ -51,7 +52,7 @@ pub(super) async fn list_processes(
 ) -> Result<HttpResponse, ApiError> {
     let handle = sandbox_access(&state, &caller, &path, "sandbox.process.list").await?;
     let list = handle.processes().await?;
-    Ok(HttpResponse::Ok().json(serde_json::json!({ "processes": list })))
+    Ok(HttpResponse::Ok().json(ProcessList { processes: list }))
 }
 
 /// The process, for a caller allowed to use its sandbox.
@@ -76,10 +77,12 @@ pub(super) async fn get_process(
 }
 
 /// A signal by name (`"TERM"`, `"SIGINT"`) or number.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(untagged)]
-enum SignalValue {
-    Number(i32),
+pub(super) enum SignalValue {
+    /// A signal number.
+    Number(#[schemars(range(min = 1, max = paddock_core::interactive::MAX_SIGNAL))] i32),
+    /// A signal name, with or without `SIG` (`TERM`, `SIGINT`), in any case.
     Name(String),
 }
 
@@ -92,9 +95,11 @@ impl SignalValue {
     }
 }
 
-#[derive(Debug, Deserialize)]
+/// The body of `POST /v1/sandboxes/{id}/processes/{process}/signal`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct SignalBody {
+pub(super) struct SignalBody {
+    /// The signal to send to the process's group.
     signal: SignalValue,
 }
 
@@ -108,7 +113,7 @@ pub(super) async fn signal_process(
     let body: SignalBody = parse_body(&state, payload).await?;
     let signal = body.signal.number()?;
     started.handle.shared().control().signal(signal)?;
-    Ok(HttpResponse::Ok().json(serde_json::json!({ "signal": signal })))
+    Ok(HttpResponse::Ok().json(Signalled { signal }))
 }
 
 /// Input bytes an attach socket queues for a process that is not reading.
@@ -308,9 +313,12 @@ async fn answer_close(
     let _ = session.close(reason).await;
 }
 
-#[derive(Debug, Deserialize)]
+/// The query of `GET /v1/sandboxes/{id}/tcp/{port}`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct TcpQuery {
+    /// The guest's loopback address to connect to: `127.0.0.1` (default), any
+    /// `127.x.y.z`, `::1` or `localhost`.
     #[serde(default)]
     host: Option<String>,
 }

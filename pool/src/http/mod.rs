@@ -4,6 +4,7 @@
 //! [`start`] runs the server on its own thread (its own actix system) and returns the
 //! bound address; [`HttpServerHandle::stop`] stops it gracefully.
 
+mod answers;
 mod body;
 mod chunks;
 mod errors;
@@ -30,7 +31,7 @@ pub use errors::{status_for, ApiError};
 /// `/v1/openapi.json` is made from, so tests can walk every route, including ones
 /// added later.
 pub fn route_table() -> impl Iterator<Item = (&'static str, &'static str)> {
-    openapi::ROUTES.iter().map(|(m, p, _, _)| (*m, *p))
+    openapi::ROUTES.iter().map(|r| (r.method, r.path))
 }
 
 type Shared = web::Data<State>;

@@ -7,19 +7,29 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use paddock_core::{EngineName, Error, ErrorCode, MetricsAccess};
 use serde::Deserialize;
 
+use super::answers::{Health, Liveness, Readiness, ReadyState, ResultBytes, StatsAnswer};
 use super::tenancy::account;
 use super::*;
 use crate::audit::AuditQuery;
 use crate::Caller;
 
-#[derive(Debug, Deserialize)]
+/// The query of `GET /v1/audit`; every filter is optional.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct AuditParams {
+    /// Only successes (`true`: completed with exit code 0) or only the rest (`false`).
     pub(super) success: Option<bool>,
+    /// Only this tenant (a tenant's key sees its own entries whatever this says).
     pub(super) tenant: Option<String>,
+    /// Only this engine (one the server runs).
     pub(super) engine: Option<EngineName>,
+    /// Only entries at or after this time (RFC 3339, inclusive).
+    #[schemars(extend("format" = "date-time"))]
     pub(super) after: Option<String>,
+    /// Only entries before this time (RFC 3339, exclusive).
+    #[schemars(extend("format" = "date-time"))]
     pub(super) before: Option<String>,
+    /// At most this many entries (newest first).
     pub(super) limit: Option<usize>,
 }
 
@@ -64,9 +74,11 @@ pub(super) async fn audit(
     Ok(HttpResponse::Ok().json(entries))
 }
 
-#[derive(Debug, Deserialize)]
+/// The query of `GET /v1/audit/operator`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct LimitParam {
+    /// At most this many records (newest first).
     pub(super) limit: Option<usize>,
 }
 
@@ -90,17 +102,20 @@ pub(super) async fn stats(state: Shared, caller: Caller) -> Result<HttpResponse,
     let audit = state.paddock.audit_statistics(&caller).await?;
     let (total, own) = state.results.bytes(account(&caller).as_deref());
     let results = match caller.confined_to() {
-        Some(_) => serde_json::json!({
-            "bytes": own,
-            "max_bytes": state.config.max_result_bytes_per_tenant,
-        }),
-        None => serde_json::json!({
-            "bytes": total,
-            "max_bytes": state.config.max_result_bytes,
-        }),
+        Some(_) => ResultBytes {
+            bytes: own,
+            max_bytes: state.config.max_result_bytes_per_tenant,
+        },
+        None => ResultBytes {
+            bytes: total,
+            max_bytes: state.config.max_result_bytes,
+        },
     };
-    Ok(HttpResponse::Ok()
-        .json(serde_json::json!({"scheduler": stats, "audit": audit, "results": results})))
+    Ok(HttpResponse::Ok().json(StatsAnswer {
+        scheduler: stats,
+        audit,
+        results,
+    }))
 }
 
 /// `/metrics` on the API's address: open, for operator keys only, or not here at all
@@ -139,15 +154,18 @@ pub(super) async fn openapi_json() -> HttpResponse {
 }
 
 pub(super) async fn healthz() -> HttpResponse {
-    HttpResponse::Ok().json(serde_json::json!({"status": "ok"}))
+    HttpResponse::Ok().json(Health {
+        status: Liveness::Ok,
+    })
 }
 
 pub(super) async fn readyz(state: Shared) -> HttpResponse {
+    let answer = |status| Readiness { status };
     if state.draining.load(Ordering::Acquire) {
-        return HttpResponse::ServiceUnavailable().json(serde_json::json!({"status": "draining"}));
+        return HttpResponse::ServiceUnavailable().json(answer(ReadyState::Draining));
     }
     match state.paddock.stats().await {
-        Ok(s) if s.admitting => HttpResponse::Ok().json(serde_json::json!({"status": "ready"})),
-        _ => HttpResponse::ServiceUnavailable().json(serde_json::json!({"status": "not ready"})),
+        Ok(s) if s.admitting => HttpResponse::Ok().json(answer(ReadyState::Ready)),
+        _ => HttpResponse::ServiceUnavailable().json(answer(ReadyState::NotReady)),
     }
 }

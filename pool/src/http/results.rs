@@ -213,7 +213,16 @@ impl ResultStore {
     ) {
         let _ = tx.send(Some(answer));
         let mut inner = self.inner.lock();
-        Self::forget(&mut inner, id);
+        Self::forget_entry(&mut inner, id);
+        inner.keys.retain(|_, v| v != id);
+    }
+
+    /// Forgets an execution (running or finished) and its idempotency key: its id is
+    /// unknown from now on, and a retry with the key runs. Callers already attached
+    /// still get its answer.
+    pub(crate) fn forget(&self, id: &ExecutionId) {
+        let mut inner = self.inner.lock();
+        Self::forget_entry(&mut inner, id);
         inner.keys.retain(|_, v| v != id);
     }
 
@@ -263,7 +272,7 @@ impl ResultStore {
     /// Forgets the entry at a place of the queue, and its idempotency key if the key
     /// still names it.
     fn drop_place(inner: &mut Inner, (id, key): (ExecutionId, Option<(String, String)>)) {
-        Self::forget(inner, &id);
+        Self::forget_entry(inner, &id);
         if let Some(key) = key {
             if inner.keys.get(&key) == Some(&id) {
                 inner.keys.remove(&key);
@@ -291,7 +300,7 @@ impl ResultStore {
     }
 
     /// Drops `id`'s entry and its bytes.
-    fn forget(inner: &mut Inner, id: &ExecutionId) {
+    fn forget_entry(inner: &mut Inner, id: &ExecutionId) {
         if let Some(e) = inner.by_id.remove(id) {
             if let Some(n) = inner.tenant_counts.get_mut(&e.tenant) {
                 *n = n.saturating_sub(1);

@@ -125,7 +125,7 @@ mod tests {
                 .configure(routes),
         )
         .await;
-        for (method, path, _, _) in openapi::ROUTES {
+        for openapi::Route { method, path, .. } in openapi::ROUTES {
             let uri = path
                 .replace("{id}", "01a2299e-3e83-714b-8bc9-412c5fb1452d")
                 .replace("{path}", "f");

@@ -5,9 +5,10 @@ use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use bytes::Bytes;
 use paddock_core::api::{ExecBody, SandboxBody};
-use paddock_core::{ErrorCode, SandboxSpec};
+use paddock_core::{ErrorCode, SandboxSpec, SandboxStatus, WireResult};
 use serde::Deserialize;
 
+use super::answers::SandboxState;
 use super::tenancy::account;
 use super::*;
 use super::{body::*, executions::*, server::*};
@@ -64,15 +65,11 @@ pub(super) async fn sandbox_status(
     caller: Caller,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    let status = match sandbox_access(&state, &caller, &path, "sandbox.status").await {
-        Ok(handle) => handle.status().await?,
-        // A destroyed sandbox of the caller's answers its status.
-        Err(e) if e.error.code == ErrorCode::EngineDisposed => {
-            paddock_core::SandboxStatus::Destroyed
-        }
-        Err(e) => return Err(e),
-    };
-    Ok(HttpResponse::Ok().json(serde_json::json!({"status": status})))
+    // A destroyed sandbox is gone like any deleted resource: 409 `ENGINE_DISPOSED`,
+    // as on every other route of it.
+    let handle = sandbox_access(&state, &caller, &path, "sandbox.status").await?;
+    let status = handle.status().await?;
+    Ok(HttpResponse::Ok().json(SandboxState { status }))
 }
 
 pub(super) async fn destroy_sandbox(
@@ -96,7 +93,9 @@ pub(super) async fn pause_sandbox(
 ) -> Result<HttpResponse, ApiError> {
     let handle = sandbox_access(&state, &caller, &path, "sandbox.pause").await?;
     handle.pause().await?;
-    Ok(HttpResponse::Ok().json(serde_json::json!({"status": "paused"})))
+    Ok(HttpResponse::Ok().json(SandboxState {
+        status: SandboxStatus::Paused,
+    }))
 }
 
 pub(super) async fn unpause_sandbox(
@@ -106,7 +105,9 @@ pub(super) async fn unpause_sandbox(
 ) -> Result<HttpResponse, ApiError> {
     let handle = sandbox_access(&state, &caller, &path, "sandbox.unpause").await?;
     handle.unpause().await?;
-    Ok(HttpResponse::Ok().json(serde_json::json!({"status": "ready"})))
+    Ok(HttpResponse::Ok().json(SandboxState {
+        status: SandboxStatus::Ready,
+    }))
 }
 
 pub(super) async fn sandbox_exec(
@@ -121,17 +122,21 @@ pub(super) async fn sandbox_exec(
     let body: ExecBody = parse_body(&state, payload).await?;
     // Accounted to the sandbox's tenant.
     let (request, _, _, _) = body.into_request(None);
+    // Wrong in itself: 400 before anything starts, streamed or not.
+    request.validate()?;
     if query.stream {
         let id = request.id.clone();
         let stream = handle.exec_stream(request).await?;
         return Ok(stream_response(state.into_inner(), stream, id, None));
     }
     let r = handle.exec(request).await.map_err(|e| refusal(&state, e))?;
-    Ok(HttpResponse::Ok().json(r.to_wire_json()))
+    Ok(HttpResponse::Ok().json(WireResult(&r)))
 }
 
-#[derive(Debug, Deserialize)]
+/// The query of `GET /v1/sandboxes/{id}/files`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 pub(super) struct DirQuery {
+    /// The directory to list, inside the workdir (default: the workdir).
     #[serde(default)]
     pub(super) dir: String,
 }
@@ -144,11 +149,7 @@ pub(super) async fn list_files(
 ) -> Result<HttpResponse, ApiError> {
     let handle = sandbox_access(&state, &caller, &path, "sandbox.files.list").await?;
     let files = handle.list_files(&q.dir).await?;
-    let out: Vec<_> = files
-        .iter()
-        .map(|f| serde_json::json!({"path": f.path, "size": f.size, "is_dir": f.is_dir}))
-        .collect();
-    Ok(HttpResponse::Ok().json(out))
+    Ok(HttpResponse::Ok().json(files))
 }
 
 /// Streams a file out through one bounded buffer, with its size as Content-Length.

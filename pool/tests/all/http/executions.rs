@@ -169,11 +169,25 @@ async fn delete_cancels_a_running_execution() {
     assert_eq!(last["id"], id.as_str());
     assert!(started.elapsed() < Duration::from_secs(10));
 
-    // Once finished, cancelling again cancels nothing; an unknown id is 404.
-    let r = delete(t.addr, &format!("/v1/executions/{id}"))
+    // Deleted: the id is unknown now, to GET and DELETE alike.
+    get(t.addr, &format!("/v1/executions/{id}"))
+        .await
+        .expect_error(404, "NOT_FOUND");
+    delete(t.addr, &format!("/v1/executions/{id}"))
+        .await
+        .expect_error(404, "NOT_FOUND");
+    // A finished execution cancels nothing, and its kept result is deleted.
+    let done = post_json(t.addr, "/v1/executions", &sh("true"))
+        .await
+        .expect(200);
+    let done = done["id"].as_str().unwrap();
+    let r = delete(t.addr, &format!("/v1/executions/{done}"))
         .await
         .expect(200);
     assert_eq!(r["cancelled"], false, "{r}");
+    get(t.addr, &format!("/v1/executions/{done}"))
+        .await
+        .expect_error(404, "NOT_FOUND");
     delete(
         t.addr,
         "/v1/executions/01a2299e-3e83-714b-8bc9-412c5fb1452d",

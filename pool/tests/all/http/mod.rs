@@ -10,6 +10,7 @@ mod executions;
 mod idempotency;
 mod interactive;
 mod malformed;
+mod openapi;
 mod operations;
 mod sandboxes;
 mod streaming;

@@ -61,18 +61,26 @@ async fn stream_delivers_output_as_it_is_produced() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_stream_ends_with_an_error_line() {
     let t = TestServer::start();
+    // A request wrong in itself is a 400 before any stream, as without `stream`.
+    for path in ["/v1/executions?stream=true", "/v1/executions"] {
+        let r = Request::post(path)
+            .json(&json!({"program": {"command": ["true"]}, "limits": {"timeout_ms": 0}}))
+            .send(t.addr)
+            .await;
+        let msg = r.expect_error(400, "INVALID_OPTIONS");
+        assert!(msg.contains("limits.timeout_ms"), "{msg}");
+    }
+    // One refused once it is under way ends its stream with an error line.
     let (s, _) = open_stream(
         t.addr,
         "/v1/executions",
-        &json!({"program": {"command": ["true"]}, "limits": {"timeout_ms": 0}}),
+        &json!({"engine": "no-such-engine", "program": {"command": ["true"]}}),
     )
     .await;
     let (out, err, last) = finish_stream(s).await;
     assert_eq!((out.as_str(), err.as_str()), ("", ""));
     assert_eq!(last["type"], "error", "{last}");
-    assert_eq!(last["error"]["code"], "INVALID_OPTIONS", "{last}");
-    let msg = last["error"]["message"].as_str().unwrap();
-    assert!(msg.contains("limits.timeout_ms"), "{msg}");
+    assert_eq!(last["error"]["code"], "CAPABILITY_NOT_SUPPORTED", "{last}");
 
     // A streamed execution that runs and fails still ends with its result.
     let (s, id) = open_stream(t.addr, "/v1/executions", &sh("echo partial; exit 4")).await;
