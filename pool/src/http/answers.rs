@@ -60,6 +60,32 @@ pub(super) struct SandboxState {
     pub(super) status: SandboxStatus,
 }
 
+/// `GET /v1/engines`.
+#[derive(Debug, Serialize, JsonSchema)]
+pub(super) struct EnginesAnswer {
+    /// Every engine this server runs, by name.
+    pub(super) engines: Vec<EngineEntry>,
+}
+
+/// One engine and what it can do on this host.
+#[derive(Debug, Serialize, JsonSchema)]
+pub(super) struct EngineEntry {
+    /// The name requests choose it by (`"engine": …`).
+    pub(super) name: paddock_core::EngineName,
+    /// The strongest isolation level it gives; weaker requests are met.
+    pub(super) max_level: paddock_core::IsolationLevel,
+    /// The program kinds it runs: `command`, `code:python`, `invoke`, ….
+    pub(super) programs: std::collections::BTreeSet<String>,
+    /// The network policies it enforces: `none`, `allowlist`, `unrestricted`.
+    pub(super) network: std::collections::BTreeSet<String>,
+    /// What else it offers: `streaming`, `files`, `process`, `terminal`, `tcp`,
+    /// `pause`, `cgroup`, ….
+    pub(super) features: std::collections::BTreeSet<String>,
+    /// Whether the caller may use it: its level is among those the caller's tenant
+    /// is allowed.
+    pub(super) usable: bool,
+}
+
 /// `GET /v1/stats`.
 #[derive(Debug, Serialize, JsonSchema)]
 pub(super) struct StatsAnswer {

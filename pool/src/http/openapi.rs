@@ -171,6 +171,13 @@ pub(crate) const ROUTES: &[Route] = &[
     ),
     Route::new(
         "get",
+        "/v1/engines",
+        "The engines this server runs, what each can do, and whether the caller may use it",
+        "200",
+        Answer::Json(named::<EnginesAnswer>),
+    ),
+    Route::new(
+        "get",
         "/v1/audit",
         "Search the audit log",
         "200",

@@ -97,6 +97,30 @@ pub(super) async fn operator_accesses(
     Ok(HttpResponse::Ok().json(accesses))
 }
 
+/// `GET /v1/engines`: the engines this server runs, what each can do, and whether the
+/// caller may use it. The same for every tenant but `usable`, which follows the
+/// caller's allowed levels.
+pub(super) async fn engines(state: Shared, caller: Caller) -> Result<HttpResponse, ApiError> {
+    let allowed = state
+        .paddock
+        .access_rules()
+        .for_tenant(caller.confined_to().flatten());
+    let engines = state
+        .paddock
+        .capabilities()
+        .iter()
+        .map(|(name, caps)| super::answers::EngineEntry {
+            name: name.clone(),
+            max_level: caps.max_level,
+            programs: caps.programs.clone(),
+            network: caps.network.clone(),
+            features: caps.features.clone(),
+            usable: allowed.allows_level(caps.max_level),
+        })
+        .collect();
+    Ok(HttpResponse::Ok().json(super::answers::EnginesAnswer { engines }))
+}
+
 pub(super) async fn stats(state: Shared, caller: Caller) -> Result<HttpResponse, ApiError> {
     let stats = state.paddock.stats_for(&caller).await?;
     let audit = state.paddock.audit_statistics(&caller).await?;

@@ -214,3 +214,70 @@ async fn audit_filters() {
     assert_eq!(ids(&other).len(), 0);
     t.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engines_say_what_each_can_do_and_whether_the_caller_may_use_it() {
+    // Without keys every level is allowed.
+    let t = TestServer::start();
+    let r = Request::get("/v1/engines").send(t.addr).await.expect(200);
+    let engines = r["engines"].as_array().expect("a list");
+    let names: Vec<&str> = engines
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"subprocess") && names.contains(&"isolate"),
+        "{r}"
+    );
+    let of = |name: &str| engines.iter().find(|e| e["name"] == name).unwrap().clone();
+    let sp = of("subprocess");
+    assert_eq!(sp["max_level"], "none", "{sp}");
+    assert!(
+        sp["programs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p == "command"),
+        "{sp}"
+    );
+    assert!(
+        sp["features"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f == "terminal"),
+        "{sp}"
+    );
+    assert!(
+        sp["network"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n == "none"),
+        "{sp}"
+    );
+    assert_eq!(of("isolate")["max_level"], "context-isolated");
+    assert!(engines.iter().all(|e| e["usable"] == true), "{r}");
+    t.stop().await;
+
+    // With keys, level `none` is not a tenant's unless the operator allows it: the
+    // subprocess engine is listed but not usable for alpha; an operator's default is
+    // the same rule.
+    let mut server = server_config();
+    server.api_keys = vec![ApiKey::new(ALPHA, "alpha")];
+    let t = TestServer::start_with(Paddock::builder(), server);
+    Request::get("/v1/engines")
+        .send(t.addr)
+        .await
+        .expect_error(401, "INVALID_OPTIONS");
+    let r = Request::get("/v1/engines")
+        .header("Authorization", &format!("Bearer {ALPHA}"))
+        .send(t.addr)
+        .await
+        .expect(200);
+    let engines = r["engines"].as_array().expect("a list");
+    let usable = |name: &str| engines.iter().find(|e| e["name"] == name).unwrap()["usable"].clone();
+    assert_eq!(usable("subprocess"), false, "{r}");
+    assert_eq!(usable("isolate"), true, "{r}");
+    t.stop().await;
+}
