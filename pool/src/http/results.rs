@@ -1,7 +1,9 @@
 //! Results kept for a retention window, by execution id and by idempotency key.
 //!
 //! A key seen again while its execution runs attaches to it; seen again after, it
-//! returns the first result. The program never runs twice. Every result belongs to
+//! returns the first result. The program never runs twice: a `DELETE` forgets a
+//! finished result and its key (a retry then runs anew), but one still running keeps
+//! its key until it has finished. Every result belongs to
 //! the tenant that ran it: lookups answer only that tenant (and operators). Bounded
 //! in count, in time, and in bytes, both in total and per tenant: a tenant over its
 //! share loses its own oldest results, never another tenant's.
@@ -22,6 +24,10 @@ struct Entry {
     finished_at: Option<Instant>,
     tenant: Option<String>,
     bytes: u64,
+    /// Deleted while it ran: unknown to lookups, but its idempotency key still
+    /// attaches (to the `cancelled` answer) until it finishes, so a retry cannot run
+    /// the program a second time while the first is being killed.
+    deleted: bool,
 }
 
 /// What [`ResultStore::begin`] found for an idempotency key.
@@ -138,6 +144,7 @@ impl ResultStore {
                 finished_at: None,
                 tenant: tenant.map(str::to_owned),
                 bytes: 0,
+                deleted: false,
             },
         );
         *inner
@@ -183,6 +190,12 @@ impl ResultStore {
         let Some(e) = inner.by_id.get_mut(id) else {
             return;
         };
+        if e.deleted {
+            // Deleted while it ran: gone now that it has finished.
+            Self::forget_entry(&mut inner, id);
+            inner.keys.retain(|_, v| v != id);
+            return;
+        }
         e.finished_at = Some(Instant::now());
         e.bytes = bytes;
         let tenant = e.tenant.clone();
@@ -217,13 +230,20 @@ impl ResultStore {
         inner.keys.retain(|_, v| v != id);
     }
 
-    /// Forgets an execution (running or finished) and its idempotency key: its id is
-    /// unknown from now on, and a retry with the key runs. Callers already attached
-    /// still get its answer.
+    /// Deletes an execution: its id is unknown from now on. A finished one is
+    /// forgotten with its idempotency key at once (a retry with the key runs again).
+    /// One still running keeps its key until it finishes, so that a retry attaches to
+    /// it (and gets its `cancelled` answer) instead of running the program a second
+    /// time; then it is forgotten too. Callers already attached get its answer.
     pub(crate) fn forget(&self, id: &ExecutionId) {
         let mut inner = self.inner.lock();
-        Self::forget_entry(&mut inner, id);
-        inner.keys.retain(|_, v| v != id);
+        match inner.by_id.get_mut(id) {
+            Some(e) if e.finished_at.is_none() => e.deleted = true,
+            _ => {
+                Self::forget_entry(&mut inner, id);
+                inner.keys.retain(|_, v| v != id);
+            }
+        }
     }
 
     /// The owner and answer of an execution: the answer `None` while it runs; `None`
@@ -234,6 +254,7 @@ impl ResultStore {
         inner
             .by_id
             .get(id)
+            .filter(|e| !e.deleted)
             .map(|e| (e.tenant.clone(), e.done.borrow().clone()))
     }
 
@@ -368,6 +389,31 @@ mod tests {
             store.begin(&ExecutionId::new(), Some("t"), Some("k")),
             Begin::Run(_)
         ));
+    }
+
+    #[test]
+    fn a_deleted_running_execution_keeps_its_key_until_it_finishes() {
+        let store = ResultStore::new(bounds(10));
+        let id = ExecutionId::new();
+        let Begin::Run(tx) = store.begin(&id, Some("t"), Some("k")) else {
+            panic!("a new key runs")
+        };
+        store.forget(&id);
+        assert!(store.get(&id).is_none(), "deleted: unknown to lookups");
+        // A retry while the first is still being killed attaches: never a second run.
+        let Begin::Attach(rx) = store.begin(&ExecutionId::new(), Some("t"), Some("k")) else {
+            panic!("a retry while it still runs attaches to it")
+        };
+        let cancelled: Answer = Arc::new(Err(Error::new(ErrorCode::Cancelled, "cancelled")));
+        store.finish(&id, tx, cancelled);
+        assert!(rx.borrow().is_some(), "the attached retry gets its answer");
+        assert!(store.get(&id).is_none());
+        // Finished and deleted: the key is free, a retry runs anew.
+        assert!(matches!(
+            store.begin(&ExecutionId::new(), Some("t"), Some("k")),
+            Begin::Run(_)
+        ));
+        assert_eq!(store.bytes(Some("t")), (0, 0), "nothing kept for it");
     }
 
     #[test]
