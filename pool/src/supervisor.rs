@@ -62,6 +62,9 @@ pub(crate) use session::{Busy, Session};
 #[derive(Debug)]
 pub struct Supervisor {
     engines: HashMap<EngineName, Arc<dyn Engine>>,
+    /// Each engine's place in registration order (the built-ins first), which breaks
+    /// ties when an engine is chosen by level.
+    registered: HashMap<EngineName, usize>,
     default_engine: EngineName,
     pools: HashMap<(EngineName, NetworkPolicy), Arc<EnginePool>>,
     pool_config: PoolConfig,
@@ -96,6 +99,12 @@ pub(crate) struct SupervisorParts {
 impl Supervisor {
     pub(crate) fn from_parts(parts: SupervisorParts) -> Supervisor {
         Supervisor {
+            registered: parts
+                .engines
+                .iter()
+                .enumerate()
+                .map(|(i, e)| (e.name(), i))
+                .collect(),
             engines: parts.engines.into_iter().map(|e| (e.name(), e)).collect(),
             default_engine: parts.default_engine,
             pools: HashMap::new(),
@@ -121,8 +130,10 @@ impl Supervisor {
 
     /// The engine for a request that names `engine` (or none) and needs `level`: the
     /// named engine, else the default engine when it provides the level, else the
-    /// configured engine with the weakest isolation that still provides it. A level no
-    /// engine provides is left to the capability check, which refuses it.
+    /// configured engine with the weakest isolation that still provides it (on a tie,
+    /// the one registered first: the built-ins subprocess, isolate, container, then
+    /// the embedder's in the order added). A level no engine provides is left to the
+    /// capability check, which refuses it.
     ///
     /// Only engines whose level `tenant` may use are chosen when one is not named; a
     /// named engine is taken as named, and the access check refuses it if need be.
@@ -148,7 +159,10 @@ impl Supervisor {
         self.engines
             .iter()
             .filter(|(kind, _)| provides(kind))
-            .min_by_key(|(kind, e)| (e.capabilities().max_level, (*kind).clone()))
+            .min_by_key(|(kind, e)| {
+                let place = self.registered.get(*kind).copied().unwrap_or(usize::MAX);
+                (e.capabilities().max_level, place)
+            })
             .map_or_else(|| self.default_engine.clone(), |(kind, _)| kind.clone())
     }
 

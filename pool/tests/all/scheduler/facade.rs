@@ -223,6 +223,28 @@ async fn the_facade_says_which_engines_run_and_what_they_can_do() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_chosen_by_level_is_the_first_registered_on_a_tie() {
+    // The default (isolate) is not allowed, so the weakest engine that gives level
+    // `none` is chosen: subprocess and noop tie, and subprocess was registered first
+    // (not `noop`, which comes first by name).
+    let server = paddock_core::ServerConfig {
+        allowed_levels: Some(vec![paddock_core::IsolationLevel::None]),
+        ..Default::default()
+    };
+    let paddock = Paddock::builder()
+        .without_container()
+        .engine(Arc::new(NoopEngine::new()))
+        .default_engine(EngineName::ISOLATE)
+        .access(server.access_rules())
+        .start()
+        .unwrap();
+    let r = paddock.execute(sh("echo chosen")).await.unwrap();
+    assert_eq!(r.engine, EngineName::SUBPROCESS, "{r:?}");
+    assert_eq!(r.stdout, "chosen\n");
+    paddock.shutdown(Duration::from_secs(5)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_are_typed() {
     let paddock = Paddock::builder()
         .engine(Arc::new(NoopEngine::new()))
