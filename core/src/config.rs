@@ -332,6 +332,15 @@ pub struct ServerConfig {
     /// WebSockets (attach, TCP) a tenant may have open at once; more are answered
     /// 429 `RATE_LIMITED`. Default 64.
     pub max_websockets_per_tenant: u32,
+    /// How long a connection the server is closing waits for its client before it is
+    /// dropped, in milliseconds. Default 100. A WebSocket the server closes ends this
+    /// long after its close frame at most (usually at once). An answer given before a
+    /// request's body was read (a 413 for an upload over the limit, a 401) is
+    /// followed by this long a wait while the client may still be sending; a client
+    /// that sends past it may see a reset instead of the answer, so raise it for
+    /// clients that upload large files slowly and do not send `Expect: 100-continue`.
+    /// At most 60000.
+    pub close_linger_ms: u64,
     /// Where `/metrics` is served: `"api"` (the default) on the API's address to
     /// anyone, `"operator"` on the API's address to operator keys only, or an
     /// `ADDR:PORT` of its own (then not on the API's address at all).
@@ -403,6 +412,7 @@ impl Default for ServerConfig {
             max_result_bytes_per_tenant: 64 << 20,
             max_requests_per_tenant: 256,
             max_websockets_per_tenant: 64,
+            close_linger_ms: 100,
             metrics: "api".into(),
             drain_ms: 10_000,
             workers: 2,
@@ -521,6 +531,15 @@ impl ServerConfig {
             if v == 0 {
                 return Err(Error::invalid_config(name, "must be greater than 0"));
             }
+        }
+        if self.close_linger_ms > 60_000 {
+            return Err(Error::invalid_config(
+                "server.close_linger_ms",
+                format!(
+                    "{} ms is too long: at most 60000 (a minute)",
+                    self.close_linger_ms
+                ),
+            ));
         }
         if self.workers > 64 {
             return Err(Error::invalid_config(
@@ -1141,6 +1160,14 @@ mod tests {
             PaddockConfig::from_json_str("{}").unwrap(),
             PaddockConfig::default()
         );
+    }
+
+    #[test]
+    fn the_close_linger_is_bounded() {
+        let c = PaddockConfig::from_toml_str("[server]\nclose_linger_ms = 2000\n").unwrap();
+        assert_eq!(c.server.close_linger_ms, 2000);
+        let e = PaddockConfig::from_toml_str("[server]\nclose_linger_ms = 60001\n").unwrap_err();
+        assert!(e.message.contains("server.close_linger_ms"), "{}", e.message);
     }
 
     #[test]

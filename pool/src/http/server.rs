@@ -14,11 +14,7 @@ use super::*;
 use super::{operations::*, routes::*};
 use crate::Paddock;
 
-/// How long a connection the server is closing may linger for its client before it
-/// is dropped. After a WebSocket close handshake the server is done with the
-/// connection, so this is what a close costs (actix's default, 1 s, made every
-/// WebSocket close take most of a second).
-const CLOSE_LINGER: std::time::Duration = std::time::Duration::from_millis(100);
+
 
 /// Shared by every worker.
 #[derive(Debug)]
@@ -134,6 +130,12 @@ pub fn start(paddock: Paddock, config: ServerConfig) -> Result<HttpServerHandle,
             let system = actix_rt::System::new();
             system.block_on(async move {
                 let workers = app_state.config.workers;
+                // How long a closing connection waits for its client: what a
+                // WebSocket close costs (actix's 1 s default made every close take
+                // most of a second), and the grace an early answer to an unread
+                // upload gets.
+                let close_linger =
+                    std::time::Duration::from_millis(app_state.config.close_linger_ms);
                 let metrics = app_state.metrics.clone();
                 let data = web::Data::from(app_state);
                 let metrics_data = data.clone();
@@ -146,7 +148,7 @@ pub fn start(paddock: Paddock, config: ServerConfig) -> Result<HttpServerHandle,
                 .workers(workers)
                 .disable_signals()
                 .shutdown_timeout(30)
-                .client_disconnect_timeout(CLOSE_LINGER)
+                .client_disconnect_timeout(close_linger)
                 .bind(listen);
                 let server = match server {
                     Ok(s) => s,
