@@ -1167,7 +1167,11 @@ mod tests {
         let c = PaddockConfig::from_toml_str("[server]\nclose_linger_ms = 2000\n").unwrap();
         assert_eq!(c.server.close_linger_ms, 2000);
         let e = PaddockConfig::from_toml_str("[server]\nclose_linger_ms = 60001\n").unwrap_err();
-        assert!(e.message.contains("server.close_linger_ms"), "{}", e.message);
+        assert!(
+            e.message.contains("server.close_linger_ms"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]

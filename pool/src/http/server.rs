@@ -14,8 +14,6 @@ use super::*;
 use super::{operations::*, routes::*};
 use crate::Paddock;
 
-
-
 /// Shared by every worker.
 #[derive(Debug)]
 pub(super) struct State {
