@@ -45,7 +45,6 @@ pub struct Paddock {
     shared: Arc<Shared>,
     telemetry: Telemetry,
     access: Arc<paddock_core::AccessRules>,
-    engines: Arc<[EngineName]>,
     capabilities: Arc<[(EngineName, paddock_core::Capabilities)]>,
     runtime: Arc<RuntimeHandle>,
 }
@@ -82,8 +81,8 @@ impl Paddock {
 
     /// The names of the engines this instance runs, sorted: requests may choose any
     /// of them.
-    pub fn engines(&self) -> &[EngineName] {
-        &self.engines
+    pub fn engines(&self) -> Vec<EngineName> {
+        self.capabilities.iter().map(|(n, _)| n.clone()).collect()
     }
 
     /// What each engine this instance runs can do on this host, sorted by name: its

@@ -259,7 +259,6 @@ impl PaddockBuilder {
             .map(|e| (e.name(), e.capabilities().clone()))
             .collect();
         described.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        let names: Arc<[EngineName]> = described.iter().map(|(n, _)| n.clone()).collect();
         let described: Arc<[(EngineName, paddock_core::Capabilities)]> = described.into();
         let mut audit_log = AuditLog::new(audit)?;
         if let Some(cb) = self.on_audit {
@@ -333,7 +332,6 @@ impl PaddockBuilder {
             shared,
             access,
             telemetry,
-            engines: names,
             capabilities: described,
             runtime: Arc::new(RuntimeHandle {
                 spin: paddock_core::spin::Spin::new(self_spin),
