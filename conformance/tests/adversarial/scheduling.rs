@@ -216,7 +216,20 @@ pub(crate) async fn cancel_at_every_stage(h: Arc<H>) -> Check {
             let engine = engine.clone();
             async move { p.execute_with(Execute::new(c).on(engine)).await }
         });
-        tokio::time::sleep(Duration::from_micros(delay_us)).await;
+        if delay_us == 0 {
+            // At once once it is accepted: spin until the scheduler has registered it
+            // (or it is already over), so that one cancel lands while the instance
+            // is made even when the task is scheduled late on a loaded host.
+            while paddock
+                .running_tenant(&paddock_pool::Caller::Embedder, &c_id)
+                .is_none()
+                && !task.is_finished()
+            {
+                tokio::task::yield_now().await;
+            }
+        } else {
+            tokio::time::sleep(Duration::from_micros(delay_us)).await;
+        }
         let won = paddock.cancel(&paddock_pool::Caller::Embedder, &c_id);
         let answer = task.await.map_err(|e| Stop::Fail(e.to_string()))?;
         if won {
