@@ -281,6 +281,12 @@ pub struct Capabilities {
     pub network: BTreeSet<String>,
     /// Optional features: `streaming`, `files`, `cgroup`, `terminal`, `tcp`, …
     pub features: BTreeSet<String>,
+    /// The limits the engine enforces, by field name ([`crate::LIMIT_TABLE`]). A
+    /// request that sets one outside this set is refused
+    /// ([`Capabilities::check_limits`]); a default outside it does not apply.
+    /// Every engine enforces `timeout_ms`: the scheduler holds the deadline.
+    #[serde(default)]
+    pub limits: BTreeSet<String>,
 }
 
 impl Capabilities {
@@ -296,6 +302,46 @@ impl Capabilities {
             programs: programs.iter().map(|p| p.to_string()).collect(),
             network: network.iter().map(|s| s.to_string()).collect(),
             features: features.iter().map(|s| s.to_string()).collect(),
+            limits: ["timeout_ms".to_string()].into(),
+        }
+    }
+
+    /// These capabilities, also enforcing `limits` (field names of
+    /// [`crate::LIMIT_TABLE`]).
+    pub fn with_limits(mut self, limits: &[&str]) -> Capabilities {
+        debug_assert!(
+            limits
+                .iter()
+                .all(|l| crate::LIMIT_TABLE.iter().any(|s| s.name == *l)),
+            "unknown limit in {limits:?}"
+        );
+        self.limits.extend(limits.iter().map(|l| l.to_string()));
+        self
+    }
+
+    /// Whether the engine enforces the limit named `name`.
+    pub fn enforces(&self, name: &str) -> bool {
+        self.limits.contains(name)
+    }
+
+    /// `CAPABILITY_NOT_SUPPORTED` when `asked` sets a limit the engine cannot
+    /// enforce: it would otherwise run unbounded in that respect. `prefix` names the
+    /// enclosing field (`limits`).
+    pub fn check_limits(
+        &self,
+        engine: &EngineName,
+        asked: &crate::Limits,
+        prefix: &str,
+    ) -> Result<()> {
+        match asked.set_names().find(|name| !self.enforces(name)) {
+            None => Ok(()),
+            Some(name) => Err(Error::new(
+                ErrorCode::CapabilityNotSupported,
+                format!(
+                    "the {engine} engine cannot enforce `{prefix}.{name}` on this host; leave it unset, or choose an engine that enforces it (this one enforces: {})",
+                    self.limits.iter().cloned().collect::<Vec<_>>().join(", ")
+                ),
+            )),
         }
     }
 

@@ -69,6 +69,6 @@ pub use interactive::{
     TerminalSpec,
 };
 pub use isolation::{Capabilities, EngineName, IsolationLevel, NetworkPolicy};
-pub use limits::{LimitKind, Limits};
+pub use limits::{LimitKind, LimitSpec, Limits, LIMIT_TABLE};
 pub use program::{Language, Program, ProgramKind};
 pub use tenancy::{AccessRules, Allowed, NetworkKind};

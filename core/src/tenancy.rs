@@ -98,15 +98,11 @@ impl LimitsConfig {
             (None, m) => m,
             (d, None) => d,
         };
-        Limits {
-            timeout_ms: hold(base.timeout_ms, max.timeout_ms),
-            memory_bytes: hold(base.memory_bytes, max.memory_bytes),
-            cpu_ms: hold(base.cpu_ms, max.cpu_ms),
-            pids: hold(base.pids, max.pids),
-            max_output_bytes: hold(base.max_output_bytes, max.max_output_bytes),
-            file_size_bytes: hold(base.file_size_bytes, max.file_size_bytes),
-            open_files: hold(base.open_files, max.open_files),
+        let mut out = base.clone();
+        for (field, (_, m)) in out.fields_mut().into_iter().zip(max.fields()) {
+            *field = hold(*field, m);
         }
+        out
     }
 
     /// Checks the defaults and the ceilings, and that no default is above its ceiling.
@@ -151,16 +147,11 @@ pub fn check_ceilings(max: &Limits, asked: &Limits, prefix: &str) -> Result<()> 
     Ok(())
 }
 
-fn pairs(a: &Limits, b: &Limits) -> [(&'static str, Option<u64>, Option<u64>); 7] {
-    [
-        ("timeout_ms", a.timeout_ms, b.timeout_ms),
-        ("memory_bytes", a.memory_bytes, b.memory_bytes),
-        ("cpu_ms", a.cpu_ms, b.cpu_ms),
-        ("pids", a.pids, b.pids),
-        ("max_output_bytes", a.max_output_bytes, b.max_output_bytes),
-        ("file_size_bytes", a.file_size_bytes, b.file_size_bytes),
-        ("open_files", a.open_files, b.open_files),
-    ]
+fn pairs(a: &Limits, b: &Limits) -> impl Iterator<Item = (&'static str, Option<u64>, Option<u64>)> {
+    a.fields()
+        .into_iter()
+        .zip(b.fields())
+        .map(|((name, x), (_, y))| (name, x, y))
 }
 
 /// The kind of a [`NetworkPolicy`], as named in `allowed_networks`.

@@ -34,18 +34,22 @@ impl NoopEngine {
     /// A no-op engine that accepts every program kind and network policy.
     pub fn new() -> NoopEngine {
         NoopEngine {
-            caps: Arc::new(Capabilities::new(
-                IsolationLevel::None,
-                &[
-                    ProgramKind::Command,
-                    ProgramKind::Code(paddock_core::Language::Python),
-                    ProgramKind::Code(paddock_core::Language::Javascript),
-                    ProgramKind::Code(paddock_core::Language::Shell),
-                    ProgramKind::Invoke,
-                ],
-                &["none", "unrestricted"],
-                &["files"],
-            )),
+            caps: Arc::new(
+                Capabilities::new(
+                    IsolationLevel::None,
+                    &[
+                        ProgramKind::Command,
+                        ProgramKind::Code(paddock_core::Language::Python),
+                        ProgramKind::Code(paddock_core::Language::Javascript),
+                        ProgramKind::Code(paddock_core::Language::Shell),
+                        ProgramKind::Invoke,
+                    ],
+                    &["none", "unrestricted"],
+                    &["files"],
+                )
+                // It runs nothing, so nothing it runs can exceed a limit.
+                .with_limits(&paddock_core::LIMIT_TABLE.map(|s| s.name)),
+            ),
         }
     }
 

@@ -124,6 +124,11 @@ impl Lease {
         &self.pool.config
     }
 
+    /// The engine of the pool the instance came from.
+    pub(crate) fn engine(&self) -> &Arc<dyn Engine> {
+        self.pool.engine()
+    }
+
     pub(crate) fn instance(&self) -> &Instance {
         self.instance
             .as_ref()

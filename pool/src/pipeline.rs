@@ -93,7 +93,7 @@ impl Pipeline {
         let (id, tenant) = (request.id.clone(), request.tenant.clone());
         let refused = |e: Error| self.refused(e);
         self.accepting().map_err(refused)?; // not shutting down
-        self.validate(&request).map_err(refused)?; // the request, the operator's ceilings
+        self.validate(&target, &engine, &request).map_err(refused)?; // the request, the ceilings, the engine's limits
         let warnings = self.policy(&request).map_err(refused)?; // the policy's rules
         let permit = self.limit(&tenant).await.map_err(refused)?; // the limiter's permit
         let share = self.share(&target, &tenant).map_err(refused)?; // the tenant's pool slot
@@ -132,12 +132,26 @@ impl Pipeline {
         Ok(())
     }
 
-    /// The request is well formed and within the operator's ceilings. (The engine
-    /// checks what only it knows: its capabilities, and limits merged with its own
-    /// defaults.)
-    fn validate(&self, request: &ExecRequest) -> Result<(), Error> {
+    /// The request is well formed, within the operator's ceilings, and asks for no
+    /// limit the engine cannot enforce. (The engine checks the rest of what only it
+    /// knows, and limits merged with its own defaults.)
+    fn validate(
+        &self,
+        target: &Target,
+        engine: &EngineName,
+        request: &ExecRequest,
+    ) -> Result<(), Error> {
         request.validate()?;
-        paddock_core::tenancy::check_ceilings(&self.ceilings, &request.limits, "limits")
+        paddock_core::tenancy::check_ceilings(&self.ceilings, &request.limits, "limits")?;
+        let caps = match target {
+            Target::Pool(pool) => Some(pool.engine().capabilities()),
+            Target::Session(session) => Some(session.lease.engine().capabilities()),
+            Target::Parked => None,
+        };
+        match caps {
+            Some(caps) => caps.check_limits(engine, &request.limits, "limits"),
+            None => Ok(()),
+        }
     }
 
     /// The policy's verdict: refused, or admitted with its warnings.
@@ -248,13 +262,8 @@ impl Pipeline {
             let reason = match &r.outcome {
                 Outcome::TimedOut => Some(labels::kill::TIMEOUT),
                 Outcome::Cancelled => Some(labels::kill::CANCEL),
-                Outcome::LimitExceeded { limit } => Some(match limit {
-                    paddock_core::LimitKind::Memory => labels::kill::MEMORY,
-                    paddock_core::LimitKind::Pids => labels::kill::PIDS,
-                    paddock_core::LimitKind::Output => labels::kill::OUTPUT,
-                    paddock_core::LimitKind::Cpu => labels::kill::CPU,
-                    paddock_core::LimitKind::FileSize => "file_size",
-                }),
+                // The limit's wire name (`memory`, `pids`, `output`, `cpu`, …).
+                Outcome::LimitExceeded { limit } => Some(limit.as_str()),
                 _ => None,
             };
             if let Some(reason) = reason {

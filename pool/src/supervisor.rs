@@ -482,6 +482,7 @@ impl Handler<OpenSandbox> for Supervisor {
                 let caps = pool.engine().capabilities();
                 caps.check_level(&pool.kind, msg.spec.level)?;
                 msg.spec.limits.validate("limits", false)?;
+                caps.check_limits(&pool.kind, &msg.spec.limits, "limits")?;
                 paddock_core::tenancy::check_ceilings(
                     &self.pipeline.ceilings,
                     &msg.spec.limits,

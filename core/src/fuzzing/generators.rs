@@ -208,17 +208,21 @@ pub fn arbitrary_config(rng: &mut Rng) -> PaddockConfig {
     config
 }
 
-pub(super) const LIMIT_FIELDS: usize = 7;
+pub(super) const LIMIT_FIELDS: usize = crate::limits::LIMIT_TABLE.len();
 
 pub(super) fn limit_field(limits: &mut Limits, field: usize) -> &mut Option<u64> {
+    let [a, b, c, d, e, f, g, h, i, j] = limits.fields_mut();
     match field {
-        0 => &mut limits.timeout_ms,
-        1 => &mut limits.memory_bytes,
-        2 => &mut limits.cpu_ms,
-        3 => &mut limits.pids,
-        4 => &mut limits.max_output_bytes,
-        5 => &mut limits.file_size_bytes,
-        _ => &mut limits.open_files,
+        0 => a,
+        1 => b,
+        2 => c,
+        3 => d,
+        4 => e,
+        5 => f,
+        6 => g,
+        7 => h,
+        8 => i,
+        _ => j,
     }
 }
 
@@ -266,10 +270,13 @@ pub(super) const LIMIT_NAMES: &[&str] = &[
     "timeout_ms",
     "memory_bytes",
     "cpu_ms",
+    "cpu_millicores",
     "pids",
     "max_output_bytes",
     "file_size_bytes",
     "open_files",
+    "disk_bytes",
+    "disk_files",
 ];
 
 /// A random body: usually one of the HTTP bodies' shapes with values of the right

@@ -381,7 +381,15 @@ impl ContainerEngine {
                 paddock_core::interactive::FEATURE_TCP,
             ]);
         }
-        inner.caps = Capabilities::new(IsolationLevel::Strict, &programs, &["none"], &features);
+        inner.caps = Capabilities::new(IsolationLevel::Strict, &programs, &["none"], &features)
+            .with_limits(&[
+                "memory_bytes",
+                "cpu_ms",
+                "pids",
+                "max_output_bytes",
+                "file_size_bytes",
+                "open_files",
+            ]);
         Ok(ContainerEngine {
             inner: Arc::new(inner),
         })

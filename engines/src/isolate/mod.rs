@@ -165,7 +165,17 @@ impl IsolateEngine {
                 "module_denylist",
                 "sandbox_fs",
             ],
-        );
+        )
+        // A script starts no process and holds no descriptor of its own, so `pids`
+        // and `open_files` hold by construction; `file_size_bytes` bounds
+        // `sandbox:fs` writes.
+        .with_limits(&[
+            "memory_bytes",
+            "max_output_bytes",
+            "file_size_bytes",
+            "pids",
+            "open_files",
+        ]);
         let parent = config
             .workdir_root
             .clone()

@@ -163,7 +163,21 @@ impl SubprocessEngine {
         if cgroups.is_some() {
             features.push("cgroup");
         }
-        let caps = Capabilities::new(IsolationLevel::None, &programs, &network, &features);
+        // What binds: rlimits always; memory and pids through the cgroup, or without
+        // one through RLIMIT_AS (coarse, but it binds) and RLIMIT_NPROC, which binds
+        // nothing for root.
+        let mut limits = vec![
+            "memory_bytes",
+            "cpu_ms",
+            "max_output_bytes",
+            "file_size_bytes",
+            "open_files",
+        ];
+        if cgroups.is_some() || crate::host::sys::effective_uid() != 0 {
+            limits.push("pids");
+        }
+        let caps = Capabilities::new(IsolationLevel::None, &programs, &network, &features)
+            .with_limits(&limits);
 
         let parent = config
             .workdir_root

@@ -176,6 +176,10 @@ pub enum KillReason {
     Cpu,
     /// The file size limit.
     FileSize,
+    /// The disk quota (the program's writes failed with `ENOSPC`).
+    Disk,
+    /// The workdir's file-count cap.
+    DiskFiles,
 }
 
 impl KillReason {
@@ -190,6 +194,8 @@ impl KillReason {
                 LimitKind::Output => KillReason::Output,
                 LimitKind::Cpu => KillReason::Cpu,
                 LimitKind::FileSize => KillReason::FileSize,
+                LimitKind::Disk => KillReason::Disk,
+                LimitKind::DiskFiles => KillReason::DiskFiles,
             },
             Outcome::Completed { .. } | Outcome::Failed { .. } | Outcome::Suspended { .. } => {
                 return None
