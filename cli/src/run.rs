@@ -68,7 +68,8 @@ impl From<LangArg> for Language {
 #[command(after_help = "\
 Exit status: the program's own exit code; 128+N when it was killed by signal N;
 124 on timeout; 130 when interrupted; 42 when a handler suspended; 137 when the memory or pids limit ended it;
-152 for the CPU-time limit; 153 for the file size limit; 127 when the program
+152 for the CPU-time limit; 153 for the file size limit; 1 when it used up its disk quota
+or file-count cap (its writes failed with ENOSPC); 127 when the program
 could not be started; 125 when Paddock itself failed; 2 for a bad command line.")]
 pub(crate) struct RunArgs {
     /// Engine to run in.
@@ -376,6 +377,9 @@ pub(crate) fn exit_status(r: &ExecResult) -> i32 {
             LimitKind::Memory | LimitKind::Pids | LimitKind::Output => 137,
             LimitKind::Cpu => 128 + libc_sigxcpu(),
             LimitKind::FileSize => 128 + libc_sigxfsz(),
+            // The program was not killed: its writes failed, and it exited (its own
+            // status is in the result's warning).
+            LimitKind::Disk | LimitKind::DiskFiles => 1,
         },
         Outcome::Failed { error } => exit_for_error(error.code),
         // The protocol's "waiting, not failing" status.

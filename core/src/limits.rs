@@ -308,16 +308,16 @@ mod tests {
         let table: Vec<_> = LIMIT_TABLE.iter().map(|s| s.name).collect();
         assert_eq!(names, table);
         // Each field set alone serializes under its table name.
-        for i in 0..LIMIT_TABLE.len() {
+        for (i, spec) in LIMIT_TABLE.iter().enumerate() {
             let mut l = Limits::default();
-            *l.fields_mut()[i] = Some(LIMIT_TABLE[i].range.1);
+            *l.fields_mut()[i] = Some(spec.range.1);
             let v = serde_json::to_value(&l).unwrap();
             assert_eq!(v.as_object().unwrap().len(), 1);
-            assert!(v.get(LIMIT_TABLE[i].name).is_some(), "{v}");
+            assert!(v.get(spec.name).is_some(), "{v}");
             assert!(l.validate("limits", false).is_ok());
-            *l.fields_mut()[i] = Some(LIMIT_TABLE[i].range.1 + 1);
+            *l.fields_mut()[i] = Some(spec.range.1 + 1);
             let e = l.validate("limits", false).unwrap_err();
-            assert!(e.message.contains(LIMIT_TABLE[i].name), "{}", e.message);
+            assert!(e.message.contains(spec.name), "{}", e.message);
         }
         let d = Limits::defaults();
         assert_eq!(d.disk_bytes, Some(1 << 30));

@@ -44,8 +44,11 @@ pub fn builtin(config: &PaddockConfig, wanted: impl Fn(&EngineName) -> bool) -> 
         made.engines.push(Arc::new(engine));
     }
     if config.isolate.enabled && wanted(&EngineName::ISOLATE) {
-        made.engines
-            .push(Arc::new(IsolateEngine::new(&config.isolate)?));
+        made.engines.push(Arc::new(IsolateEngine::configured(
+            &config.isolate,
+            crate::isolate::HostModules::new(),
+            defaults.clone(),
+        )?));
     }
     if config.container.enabled && wanted(&EngineName::CONTAINER) {
         match ContainerEngine::with_defaults(&config.container, defaults) {

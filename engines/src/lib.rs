@@ -40,4 +40,4 @@ pub mod subprocess;
 mod task;
 
 pub use builtin::{builtin, Builtin, BUILTIN_NAMES};
-pub use host::{cgroup, netns, workdir};
+pub use host::{cgroup, netns, volume, workdir};

@@ -82,6 +82,36 @@ pub struct PoolStats {
     pub destroying: usize,
     /// Creation failures so far.
     pub create_failures_total: u64,
+    /// The disk quota its instances were made with, when an execution asked for
+    /// one of its own (`limits.disk_bytes` / `disk_files`); unset: the default.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk_bytes: Option<u64>,
+    /// See `disk_bytes`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk_files: Option<u64>,
+}
+
+/// The disk limits an execution asked for itself: a sandbox's filesystem is made
+/// with it, so executions that ask for different ones run in pools of their own.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub(crate) struct DiskKey {
+    pub(crate) bytes: Option<u64>,
+    pub(crate) files: Option<u64>,
+}
+
+impl DiskKey {
+    /// The disk limits `limits` sets.
+    pub(crate) fn of(limits: &paddock_core::Limits) -> DiskKey {
+        DiskKey {
+            bytes: limits.disk_bytes,
+            files: limits.disk_files,
+        }
+    }
+
+    /// Whether the engine's defaults apply.
+    pub(crate) fn is_default(&self) -> bool {
+        self.bytes.is_none() && self.files.is_none()
+    }
 }
 
 /// How a lease ends.
@@ -150,14 +180,17 @@ impl EnginePool {
     pub(crate) fn new(
         engine: Arc<dyn Engine>,
         network: NetworkPolicy,
+        disk: DiskKey,
         config: PoolConfig,
         telemetry: Telemetry,
     ) -> Arc<EnginePool> {
-        let spec = SandboxSpec {
+        let mut spec = SandboxSpec {
             level: engine.capabilities().max_level,
             network: network.clone(),
             ..SandboxSpec::default()
         };
+        spec.limits.disk_bytes = disk.bytes;
+        spec.limits.disk_files = disk.files;
         Arc::new(EnginePool {
             kind: engine.name(),
             network,
@@ -176,6 +209,12 @@ impl EnginePool {
 
     pub(crate) fn engine(&self) -> &Arc<dyn Engine> {
         &self.engine
+    }
+
+    /// Whether the pool holds no instance and no caller waits on it.
+    pub(crate) fn is_unused(&self) -> bool {
+        let c = self.slots.counts();
+        c.size() == 0 && c.waiting == 0
     }
 
     pub(crate) fn stats(&self) -> PoolStats {
@@ -201,6 +240,8 @@ impl EnginePool {
             retired_total: self.retired_total.load(Relaxed),
             destroying: self.destroying.load(Relaxed),
             create_failures_total: self.create_failures_total.load(Relaxed),
+            disk_bytes: self.spec.limits.disk_bytes,
+            disk_files: self.spec.limits.disk_files,
         }
     }
 

@@ -19,7 +19,7 @@ use paddock_core::{
 
 use crate::audit::{Audit, OperatorAccess, RecordAccess};
 use crate::caller::Caller;
-use crate::engine_pool::EnginePool;
+use crate::engine_pool::{DiskKey, EnginePool};
 use crate::limiter::Limiter;
 use crate::messages::*;
 use crate::policy::Policy;
@@ -28,6 +28,10 @@ use paddock_telemetry::Telemetry;
 
 /// How many destroyed session ids are remembered, so a repeated destroy is Ok.
 const REMEMBERED_DESTROYED: usize = 10_000;
+
+/// Most pools of executions' own disk quotas kept at once (each of their instances
+/// holds a filesystem of that size; they are made on demand and not prewarmed).
+const MAX_DISK_POOLS: usize = 16;
 
 /// An accepted execution not yet finished.
 #[derive(Debug, Clone)]
@@ -66,7 +70,7 @@ pub struct Supervisor {
     /// ties when an engine is chosen by level.
     registered: HashMap<EngineName, usize>,
     default_engine: EngineName,
-    pools: HashMap<(EngineName, NetworkPolicy), Arc<EnginePool>>,
+    pools: HashMap<(EngineName, NetworkPolicy, DiskKey), Arc<EnginePool>>,
     pool_config: PoolConfig,
     pipeline: Rc<Pipeline>,
     sessions: HashMap<String, Rc<Session>>,
@@ -166,18 +170,43 @@ impl Supervisor {
             .map_or_else(|| self.default_engine.clone(), |(kind, _)| kind.clone())
     }
 
-    /// The pool for an engine and network policy, created (and prewarmed) on first use.
+    /// The pool for an engine, network policy and disk quota, created (and
+    /// prewarmed) on first use. Pools of executions' own disk quotas are at most
+    /// [`MAX_DISK_POOLS`]: a new one replaces one that holds no instance, or is
+    /// refused with `POOL_EXHAUSTED` while all are in use.
     fn pool(
         &mut self,
         engine: Option<EngineName>,
         level: IsolationLevel,
         network: &NetworkPolicy,
+        disk: DiskKey,
         tenant: Option<&str>,
     ) -> Result<Arc<EnginePool>, Error> {
         let kind = self.choose(engine, level, tenant);
-        let key = (kind.clone(), network.clone());
+        let key = (kind.clone(), network.clone(), disk);
         if let Some(p) = self.pools.get(&key) {
             return Ok(p.clone());
+        }
+        if !disk.is_default() {
+            let own: Vec<_> = self
+                .pools
+                .iter()
+                .filter(|((_, _, d), _)| !d.is_default())
+                .map(|(k, p)| (k.clone(), p.is_unused()))
+                .collect();
+            if own.len() >= MAX_DISK_POOLS {
+                let Some((unused, _)) = own.into_iter().find(|(_, unused)| *unused) else {
+                    return Err(Error::new(
+                        ErrorCode::PoolExhausted,
+                        format!(
+                            "{MAX_DISK_POOLS} pools of executions' own disk quotas are in use; retry later, or leave limits.disk_bytes and limits.disk_files unset"
+                        ),
+                    ));
+                };
+                if let Some(p) = self.pools.remove(&unused) {
+                    p.close();
+                }
+            }
         }
         let Some(engine) = self.engines.get(&kind).cloned() else {
             let mut configured: Vec<&str> = self.engines.keys().map(|k| k.as_str()).collect();
@@ -196,13 +225,17 @@ impl Supervisor {
             // Only the default policy is kept warm; others grow on demand.
             config.min_idle = 0;
         }
+        if !disk.is_default() {
+            config.min_idle = 0;
+        }
         let pool = EnginePool::new(
             engine,
             network.clone(),
+            disk,
             config,
             self.pipeline.telemetry.clone(),
         );
-        if *network == NetworkPolicy::None {
+        if *network == NetworkPolicy::None && disk.is_default() {
             self.pipeline.telemetry.register_pool(
                 kind.as_str(),
                 Arc::new(crate::engine_pool::Gauges(Arc::downgrade(&pool))),
@@ -220,6 +253,7 @@ impl Supervisor {
                 Some(kind.clone()),
                 IsolationLevel::None,
                 &NetworkPolicy::None,
+                DiskKey::default(),
                 None,
             ) {
                 tracing::info!(engine = %kind, error = %e, "no default pool");
@@ -260,11 +294,12 @@ impl Supervisor {
         engine: Option<EngineName>,
         level: IsolationLevel,
         network: &NetworkPolicy,
+        disk: DiskKey,
         tenant: Option<&str>,
     ) -> Result<Arc<EnginePool>, Error> {
         let allowed = self.pipeline.access.for_tenant(tenant);
         allowed.check_network(network, tenant)?;
-        let pool = self.pool(engine, level, network, tenant)?;
+        let pool = self.pool(engine, level, network, disk, tenant)?;
         let given = pool.engine().capabilities().max_level;
         allowed.check_level(given, pool.kind.as_str(), tenant)?;
         Ok(pool)
@@ -422,7 +457,13 @@ impl Handler<Execute> for Supervisor {
         }
         let tenant = msg.request.tenant.clone();
         let prepared = self
-            .allowed_pool(msg.engine, msg.level, &msg.network, tenant.as_deref())
+            .allowed_pool(
+                msg.engine,
+                msg.level,
+                &msg.network,
+                DiskKey::of(&msg.request.limits),
+                tenant.as_deref(),
+            )
             .and_then(|pool| {
                 let caps = pool.engine().capabilities();
                 caps.check_level(&pool.kind, msg.level)?;
@@ -476,6 +517,8 @@ impl Handler<OpenSandbox> for Supervisor {
                 msg.engine,
                 msg.spec.level,
                 &msg.spec.network,
+                // Its filesystem is made with the instance: one of this size.
+                DiskKey::of(&msg.spec.limits),
                 tenant.as_deref(),
             )
             .and_then(|pool| {

@@ -268,3 +268,138 @@ pub(crate) async fn many_files(h: Arc<H>) -> Check {
     );
     still_works(&h).await
 }
+
+/// Whether this process still has its own filesystem mounted at `root`.
+fn mounted(root: &std::path::Path) -> bool {
+    paddock_engines::volume::own_mounts()
+        .iter()
+        .any(|p| p == root)
+}
+
+/// Writes 64 MiB, 1 MiB at a time, into a sandbox whose disk holds 16 MiB: the
+/// write fails with ENOSPC inside the program, the file stays within the quota, the
+/// result says `limit_exceeded` (`disk`), a one-shot execution asking for the same
+/// quota is answered the same way, and destroy leaves no mount and no workdir.
+pub(crate) async fn disk_quota(h: Arc<H>) -> Check {
+    const QUOTA: u64 = 16 << 20;
+    let fill = || {
+        let mut r = h.program(
+            "head -c 67108864 /dev/zero > big; echo \"head: $?\"",
+            "import errno\ntry:\n    with open('big', 'wb') as f:\n        for _ in range(64):\n            f.write(b'\\0' * (1 << 20))\n            f.flush()\nexcept OSError as e:\n    print('errno', errno.errorcode[e.errno])\n    raise",
+            "import { writeFile } from 'sandbox:fs'; const mb = 'x'.repeat(1 << 20); for (let i = 0; i < 64; i++) writeFile('big' + i, mb);",
+        );
+        r.limits.timeout_ms = Some(60_000);
+        r
+    };
+    let mut spec = paddock_core::SandboxSpec::default();
+    spec.limits.disk_bytes = Some(QUOTA);
+    let sandbox = h.sandbox_with(spec).await?;
+    let root = std::path::PathBuf::from(&sandbox.info().root_dir);
+    let r = sandbox
+        .exec(fill())
+        .await
+        .map_err(|e| Stop::Fail(format!("exec: {e}")))?;
+    let files = sandbox
+        .list_files("")
+        .await
+        .map_err(|e| Stop::Fail(format!("list_files: {e}")))?;
+    let written: u64 = files.iter().map(|f| f.size).sum();
+    ensure!(
+        written <= QUOTA,
+        "{written} bytes were written into a {QUOTA} byte disk: {r:?}"
+    );
+    ensure!(
+        written >= QUOTA / 2,
+        "only {written} bytes were written before the write failed: {r:?}"
+    );
+    ensure!(
+        r.outcome == limit(LimitKind::Disk),
+        "expected limit_exceeded (disk), got {:?} (stdout {:?}, stderr {})",
+        r.outcome,
+        r.stdout,
+        crate::harness::clip(&r.stderr, 300)
+    );
+    if h.target.lang() == Lang::Python {
+        ensure!(r.stdout.contains("errno ENOSPC"), "{:?}", r.stdout);
+    }
+    // A second run finds the disk full already: its own outcome, with a warning.
+    let again = sandbox
+        .exec(h.program("echo ok", "print('ok')", "console.log('ok')"))
+        .await
+        .map_err(|e| Stop::Fail(format!("exec: {e}")))?;
+    ensure!(
+        again.is_success() && again.warnings.iter().any(|w| w.contains("ENOSPC")),
+        "a run on a full disk should succeed with a warning: {again:?}"
+    );
+    sandbox
+        .destroy()
+        .await
+        .map_err(|e| Stop::Fail(format!("destroy: {e}")))?;
+    ensure!(
+        !mounted(&root),
+        "{} is still mounted after destroy",
+        root.display()
+    );
+    ensure!(
+        !root.exists(),
+        "the workdir {} outlived destroy",
+        root.display()
+    );
+
+    // One-shot: a pool of sandboxes of that quota serves it.
+    let mut one_shot = fill();
+    one_shot.limits.disk_bytes = Some(QUOTA);
+    let r = h.exec(one_shot).await?;
+    ensure!(
+        r.outcome == limit(LimitKind::Disk),
+        "one-shot: expected limit_exceeded (disk), got {:?}: {}",
+        r.outcome,
+        crate::harness::clip(&r.stderr, 300)
+    );
+    still_works(&h).await
+}
+
+/// Creates 1,000 files in a sandbox capped at 200: creation fails with ENOSPC
+/// inside the program, no more than the cap exist, and the result says
+/// `limit_exceeded` (`disk_files`).
+pub(crate) async fn file_count_cap(h: Arc<H>) -> Check {
+    const CAP: u64 = 200;
+    let mut spec = paddock_core::SandboxSpec::default();
+    spec.limits.disk_files = Some(CAP);
+    let sandbox = h.sandbox_with(spec).await?;
+    let root = std::path::PathBuf::from(&sandbox.info().root_dir);
+    let r = sandbox
+        .exec(h.program(
+            "i=0; while [ $i -lt 1000 ]; do : > f$i || break; i=$((i+1)); done; echo made $i",
+            "made = 0\ntry:\n    for i in range(1000):\n        open(f'f{i}', 'w').close()\n        made += 1\nfinally:\n    print('made', made)",
+            "import { writeFile } from 'sandbox:fs'; let made = 0; try { for (let i = 0; i < 1000; i++) { writeFile('f' + i, ''); made++; } } finally { console.log('made', made); }",
+        ))
+        .await
+        .map_err(|e| Stop::Fail(format!("exec: {e}")))?;
+    let count = sandbox
+        .list_files("")
+        .await
+        .map_err(|e| Stop::Fail(format!("list_files: {e}")))?
+        .len() as u64;
+    ensure!(
+        (CAP / 2..=CAP).contains(&count),
+        "{count} files exist under a cap of {CAP}: {r:?}"
+    );
+    ensure!(
+        r.outcome == limit(LimitKind::DiskFiles),
+        "expected limit_exceeded (disk_files), got {:?} (stdout {:?}, stderr {})",
+        r.outcome,
+        r.stdout,
+        crate::harness::clip(&r.stderr, 300)
+    );
+    sandbox
+        .destroy()
+        .await
+        .map_err(|e| Stop::Fail(format!("destroy: {e}")))?;
+    ensure!(
+        !mounted(&root),
+        "{} is still mounted after destroy",
+        root.display()
+    );
+    still_works(&h).await
+}

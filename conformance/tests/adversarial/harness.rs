@@ -270,8 +270,13 @@ impl H {
 
     /// A sandbox session on the target's engine.
     pub(crate) async fn sandbox(&self) -> Result<SandboxHandle, Stop> {
+        self.sandbox_with(SandboxSpec::default()).await
+    }
+
+    /// A sandbox session on the target's engine, opened with `spec`.
+    pub(crate) async fn sandbox_with(&self, spec: SandboxSpec) -> Result<SandboxHandle, Stop> {
         self.paddock()
-            .open_sandbox(SandboxSpec::default(), Some(self.target.engine()))
+            .open_sandbox(spec, Some(self.target.engine()))
             .await
             .map_err(|e| Stop::Fail(format!("open_sandbox: {e}")))
     }
@@ -707,6 +712,9 @@ async fn pool_problems(h: &H) -> Vec<String> {
                     p.push(format!("{} sandbox sessions still open", stats.sandboxes));
                 }
                 for pool in &stats.pools {
+                    // Pools of executions' own disk quotas are not prewarmed.
+                    let own_disk = pool.disk_bytes.is_some() || pool.disk_files.is_some();
+                    let min_idle = if own_disk { 0 } else { min_idle };
                     let healthy = pool.busy == 0
                         && pool.waiting == 0
                         && pool.creating == 0

@@ -88,6 +88,8 @@ adversarial! {
     exhaustion::output_flood,
     exhaustion::huge_file,
     exhaustion::many_files,
+    exhaustion::disk_quota,
+    exhaustion::file_count_cap,
     escape::term_trapping_tree,
     escape::setsid_daemon,
     escape::background_children,

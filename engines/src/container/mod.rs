@@ -103,6 +103,9 @@ pub(crate) struct EngineInner {
     /// The `paddock-agent` binary for warm containers, or why there are none.
     pub(crate) agent: std::result::Result<PathBuf, String>,
     pub(crate) next_sandbox: AtomicU64,
+    /// The sandboxes' own filesystems (the disk quota), mounted below
+    /// `sandboxes/`, or why there are none.
+    pub(crate) disks: std::result::Result<crate::host::volume::Disks, String>,
 }
 
 impl EngineInner {
@@ -145,6 +148,9 @@ impl EngineInner {
 impl Drop for EngineInner {
     fn drop(&mut self) {
         self.remove_cgroup(&self.cgroup_base.clone());
+        if let Ok(disks) = &self.disks {
+            disks.unshare_parent(&self.root.join("sandboxes"));
+        }
         let _ = std::fs::remove_dir_all(&self.root);
     }
 }
@@ -188,6 +194,9 @@ impl ContainerEngine {
             )
         })?;
         let own = own.trim_end_matches('/').to_string();
+        // Dead owners' filesystems first: their directories can go only once nothing
+        // is mounted in them.
+        crate::host::volume::sweep_stale_mounts();
         sweep_stale(&parent, &own, &hierarchies, config);
 
         // A random part (the tail of a UUIDv7 is random), so that nobody can take
@@ -214,7 +223,25 @@ impl ContainerEngine {
             Ok(())
         };
         setup().map_err(|e| Error::engine_io("creating the container engine's directory", e))?;
+        // The sandboxes' filesystems are mounted below `sandboxes/`, which is made a
+        // shared mount first: the runtime's own mount namespace (on a hybrid cgroup
+        // host) is made after, as a slave, and so sees every one of them.
+        let disks = {
+            let disks = crate::host::volume::Disks::new(&root);
+            match disks.backend() {
+                None => Err(disks.notes().join("; ")),
+                Some(_) => match disks.share_parent(&root.join("sandboxes")) {
+                    Ok(()) => Ok(disks),
+                    Err(e) => Err(format!(
+                        "cannot make the sandboxes' directory a shared mount: {e}"
+                    )),
+                },
+            }
+        };
         let cleanup = |root: &Path| {
+            if let Ok(d) = &disks {
+                d.unshare_parent(&root.join("sandboxes"));
+            }
             let _ = std::fs::remove_dir_all(root);
         };
         let (rootfs, host_usr) = match &config.rootfs {
@@ -270,6 +297,7 @@ impl ContainerEngine {
                 Err("disabled by configuration (`container.warm = false`)".into())
             },
             next_sandbox: AtomicU64::new(0),
+            disks,
         };
 
         // Try the runtimes in order; the first that runs a probe container wins.
@@ -390,6 +418,13 @@ impl ContainerEngine {
                 "file_size_bytes",
                 "open_files",
             ]);
+        if inner.disks.is_ok() {
+            let caps = std::mem::replace(
+                &mut inner.caps,
+                Capabilities::new(IsolationLevel::Strict, &[], &[], &[]),
+            );
+            inner.caps = caps.with_limits(&["disk_bytes", "disk_files"]);
+        }
         Ok(ContainerEngine {
             inner: Arc::new(inner),
         })

@@ -77,8 +77,13 @@ impl ContainerSandbox {
         let cgroup = format!("{}/{id}", engine.cgroup_base);
         let eng = engine.clone();
         let (id2, cg2) = (id.clone(), cgroup.clone());
+        let quota = crate::host::volume::Quota::of(&spec.limits.or(&engine.defaults));
         let workdir = tokio::task::spawn_blocking(move || -> Result<Workdir> {
-            let workdir = Workdir::create(&eng.root.join("sandboxes"), &id2)
+            let disk = match (&eng.disks, quota) {
+                (Ok(disks), Some(q)) => Some((disks, q)),
+                _ => None,
+            };
+            let workdir = Workdir::create_on(&eng.root.join("sandboxes"), &id2, disk)
                 .map_err(|e| Error::engine_io("creating the sandbox workdir", e))?;
             // The sandbox's memory group: the containers' parent, with their limit.
             if let Some(dir) = eng.cgroup_dir("memory", &cg2) {
@@ -296,7 +301,10 @@ impl Sandbox for ContainerSandbox {
         sink: &dyn OutputSink,
         cancel: CancelToken,
     ) -> Result<ExecResult> {
-        self.run(request, sink, cancel).await
+        self.workdir.check_disk_request(&request.limits)?;
+        let before = self.workdir.disk_exhausted();
+        let result = self.run(request, sink, cancel).await;
+        self.workdir.judge_disk(before, result)
     }
 
     async fn write_file(&self, path: &str, data: &[u8]) -> Result<()> {

@@ -2,7 +2,7 @@
 //!
 //! Starting a program without forking the host ([`spawn`]), cgroups ([`cgroup`]),
 //! network and mount namespaces ([`netns`]), a sandbox's working directory with its
-//! path confinement ([`workdir`]), pseudo-terminals ([`pty`]) and the thin, checked
+//! path confinement ([`workdir`]) and its own filesystem, the disk quota ([`volume`]), pseudo-terminals ([`pty`]) and the thin, checked
 //! wrappers over single system calls ([`sys`]). The engines above call these safe
 //! functions; the system calls themselves are made here.
 
@@ -12,4 +12,5 @@ pub(crate) mod owner;
 pub(crate) mod pty;
 pub(crate) mod spawn;
 pub(crate) mod sys;
+pub mod volume;
 pub mod workdir;

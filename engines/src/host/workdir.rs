@@ -23,7 +23,11 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
 use paddock_core::files::{source_failed, too_long};
-use paddock_core::{ByteSource, Error, ErrorCode, FileEntry, FileReader, Result};
+use paddock_core::{
+    ByteSource, Error, ErrorCode, ExecResult, FileEntry, FileReader, LimitKind, Limits, Result,
+};
+
+use super::volume::{Disks, Quota, Volume};
 use tokio::io::AsyncReadExt;
 
 use crate::task::blocking;
@@ -38,24 +42,127 @@ pub const MAX_LIST_ENTRIES: usize = 50_000;
 /// Deepest nesting [`Workdir::list_files`] walks.
 pub const MAX_LIST_DEPTH: usize = 256;
 
-/// A directory owned by one sandbox, removed by [`Workdir::remove`].
+/// A directory owned by one sandbox, removed by [`Workdir::remove`]; with a disk
+/// quota, the mount point of the sandbox's own filesystem ([`crate::volume`]).
 #[derive(Debug)]
 pub struct Workdir {
     root: PathBuf,
     fd: OwnedFd,
+    volume: Option<Volume>,
 }
 
 impl Workdir {
-    /// Creates a fresh, private (0700) workdir under `parent`.
+    /// Creates a fresh, private (0700) workdir under `parent`, without a quota.
     pub fn create(parent: &Path, name: &str) -> io::Result<Workdir> {
+        Workdir::create_on(parent, name, None)
+    }
+
+    /// Creates a fresh, private (0700) workdir under `parent`; with `disk`, it is
+    /// the mount point of a filesystem of that quota, made for it.
+    pub fn create_on(
+        parent: &Path,
+        name: &str,
+        disk: Option<(&Disks, Quota)>,
+    ) -> io::Result<Workdir> {
         std::fs::create_dir_all(parent)?;
         let root = parent.join(name);
         std::fs::create_dir(&root)?;
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700))?;
         let root = root.canonicalize()?;
-        let fd = open_dir_path(&root)?;
-        Ok(Workdir { root, fd })
+        let volume = match disk {
+            Some((disks, quota)) => match disks.mount(&root, quota) {
+                Ok(v) => Some(v),
+                Err(e) => {
+                    let _ = std::fs::remove_dir(&root);
+                    return Err(e);
+                }
+            },
+            None => None,
+        };
+        let fd = match open_dir_path(&root) {
+            Ok(fd) => fd,
+            Err(e) => {
+                if let Some(v) = &volume {
+                    let _ = v.unmount();
+                }
+                let _ = std::fs::remove_dir(&root);
+                return Err(e);
+            }
+        };
+        Ok(Workdir { root, fd, volume })
+    }
+
+    /// The sandbox's own filesystem, when it has a disk quota.
+    pub fn volume(&self) -> Option<&Volume> {
+        self.volume.as_ref()
+    }
+
+    /// The disk limit that is used up now, if any (see [`crate::volume::Fill`]).
+    pub fn disk_exhausted(&self) -> Option<LimitKind> {
+        self.volume.as_ref().and_then(|v| v.exhausted())
+    }
+
+    /// Refuses an execution whose request sets a disk limit other than the
+    /// sandbox's: the filesystem is made when the sandbox is opened, and stays.
+    pub fn check_disk_request(&self, asked: &Limits) -> Result<()> {
+        let quota = self.volume.as_ref().map(|v| v.quota());
+        let checks = [
+            ("disk_bytes", asked.disk_bytes, quota.map(|q| q.bytes)),
+            ("disk_files", asked.disk_files, quota.map(|q| q.files)),
+        ];
+        for (field, want, have) in checks {
+            if let Some(want) = want {
+                if Some(want) != have {
+                    let had = have.map_or_else(|| "no quota".to_string(), |h| h.to_string());
+                    return Err(Error::invalid_options(
+                        &format!("limits.{field}"),
+                        format!(
+                            "{want} differs from this sandbox's {field} ({had}): a sandbox's disk is made when it is opened; set it there, or leave it unset here"
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Says in `result` whether the disk quota was used up by this execution:
+    /// `before` is [`disk_exhausted`](Workdir::disk_exhausted) from before it ran. A
+    /// program that filled the disk and then exited is `limit_exceeded` (`disk` or
+    /// `disk_files`), its exit status kept in a warning; one stopped otherwise
+    /// (deadline, cancel, another limit) keeps its outcome and gets the warning.
+    /// A disk that was already full before gets a warning only.
+    pub fn judge_disk(
+        &self,
+        before: Option<LimitKind>,
+        result: Result<ExecResult>,
+    ) -> Result<ExecResult> {
+        let mut r = result?;
+        let (Some(limit), Some(volume)) = (self.disk_exhausted(), &self.volume) else {
+            return Ok(r);
+        };
+        let quota = volume.quota();
+        let what = match limit {
+            LimitKind::DiskFiles => format!("the file-count cap ({} files)", quota.files),
+            _ => format!("the disk quota ({} bytes)", quota.bytes),
+        };
+        match (&r.outcome, before) {
+            (paddock_core::Outcome::Completed { exit_code, signal }, None) => {
+                r.warnings.push(format!(
+                    "{what} was used up: writes failed with ENOSPC; the program then exited with code {exit_code}{}",
+                    signal.map_or_else(String::new, |s| format!(" (signal {s})"))
+                ));
+                r.outcome = paddock_core::Outcome::LimitExceeded { limit };
+            }
+            (_, None) => r.warnings.push(format!(
+                "{what} was used up during the run: writes failed with ENOSPC"
+            )),
+            (_, Some(_)) => r.warnings.push(format!(
+                "{what} is used up (it was before this run too): writes fail with ENOSPC until files are removed"
+            )),
+        }
+        Ok(r)
     }
 
     /// The workdir's absolute host path.
@@ -477,8 +584,12 @@ impl Workdir {
         Ok(())
     }
 
-    /// Removes the workdir and everything in it.
+    /// Removes the workdir and everything in it; its own filesystem is unmounted
+    /// and its image deleted.
     pub fn remove(&self) -> io::Result<()> {
+        if let Some(v) = &self.volume {
+            v.unmount()?;
+        }
         match remove_tree(&self.root) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
             other => other,

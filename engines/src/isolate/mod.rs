@@ -68,7 +68,11 @@ pub(crate) struct EngineInner {
     pub(crate) modules: HostModules,
     pub(crate) handlers: BTreeMap<String, String>,
     pub(crate) caps: Capabilities,
+    /// The limits a sandbox gets where its spec sets none.
+    pub(crate) defaults: Limits,
     pub(crate) workdir_root: PathBuf,
+    /// The sandboxes' own filesystems (the disk quota of `sandbox:fs`).
+    pub(crate) disks: crate::host::volume::Disks,
     pub(crate) next_sandbox: AtomicU64,
 }
 
@@ -146,11 +150,28 @@ impl IsolateEngine {
 
     /// An engine with `modules` (which may hold Rust host functions) plus the
     /// configuration's JSON modules. A name registered twice is `INVALID_MODULE`.
-    pub fn with_modules(config: &IsolateConfig, mut modules: HostModules) -> Result<IsolateEngine> {
+    pub fn with_modules(config: &IsolateConfig, modules: HostModules) -> Result<IsolateEngine> {
+        IsolateEngine::configured(config, modules, Limits::defaults())
+    }
+
+    /// [`with_modules`](IsolateEngine::with_modules), with these default limits
+    /// (unset fields fall back to [`Limits::defaults`]).
+    pub fn configured(
+        config: &IsolateConfig,
+        mut modules: HostModules,
+        defaults: Limits,
+    ) -> Result<IsolateEngine> {
         config.validate()?;
+        let defaults = defaults.or(&Limits::defaults());
+        defaults.validate("limits", true)?;
         for (name, exports) in &config.modules {
             modules.json(name, exports.clone())?;
         }
+        let parent = config
+            .workdir_root
+            .clone()
+            .unwrap_or_else(std::env::temp_dir);
+        let disks = crate::host::volume::Disks::new(&parent);
         let caps = Capabilities::new(
             IsolationLevel::ContextIsolated,
             &[ProgramKind::Code(Language::Javascript), ProgramKind::Invoke],
@@ -176,10 +197,11 @@ impl IsolateEngine {
             "pids",
             "open_files",
         ]);
-        let parent = config
-            .workdir_root
-            .clone()
-            .unwrap_or_else(std::env::temp_dir);
+        let caps = if disks.backend().is_some() {
+            caps.with_limits(&["disk_bytes", "disk_files"])
+        } else {
+            caps
+        };
         let workdir_root = parent.join(format!(
             "paddock-isolate-{}-{}",
             std::process::id(),
@@ -197,7 +219,9 @@ impl IsolateEngine {
                 handlers: config.handlers.clone(),
                 modules,
                 caps,
+                defaults,
                 workdir_root,
+                disks,
                 next_sandbox: AtomicU64::new(0),
             }),
         })
@@ -208,7 +232,7 @@ impl IsolateEngine {
     /// no streaming (output comes back in the result). Blocks until the script ends
     /// or its deadline passes, so call it where blocking is fine.
     pub fn run_blocking(&self, request: ExecRequest) -> Result<ExecResult> {
-        let (program, limits) = self.inner.prepare(&request, &Limits::defaults())?;
+        let (program, limits) = self.inner.prepare(&request, &self.inner.defaults)?;
         let (events, _dropped) = tokio::sync::mpsc::channel(1);
         let control = Arc::new(std::sync::atomic::AtomicU8::new(0));
         let job = sandbox::new_job(

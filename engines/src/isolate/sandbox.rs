@@ -66,7 +66,10 @@ impl IsolateSandbox {
         spec.limits.validate("limits", false)?;
         let n = engine.next_sandbox.fetch_add(1, Ordering::Relaxed);
         let id = format!("iso-{}-{n}", uuid::Uuid::now_v7().simple());
-        let workdir = Workdir::create(&engine.workdir_root, &id)
+        let disk = crate::host::volume::Quota::of(&spec.limits.or(&engine.defaults))
+            .filter(|_| engine.disks.backend().is_some())
+            .map(|q| (&engine.disks, q));
+        let workdir = Workdir::create_on(&engine.workdir_root, &id, disk)
             .map_err(|e| Error::engine_io("creating the sandbox workdir", e))?;
         let config = engine.worker_config();
         let (jobs, rx) = crossbeam_channel::bounded(4);
@@ -104,7 +107,7 @@ impl IsolateSandbox {
         }
         Ok(IsolateSandbox {
             id,
-            limits: spec.limits.or(&Limits::defaults()),
+            limits: spec.limits.or(&engine.defaults),
             spin: Spin::new(Duration::from_micros(engine.config.reply_spin_us)),
             engine,
             workdir: Arc::new(workdir),
@@ -196,6 +199,70 @@ impl IsolateSandbox {
             }
         }
         report
+    }
+
+    /// One execution on the isolate thread (the body of [`Sandbox::exec`]).
+    async fn run_script(
+        &self,
+        request: ExecRequest,
+        sink: &dyn OutputSink,
+        cancel: CancelToken,
+    ) -> Result<ExecResult> {
+        let _op = self.enter()?;
+        let (program, limits) = self.engine.prepare(&request, &self.limits)?;
+        let queued_at_ms = unix_ms();
+        let _run = self.run_lock.lock().await;
+        if self.stuck.load(Ordering::Acquire) {
+            return Err(self.stuck_error());
+        }
+        if self.destroying() {
+            return Err(Error::disposed(&format!("sandbox {}", self.id)));
+        }
+        let control: Control = Arc::new(AtomicU8::new(0));
+        *self.current.lock() = Some(control.clone());
+        if self.destroying() {
+            control.store(DESTROYED, Ordering::Relaxed);
+        }
+        let (events_tx, events) = mpsc::channel(EVENTS);
+        let (reply_tx, reply) = oneshot::channel();
+        let started_at_ms = unix_ms();
+        let job = new_job(
+            program,
+            &limits,
+            request.tenant.clone(),
+            control.clone(),
+            events_tx,
+            Some(self.workdir.clone()),
+        );
+        let deadline = job.deadline;
+        if self.jobs.send(Job::Exec(Box::new(job), reply_tx)).is_err() {
+            *self.current.lock() = None;
+            return Err(Error::new(
+                ErrorCode::EngineFailed,
+                format!("isolate {} has stopped; destroy the sandbox", self.id),
+            ));
+        }
+        self.busy.store(true, Ordering::Release);
+        // If this future is dropped before the answer (the caller gave up), the
+        // script is stopped rather than left running into the next execution.
+        let running = Running {
+            sandbox: self,
+            control: &control,
+        };
+        let report = self
+            .spin
+            .run(self.wait(events, reply, sink, &cancel, &control, deadline))
+            .await;
+        drop(running);
+
+        Ok(into_result(
+            report,
+            request.id,
+            &self.id,
+            &cancel,
+            queued_at_ms,
+            started_at_ms,
+        ))
     }
 }
 
@@ -338,61 +405,10 @@ impl Sandbox for IsolateSandbox {
         sink: &dyn OutputSink,
         cancel: CancelToken,
     ) -> Result<ExecResult> {
-        let _op = self.enter()?;
-        let (program, limits) = self.engine.prepare(&request, &self.limits)?;
-        let queued_at_ms = unix_ms();
-        let _run = self.run_lock.lock().await;
-        if self.stuck.load(Ordering::Acquire) {
-            return Err(self.stuck_error());
-        }
-        if self.destroying() {
-            return Err(Error::disposed(&format!("sandbox {}", self.id)));
-        }
-        let control: Control = Arc::new(AtomicU8::new(0));
-        *self.current.lock() = Some(control.clone());
-        if self.destroying() {
-            control.store(DESTROYED, Ordering::Relaxed);
-        }
-        let (events_tx, events) = mpsc::channel(EVENTS);
-        let (reply_tx, reply) = oneshot::channel();
-        let started_at_ms = unix_ms();
-        let job = new_job(
-            program,
-            &limits,
-            request.tenant.clone(),
-            control.clone(),
-            events_tx,
-            Some(self.workdir.clone()),
-        );
-        let deadline = job.deadline;
-        if self.jobs.send(Job::Exec(Box::new(job), reply_tx)).is_err() {
-            *self.current.lock() = None;
-            return Err(Error::new(
-                ErrorCode::EngineFailed,
-                format!("isolate {} has stopped; destroy the sandbox", self.id),
-            ));
-        }
-        self.busy.store(true, Ordering::Release);
-        // If this future is dropped before the answer (the caller gave up), the
-        // script is stopped rather than left running into the next execution.
-        let running = Running {
-            sandbox: self,
-            control: &control,
-        };
-        let report = self
-            .spin
-            .run(self.wait(events, reply, sink, &cancel, &control, deadline))
-            .await;
-        drop(running);
-
-        Ok(into_result(
-            report,
-            request.id,
-            &self.id,
-            &cancel,
-            queued_at_ms,
-            started_at_ms,
-        ))
+        self.workdir.check_disk_request(&request.limits)?;
+        let before = self.workdir.disk_exhausted();
+        let result = self.run_script(request, sink, cancel).await;
+        self.workdir.judge_disk(before, result)
     }
 
     async fn write_file(&self, path: &str, data: &[u8]) -> Result<()> {

@@ -44,6 +44,8 @@ pub struct HostSupport {
     pub netns: std::result::Result<(), String>,
     /// Interpreters found, by language; the error says which binary is missing.
     pub interpreters: BTreeMap<Language, std::result::Result<PathBuf, String>>,
+    /// The disk-quota backend (`loop` or `tmpfs`), or why none works.
+    pub disk: std::result::Result<&'static str, String>,
 }
 
 /// The subprocess engine. Cheap to clone; clones share one host setup.
@@ -59,6 +61,8 @@ pub(crate) struct EngineInner {
     pub(crate) base_env: BTreeMap<String, String>,
     pub(crate) workdir_root: PathBuf,
     pub(crate) cgroups: Option<CgroupRoot>,
+    /// The sandboxes' own filesystems (the disk quota).
+    pub(crate) disks: crate::host::volume::Disks,
     pub(crate) support: HostSupport,
     pub(crate) next_sandbox: AtomicU64,
     /// Warm mode's runners, when `[subprocess.warm]` is enabled.
@@ -176,13 +180,17 @@ impl SubprocessEngine {
         if cgroups.is_some() || crate::host::sys::effective_uid() != 0 {
             limits.push("pids");
         }
-        let caps = Capabilities::new(IsolationLevel::None, &programs, &network, &features)
-            .with_limits(&limits);
-
         let parent = config
             .workdir_root
             .clone()
             .unwrap_or_else(std::env::temp_dir);
+        let disks = crate::host::volume::Disks::new(&parent);
+        if disks.backend().is_some() {
+            limits.extend(["disk_bytes", "disk_files"]);
+        }
+        let caps = Capabilities::new(IsolationLevel::None, &programs, &network, &features)
+            .with_limits(&limits);
+
         let workdir_root = parent.join(format!(
             "paddock-{}-{}",
             std::process::id(),
@@ -210,7 +218,9 @@ impl SubprocessEngine {
                     freezer,
                     netns,
                     interpreters,
+                    disk: disks.backend().ok_or_else(|| disks.notes().join("; ")),
                 },
+                disks,
                 next_sandbox: AtomicU64::new(0),
             }),
         })

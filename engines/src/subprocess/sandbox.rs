@@ -64,8 +64,12 @@ impl SubprocessSandbox {
         let id2 = id.clone();
         let network = spec.network.clone();
         let warm = eng.warm.is_some();
+        let quota = crate::host::volume::Quota::of(&spec.limits.or(&engine.defaults));
         let (workdir, cgroup, netns, warm_cgroup) = tokio::task::spawn_blocking(move || {
-            let workdir = Workdir::create(&eng.workdir_root, &id2)
+            let disk = quota
+                .filter(|_| eng.disks.backend().is_some())
+                .map(|q| (&eng.disks, q));
+            let workdir = Workdir::create_on(&eng.workdir_root, &id2, disk)
                 .map_err(|e| Error::engine_io("creating the sandbox workdir", e))?;
             let cgroup = match &eng.cgroups {
                 Some(root) => match root.create_group(&id2) {
@@ -258,7 +262,10 @@ impl Sandbox for SubprocessSandbox {
         sink: &dyn OutputSink,
         cancel: CancelToken,
     ) -> Result<ExecResult> {
-        self.run(request, sink, cancel).await
+        self.workdir.check_disk_request(&request.limits)?;
+        let before = self.workdir.disk_exhausted();
+        let result = self.run(request, sink, cancel).await;
+        self.workdir.judge_disk(before, result)
     }
 
     async fn write_file(&self, path: &str, data: &[u8]) -> Result<()> {

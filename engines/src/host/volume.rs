@@ -1,0 +1,801 @@
+//! A sandbox's own filesystem, which is its disk quota (`limits.disk_bytes` and
+//! `limits.disk_files`).
+//!
+//! Each sandbox's workdir is the mount point of a filesystem made for it, so a write
+//! past the quota fails in the program with `ENOSPC` at the kernel's filesystem
+//! boundary (no polling), and the host's free space is not touched beyond it. Two
+//! backends, chosen when the engine starts, by trying them:
+//! - **`loop`** (preferred): a sparse ext4 image per sandbox, loop-mounted. It is
+//!   disk-backed, and the image grows only as the program writes. A formatted
+//!   template per size is kept, and a sandbox's image is a sparse copy of it, so
+//!   `mkfs` runs once per size, not once per sandbox.
+//! - **`tmpfs`**, where loop devices cannot be used (no `/dev/loop-control`, no
+//!   `mkfs.ext4`): a tmpfs with `size=` and `nr_inodes=`. It is memory-backed, so the
+//!   quota's bytes are RAM and count against the writer's memory cgroup.
+//!
+//! Both need `CAP_SYS_ADMIN` (root); without it no backend is available, and the
+//! engines say so by not listing `disk_bytes` and `disk_files` in their
+//! capabilities.
+//!
+//! Every mount is tagged with its owner (`paddock-disk-<pid>-<n>-ns<inode>`, in the
+//! image's path or the tmpfs source), so a later Paddock process unmounts what a
+//! crashed one left behind.
+
+// mount(2), umount2(2), the loop-device ioctls, statvfs(3) and lseek(2) with
+// SEEK_DATA / SEEK_HOLE are `unsafe` to call; they are made here, behind safe
+// methods.
+#![allow(unsafe_code)]
+
+use std::collections::VecDeque;
+use std::ffi::CString;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use paddock_core::LimitKind;
+
+static NEXT_DISKS: AtomicU64 = AtomicU64::new(0);
+
+/// How many formatted templates an engine keeps (one per distinct quota).
+const MAX_TEMPLATES: usize = 8;
+
+/// The size and file count of one sandbox's filesystem.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
+    /// Bytes the filesystem holds (its metadata takes a little of them).
+    pub bytes: u64,
+    /// Files and directories it holds, at most.
+    pub files: u64,
+}
+
+impl Quota {
+    /// The quota of `limits` (merged with the defaults), if both are set.
+    pub fn of(limits: &paddock_core::Limits) -> Option<Quota> {
+        Some(Quota {
+            bytes: limits.disk_bytes?,
+            files: limits.disk_files?,
+        })
+    }
+
+    /// The files an ext4 image of this size holds: the file cap, but no more than
+    /// one per 4 KiB (an inode table larger than that would eat the space it
+    /// serves; each non-empty file takes a block anyway), and at least 16.
+    pub fn ext4_files(&self) -> u64 {
+        self.files.min(self.bytes / 4096).max(16)
+    }
+}
+
+/// The filesystem backend of an engine's sandboxes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Backend {
+    /// Sparse ext4 images, loop-mounted; formatted with this `mkfs.ext4`.
+    Loop { mkfs: PathBuf },
+    /// A tmpfs per sandbox.
+    Tmpfs,
+}
+
+/// One engine's sandbox filesystems: the backend found when it started, its
+/// templates, and where the images live.
+#[derive(Debug)]
+pub struct Disks {
+    backend: Option<Backend>,
+    /// Why no backend (or why not `loop`), for `paddock doctor`.
+    notes: Vec<String>,
+    /// `…/paddock-disk-<pid>-<n>-ns<inode>`: images and templates.
+    dir: PathBuf,
+    /// The tag in the tmpfs source and the images' directory name.
+    tag: String,
+    templates: parking_lot::Mutex<VecDeque<(Quota, PathBuf)>>,
+    next: AtomicU64,
+}
+
+impl Disks {
+    /// Finds a backend that works here (trying `loop`, then `tmpfs`, with a small
+    /// filesystem each), and the directory for the images under `parent`. First
+    /// unmounts and removes what Paddock processes that are gone left under
+    /// `parent`.
+    pub fn new(parent: &Path) -> Disks {
+        sweep_stale(parent);
+        let tag = format!(
+            "paddock-disk-{}-{}{}",
+            std::process::id(),
+            NEXT_DISKS.fetch_add(1, Ordering::Relaxed),
+            super::owner::namespace_suffix()
+        );
+        let dir = parent.join(&tag);
+        let mut disks = Disks {
+            backend: None,
+            notes: Vec::new(),
+            dir,
+            tag,
+            templates: parking_lot::Mutex::new(VecDeque::new()),
+            next: AtomicU64::new(0),
+        };
+        if let Err(e) = std::fs::create_dir_all(&disks.dir) {
+            disks
+                .notes
+                .push(format!("cannot create `{}`: {e}", disks.dir.display()));
+            return disks;
+        }
+        let probe = Quota {
+            bytes: 1 << 20,
+            files: 64,
+        };
+        let mut candidates = Vec::new();
+        match find_mkfs() {
+            Some(mkfs) if Path::new("/dev/loop-control").exists() => {
+                candidates.push(Backend::Loop { mkfs })
+            }
+            Some(_) => disks
+                .notes
+                .push("loop: /dev/loop-control is missing".to_string()),
+            None => disks
+                .notes
+                .push("loop: no mkfs.ext4 (e2fsprogs) was found".to_string()),
+        }
+        candidates.push(Backend::Tmpfs);
+        for backend in candidates {
+            disks.backend = Some(backend.clone());
+            let at = disks.dir.join("probe");
+            let tried = std::fs::create_dir_all(&at)
+                .and_then(|()| disks.mount(&at, probe))
+                .and_then(|v| v.unmount());
+            let _ = std::fs::remove_dir(&at);
+            match tried {
+                Ok(()) => return disks,
+                Err(e) => {
+                    disks.notes.push(format!("{}: {e}", backend_name(&backend)));
+                    disks.backend = None;
+                }
+            }
+        }
+        disks
+    }
+
+    /// `loop`, `tmpfs`, or `None` when no backend works here.
+    pub fn backend(&self) -> Option<&'static str> {
+        self.backend.as_ref().map(backend_name)
+    }
+
+    /// Why a backend was passed over (empty when `loop` works).
+    pub fn notes(&self) -> &[String] {
+        &self.notes
+    }
+
+    /// Makes a filesystem of `quota` and mounts it on the (empty) directory `at`,
+    /// owned by root with mode 0700.
+    pub fn mount(&self, at: &Path, quota: Quota) -> io::Result<Volume> {
+        let Some(backend) = &self.backend else {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "no filesystem backend for disk quotas works on this host",
+            ));
+        };
+        let image = match backend {
+            Backend::Loop { mkfs } => {
+                let template = self.template(mkfs, quota)?;
+                let n = self.next.fetch_add(1, Ordering::Relaxed);
+                let image = self.dir.join(format!("{n}.img"));
+                let made = sparse_copy(&template, &image).and_then(|()| mount_loop(&image, at));
+                if let Err(e) = made {
+                    let _ = std::fs::remove_file(&image);
+                    return Err(e);
+                }
+                Some(image)
+            }
+            Backend::Tmpfs => {
+                mount_tmpfs(&self.tag, at, quota)?;
+                None
+            }
+        };
+        let volume = Volume {
+            at: at.to_path_buf(),
+            image,
+            quota,
+        };
+        // A fresh ext4 has `lost+found`; the sandbox starts empty, and private.
+        let _ = std::fs::remove_dir(at.join("lost+found"));
+        use std::os::unix::fs::PermissionsExt;
+        if let Err(e) = std::fs::set_permissions(at, std::fs::Permissions::from_mode(0o700)) {
+            let _ = volume.unmount();
+            return Err(e);
+        }
+        Ok(volume)
+    }
+
+    /// Makes the (empty) directory `dir` a small tmpfs of its own with shared mount
+    /// propagation, for the mount points of sandboxes whose filesystems another
+    /// mount namespace must see too: one made later as a slave of this one (the OCI
+    /// runtime's, say) receives every volume mounted below `dir` and every unmount.
+    /// Undone by [`Disks::unshare_parent`]; tagged like the volumes, so a crashed
+    /// owner's is swept.
+    pub fn share_parent(&self, dir: &Path) -> io::Result<()> {
+        mount_tmpfs(
+            &self.tag,
+            dir,
+            Quota {
+                bytes: 16 << 20,
+                files: 1 << 20,
+            },
+        )?;
+        let target = cstring(dir)?;
+        // SAFETY: mount with a valid C path and no source, type or data: a change of
+        // propagation.
+        let r = unsafe {
+            libc::mount(
+                std::ptr::null(),
+                target.as_ptr(),
+                std::ptr::null(),
+                libc::MS_SHARED,
+                std::ptr::null(),
+            )
+        };
+        if r != 0 {
+            let e = io::Error::last_os_error();
+            // SAFETY: as above.
+            unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Unmounts what [`Disks::share_parent`] mounted on `dir`, with every volume
+    /// still below it.
+    pub fn unshare_parent(&self, dir: &Path) {
+        if let Ok(target) = cstring(dir) {
+            // SAFETY: umount2 with a valid C path.
+            unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
+
+    /// The formatted template image for `quota`, made on first use.
+    fn template(&self, mkfs: &Path, quota: Quota) -> io::Result<PathBuf> {
+        let mut templates = self.templates.lock();
+        if let Some((_, path)) = templates.iter().find(|(q, _)| *q == quota) {
+            return Ok(path.clone());
+        }
+        let path = self
+            .dir
+            .join(format!("template-{}-{}.img", quota.bytes, quota.files));
+        make_ext4(mkfs, &path, quota)?;
+        if templates.len() >= MAX_TEMPLATES {
+            if let Some((_, old)) = templates.pop_front() {
+                let _ = std::fs::remove_file(old);
+            }
+        }
+        templates.push_back((quota, path.clone()));
+        Ok(path)
+    }
+}
+
+impl Drop for Disks {
+    fn drop(&mut self) {
+        for (_, path) in self.templates.lock().drain(..) {
+            let _ = std::fs::remove_file(path);
+        }
+        // Images of volumes still mounted stay until those are unmounted; then the
+        // directory is empty and goes (or a later start sweeps it).
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+fn backend_name(b: &Backend) -> &'static str {
+    match b {
+        Backend::Loop { .. } => "loop",
+        Backend::Tmpfs => "tmpfs",
+    }
+}
+
+/// One sandbox's mounted filesystem.
+#[derive(Debug)]
+pub struct Volume {
+    at: PathBuf,
+    image: Option<PathBuf>,
+    quota: Quota,
+}
+
+/// How full a [`Volume`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fill {
+    /// Bytes still free for the program.
+    pub free_bytes: u64,
+    /// Files it may still create.
+    pub free_files: u64,
+    /// The filesystem's block size.
+    pub block_size: u64,
+}
+
+impl Fill {
+    /// The limit of a filesystem of `quota` that is used up, if one is: `disk` when
+    /// less than 1 MiB (or a quarter of a smaller quota) is left, `disk_files` when
+    /// no file can be created. The margin is the kernel's: ext4 refuses a write
+    /// larger than the space left as a whole, so a program writing 1 MiB at a time
+    /// stops with up to that much unused.
+    pub fn exhausted(&self, quota: Quota) -> Option<LimitKind> {
+        let margin = (1u64 << 20).min(quota.bytes / 4) + 4 * self.block_size.max(1024);
+        if self.free_bytes < margin {
+            Some(LimitKind::Disk)
+        } else if self.free_files == 0 {
+            Some(LimitKind::DiskFiles)
+        } else {
+            None
+        }
+    }
+}
+
+impl Volume {
+    /// The quota it was made with.
+    pub fn quota(&self) -> Quota {
+        self.quota
+    }
+
+    /// Its free space and files now, from `statvfs`.
+    pub fn fill(&self) -> io::Result<Fill> {
+        let path = cstring(&self.at)?;
+        // SAFETY: statvfs is plain data, filled by the kernel from a valid C path.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Fill {
+            free_bytes: st.f_bavail.saturating_mul(st.f_frsize),
+            free_files: st.f_favail,
+            block_size: st.f_frsize,
+        })
+    }
+
+    /// The limit that is used up now, if one is (see [`Fill::exhausted`]).
+    pub fn exhausted(&self) -> Option<LimitKind> {
+        self.fill().ok().and_then(|f| f.exhausted(self.quota))
+    }
+
+    /// The bytes its image takes on the host's disk (`None` for tmpfs).
+    pub fn image_bytes(&self) -> Option<u64> {
+        use std::os::unix::fs::MetadataExt;
+        let image = self.image.as_ref()?;
+        std::fs::metadata(image).ok().map(|m| m.blocks() * 512)
+    }
+
+    /// Unmounts it (lazily: a reader still holding a file keeps the filesystem until
+    /// it lets go; no one can open anything new in it) and removes its image. The
+    /// loop device detaches itself when the filesystem goes.
+    pub fn unmount(&self) -> io::Result<()> {
+        let path = cstring(&self.at)?;
+        // SAFETY: umount2 with a valid C path.
+        if unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) } != 0 {
+            let e = io::Error::last_os_error();
+            // Not mounted (any more): nothing to undo.
+            if e.raw_os_error() != Some(libc::EINVAL) && e.raw_os_error() != Some(libc::ENOENT) {
+                return Err(e);
+            }
+        }
+        if let Some(image) = &self.image {
+            match std::fs::remove_file(image) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+fn cstring(p: &Path) -> io::Result<CString> {
+    CString::new(p.as_os_str().as_encoded_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a path holds a NUL byte"))
+}
+
+fn find_mkfs() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/sbin"].map(PathBuf::from))
+        .map(|d| d.join("mkfs.ext4"))
+        .find(|p| p.is_file())
+}
+
+/// Formats a sparse ext4 image of `quota` at `path`: no journal (a sandbox's scratch
+/// space needs no crash consistency), no reserved blocks, inode tables initialized
+/// lazily (so the image holds a few hundred KiB until written).
+///
+/// mke2fs rounds an inode count up to fill its block groups' inode tables, so the
+/// count asked for is lowered until the filesystem holds no more files than the
+/// cap: inodes 1–10 are the filesystem's own (the root directory's among them), and
+/// every other one, `lost+found`'s too once it is removed, is a file the sandbox may
+/// create.
+fn make_ext4(mkfs: &Path, path: &Path, quota: Quota) -> io::Result<()> {
+    const RESERVED_INODES: u64 = 10;
+    let want = quota.ext4_files() + RESERVED_INODES;
+    let mut ask = want;
+    for _ in 0..8 {
+        format_ext4(mkfs, path, quota.bytes, ask)?;
+        let made = ext4_inode_count(path)?;
+        if made <= want {
+            return Ok(());
+        }
+        ask = ask.saturating_sub(made - want).max(RESERVED_INODES + 1);
+    }
+    let _ = std::fs::remove_file(path);
+    Err(io::Error::other(format!(
+        "mkfs.ext4 could not make a {} byte filesystem of at most {} files",
+        quota.bytes,
+        quota.ext4_files()
+    )))
+}
+
+fn format_ext4(mkfs: &Path, path: &Path, bytes: u64, inodes: u64) -> io::Result<()> {
+    let file = File::create(path)?;
+    file.set_len(bytes)?;
+    drop(file);
+    let out = std::process::Command::new(mkfs)
+        .args(["-q", "-F", "-O", "^has_journal,^resize_inode", "-m", "0"])
+        .args(["-E", "lazy_itable_init=1,nodiscard"])
+        .arg("-N")
+        .arg(inodes.to_string())
+        .arg(path)
+        .stdin(std::process::Stdio::null())
+        .output();
+    let failed = |why: String| {
+        let _ = std::fs::remove_file(path);
+        Err(io::Error::other(format!(
+            "mkfs.ext4 of a {bytes} byte image failed: {why}"
+        )))
+    };
+    match out {
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => failed(String::from_utf8_lossy(&o.stderr).trim().to_string()),
+        Err(e) => failed(e.to_string()),
+    }
+}
+
+/// `s_inodes_count` of the ext4 superblock (a little-endian u32 at byte 1024).
+fn ext4_inode_count(path: &Path) -> io::Result<u64> {
+    let mut word = [0u8; 4];
+    File::open(path)?.read_exact_at(&mut word, 1024)?;
+    Ok(u64::from(u32::from_le_bytes(word)))
+}
+
+/// Copies `from` to `to`, holes kept as holes (`SEEK_DATA` / `SEEK_HOLE`), so a
+/// copy of a sparse template takes only its written blocks.
+fn sparse_copy(from: &Path, to: &Path) -> io::Result<()> {
+    let src = File::open(from)?;
+    let len = src.metadata()?.len();
+    let dst = OpenOptions::new().write(true).create_new(true).open(to)?;
+    dst.set_len(len)?;
+    let mut buf = vec![0u8; 256 << 10];
+    let mut pos: i64 = 0;
+    let len = len as i64;
+    while pos < len {
+        // SAFETY: lseek on a valid fd.
+        let data = unsafe { libc::lseek(src.as_raw_fd(), pos, libc::SEEK_DATA) };
+        if data < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::ENXIO) {
+                break; // no data past `pos`
+            }
+            return Err(e);
+        }
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(src.as_raw_fd(), data, libc::SEEK_HOLE) };
+        let end = if hole < 0 { len } else { hole.min(len) };
+        let mut at = data;
+        while at < end {
+            let want = ((end - at) as usize).min(buf.len());
+            let n = src.read_at(&mut buf[..want], at as u64)?;
+            if n == 0 {
+                break;
+            }
+            dst.write_all_at(&buf[..n], at as u64)?;
+            at += n as i64;
+        }
+        pos = end;
+    }
+    Ok(())
+}
+
+// The loop device ABI (linux/loop.h).
+const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
+const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
+const LO_FLAGS_AUTOCLEAR: u32 = 4;
+
+#[repr(C)]
+struct LoopInfo64 {
+    device: u64,
+    inode: u64,
+    rdevice: u64,
+    offset: u64,
+    sizelimit: u64,
+    number: u32,
+    encrypt_type: u32,
+    encrypt_key_size: u32,
+    flags: u32,
+    file_name: [u8; 64],
+    crypt_name: [u8; 64],
+    encrypt_key: [u8; 32],
+    init: [u64; 2],
+}
+
+#[repr(C)]
+struct LoopConfig {
+    fd: u32,
+    block_size: u32,
+    info: LoopInfo64,
+    reserved: [u64; 8],
+}
+
+/// Attaches `image` to a free loop device (detached by the kernel once unmounted)
+/// and mounts it on `at` as ext4, `nosuid,nodev`.
+fn mount_loop(image: &Path, at: &Path) -> io::Result<()> {
+    let img = OpenOptions::new().read(true).write(true).open(image)?;
+    let ctl = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/loop-control")?;
+    let mut tries = 0;
+    let (dev_path, dev) = loop {
+        // SAFETY: an ioctl without argument on the loop-control fd.
+        let n = unsafe { libc::ioctl(ctl.as_raw_fd(), LOOP_CTL_GET_FREE as _) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let dev_path = PathBuf::from(format!("/dev/loop{n}"));
+        let dev = OpenOptions::new().read(true).write(true).open(&dev_path)?;
+        // SAFETY: LoopConfig is plain data; zero is a valid value of every field.
+        let mut config: LoopConfig = unsafe { std::mem::zeroed() };
+        config.fd = img.as_raw_fd() as u32;
+        config.info.flags = LO_FLAGS_AUTOCLEAR;
+        let name = image.as_os_str().as_encoded_bytes();
+        let keep = name.len().min(config.info.file_name.len() - 1);
+        config.info.file_name[..keep].copy_from_slice(&name[name.len() - keep..]);
+        // SAFETY: LOOP_CONFIGURE reads one LoopConfig, which outlives the call.
+        let r = unsafe { libc::ioctl(dev.as_raw_fd(), LOOP_CONFIGURE as _, &config) };
+        if r == 0 {
+            break (dev_path, dev);
+        }
+        let e = io::Error::last_os_error();
+        // Another process took the free device first.
+        if e.raw_os_error() == Some(libc::EBUSY) && tries < 32 {
+            tries += 1;
+            continue;
+        }
+        return Err(e);
+    };
+    let source = cstring(&dev_path)?;
+    let target = cstring(at)?;
+    let fstype = CString::new("ext4").expect("no NUL");
+    let options = CString::new("").expect("no NUL");
+    // SAFETY: mount with valid C strings; the data argument is a C string.
+    let r = unsafe {
+        libc::mount(
+            source.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOATIME,
+            options.as_ptr().cast(),
+        )
+    };
+    let result = if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    };
+    // The mount holds the device now; closing ours lets autoclear detach it once
+    // the filesystem is unmounted (or at once, if the mount failed).
+    drop(dev);
+    drop(img);
+    result
+}
+
+/// Mounts a tmpfs of `quota` on `at`, its source tagged with the owner.
+fn mount_tmpfs(tag: &str, at: &Path, quota: Quota) -> io::Result<()> {
+    let source = CString::new(tag).expect("a tag holds no NUL");
+    let target = cstring(at)?;
+    let fstype = CString::new("tmpfs").expect("no NUL");
+    let options = CString::new(format!(
+        "size={},nr_inodes={},mode=0700",
+        quota.bytes, quota.files
+    ))
+    .expect("no NUL");
+    // SAFETY: mount with valid C strings; the data argument is a C string.
+    let r = unsafe {
+        libc::mount(
+            source.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            options.as_ptr().cast(),
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// The mounts whose filesystem belongs to the tag `paddock-disk-<owner>`: a loop
+/// device whose backing file is in such a directory, or a tmpfs of that source.
+/// Returns (mount point, owner).
+fn tagged_mounts() -> Vec<(PathBuf, String)> {
+    let Ok(mountinfo) = super::sys::read_small("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for line in mountinfo.lines() {
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
+        let fields: Vec<&str> = left.split_whitespace().collect();
+        let mut rf = right.split_whitespace();
+        let (Some(fstype), Some(source), Some(point)) = (rf.next(), rf.next(), fields.get(4))
+        else {
+            continue;
+        };
+        let tag = match fstype {
+            "tmpfs" => source.to_string(),
+            "ext4" => match source.strip_prefix("/dev/") {
+                Some(dev) if dev.starts_with("loop") => {
+                    let backing = format!("/sys/block/{dev}/loop/backing_file");
+                    match super::sys::read_small(&backing) {
+                        Ok(b) => Path::new(b.trim())
+                            .parent()
+                            .and_then(|p| p.file_name())
+                            .map(|n| n.to_string_lossy().into_owned())
+                            .unwrap_or_default(),
+                        Err(_) => continue,
+                    }
+                }
+                _ => continue,
+            },
+            _ => continue,
+        };
+        if let Some(owner) = tag.strip_prefix("paddock-disk-") {
+            // Mount points escape spaces and the like as octal; ours have none.
+            out.push((PathBuf::from(point), owner.to_string()));
+        }
+    }
+    out
+}
+
+/// Unmounts the filesystems of Paddock processes (of this pid namespace) that are
+/// gone, and removes their image directories under `parent`.
+fn sweep_stale(parent: &Path) {
+    sweep_stale_mounts();
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if let Some(owner) = name.strip_prefix("paddock-disk-") {
+            if super::owner::owner_is_gone(owner) {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+}
+
+/// Unmounts the filesystems of Paddock processes (of this pid namespace) that are
+/// gone, wherever they are mounted.
+pub(crate) fn sweep_stale_mounts() {
+    for (point, owner) in tagged_mounts() {
+        if super::owner::owner_is_gone(&owner) {
+            if let Ok(p) = cstring(&point) {
+                // SAFETY: umount2 with a valid C path.
+                unsafe { libc::umount2(p.as_ptr(), libc::MNT_DETACH) };
+            }
+        }
+    }
+}
+
+/// The mount points of this process's own volumes that are still mounted (for
+/// tests: nothing is left after a destroy).
+pub fn own_mounts() -> Vec<PathBuf> {
+    let own = format!("{}-", std::process::id());
+    let suffix = super::owner::namespace_suffix();
+    tagged_mounts()
+        .into_iter()
+        .filter(|(_, owner)| owner.starts_with(&own) && owner.ends_with(&suffix))
+        .map(|(p, _)| p)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_loop_config_has_the_kernel_layout() {
+        assert_eq!(std::mem::size_of::<LoopInfo64>(), 232);
+        assert_eq!(std::mem::size_of::<LoopConfig>(), 304);
+    }
+
+    #[test]
+    fn inodes_follow_the_file_cap_within_the_size() {
+        let q = |bytes, files| Quota { bytes, files };
+        assert_eq!(q(1 << 30, 65_536).ext4_files(), 65_536);
+        assert_eq!(q(8 << 20, 65_536).ext4_files(), 2048);
+        assert_eq!(q(1 << 20, 1).ext4_files(), 16);
+    }
+
+    #[test]
+    fn a_fill_names_the_limit_used_up() {
+        let fill = |free_bytes, free_files| Fill {
+            free_bytes,
+            free_files,
+            block_size: 4096,
+        };
+        let big = Quota {
+            bytes: 1 << 30,
+            files: 100,
+        };
+        let small = Quota {
+            bytes: 1 << 20,
+            files: 100,
+        };
+        assert_eq!(fill(8 << 20, 10).exhausted(big), None);
+        assert_eq!(fill(900 << 10, 10).exhausted(big), Some(LimitKind::Disk));
+        assert_eq!(fill(8 << 20, 0).exhausted(big), Some(LimitKind::DiskFiles));
+        assert_eq!(fill(600 << 10, 10).exhausted(small), None);
+        assert_eq!(fill(200 << 10, 10).exhausted(small), Some(LimitKind::Disk));
+    }
+
+    fn root() -> bool {
+        super::super::sys::effective_uid() == 0
+    }
+
+    #[test]
+    fn a_volume_bounds_writes_and_leaves_no_mount() {
+        if !root() {
+            eprintln!("skipped: mounting needs root");
+            return;
+        }
+        let t = tempfile::tempdir().unwrap();
+        let disks = Disks::new(t.path());
+        let Some(backend) = disks.backend() else {
+            panic!("no disk backend works as root: {:?}", disks.notes());
+        };
+        let at = t.path().join("sb");
+        std::fs::create_dir(&at).unwrap();
+        let quota = Quota {
+            bytes: 8 << 20,
+            files: 100,
+        };
+        let v = disks.mount(&at, quota).unwrap();
+        assert!(
+            std::fs::read_dir(&at).unwrap().next().is_none(),
+            "starts empty"
+        );
+        assert_eq!(v.exhausted(), None);
+        // Past the size: ENOSPC, the file bounded by the quota.
+        let mut f = File::create(at.join("big")).unwrap();
+        let chunk = vec![7u8; 1 << 20];
+        let err = (0..64)
+            .find_map(|_| io::Write::write_all(&mut f, &chunk).err())
+            .expect("writing 64 MiB into 8 MiB must fail");
+        assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+        drop(f);
+        let len = std::fs::metadata(at.join("big")).unwrap().len();
+        assert!(len <= quota.bytes, "{len}");
+        assert_eq!(v.exhausted(), Some(LimitKind::Disk), "{:?} {len}", v.fill());
+        if backend == "loop" {
+            let on_host = v.image_bytes().unwrap();
+            assert!(on_host <= quota.bytes + (1 << 20), "{on_host}");
+        }
+        // Past the file count.
+        std::fs::remove_file(at.join("big")).unwrap();
+        let made = (0..1000)
+            .take_while(|i| File::create(at.join(format!("f{i}"))).is_ok())
+            .count();
+        assert!((50..=100).contains(&made), "{made} files");
+        if backend == "loop" {
+            // Exactly the cap, less what mke2fs's rounding could not give.
+            assert!(made >= 90, "{made} files");
+        }
+        assert_eq!(v.exhausted(), Some(LimitKind::DiskFiles));
+        assert!(own_mounts().contains(&at), "{:?}", own_mounts());
+        v.unmount().unwrap();
+        assert!(!own_mounts().contains(&at));
+        assert!(std::fs::read_dir(&at).unwrap().next().is_none());
+    }
+}
