@@ -166,7 +166,7 @@ impl BrokenSandbox {
         if self.inner.status() == SandboxStatus::Destroyed {
             return Err(Error::disposed("the sandbox"));
         }
-        Ok(self.inner.root_dir().join(path))
+        Ok(self.inner.host_dir().join(path))
     }
 }
 
@@ -193,6 +193,10 @@ impl Sandbox for BrokenSandbox {
 
     fn root_dir(&self) -> &Path {
         self.inner.root_dir()
+    }
+
+    fn host_dir(&self) -> &Path {
+        self.inner.host_dir()
     }
 
     fn status(&self) -> SandboxStatus {

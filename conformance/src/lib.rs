@@ -127,6 +127,7 @@ macro_rules! __with_case_names {
             timeout_kills_process_tree,
             files_round_trip,
             files_list,
+            files_under_root_dir,
             files_path_escape,
             cwd_path_escape,
             files_shared_with_program,

@@ -65,6 +65,8 @@ static CASES: &[Case] = &[
         "UTF-8 and binary files round-trip, parents are created, overwrites truncate, missing files are NOT_FOUND"),
     entry!(files::files_list, COMMAND,
         "list_files gives absolute paths with sizes from the workdir root (``, `.`, `/`) and subdirectories; a missing directory lists empty"),
+    entry!(files::files_under_root_dir, &[],
+        "`${root_dir}/dir` and `dir` name the same directory: files written by either path list under `${root_dir}/dir` and read back by the listed path"),
     entry!(files::files_path_escape, COMMAND,
         "`..`, absolute paths outside the workdir and symlink escapes are refused with PATH_ESCAPE"),
     entry!(files::cwd_path_escape, COMMAND,

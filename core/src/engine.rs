@@ -111,8 +111,17 @@ pub trait Sandbox: Send + Sync + fmt::Debug {
     /// The name of the engine that made it.
     fn engine(&self) -> EngineName;
 
-    /// The workdir on the host.
+    /// The sandbox's root as its programs see it: the workdir on the subprocess
+    /// engine, `/workspace` in a container. The files API takes paths under it (or
+    /// relative to it) and lists paths under it.
     fn root_dir(&self) -> &Path;
+
+    /// Where the sandbox's files are on the host, for the embedder's own checks
+    /// (never sent to API clients). The root as programs see it, unless an engine
+    /// says otherwise.
+    fn host_dir(&self) -> &Path {
+        self.root_dir()
+    }
 
     /// The current status.
     fn status(&self) -> SandboxStatus;

@@ -114,8 +114,13 @@ pub struct SandboxInfo {
     pub engine: EngineName,
     /// Its status.
     pub status: SandboxStatus,
-    /// The workdir on the host.
+    /// The sandbox's root as its programs see it (`/workspace` in a container):
+    /// the files API takes paths under it and lists paths under it.
     pub root_dir: String,
+    /// Where its files are on the host, for the embedder (not sent to API clients).
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub host_dir: String,
 }
 
 /// Runs an execution in a session.

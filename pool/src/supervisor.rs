@@ -567,13 +567,14 @@ impl Handler<OpenSandbox> for Supervisor {
                 });
                 // An engine that panics here never gets a session: the lease retires
                 // the tainted instance when it goes.
-                let (status, root_dir) = session.describe()?;
+                let (status, root_dir, host_dir) = session.describe()?;
                 act.sessions.insert(id.clone(), session);
                 Ok(SandboxInfo {
                     id,
                     engine,
                     status,
                     root_dir,
+                    host_dir,
                 })
             }),
         )
@@ -604,12 +605,13 @@ impl Handler<GetSandbox> for Supervisor {
     fn handle(&mut self, msg: GetSandbox, _ctx: &mut Self::Context) -> Self::Result {
         let session = self.session_for(&msg.caller, &msg.id)?;
         self.note_operator(&msg.caller, msg.action, Some(msg.id.clone()));
-        let (status, root_dir) = session.describe()?;
+        let (status, root_dir, host_dir) = session.describe()?;
         Ok(SandboxInfo {
             id: msg.id,
             engine: session.engine.clone(),
             status,
             root_dir,
+            host_dir,
         })
     }
 }

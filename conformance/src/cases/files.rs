@@ -172,6 +172,62 @@ pub(crate) async fn files_list(ctx: Ctx) -> Check {
     Ok(())
 }
 
+/// One path model on every engine: `root_dir` is the root as programs see it, the
+/// files API takes paths under it or relative to it, and lists paths under it.
+pub(crate) async fn files_under_root_dir(ctx: Ctx) -> Check {
+    let sandbox = ctx.sandbox().await?;
+    let root = sandbox.root_dir().to_string_lossy().into_owned();
+    ensure!(
+        root.starts_with('/'),
+        "root_dir must be an absolute path; got {root:?}"
+    );
+    let dir = format!("{}/dir", root.trim_end_matches('/'));
+    let absolute = format!("{dir}/a.txt");
+    sandbox
+        .write_file(&absolute, b"by root_dir")
+        .await
+        .or_fail(format_args!("write_file({absolute:?})"))?;
+    sandbox
+        .write_file("dir/b.txt", b"relative")
+        .await
+        .or_fail("write_file(\"dir/b.txt\")")?;
+    for listed_as in [dir.as_str(), "dir"] {
+        let entries = sorted(
+            sandbox
+                .list_files(listed_as)
+                .await
+                .or_fail(format_args!("list_files({listed_as:?})"))?,
+        );
+        let paths: Vec<&str> = entries.iter().map(|e| e.path.as_str()).collect();
+        let expected = [format!("{dir}/a.txt"), format!("{dir}/b.txt")];
+        ensure!(
+            paths == expected,
+            "list_files({listed_as:?}) must list {expected:?} (under root_dir {root:?}); got {paths:?}"
+        );
+        for (entry, data) in entries.iter().zip([&b"by root_dir"[..], b"relative"]) {
+            let back = sandbox.read_file(&entry.path).await.or_fail(format_args!(
+                "read_file of the listed path {:?}",
+                entry.path
+            ))?;
+            ensure!(
+                back == data,
+                "read_file({:?}) returned {:?}",
+                entry.path,
+                String::from_utf8_lossy(&back)
+            );
+        }
+    }
+    let top = sandbox
+        .list_files(&root)
+        .await
+        .or_fail("list_files(root_dir)")?;
+    ensure!(
+        top.iter().any(|e| e.path == dir && e.is_dir),
+        "list_files(root_dir) must hold {dir:?} as a directory; got {top:?}"
+    );
+    Ok(())
+}
+
 static ESCAPE_SEQ: AtomicU32 = AtomicU32::new(0);
 
 /// Removes `path` if a broken engine created it, and says whether it existed.
@@ -192,13 +248,13 @@ pub(crate) async fn files_path_escape(ctx: Ctx) -> Check {
     // Remove the links to outside directories before anything deletes the workdir, so
     // that not even a destroy that wrongly follows symlinks can reach them.
     for link in ESCAPE_LINKS {
-        let _ = std::fs::remove_file(sandbox.root_dir().join(link));
+        let _ = std::fs::remove_file(sandbox.host_dir().join(link));
     }
     result
 }
 
 async fn path_escape_checks(sandbox: &dyn Sandbox) -> Check {
-    let root = sandbox.root_dir().to_path_buf();
+    let root = sandbox.host_dir().to_path_buf();
     let outside = tempfile::Builder::new()
         .prefix("paddock-conformance-outside-")
         .tempdir()
@@ -308,7 +364,7 @@ const CWD_ESCAPE_LINK: &str = "cwd_escape";
 pub(crate) async fn cwd_path_escape(ctx: Ctx) -> Check {
     let sandbox = ctx.sandbox().await?;
     let result = cwd_escape_checks(&*sandbox).await;
-    let _ = std::fs::remove_file(sandbox.root_dir().join(CWD_ESCAPE_LINK));
+    let _ = std::fs::remove_file(sandbox.host_dir().join(CWD_ESCAPE_LINK));
     result
 }
 

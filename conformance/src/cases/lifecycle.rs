@@ -54,9 +54,9 @@ pub(crate) async fn sandboxes_are_separate(ctx: Ctx) -> Check {
     let b = ctx.sandbox().await?;
     ensure!(a.id() != b.id(), "two sandboxes share the id {:?}", a.id());
     ensure!(
-        a.root_dir() != b.root_dir(),
+        a.host_dir() != b.host_dir(),
         "two sandboxes share the workdir {}",
-        a.root_dir().display()
+        a.host_dir().display()
     );
     let other_engine = ctx.fresh_engine().await?;
     let c = other_engine
@@ -70,9 +70,9 @@ pub(crate) async fn sandboxes_are_separate(ctx: Ctx) -> Check {
         c.id()
     );
     ensure!(
-        c.root_dir() != a.root_dir() && c.root_dir() != b.root_dir(),
+        c.host_dir() != a.host_dir() && c.host_dir() != b.host_dir(),
         "a second engine's sandbox shares the workdir {}",
-        c.root_dir().display()
+        c.host_dir().display()
     );
     a.write_file("only-in-a.txt", b"a")
         .await
@@ -166,9 +166,9 @@ pub(crate) async fn destroy_refuses_later_calls(ctx: Ctx) -> Check {
     )?;
     expect_code(sandbox.recycle().await, CODE, "recycle after destroy")?;
     ensure!(
-        !sandbox.root_dir().exists(),
+        !sandbox.host_dir().exists(),
         "destroy must free the sandbox's resources, but its workdir {} still exists",
-        sandbox.root_dir().display()
+        sandbox.host_dir().display()
     );
     Ok(())
 }

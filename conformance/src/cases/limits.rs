@@ -57,7 +57,7 @@ pub(crate) async fn output_is_capped(ctx: Ctx) -> Check {
     }
     if r.is_success() {
         ensure!(
-            sandbox.root_dir().join("done.marker").exists(),
+            sandbox.host_dir().join("done.marker").exists(),
             "the program reported success but did not run to its end"
         );
     }

@@ -49,9 +49,9 @@ async fn tree_control(ctx: &Ctx) -> Check {
     );
     for marker in MARKERS {
         ensure!(
-            sandbox.root_dir().join(marker).exists(),
+            sandbox.host_dir().join(marker).exists(),
             "control run: {marker} was not written in the workdir {}, so the tree script cannot prove anything",
-            sandbox.root_dir().display()
+            sandbox.host_dir().display()
         );
     }
     Ok(())
@@ -134,11 +134,11 @@ pub(crate) async fn abort_kills_process_tree(ctx: Ctx) -> Check {
          SIGTERM, which the child ignores) and return promptly (within 1.5 s)"
     );
     no_markers(
-        sandbox.root_dir(),
+        sandbox.host_dir(),
         "right after the cancelled exec returned",
     )?;
     tokio::time::sleep_until((tree_started + MARKER_CHECK_AFTER).into()).await;
-    no_markers(sandbox.root_dir(), "after the execution was cancelled")
+    no_markers(sandbox.host_dir(), "after the execution was cancelled")
 }
 
 pub(crate) async fn timeout_kills_process_tree(ctx: Ctx) -> Check {
@@ -166,7 +166,7 @@ pub(crate) async fn timeout_kills_process_tree(ctx: Ctx) -> Check {
          (including a SIGTERM-ignoring child) promptly (within 3 s)"
     );
     tokio::time::sleep_until((started + MARKER_CHECK_AFTER).into()).await;
-    no_markers(sandbox.root_dir(), "after the execution timed out")
+    no_markers(sandbox.host_dir(), "after the execution timed out")
 }
 
 pub(crate) async fn exec_reaps_background(ctx: Ctx) -> Check {
@@ -180,7 +180,7 @@ pub(crate) async fn exec_reaps_background(ctx: Ctx) -> Check {
     )
     .await?;
     ensure!(
-        control.is_success() && sandbox.root_dir().join("control.marker").exists(),
+        control.is_success() && sandbox.host_dir().join("control.marker").exists(),
         "control: a background job that is waited for must write its marker; got {}",
         brief(&control)
     );
@@ -201,7 +201,7 @@ pub(crate) async fn exec_reaps_background(ctx: Ctx) -> Check {
     );
     tokio::time::sleep_until((started + Duration::from_millis(1_700)).into()).await;
     ensure!(
-        !sandbox.root_dir().join("background.marker").exists(),
+        !sandbox.host_dir().join("background.marker").exists(),
         "a background process (ignoring SIGTERM, output to /dev/null) outlived the execution \
          that started it and wrote background.marker 1 s later"
     );

@@ -237,7 +237,7 @@ pub(crate) async fn huge_file(h: Arc<H>) -> Check {
 
 pub(crate) async fn many_files(h: Arc<H>) -> Check {
     let sandbox = h.sandbox().await?;
-    let root = std::path::PathBuf::from(&sandbox.info().root_dir);
+    let root = std::path::PathBuf::from(&sandbox.info().host_dir);
     let mut request = h.program(
         "mkdir d && i=0 && while [ $i -lt 20000 ]; do : > d/f$i; i=$((i+1)); done; ls d | wc -l",
         "import os\nos.makedirs('d')\nfor i in range(20000):\n    open(f'd/f{i}', 'w').close()\nprint(len(os.listdir('d')))",
@@ -294,7 +294,7 @@ pub(crate) async fn disk_quota(h: Arc<H>) -> Check {
     let mut spec = paddock_core::SandboxSpec::default();
     spec.limits.disk_bytes = Some(QUOTA);
     let sandbox = h.sandbox_with(spec).await?;
-    let root = std::path::PathBuf::from(&sandbox.info().root_dir);
+    let root = std::path::PathBuf::from(&sandbox.info().host_dir);
     let r = sandbox
         .exec(fill())
         .await
@@ -367,7 +367,7 @@ pub(crate) async fn file_count_cap(h: Arc<H>) -> Check {
     let mut spec = paddock_core::SandboxSpec::default();
     spec.limits.disk_files = Some(CAP);
     let sandbox = h.sandbox_with(spec).await?;
-    let root = std::path::PathBuf::from(&sandbox.info().root_dir);
+    let root = std::path::PathBuf::from(&sandbox.info().host_dir);
     let r = sandbox
         .exec(h.program(
             "i=0; while [ $i -lt 1000 ]; do : > f$i || break; i=$((i+1)); done; echo made $i",

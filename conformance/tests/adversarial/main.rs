@@ -50,6 +50,7 @@ mod escape;
 mod exhaustion;
 mod handlers;
 mod harness;
+mod matrix;
 mod outside;
 mod scheduling;
 
@@ -105,4 +106,5 @@ adversarial! {
     scheduling::destroy_during_exec,
     scheduling::ten_thousand_queued,
     scheduling::engine_creation_fails,
+    matrix::limits_matrix,
 }

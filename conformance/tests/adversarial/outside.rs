@@ -22,7 +22,7 @@ fn shares_host(target: Target) -> bool {
 
 pub(crate) async fn writes_outside_workdir(h: Arc<H>) -> Check {
     let sandbox = h.sandbox().await?;
-    let workdir = PathBuf::from(&sandbox.info().root_dir);
+    let workdir = PathBuf::from(&sandbox.info().host_dir);
     let name = format!("paddock-adversarial-{}", h.token);
     let targets = [
         format!("/tmp/{name}"),
@@ -84,7 +84,7 @@ pub(crate) async fn writes_outside_workdir(h: Arc<H>) -> Check {
 
 pub(crate) async fn symlink_escape(h: Arc<H>) -> Check {
     let sandbox = h.sandbox().await?;
-    let workdir = PathBuf::from(&sandbox.info().root_dir);
+    let workdir = PathBuf::from(&sandbox.info().host_dir);
     if h.target.lang() == Lang::Js {
         // A script cannot make a symlink; plant them as another program sharing the
         // workdir could have.

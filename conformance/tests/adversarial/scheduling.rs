@@ -257,7 +257,7 @@ pub(crate) async fn cancel_at_every_stage(h: Arc<H>) -> Check {
 
 pub(crate) async fn destroy_during_exec(h: Arc<H>) -> Check {
     let sandbox = h.sandbox().await?;
-    let workdir = std::path::PathBuf::from(&sandbox.info().root_dir);
+    let workdir = std::path::PathBuf::from(&sandbox.info().host_dir);
     let exec = tokio::spawn({
         let sandbox = sandbox.clone();
         let request = long_running(&h);

@@ -84,7 +84,8 @@ impl ContainerSandbox {
                 _ => None,
             };
             let workdir = Workdir::create_on(&eng.root.join("sandboxes"), &id2, disk)
-                .map_err(|e| Error::engine_io("creating the sandbox workdir", e))?;
+                .map_err(|e| Error::engine_io("creating the sandbox workdir", e))?
+                .shown_at(Path::new(WORKSPACE));
             // The sandbox's memory group: the containers' parent, with their limit.
             if let Some(dir) = eng.cgroup_dir("memory", &cg2) {
                 if let Err(e) = std::fs::create_dir_all(&dir) {
@@ -280,6 +281,10 @@ impl Sandbox for ContainerSandbox {
     }
 
     fn root_dir(&self) -> &Path {
+        self.workdir.shown_root()
+    }
+
+    fn host_dir(&self) -> &Path {
         self.workdir.root()
     }
 
@@ -335,15 +340,7 @@ impl Sandbox for ContainerSandbox {
 
     async fn list_files(&self, path: &str) -> Result<Vec<FileEntry>> {
         let path = path.to_string();
-        let mut entries = self.file_op(move |w| w.list_files(&path)).await?;
-        // Paths as the program sees them: the workdir is /workspace inside.
-        let host = self.workdir.root().to_string_lossy().into_owned();
-        for e in &mut entries {
-            if let Some(rest) = e.path.strip_prefix(&host) {
-                e.path = format!("{WORKSPACE}{rest}");
-            }
-        }
-        Ok(entries)
+        self.file_op(move |w| w.list_files(&path)).await
     }
 
     async fn recycle(&self) -> Result<()> {

@@ -47,6 +47,9 @@ pub const MAX_LIST_DEPTH: usize = 256;
 #[derive(Debug)]
 pub struct Workdir {
     root: PathBuf,
+    /// The root as the sandbox's programs see it (`root` unless they see it
+    /// elsewhere, as at `/workspace` in a container).
+    shown: PathBuf,
     fd: OwnedFd,
     volume: Option<Volume>,
 }
@@ -90,7 +93,25 @@ impl Workdir {
                 return Err(e);
             }
         };
-        Ok(Workdir { root, fd, volume })
+        Ok(Workdir {
+            shown: root.clone(),
+            root,
+            fd,
+            volume,
+        })
+    }
+
+    /// This workdir, as its programs see it at `shown` (an absolute path): the
+    /// file operations take paths under `shown` instead of the host path, and
+    /// listings give paths under it.
+    pub fn shown_at(mut self, shown: &Path) -> Workdir {
+        self.shown = shown.to_path_buf();
+        self
+    }
+
+    /// The root as the sandbox's programs see it.
+    pub fn shown_root(&self) -> &Path {
+        &self.shown
     }
 
     /// The sandbox's own filesystem, when it has a disk quota.
@@ -172,8 +193,9 @@ impl Workdir {
 
     /// Turns a caller's path into a relative path below the root, lexically.
     ///
-    /// `""`, `"."` and `"/"` name the root; an absolute path must lie under the root;
-    /// `..` is refused outright.
+    /// `""`, `"."` and `"/"` name the root; an absolute path must lie under the root
+    /// as programs see it ([`shown_root`](Workdir::shown_root)); `..` is refused
+    /// outright.
     pub fn relative(&self, path: &str) -> Result<PathBuf> {
         if path.contains('\0') {
             return Err(Error::invalid_options("path", "must not contain NUL bytes"));
@@ -183,7 +205,7 @@ impl Workdir {
             if p == Path::new("/") {
                 Path::new("")
             } else {
-                match p.strip_prefix(&self.root) {
+                match p.strip_prefix(&self.shown) {
                     Ok(rest) => rest,
                     Err(_) => return Err(escape(path)),
                 }
@@ -503,7 +525,7 @@ impl Workdir {
                 let name = entry.file_name();
                 let file_type = entry.file_type().map_err(|e| map_io(e, arg))?;
                 let child_rel = dir_rel.join(&name);
-                let shown = self.root.join(&child_rel).to_string_lossy().into_owned();
+                let shown = self.shown.join(&child_rel).to_string_lossy().into_owned();
                 if file_type.is_dir() {
                     out.push(FileEntry {
                         path: shown,

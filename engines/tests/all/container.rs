@@ -338,7 +338,7 @@ async fn nothing_is_left_behind_after_destroy_and_engine_drop() {
         !leftovers(&name).is_empty(),
         "the engine's cgroups exist while it runs"
     );
-    let workdir = sb.root_dir().to_path_buf();
+    let workdir = sb.host_dir().to_path_buf();
     sb.destroy().await.unwrap();
     assert!(!workdir.exists());
     drop(sb);
@@ -857,7 +857,7 @@ async fn cwd_is_resolved_beneath_the_workdir() {
         // one made on the host, and a symlinked parent.
         let r = run(&*sb, sh("ln -s / esc && ln -s ../.. sub/up")).await;
         assert_eq!(r.outcome, exit(0), "{what}: {r:?}");
-        std::os::unix::fs::symlink("/", sb.root_dir().join("host-esc")).unwrap();
+        std::os::unix::fs::symlink("/", sb.host_dir().join("host-esc")).unwrap();
         let in_dir = |cwd: &str| {
             let mut req = sh("pwd");
             req.cwd = Some(cwd.to_string());

@@ -158,7 +158,7 @@ async fn stream_and_check(
 async fn open_read_streams_a_large_file_through_one_buffer() {
     for (what, sb) in sandboxes().await {
         let size = 100 << 20;
-        let marks = sparse_file(&sb.root_dir().join("big.bin"), size);
+        let marks = sparse_file(&sb.host_dir().join("big.bin"), size);
         let mut reader = sb.open_read("big.bin").await.unwrap();
         assert_eq!(reader.size, size, "{what}");
         let (read, largest) = stream_and_check(what, &mut reader, &marks).await;
@@ -171,7 +171,7 @@ async fn open_read_streams_a_large_file_through_one_buffer() {
         let mut reader = sb.open_read("big.bin").await.unwrap();
         std::fs::OpenOptions::new()
             .append(true)
-            .open(sb.root_dir().join("big.bin"))
+            .open(sb.host_dir().join("big.bin"))
             .unwrap()
             .write_all(b"appended")
             .unwrap();
@@ -187,7 +187,7 @@ async fn open_read_has_no_size_limit_where_read_file_has() {
     let engine = SubprocessEngine::new(&SubprocessConfig::default()).unwrap();
     let sb = engine.create(&SandboxSpec::default()).await.unwrap();
     let size = MAX_READ_BYTES + (8 << 20);
-    let marks = sparse_file(&sb.root_dir().join("huge.bin"), size);
+    let marks = sparse_file(&sb.host_dir().join("huge.bin"), size);
     let e = sb.read_file("huge.bin").await.unwrap_err();
     assert_eq!(e.code, ErrorCode::LimitsExceeded, "{e}");
     assert!(e.message.contains("open_read"), "{e}");
@@ -201,7 +201,7 @@ async fn open_read_has_no_size_limit_where_read_file_has() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn write_from_streams_a_source_within_its_limit() {
     for (what, sb) in sandboxes().await {
-        let root = sb.root_dir().to_path_buf();
+        let root = sb.host_dir().to_path_buf();
         let n = (5 << 20) + 123;
         let (source, largest_ask) = generated(n);
         let written = sb.write_from("deep/dir/out.bin", source, n).await.unwrap();
@@ -269,7 +269,7 @@ async fn streams_refuse_escapes_and_fifos_at_once() {
     let outside = tempfile::tempdir().unwrap();
     std::fs::write(outside.path().join("secret.txt"), "outside").unwrap();
     for (what, sb) in sandboxes().await {
-        let root = sb.root_dir().to_path_buf();
+        let root = sb.host_dir().to_path_buf();
         std::os::unix::fs::symlink(outside.path(), root.join("esc")).unwrap();
         std::os::unix::fs::symlink(outside.path().join("secret.txt"), root.join("file-esc"))
             .unwrap();
@@ -334,7 +334,7 @@ async fn a_destroy_does_not_wait_for_a_slow_source() {
             tokio::spawn(async move { sb2.write_from("slow.bin", Box::pin(rx), 1 << 20).await });
         tx.write_all(b"first part").await.unwrap();
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while !sb.root_dir().join("slow.bin").exists() {
+        while !sb.host_dir().join("slow.bin").exists() {
             assert!(std::time::Instant::now() < deadline, "{what}: no file");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }

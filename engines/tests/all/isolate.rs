@@ -562,7 +562,7 @@ async fn unsupported_programs_and_inputs_are_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn destroy_ends_a_running_script_and_refuses_later_calls() {
     let sb = sandbox().await;
-    let root = sb.root_dir().to_path_buf();
+    let root = sb.host_dir().to_path_buf();
     let runner = {
         let sb = sb.clone();
         tokio::spawn(async move { run(&*sb, js("while (true) {}")).await })

@@ -79,7 +79,7 @@ async fn stdin_cwd_env_and_usage() {
     req.cwd = Some("sub/dir".into());
     req.env.insert("GREETING".into(), "hello".into());
     let r = run(&*sb, req).await;
-    let root = sb.root_dir().to_string_lossy().into_owned();
+    let root = sb.host_dir().to_string_lossy().into_owned();
     assert_eq!(
         r.stdout,
         format!("from stdin\n{root}/sub/dir\nhello\nhome={root}\n")
@@ -163,7 +163,7 @@ async fn streaming_is_live() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deadline_and_cancel_kill_the_whole_tree() {
     let sb = sandbox(SandboxSpec::default()).await;
-    let root = sb.root_dir().to_path_buf();
+    let root = sb.host_dir().to_path_buf();
     // A TERM-trapping child and a setsid'd daemon, each writing a marker later.
     let script = "trap '' TERM; (trap '' TERM; sleep 1.5; touch child_marker) & setsid sh -c 'sleep 1.5; touch daemon_marker' & sleep 30";
     let start = Instant::now();
@@ -207,9 +207,9 @@ async fn background_children_do_not_outlive_the_execution() {
     .await;
     assert!(r.is_success(), "{r:?}");
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert!(!sb.root_dir().join("late").exists());
+    assert!(!sb.host_dir().join("late").exists());
     if engine().capabilities().has_feature("cgroup") {
-        assert!(!sb.root_dir().join("late2").exists());
+        assert!(!sb.host_dir().join("late2").exists());
     }
 }
 
@@ -405,7 +405,7 @@ async fn network_none_has_no_route_to_the_host() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn destroy_kills_a_running_execution_and_cleans_up() {
     let sb = sandbox(SandboxSpec::default()).await;
-    let root = sb.root_dir().to_path_buf();
+    let root = sb.host_dir().to_path_buf();
     let sb2 = sb.clone();
     let running = tokio::spawn(async move {
         sb2.exec(sh("sleep 30"), &DiscardSink, CancelToken::new())
@@ -528,7 +528,7 @@ async fn processes_are_capped_per_sandbox_and_recycle_ends_them() {
         let pid = p.pid().unwrap();
         let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).unwrap_or_default();
         assert!(
-            !(alive(pid) && cwd.starts_with(sb.root_dir())),
+            !(alive(pid) && cwd.starts_with(sb.host_dir())),
             "pid {:?} survived recycle",
             p.pid()
         );
@@ -599,7 +599,7 @@ async fn process_output(p: &paddock_core::ProcessHandle) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cwd_is_resolved_beneath_the_workdir() {
     let sb = sandbox(SandboxSpec::default()).await;
-    let root = sb.root_dir().to_path_buf();
+    let root = sb.host_dir().to_path_buf();
     sb.write_file("sub/dir/keep", b"").await.unwrap();
     // A symlink to the host's root, one planted by a program, and a symlinked parent.
     std::os::unix::fs::symlink("/", root.join("esc")).unwrap();

@@ -62,14 +62,16 @@ impl Session {
         self.call("destroy", |sb| Box::pin(async move { sb.destroy().await }))
     }
 
-    /// The sandbox's status and workdir, read with panic capture.
-    pub(crate) fn describe(&self) -> Result<(SandboxStatus, String), Error> {
+    /// The sandbox's status, its root as programs see it and its host directory,
+    /// read with panic capture.
+    pub(crate) fn describe(&self) -> Result<(SandboxStatus, String, String), Error> {
         let inst = self.lease.instance();
         let sandbox = inst.sandbox.clone();
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             (
                 sandbox.status(),
                 sandbox.root_dir().to_string_lossy().into_owned(),
+                sandbox.host_dir().to_string_lossy().into_owned(),
             )
         }))
         .map_err(|panic| {

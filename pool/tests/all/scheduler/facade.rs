@@ -165,7 +165,7 @@ async fn concurrent_destroys_all_return_after_the_teardown() {
             matches!(r.outcome, Outcome::Completed { exit_code: 0, .. }),
             "{r:?}"
         );
-        let root = std::path::PathBuf::from(&sb.info().root_dir);
+        let root = std::path::PathBuf::from(&sb.info().host_dir);
         assert!(root.join("d/4000").exists());
         let again = paddock
             .sandbox(&paddock_pool::Caller::Embedder, sb.id())
