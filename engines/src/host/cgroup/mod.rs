@@ -573,6 +573,12 @@ impl Cgroup {
         Ok(())
     }
 
+    /// The group's directory in the v2 hierarchy, when it has one (v2, or the kill
+    /// group of a hybrid host).
+    pub fn v2_dir(&self) -> Option<&Path> {
+        self.v2.as_ref().map(|v| v.dir.as_path())
+    }
+
     /// The directory whose `cgroup.procs` lists the group's own processes.
     fn members_dir(&self) -> Option<&Path> {
         match (&self.v1, &self.v2) {
@@ -926,6 +932,26 @@ pub fn set_frozen(dir: &Path, frozen: bool) -> io::Result<()> {
     } else {
         write(&dir.join("freezer.state"), "THAWED")
     }
+}
+
+/// The cgroup2 mount point of this mount namespace, if one is mounted.
+pub fn v2_mount() -> Option<PathBuf> {
+    HostLayout::detect().v2.map(|m| m.mount_point)
+}
+
+/// Kills every process in the v2 group `dir` and in every group below it through
+/// `cgroup.kill` (atomic: a fork in flight dies too, and so do frozen tasks), and
+/// waits, up to 5 s, until the kernel reports it empty (`populated 0` in
+/// `cgroup.events`). An empty group is left alone.
+pub fn kill_v2(dir: &Path) -> io::Result<()> {
+    v2::kill(&RealFs, dir, v2::KILL_WAIT)
+}
+
+/// Freezes (`cgroup.freeze`) or thaws the v2 group `dir` and every group below it;
+/// a freeze waits, up to 5 s, until the kernel reports it `frozen 1` in
+/// `cgroup.events`, and a group that does not freeze in time is thawed again.
+pub fn set_frozen_v2(dir: &Path, frozen: bool) -> io::Result<()> {
+    v2::set_frozen(&RealFs, dir, frozen, PAUSE_FREEZE_WAIT)
 }
 
 /// Kills everything in the v1 group whose `pids` (and optionally `freezer`)
