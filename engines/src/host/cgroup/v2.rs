@@ -286,6 +286,7 @@ pub(crate) fn pids_max_hits(fs: &dyn CgroupFs, dir: &Path) -> u64 {
 }
 
 /// The group's peak memory use (`memory.peak`), in bytes.
+#[cfg(test)]
 pub(crate) fn peak_memory(fs: &dyn CgroupFs, dir: &Path) -> u64 {
     fs.read(&dir.join("memory.peak"))
         .ok()
