@@ -376,6 +376,8 @@ pub(crate) fn exit_status(r: &ExecResult) -> i32 {
             LimitKind::Memory | LimitKind::Pids | LimitKind::Output => 137,
             LimitKind::Cpu => 128 + libc_sigxcpu(),
             LimitKind::FileSize => 128 + libc_sigxfsz(),
+            // Disk quotas end writes as the file-size limit does.
+            LimitKind::Disk | LimitKind::DiskFiles => 128 + libc_sigxfsz(),
         },
         Outcome::Failed { error } => exit_for_error(error.code),
         // The protocol's "waiting, not failing" status.
