@@ -308,9 +308,9 @@ mod tests {
         let table: Vec<_> = LIMIT_TABLE.iter().map(|s| s.name).collect();
         assert_eq!(names, table);
         // Each field set alone serializes under its table name.
-        for i in 0..LIMIT_TABLE.len() {
+        for (i, spec) in LIMIT_TABLE.iter().enumerate() {
             let mut l = Limits::default();
-            *l.fields_mut()[i] = Some(LIMIT_TABLE[i].range.1);
+            *l.fields_mut()[i] = Some(spec.range.1);
             let v = serde_json::to_value(&l).unwrap();
             assert_eq!(v.as_object().unwrap().len(), 1);
             assert!(v.get(LIMIT_TABLE[i].name).is_some(), "{v}");

@@ -8,7 +8,7 @@
 //! quota limits, a seccomp profile, `no_new_privs`, three capabilities and masked
 //! `/proc` paths. The runtime is started without forking the host; a deadline,
 //! cancel or destroy kills every process of the container through its cgroup (the
-//! freezer first), which ends the container.
+//! v1 freezer first, or v2's `cgroup.kill`), which ends the container.
 //!
 //! Environment: a container never gets the host's environment. Its processes see
 //! the variables the engine sets (`PATH` for the container's root, `HOME` and `PWD`
@@ -16,7 +16,8 @@
 //! names (read once, when the engine starts) and the request's `env`; nothing else.
 //!
 //! Cgroups: every container's `cgroupsPath` lies under the cgroup this process lives
-//! in (its memory hierarchy's path), below one group per engine and one per sandbox.
+//! in (its memory hierarchy's path, or on a pure v2 host the v2 placement of
+//! `host::cgroup`), below one group per engine and one per sandbox.
 //! The sandbox group carries the same memory limit, so that a kill by the OOM killer
 //! can be told apart after the runtime has removed the container's own group. The
 //! engine removes the groups, bundles and runtime state it made when a sandbox is
@@ -449,7 +450,7 @@ impl ContainerEngine {
                 .any(|h| h.controllers.iter().any(|c| c == controller))
         };
         // Pausing: the v1 freezer, or `cgroup.freeze` on a pure v2 host.
-        if (!inner.v2 && v1_has("freezer")) || inner.v2 {
+        if inner.v2 || v1_has("freezer") {
             features.push("pause");
         }
         // The bundle's CPU quota binds where the runtime has a CPU controller.
