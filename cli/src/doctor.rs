@@ -116,6 +116,13 @@ pub(crate) async fn doctor(args: DoctorArgs) -> Result<i32, crate::run::UsageErr
             }
         }
         if let Ok((info, _)) = &container {
+            println!(
+                "  cgroups                : {}",
+                match info["cgroups"].as_str() {
+                    Some("v2") => "v2 (cgroup.kill, cgroup.freeze, memory.peak)",
+                    _ => "v1 (freezer, then SIGKILL; the runtimes' limits)",
+                }
+            );
             let agent = &info["warm_agent"];
             match agent["path"].as_str() {
                 Some(path) => println!("  warm containers        : ok ({path})"),
@@ -211,6 +218,7 @@ fn container_check(
             "path": info.path.display().to_string(),
             "version": info.version,
             "private_mount_namespace": info.private_mount_namespace,
+            "cgroups": engine.cgroup_version(),
             "fallback_reason": info.fallback_reason,
             "warm_agent": match engine.agent() {
                 Ok(path) => serde_json::json!({"status": "ok", "path": path.display().to_string()}),

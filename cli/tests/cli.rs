@@ -328,6 +328,9 @@ fn doctor_reports_the_host() {
     if status == "ok" {
         assert_eq!(container["capabilities"]["max_level"], "strict", "{v}");
         assert!(["crun", "runc"].contains(&container["runtime"]["kind"].as_str().unwrap()));
+        // Containers use v2 only on a pure v2 host.
+        let want = if expected == "v2" { "v2" } else { "v1" };
+        assert_eq!(container["runtime"]["cgroups"], want, "{v}");
     } else {
         assert!(
             std::env::var_os("PADDOCK_REQUIRE_CONTAINERS").is_none(),

@@ -502,12 +502,20 @@ pub(super) struct SandboxUsage {
 
 impl SandboxUsage {
     pub(super) fn start(engine: &EngineInner, cgroup: &str) -> SandboxUsage {
-        let memory = engine.cgroup_dir("memory", cgroup);
-        if !engine.v2 {
+        SandboxUsage::start_in(
+            engine.v2,
+            engine.cgroup_dir("memory", cgroup),
+            engine.cgroup_dir("cpuacct", cgroup),
+        )
+    }
+
+    /// `start` for the sandbox group whose memory (and, v1, cpuacct) directory is
+    /// given.
+    fn start_in(v2: bool, memory: Option<PathBuf>, cpu: Option<PathBuf>) -> SandboxUsage {
+        if !v2 {
             if let Some(dir) = &memory {
                 let _ = std::fs::write(dir.join("memory.max_usage_in_bytes"), "0");
             }
-            let cpu = engine.cgroup_dir("cpuacct", cgroup);
             return SandboxUsage {
                 v2: false,
                 cpu_before: cpu.as_deref().map_or(0, cpu_usage_ns),
@@ -724,7 +732,37 @@ mod tests {
 
 #[cfg(test)]
 mod quota_tests {
-    use super::quota_for;
+    use super::{quota_for, SandboxUsage};
+
+    #[test]
+    fn v2_accounting_reads_memory_peak_through_its_reset_descriptor_cpu_stat_and_memory_events() {
+        let dir = tempfile::tempdir().unwrap();
+        let put = |f: &str, v: &str| std::fs::write(dir.path().join(f), v).unwrap();
+        put("memory.peak", "5000");
+        put(
+            "cpu.stat",
+            "usage_usec 1000\nuser_usec 600\nsystem_usec 400\n",
+        );
+        put(
+            "memory.events",
+            "low 0\nhigh 0\nmax 0\noom 0\noom_kill 2\noom_group_kill 0\n",
+        );
+        let usage = SandboxUsage::start_in(true, Some(dir.path().into()), None);
+        // The peak was reset (the kernel resets it for the writing descriptor).
+        assert_eq!(usage.finish(Some(1 << 20)), (0, false, 0));
+        // The execution: the group's peak, 3 s of CPU, an OOM kill below it.
+        std::fs::write(dir.path().join("memory.peak"), "7777").unwrap();
+        put(
+            "cpu.stat",
+            "usage_usec 3001000\nuser_usec 2000000\nsystem_usec 1001000\n",
+        );
+        put(
+            "memory.events",
+            "low 0\nhigh 0\nmax 4\noom 1\noom_kill 3\noom_group_kill 0\n",
+        );
+        // v2 counts the sandbox's own OOM kills, whatever the peak.
+        assert_eq!(usage.finish(Some(1 << 30)), (7777, true, 3000));
+    }
 
     #[test]
     fn cpu_millicores_becomes_the_share_of_the_period_and_unset_keeps_the_default() {

@@ -487,6 +487,16 @@ impl ContainerEngine {
         &self.inner.info
     }
 
+    /// Which cgroup version the containers' groups are managed in: `v1` (hybrid
+    /// hosts included) or `v2` (a pure v2 host).
+    pub fn cgroup_version(&self) -> &'static str {
+        if self.inner.v2 {
+            "v2"
+        } else {
+            "v1"
+        }
+    }
+
     /// The agent binary warm containers run, or why sandboxes get no warm container.
     pub fn agent(&self) -> std::result::Result<&Path, &str> {
         self.inner.agent.as_deref().map_err(String::as_str)

@@ -1191,6 +1191,16 @@ mod tests {
     }
 
     #[test]
+    fn the_oom_and_pids_counters_read_both_versions_files() {
+        let v2_events = "low 0\nhigh 2\nmax 7\noom 4\noom_kill 3\noom_group_kill 1\n";
+        assert_eq!(oom_kill_count(v2_events), 3);
+        let v1_control = "oom_kill_disable 0\nunder_oom 0\noom_kill 5\n";
+        assert_eq!(oom_kill_count(v1_control), 5);
+        assert_eq!(pids_max_count("max 9\n"), 9);
+        assert_eq!(oom_kill_count(""), 0);
+    }
+
+    #[test]
     fn v1_cpu_quota_is_the_millicores_share_of_the_period() {
         let dir = tempfile::tempdir().unwrap();
         for f in ["cpu.cfs_period_us", "cpu.cfs_quota_us"] {
