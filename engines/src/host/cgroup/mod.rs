@@ -13,8 +13,7 @@
 //! - **v2**: everything in the one hierarchy: `memory.max` (with `memory.swap.max`
 //!   0), `pids.max`, `cpu.max`, `memory.events`, `pids.events`, `cgroup.kill`,
 //!   `cgroup.freeze`. Groups go under the process's own group, which must be given
-//!   the `memory` and `pids` controllers (a delegated subtree); see [`v2`'s rules]
-//!   below.
+//!   the `memory` and `pids` controllers (a delegated subtree; the rules below).
 //!
 //! Paddock places its groups under the cgroup the host process already lives in,
 //! one parent per engine (`paddock-<pid>-<n>-ns<inode>`) and one child per sandbox.
@@ -22,8 +21,6 @@
 //! live in its `leaf` child, and where the process's own group must hand controllers
 //! to Paddock's groups while holding processes, Paddock moves itself into a leaf of
 //! its own first, but only when it is the only process there.
-//!
-//! [`v2`'s rules]: Layout::V2
 
 mod fs;
 mod layout;
@@ -129,7 +126,7 @@ pub struct Cgroup {
     seen_pids_max: AtomicU64,
 }
 
-/// A v1 mount: its mount point and our own path inside it, for one controller.
+/// This process's group directory in the v1 hierarchy of `controller`.
 fn v1_dir(host: &HostLayout, controller: &str) -> Option<PathBuf> {
     host.v1_dir(controller)
 }
