@@ -950,12 +950,9 @@ pub(crate) fn v2_container_base() -> Result<(String, PathBuf, Vec<String>), Stri
 }
 
 /// Creates the v2 group `dir` unless it exists, and hands `controllers` to its
-/// children (a sandbox's containers); its parent must exist.
+/// children (a sandbox's containers) unless it does already; its parent must exist.
 pub(crate) fn ensure_v2_parent(dir: &Path, controllers: &[String]) -> io::Result<()> {
-    match v2::create_parent(&RealFs, dir, controllers) {
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
-        r => r,
-    }
+    v2::ensure_parent(&RealFs, dir, controllers)
 }
 
 /// Writes a v2 group's memory (no swap beyond it) and pids limits.

@@ -209,6 +209,33 @@ pub(crate) fn create_parent(
     Ok(())
 }
 
+/// Makes sure group `dir` exists and hands `controllers` to its children, whoever
+/// made it (an OCI runtime creates the groups on a container's path itself).
+pub(crate) fn ensure_parent(
+    fs: &dyn CgroupFs,
+    dir: &Path,
+    controllers: &[String],
+) -> io::Result<()> {
+    match fs.create_dir(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let enabled = fs
+        .read(&dir.join("cgroup.subtree_control"))
+        .map(|t| words(&t))
+        .unwrap_or_default();
+    let missing: Vec<String> = controllers
+        .iter()
+        .filter(|c| !enabled.contains(c))
+        .map(|c| format!("+{c}"))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    fs.write(&dir.join("cgroup.subtree_control"), &missing.join(" "))
+}
+
 /// Creates a group whose processes live in its leaf: `dir` and `dir/leaf`.
 pub(crate) fn create_group(fs: &dyn CgroupFs, dir: &Path) -> io::Result<()> {
     fs.create_dir(dir)?;
@@ -611,6 +638,35 @@ mod tests {
         assert_eq!(cpu_max(Some(2000)), "200000 100000");
         assert_eq!(cpu_max(Some(1)), "1000 100000");
         assert_eq!(cpu_max(None), "max 100000");
+    }
+
+    #[test]
+    fn a_parent_made_by_someone_else_still_gets_the_controllers_once() {
+        let fs = FakeFs::v2(MNT, "cpu memory pids");
+        fs.set("/sys/fs/cgroup/cgroup.subtree_control", "cpu memory pids");
+        // The runtime made it first, without handing anything down.
+        fs.mkgroup("/sys/fs/cgroup/e", "cpu memory pids");
+        let ctl: Vec<String> = ["memory", "pids"].map(String::from).to_vec();
+        ensure_parent(&fs, Path::new("/sys/fs/cgroup/e"), &ctl).unwrap();
+        assert_eq!(
+            fs.get("/sys/fs/cgroup/e/cgroup.subtree_control").unwrap(),
+            "memory pids"
+        );
+        // Again: nothing to write.
+        fs.clear_ops();
+        ensure_parent(&fs, Path::new("/sys/fs/cgroup/e"), &ctl).unwrap();
+        ensure_parent(&fs, Path::new("/sys/fs/cgroup/e/sb"), &ctl).unwrap();
+        assert_eq!(
+            fs.ops(),
+            [
+                Op::Mkdir(p("/sys/fs/cgroup/e")),
+                Op::Mkdir(p("/sys/fs/cgroup/e/sb")),
+                Op::Write(
+                    p("/sys/fs/cgroup/e/sb/cgroup.subtree_control"),
+                    "+memory +pids".into()
+                ),
+            ]
+        );
     }
 
     #[test]
