@@ -257,7 +257,9 @@ impl WarmContainer {
             self.counters = Some(if self.engine.v2 {
                 Counters {
                     v2: true,
-                    max_usage: open("memory", "memory.peak", true),
+                    // Writable (for the reset) from kernel 6.12 on; read-only before.
+                    max_usage: open("memory", "memory.peak", true)
+                        .or_else(|| open("memory", "memory.peak", false)),
                     cpu: open("cpu", "cpu.stat", false),
                     oom: open("memory", "memory.events", false),
                     pids_events: open("pids", "pids.events", false),
