@@ -260,3 +260,57 @@ fn a_sandbox_group_is_killed_through_cgroup_kill_where_the_v2_mount_offers_it() 
     assert!(!v2_dir.exists());
     drop(root);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subprocess_execution_runs_in_its_sandboxs_v2_leaf_and_its_setsid_child_dies() {
+    use paddock_core::{
+        CancelToken, DiscardSink, Engine, ExecRequest, Program, SandboxSpec, SubprocessConfig,
+    };
+    use paddock_engines::subprocess::SubprocessEngine;
+    if let Err(why) = v2_mount() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let engine = SubprocessEngine::new(&SubprocessConfig::default()).unwrap();
+    let Some(report) = engine.host_support().cgroups.clone() else {
+        eprintln!("skipped: {:?}", engine.host_support().cgroup);
+        return;
+    };
+    if report.kill != "v2 cgroup.kill" {
+        eprintln!("skipped: the kill is {}", report.kill);
+        return;
+    }
+    let sb = engine.create(&SandboxSpec::default()).await.unwrap();
+    // The program's v2 group, and a setsid child that writes its pid and lingers.
+    let r = sb
+        .exec(
+            ExecRequest::new(Program::command([
+                "sh",
+                "-c",
+                "grep '^0::' /proc/self/cgroup; setsid sh -c 'echo $$ > escapee; exec sleep 1000' & sleep 0.2",
+            ])),
+            &DiscardSink,
+            CancelToken::new(),
+        )
+        .await
+        .unwrap();
+    let line = r.stdout.trim();
+    assert!(line.starts_with("0::/"), "{r:?}");
+    assert!(line.ends_with(&format!("/{}/leaf", sb.id())), "{line}");
+    // Its v2 group lies under the engine's, in the v2 mount.
+    let engine_group = report.groups.last().unwrap();
+    assert!(engine_group.starts_with(cgroup::v2_mount().unwrap()));
+    let escapee: i32 = std::fs::read_to_string(sb.root_dir().join("escapee"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(2), || dead(escapee)),
+        "the setsid child outlived its execution"
+    );
+    let leaf = engine_group.join(sb.id()).join("leaf");
+    assert_eq!(event(&leaf, "populated"), Some(0));
+    sb.destroy().await.unwrap();
+    assert!(!leaf.exists() && !engine_group.join(sb.id()).exists());
+}
