@@ -5,6 +5,7 @@ use paddock_core::{
     ContainerConfig, Engine, ExecRequest, IsolateConfig, Language, OciRuntime, Program,
     SubprocessConfig,
 };
+use paddock_engines::cgroup::{CgroupReport, Layout};
 use paddock_engines::container::ContainerEngine;
 use paddock_engines::isolate::IsolateEngine;
 use paddock_engines::subprocess::SubprocessEngine;
@@ -76,6 +77,8 @@ pub(crate) async fn doctor(args: DoctorArgs) -> Result<i32, crate::run::UsageErr
             "subprocess": {
                 "cgroup": status(&s.cgroup),
                 "freezer": s.freezer,
+                "cgroup_layout": s.cgroup_layout.as_str(),
+                "cgroups": s.cgroups.as_ref().map(cgroup_json),
                 "netns": status(&s.netns),
                 "interpreters": interpreters
                     .iter()
@@ -88,14 +91,9 @@ pub(crate) async fn doctor(args: DoctorArgs) -> Result<i32, crate::run::UsageErr
     } else {
         println!("subprocess engine");
         println!("  cgroup limits and kill : {}", status(&s.cgroup));
-        println!(
-            "  freezer                : {}",
-            if s.freezer {
-                "ok"
-            } else {
-                "unavailable (kills fall back to repeated SIGKILL)"
-            }
-        );
+        for line in cgroup_lines(s.cgroup_layout, s.cgroups.as_ref()) {
+            println!("{line}");
+        }
         println!("  network policy `none`  : {}", status(&s.netns));
         for (lang, found) in &interpreters {
             println!("  {lang:<23}: {found}");
@@ -118,6 +116,13 @@ pub(crate) async fn doctor(args: DoctorArgs) -> Result<i32, crate::run::UsageErr
             }
         }
         if let Ok((info, _)) = &container {
+            println!(
+                "  cgroups                : {}",
+                match info["cgroups"].as_str() {
+                    Some("v2") => "v2 (cgroup.kill, cgroup.freeze, memory.peak)",
+                    _ => "v1 (freezer, then SIGKILL; the runtimes' limits)",
+                }
+            );
             let agent = &info["warm_agent"];
             match agent["path"].as_str() {
                 Some(path) => println!("  warm containers        : ok ({path})"),
@@ -145,6 +150,57 @@ pub(crate) async fn doctor(args: DoctorArgs) -> Result<i32, crate::run::UsageErr
     Ok(0)
 }
 
+/// The cgroup lines of the text report: the layout, where the groups are, and
+/// what the limits, the kill, the freezer and `cpu_millicores` use.
+fn cgroup_lines(layout: Layout, report: Option<&CgroupReport>) -> Vec<String> {
+    let layout_text = match layout {
+        Layout::V1 => "v1 (one hierarchy per controller)",
+        Layout::Hybrid => "hybrid (v1 controllers, and a cgroup2 mount beside them)",
+        Layout::V2 => "v2 (one unified hierarchy)",
+        Layout::None => "none (no cgroup hierarchy is mounted)",
+    };
+    let mut lines = vec![format!("  cgroup layout          : {layout_text}")];
+    let Some(r) = report else {
+        lines.push(
+            "  freezer                : unavailable (kills fall back to repeated SIGKILL)".into(),
+        );
+        return lines;
+    };
+    let groups: Vec<String> = r.groups.iter().map(|g| g.display().to_string()).collect();
+    lines.push(format!("  cgroup groups          : {}", groups.join(", ")));
+    if let Some(leaf) = &r.moved_into {
+        lines.push(format!(
+            "  moved itself into      : {} (no processes in a group with controllers)",
+            leaf.display()
+        ));
+    }
+    lines.push(format!("  cgroup limits          : ok ({})", r.limits));
+    lines.push(format!("  cgroup kill            : ok ({})", r.kill));
+    let ok_or = |x: &Result<String, String>| match x {
+        Ok(how) => format!("ok ({how})"),
+        Err(why) => format!("unavailable: {why}"),
+    };
+    lines.push(format!("  freezer                : {}", ok_or(&r.freeze)));
+    lines.push(format!("  cpu_millicores         : {}", ok_or(&r.cpu)));
+    lines
+}
+
+/// The JSON of what the sandboxes' cgroups use.
+fn cgroup_json(r: &CgroupReport) -> serde_json::Value {
+    let ok_or = |x: &Result<String, String>| match x {
+        Ok(how) => format!("ok ({how})"),
+        Err(why) => format!("unavailable: {why}"),
+    };
+    serde_json::json!({
+        "groups": r.groups.iter().map(|g| g.display().to_string()).collect::<Vec<_>>(),
+        "limits": r.limits,
+        "kill": r.kill,
+        "freeze": ok_or(&r.freeze),
+        "cpu_millicores": ok_or(&r.cpu),
+        "moved_into": r.moved_into.as_ref().map(|p| p.display().to_string()),
+    })
+}
+
 /// Starts the container engine with `runtime` (which runs a probe container) and
 /// describes the runtime it uses.
 fn container_check(
@@ -162,6 +218,7 @@ fn container_check(
             "path": info.path.display().to_string(),
             "version": info.version,
             "private_mount_namespace": info.private_mount_namespace,
+            "cgroups": engine.cgroup_version(),
             "fallback_reason": info.fallback_reason,
             "warm_agent": match engine.agent() {
                 Ok(path) => serde_json::json!({"status": "ok", "path": path.display().to_string()}),
@@ -177,7 +234,7 @@ fn container_fix(why: &str) -> &'static str {
     if why.contains("is not installed") {
         "install crun (preferred) or runc, for example `apt-get install crun runc`"
     } else if why.contains("cgroup") {
-        "mount the cgroup v1 memory, pids and freezer hierarchies (or run on a host that has them)"
+        "mount the cgroup v1 memory, pids and freezer hierarchies, or on cgroup v2 start Paddock in a delegated subtree with the memory and pids controllers (see docs/cgroups.md)"
     } else if why.contains("namespace") {
         "run Paddock as root on a kernel with user, pid, mount and network namespaces enabled"
     } else {
@@ -198,4 +255,52 @@ fn isolate_check() -> Result<paddock_core::Capabilities, String> {
         return Err(format!("`6 * 7` gave {:?} ({:?})", r.value, r.outcome));
     }
     Ok(engine.capabilities().clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cgroup_lines_say_the_layout_the_placement_and_what_works() {
+        let v2 = CgroupReport {
+            layout: Layout::V2,
+            groups: vec!["/sys/fs/cgroup/app.scope/paddock-1-0-ns2".into()],
+            limits: "v2 memory.max, memory.swap.max, pids.max".into(),
+            kill: "v2 cgroup.kill".into(),
+            freeze: Ok("v2 cgroup.freeze".into()),
+            cpu: Err(
+                "the cgroup `/sys/fs/cgroup/app.scope` is not given the cpu controller".into(),
+            ),
+            moved_into: Some("/sys/fs/cgroup/app.scope/paddock-1-self-ns2".into()),
+        };
+        let lines = cgroup_lines(Layout::V2, Some(&v2));
+        assert_eq!(
+            lines[0],
+            "  cgroup layout          : v2 (one unified hierarchy)"
+        );
+        assert_eq!(
+            lines[1],
+            "  cgroup groups          : /sys/fs/cgroup/app.scope/paddock-1-0-ns2"
+        );
+        assert!(lines[2].contains("paddock-1-self-ns2"));
+        assert!(lines.contains(&"  cgroup kill            : ok (v2 cgroup.kill)".to_string()));
+        assert!(lines.contains(&"  freezer                : ok (v2 cgroup.freeze)".to_string()));
+        assert!(lines
+            .iter()
+            .any(|l| l.starts_with("  cpu_millicores         : unavailable: ")));
+        // Every line keeps the report's column.
+        assert!(lines.iter().all(|l| l.find(": ") == Some(25)), "{lines:?}");
+        let json = cgroup_json(&v2);
+        assert_eq!(json["kill"], "v2 cgroup.kill");
+        assert!(json["cpu_millicores"]
+            .as_str()
+            .unwrap()
+            .starts_with("unavailable"));
+        // No cgroups: the layout, and the kill's fallback.
+        let none = cgroup_lines(Layout::None, None);
+        assert_eq!(none.len(), 2);
+        assert!(none[0].contains("none"));
+        assert!(none[1].contains("repeated SIGKILL"));
+    }
 }

@@ -274,6 +274,46 @@ fn doctor_reports_the_host() {
     assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(v["subprocess"]["capabilities"]["programs"].is_array());
+    // The cgroup layout the host mounts, as /proc/self/mountinfo has it.
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let fstype = |t: &str| {
+        mountinfo.lines().any(|l| {
+            l.split_once(" - ")
+                .is_some_and(|(_, r)| r.split_whitespace().next() == Some(t))
+        })
+    };
+    let v1 = mountinfo.lines().any(|l| {
+        l.split_once(" - ").is_some_and(|(_, r)| {
+            let mut f = r.split_whitespace();
+            f.next() == Some("cgroup")
+                && f.nth(1)
+                    .is_some_and(|o| o.split(',').any(|o| ["memory", "pids", "cpu"].contains(&o)))
+        })
+    });
+    let expected = match (v1, fstype("cgroup2")) {
+        (true, true) => "hybrid",
+        (true, false) => "v1",
+        (false, true) => "v2",
+        (false, false) => "none",
+    };
+    let sub = &v["subprocess"];
+    assert_eq!(sub["cgroup_layout"], expected, "{v}");
+    if sub["cgroup"] == "ok" {
+        let cg = &sub["cgroups"];
+        assert!(!cg["groups"].as_array().unwrap().is_empty(), "{v}");
+        assert!(cg["kill"].is_string() && cg["limits"].is_string(), "{v}");
+        // cpu_millicores is declared exactly where it is enforced.
+        let declared = sub["capabilities"]["limits"]
+            .as_array()
+            .is_some_and(|l| l.iter().any(|x| x == "cpu_millicores"));
+        assert_eq!(
+            declared,
+            cg["cpu_millicores"].as_str().unwrap().starts_with("ok"),
+            "{v}"
+        );
+    } else {
+        assert!(sub["cgroups"].is_null(), "{v}");
+    }
     assert_eq!(v["isolate"]["status"], "ok", "{v}");
     assert_eq!(
         v["isolate"]["capabilities"]["max_level"],
@@ -288,6 +328,9 @@ fn doctor_reports_the_host() {
     if status == "ok" {
         assert_eq!(container["capabilities"]["max_level"], "strict", "{v}");
         assert!(["crun", "runc"].contains(&container["runtime"]["kind"].as_str().unwrap()));
+        // Containers use v2 only on a pure v2 host.
+        let want = if expected == "v2" { "v2" } else { "v1" };
+        assert_eq!(container["runtime"]["cgroups"], want, "{v}");
     } else {
         assert!(
             std::env::var_os("PADDOCK_REQUIRE_CONTAINERS").is_none(),

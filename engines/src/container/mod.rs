@@ -8,7 +8,7 @@
 //! quota limits, a seccomp profile, `no_new_privs`, three capabilities and masked
 //! `/proc` paths. The runtime is started without forking the host; a deadline,
 //! cancel or destroy kills every process of the container through its cgroup (the
-//! freezer first), which ends the container.
+//! v1 freezer first, or v2's `cgroup.kill`), which ends the container.
 //!
 //! Environment: a container never gets the host's environment. Its processes see
 //! the variables the engine sets (`PATH` for the container's root, `HOME` and `PWD`
@@ -16,7 +16,8 @@
 //! names (read once, when the engine starts) and the request's `env`; nothing else.
 //!
 //! Cgroups: every container's `cgroupsPath` lies under the cgroup this process lives
-//! in (its memory hierarchy's path), below one group per engine and one per sandbox.
+//! in (its memory hierarchy's path, or on a pure v2 host the v2 placement of
+//! `host::cgroup`), below one group per engine and one per sandbox.
 //! The sandbox group carries the same memory limit, so that a kill by the OOM killer
 //! can be told apart after the runtime has removed the container's own group. The
 //! engine removes the groups, bundles and runtime state it made when a sandbox is
@@ -96,6 +97,12 @@ pub(crate) struct EngineInner {
     /// The engine's cgroup path (absolute, in cgroup terms).
     pub(crate) cgroup_base: String,
     pub(crate) hierarchies: Vec<Hierarchy>,
+    /// The cgroup2 mount, when the host has one.
+    pub(crate) v2_mount: Option<PathBuf>,
+    /// Pure v2: no v1 `memory` hierarchy, every group file is in the v2 mount (the
+    /// controllers handed to the engine's groups are in `v2_controllers`).
+    pub(crate) v2: bool,
+    pub(crate) v2_controllers: Vec<String>,
     pub(crate) cpu_quota_us: u64,
     pub(crate) seccomp: bool,
     /// Interpreter paths inside the container, by language.
@@ -109,18 +116,54 @@ pub(crate) struct EngineInner {
 }
 
 impl EngineInner {
-    /// The host directory of cgroup `path` in the hierarchy with `controller`.
+    /// The host directory of cgroup `path` in the hierarchy with `controller`: its
+    /// v1 hierarchy, or on a pure v2 host the one hierarchy (see `v2` for which
+    /// files to use).
     pub(crate) fn cgroup_dir(&self, controller: &str, path: &str) -> Option<PathBuf> {
+        if self.v2 {
+            return self.v2_dir(path);
+        }
         self.hierarchies
             .iter()
             .find(|h| h.controllers.iter().any(|c| c == controller))
             .map(|h| h.dir(path))
     }
 
-    /// Kills every process of the container whose cgroup is `path` (frozen first, so
-    /// that nothing forks past the kill). A paused sandbox's group (the parent) is
-    /// thawed first: frozen tasks do not die.
+    /// The host directory of cgroup `path` in the v2 hierarchy.
+    pub(crate) fn v2_dir(&self, path: &str) -> Option<PathBuf> {
+        let mount = self.v2_mount.as_ref()?;
+        self.hierarchies
+            .iter()
+            .find(|h| &h.mount_point == mount)
+            .map(|h| h.dir(path))
+    }
+
+    /// Creates the v2 groups from the engine's down to `path` (a sandbox's),
+    /// handing the controllers down, so that the sandbox's group has its accounting
+    /// files and can be frozen before any container runs. A no-op unless pure v2.
+    pub(crate) fn ensure_v2_group(&self, path: &str) -> std::io::Result<()> {
+        if !self.v2 {
+            return Ok(());
+        }
+        for d in group_chain(&self.cgroup_base, path) {
+            if let Some(dir) = self.v2_dir(&d) {
+                crate::host::cgroup::ensure_v2_parent(&dir, &self.v2_controllers)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Kills every process of the container whose cgroup is `path`: in v1 frozen
+    /// first, so that nothing forks past the kill (a paused sandbox's group, the
+    /// parent, is thawed first: frozen tasks do not die); in v2 through
+    /// `cgroup.kill`, which a fork cannot race and frozen tasks do not survive.
     pub(crate) fn kill_container(&self, path: &str) -> std::io::Result<()> {
+        if self.v2 {
+            return match self.v2_dir(path) {
+                Some(dir) if dir.exists() => crate::host::cgroup::kill_v2(&dir),
+                _ => Ok(()),
+            };
+        }
         let Some(pids) = self.cgroup_dir("pids", path) else {
             return Ok(());
         };
@@ -138,11 +181,31 @@ impl EngineInner {
     /// Removes cgroup `path` and everything below it from every hierarchy.
     pub(crate) fn remove_cgroup(&self, path: &str) {
         for h in &self.hierarchies {
-            if let Err(e) = crate::host::cgroup::remove_tree(&h.dir(path)) {
+            let removed = if self.v2_mount.as_ref() == Some(&h.mount_point) {
+                crate::host::cgroup::remove_tree_v2(&h.dir(path))
+            } else {
+                crate::host::cgroup::remove_tree(&h.dir(path))
+            };
+            if let Err(e) = removed {
                 tracing::warn!(path, error = %e, "a container cgroup could not be removed");
             }
         }
     }
+}
+
+/// The cgroup paths from `base` down to `path` (below it), outermost first.
+fn group_chain(base: &str, path: &str) -> Vec<String> {
+    let rel = path
+        .strip_prefix(base)
+        .filter(|r| r.is_empty() || r.starts_with('/'))
+        .unwrap_or("");
+    let mut at = base.to_string();
+    let mut chain = vec![at.clone()];
+    for part in rel.split('/').filter(|p| !p.is_empty()) {
+        at = format!("{at}/{part}");
+        chain.push(at.clone());
+    }
+    chain
 }
 
 impl Drop for EngineInner {
@@ -187,17 +250,28 @@ impl ContainerEngine {
             )
         })?;
         let hierarchies = crate::host::cgroup::hierarchies();
-        let own = crate::host::cgroup::own_path("memory").ok_or_else(|| {
-            unavailable(
-                "the container engine needs the cgroup v1 `memory` hierarchy, which is not mounted"
-                    .into(),
-            )
-        })?;
+        let v2_mount = crate::host::cgroup::v2_mount();
+        // v1 where the memory hierarchy is mounted (hybrid hosts included: the
+        // runtimes put their limits there); else the v2 hierarchy, under a placement
+        // that may hand controllers down (see `host::cgroup`).
+        let (own, v2, v2_controllers) = match crate::host::cgroup::own_path("memory") {
+            Some(own) if hierarchies.iter().any(|h| h.controllers.iter().any(|c| c == "memory")) => {
+                (own, false, Vec::new())
+            }
+            _ => match crate::host::cgroup::v2_container_base() {
+                Ok((path, _, controllers)) => (path, true, controllers),
+                Err(why) => {
+                    return Err(unavailable(format!(
+                        "the container engine needs the cgroup v1 `memory` hierarchy or cgroup v2 with the memory and pids controllers: {why}"
+                    )))
+                }
+            },
+        };
         let own = own.trim_end_matches('/').to_string();
         // Dead owners' filesystems first: their directories can go only once nothing
         // is mounted in them.
         crate::host::volume::sweep_stale_mounts();
-        sweep_stale(&parent, &own, &hierarchies, config);
+        sweep_stale(&parent, &own, &hierarchies, v2_mount.as_deref(), config);
 
         // A random part (the tail of a UUIDv7 is random), so that nobody can take
         // the name first in a shared temp dir.
@@ -288,6 +362,9 @@ impl ContainerEngine {
             host_usr,
             cgroup_base,
             hierarchies,
+            v2_mount,
+            v2,
+            v2_controllers,
             cpu_quota_us: (config.cpus * 100_000.0).round() as u64,
             seccomp: config.seccomp,
             interpreters: BTreeMap::new(),
@@ -394,13 +471,22 @@ impl ContainerEngine {
         let mut programs = vec![ProgramKind::Command];
         programs.extend(inner.interpreters.keys().map(|l| ProgramKind::Code(*l)));
         let mut features = vec!["streaming", "files", "output_cap", "cgroup", "seccomp"];
-        if inner
-            .hierarchies
-            .iter()
-            .any(|h| h.controllers.iter().any(|c| c == "freezer"))
-        {
+        let v1_has = |controller: &str| {
+            inner
+                .hierarchies
+                .iter()
+                .any(|h| h.controllers.iter().any(|c| c == controller))
+        };
+        // Pausing: the v1 freezer, or `cgroup.freeze` on a pure v2 host.
+        if inner.v2 || v1_has("freezer") {
             features.push("pause");
         }
+        // The bundle's CPU quota binds where the runtime has a CPU controller.
+        let cpu = if inner.v2 {
+            inner.v2_controllers.iter().any(|c| c == "cpu")
+        } else {
+            v1_has("cpu")
+        };
         if inner.agent.is_ok() {
             // In the warm container, through its agent.
             features.extend([
@@ -417,7 +503,8 @@ impl ContainerEngine {
                 "max_output_bytes",
                 "file_size_bytes",
                 "open_files",
-            ]);
+            ])
+            .with_limits(if cpu { &["cpu_millicores"] } else { &[] });
         if inner.disks.is_ok() {
             let caps = std::mem::replace(
                 &mut inner.caps,
@@ -433,6 +520,16 @@ impl ContainerEngine {
     /// The runtime in use and how it was chosen.
     pub fn runtime_info(&self) -> &RuntimeInfo {
         &self.inner.info
+    }
+
+    /// Which cgroup version the containers' groups are managed in: `v1` (hybrid
+    /// hosts included) or `v2` (a pure v2 host).
+    pub fn cgroup_version(&self) -> &'static str {
+        if self.inner.v2 {
+            "v2"
+        } else {
+            "v1"
+        }
     }
 
     /// The agent binary warm containers run, or why sandboxes get no warm container.
@@ -544,7 +641,13 @@ pub(crate) fn with_init(engine: &EngineInner, argv: Vec<String>) -> Vec<String> 
 /// Removes what container engines of Paddock processes that no longer run left
 /// behind: their containers (killed through their cgroups), cgroups, and
 /// directories (bundles, runtime state, workdirs).
-fn sweep_stale(parent: &Path, own: &str, hierarchies: &[Hierarchy], config: &ContainerConfig) {
+fn sweep_stale(
+    parent: &Path,
+    own: &str,
+    hierarchies: &[Hierarchy],
+    v2_mount: Option<&Path>,
+    config: &ContainerConfig,
+) {
     let dead = |name: &str| -> bool {
         let Some(rest) = name.strip_prefix(PREFIX) else {
             return false;
@@ -557,6 +660,10 @@ fn sweep_stale(parent: &Path, own: &str, hierarchies: &[Hierarchy], config: &Con
     // Cgroups first: killing a container's processes ends it.
     for h in hierarchies {
         let base = h.dir(own);
+        if Some(h.mount_point.as_path()) == v2_mount {
+            crate::host::cgroup::remove_stale_v2(&base, PREFIX);
+            continue;
+        }
         let Ok(entries) = std::fs::read_dir(&base) else {
             continue;
         };
@@ -603,5 +710,25 @@ fn sweep_stale(parent: &Path, own: &str, hierarchies: &[Hierarchy], config: &Con
             }
         }
         let _ = std::fs::remove_dir_all(entry.path());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::group_chain;
+
+    #[test]
+    fn the_v2_groups_of_a_sandbox_are_made_from_the_engines_down() {
+        assert_eq!(
+            group_chain("/svc/paddock-ct-1", "/svc/paddock-ct-1/ct-a/w0"),
+            [
+                "/svc/paddock-ct-1",
+                "/svc/paddock-ct-1/ct-a",
+                "/svc/paddock-ct-1/ct-a/w0"
+            ]
+        );
+        assert_eq!(group_chain("/e", "/e"), ["/e"]);
+        // A path outside the engine's group is never walked.
+        assert_eq!(group_chain("/e", "/elsewhere/x"), ["/e"]);
     }
 }

@@ -86,12 +86,19 @@ impl ContainerSandbox {
             let workdir = Workdir::create_on(&eng.root.join("sandboxes"), &id2, disk)
                 .map_err(|e| Error::engine_io("creating the sandbox workdir", e))?
                 .shown_at(Path::new(WORKSPACE));
-            // The sandbox's memory group: the containers' parent, with their limit.
-            if let Some(dir) = eng.cgroup_dir("memory", &cg2) {
-                if let Err(e) = std::fs::create_dir_all(&dir) {
-                    let _ = workdir.remove();
-                    return Err(Error::engine_io("creating the sandbox cgroup", e));
+            // The sandbox's memory group: the containers' parent, with their limit
+            // (in v2 the one group, with the controllers handed to its containers).
+            let made = if eng.v2 {
+                eng.ensure_v2_group(&cg2)
+            } else {
+                match eng.cgroup_dir("memory", &cg2) {
+                    Some(dir) => std::fs::create_dir_all(&dir),
+                    None => Ok(()),
                 }
+            };
+            if let Err(e) = made {
+                let _ = workdir.remove();
+                return Err(Error::engine_io("creating the sandbox cgroup", e));
             }
             Ok(workdir)
         })
@@ -133,18 +140,33 @@ impl ContainerSandbox {
     }
 
     /// Freezes (or thaws) the sandbox's freezer group: every container of the
-    /// sandbox, and any started while it is frozen.
+    /// sandbox, and any started while it is frozen. The v1 freezer, or on a pure v2
+    /// host `cgroup.freeze` of the sandbox's group.
     pub(super) async fn set_frozen(&self, frozen: bool) -> Result<()> {
+        let v2 = self.engine.v2;
         let Some(dir) = self.engine.cgroup_dir("freezer", &self.cgroup) else {
             return Err(Error::new(
                 ErrorCode::CapabilityNotSupported,
-                "pausing needs the cgroup v1 freezer, which is not mounted",
+                "pausing needs the cgroup v1 freezer or cgroup v2, and neither is mounted",
             ));
         };
+        let engine = self.engine.clone();
+        let cgroup = self.cgroup.clone();
         blocking(move || {
-            std::fs::create_dir_all(&dir)
-                .map_err(|e| Error::engine_io("creating the sandbox's freezer group", e))?;
-            crate::host::cgroup::set_frozen(&dir, frozen).map_err(|e| {
+            if v2 {
+                engine
+                    .ensure_v2_group(&cgroup)
+                    .map_err(|e| Error::engine_io("creating the sandbox's group", e))?;
+            } else {
+                std::fs::create_dir_all(&dir)
+                    .map_err(|e| Error::engine_io("creating the sandbox's freezer group", e))?;
+            }
+            let set = if v2 {
+                crate::host::cgroup::set_frozen_v2(&dir, frozen)
+            } else {
+                crate::host::cgroup::set_frozen(&dir, frozen)
+            };
+            set.map_err(|e| {
                 Error::engine_io(
                     if frozen {
                         "freezing the sandbox"
@@ -195,15 +217,20 @@ impl ContainerSandbox {
 
     /// Whether `request` can run in the warm container exactly as it would in a
     /// fresh one: rlimits count a process's whole life, so a request with its own
-    /// CPU, file-size or open-files limit gets a container of its own, as does a
-    /// source too long to pass as an argument.
+    /// CPU, file-size or open-files limit (or CPU bandwidth) gets a container of its
+    /// own, as does a source too long to pass as an argument.
     pub(super) fn warm_fits(&self, request: &ExecRequest) -> bool {
         let l = &request.limits;
         let short = match &request.program {
             Program::Code { source, .. } => source.len() <= MAX_INLINE_SOURCE,
             _ => true,
         };
-        short && l.cpu_ms.is_none() && l.file_size_bytes.is_none() && l.open_files.is_none()
+        // A CPU quota of its own too: the warm container's was set when it started.
+        short
+            && l.cpu_ms.is_none()
+            && l.cpu_millicores.is_none()
+            && l.file_size_bytes.is_none()
+            && l.open_files.is_none()
     }
 
     /// The working directory inside the container for `cwd`, and the environment.

@@ -56,6 +56,8 @@ pub(crate) struct WarmContainer {
 /// A warm container's cgroup counters, opened once.
 #[derive(Debug)]
 pub(crate) struct Counters {
+    /// Whether these are v2 files (`memory.peak`, `cpu.stat`, `memory.events`).
+    v2: bool,
     max_usage: Option<std::fs::File>,
     cpu: Option<std::fs::File>,
     oom: Option<std::fs::File>,
@@ -90,11 +92,11 @@ impl Counters {
 
     /// CPU time used so far, in nanoseconds.
     pub(crate) fn cpu_ns(&self) -> u64 {
-        self.cpu
-            .as_ref()
-            .and_then(read_at_start)
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(0)
+        let text = self.cpu.as_ref().and_then(read_at_start);
+        if self.v2 {
+            return text.map_or(0, |t| crate::host::cgroup::v2_cpu_usage_ns(&t));
+        }
+        text.and_then(|s| s.trim().parse().ok()).unwrap_or(0)
     }
 
     /// Forks the group's pids limit refused so far.
@@ -150,7 +152,7 @@ impl WarmContainer {
             cgroups_path: &cgroup,
             memory_bytes: limits.memory_bytes,
             pids: limits.pids,
-            cpu_quota_us: engine.cpu_quota_us,
+            cpu_quota_us: super::exec::cpu_quota_us(engine, limits),
             rlimits: &[("RLIMIT_CORE", 0, 0), ("RLIMIT_NOFILE", 1024, 1024)],
             seccomp: engine.seccomp,
             hostname: "paddock",
@@ -251,11 +253,25 @@ impl WarmContainer {
                     .open(path)
                     .ok()
             };
-            self.counters = Some(Counters {
-                max_usage: open("memory", "memory.max_usage_in_bytes", true),
-                cpu: open("cpuacct", "cpuacct.usage", false),
-                oom: open("memory", "memory.oom_control", false),
-                pids_events: open("pids", "pids.events", false),
+            // v2: `memory.peak` is reset through the descriptor that reads it.
+            self.counters = Some(if self.engine.v2 {
+                Counters {
+                    v2: true,
+                    // Writable (for the reset) from kernel 6.12 on; read-only before.
+                    max_usage: open("memory", "memory.peak", true)
+                        .or_else(|| open("memory", "memory.peak", false)),
+                    cpu: open("cpu", "cpu.stat", false),
+                    oom: open("memory", "memory.events", false),
+                    pids_events: open("pids", "pids.events", false),
+                }
+            } else {
+                Counters {
+                    v2: false,
+                    max_usage: open("memory", "memory.max_usage_in_bytes", true),
+                    cpu: open("cpuacct", "cpuacct.usage", false),
+                    oom: open("memory", "memory.oom_control", false),
+                    pids_events: open("pids", "pids.events", false),
+                }
             });
         }
         self.counters.as_ref().expect("just set")
@@ -373,7 +389,24 @@ impl ContainerSandbox {
         }
         let memory = wc.dir("memory");
         let wanted = (limits.memory_bytes, limits.pids);
-        if wc.applied != Some(wanted) {
+        if wc.applied != Some(wanted) && self.engine.v2 {
+            // v2: the one group holds the memory and pids limits.
+            let set = match &memory {
+                Some(dir) => {
+                    crate::host::cgroup::write_v2_limits(dir, limits.memory_bytes, limits.pids)
+                }
+                None => Ok(()),
+            };
+            if let Err(e) = set {
+                self.replace_warm(wc).await;
+                return Err(Error::new(
+                    ErrorCode::LimitsExceeded,
+                    format!("setting the warm container's limits failed ({e}); the container was replaced, retry"),
+                ));
+            }
+            wc.applied = Some(wanted);
+            wc.counters().reset_peak();
+        } else if wc.applied != Some(wanted) {
             let set = (|| -> std::io::Result<()> {
                 if let Some(dir) = &memory {
                     crate::host::cgroup::write_memory_limit(dir, limits.memory_bytes)?;

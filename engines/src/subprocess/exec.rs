@@ -122,14 +122,9 @@ impl SubprocessSandbox {
         let stdin_data = request.stdin.clone().map(String::into_bytes);
 
         if let Some(g) = &self.cgroup {
-            g.set_limits(limits.memory_bytes, limits.pids)
-                .map_err(|e| {
-                    crate::host::cgroup::limits_error(
-                        e,
-                        limits.memory_bytes,
-                        "setting cgroup limits",
-                    )
-                })?;
+            g.set_limits(&limits).map_err(|e| {
+                crate::host::cgroup::limits_error(e, limits.memory_bytes, "setting cgroup limits")
+            })?;
         }
 
         let child = spawn(&spec).map_err(|e| {

@@ -42,14 +42,15 @@ impl SubprocessSandbox {
         };
         let engine = self.engine.clone();
         let name = format!("{}/{id}", self.id);
-        let (memory, pids) = (limits.memory_bytes, limits.pids);
+        let memory = limits.memory_bytes;
+        let sandbox_limits = limits.clone();
         let group = blocking(move || {
             let Some(root) = &engine.cgroups else {
                 return Ok(None);
             };
             // The sandbox's own limits, unless an execution set them already.
             sandbox_group
-                .set_limits_if_unset(memory, pids)
+                .set_limits_if_unset(&sandbox_limits)
                 .map_err(|e| {
                     crate::host::cgroup::limits_error(
                         e,

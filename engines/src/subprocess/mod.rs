@@ -2,8 +2,8 @@
 //!
 //! Cold mode starts a new process per execution in the sandbox's workdir. The process
 //! leads its own session and process group, runs with a sanitized environment and
-//! rlimits, joins the sandbox's cgroup (pids, memory, freezer) where the host allows
-//! it, and enters an empty network namespace under network policy `none`. Deadline,
+//! rlimits, joins the sandbox's cgroup (memory, pids, CPU bandwidth, and the kill:
+//! v1, v2 or hybrid, see `host::cgroup`) where the host allows it, and enters an empty network namespace under network policy `none`. Deadline,
 //! cancel and destroy kill the whole group and everything left in the cgroup.
 //!
 //! Spawning never forks the host (`clone(CLONE_VM | CLONE_VFORK)`), so its cost does not grow
@@ -40,6 +40,11 @@ pub struct HostSupport {
     pub cgroup: std::result::Result<(), String>,
     /// Whether the freezer is available for kills.
     pub freezer: bool,
+    /// The cgroup layout the host mounts.
+    pub cgroup_layout: crate::host::cgroup::Layout,
+    /// What the sandboxes' cgroups use (limits, kill, freeze, CPU), when they have
+    /// cgroups.
+    pub cgroups: Option<crate::host::cgroup::CgroupReport>,
     /// Whether empty network namespaces can be created; otherwise why not.
     pub netns: std::result::Result<(), String>,
     /// Interpreters found, by language; the error says which binary is missing.
@@ -115,6 +120,10 @@ impl SubprocessEngine {
             },
         };
         let freezer = cgroups.as_ref().is_some_and(CgroupRoot::has_freezer);
+        let cgroup_report = cgroups.as_ref().map(CgroupRoot::report);
+        let cgroup_layout = cgroups
+            .as_ref()
+            .map_or_else(CgroupRoot::host_layout, CgroupRoot::layout);
         let netns = crate::host::netns::create_empty()
             .map(drop)
             .map_err(|e| format!("cannot create a network namespace: {e}"));
@@ -180,6 +189,10 @@ impl SubprocessEngine {
         if cgroups.is_some() || crate::host::sys::effective_uid() != 0 {
             limits.push("pids");
         }
+        // CPU bandwidth: the cgroup's CPU controller (v1 cfs quota, v2 cpu.max).
+        if cgroups.as_ref().is_some_and(CgroupRoot::has_cpu) {
+            limits.push("cpu_millicores");
+        }
         let parent = config
             .workdir_root
             .clone()
@@ -216,6 +229,8 @@ impl SubprocessEngine {
                 support: HostSupport {
                     cgroup,
                     freezer,
+                    cgroup_layout,
+                    cgroups: cgroup_report,
                     netns,
                     interpreters,
                     disk: disks.backend().ok_or_else(|| disks.notes().join("; ")),

@@ -375,14 +375,9 @@ impl SubprocessSandbox {
             _ => self.start_worker(&key, tenant.clone())?,
         };
         if let Some(g) = &self.warm_cgroup {
-            g.set_limits(limits.memory_bytes, limits.pids)
-                .map_err(|e| {
-                    crate::host::cgroup::limits_error(
-                        e,
-                        limits.memory_bytes,
-                        "setting cgroup limits",
-                    )
-                })?;
+            g.set_limits(&limits).map_err(|e| {
+                crate::host::cgroup::limits_error(e, limits.memory_bytes, "setting cgroup limits")
+            })?;
         }
         let mark = slot.worker.usage_mark();
         let started = tokio::time::Instant::now();

@@ -915,3 +915,60 @@ async fn cwd_is_resolved_beneath_the_workdir() {
         sb.destroy().await.unwrap();
     }
 }
+
+/// A Python busy loop that spins for `wall_ms` of wall-clock time.
+fn busy_for(wall_ms: u64, limits: Limits) -> ExecRequest {
+    let mut req = ExecRequest::new(Program::code(
+        Language::Python,
+        format!(
+            "import time\nend = time.monotonic() + {wall_ms} / 1000\nn = 0\nwhile time.monotonic() < end:\n    n += 1\nprint(n)"
+        ),
+    ));
+    req.limits = Limits {
+        timeout_ms: Some(30_000),
+        ..limits
+    };
+    req
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cpu_millicores_sets_the_containers_cpu_quota() {
+    let Some(engine) = engine_with(OciRuntime::Auto) else {
+        return;
+    };
+    if !engine.capabilities().enforces("cpu_millicores") {
+        eprintln!("skipped: no CPU controller for the containers here");
+        return;
+    }
+    let sb = sandbox(&engine).await;
+    let free = run(&*sb, busy_for(1000, Limits::default())).await;
+    let capped = run(
+        &*sb,
+        busy_for(
+            1000,
+            Limits {
+                cpu_millicores: Some(200),
+                ..Limits::default()
+            },
+        ),
+    )
+    .await;
+    for r in [&free, &capped] {
+        assert_eq!(r.outcome, exit(0), "{r:?}");
+    }
+    let share = |r: &ExecResult| r.usage.cpu_ms as f64 / r.usage.wall_ms.max(1) as f64;
+    let (f, c) = (share(&free), share(&capped));
+    eprintln!("cpu share: default quota {f}, 200 millicores {c}");
+    // A fifth of a core against the default of one core; generous bounds (the
+    // wall time includes the container's start).
+    assert!(c < 0.35, "capped share {c} (default {f})");
+    assert!(f > c * 1.5, "default {f} vs capped {c}");
+    let count = |r: &ExecResult| r.stdout.trim().parse::<u64>().unwrap_or(0);
+    assert!(
+        count(&capped) < count(&free),
+        "{} vs {}",
+        count(&capped),
+        count(&free)
+    );
+    sb.destroy().await.unwrap();
+}

@@ -656,3 +656,76 @@ async fn cwd_is_resolved_beneath_the_workdir() {
     assert_eq!(e.code, ErrorCode::PathEscape, "{e}");
     sb.destroy().await.unwrap();
 }
+
+/// A busy loop that runs for `wall_ms` of wall-clock time (spinning, counting).
+fn busy_for(wall_ms: u64, limits: Limits) -> ExecRequest {
+    ExecRequest {
+        limits,
+        ..ExecRequest::new(Program::code(
+            Language::Python,
+            format!(
+                "import time\nend = time.monotonic() + {wall_ms} / 1000\nn = 0\nwhile time.monotonic() < end:\n    n += 1\nprint(n)"
+            ),
+        ))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cpu_millicores_bounds_the_cpu_a_busy_loop_gets() {
+    let e = engine();
+    if !e.capabilities().enforces("cpu_millicores") {
+        // No CPU controller: the engine refuses the limit rather than ignore it.
+        assert!(e
+            .host_support()
+            .cgroups
+            .as_ref()
+            .is_none_or(|c| c.cpu.is_err()));
+        let sb = e.create(&SandboxSpec::default()).await.unwrap();
+        let limits = Limits {
+            cpu_millicores: Some(200),
+            ..Limits::default()
+        };
+        let err = sb
+            .exec(busy_for(10, limits), &DiscardSink, CancelToken::new())
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, ErrorCode::CapabilityNotSupported);
+        eprintln!("skipped: {:?}", e.host_support().cgroups);
+        return;
+    }
+    let sb = e.create(&SandboxSpec::default()).await.unwrap();
+    let free = run(&*sb, busy_for(1000, Limits::default())).await;
+    let capped = run(
+        &*sb,
+        busy_for(
+            1000,
+            Limits {
+                cpu_millicores: Some(200),
+                ..Limits::default()
+            },
+        ),
+    )
+    .await;
+    // And the cap goes away again for a request without it.
+    let free_again = run(&*sb, busy_for(1000, Limits::default())).await;
+    for r in [&free, &capped, &free_again] {
+        assert_eq!(
+            r.outcome,
+            Outcome::Completed {
+                exit_code: 0,
+                signal: None
+            },
+            "{r:?}"
+        );
+    }
+    let share = |r: &ExecResult| r.usage.cpu_ms as f64 / r.usage.wall_ms.max(1) as f64;
+    let (f, c, f2) = (share(&free), share(&capped), share(&free_again));
+    // 200 millicores: a fifth of a core. Unlimited on a shared 2-core host, the loop
+    // still gets well over that; generous bounds, no absolute timing.
+    eprintln!("cpu share: free {f}, capped {c}, free again {f2}");
+    assert!(c < 0.35, "capped share {c} (free {f}, {f2})");
+    assert!(f > c * 1.5 && f2 > c * 1.5, "free {f}, {f2} vs capped {c}");
+    // The loop counted less for having less CPU.
+    let count = |r: &ExecResult| r.stdout.trim().parse::<u64>().unwrap_or(0);
+    assert!(count(&capped) < count(&free).max(count(&free_again)));
+}
