@@ -216,10 +216,19 @@ impl ContainerSandbox {
     }
 
     /// Whether `request` can run in the warm container exactly as it would in a
-    /// fresh one: rlimits count a process's whole life, so a request with its own
-    /// CPU, file-size or open-files limit (or CPU bandwidth) gets a container of its
-    /// own, as does a source too long to pass as an argument.
+    /// fresh one. The warm container holds the sandbox's file-size and open-files
+    /// rlimits ([`super::warm::warm_rlimits`]) and CPU quota, so a request with its
+    /// own gets a container of its own; so does any execution under a CPU-time
+    /// limit (its own or the default: RLIMIT_CPU would count the container's whole
+    /// life), and a source too long to pass as an argument.
     pub(super) fn warm_fits(&self, request: &ExecRequest) -> bool {
+        let effective = request
+            .limits
+            .or(&self.spec.limits)
+            .or(&self.engine.defaults);
+        if effective.cpu_ms.is_some() {
+            return false;
+        }
         let l = &request.limits;
         let short = match &request.program {
             Program::Code { source, .. } => source.len() <= MAX_INLINE_SOURCE,

@@ -116,6 +116,22 @@ impl Counters {
     }
 }
 
+/// The rlimits of a warm container, inherited by every program it runs: the
+/// sandbox's file-size and open-files limits (per process, so each turn's program
+/// gets them whole). Never a CPU-time limit, which would count the container's
+/// whole life: executions with one run in a container of their own.
+pub(crate) fn warm_rlimits(limits: &Limits) -> Vec<(&'static str, u64, u64)> {
+    let clamp = |resource, want: u64| want.min(crate::host::sys::getrlimit(resource).1);
+    let mut rlimits = vec![("RLIMIT_CORE", 0, 0)];
+    if let Some(b) = limits.file_size_bytes {
+        let b = clamp(libc::RLIMIT_FSIZE, b);
+        rlimits.push(("RLIMIT_FSIZE", b, b));
+    }
+    let open_files = clamp(libc::RLIMIT_NOFILE, limits.open_files.unwrap_or(1024));
+    rlimits.push(("RLIMIT_NOFILE", open_files, open_files));
+    rlimits
+}
+
 impl WarmContainer {
     /// Starts a warm container for the sandbox whose cgroup is `sandbox_cgroup`,
     /// with `limits` until the first turn sets its own.
@@ -153,7 +169,7 @@ impl WarmContainer {
             memory_bytes: limits.memory_bytes,
             pids: limits.pids,
             cpu_quota_us: super::exec::cpu_quota_us(engine, limits),
-            rlimits: &[("RLIMIT_CORE", 0, 0), ("RLIMIT_NOFILE", 1024, 1024)],
+            rlimits: &warm_rlimits(limits),
             seccomp: engine.seccomp,
             hostname: "paddock",
         });

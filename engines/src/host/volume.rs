@@ -179,7 +179,19 @@ impl Disks {
                 let template = self.template(mkfs, quota)?;
                 let n = self.next.fetch_add(1, Ordering::Relaxed);
                 let image = self.dir.join(format!("{n}.img"));
-                let made = sparse_copy(&template, &image).and_then(|()| mount_loop(&image, at));
+                let whole = self.dir.join(format!("{n}.mnt"));
+                let made = sparse_copy(&template, &image).and_then(|()| {
+                    std::fs::create_dir(&whole)?;
+                    let bound = mount_loop(&image, &whole).and_then(|()| {
+                        let bound = bind(&whole.join(DATA_DIR), at);
+                        // The bind holds the filesystem now; its whole tree (with
+                        // `.reserved/`) is mounted nowhere else.
+                        let _ = umount(&whole);
+                        bound
+                    });
+                    let _ = std::fs::remove_dir(&whole);
+                    bound
+                });
                 if let Err(e) = made {
                     let _ = std::fs::remove_file(&image);
                     return Err(e);
@@ -260,7 +272,11 @@ impl Disks {
         let path = self
             .dir
             .join(format!("template-{}-{}.img", quota.bytes, quota.files));
-        make_ext4(mkfs, &path, quota)?;
+        let scratch = self.dir.join(format!(
+            "template-{}.mnt",
+            self.next.fetch_add(1, Ordering::Relaxed)
+        ));
+        make_template(mkfs, &path, &scratch, quota)?;
         if templates.len() >= MAX_TEMPLATES {
             if let Some((_, old)) = templates.pop_front() {
                 let _ = std::fs::remove_file(old);
@@ -334,12 +350,7 @@ impl Volume {
 
     /// Its free space and files now, from `statvfs`.
     pub fn fill(&self) -> io::Result<Fill> {
-        let path = cstring(&self.at)?;
-        // SAFETY: statvfs is plain data, filled by the kernel from a valid C path.
-        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-        if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let st = statvfs(&self.at)?;
         Ok(Fill {
             free_bytes: st.f_bavail.saturating_mul(st.f_frsize),
             free_files: st.f_favail,
@@ -382,6 +393,58 @@ impl Volume {
     }
 }
 
+fn statvfs(p: &Path) -> io::Result<libc::statvfs> {
+    let path = cstring(p)?;
+    // SAFETY: statvfs is plain data, filled by the kernel from a valid C path.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st)
+}
+
+/// Unmounts `p` lazily (`MNT_DETACH`).
+fn umount(p: &Path) -> io::Result<()> {
+    let path = cstring(p)?;
+    // SAFETY: umount2 with a valid C path.
+    if unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Bind-mounts the directory `from` on `to`, `nosuid,nodev,noatime`.
+fn bind(from: &Path, to: &Path) -> io::Result<()> {
+    let (source, target) = (cstring(from)?, cstring(to)?);
+    // SAFETY: mount with valid C strings and no filesystem type or data: a bind,
+    // then a remount of the bind with its flags.
+    unsafe {
+        if libc::mount(
+            source.as_ptr(),
+            target.as_ptr(),
+            std::ptr::null(),
+            libc::MS_BIND,
+            std::ptr::null(),
+        ) != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+        if libc::mount(
+            std::ptr::null(),
+            target.as_ptr(),
+            std::ptr::null(),
+            libc::MS_REMOUNT | libc::MS_BIND | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOATIME,
+            std::ptr::null(),
+        ) != 0
+        {
+            let e = io::Error::last_os_error();
+            libc::umount2(target.as_ptr(), libc::MNT_DETACH);
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
 fn cstring(p: &Path) -> io::Result<CString> {
     CString::new(p.as_os_str().as_encoded_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a path holds a NUL byte"))
@@ -395,34 +458,50 @@ fn find_mkfs() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// Formats a sparse ext4 image of `quota` at `path`: no journal (a sandbox's scratch
-/// space needs no crash consistency), no reserved blocks, inode tables initialized
-/// lazily (so the image holds a few hundred KiB until written).
+/// Makes the template image of `quota` at `path`: a sparse ext4 (no journal, since a
+/// sandbox's scratch space needs no crash consistency; no reserved blocks; inode
+/// tables initialized lazily, so the image holds a few hundred KiB until written)
+/// whose `data/` directory is what a sandbox sees.
 ///
-/// mke2fs rounds an inode count up to fill its block groups' inode tables, so the
-/// count asked for is lowered until the filesystem holds no more files than the
-/// cap: inodes 1–10 are the filesystem's own (the root directory's among them), and
-/// every other one, `lost+found`'s too once it is removed, is a file the sandbox may
-/// create.
-fn make_ext4(mkfs: &Path, path: &Path, quota: Quota) -> io::Result<()> {
-    const RESERVED_INODES: u64 = 10;
-    let want = quota.ext4_files() + RESERVED_INODES;
-    let mut ask = want;
-    for _ in 0..8 {
-        format_ext4(mkfs, path, quota.bytes, ask)?;
-        let made = ext4_inode_count(path)?;
-        if made <= want {
-            return Ok(());
-        }
-        ask = ask.saturating_sub(made - want).max(RESERVED_INODES + 1);
-    }
-    let _ = std::fs::remove_file(path);
-    Err(io::Error::other(format!(
-        "mkfs.ext4 could not make a {} byte filesystem of at most {} files",
-        quota.bytes,
-        quota.ext4_files()
-    )))
+/// mke2fs rounds an inode count up to fill its block groups' inode tables (at least
+/// 16 a group), so the filesystem may hold more inodes than the file cap. The
+/// excess is taken by empty files in `.reserved/`, beside `data/`, which the
+/// sandbox never sees: only `data/` is mounted for it. Exactly `disk_files` files
+/// can be created then (or one per 4 KiB, for a small disk).
+fn make_template(mkfs: &Path, path: &Path, scratch: &Path, quota: Quota) -> io::Result<()> {
+    // Inodes 1–10 are ext4's own; `data/` and `.reserved/` take one each.
+    const OWN_INODES: u64 = 12;
+    format_ext4(mkfs, path, quota.bytes, quota.ext4_files() + OWN_INODES)?;
+    let shape = || -> io::Result<()> {
+        std::fs::create_dir(scratch)?;
+        mount_loop(path, scratch)?;
+        let filled = (|| -> io::Result<()> {
+            let _ = std::fs::remove_dir(scratch.join("lost+found"));
+            use std::os::unix::fs::DirBuilderExt;
+            let mut dir = std::fs::DirBuilder::new();
+            dir.mode(0o700);
+            dir.create(scratch.join(DATA_DIR))?;
+            dir.create(scratch.join(RESERVED_DIR))?;
+            let free = statvfs(scratch)?.f_favail;
+            let excess = free.saturating_sub(quota.ext4_files());
+            for i in 0..excess {
+                File::create(scratch.join(RESERVED_DIR).join(i.to_string()))?;
+            }
+            Ok(())
+        })();
+        let unmounted = umount(scratch);
+        let _ = std::fs::remove_dir(scratch);
+        filled.and(unmounted)
+    };
+    shape().inspect_err(|_| {
+        let _ = std::fs::remove_file(path);
+    })
 }
+
+/// The directory of a volume's filesystem that its sandbox sees.
+const DATA_DIR: &str = "data";
+/// The directory holding the inodes beyond the file cap.
+const RESERVED_DIR: &str = ".reserved";
 
 fn format_ext4(mkfs: &Path, path: &Path, bytes: u64, inodes: u64) -> io::Result<()> {
     let file = File::create(path)?;
@@ -447,13 +526,6 @@ fn format_ext4(mkfs: &Path, path: &Path, bytes: u64, inodes: u64) -> io::Result<
         Ok(o) => failed(String::from_utf8_lossy(&o.stderr).trim().to_string()),
         Err(e) => failed(e.to_string()),
     }
-}
-
-/// `s_inodes_count` of the ext4 superblock (a little-endian u32 at byte 1024).
-fn ext4_inode_count(path: &Path) -> io::Result<u64> {
-    let mut word = [0u8; 4];
-    File::open(path)?.read_exact_at(&mut word, 1024)?;
-    Ok(u64::from(u32::from_le_bytes(word)))
 }
 
 /// Copies `from` to `to`, holes kept as holes (`SEEK_DATA` / `SEEK_HOLE`), so a
@@ -787,10 +859,10 @@ mod tests {
         let made = (0..1000)
             .take_while(|i| File::create(at.join(format!("f{i}"))).is_ok())
             .count();
-        assert!((50..=100).contains(&made), "{made} files");
+        assert!((90..=100).contains(&made), "{made} files");
         if backend == "loop" {
-            // Exactly the cap, less what mke2fs's rounding could not give.
-            assert!(made >= 90, "{made} files");
+            // Exactly the cap: the inodes mke2fs rounded up to are out of sight.
+            assert_eq!(made, 100, "{made} files");
         }
         assert_eq!(v.exhausted(), Some(LimitKind::DiskFiles));
         assert!(own_mounts().contains(&at), "{:?}", own_mounts());

@@ -2,9 +2,10 @@
 //! the sandbox's warm cgroup, one per language, each serving one turn at a time.
 //!
 //! A request runs warm only when warm mode can give it exactly what a cold process
-//! would: no stdin, no extra environment, no working directory, and no CPU-time,
-//! file-size or open-files limit of its own (the runner's rlimits are set when it
-//! starts). Anything else runs cold.
+//! would: no stdin, no extra environment, no working directory, no file-size or
+//! open-files limit of its own (the runner's rlimits are set when it starts), and no
+//! CPU-time limit at all, its own or the default (RLIMIT_CPU would count the
+//! runner's whole life). Anything else runs cold.
 //!
 //! A worker belongs to one tenant: a request of another tenant replaces it first, so
 //! untrusted code never shares an interpreter across tenants. It is also replaced after
@@ -165,7 +166,15 @@ impl SubprocessSandbox {
     ) -> Option<(WorkerKey, serde_json::Value)> {
         let setup = self.engine.warm.as_ref()?;
         let l = &request.limits;
-        let plain = request.stdin.is_none()
+        // RLIMIT_CPU would count the runner's whole life: any execution under a
+        // CPU-time limit, its own or the default, runs cold.
+        let cpu_limited = l
+            .cpu_ms
+            .or(self.spec.limits.cpu_ms)
+            .or(self.engine.defaults.cpu_ms)
+            .is_some();
+        let plain = !cpu_limited
+            && request.stdin.is_none()
             && request.env.is_empty()
             && request.cwd.is_none()
             && l.cpu_ms.is_none()
@@ -231,11 +240,14 @@ impl SubprocessSandbox {
             }
         };
         let stdio = self.placeholder_stdio()?;
+        // No CPU-time limit on the runner itself (see `warm_target`).
+        let mut limits = self.spec.limits.or(&self.engine.defaults);
+        limits.cpu_ms = None;
         let spec = self.spawn_spec(
             argv,
             &Default::default(),
             None,
-            &self.spec.limits.or(&self.engine.defaults),
+            &limits,
             stdio,
             self.warm_cgroup.as_deref(),
         )?;
