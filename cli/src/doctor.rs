@@ -80,6 +80,10 @@ pub(crate) async fn doctor(args: DoctorArgs) -> Result<i32, crate::run::UsageErr
                 "cgroup_layout": s.cgroup_layout.as_str(),
                 "cgroups": s.cgroups.as_ref().map(cgroup_json),
                 "netns": status(&s.netns),
+                "disk_quota": match &s.disk {
+                    Ok(backend) => serde_json::json!({"status": "ok", "backend": backend}),
+                    Err(why) => serde_json::json!({"status": format!("unavailable: {why}")}),
+                },
                 "interpreters": interpreters
                     .iter()
                     .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
@@ -95,6 +99,13 @@ pub(crate) async fn doctor(args: DoctorArgs) -> Result<i32, crate::run::UsageErr
             println!("{line}");
         }
         println!("  network policy `none`  : {}", status(&s.netns));
+        println!(
+            "  disk quota             : {}",
+            match &s.disk {
+                Ok(backend) => format!("ok ({backend}: a filesystem per sandbox)"),
+                Err(why) => format!("unavailable: {why}"),
+            }
+        );
         for (lang, found) in &interpreters {
             println!("  {lang:<23}: {found}");
         }

@@ -115,6 +115,7 @@ pub(super) async fn engines(state: Shared, caller: Caller) -> Result<HttpRespons
             programs: caps.programs.clone(),
             network: caps.network.clone(),
             features: caps.features.clone(),
+            limits: caps.limits.clone(),
             usable: allowed.allows_level(caps.max_level),
         })
         .collect();
