@@ -189,8 +189,10 @@ impl IsolateEngine {
         )
         // A script starts no process and holds no descriptor of its own, so `pids`
         // and `open_files` hold by construction; `file_size_bytes` bounds
-        // `sandbox:fs` writes.
+        // `sandbox:fs` writes; the interrupt handler holds the CPU time and share.
         .with_limits(&[
+            "cpu_ms",
+            "cpu_millicores",
             "memory_bytes",
             "max_output_bytes",
             "file_size_bytes",

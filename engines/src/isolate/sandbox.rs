@@ -308,6 +308,9 @@ fn outcome_of(ending: Ending, id: &str) -> Outcome {
         Ending::FileSize => Outcome::LimitExceeded {
             limit: LimitKind::FileSize,
         },
+        Ending::Cpu => Outcome::LimitExceeded {
+            limit: LimitKind::Cpu,
+        },
         Ending::Failed(error) => Outcome::Failed { error },
     }
 }
@@ -334,6 +337,8 @@ pub(super) fn new_job(
         events,
         workdir,
         file_size: limits.file_size_bytes,
+        cpu_budget: limits.cpu_ms.map(Duration::from_millis),
+        cpu_millicores: limits.cpu_millicores,
     }
 }
 

@@ -70,6 +70,11 @@ pub(super) struct ExecJob {
     pub(super) workdir: Option<Arc<Workdir>>,
     /// The largest file `sandbox:fs` may write (`file_size_bytes`).
     pub(super) file_size: Option<u64>,
+    /// The CPU time the script may use (`cpu_ms`).
+    pub(super) cpu_budget: Option<Duration>,
+    /// Its share of a core, in thousandths (`cpu_millicores`; 1000 or more binds
+    /// nothing: a script runs on one thread).
+    pub(super) cpu_millicores: Option<u64>,
 }
 
 /// How an execution ended, as the thread saw it.
@@ -82,6 +87,7 @@ pub(super) enum Ending {
     Memory,
     Output,
     FileSize,
+    Cpu,
     Failed(Error),
 }
 
@@ -104,6 +110,44 @@ struct Watch {
     control: RefCell<Option<Control>>,
     deadline: Cell<Option<Instant>>,
     hit: Cell<Option<Ending>>,
+    /// The CPU limits of the running script, when it has one.
+    cpu: Cell<Option<CpuWatch>>,
+    /// Calls since the CPU clock was last read.
+    calls: Cell<u32>,
+}
+
+/// The CPU-time budget and share of one script, checked from the interrupt handler
+/// every [`CPU_CHECK_EVERY`] calls (the thread's CPU clock is a system call).
+#[derive(Clone, Copy)]
+struct CpuWatch {
+    started: Instant,
+    cpu0: Duration,
+    budget: Option<Duration>,
+    millicores: Option<u64>,
+}
+
+const CPU_CHECK_EVERY: u32 = 64;
+
+impl CpuWatch {
+    /// `Some(Ending::Cpu)` past the budget; under a share of a core, first sleeps
+    /// off what the script used beyond it (never past `deadline`).
+    fn check(&self, deadline: Instant) -> Option<Ending> {
+        let used = thread_cpu().saturating_sub(self.cpu0);
+        if self.budget.is_some_and(|b| used >= b) {
+            return Some(Ending::Cpu);
+        }
+        if let Some(m) = self.millicores.filter(|m| *m < 1000) {
+            // At `m` thousandths of a core, `used` CPU is due after used·1000/m.
+            let due = used.mul_f64(1000.0 / m as f64);
+            let now = Instant::now();
+            let ahead = (self.started + due).saturating_duration_since(now);
+            if !ahead.is_zero() {
+                let until = (now + ahead).min(deadline);
+                std::thread::sleep(until.saturating_duration_since(now));
+            }
+        }
+        None
+    }
 }
 
 impl Watch {
@@ -119,6 +163,18 @@ impl Watch {
             .borrow()
             .as_ref()
             .map_or(RUNNING, |c| c.load(Ordering::Relaxed));
+        if stop == RUNNING {
+            if let Some(cpu) = self.cpu.get() {
+                let n = self.calls.get().wrapping_add(1);
+                self.calls.set(n);
+                if n.is_multiple_of(CPU_CHECK_EVERY) {
+                    if let Some(ending) = cpu.check(deadline) {
+                        self.hit.set(Some(ending));
+                        return true;
+                    }
+                }
+            }
+        }
         let hit = match stop {
             RUNNING if Instant::now() < deadline => return false,
             RUNNING => Ending::TimedOut,
@@ -136,14 +192,17 @@ impl Watch {
         set
     }
 
-    fn arm(&self, control: Control, deadline: Instant) {
+    fn arm(&self, control: Control, deadline: Instant, cpu: Option<CpuWatch>) {
         *self.control.borrow_mut() = Some(control);
         self.hit.set(None);
+        self.cpu.set(cpu);
+        self.calls.set(0);
         self.deadline.set(Some(deadline));
     }
 
     fn disarm(&self) -> Option<Ending> {
         self.deadline.set(None);
+        self.cpu.set(None);
         *self.control.borrow_mut() = None;
         self.hit.take()
     }
@@ -367,7 +426,15 @@ fn run(isolate: &Isolate, ctx: &Context, job: &ExecJob) -> Report {
     let started = Instant::now();
     let cpu0 = thread_cpu();
     isolate.meter.arm(job.memory_bytes);
-    isolate.watch.arm(job.control.clone(), job.deadline);
+    let cpu = (job.cpu_budget.is_some() || job.cpu_millicores.is_some_and(|m| m < 1000)).then_some(
+        CpuWatch {
+            started,
+            cpu0,
+            budget: job.cpu_budget,
+            millicores: job.cpu_millicores,
+        },
+    );
+    isolate.watch.arm(job.control.clone(), job.deadline, cpu);
     host::begin(RunState::new(
         job.output_cap,
         job.events.clone(),

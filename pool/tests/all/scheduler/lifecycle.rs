@@ -1094,3 +1094,61 @@ async fn shutdown_drains_cancels_and_cleans_up() {
         .collect();
     assert!(left.is_empty(), "left after shutdown: {left:?}");
 }
+
+// ---------------------------------------------------------------------------------
+// Limits an engine does not enforce
+// ---------------------------------------------------------------------------------
+
+/// An engine that lists only the deadline among its limits: a request or sandbox
+/// that sets another is refused with CAPABILITY_NOT_SUPPORTED naming it, never run
+/// unbounded; one that sets none runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_the_engine_does_not_enforce_is_refused() {
+    let engine = Flaky::new(true);
+    let mut config = PaddockConfig::default();
+    config.pool.min_idle = 0;
+    let paddock = start_flaky(engine.clone(), config);
+    let name = engine.name();
+    let caps = &paddock
+        .capabilities()
+        .iter()
+        .find(|(n, _)| *n == name)
+        .unwrap()
+        .1;
+    assert_eq!(
+        caps.limits.iter().cloned().collect::<Vec<_>>(),
+        vec!["timeout_ms".to_string()]
+    );
+    for (field, set) in [
+        (
+            "memory_bytes",
+            (|l: &mut paddock_core::Limits| l.memory_bytes = Some(64 << 20)) as fn(&mut _),
+        ),
+        ("disk_bytes", |l| l.disk_bytes = Some(16 << 20)),
+        ("cpu_ms", |l| l.cpu_ms = Some(100)),
+    ] {
+        let mut request = sh("true");
+        set(&mut request.limits);
+        let e = paddock
+            .execute_with(Execute::new(request).on(name.clone()))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, ErrorCode::CapabilityNotSupported, "{e}");
+        assert!(e.message.contains(&format!("limits.{field}")), "{e}");
+        let mut spec = paddock_core::SandboxSpec::default();
+        set(&mut spec.limits);
+        let e = paddock
+            .open_sandbox(spec, Some(name.clone()))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, ErrorCode::CapabilityNotSupported, "{e}");
+    }
+    let mut request = sh("true");
+    request.limits.timeout_ms = Some(5_000);
+    let r = paddock
+        .execute_with(Execute::new(request).on(name))
+        .await
+        .unwrap();
+    assert!(r.is_success(), "{r:?}");
+    let _ = paddock.shutdown(Duration::from_secs(5)).await;
+}
