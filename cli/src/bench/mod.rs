@@ -4,6 +4,7 @@
 //! a minute with its defaults.
 
 mod container;
+mod disk;
 mod http;
 mod isolate;
 mod load;
@@ -55,6 +56,13 @@ enum Scenario {
         /// The sandbox's network: `none` (an empty namespace) or `host`.
         #[arg(long, value_enum, default_value_t = crate::run::NetworkArg::None)]
         network: crate::run::NetworkArg,
+    },
+    /// A sandbox's own filesystem (the disk quota) vs. a plain directory: making and
+    /// removing a workdir, and writing 64 MiB into it.
+    Disk {
+        /// Workdirs made and removed per variant.
+        #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(10..=10_000))]
+        iterations: u32,
     },
     /// A no-op engine through the whole scheduler vs. called directly: the added
     /// latency for an actor caller and for the `Paddock` handle, and throughput.
@@ -203,6 +211,7 @@ enum Scenario {
 /// Runs `paddock bench`.
 pub(crate) async fn bench(args: BenchArgs) -> Result<i32, crate::run::UsageError> {
     match args.scenario {
+        Scenario::Disk { iterations } => disk::disk(iterations as usize, args.json),
         Scenario::Pipeline {
             iterations,
             callers,
