@@ -104,12 +104,15 @@ impl NsShell {
             .map_err(|e| format!("cannot create a directory for workdirs: {e}"))?;
         Ok(NsShell {
             shared: Arc::new(Shared {
+                // The deadline (every engine's) and the output cap: a request that
+                // sets any other limit is refused by the scheduler.
                 caps: Capabilities::new(
                     IsolationLevel::None,
                     &[ProgramKind::Command],
                     &["none"],
                     &[],
-                ),
+                )
+                .with_limits(&["max_output_bytes"]),
                 tools,
                 base_env,
                 defaults: Limits::defaults(),
