@@ -102,6 +102,9 @@ pub(crate) struct BundleSpec<'a> {
     pub(crate) rlimits: &'a [(&'static str, u64, u64)],
     pub(crate) seccomp: bool,
     pub(crate) hostname: &'a str,
+    /// A user namespace mapping uid and gid 0 to `size - 1` inside onto the host ids
+    /// `first` and up: (first, size).
+    pub(crate) ids: Option<(u32, u32)>,
 }
 
 /// The capabilities a container keeps (bounding, effective, permitted): the three of
@@ -190,16 +193,29 @@ pub(crate) fn config(spec: &BundleSpec<'_>) -> Value {
         resources["pids"] = json!({"limit": p});
     }
     let caps: Vec<&str> = CAPABILITIES.to_vec();
+    let mut namespaces = vec![
+        json!({"type": "pid"}),
+        json!({"type": "network"}),
+        json!({"type": "ipc"}),
+        json!({"type": "uts"}),
+        json!({"type": "mount"}),
+        json!({"type": "cgroup"}),
+    ];
+    if spec.ids.is_some() {
+        namespaces.push(json!({"type": "user"}));
+    }
     let mut linux = json!({
         "cgroupsPath": spec.cgroups_path,
         "resources": resources,
-        "namespaces": [
-            {"type": "pid"}, {"type": "network"}, {"type": "ipc"},
-            {"type": "uts"}, {"type": "mount"}, {"type": "cgroup"}
-        ],
+        "namespaces": namespaces,
         "maskedPaths": MASKED,
         "readonlyPaths": READONLY,
     });
+    if let Some((first, size)) = spec.ids {
+        let map = json!([{"containerID": 0, "hostID": first, "size": size}]);
+        linux["uidMappings"] = map.clone();
+        linux["gidMappings"] = map;
+    }
     if spec.seccomp {
         linux["seccomp"] = seccomp_profile();
     }
@@ -223,6 +239,19 @@ pub(crate) fn config(spec: &BundleSpec<'_>) -> Value {
         "mounts": mounts,
         "linux": linux,
     })
+}
+
+/// Writes `config` as the bundle's `config.json` in `dir`, readable by the runtime
+/// (this process's user) alone: it holds the program's environment.
+pub(crate) fn write_config(dir: &Path, config: &Value) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(dir.join("config.json"))?;
+    file.write_all(&serde_json::to_vec(config)?)
 }
 
 /// Creates the generated root filesystem under `dir`: empty mount points and the
@@ -275,6 +304,7 @@ mod tests {
             rlimits: &[("RLIMIT_CPU", 2, 3)],
             seccomp: true,
             hostname: "paddock",
+            ids: None,
         }
     }
 
@@ -336,5 +366,33 @@ mod tests {
         assert!(c["linux"].get("seccomp").is_none());
         assert!(c["linux"]["resources"].get("memory").is_none());
         assert!(c["linux"]["resources"].get("pids").is_none());
+    }
+
+    #[test]
+    fn a_user_namespace_maps_root_to_the_sandbox_range() {
+        let args = vec!["/bin/true".to_string()];
+        let c = config(&spec(&args, Path::new("/r")));
+        assert!(c["linux"].get("uidMappings").is_none());
+        assert!(!c["linux"]["namespaces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n["type"] == "user"));
+        let mut s = spec(&args, Path::new("/r"));
+        s.ids = Some((2_000_065_536, 65536));
+        let c = config(&s);
+        assert!(c["linux"]["namespaces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n["type"] == "user"));
+        let want = json!([{"containerID": 0, "hostID": 2_000_065_536u32, "size": 65536}]);
+        assert_eq!(c["linux"]["uidMappings"], want);
+        assert_eq!(c["linux"]["gidMappings"], want);
+        // Still root inside, and still no nested user namespaces.
+        assert_eq!(c["process"]["user"]["uid"], 0);
+        let clone = &c["linux"]["seccomp"]["syscalls"][1];
+        assert_eq!(clone["names"], json!(["clone"]));
+        assert_eq!(clone["args"][0]["value"], CLONE_NEWUSER);
     }
 }

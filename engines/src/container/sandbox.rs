@@ -58,6 +58,9 @@ pub struct ContainerSandbox {
     /// Whether a process or terminal ran since the last recycle (the warm container
     /// is then replaced, as after an execution).
     pub(super) interactive_used: std::sync::atomic::AtomicBool,
+    /// The host ids its containers' user namespace maps root onto, held while the
+    /// sandbox lives.
+    pub(super) id_range: Option<super::userns::IdRange>,
 }
 
 impl ContainerSandbox {
@@ -75,11 +78,28 @@ impl ContainerSandbox {
             &uuid::Uuid::now_v7().simple().to_string()[..20]
         );
         let cgroup = format!("{}/{id}", engine.cgroup_base);
+        let id_range = match &engine.userns {
+            Some(ranges) => Some(ranges.allocate()?),
+            None => None,
+        };
+        let owner = id_range.as_ref().map(|r| r.first);
         let eng = engine.clone();
         let (id2, cg2) = (id.clone(), cgroup.clone());
         let workdir = tokio::task::spawn_blocking(move || -> Result<Workdir> {
-            let workdir = Workdir::create(&eng.root.join("sandboxes"), &id2)
+            let mut workdir = Workdir::create(&eng.root.join("sandboxes"), &id2)
                 .map_err(|e| Error::engine_io("creating the sandbox workdir", e))?;
+            if let Some(first) = owner {
+                // The directory bound at /workspace belongs to the container's root;
+                // what the files API creates in it too.
+                if let Err(e) = std::os::unix::fs::chown(workdir.root(), Some(first), Some(first)) {
+                    let _ = workdir.remove();
+                    return Err(Error::engine_io(
+                        "giving the sandbox workdir to the container's user",
+                        e,
+                    ));
+                }
+                workdir.set_owner(first, first);
+            }
             // The sandbox's memory group: the containers' parent, with their limit.
             if let Some(dir) = eng.cgroup_dir("memory", &cg2) {
                 if let Err(e) = std::fs::create_dir_all(&dir) {
@@ -112,8 +132,20 @@ impl ContainerSandbox {
             processes: Default::default(),
             guest: parking_lot::Mutex::new(None),
             interactive_used: std::sync::atomic::AtomicBool::new(false),
+            id_range,
         })
         .inspect(|sandbox| sandbox.prewarm())
+    }
+
+    /// The (first host id, size) of the sandbox's user namespace, when it has one.
+    pub(super) fn ids(&self) -> Option<(u32, u32)> {
+        self.id_range.as_ref().map(|r| (r.first, r.size))
+    }
+
+    /// The host uid the container's root runs as: the first id of the sandbox's
+    /// range with a user namespace, 0 without.
+    pub fn host_root_uid(&self) -> u32 {
+        self.ids().map_or(0, |(first, _)| first)
     }
 
     pub(super) fn refuse_if_paused(&self) -> Result<()> {
@@ -175,7 +207,7 @@ impl ContainerSandbox {
         let wc = WarmContainer::start(
             &self.engine,
             &self.cgroup,
-            self.workdir.root(),
+            (self.workdir.root(), self.ids()),
             (format!("{}-w{k}", self.id), format!("w{k}")),
             &limits,
         )?;

@@ -120,7 +120,7 @@ impl WarmContainer {
     pub(crate) fn start(
         engine: &Arc<EngineInner>,
         sandbox_cgroup: &str,
-        workdir: &std::path::Path,
+        (workdir, ids): (&std::path::Path, Option<(u32, u32)>),
         (id, tag): (String, String),
         limits: &Limits,
     ) -> Result<WarmContainer> {
@@ -154,8 +154,9 @@ impl WarmContainer {
             rlimits: &[("RLIMIT_CORE", 0, 0), ("RLIMIT_NOFILE", 1024, 1024)],
             seccomp: engine.seccomp,
             hostname: "paddock",
+            ids,
         });
-        let written = std::fs::write(dir.join("config.json"), config.to_string());
+        let written = bundle::write_config(&dir, &config);
         if let Err(e) = written {
             let _ = std::fs::remove_dir_all(&dir);
             return Err(Error::engine_io("writing config.json", e));
@@ -168,23 +169,21 @@ impl WarmContainer {
         };
         let started = (|| -> std::io::Result<(Worker, std::os::fd::OwnedFd)> {
             let stdio = [null()?, null()?, null()?];
-            // The control channel reaches the agent as fd 3.
+            // The control channel reaches the agent as fd 3. runsc passes no
+            // descriptor but stdio into its kernel (and a host descriptor could not
+            // carry the agent's pipes or terminals back out): its agent serves turns
+            // only, and the engine offers no processes, terminals or TCP there.
             let (ours, agents) = crate::host::sys::seqpacket_pair()?;
-            let mut spec = engine.runtime.spec(
-                &[
-                    "run",
-                    "--bundle",
-                    &bundle_arg,
-                    "--pid-file",
-                    &pid_arg,
-                    "--preserve-fds",
-                    "1",
-                    &id,
-                ],
-                stdio,
-                &dir,
-            )?;
-            spec.fd3 = Some(agents);
+            let mut args = vec!["run", "--bundle", &bundle_arg, "--pid-file", &pid_arg];
+            let control = !engine.runtime.kind.user_space_kernel();
+            if control {
+                args.extend(["--preserve-fds", "1"]);
+            }
+            args.push(&id);
+            let mut spec = engine.runtime.spec(&args, stdio, &dir)?;
+            if control {
+                spec.fd3 = Some(agents);
+            }
             Ok((Worker::start(spec, FramesOn::Stdout)?, ours))
         })();
         match started {

@@ -43,6 +43,9 @@ pub const MAX_LIST_DEPTH: usize = 256;
 pub struct Workdir {
     root: PathBuf,
     fd: OwnedFd,
+    /// The owner (uid, gid) of the files and directories the files API creates, when
+    /// it is not this process's user (a container's mapped root).
+    owner: Option<(u32, u32)>,
 }
 
 impl Workdir {
@@ -55,7 +58,18 @@ impl Workdir {
         std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700))?;
         let root = root.canonicalize()?;
         let fd = open_dir_path(&root)?;
-        Ok(Workdir { root, fd })
+        Ok(Workdir {
+            root,
+            fd,
+            owner: None,
+        })
+    }
+
+    /// Gives the files and directories the files API creates from now on to `uid`
+    /// and `gid` (the host ids of a user-namespaced container's root), so that the
+    /// program can change them. The root itself is left to the caller.
+    pub fn set_owner(&mut self, uid: u32, gid: u32) {
+        self.owner = Some((uid, gid));
     }
 
     /// The workdir's absolute host path.
@@ -200,6 +214,9 @@ impl Workdir {
         .map_err(|e| map_io(e, path))?;
         let file = File::from(fd);
         regular_only(&file, path)?;
+        if let Some((uid, gid)) = self.owner {
+            std::os::unix::fs::fchown(&file, Some(uid), Some(gid)).map_err(|e| map_io(e, path))?;
+        }
         Ok(NewFile { parent, name, file })
     }
 
@@ -459,6 +476,22 @@ impl Workdir {
                 }
             }
             current = open_dir_fd(current.as_raw_fd(), &name).map_err(|e| map_io(e, arg))?;
+            if let (0, Some((uid, gid))) = (r, self.owner) {
+                // The directory just made, through its (`O_PATH`) fd.
+                // SAFETY: fchownat with an fd we own and a valid (empty) C string.
+                let r = unsafe {
+                    libc::fchownat(
+                        current.as_raw_fd(),
+                        c"".as_ptr(),
+                        uid,
+                        gid,
+                        libc::AT_EMPTY_PATH,
+                    )
+                };
+                if r == -1 {
+                    return Err(map_io(io::Error::last_os_error(), arg));
+                }
+            }
         }
         Ok(current)
     }
