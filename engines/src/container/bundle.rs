@@ -68,16 +68,26 @@ const CLONE_NEWUSER: u64 = 0x1000_0000;
 /// The seccomp profile: allow by default, refuse [`DENIED_SYSCALLS`] and `clone`
 /// with `CLONE_NEWUSER`; `clone3` answers `ENOSYS`, so that libc falls back to
 /// `clone`, whose flags the filter can see.
-pub(crate) fn seccomp_profile() -> Value {
+///
+/// On gVisor (`runsc`, with `user_space_kernel`) the `clone3` rule is left out: its
+/// kernel has no `clone3` and answers `ENOSYS` itself, and its seccomp answers every
+/// refusal with `EPERM` whatever `errnoRet` says, which would stop libc from falling
+/// back (no thread could start).
+pub(crate) fn seccomp_profile(user_space_kernel: bool) -> Value {
+    let mut rules = vec![
+        json!({"names": DENIED_SYSCALLS, "action": "SCMP_ACT_ERRNO", "errnoRet": libc::EPERM}),
+        json!({"names": ["clone"], "action": "SCMP_ACT_ERRNO", "errnoRet": libc::EPERM,
+         "args": [{"index": 0, "value": CLONE_NEWUSER, "valueTwo": CLONE_NEWUSER, "op": "SCMP_CMP_MASKED_EQ"}]}),
+    ];
+    if !user_space_kernel {
+        rules.push(
+            json!({"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": libc::ENOSYS}),
+        );
+    }
     json!({
         "defaultAction": "SCMP_ACT_ALLOW",
         "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"],
-        "syscalls": [
-            {"names": DENIED_SYSCALLS, "action": "SCMP_ACT_ERRNO", "errnoRet": libc::EPERM},
-            {"names": ["clone"], "action": "SCMP_ACT_ERRNO", "errnoRet": libc::EPERM,
-             "args": [{"index": 0, "value": CLONE_NEWUSER, "valueTwo": CLONE_NEWUSER, "op": "SCMP_CMP_MASKED_EQ"}]},
-            {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": libc::ENOSYS}
-        ]
+        "syscalls": rules,
     })
 }
 
@@ -105,6 +115,8 @@ pub(crate) struct BundleSpec<'a> {
     /// A user namespace mapping uid and gid 0 to `size - 1` inside onto the host ids
     /// `first` and up: (first, size).
     pub(crate) ids: Option<(u32, u32)>,
+    /// Whether the runtime is gVisor's (see [`seccomp_profile`]).
+    pub(crate) user_space_kernel: bool,
 }
 
 /// The capabilities a container keeps (bounding, effective, permitted): the three of
@@ -217,7 +229,7 @@ pub(crate) fn config(spec: &BundleSpec<'_>) -> Value {
         linux["gidMappings"] = map;
     }
     if spec.seccomp {
-        linux["seccomp"] = seccomp_profile();
+        linux["seccomp"] = seccomp_profile(spec.user_space_kernel);
     }
     json!({
         "ociVersion": "1.0.2",
@@ -305,6 +317,7 @@ mod tests {
             seccomp: true,
             hostname: "paddock",
             ids: None,
+            user_space_kernel: false,
         }
     }
 
@@ -394,5 +407,25 @@ mod tests {
         let clone = &c["linux"]["seccomp"]["syscalls"][1];
         assert_eq!(clone["names"], json!(["clone"]));
         assert_eq!(clone["args"][0]["value"], CLONE_NEWUSER);
+    }
+
+    #[test]
+    fn on_gvisor_clone3_is_left_to_its_kernel() {
+        let names = |p: &Value| -> Vec<String> {
+            p["syscalls"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .flat_map(|r| r["names"].as_array().unwrap().clone())
+                .map(|n| n.as_str().unwrap().to_string())
+                .collect()
+        };
+        let host = names(&seccomp_profile(false));
+        let gvisor = names(&seccomp_profile(true));
+        assert!(host.iter().any(|n| n == "clone3"));
+        assert!(!gvisor.iter().any(|n| n == "clone3"));
+        for must in ["clone", "unshare", "setns", "mount", "ptrace"] {
+            assert!(gvisor.iter().any(|n| n == must), "{must}");
+        }
     }
 }

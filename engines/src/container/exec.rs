@@ -176,6 +176,7 @@ impl ContainerSandbox {
             seccomp: self.engine.seccomp,
             hostname: "paddock",
             ids: self.ids(),
+            user_space_kernel: self.engine.runtime.kind.user_space_kernel(),
         });
         bundle::write_config(&bundle_dir, &config)
             .map_err(|e| Error::engine_io("writing config.json", e))?;
@@ -403,6 +404,7 @@ pub(super) fn run_once(
         seccomp: engine.seccomp,
         hostname: "paddock",
         ids: ids.as_ref().map(|r| (r.first, r.size)),
+        user_space_kernel: engine.runtime.kind.user_space_kernel(),
     });
     bundle::write_config(&dir, &config)?;
     let bundle = dir.to_string_lossy().into_owned();

@@ -61,6 +61,8 @@ pub struct ContainerSandbox {
     /// The host ids its containers' user namespace maps root onto, held while the
     /// sandbox lives.
     pub(super) id_range: Option<super::userns::IdRange>,
+    /// Removals of replaced warm containers still under way (teardown waits for them).
+    pub(super) removing: parking_lot::Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
 
 impl ContainerSandbox {
@@ -133,6 +135,7 @@ impl ContainerSandbox {
             guest: parking_lot::Mutex::new(None),
             interactive_used: std::sync::atomic::AtomicBool::new(false),
             id_range,
+            removing: parking_lot::Mutex::new(Vec::new()),
         })
         .inspect(|sandbox| sandbox.prewarm())
     }
@@ -479,9 +482,14 @@ impl Teardown for ContainerSandbox {
         let cgroup = self.cgroup.clone();
         let workdir = self.workdir.clone();
         let warm = self.warm.lock().take();
+        let removing = std::mem::take(&mut *self.removing.lock());
         let result = blocking(move || {
             if let Some(w) = warm {
                 w.close();
+            }
+            // Replaced warm containers are gone too before destroy returns.
+            for removal in removing {
+                let _ = removal.join();
             }
             engine.remove_cgroup(&cgroup);
             workdir

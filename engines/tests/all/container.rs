@@ -1,8 +1,8 @@
 //! The container engine on the real OCI runtime of this host.
 //!
-//! Every test needs crun or runc (`.ci/run` installs both); without one the tests
-//! say so and pass, since there is nothing to run them on, unless
-//! `PADDOCK_REQUIRE_CONTAINERS` is set (as `.ci/run` does).
+//! Every test needs crun or runc (`.ci/run` installs both, and runsc for the gVisor
+//! test); without one the tests say so and pass, since there is nothing to run them
+//! on, unless `PADDOCK_REQUIRE_CONTAINERS` is set (as `.ci/run` does).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -1043,5 +1043,64 @@ async fn containers_run_as_an_unprivileged_host_user() {
             assert_eq!(r.stdout, "host secret\n", "{what}: {r:?}");
         }
         sb.destroy().await.unwrap();
+    }
+}
+
+/// gVisor's runsc, when it is installed: the engine runs containers on its
+/// user-space kernel, warm and cold, without a user namespace of the host's, and
+/// offers no processes, terminals or TCP there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runsc_runs_containers_on_a_user_space_kernel() {
+    let Some(engine) = runsc_engine(true) else {
+        return;
+    };
+    let info = engine.runtime_info();
+    assert_eq!(info.kind, RuntimeKind::Runsc, "{info:?}");
+    assert!(!info.user_namespace, "{info:?}");
+    let caps = engine.capabilities();
+    for feature in ["process", "terminal", "tcp"] {
+        assert!(!caps.features.iter().any(|f| f == feature), "{caps:?}");
+    }
+    let sb = engine.open(&SandboxSpec::default()).await.unwrap();
+    // gVisor's kernel answers `uname`, not the host's.
+    let r = run(&sb, sh("uname -r; echo out; echo err >&2; exit 3")).await;
+    assert_eq!(r.outcome, exit(3), "{r:?}");
+    let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{r:?}");
+    assert_ne!(lines[0], host.trim(), "{r:?}");
+    assert_eq!((lines[1], r.stderr.as_str()), ("out", "err\n"), "{r:?}");
+    // The warm container serves executions (it is there between them).
+    assert!(sb.warm_container_id().is_some());
+    sb.write_file("in.txt", b"from the host").await.unwrap();
+    let r = run(&sb, sh("cat in.txt; echo made > made.txt")).await;
+    assert_eq!(r.stdout, "from the host", "{r:?}");
+    assert_eq!(sb.read_file("made.txt").await.unwrap(), b"made\n");
+    let e = sb
+        .open_terminal(paddock_core::TerminalSpec::new("sh", Vec::<String>::new()))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::CapabilityNotSupported, "{e}");
+    sb.destroy().await.unwrap();
+}
+
+/// The engine on runsc, or `None` (said why) when it cannot start here; with
+/// `PADDOCK_REQUIRE_CONTAINERS` set (as `.ci/run` does, which installs runsc) it
+/// must start.
+fn runsc_engine(warm: bool) -> Option<ContainerEngine> {
+    let config = ContainerConfig {
+        runtime: OciRuntime::Runsc,
+        warm,
+        ..ContainerConfig::default()
+    };
+    match ContainerEngine::new(&config) {
+        Ok(e) => Some(e),
+        Err(e) if std::env::var_os("PADDOCK_REQUIRE_CONTAINERS").is_some() => {
+            panic!("the container engine must start with runsc here: {e}")
+        }
+        Err(e) => {
+            eprintln!("skipped: {e}");
+            None
+        }
     }
 }
