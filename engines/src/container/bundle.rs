@@ -192,6 +192,19 @@ pub(crate) fn config(spec: &BundleSpec<'_>) -> Value {
     for (src, dst) in spec.files {
         mounts.push(bind_ro(src, dst));
     }
+    if spec.host_usr && spec.user_space_kernel {
+        // runsc leaves `maskedPaths` below a bind mount unmasked (it read the host's
+        // /etc/shadow): the secrets of the host's /etc are covered by mounts instead,
+        // /dev/null over a file, an empty read-only tmpfs over a directory.
+        for path in MASKED.iter().filter(|p| p.starts_with("/etc/")) {
+            match std::fs::symlink_metadata(path) {
+                Ok(m) if m.is_dir() => mounts.push(json!({"destination": path, "type": "tmpfs",
+                    "source": "tmpfs", "options": ["ro", "nosuid", "nodev", "noexec", "size=4k"]})),
+                Ok(m) if m.is_file() => mounts.push(bind_ro("/dev/null", path)),
+                _ => {}
+            }
+        }
+    }
 
     let mut resources = json!({
         "devices": [{"allow": false, "access": "rwm"}],
@@ -407,6 +420,26 @@ mod tests {
         let clone = &c["linux"]["seccomp"]["syscalls"][1];
         assert_eq!(clone["names"], json!(["clone"]));
         assert_eq!(clone["args"][0]["value"], CLONE_NEWUSER);
+    }
+
+    #[test]
+    fn on_gvisor_the_host_secrets_are_covered_by_mounts() {
+        let args = vec!["/bin/true".to_string()];
+        let mut s = spec(&args, Path::new("/r"));
+        let over = |c: &Value, dst: &str| {
+            c["mounts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|m| m["destination"] == dst)
+        };
+        // Only where the host has the file: /etc/passwd is not a secret, and every
+        // Debian host has /etc/shadow.
+        assert!(!over(&config(&s), "/etc/shadow"));
+        s.user_space_kernel = true;
+        let c = config(&s);
+        assert!(over(&c, "/etc/shadow"), "{c}");
+        assert!(!over(&c, "/etc/passwd"));
     }
 
     #[test]

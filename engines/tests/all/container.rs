@@ -1072,6 +1072,14 @@ async fn runsc_runs_containers_on_a_user_space_kernel() {
     assert_eq!((lines[1], r.stderr.as_str()), ("out", "err\n"), "{r:?}");
     // The warm container serves executions (it is there between them).
     assert!(sb.warm_container_id().is_some());
+    // The seccomp profile holds in gVisor's kernel (no nested user namespace), and
+    // the host's secrets are masked as with crun and runc.
+    let r = run(
+        &sb,
+        sh("unshare -U true 2>/dev/null; echo rc=$?; cat /etc/shadow 2>/dev/null | wc -c; ls -A /etc/ssl/private 2>/dev/null | wc -l; test -s /etc/passwd && echo passwd"),
+    )
+    .await;
+    assert_eq!(r.stdout, "rc=1\n0\n0\npasswd\n", "{r:?}");
     sb.write_file("in.txt", b"from the host").await.unwrap();
     let r = run(&sb, sh("cat in.txt; echo made > made.txt")).await;
     assert_eq!(r.stdout, "from the host", "{r:?}");
