@@ -47,7 +47,11 @@ pub(crate) async fn doctor(args: DoctorArgs) -> Result<i32, crate::run::UsageErr
     let isolate = isolate_check();
     let container = container_check(OciRuntime::Auto);
     let runtimes: Vec<(&str, Result<serde_json::Value, String>)> =
-        [("crun", OciRuntime::Crun), ("runc", OciRuntime::Runc)]
+        [
+            ("crun", OciRuntime::Crun),
+            ("runc", OciRuntime::Runc),
+            ("runsc", OciRuntime::Runsc),
+        ]
             .into_iter()
             .map(|(name, rt)| (name, container_check(rt).map(|(info, _)| info)))
             .collect();
@@ -127,11 +131,25 @@ pub(crate) async fn doctor(args: DoctorArgs) -> Result<i32, crate::run::UsageErr
                 ),
             }
         }
+        if let Ok((info, _)) = &container {
+            println!(
+                "  user namespace         : {}",
+                if info["user_namespace"] == true {
+                    "on (root inside is an unprivileged host id of the sandbox's range)"
+                } else {
+                    "off (root inside is the host's root, held back by capabilities and seccomp)"
+                }
+            );
+        }
         for (name, r) in &runtimes {
             match r {
                 Ok(info) => println!(
-                    "  {name:<23}: ok ({}){}",
+                    "  {name:<23}: ok, runs a container ({}{}){}",
                     info["path"].as_str().unwrap_or("?"),
+                    match info["platform"].as_str() {
+                        Some(p) => format!(", platform {p}"),
+                        None => String::new(),
+                    },
                     if info["private_mount_namespace"] == true {
                         ", in a private mount namespace (hybrid cgroup layout)"
                     } else {
@@ -145,8 +163,8 @@ pub(crate) async fn doctor(args: DoctorArgs) -> Result<i32, crate::run::UsageErr
     Ok(0)
 }
 
-/// Starts the container engine with `runtime` (which runs a probe container) and
-/// describes the runtime it uses.
+/// Starts the container engine with `runtime` (which runs a probe container: a
+/// runtime reported ok has run one) and describes the runtime it uses.
 fn container_check(
     runtime: OciRuntime,
 ) -> Result<(serde_json::Value, paddock_core::Capabilities), String> {
@@ -163,6 +181,8 @@ fn container_check(
             "version": info.version,
             "private_mount_namespace": info.private_mount_namespace,
             "fallback_reason": info.fallback_reason,
+            "user_namespace": info.user_namespace,
+            "platform": info.platform,
             "warm_agent": match engine.agent() {
                 Ok(path) => serde_json::json!({"status": "ok", "path": path.display().to_string()}),
                 Err(why) => serde_json::json!({"status": format!("unavailable: {why}")}),

@@ -375,7 +375,7 @@ pub(crate) fn exit_status(r: &ExecResult) -> i32 {
         Outcome::LimitExceeded { limit } => match limit {
             LimitKind::Memory | LimitKind::Pids | LimitKind::Output => 137,
             LimitKind::Cpu => 128 + libc_sigxcpu(),
-            LimitKind::FileSize => 128 + libc_sigxfsz(),
+            LimitKind::FileSize | LimitKind::Disk | LimitKind::DiskFiles => 128 + libc_sigxfsz(),
         },
         Outcome::Failed { error } => exit_for_error(error.code),
         // The protocol's "waiting, not failing" status.

@@ -1,6 +1,7 @@
 //! The `container` scenario: `/bin/true` through the container engine against the
 //! runtime's own `run` of an equivalent bundle, in the same run, interleaved; and the
-//! cost of the seccomp profile (the engine with and without it).
+//! cost of the seccomp profile (the engine with and without it). Then the same on
+//! gVisor's runsc, shorter, with the price of its system calls (see [`gvisor`]).
 //!
 //! The engine's figure is `Sandbox::exec` end to end: the bundle written, the
 //! sandbox's memory group set, the runtime started without forking the host, output
@@ -14,13 +15,13 @@
 use std::time::Duration;
 
 use paddock_core::{
-    CancelToken, ContainerConfig, DiscardSink, Engine, ExecRequest, OciRuntime, Program, Sandbox,
-    SandboxSpec,
+    CancelToken, ContainerConfig, DiscardSink, Engine, ExecRequest, OciRuntime, Program,
+    RunscPlatform, Sandbox, SandboxSpec,
 };
 use paddock_engines::container::ContainerEngine;
 use serde_json::json;
 
-use super::{report, round, round3, summarize};
+use super::{report, round, round3, summarize, Summary};
 
 /// System calls `dd` makes below: a read and a write per byte.
 const DD_SYSCALLS: u64 = 2 * 200_000;
@@ -237,6 +238,155 @@ pub(super) async fn container(
             "syscall_loop_p50_ms": round3(filtered_loop.p50 / 1000.0),
             "syscall_loop_no_seccomp_p50_ms": round3(bare_loop.p50 / 1000.0),
             "seccomp_ns_per_syscall": round((filtered_loop.p50 - bare_loop.p50) * 1000.0 / DD_SYSCALLS as f64),
+        }),
+        as_json,
+    );
+    Ok(0)
+}
+
+/// Wall time of `2 * count` system calls (`dd` copying byte by byte) in a container.
+async fn syscalls(sandbox: &dyn Sandbox, count: u64) -> Duration {
+    let start = std::time::Instant::now();
+    let r = sandbox
+        .exec(
+            ExecRequest::new(Program::command([
+                "dd".to_string(),
+                "if=/dev/zero".to_string(),
+                "of=/dev/null".to_string(),
+                "bs=1".to_string(),
+                format!("count={count}"),
+            ]))
+            .with_timeout_ms(60_000),
+            &DiscardSink,
+            CancelToken::new(),
+        )
+        .await
+        .expect("exec in a container");
+    let took = start.elapsed();
+    assert!(r.is_success(), "{r:?}");
+    took
+}
+
+/// The `container` scenario on gVisor (`runsc`): a cold `/bin/true` through the
+/// engine against `runsc run` of the same bundle, a warm turn against `runsc exec`
+/// into the same container, and the cost of a system call against crun's (or
+/// runc's) container, each series a tenth of `iterations` (at least 10): a runsc
+/// start costs 25 to 30 times a crun one.
+pub(super) async fn gvisor(
+    platform: RunscPlatform,
+    iterations: usize,
+    as_json: bool,
+) -> Result<i32, crate::run::UsageError> {
+    let n = (iterations / 10).max(10);
+    let config = |runtime, warm| ContainerConfig {
+        runtime,
+        runsc_platform: platform,
+        warm,
+        ..ContainerConfig::default()
+    };
+    let cold = match ContainerEngine::new(&config(OciRuntime::Runsc, false)) {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("paddock bench: the container engine cannot start with runsc: {e}");
+            return Ok(1);
+        }
+    };
+    let info = cold.runtime_info().clone();
+    let sandbox = cold
+        .create(&SandboxSpec::default())
+        .await
+        .map_err(|e| crate::run::UsageError(e.to_string()))?;
+    for _ in 0..2 {
+        engine_true(&*sandbox).await;
+        raw(&cold, true).await;
+    }
+    let mut series: [Vec<Duration>; 2] = Default::default();
+    for _ in 0..n {
+        series[0].push(engine_true(&*sandbox).await);
+        series[1].push(raw(&cold, true).await);
+    }
+    let _ = sandbox.destroy().await;
+    let [cold_turns, raw_runs] = series.map(summarize);
+
+    // Warm, and the system calls: in a sandbox's warm container, against the host
+    // kernel's runtime (auto: crun, else runc).
+    let warm_engine = ContainerEngine::new(&config(OciRuntime::Runsc, true))
+        .map_err(|e| crate::run::UsageError(e.to_string()))?;
+    let warm_sandbox = warm_engine
+        .open(&SandboxSpec::default())
+        .await
+        .map_err(|e| crate::run::UsageError(e.to_string()))?;
+    let mut warm: [Vec<Duration>; 2] = Default::default();
+    let warm_ok = warm_engine.agent().is_ok();
+    if warm_ok {
+        for round in 0..=n {
+            let took = engine_true(&warm_sandbox).await;
+            let id = warm_sandbox.warm_container_id();
+            let exec = match id {
+                Some(id) => {
+                    let e = warm_engine.clone();
+                    tokio::task::spawn_blocking(move || {
+                        let (code, took) =
+                            e.exec_raw(&id, &["/bin/true"]).expect("the runtime runs");
+                        assert_eq!(code, Some(0));
+                        took
+                    })
+                    .await
+                    .expect("the baseline task")
+                }
+                None => break,
+            };
+            // The first round warms both up.
+            if round > 0 {
+                warm[0].push(took);
+                warm[1].push(exec);
+            }
+        }
+    }
+    const COUNT: u64 = 20_000;
+    let mut loops: Vec<Duration> = Vec::new();
+    for _ in 0..5 {
+        loops.push(syscalls(&warm_sandbox, COUNT).await);
+    }
+    let _ = warm_sandbox.destroy().await;
+    let host_kernel = ContainerEngine::new(&config(OciRuntime::Auto, true))
+        .map_err(|e| crate::run::UsageError(e.to_string()))?;
+    let host_sandbox = host_kernel
+        .open(&SandboxSpec::default())
+        .await
+        .map_err(|e| crate::run::UsageError(e.to_string()))?;
+    let mut host_loops: Vec<Duration> = Vec::new();
+    for _ in 0..5 {
+        host_loops.push(syscalls(&host_sandbox, COUNT).await);
+    }
+    let _ = host_sandbox.destroy().await;
+    let (gv, host) = (summarize(loops), summarize(host_loops));
+    let per_call = |s: Summary| s.p50 / (2 * COUNT) as f64;
+    let warm = (warm[0].len() > 0).then(|| {
+        let [turns, execs] = warm.map(summarize);
+        (turns, execs)
+    });
+    report(
+        &json!({
+            "scenario": "container",
+            "runtime": "runsc",
+            "runtime_version": info.version,
+            "platform": info.platform,
+            "program": "/bin/true",
+            "iterations": n,
+            "cold_p50_us": round(cold_turns.p50),
+            "cold_p99_us": round(cold_turns.p99),
+            "runsc_run_p50_us": round(raw_runs.p50),
+            "runsc_run_p99_us": round(raw_runs.p99),
+            "ratio_p50": round3(cold_turns.p50 / raw_runs.p50.max(0.001)),
+            "warm_p50_us": warm.as_ref().map(|(w, _)| round(w.p50)),
+            "warm_p99_us": warm.as_ref().map(|(w, _)| round(w.p99)),
+            "runsc_exec_p50_us": warm.as_ref().map(|(_, e)| round(e.p50)),
+            "warm_speedup_p50": warm.as_ref().map(|(w, e)| round(e.p50 / w.p50.max(0.001))),
+            // `dd bs=1`: a read and a write per byte, in a warm container.
+            "syscall_us": round3(per_call(gv)),
+            "host_kernel_runtime": host_kernel.runtime_info().kind.as_str(),
+            "host_kernel_syscall_us": round3(per_call(host)),
         }),
         as_json,
     );

@@ -74,6 +74,8 @@ pub struct RuntimeInfo {
     /// Whether containers get a user namespace (their root is an unprivileged host
     /// id of their sandbox's range).
     pub user_namespace: bool,
+    /// runsc's platform (`ptrace`, `kvm`, `systrap`); `None` for crun and runc.
+    pub platform: Option<String>,
 }
 
 /// The container engine. Cheap to clone; clones share one host setup.
@@ -274,6 +276,7 @@ impl ContainerEngine {
                 private_mount_namespace: false,
                 fallback_reason: None,
                 user_namespace,
+                platform: None,
             },
             root: root.clone(),
             rootfs,
@@ -353,6 +356,8 @@ impl ContainerEngine {
                         private_mount_namespace: inner.runtime.mntns.is_some(),
                         fallback_reason: (!passed_over.is_empty()).then(|| passed_over.join("; ")),
                         user_namespace,
+                        platform: (kind == RuntimeKind::Runsc)
+                            .then(|| config.runsc_platform.as_str().to_string()),
                     });
                     break;
                 }
