@@ -46,15 +46,14 @@ pub(crate) async fn doctor(args: DoctorArgs) -> Result<i32, crate::run::UsageErr
         .collect();
     let isolate = isolate_check();
     let container = container_check(OciRuntime::Auto);
-    let runtimes: Vec<(&str, Result<serde_json::Value, String>)> =
-        [
-            ("crun", OciRuntime::Crun),
-            ("runc", OciRuntime::Runc),
-            ("runsc", OciRuntime::Runsc),
-        ]
-            .into_iter()
-            .map(|(name, rt)| (name, container_check(rt).map(|(info, _)| info)))
-            .collect();
+    let runtimes: Vec<(&str, Result<serde_json::Value, String>)> = [
+        ("crun", OciRuntime::Crun),
+        ("runc", OciRuntime::Runc),
+        ("runsc", OciRuntime::Runsc),
+    ]
+    .into_iter()
+    .map(|(name, rt)| (name, container_check(rt).map(|(info, _)| info)))
+    .collect();
     if args.json {
         let by_runtime: serde_json::Map<_, _> = runtimes
             .iter()
