@@ -362,7 +362,7 @@ pub(super) async fn gvisor(
     let _ = host_sandbox.destroy().await;
     let (gv, host) = (summarize(loops), summarize(host_loops));
     let per_call = |s: Summary| s.p50 / (2 * COUNT) as f64;
-    let warm = (warm[0].len() > 0).then(|| {
+    let warm = (!warm[0].is_empty()).then(|| {
         let [turns, execs] = warm.map(summarize);
         (turns, execs)
     });
