@@ -279,6 +279,23 @@ pub(crate) fn write_config(dir: &Path, config: &Value) -> std::io::Result<()> {
     file.write_all(&serde_json::to_vec(config)?)
 }
 
+/// The directories of the root that the bundle mounts over (besides `/usr` and
+/// `/etc` of the generated root).
+pub(crate) const MOUNT_POINTS: &[&str] = &["proc", "dev", "tmp", "workspace"];
+
+/// Makes the mount points missing from a root filesystem of the operator's
+/// (`container.rootfs`), as the runtime itself would without a user namespace: under
+/// the mapping, the container's root cannot create them in a directory of the host's
+/// root. Failures are left for the runtime to report.
+pub(crate) fn prepare_mount_points(rootfs: &Path) {
+    for d in MOUNT_POINTS {
+        let path = rootfs.join(d);
+        if std::fs::symlink_metadata(&path).is_err() {
+            let _ = std::fs::create_dir(&path);
+        }
+    }
+}
+
 /// Creates the generated root filesystem under `dir`: empty mount points and the
 /// merged-`/usr` links (`bin`, `lib`, `lib64`, `sbin` → `usr/…`).
 pub(crate) fn generate_rootfs(dir: &Path) -> std::io::Result<()> {

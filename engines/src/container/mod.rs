@@ -245,6 +245,9 @@ impl ContainerEngine {
                         format!("`{}` is not a directory", r.display()),
                     ));
                 }
+                if user_namespace {
+                    bundle::prepare_mount_points(r);
+                }
                 (r.clone(), false)
             }
             None => {
