@@ -1,6 +1,7 @@
 //! The `container` scenario: `/bin/true` through the container engine against the
 //! runtime's own `run` of an equivalent bundle, in the same run, interleaved; and the
-//! cost of the seccomp profile (the engine with and without it). Then the same on
+//! cost of the seccomp profile (the engine with and without it) and of the user
+//! namespace (a third engine without it, interleaved). Then the same on
 //! gVisor's runsc, shorter, with the price of its system calls (see [`gvisor`]).
 //!
 //! The engine's figure is `Sandbox::exec` end to end: the bundle written, the
@@ -84,18 +85,21 @@ async fn raw(engine: &ContainerEngine, init: bool) -> Duration {
 
 pub(super) async fn container(
     runtime: OciRuntime,
+    user_namespace: bool,
     iterations: usize,
     as_json: bool,
 ) -> Result<i32, crate::run::UsageError> {
     // The cold series: warm containers off, so every execution starts a container.
-    let start = |seccomp: bool| {
+    let start_with = |seccomp: bool, user_namespace: bool| {
         ContainerEngine::new(&ContainerConfig {
             runtime,
             seccomp,
             warm: false,
+            user_namespace,
             ..ContainerConfig::default()
         })
     };
+    let start = |seccomp: bool| start_with(seccomp, user_namespace);
     let engine = match start(true) {
         Ok(e) => e,
         Err(e) => {
@@ -113,20 +117,41 @@ pub(super) async fn container(
         .create(&SandboxSpec::default())
         .await
         .map_err(|e| crate::run::UsageError(e.to_string()))?;
+    // The price of the user namespace: the same, without it (interleaved).
+    let unmapped = match user_namespace {
+        true => Some(
+            start_with(true, false)
+                .map_err(|e| crate::run::UsageError(e.to_string()))?
+                .create(&SandboxSpec::default())
+                .await
+                .map_err(|e| crate::run::UsageError(e.to_string()))?,
+        ),
+        false => None,
+    };
     // Warm-up: page cache, the runtime's first start.
     for _ in 0..5 {
         engine_true(&*sandbox).await;
         engine_true(&*bare_sandbox).await;
         raw(&engine, true).await;
         raw(&engine, false).await;
+        if let Some(u) = &unmapped {
+            engine_true(&**u).await;
+        }
     }
-    let mut series: [Vec<Duration>; 4] = Default::default();
+    let mut series: [Vec<Duration>; 5] = Default::default();
     for _ in 0..iterations {
         series[0].push(engine_true(&*sandbox).await);
         series[1].push(raw(&engine, true).await);
         series[2].push(raw(&engine, false).await);
         series[3].push(engine_true(&*bare_sandbox).await);
+        if let Some(u) = &unmapped {
+            series[4].push(engine_true(&**u).await);
+        }
     }
+    if let Some(u) = unmapped {
+        let _ = u.destroy().await;
+    }
+    let unmapped = (!series[4].is_empty()).then(|| summarize(std::mem::take(&mut series[4])));
     // The filter's cost per system call: a syscall-bound loop with and without it.
     let mut loops: [Vec<Duration>; 2] = Default::default();
     for _ in 0..7 {
@@ -143,6 +168,7 @@ pub(super) async fn container(
     // under the same seccomp profile.)
     let engine = ContainerEngine::new(&ContainerConfig {
         runtime,
+        user_namespace,
         ..ContainerConfig::default()
     })
     .map_err(|e| crate::run::UsageError(e.to_string()))?;
@@ -205,7 +231,13 @@ pub(super) async fn container(
     let [warm_turns, execs, spawns] = warm;
     let spawn = warm_ok.then(|| summarize(spawns));
     let warm = warm_ok.then(|| (summarize(warm_turns), summarize(execs)));
-    let [ours, raw_init, raw_bare, unfiltered] = series.map(summarize);
+    let [ours, raw_init, raw_bare, unfiltered, _] = series.map(|v| {
+        if v.is_empty() {
+            Summary { p50: 0.0, p99: 0.0 }
+        } else {
+            summarize(v)
+        }
+    });
     let name = info.kind.as_str();
     report(
         &json!({
@@ -213,6 +245,7 @@ pub(super) async fn container(
             "runtime": name,
             "runtime_version": info.version,
             "private_mount_namespace": info.private_mount_namespace,
+            "user_namespace": info.user_namespace,
             "program": "/bin/true",
             "iterations": iterations,
             "cold_p50_us": round(ours.p50),
@@ -225,6 +258,8 @@ pub(super) async fn container(
             format!("{name}_run_bare_p50_us"): round(raw_bare.p50),
             "ratio_bare_p50": round3(ours.p50 / raw_bare.p50.max(0.001)),
             "init_shell_cost_p50_us": round(raw_init.p50 - raw_bare.p50),
+            "cold_no_user_namespace_p50_us": unmapped.map(|u| round(u.p50)),
+            "user_namespace_cost_p50_us": unmapped.map(|u| round(ours.p50 - u.p50)),
             "cold_no_seccomp_p50_us": round(unfiltered.p50),
             "seccomp_cost_p50_us": round(ours.p50 - unfiltered.p50),
             "warm_p50_us": warm.as_ref().map(|(w, _)| round(w.p50)),

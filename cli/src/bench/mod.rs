@@ -32,6 +32,15 @@ pub(crate) struct BenchArgs {
 /// The runtimes `paddock bench container` measures unless told otherwise.
 const DEFAULT_RUNTIMES: &str = "auto,runsc";
 
+/// On or off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Switch {
+    /// On.
+    On,
+    /// Off.
+    Off,
+}
+
 /// Cgroup use in benchmarks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum CgroupArg {
@@ -122,6 +131,10 @@ enum Scenario {
         /// runsc's platform: ptrace, kvm or systrap (newer runsc releases).
         #[arg(long, default_value = "ptrace")]
         runsc_platform: String,
+        /// Containers of crun and runc get a user namespace (`on`, the default) or
+        /// not (`off`), to price it.
+        #[arg(long, value_enum, default_value_t = Switch::On)]
+        user_namespace: Switch,
     },
     /// Executions per second over HTTP vs. the in-process handle (no-op engine).
     Http {
@@ -264,6 +277,7 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32, crate::run::UsageError
             iterations,
             runtime,
             runsc_platform,
+            user_namespace,
         } => {
             use paddock_core::{OciRuntime, RunscPlatform};
             let platform = match runsc_platform.as_str() {
@@ -313,7 +327,13 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32, crate::run::UsageError
                     }
                     container::gvisor(platform, iterations.max(10), args.json).await?
                 } else {
-                    container::container(rt, iterations.max(10), args.json).await?
+                    container::container(
+                        rt,
+                        user_namespace == Switch::On,
+                        iterations.max(10),
+                        args.json,
+                    )
+                    .await?
                 };
                 status = status.max(code);
             }
