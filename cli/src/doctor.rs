@@ -47,11 +47,14 @@ pub(crate) async fn doctor(args: DoctorArgs) -> Result<i32, crate::run::UsageErr
         .collect();
     let isolate = isolate_check();
     let container = container_check(OciRuntime::Auto);
-    let runtimes: Vec<(&str, Result<serde_json::Value, String>)> =
-        [("crun", OciRuntime::Crun), ("runc", OciRuntime::Runc)]
-            .into_iter()
-            .map(|(name, rt)| (name, container_check(rt).map(|(info, _)| info)))
-            .collect();
+    let runtimes: Vec<(&str, Result<serde_json::Value, String>)> = [
+        ("crun", OciRuntime::Crun),
+        ("runc", OciRuntime::Runc),
+        ("runsc", OciRuntime::Runsc),
+    ]
+    .into_iter()
+    .map(|(name, rt)| (name, container_check(rt).map(|(info, _)| info)))
+    .collect();
     if args.json {
         let by_runtime: serde_json::Map<_, _> = runtimes
             .iter()
@@ -143,11 +146,25 @@ pub(crate) async fn doctor(args: DoctorArgs) -> Result<i32, crate::run::UsageErr
                 ),
             }
         }
+        if let Ok((info, _)) = &container {
+            println!(
+                "  user namespace         : {}",
+                if info["user_namespace"] == true {
+                    "on (root inside is an unprivileged host id of the sandbox's range)"
+                } else {
+                    "off (root inside is the host's root, held back by capabilities and seccomp)"
+                }
+            );
+        }
         for (name, r) in &runtimes {
             match r {
                 Ok(info) => println!(
-                    "  {name:<23}: ok ({}){}",
+                    "  {name:<23}: ok, runs a container ({}{}){}",
                     info["path"].as_str().unwrap_or("?"),
+                    match info["platform"].as_str() {
+                        Some(p) => format!(", platform {p}"),
+                        None => String::new(),
+                    },
                     if info["private_mount_namespace"] == true {
                         ", in a private mount namespace (hybrid cgroup layout)"
                     } else {
@@ -212,8 +229,8 @@ fn cgroup_json(r: &CgroupReport) -> serde_json::Value {
     })
 }
 
-/// Starts the container engine with `runtime` (which runs a probe container) and
-/// describes the runtime it uses.
+/// Starts the container engine with `runtime` (which runs a probe container: a
+/// runtime reported ok has run one) and describes the runtime it uses.
 fn container_check(
     runtime: OciRuntime,
 ) -> Result<(serde_json::Value, paddock_core::Capabilities), String> {
@@ -231,6 +248,8 @@ fn container_check(
             "private_mount_namespace": info.private_mount_namespace,
             "cgroups": engine.cgroup_version(),
             "fallback_reason": info.fallback_reason,
+            "user_namespace": info.user_namespace,
+            "platform": info.platform,
             "warm_agent": match engine.agent() {
                 Ok(path) => serde_json::json!({"status": "ok", "path": path.display().to_string()}),
                 Err(why) => serde_json::json!({"status": format!("unavailable: {why}")}),

@@ -93,6 +93,51 @@ fn timeout_is_124_and_json_reports_it() {
 }
 
 #[test]
+fn bench_container_reports_runsc_beside_the_host_kernel() {
+    // The shortest series: ten of each.
+    let out = paddock(&[
+        "bench",
+        "container",
+        "--json",
+        "--runtime",
+        "runsc",
+        "--iterations",
+        "10",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.code() == Some(1) && stderr.contains("cannot start with runsc") {
+        assert!(
+            std::env::var_os("PADDOCK_REQUIRE_CONTAINERS").is_none(),
+            "runsc must run here: {stderr}"
+        );
+        eprintln!("skipped: {stderr}");
+        return;
+    }
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(
+        (&v["scenario"], &v["runtime"]),
+        (&"container".into(), &"runsc".into()),
+        "{v}"
+    );
+    for key in [
+        "cold_p50_us",
+        "runsc_run_p50_us",
+        "warm_p50_us",
+        "runsc_exec_p50_us",
+    ] {
+        assert!(v[key].as_f64().is_some_and(|t| t > 0.0), "{key}: {v}");
+    }
+    // gVisor's system calls cost more than the host kernel's, by far.
+    let (gvisor, host) = (
+        v["syscall_us"].as_f64().unwrap(),
+        v["host_kernel_syscall_us"].as_f64().unwrap(),
+    );
+    assert!(gvisor > 3.0 * host, "{v}");
+}
+
+#[test]
 fn a_short_soak_answers_every_execution_once_and_leaves_nothing() {
     // Five seconds of the mixed load; the RSS bound is loose because so short a run
     // measures the allocator's warm-up, not a leak.
@@ -322,8 +367,15 @@ fn doctor_reports_the_host() {
     // The container engine: ok with a runtime, or unavailable with a reason and a fix.
     let container = &v["container"];
     let status = container["status"].as_str().unwrap();
-    for rt in ["crun", "runc"] {
+    for rt in ["crun", "runc", "runsc"] {
         assert!(container["runtimes"][rt]["status"].is_string(), "{v}");
+    }
+    // runsc, when it runs here, with its platform (the default, ptrace).
+    let runsc = &container["runtimes"]["runsc"];
+    if runsc["status"] == "ok" {
+        assert_eq!(runsc["runtime"]["kind"], "runsc", "{v}");
+        assert_eq!(runsc["runtime"]["platform"], "ptrace", "{v}");
+        assert_eq!(runsc["runtime"]["user_namespace"], false, "{v}");
     }
     if status == "ok" {
         assert_eq!(container["capabilities"]["max_level"], "strict", "{v}");
@@ -331,6 +383,8 @@ fn doctor_reports_the_host() {
         // Containers use v2 only on a pure v2 host.
         let want = if expected == "v2" { "v2" } else { "v1" };
         assert_eq!(container["runtime"]["cgroups"], want, "{v}");
+        assert_eq!(container["runtime"]["user_namespace"], true, "{v}");
+        assert!(container["runtime"]["platform"].is_null(), "{v}");
     } else {
         assert!(
             std::env::var_os("PADDOCK_REQUIRE_CONTAINERS").is_none(),

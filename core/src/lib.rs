@@ -51,8 +51,8 @@ pub mod tenancy;
 pub use cancel::{CancelToken, TokenState};
 pub use config::{
     ApiKey, AuditConfig, CgroupMode, ContainerConfig, HandlerConfig, IsolateConfig, LimitsConfig,
-    MetricsAccess, OciRuntime, PaddockConfig, PoolConfig, ServerConfig, SubprocessConfig,
-    WarmConfig,
+    MetricsAccess, OciRuntime, PaddockConfig, PoolConfig, RunscPlatform, ServerConfig,
+    SubprocessConfig, WarmConfig, USERNS_IDS_PER_SANDBOX,
 };
 pub use engine::{DiscardSink, Engine, FileEntry, OutputSink, Sandbox, SandboxSpec, SandboxStatus};
 pub use error::{Error, ErrorCode, Result};

@@ -30,6 +30,18 @@ pub(crate) struct BenchArgs {
     json: bool,
 }
 
+/// The runtimes `paddock bench container` measures unless told otherwise.
+const DEFAULT_RUNTIMES: &str = "auto,runsc";
+
+/// On or off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Switch {
+    /// On.
+    On,
+    /// Off.
+    Off,
+}
+
 /// Cgroup use in benchmarks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum CgroupArg {
@@ -113,14 +125,24 @@ enum Scenario {
         callers: usize,
     },
     /// `/bin/true` in a container through the engine vs. the runtime's own `run` of
-    /// an equivalent bundle, and the cost of the seccomp profile.
+    /// an equivalent bundle, and the cost of the seccomp profile; then on gVisor's
+    /// runsc (cold run, warm exec and a system call), one line per runtime.
     Container {
-        /// Measured executions per series.
+        /// Measured executions per series (runsc's series are a tenth as long).
         #[arg(long, default_value_t = 200)]
         iterations: usize,
-        /// The runtime: auto (crun, else runc), crun or runc.
-        #[arg(long, default_value = "auto")]
+        /// The runtimes, comma-separated: auto (crun, else runc), crun, runc, runsc.
+        /// By default `auto,runsc`, where runsc is left out (with a line that says
+        /// why) when it cannot start here.
+        #[arg(long, default_value = DEFAULT_RUNTIMES)]
         runtime: String,
+        /// runsc's platform: ptrace, kvm or systrap (newer runsc releases).
+        #[arg(long, default_value = "ptrace")]
+        runsc_platform: String,
+        /// Containers of crun and runc get a user namespace (`on`, the default) or
+        /// not (`off`), to price it.
+        #[arg(long, value_enum, default_value_t = Switch::On)]
+        user_namespace: Switch,
     },
     /// Executions per second over HTTP vs. the in-process handle (no-op engine).
     Http {
@@ -263,18 +285,68 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32, crate::run::UsageError
         Scenario::Container {
             iterations,
             runtime,
+            runsc_platform,
+            user_namespace,
         } => {
-            let runtime = match runtime.as_str() {
-                "auto" => paddock_core::OciRuntime::Auto,
-                "crun" => paddock_core::OciRuntime::Crun,
-                "runc" => paddock_core::OciRuntime::Runc,
+            use paddock_core::{OciRuntime, RunscPlatform};
+            let platform = match runsc_platform.as_str() {
+                "ptrace" => RunscPlatform::Ptrace,
+                "kvm" => RunscPlatform::Kvm,
+                "systrap" => RunscPlatform::Systrap,
                 other => {
                     return Err(crate::run::UsageError(format!(
-                        "--runtime must be auto, crun or runc, not `{other}`"
+                        "--runsc-platform must be ptrace, kvm or systrap, not `{other}`"
                     )))
                 }
             };
-            container::container(runtime, iterations.max(10), args.json).await
+            let mut runtimes = Vec::new();
+            for name in runtime.split(',').map(str::trim) {
+                runtimes.push(match name {
+                    "auto" => OciRuntime::Auto,
+                    "crun" => OciRuntime::Crun,
+                    "runc" => OciRuntime::Runc,
+                    "runsc" => OciRuntime::Runsc,
+                    other => {
+                        return Err(crate::run::UsageError(format!(
+                            "--runtime takes auto, crun, runc and runsc, comma-separated, not `{other}`"
+                        )))
+                    }
+                });
+            }
+            // By default runsc is measured only where it can run.
+            let optional_runsc = runtime == DEFAULT_RUNTIMES;
+            let mut status = 0;
+            for rt in runtimes {
+                let code = if rt == OciRuntime::Runsc {
+                    if optional_runsc {
+                        let probe = paddock_core::ContainerConfig {
+                            runtime: OciRuntime::Runsc,
+                            runsc_platform: platform,
+                            warm: false,
+                            ..paddock_core::ContainerConfig::default()
+                        };
+                        if let Err(e) = paddock_engines::container::ContainerEngine::new(&probe) {
+                            report(
+                                &serde_json::json!({"scenario": "container", "runtime": "runsc",
+                                    "skipped": e.message}),
+                                args.json,
+                            );
+                            continue;
+                        }
+                    }
+                    container::gvisor(platform, iterations.max(10), args.json).await?
+                } else {
+                    container::container(
+                        rt,
+                        user_namespace == Switch::On,
+                        iterations.max(10),
+                        args.json,
+                    )
+                    .await?
+                };
+                status = status.max(code);
+            }
+            Ok(status)
         }
         Scenario::Http {
             callers,

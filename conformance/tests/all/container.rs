@@ -1,9 +1,10 @@
 //! The conformance suite against the container engine (crun, with runc as the
-//! fallback), once more pinned to runc, and once with warm containers off (a
-//! container per execution).
+//! fallback), once more pinned to runc, once on gVisor's runsc, and once with warm
+//! containers off (a container per execution).
 //!
-//! A host without a usable OCI runtime skips these tests and says why, unless
-//! `PADDOCK_REQUIRE_CONTAINERS` is set (as `.ci/run` does), which makes them fail.
+//! A host without a usable OCI runtime (for the `runsc` module: without gVisor's
+//! runsc) skips these tests and says why, unless `PADDOCK_REQUIRE_CONTAINERS` is set
+//! (as `.ci/run` does, which installs crun, runc and runsc), which makes them fail.
 
 use std::sync::{Arc, OnceLock};
 
@@ -31,10 +32,11 @@ fn cold_engine() -> Arc<dyn Engine> {
 fn available(runtime: OciRuntime) -> Result<(), String> {
     static AUTO: OnceLock<Result<(), String>> = OnceLock::new();
     static RUNC: OnceLock<Result<(), String>> = OnceLock::new();
-    let cell = if runtime == OciRuntime::Runc {
-        &RUNC
-    } else {
-        &AUTO
+    static RUNSC: OnceLock<Result<(), String>> = OnceLock::new();
+    let cell = match runtime {
+        OciRuntime::Runc => &RUNC,
+        OciRuntime::Runsc => &RUNSC,
+        _ => &AUTO,
     };
     let found = cell
         .get_or_init(|| {
@@ -69,6 +71,17 @@ mod runc {
         conformance,
         || async { container_engine(OciRuntime::Runc) },
         requires = || available(OciRuntime::Runc),
+    );
+}
+
+/// gVisor (`runsc`), warm containers on: its agent serves executions; processes,
+/// terminals and TCP are not offered there, and their cases skip.
+mod runsc {
+    use super::*;
+    paddock_conformance::conformance_tests!(
+        conformance,
+        || async { container_engine(OciRuntime::Runsc) },
+        requires = || available(OciRuntime::Runsc),
     );
 }
 

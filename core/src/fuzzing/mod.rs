@@ -408,9 +408,11 @@ mod tests {
             }
         }
         // A floor that keeps the accepted path exercised (mutations of the now
-        // larger default document break it more often than not).
+        // larger default document break it more often than not; a digit changed in
+        // a range-checked number such as `container.userns_first_id` is refused).
+        // The seed is fixed, so the count is too: 43 with the fields of today.
         assert!(
-            accepted >= 50,
+            accepted >= 30,
             "only {accepted} mutated configs still parsed"
         );
         assert!(

@@ -68,16 +68,26 @@ const CLONE_NEWUSER: u64 = 0x1000_0000;
 /// The seccomp profile: allow by default, refuse [`DENIED_SYSCALLS`] and `clone`
 /// with `CLONE_NEWUSER`; `clone3` answers `ENOSYS`, so that libc falls back to
 /// `clone`, whose flags the filter can see.
-pub(crate) fn seccomp_profile() -> Value {
+///
+/// On gVisor (`runsc`, with `user_space_kernel`) the `clone3` rule is left out: its
+/// kernel has no `clone3` and answers `ENOSYS` itself, and its seccomp answers every
+/// refusal with `EPERM` whatever `errnoRet` says, which would stop libc from falling
+/// back (no thread could start).
+pub(crate) fn seccomp_profile(user_space_kernel: bool) -> Value {
+    let mut rules = vec![
+        json!({"names": DENIED_SYSCALLS, "action": "SCMP_ACT_ERRNO", "errnoRet": libc::EPERM}),
+        json!({"names": ["clone"], "action": "SCMP_ACT_ERRNO", "errnoRet": libc::EPERM,
+         "args": [{"index": 0, "value": CLONE_NEWUSER, "valueTwo": CLONE_NEWUSER, "op": "SCMP_CMP_MASKED_EQ"}]}),
+    ];
+    if !user_space_kernel {
+        rules.push(
+            json!({"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": libc::ENOSYS}),
+        );
+    }
     json!({
         "defaultAction": "SCMP_ACT_ALLOW",
         "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"],
-        "syscalls": [
-            {"names": DENIED_SYSCALLS, "action": "SCMP_ACT_ERRNO", "errnoRet": libc::EPERM},
-            {"names": ["clone"], "action": "SCMP_ACT_ERRNO", "errnoRet": libc::EPERM,
-             "args": [{"index": 0, "value": CLONE_NEWUSER, "valueTwo": CLONE_NEWUSER, "op": "SCMP_CMP_MASKED_EQ"}]},
-            {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": libc::ENOSYS}
-        ]
+        "syscalls": rules,
     })
 }
 
@@ -102,6 +112,11 @@ pub(crate) struct BundleSpec<'a> {
     pub(crate) rlimits: &'a [(&'static str, u64, u64)],
     pub(crate) seccomp: bool,
     pub(crate) hostname: &'a str,
+    /// A user namespace mapping uid and gid 0 to `size - 1` inside onto the host ids
+    /// `first` and up: (first, size).
+    pub(crate) ids: Option<(u32, u32)>,
+    /// Whether the runtime is gVisor's (see [`seccomp_profile`]).
+    pub(crate) user_space_kernel: bool,
 }
 
 /// The capabilities a container keeps (bounding, effective, permitted): the three of
@@ -177,6 +192,19 @@ pub(crate) fn config(spec: &BundleSpec<'_>) -> Value {
     for (src, dst) in spec.files {
         mounts.push(bind_ro(src, dst));
     }
+    if spec.host_usr && spec.user_space_kernel {
+        // runsc leaves `maskedPaths` below a bind mount unmasked (it read the host's
+        // /etc/shadow): the secrets of the host's /etc are covered by mounts instead,
+        // /dev/null over a file, an empty read-only tmpfs over a directory.
+        for path in MASKED.iter().filter(|p| p.starts_with("/etc/")) {
+            match std::fs::symlink_metadata(path) {
+                Ok(m) if m.is_dir() => mounts.push(json!({"destination": path, "type": "tmpfs",
+                    "source": "tmpfs", "options": ["ro", "nosuid", "nodev", "noexec", "size=4k"]})),
+                Ok(m) if m.is_file() => mounts.push(bind_ro("/dev/null", path)),
+                _ => {}
+            }
+        }
+    }
 
     let mut resources = json!({
         "devices": [{"allow": false, "access": "rwm"}],
@@ -190,18 +218,31 @@ pub(crate) fn config(spec: &BundleSpec<'_>) -> Value {
         resources["pids"] = json!({"limit": p});
     }
     let caps: Vec<&str> = CAPABILITIES.to_vec();
+    let mut namespaces = vec![
+        json!({"type": "pid"}),
+        json!({"type": "network"}),
+        json!({"type": "ipc"}),
+        json!({"type": "uts"}),
+        json!({"type": "mount"}),
+        json!({"type": "cgroup"}),
+    ];
+    if spec.ids.is_some() {
+        namespaces.push(json!({"type": "user"}));
+    }
     let mut linux = json!({
         "cgroupsPath": spec.cgroups_path,
         "resources": resources,
-        "namespaces": [
-            {"type": "pid"}, {"type": "network"}, {"type": "ipc"},
-            {"type": "uts"}, {"type": "mount"}, {"type": "cgroup"}
-        ],
+        "namespaces": namespaces,
         "maskedPaths": MASKED,
         "readonlyPaths": READONLY,
     });
+    if let Some((first, size)) = spec.ids {
+        let map = json!([{"containerID": 0, "hostID": first, "size": size}]);
+        linux["uidMappings"] = map.clone();
+        linux["gidMappings"] = map;
+    }
     if spec.seccomp {
-        linux["seccomp"] = seccomp_profile();
+        linux["seccomp"] = seccomp_profile(spec.user_space_kernel);
     }
     json!({
         "ociVersion": "1.0.2",
@@ -223,6 +264,36 @@ pub(crate) fn config(spec: &BundleSpec<'_>) -> Value {
         "mounts": mounts,
         "linux": linux,
     })
+}
+
+/// Writes `config` as the bundle's `config.json` in `dir`, readable by the runtime
+/// (this process's user) alone: it holds the program's environment.
+pub(crate) fn write_config(dir: &Path, config: &Value) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(dir.join("config.json"))?;
+    file.write_all(&serde_json::to_vec(config)?)
+}
+
+/// The directories of the root that the bundle mounts over (besides `/usr` and
+/// `/etc` of the generated root).
+pub(crate) const MOUNT_POINTS: &[&str] = &["proc", "dev", "tmp", "workspace"];
+
+/// Makes the mount points missing from a root filesystem of the operator's
+/// (`container.rootfs`), as the runtime itself would without a user namespace: under
+/// the mapping, the container's root cannot create them in a directory of the host's
+/// root. Failures are left for the runtime to report.
+pub(crate) fn prepare_mount_points(rootfs: &Path) {
+    for d in MOUNT_POINTS {
+        let path = rootfs.join(d);
+        if std::fs::symlink_metadata(&path).is_err() {
+            let _ = std::fs::create_dir(&path);
+        }
+    }
 }
 
 /// Creates the generated root filesystem under `dir`: empty mount points and the
@@ -275,6 +346,8 @@ mod tests {
             rlimits: &[("RLIMIT_CPU", 2, 3)],
             seccomp: true,
             hostname: "paddock",
+            ids: None,
+            user_space_kernel: false,
         }
     }
 
@@ -336,5 +409,73 @@ mod tests {
         assert!(c["linux"].get("seccomp").is_none());
         assert!(c["linux"]["resources"].get("memory").is_none());
         assert!(c["linux"]["resources"].get("pids").is_none());
+    }
+
+    #[test]
+    fn a_user_namespace_maps_root_to_the_sandbox_range() {
+        let args = vec!["/bin/true".to_string()];
+        let c = config(&spec(&args, Path::new("/r")));
+        assert!(c["linux"].get("uidMappings").is_none());
+        assert!(!c["linux"]["namespaces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n["type"] == "user"));
+        let mut s = spec(&args, Path::new("/r"));
+        s.ids = Some((2_000_065_536, 65536));
+        let c = config(&s);
+        assert!(c["linux"]["namespaces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n["type"] == "user"));
+        let want = json!([{"containerID": 0, "hostID": 2_000_065_536u32, "size": 65536}]);
+        assert_eq!(c["linux"]["uidMappings"], want);
+        assert_eq!(c["linux"]["gidMappings"], want);
+        // Still root inside, and still no nested user namespaces.
+        assert_eq!(c["process"]["user"]["uid"], 0);
+        let clone = &c["linux"]["seccomp"]["syscalls"][1];
+        assert_eq!(clone["names"], json!(["clone"]));
+        assert_eq!(clone["args"][0]["value"], CLONE_NEWUSER);
+    }
+
+    #[test]
+    fn on_gvisor_the_host_secrets_are_covered_by_mounts() {
+        let args = vec!["/bin/true".to_string()];
+        let mut s = spec(&args, Path::new("/r"));
+        let over = |c: &Value, dst: &str| {
+            c["mounts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|m| m["destination"] == dst)
+        };
+        // Only where the host has the file: /etc/passwd is not a secret, and every
+        // Debian host has /etc/shadow.
+        assert!(!over(&config(&s), "/etc/shadow"));
+        s.user_space_kernel = true;
+        let c = config(&s);
+        assert!(over(&c, "/etc/shadow"), "{c}");
+        assert!(!over(&c, "/etc/passwd"));
+    }
+
+    #[test]
+    fn on_gvisor_clone3_is_left_to_its_kernel() {
+        let names = |p: &Value| -> Vec<String> {
+            p["syscalls"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .flat_map(|r| r["names"].as_array().unwrap().clone())
+                .map(|n| n.as_str().unwrap().to_string())
+                .collect()
+        };
+        let host = names(&seccomp_profile(false));
+        let gvisor = names(&seccomp_profile(true));
+        assert!(host.iter().any(|n| n == "clone3"));
+        assert!(!gvisor.iter().any(|n| n == "clone3"));
+        for must in ["clone", "unshare", "setns", "mount", "ptrace"] {
+            assert!(gvisor.iter().any(|n| n == must), "{must}");
+        }
     }
 }

@@ -54,7 +54,7 @@ impl ContainerSandbox {
                 } else if let Some(bundle_dir) = bundle_dir {
                     // Too long for one argument: bound read-only from the bundle.
                     let host = bundle_dir.join(format!("source.{ext}"));
-                    std::fs::write(&host, source)
+                    self.write_source(&host, source)
                         .map_err(|e| Error::engine_io("writing the source file", e))?;
                     let inside = format!("/tmp/.paddock-source.{ext}");
                     Ok((
@@ -73,6 +73,22 @@ impl ContainerSandbox {
                 "the container engine runs commands and code, not json-stdio handlers",
             )),
         }
+    }
+
+    /// Writes a long source for the container to read: only this process's user
+    /// and the container's root (its mapped host id, with a user namespace) may.
+    fn write_source(&self, host: &Path, source: &str) -> std::io::Result<()> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(host)?;
+        if let Some((first, _)) = self.ids() {
+            std::os::unix::fs::fchown(&file, Some(first), Some(first))?;
+        }
+        file.write_all(source.as_bytes())
     }
 
     pub(super) async fn run(
@@ -159,17 +175,11 @@ impl ContainerSandbox {
             rlimits: &rlimits,
             seccomp: self.engine.seccomp,
             hostname: "paddock",
+            ids: self.ids(),
+            user_space_kernel: self.engine.runtime.kind.user_space_kernel(),
         });
-        std::fs::write(
-            bundle_dir.join("config.json"),
-            serde_json::to_vec(&config).map_err(|e| {
-                Error::new(
-                    ErrorCode::EngineFailed,
-                    format!("encoding config.json: {e}"),
-                )
-            })?,
-        )
-        .map_err(|e| Error::engine_io("writing config.json", e))?;
+        bundle::write_config(&bundle_dir, &config)
+            .map_err(|e| Error::engine_io("writing config.json", e))?;
 
         // The container's own group has the limit; the sandbox group (its parent,
         // which outlives it) only has its peak reset, to tell an OOM kill apart.
@@ -353,6 +363,15 @@ pub(super) fn run_once(
     let cgroup = format!("{}/{id}", engine.cgroup_base);
     let env = vec![format!("PATH={CONTAINER_PATH}")];
     let limits = &engine.defaults;
+    // A range of its own while it runs, as a sandbox's containers have.
+    let ids = match &engine.userns {
+        Some(ranges) => Some(
+            ranges
+                .allocate()
+                .map_err(|e| std::io::Error::other(e.message))?,
+        ),
+        None => None,
+    };
     let config = bundle::config(&BundleSpec {
         args: argv,
         env: &env,
@@ -368,8 +387,10 @@ pub(super) fn run_once(
         rlimits: &[("RLIMIT_CORE", 0, 0)],
         seccomp: engine.seccomp,
         hostname: "paddock",
+        ids: ids.as_ref().map(|r| (r.first, r.size)),
+        user_space_kernel: engine.runtime.kind.user_space_kernel(),
     });
-    std::fs::write(dir.join("config.json"), config.to_string())?;
+    bundle::write_config(&dir, &config)?;
     let bundle = dir.to_string_lossy().into_owned();
     let started = std::time::Instant::now();
     let finished = engine

@@ -34,6 +34,7 @@ mod exec;
 mod interactive;
 mod runtime;
 mod sandbox;
+mod userns;
 mod warm;
 
 use std::collections::BTreeMap;
@@ -44,7 +45,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use paddock_core::{
     Capabilities, ContainerConfig, Engine, EngineName, Error, ErrorCode, IsolationLevel, Language,
-    Limits, ProgramKind, Result, Sandbox, SandboxSpec,
+    Limits, OciRuntime, ProgramKind, Result, Sandbox, SandboxSpec,
 };
 
 pub use runtime::RuntimeKind;
@@ -71,6 +72,11 @@ pub struct RuntimeInfo {
     pub private_mount_namespace: bool,
     /// Why a preferred runtime was passed over, when one was.
     pub fallback_reason: Option<String>,
+    /// Whether containers get a user namespace (their root is an unprivileged host
+    /// id of their sandbox's range).
+    pub user_namespace: bool,
+    /// runsc's platform (`ptrace`, `kvm`, `systrap`); `None` for crun and runc.
+    pub platform: Option<String>,
 }
 
 /// The container engine. Cheap to clone; clones share one host setup.
@@ -113,6 +119,8 @@ pub(crate) struct EngineInner {
     /// The sandboxes' own filesystems (the disk quota), mounted below
     /// `sandboxes/`, or why there are none.
     pub(crate) disks: std::result::Result<crate::host::volume::Disks, String>,
+    /// The host id ranges of the sandboxes' user namespaces, when containers get one.
+    pub(crate) userns: Option<Arc<userns::IdRanges>>,
 }
 
 impl EngineInner {
@@ -284,15 +292,26 @@ impl ContainerEngine {
             crate::host::owner::namespace_suffix()
         );
         let root = parent.join(&name);
+        // gVisor's kernel stands between the program and the host instead.
+        let user_namespace = config.user_namespace && config.runtime != OciRuntime::Runsc;
         let setup = || -> std::io::Result<()> {
-            use std::os::unix::fs::DirBuilderExt;
-            // Private: workdirs hold what containers (uid 0 inside) wrote, set-uid
-            // files included, and nobody else on the host may reach them.
+            use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+            // Private: workdirs hold what containers wrote, set-uid files included,
+            // and nobody else on the host may reach them. With user namespaces the
+            // containers' root is another host user, which must pass through to its
+            // workdir, root and bundle (mode 0711: no listing); the workdirs
+            // themselves are 0700 and its own, and what the engine writes for the
+            // runtime alone (config.json, the runtime's state) is 0600/0700.
             let mut dir = std::fs::DirBuilder::new();
             dir.mode(0o700);
             dir.create(&root)?;
             for d in ["state", "bundles", "sandboxes"] {
                 dir.create(root.join(d))?;
+            }
+            if user_namespace {
+                for d in [&root, &root.join("bundles"), &root.join("sandboxes")] {
+                    std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o711))?;
+                }
             }
             Ok(())
         };
@@ -327,6 +346,9 @@ impl ContainerEngine {
                         format!("`{}` is not a directory", r.display()),
                     ));
                 }
+                if user_namespace {
+                    bundle::prepare_mount_points(r);
+                }
                 (r.clone(), false)
             }
             None => {
@@ -349,6 +371,7 @@ impl ContainerEngine {
                 path: PathBuf::new(),
                 mntns: None,
                 state: root.join("state"),
+                flags: Vec::new(),
             },
             info: RuntimeInfo {
                 kind: RuntimeKind::Crun,
@@ -356,6 +379,8 @@ impl ContainerEngine {
                 version: String::new(),
                 private_mount_namespace: false,
                 fallback_reason: None,
+                user_namespace,
+                platform: None,
             },
             root: root.clone(),
             rootfs,
@@ -375,7 +400,24 @@ impl ContainerEngine {
             },
             next_sandbox: AtomicU64::new(0),
             disks,
+            userns: None,
         };
+        if user_namespace {
+            match userns::IdRanges::new(
+                &userns::lock_parent(),
+                config.userns_first_id,
+                config.userns_slots,
+            ) {
+                Ok(r) => inner.userns = Some(r),
+                Err(e) => {
+                    drop(inner);
+                    return Err(Error::engine_io(
+                        "preparing the user-namespace id ranges (container.user_namespace)",
+                        e,
+                    ));
+                }
+            }
+        }
 
         // Try the runtimes in order; the first that runs a probe container wins.
         let mut passed_over: Vec<String> = Vec::new();
@@ -406,6 +448,7 @@ impl ContainerEngine {
                 path: path.clone(),
                 mntns,
                 state: root.join("state"),
+                flags: runtime::global_flags(kind, config.runsc_platform, config.seccomp),
             };
             match exec::probe(&inner) {
                 Ok(()) => {
@@ -420,6 +463,9 @@ impl ContainerEngine {
                         version,
                         private_mount_namespace: inner.runtime.mntns.is_some(),
                         fallback_reason: (!passed_over.is_empty()).then(|| passed_over.join("; ")),
+                        user_namespace,
+                        platform: (kind == RuntimeKind::Runsc)
+                            .then(|| config.runsc_platform.as_str().to_string()),
                     });
                     break;
                 }
@@ -431,8 +477,13 @@ impl ContainerEngine {
         }
         let Some(info) = chosen else {
             drop(inner);
+            let hint = if user_namespace {
+                " (containers get a user namespace: if the kernel or runtime cannot give one, set container.user_namespace = false)"
+            } else {
+                ""
+            };
             return Err(unavailable(format!(
-                "no OCI runtime can run containers on this host: {}",
+                "no OCI runtime can run containers on this host: {}{hint}",
                 passed_over.join("; ")
             )));
         };
@@ -487,7 +538,7 @@ impl ContainerEngine {
         } else {
             v1_has("cpu")
         };
-        if inner.agent.is_ok() {
+        if inner.agent.is_ok() && !inner.runtime.kind.user_space_kernel() {
             // In the warm container, through its agent.
             features.extend([
                 paddock_core::interactive::FEATURE_PROCESS,
@@ -701,6 +752,7 @@ fn sweep_stale(
                     path,
                     mntns: None,
                     state: state.clone(),
+                    flags: Vec::new(),
                 };
                 for id in ids.flatten() {
                     let id = id.file_name().to_string_lossy().into_owned();

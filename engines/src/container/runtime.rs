@@ -16,15 +16,25 @@ pub enum RuntimeKind {
     Crun,
     /// runc.
     Runc,
+    /// gVisor's runsc: a user-space kernel.
+    Runsc,
 }
 
 impl RuntimeKind {
-    /// `crun` or `runc`.
+    /// `crun`, `runc` or `runsc`.
     pub fn as_str(self) -> &'static str {
         match self {
             RuntimeKind::Crun => "crun",
             RuntimeKind::Runc => "runc",
+            RuntimeKind::Runsc => "runsc",
         }
+    }
+
+    /// Whether a container's processes run on a kernel of the runtime's own
+    /// (gVisor), so that host-side views of them (their namespaces, descriptors
+    /// passed in or out) do not reach them.
+    pub fn user_space_kernel(self) -> bool {
+        self == RuntimeKind::Runsc
     }
 }
 
@@ -38,6 +48,8 @@ pub(crate) struct Runtime {
     pub(crate) mntns: Option<OwnedFd>,
     /// `--root`: where the runtime keeps its container state.
     pub(crate) state: PathBuf,
+    /// Global flags after `--root` (runsc's platform, network and seccomp).
+    pub(crate) flags: Vec<String>,
 }
 
 /// Whether cgroup v1 controllers and a v2 hierarchy are both mounted (crun 1.8
@@ -60,6 +72,7 @@ pub(crate) fn candidates(
         OciRuntime::Auto => &[RuntimeKind::Crun, RuntimeKind::Runc],
         OciRuntime::Crun => &[RuntimeKind::Crun],
         OciRuntime::Runc => &[RuntimeKind::Runc],
+        OciRuntime::Runsc => &[RuntimeKind::Runsc],
     };
     let path_var = std::env::var("PATH")
         .unwrap_or_else(|_| "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into());
@@ -88,6 +101,29 @@ pub(crate) fn candidates(
         .collect()
 }
 
+/// The global flags of runtime `kind`: for runsc, the platform, no network device
+/// but loopback (the only policy the engine offers), and the OCI seccomp profile
+/// applied by gVisor's kernel (runsc ignores it otherwise).
+pub(crate) fn global_flags(
+    kind: RuntimeKind,
+    platform: paddock_core::RunscPlatform,
+    seccomp: bool,
+) -> Vec<String> {
+    match kind {
+        RuntimeKind::Runsc => {
+            let mut flags = vec![
+                format!("--platform={}", platform.as_str()),
+                "--network=none".to_string(),
+            ];
+            if seccomp {
+                flags.push("--oci-seccomp".to_string());
+            }
+            flags
+        }
+        RuntimeKind::Crun | RuntimeKind::Runc => Vec::new(),
+    }
+}
+
 /// What a finished runtime command printed and how it ended.
 #[derive(Debug)]
 pub(crate) struct Finished {
@@ -109,6 +145,9 @@ impl Runtime {
             cstring("--root")?,
             cstring(self.state.as_os_str().as_encoded_bytes())?,
         ];
+        for f in &self.flags {
+            argv.push(cstring(f.as_str())?);
+        }
         for a in args {
             argv.push(cstring(*a)?);
         }

@@ -58,6 +58,11 @@ pub struct ContainerSandbox {
     /// Whether a process or terminal ran since the last recycle (the warm container
     /// is then replaced, as after an execution).
     pub(super) interactive_used: std::sync::atomic::AtomicBool,
+    /// The host ids its containers' user namespace maps root onto, held while the
+    /// sandbox lives.
+    pub(super) id_range: Option<super::userns::IdRange>,
+    /// Removals of replaced warm containers still under way (teardown waits for them).
+    pub(super) removing: parking_lot::Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
 
 impl ContainerSandbox {
@@ -75,6 +80,11 @@ impl ContainerSandbox {
             &uuid::Uuid::now_v7().simple().to_string()[..20]
         );
         let cgroup = format!("{}/{id}", engine.cgroup_base);
+        let id_range = match &engine.userns {
+            Some(ranges) => Some(ranges.allocate()?),
+            None => None,
+        };
+        let owner = id_range.as_ref().map(|r| r.first);
         let eng = engine.clone();
         let (id2, cg2) = (id.clone(), cgroup.clone());
         let quota = crate::host::volume::Quota::of(&spec.limits.or(&engine.defaults));
@@ -83,9 +93,21 @@ impl ContainerSandbox {
                 (Ok(disks), Some(q)) => Some((disks, q)),
                 _ => None,
             };
-            let workdir = Workdir::create_on(&eng.root.join("sandboxes"), &id2, disk)
+            let mut workdir = Workdir::create_on(&eng.root.join("sandboxes"), &id2, disk)
                 .map_err(|e| Error::engine_io("creating the sandbox workdir", e))?
                 .shown_at(Path::new(WORKSPACE));
+            if let Some(first) = owner {
+                // The directory bound at /workspace belongs to the container's root;
+                // what the files API creates in it too.
+                if let Err(e) = std::os::unix::fs::chown(workdir.root(), Some(first), Some(first)) {
+                    let _ = workdir.remove();
+                    return Err(Error::engine_io(
+                        "giving the sandbox workdir to the container's user",
+                        e,
+                    ));
+                }
+                workdir.set_owner(first, first);
+            }
             // The sandbox's memory group: the containers' parent, with their limit
             // (in v2 the one group, with the controllers handed to its containers).
             let made = if eng.v2 {
@@ -125,8 +147,21 @@ impl ContainerSandbox {
             processes: Default::default(),
             guest: parking_lot::Mutex::new(None),
             interactive_used: std::sync::atomic::AtomicBool::new(false),
+            id_range,
+            removing: parking_lot::Mutex::new(Vec::new()),
         })
         .inspect(|sandbox| sandbox.prewarm())
+    }
+
+    /// The (first host id, size) of the sandbox's user namespace, when it has one.
+    pub(super) fn ids(&self) -> Option<(u32, u32)> {
+        self.id_range.as_ref().map(|r| (r.first, r.size))
+    }
+
+    /// The host uid the container's root runs as: the first id of the sandbox's
+    /// range with a user namespace, 0 without.
+    pub fn host_root_uid(&self) -> u32 {
+        self.ids().map_or(0, |(first, _)| first)
     }
 
     pub(super) fn refuse_if_paused(&self) -> Result<()> {
@@ -203,7 +238,7 @@ impl ContainerSandbox {
         let wc = WarmContainer::start(
             &self.engine,
             &self.cgroup,
-            self.workdir.root(),
+            (self.workdir.root(), self.ids()),
             (format!("{}-w{k}", self.id), format!("w{k}")),
             &limits,
         )?;
@@ -488,9 +523,14 @@ impl Teardown for ContainerSandbox {
         let cgroup = self.cgroup.clone();
         let workdir = self.workdir.clone();
         let warm = self.warm.lock().take();
+        let removing = std::mem::take(&mut *self.removing.lock());
         let result = blocking(move || {
             if let Some(w) = warm {
                 w.close();
+            }
+            // Replaced warm containers are gone too before destroy returns.
+            for removal in removing {
+                let _ = removal.join();
             }
             engine.remove_cgroup(&cgroup);
             workdir

@@ -22,6 +22,10 @@ use tokio::time::Instant;
 use super::sandbox::ContainerSandbox;
 use crate::task::blocking;
 
+/// How long a warm container may take to come up (gVisor's on a loaded host of two
+/// cores has been seen to take more than 10 s).
+const READY_PATIENCE: Duration = Duration::from_secs(20);
+
 /// Where the agent binary is bound inside the container.
 pub(crate) const AGENT_INSIDE: &str = "/tmp/.paddock-agent";
 
@@ -138,7 +142,7 @@ impl WarmContainer {
     pub(crate) fn start(
         engine: &Arc<EngineInner>,
         sandbox_cgroup: &str,
-        workdir: &std::path::Path,
+        (workdir, ids): (&std::path::Path, Option<(u32, u32)>),
         (id, tag): (String, String),
         limits: &Limits,
     ) -> Result<WarmContainer> {
@@ -172,8 +176,10 @@ impl WarmContainer {
             rlimits: &warm_rlimits(limits),
             seccomp: engine.seccomp,
             hostname: "paddock",
+            ids,
+            user_space_kernel: engine.runtime.kind.user_space_kernel(),
         });
-        let written = std::fs::write(dir.join("config.json"), config.to_string());
+        let written = bundle::write_config(&dir, &config);
         if let Err(e) = written {
             let _ = std::fs::remove_dir_all(&dir);
             return Err(Error::engine_io("writing config.json", e));
@@ -186,23 +192,21 @@ impl WarmContainer {
         };
         let started = (|| -> std::io::Result<(Worker, std::os::fd::OwnedFd)> {
             let stdio = [null()?, null()?, null()?];
-            // The control channel reaches the agent as fd 3.
+            // The control channel reaches the agent as fd 3. runsc passes no
+            // descriptor but stdio into its kernel (and a host descriptor could not
+            // carry the agent's pipes or terminals back out): its agent serves turns
+            // only, and the engine offers no processes, terminals or TCP there.
             let (ours, agents) = crate::host::sys::seqpacket_pair()?;
-            let mut spec = engine.runtime.spec(
-                &[
-                    "run",
-                    "--bundle",
-                    &bundle_arg,
-                    "--pid-file",
-                    &pid_arg,
-                    "--preserve-fds",
-                    "1",
-                    &id,
-                ],
-                stdio,
-                &dir,
-            )?;
-            spec.fd3 = Some(agents);
+            let mut args = vec!["run", "--bundle", &bundle_arg, "--pid-file", &pid_arg];
+            let control = !engine.runtime.kind.user_space_kernel();
+            if control {
+                args.extend(["--preserve-fds", "1"]);
+            }
+            args.push(&id);
+            let mut spec = engine.runtime.spec(&args, stdio, &dir)?;
+            if control {
+                spec.fd3 = Some(agents);
+            }
             Ok((Worker::start(spec, FramesOn::Stdout)?, ours))
         })();
         match started {
@@ -231,31 +235,26 @@ impl WarmContainer {
         }
     }
 
-    /// Waits (up to 10 s) until the runtime has created the container (it writes the
-    /// pid file then), so that its cgroups can be set; `false` when it did not come
-    /// up.
-    pub(crate) async fn wait_ready(&mut self) -> bool {
+    /// Waits (up to [`READY_PATIENCE`]) until the runtime has created the container
+    /// (it writes the pid file then), so that its cgroups can be set; why not when it
+    /// did not come up.
+    pub(crate) async fn wait_ready(&mut self) -> std::result::Result<(), String> {
         if self.ready {
-            return true;
+            return Ok(());
         }
         let pid_file = self.bundle.join("init.pid");
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        let deadline = tokio::time::Instant::now() + READY_PATIENCE;
         while tokio::time::Instant::now() < deadline {
             if std::fs::metadata(&pid_file).is_ok_and(|m| m.len() > 0) {
                 self.ready = true;
-                return true;
+                return Ok(());
             }
-            if self
-                .worker
-                .exited_within(std::time::Duration::ZERO)
-                .await
-                .is_some()
-            {
-                return false;
+            if let Some(status) = self.worker.exited_within(std::time::Duration::ZERO).await {
+                return Err(format!("the runtime exited first (status {status})"));
             }
             tokio::time::sleep(std::time::Duration::from_micros(500)).await;
         }
-        false
+        Err(format!("it was not up within {READY_PATIENCE:?}"))
     }
 
     /// The cgroup counters, opened on first use (once the container exists).
@@ -308,9 +307,37 @@ impl WarmContainer {
 impl WarmContainer {
     /// Kills the container and removes its cgroup, runtime state and bundle, now
     /// (blocking).
-    pub(crate) fn close(mut self) {
+    pub(crate) fn close(self) {
+        self.kill().remove();
+    }
+
+    /// Kills every process of the container (blocking, quick); what remains to
+    /// remove is returned.
+    pub(crate) fn kill(mut self) -> Remains {
         self.closed = true;
         self.worker.kill();
+        let _ = self.engine.kill_container(&self.cgroup);
+        Remains {
+            engine: self.engine.clone(),
+            cgroup: std::mem::take(&mut self.cgroup),
+            id: std::mem::take(&mut self.id),
+            bundle: std::mem::take(&mut self.bundle),
+        }
+    }
+}
+
+/// What is left of a killed warm container: its runtime state, cgroup and bundle.
+#[derive(Debug)]
+pub(crate) struct Remains {
+    engine: Arc<EngineInner>,
+    cgroup: String,
+    id: String,
+    bundle: PathBuf,
+}
+
+impl Remains {
+    /// Removes it (blocking: `runsc delete` of a killed container takes 1.5–2 s).
+    pub(crate) fn remove(self) {
         teardown(&self.engine, &self.cgroup, &self.id, &self.bundle);
     }
 }
@@ -340,13 +367,17 @@ impl Drop for WarmContainer {
 }
 
 impl ContainerSandbox {
-    /// Tears `wc` down and starts its replacement (unless the sandbox is going).
+    /// Kills `wc`, starts its replacement (unless the sandbox is going), and removes
+    /// what is left of `wc` off the caller's path: the runtime's `delete` may take
+    /// seconds (runsc's does), and an execution's answer must not wait for it. The
+    /// sandbox's teardown waits for these removals.
     pub(super) async fn replace_warm(&self, wc: WarmContainer) {
-        let _ = blocking(move || {
-            wc.close();
-            Ok(())
-        })
-        .await;
+        let remains = blocking(move || Ok(wc.kill())).await;
+        if let Ok(remains) = remains {
+            let mut removing = self.removing.lock();
+            removing.retain(|h| !h.is_finished());
+            removing.push(std::thread::spawn(move || remains.remove()));
+        }
         if !self.destroying() {
             self.prewarm();
         }
@@ -393,12 +424,12 @@ impl ContainerSandbox {
         queued_at_ms: u64,
     ) -> Result<ExecResult> {
         let (argv, _) = self.argv(&request.program, None)?;
-        if !wc.wait_ready().await {
+        if let Err(why) = wc.wait_ready().await {
             self.replace_warm(wc).await;
             return Err(Error::new(
                 ErrorCode::EngineFailed,
                 format!(
-                    "the sandbox's warm container did not start ({}); retry",
+                    "the sandbox's warm container did not start ({}: {why}); retry",
                     self.engine.info.kind.as_str()
                 ),
             ));

@@ -176,22 +176,31 @@ impl Disks {
         };
         let image = match backend {
             Backend::Loop { mkfs } => {
-                let template = self.template(mkfs, quota)?;
+                let template = self.template(mkfs, quota).map_err(|e| {
+                    io::Error::new(e.kind(), format!("making the filesystem template: {e}"))
+                })?;
                 let n = self.next.fetch_add(1, Ordering::Relaxed);
                 let image = self.dir.join(format!("{n}.img"));
                 let whole = self.dir.join(format!("{n}.mnt"));
-                let made = sparse_copy(&template, &image).and_then(|()| {
-                    std::fs::create_dir(&whole)?;
-                    let bound = mount_loop(&image, &whole).and_then(|()| {
-                        let bound = bind(&whole.join(DATA_DIR), at);
-                        // The bind holds the filesystem now; its whole tree (with
-                        // `.reserved/`) is mounted nowhere else.
-                        let _ = umount(&whole);
+                let ctx = |what: &'static str| {
+                    move |e: io::Error| io::Error::new(e.kind(), format!("{what}: {e}"))
+                };
+                let made = sparse_copy(&template, &image)
+                    .map_err(ctx("copying the filesystem template"))
+                    .and_then(|()| {
+                        std::fs::create_dir(&whole)
+                            .map_err(ctx("making the image's mount point"))?;
+                        let bound = mount_loop(&image, &whole).and_then(|()| {
+                            let bound = bind(&whole.join(DATA_DIR), at)
+                                .map_err(ctx("binding the filesystem's data directory"));
+                            // The bind holds the filesystem now; its whole tree (with
+                            // `.reserved/`) is mounted nowhere else.
+                            let _ = umount(&whole);
+                            bound
+                        });
+                        let _ = std::fs::remove_dir(&whole);
                         bound
                     });
-                    let _ = std::fs::remove_dir(&whole);
-                    bound
-                });
                 if let Err(e) = made {
                     let _ = std::fs::remove_file(&image);
                     return Err(e);
@@ -199,7 +208,7 @@ impl Disks {
                 Some(image)
             }
             Backend::Tmpfs => {
-                mount_tmpfs(&self.tag, at, quota)?;
+                mount_tmpfs(&self.tag, at, quota, 0o700)?;
                 None
             }
         };
@@ -225,6 +234,8 @@ impl Disks {
     /// Undone by [`Disks::unshare_parent`]; tagged like the volumes, so a crashed
     /// owner's is swept.
     pub fn share_parent(&self, dir: &Path) -> io::Result<()> {
+        // 0711: a user-namespaced container's root (an unprivileged host uid) must
+        // pass through to the workdir it owns.
         mount_tmpfs(
             &self.tag,
             dir,
@@ -232,6 +243,7 @@ impl Disks {
                 bytes: 16 << 20,
                 files: 1 << 20,
             },
+            0o711,
         )?;
         let target = cstring(dir)?;
         // SAFETY: mount with a valid C path and no source, type or data: a change of
@@ -599,11 +611,18 @@ struct LoopConfig {
 /// Attaches `image` to a free loop device (detached by the kernel once unmounted)
 /// and mounts it on `at` as ext4, `nosuid,nodev`.
 fn mount_loop(image: &Path, at: &Path) -> io::Result<()> {
-    let img = OpenOptions::new().read(true).write(true).open(image)?;
+    let context =
+        |what: String| move |e: io::Error| io::Error::new(e.kind(), format!("{what}: {e}"));
+    let img = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(image)
+        .map_err(context(format!("opening the image `{}`", image.display())))?;
     let ctl = OpenOptions::new()
         .read(true)
         .write(true)
-        .open("/dev/loop-control")?;
+        .open("/dev/loop-control")
+        .map_err(context("opening /dev/loop-control".to_string()))?;
     let mut tries = 0;
     let (dev_path, dev) = loop {
         // SAFETY: an ioctl without argument on the loop-control fd.
@@ -612,7 +631,8 @@ fn mount_loop(image: &Path, at: &Path) -> io::Result<()> {
             return Err(io::Error::last_os_error());
         }
         let dev_path = PathBuf::from(format!("/dev/loop{n}"));
-        let dev = OpenOptions::new().read(true).write(true).open(&dev_path)?;
+        let dev = open_loop_device(&dev_path, n as u32)
+            .map_err(context(format!("opening `{}`", dev_path.display())))?;
         // SAFETY: LoopConfig is plain data; zero is a valid value of every field.
         let mut config: LoopConfig = unsafe { std::mem::zeroed() };
         config.fd = img.as_raw_fd() as u32;
@@ -631,7 +651,10 @@ fn mount_loop(image: &Path, at: &Path) -> io::Result<()> {
             tries += 1;
             continue;
         }
-        return Err(e);
+        return Err(context(format!(
+            "attaching the image to `{}`",
+            dev_path.display()
+        ))(e));
     };
     let source = cstring(&dev_path)?;
     let target = cstring(at)?;
@@ -650,7 +673,11 @@ fn mount_loop(image: &Path, at: &Path) -> io::Result<()> {
     let result = if r == 0 {
         Ok(())
     } else {
-        Err(io::Error::last_os_error())
+        Err(context(format!(
+            "mounting `{}` on `{}`",
+            dev_path.display(),
+            at.display()
+        ))(io::Error::last_os_error()))
     };
     // The mount holds the device now; closing ours lets autoclear detach it once
     // the filesystem is unmounted (or at once, if the mount failed).
@@ -659,13 +686,40 @@ fn mount_loop(image: &Path, at: &Path) -> io::Result<()> {
     result
 }
 
-/// Mounts a tmpfs of `quota` on `at`, its source tagged with the owner.
-fn mount_tmpfs(tag: &str, at: &Path, quota: Quota) -> io::Result<()> {
+/// Opens the loop device `/dev/loop<n>` that `LOOP_CTL_GET_FREE` just made. Its
+/// node appears in a devtmpfs `/dev` as the kernel adds the device, which can trail
+/// the ioctl by a moment; a static `/dev` never gets one, so after a short wait it is
+/// made here (block device 7:`n`).
+fn open_loop_device(path: &Path, n: u32) -> io::Result<File> {
+    let open = || OpenOptions::new().read(true).write(true).open(path);
+    for _ in 0..50 {
+        match open() {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                std::thread::sleep(std::time::Duration::from_millis(2))
+            }
+            other => return other,
+        }
+    }
+    let node = cstring(path)?;
+    // SAFETY: mknod with a valid C path; makedev is plain arithmetic.
+    let r = unsafe { libc::mknod(node.as_ptr(), libc::S_IFBLK | 0o600, libc::makedev(7, n)) };
+    if r != 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EEXIST) {
+            return Err(e);
+        }
+    }
+    open()
+}
+
+/// Mounts a tmpfs of `quota` and root directory `mode` on `at`, its source tagged
+/// with the owner.
+fn mount_tmpfs(tag: &str, at: &Path, quota: Quota, mode: u32) -> io::Result<()> {
     let source = CString::new(tag).expect("a tag holds no NUL");
     let target = cstring(at)?;
     let fstype = CString::new("tmpfs").expect("no NUL");
     let options = CString::new(format!(
-        "size={},nr_inodes={},mode=0700",
+        "size={},nr_inodes={},mode={mode:o}",
         quota.bytes, quota.files
     ))
     .expect("no NUL");

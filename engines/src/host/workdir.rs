@@ -52,6 +52,9 @@ pub struct Workdir {
     shown: PathBuf,
     fd: OwnedFd,
     volume: Option<Volume>,
+    /// The owner (uid, gid) of the files and directories the files API creates, when
+    /// it is not this process's user (a container's mapped root).
+    owner: Option<(u32, u32)>,
 }
 
 impl Workdir {
@@ -98,6 +101,7 @@ impl Workdir {
             root,
             fd,
             volume,
+            owner: None,
         })
     }
 
@@ -184,6 +188,13 @@ impl Workdir {
             )),
         }
         Ok(r)
+    }
+
+    /// Gives the files and directories the files API creates from now on to `uid`
+    /// and `gid` (the host ids of a user-namespaced container's root), so that the
+    /// program can change them. The root itself is left to the caller.
+    pub fn set_owner(&mut self, uid: u32, gid: u32) {
+        self.owner = Some((uid, gid));
     }
 
     /// The workdir's absolute host path.
@@ -329,6 +340,9 @@ impl Workdir {
         .map_err(|e| map_io(e, path))?;
         let file = File::from(fd);
         regular_only(&file, path)?;
+        if let Some((uid, gid)) = self.owner {
+            std::os::unix::fs::fchown(&file, Some(uid), Some(gid)).map_err(|e| map_io(e, path))?;
+        }
         Ok(NewFile { parent, name, file })
     }
 
@@ -588,6 +602,22 @@ impl Workdir {
                 }
             }
             current = open_dir_fd(current.as_raw_fd(), &name).map_err(|e| map_io(e, arg))?;
+            if let (0, Some((uid, gid))) = (r, self.owner) {
+                // The directory just made, through its (`O_PATH`) fd.
+                // SAFETY: fchownat with an fd we own and a valid (empty) C string.
+                let r = unsafe {
+                    libc::fchownat(
+                        current.as_raw_fd(),
+                        c"".as_ptr(),
+                        uid,
+                        gid,
+                        libc::AT_EMPTY_PATH,
+                    )
+                };
+                if r == -1 {
+                    return Err(map_io(io::Error::last_os_error(), arg));
+                }
+            }
         }
         Ok(current)
     }

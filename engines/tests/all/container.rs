@@ -1,8 +1,8 @@
 //! The container engine on the real OCI runtime of this host.
 //!
-//! Every test needs crun or runc (`.ci/run` installs both); without one the tests
-//! say so and pass, since there is nothing to run them on, unless
-//! `PADDOCK_REQUIRE_CONTAINERS` is set (as `.ci/run` does).
+//! Every test needs crun or runc (`.ci/run` installs both, and runsc for the gVisor
+//! test); without one the tests say so and pass, since there is nothing to run them
+//! on, unless `PADDOCK_REQUIRE_CONTAINERS` is set (as `.ci/run` does).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -971,4 +971,200 @@ async fn cpu_millicores_sets_the_containers_cpu_quota() {
         count(&free)
     );
     sb.destroy().await.unwrap();
+}
+/// The host uid of the process whose command line contains `token`, once it runs.
+async fn host_uid_of(token: &str) -> Option<u32> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < deadline {
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            if !String::from_utf8_lossy(&cmdline).contains(token) {
+                continue;
+            }
+            let status = std::fs::read_to_string(entry.path().join("status")).unwrap_or_default();
+            if let Some(uid) = status
+                .lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+            {
+                return Some(uid);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
+
+/// With `container.user_namespace` (the default), warm and cold: the container's
+/// processes run as the sandbox's unprivileged host uid, a file its root writes in
+/// `/workspace` is owned by that uid on the host (and so is what the files API
+/// writes, which the container's root can then change), and a host file only root
+/// may read cannot be read. Without it, the same file can be read: the check tells
+/// the two apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn containers_run_as_an_unprivileged_host_user() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    for (warm, user_namespace) in [(true, true), (false, true), (true, false)] {
+        let what = format!("warm {warm}, user namespace {user_namespace}");
+        let config = ContainerConfig {
+            warm,
+            user_namespace,
+            ..ContainerConfig::default()
+        };
+        let engine = match ContainerEngine::new(&config) {
+            Ok(e) => e,
+            Err(e) if std::env::var_os("PADDOCK_REQUIRE_CONTAINERS").is_some() => {
+                panic!("the container engine must start here: {e}")
+            }
+            Err(e) => {
+                eprintln!("skipped: {e}");
+                return;
+            }
+        };
+        assert_eq!(engine.runtime_info().user_namespace, user_namespace);
+        let sb = engine.open(&SandboxSpec::default()).await.unwrap();
+        let uid = sb.host_root_uid();
+        assert_eq!(uid != 0, user_namespace, "{what}");
+
+        // Root inside, and the map says onto which host ids.
+        let r = run(&sb, sh("id -u; id -g; cat /proc/self/uid_map")).await;
+        let lines: Vec<Vec<&str>> = r
+            .stdout
+            .lines()
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(lines[0], ["0"], "{what}: {r:?}");
+        assert_eq!(lines[1], ["0"], "{what}: {r:?}");
+        if user_namespace {
+            assert_eq!(lines[2], ["0", &uid.to_string(), "65536"], "{what}: {r:?}");
+        } else {
+            assert_eq!(lines[2], ["0", "0", "4294967295"], "{what}: {r:?}");
+        }
+
+        // 1. The program is that uid on the host.
+        let token = format!("{}.{}", 300 + u32::from(warm), std::process::id());
+        let cancel = CancelToken::new();
+        let exec = sb.exec(
+            sh(&format!("sleep {token}; true")),
+            &DiscardSink,
+            cancel.clone(),
+        );
+        let watch = async {
+            let seen = host_uid_of(&format!("sleep\0{token}")).await;
+            cancel.cancel();
+            seen
+        };
+        let (ended, seen) = tokio::join!(exec, watch);
+        assert!(ended.is_ok(), "{what}: {ended:?}");
+        assert_eq!(seen, Some(uid), "{what}: the host uid of the program");
+
+        // 2. What its root writes in /workspace is the sandbox uid's on the host; so
+        // is what the files API writes, and the container's root may change that.
+        sb.write_file("api/made-by-api.txt", b"api\n")
+            .await
+            .unwrap();
+        let r = run(
+            &sb,
+            sh("echo inside > /workspace/made-inside.txt && echo more >> api/made-by-api.txt && mkdir api/sub && echo ok"),
+        )
+        .await;
+        assert_eq!(r.stdout, "ok\n", "{what}: {r:?}");
+        for path in [
+            "",
+            "made-inside.txt",
+            "api",
+            "api/made-by-api.txt",
+            "api/sub",
+        ] {
+            let m = std::fs::metadata(sb.root_dir().join(path)).unwrap();
+            assert_eq!((m.uid(), m.gid()), (uid, uid), "{what}: owner of `{path}`");
+        }
+        assert_eq!(
+            sb.read_file("api/made-by-api.txt").await.unwrap(),
+            b"api\nmore\n"
+        );
+
+        // 3. A host file only root may read (0600, the host's root) cannot be read.
+        let secret = sb.root_dir().join("host-secret.txt");
+        std::fs::write(&secret, "host secret\n").unwrap();
+        std::os::unix::fs::chown(&secret, Some(0), Some(0)).unwrap();
+        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let r = run(&sb, sh("cat /workspace/host-secret.txt")).await;
+        if user_namespace {
+            assert_ne!(r.outcome, exit(0), "{what}: {r:?}");
+            assert!(r.stderr.contains("Permission denied"), "{what}: {r:?}");
+            assert!(!r.stdout.contains("host secret"), "{what}: {r:?}");
+        } else {
+            assert_eq!(r.stdout, "host secret\n", "{what}: {r:?}");
+        }
+        sb.destroy().await.unwrap();
+    }
+}
+
+/// gVisor's runsc, when it is installed: the engine runs containers on its
+/// user-space kernel, warm and cold, without a user namespace of the host's, and
+/// offers no processes, terminals or TCP there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runsc_runs_containers_on_a_user_space_kernel() {
+    let Some(engine) = runsc_engine(true) else {
+        return;
+    };
+    let info = engine.runtime_info();
+    assert_eq!(info.kind, RuntimeKind::Runsc, "{info:?}");
+    assert!(!info.user_namespace, "{info:?}");
+    let caps = engine.capabilities();
+    for feature in ["process", "terminal", "tcp"] {
+        assert!(!caps.features.iter().any(|f| f == feature), "{caps:?}");
+    }
+    let sb = engine.open(&SandboxSpec::default()).await.unwrap();
+    // gVisor's kernel answers `uname`, not the host's.
+    let r = run(&sb, sh("uname -r; echo out; echo err >&2; exit 3")).await;
+    assert_eq!(r.outcome, exit(3), "{r:?}");
+    let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{r:?}");
+    assert_ne!(lines[0], host.trim(), "{r:?}");
+    assert_eq!((lines[1], r.stderr.as_str()), ("out", "err\n"), "{r:?}");
+    // The warm container serves executions (it is there between them).
+    assert!(sb.warm_container_id().is_some());
+    // The seccomp profile holds in gVisor's kernel (no nested user namespace), and
+    // the host's secrets are masked as with crun and runc.
+    let r = run(
+        &sb,
+        sh("unshare -U true 2>/dev/null; echo rc=$?; cat /etc/shadow 2>/dev/null | wc -c; ls -A /etc/ssl/private 2>/dev/null | wc -l; test -s /etc/passwd && echo passwd"),
+    )
+    .await;
+    assert_eq!(r.stdout, "rc=1\n0\n0\npasswd\n", "{r:?}");
+    sb.write_file("in.txt", b"from the host").await.unwrap();
+    let r = run(&sb, sh("cat in.txt; echo made > made.txt")).await;
+    assert_eq!(r.stdout, "from the host", "{r:?}");
+    assert_eq!(sb.read_file("made.txt").await.unwrap(), b"made\n");
+    let e = sb
+        .open_terminal(paddock_core::TerminalSpec::new("sh", Vec::<String>::new()))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::CapabilityNotSupported, "{e}");
+    sb.destroy().await.unwrap();
+}
+
+/// The engine on runsc, or `None` (said why) when it cannot start here; with
+/// `PADDOCK_REQUIRE_CONTAINERS` set (as `.ci/run` does, which installs runsc) it
+/// must start.
+fn runsc_engine(warm: bool) -> Option<ContainerEngine> {
+    let config = ContainerConfig {
+        runtime: OciRuntime::Runsc,
+        warm,
+        ..ContainerConfig::default()
+    };
+    match ContainerEngine::new(&config) {
+        Ok(e) => Some(e),
+        Err(e) if std::env::var_os("PADDOCK_REQUIRE_CONTAINERS").is_some() => {
+            panic!("the container engine must start with runsc here: {e}")
+        }
+        Err(e) => {
+            eprintln!("skipped: {e}");
+            None
+        }
+    }
 }
