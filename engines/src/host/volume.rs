@@ -893,6 +893,21 @@ mod tests {
             "starts empty"
         );
         assert_eq!(v.exhausted(), None);
+        // Past the file count (first: a removed file with data in flight may hold
+        // its inode a moment longer).
+        let made = (0..1000)
+            .take_while(|i| File::create(at.join(format!("f{i}"))).is_ok())
+            .count();
+        assert!((90..=100).contains(&made), "{made} files");
+        if backend == "loop" {
+            // Exactly the cap: the inodes mke2fs rounded up to are out of sight.
+            assert_eq!(made, 100, "{made} files");
+        }
+        assert_eq!(v.exhausted(), Some(LimitKind::DiskFiles));
+        for i in 0..made {
+            std::fs::remove_file(at.join(format!("f{i}"))).unwrap();
+        }
+        assert_eq!(v.exhausted(), None);
         // Past the size: ENOSPC, the file bounded by the quota.
         let mut f = File::create(at.join("big")).unwrap();
         let chunk = vec![7u8; 1 << 20];
@@ -908,20 +923,62 @@ mod tests {
             let on_host = v.image_bytes().unwrap();
             assert!(on_host <= quota.bytes + (1 << 20), "{on_host}");
         }
-        // Past the file count.
-        std::fs::remove_file(at.join("big")).unwrap();
-        let made = (0..1000)
-            .take_while(|i| File::create(at.join(format!("f{i}"))).is_ok())
-            .count();
-        assert!((90..=100).contains(&made), "{made} files");
-        if backend == "loop" {
-            // Exactly the cap: the inodes mke2fs rounded up to are out of sight.
-            assert_eq!(made, 100, "{made} files");
-        }
-        assert_eq!(v.exhausted(), Some(LimitKind::DiskFiles));
         assert!(own_mounts().contains(&at), "{:?}", own_mounts());
         v.unmount().unwrap();
         assert!(!own_mounts().contains(&at));
         assert!(std::fs::read_dir(&at).unwrap().next().is_none());
+    }
+
+    #[test]
+    fn many_volumes_at_once_each_get_a_device() {
+        if !root() {
+            eprintln!("skipped: mounting needs root");
+            return;
+        }
+        let t = tempfile::tempdir().unwrap();
+        let disks = Disks::new(t.path());
+        if disks.backend().is_none() {
+            panic!("no disk backend works as root: {:?}", disks.notes());
+        }
+        let quota = Quota {
+            bytes: 2 << 20,
+            files: 32,
+        };
+        // More at once than a fresh machine has loop device nodes (16), from
+        // several threads, as parallel sandboxes make them.
+        let volumes: Vec<(PathBuf, Volume)> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..6)
+                .map(|th| {
+                    let disks = &disks;
+                    let base = t.path().to_path_buf();
+                    s.spawn(move || {
+                        (0..5)
+                            .map(|i| {
+                                let at = base.join(format!("v{th}-{i}"));
+                                std::fs::create_dir(&at).unwrap();
+                                let v = disks
+                                    .mount(&at, quota)
+                                    .unwrap_or_else(|e| panic!("volume {th}-{i}: {e}"));
+                                (at, v)
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .flat_map(|h| h.join().unwrap())
+                .collect()
+        });
+        assert_eq!(volumes.len(), 30);
+        for (at, v) in &volumes {
+            std::fs::write(at.join("x"), b"own").unwrap();
+            assert_eq!(v.exhausted(), None);
+        }
+        for (at, v) in &volumes {
+            assert_eq!(std::fs::read(at.join("x")).unwrap(), b"own");
+            v.unmount().unwrap();
+            assert!(!own_mounts().contains(at));
+        }
     }
 }

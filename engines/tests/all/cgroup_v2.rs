@@ -300,7 +300,7 @@ async fn a_subprocess_execution_runs_in_its_sandboxs_v2_leaf_and_its_setsid_chil
     // Its v2 group lies under the engine's, in the v2 mount.
     let engine_group = report.groups.last().unwrap();
     assert!(engine_group.starts_with(cgroup::v2_mount().unwrap()));
-    let escapee: i32 = std::fs::read_to_string(sb.root_dir().join("escapee"))
+    let escapee: i32 = std::fs::read_to_string(sb.host_dir().join("escapee"))
         .unwrap()
         .trim()
         .parse()

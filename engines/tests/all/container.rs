@@ -1077,7 +1077,7 @@ async fn containers_run_as_an_unprivileged_host_user() {
             "api/made-by-api.txt",
             "api/sub",
         ] {
-            let m = std::fs::metadata(sb.root_dir().join(path)).unwrap();
+            let m = std::fs::metadata(sb.host_dir().join(path)).unwrap();
             assert_eq!((m.uid(), m.gid()), (uid, uid), "{what}: owner of `{path}`");
         }
         assert_eq!(
@@ -1086,7 +1086,7 @@ async fn containers_run_as_an_unprivileged_host_user() {
         );
 
         // 3. A host file only root may read (0600, the host's root) cannot be read.
-        let secret = sb.root_dir().join("host-secret.txt");
+        let secret = sb.host_dir().join("host-secret.txt");
         std::fs::write(&secret, "host secret\n").unwrap();
         std::os::unix::fs::chown(&secret, Some(0), Some(0)).unwrap();
         std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
