@@ -32,6 +32,15 @@ use crate::limits::Limits;
 /// unbounded request could make the server hold any amount.
 pub const DEFAULT_MAX_OUTPUT_CEILING: u64 = 64 << 20;
 
+/// The ceiling of `disk_bytes` when `[limits.max]` sets none: 64 GiB. A sandbox's
+/// filesystem is a sparse image on the host's disk (or RAM, for tmpfs), so without
+/// a ceiling one request could claim more than the host has.
+pub const DEFAULT_MAX_DISK_CEILING: u64 = 64 << 30;
+
+/// The ceiling of `disk_files` when `[limits.max]` sets none: 16 Mi files (the
+/// inode tables a filesystem is made with grow with it).
+pub const DEFAULT_MAX_DISK_FILES_CEILING: u64 = 16 << 20;
+
 /// `[limits]`: defaults and ceilings.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "Map<String, Value>", into = "Map<String, Value>")]
@@ -73,14 +82,17 @@ impl From<LimitsConfig> for Map<String, Value> {
 }
 
 impl LimitsConfig {
-    /// The ceilings in force: `max`, with [`DEFAULT_MAX_OUTPUT_CEILING`] for
-    /// `max_output_bytes` when it is unset.
+    /// The ceilings in force: `max`, with [`DEFAULT_MAX_OUTPUT_CEILING`],
+    /// [`DEFAULT_MAX_DISK_CEILING`] and [`DEFAULT_MAX_DISK_FILES_CEILING`] for
+    /// `max_output_bytes`, `disk_bytes` and `disk_files` when they are unset.
     pub fn ceilings(&self) -> Limits {
         Limits {
             max_output_bytes: self
                 .max
                 .max_output_bytes
                 .or(Some(DEFAULT_MAX_OUTPUT_CEILING)),
+            disk_bytes: self.max.disk_bytes.or(Some(DEFAULT_MAX_DISK_CEILING)),
+            disk_files: self.max.disk_files.or(Some(DEFAULT_MAX_DISK_FILES_CEILING)),
             ..self.max.clone()
         }
     }
@@ -328,6 +340,27 @@ fn list<'a>(items: impl Iterator<Item = &'a str>) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn disk_limits_have_a_ceiling_unless_one_is_set() {
+        let c = LimitsConfig::default();
+        let asked = Limits {
+            disk_bytes: Some(DEFAULT_MAX_DISK_CEILING + 1),
+            ..Limits::default()
+        };
+        let e = c.check_ceilings(&asked, "limits").unwrap_err();
+        assert!(e.message.contains("limits.disk_bytes"), "{}", e.message);
+        let files = Limits {
+            disk_files: Some(DEFAULT_MAX_DISK_FILES_CEILING + 1),
+            ..Limits::default()
+        };
+        assert!(c.check_ceilings(&files, "limits").is_err());
+        let mut raised = LimitsConfig::default();
+        raised.max.disk_bytes = Some(DEFAULT_MAX_DISK_CEILING * 2);
+        assert!(raised.check_ceilings(&asked, "limits").is_ok());
+        assert_eq!(c.effective_defaults().disk_bytes, Some(1 << 30));
+    }
+
     use super::*;
 
     #[test]

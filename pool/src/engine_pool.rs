@@ -139,6 +139,8 @@ pub(crate) struct EnginePool {
     /// Destructions spawned and not yet finished.
     destroying: Arc<std::sync::atomic::AtomicUsize>,
     create_failures_total: std::sync::atomic::AtomicU64,
+    /// When the scheduler last routed work to it.
+    touched: parking_lot::Mutex<std::time::Instant>,
 }
 
 /// A leased instance. Dropping a lease without [`EnginePool::release`] retires the
@@ -204,7 +206,18 @@ impl EnginePool {
             retired_total: Default::default(),
             destroying: Default::default(),
             create_failures_total: Default::default(),
+            touched: parking_lot::Mutex::new(std::time::Instant::now()),
         })
+    }
+
+    /// Notes that work was routed to the pool now.
+    pub(crate) fn touch(&self) {
+        *self.touched.lock() = std::time::Instant::now();
+    }
+
+    /// How long ago work was last routed to the pool.
+    pub(crate) fn idle_for(&self) -> std::time::Duration {
+        self.touched.lock().elapsed()
     }
 
     pub(crate) fn engine(&self) -> &Arc<dyn Engine> {

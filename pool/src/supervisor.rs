@@ -33,6 +33,10 @@ const REMEMBERED_DESTROYED: usize = 10_000;
 /// holds a filesystem of that size; they are made on demand and not prewarmed).
 const MAX_DISK_POOLS: usize = 16;
 
+/// How long a pool of an execution's own disk quota is kept after work was last
+/// routed to it, even with no instance, before another quota may replace it.
+const DISK_POOL_GRACE: Duration = Duration::from_secs(60);
+
 /// An accepted execution not yet finished.
 #[derive(Debug, Clone)]
 pub(crate) struct Running {
@@ -185,17 +189,28 @@ impl Supervisor {
         let kind = self.choose(engine, level, tenant);
         let key = (kind.clone(), network.clone(), disk);
         if let Some(p) = self.pools.get(&key) {
+            p.touch();
             return Ok(p.clone());
         }
         if !disk.is_default() {
-            let own: Vec<_> = self
+            let own = self
                 .pools
-                .iter()
-                .filter(|((_, _, d), _)| !d.is_default())
-                .map(|(k, p)| (k.clone(), p.is_unused()))
-                .collect();
-            if own.len() >= MAX_DISK_POOLS {
-                let Some((unused, _)) = own.into_iter().find(|(_, unused)| *unused) else {
+                .keys()
+                .filter(|(_, _, d)| !d.is_default())
+                .count();
+            if own >= MAX_DISK_POOLS {
+                // The one routed to longest ago among those with no instance and no
+                // waiter, and not routed to within DISK_POOL_GRACE (an execution
+                // routed there may still be waiting for its permit).
+                let unused = self
+                    .pools
+                    .iter()
+                    .filter(|((_, _, d), p)| {
+                        !d.is_default() && p.is_unused() && p.idle_for() >= DISK_POOL_GRACE
+                    })
+                    .max_by_key(|(_, p)| p.idle_for())
+                    .map(|(k, _)| k.clone());
+                let Some(unused) = unused else {
                     return Err(Error::new(
                         ErrorCode::PoolExhausted,
                         format!(
@@ -455,15 +470,25 @@ impl Handler<Execute> for Supervisor {
                 }
             };
         }
+        // An execution's own disk quota picks (or makes) a pool of its own: checked
+        // first, so a refused request never makes or replaces one.
+        let disk = DiskKey::of(&msg.request.limits);
+        if !disk.is_default() {
+            let checked = msg.request.limits.validate("limits", false).and_then(|()| {
+                paddock_core::tenancy::check_ceilings(
+                    &self.pipeline.ceilings,
+                    &msg.request.limits,
+                    "limits",
+                )
+            });
+            if let Err(e) = checked {
+                let e = self.refuse(e);
+                return Box::pin(async move { Err(e) });
+            }
+        }
         let tenant = msg.request.tenant.clone();
         let prepared = self
-            .allowed_pool(
-                msg.engine,
-                msg.level,
-                &msg.network,
-                DiskKey::of(&msg.request.limits),
-                tenant.as_deref(),
-            )
+            .allowed_pool(msg.engine, msg.level, &msg.network, disk, tenant.as_deref())
             .and_then(|pool| {
                 let caps = pool.engine().capabilities();
                 caps.check_level(&pool.kind, msg.level)?;
@@ -512,6 +537,18 @@ impl Handler<OpenSandbox> for Supervisor {
 
     fn handle(&mut self, msg: OpenSandbox, _ctx: &mut Self::Context) -> Self::Result {
         let tenant = msg.spec.tenant.clone();
+        // Checked before a pool is chosen: a pool of the sandbox's disk quota may be
+        // made for it.
+        let checked = msg.spec.limits.validate("limits", false).and_then(|()| {
+            paddock_core::tenancy::check_ceilings(
+                &self.pipeline.ceilings,
+                &msg.spec.limits,
+                "limits",
+            )
+        });
+        if let Err(e) = checked {
+            return Box::pin(actix::fut::ready(Err(e)));
+        }
         let prepared = self
             .allowed_pool(
                 msg.engine,

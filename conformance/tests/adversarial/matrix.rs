@@ -118,15 +118,26 @@ fn bound(
         "memory_bytes" => r.outcome == limit(LimitKind::Memory),
         "cpu_ms" => r.outcome == limit(LimitKind::Cpu),
         // 2 s of spinning at a tenth of a core: well under half of it in CPU.
+        // (Some CPU must be counted: a zero would prove nothing.)
         "cpu_millicores" => {
-            r.is_success() && r.usage.wall_ms >= 1_500 && r.usage.cpu_ms * 2 < r.usage.wall_ms
+            r.is_success()
+                && r.usage.wall_ms >= 1_500
+                && r.usage.cpu_ms > 0
+                && r.usage.cpu_ms * 2 < r.usage.wall_ms
         }
         // By construction in an isolate: a script has no way to make a process.
         "pids" if js => r.is_success(),
+        // Refused before 64 forks, within the limit (the parent is one of them).
         "pids" => {
-            r.outcome == limit(LimitKind::Pids)
-                || r.warnings.iter().any(|w| w.contains("pids"))
-                || r.stdout.contains("refused after")
+            let forked = r
+                .stdout
+                .trim()
+                .strip_prefix("refused after ")
+                .and_then(|n| n.parse::<u64>().ok());
+            forked.is_some_and(|n| n < value)
+                || (forked.is_none()
+                    && (r.outcome == limit(LimitKind::Pids)
+                        || r.warnings.iter().any(|w| w.contains("pids"))))
         }
         "max_output_bytes" => r.stdout_truncated && (r.stdout.len() as u64) <= value + 256,
         "file_size_bytes" => {

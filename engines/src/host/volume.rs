@@ -99,10 +99,14 @@ impl Disks {
     /// `parent`.
     pub fn new(parent: &Path) -> Disks {
         sweep_stale(parent);
+        // A random part, so that nobody can make the directory first in a shared
+        // temp dir (the tail of a UUIDv7 is random).
+        let random = uuid::Uuid::now_v7().simple().to_string();
         let tag = format!(
-            "paddock-disk-{}-{}{}",
+            "paddock-disk-{}-{}-{}{}",
             std::process::id(),
             NEXT_DISKS.fetch_add(1, Ordering::Relaxed),
+            &random[random.len() - 12..],
             super::owner::namespace_suffix()
         );
         let dir = parent.join(&tag);
@@ -114,7 +118,13 @@ impl Disks {
             templates: parking_lot::Mutex::new(VecDeque::new()),
             next: AtomicU64::new(0),
         };
-        if let Err(e) = std::fs::create_dir_all(&disks.dir) {
+        // Private (0700) and new: `create` fails on anything already there, a
+        // symlink included, so every path below is ours.
+        let made = std::fs::create_dir_all(parent).and_then(|()| {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new().mode(0o700).create(&disks.dir)
+        });
+        if let Err(e) = made {
             disks
                 .notes
                 .push(format!("cannot create `{}`: {e}", disks.dir.display()));
@@ -275,11 +285,12 @@ impl Disks {
         }
     }
 
-    /// The formatted template image for `quota`, made on first use.
-    fn template(&self, mkfs: &Path, quota: Quota) -> io::Result<PathBuf> {
+    /// The formatted template image for `quota`, made on first use, opened while
+    /// the list is locked (so evicting it later cannot pull it from under a copy).
+    fn template(&self, mkfs: &Path, quota: Quota) -> io::Result<File> {
         let mut templates = self.templates.lock();
         if let Some((_, path)) = templates.iter().find(|(q, _)| *q == quota) {
-            return Ok(path.clone());
+            return File::open(path);
         }
         let path = self
             .dir
@@ -294,8 +305,9 @@ impl Disks {
                 let _ = std::fs::remove_file(old);
             }
         }
-        templates.push_back((quota, path.clone()));
-        Ok(path)
+        let file = File::open(&path)?;
+        templates.push_back((quota, path));
+        Ok(file)
     }
 }
 
@@ -516,7 +528,12 @@ const DATA_DIR: &str = "data";
 const RESERVED_DIR: &str = ".reserved";
 
 fn format_ext4(mkfs: &Path, path: &Path, bytes: u64, inodes: u64) -> io::Result<()> {
-    let file = File::create(path)?;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
     file.set_len(bytes)?;
     drop(file);
     let out = std::process::Command::new(mkfs)
@@ -542,10 +559,14 @@ fn format_ext4(mkfs: &Path, path: &Path, bytes: u64, inodes: u64) -> io::Result<
 
 /// Copies `from` to `to`, holes kept as holes (`SEEK_DATA` / `SEEK_HOLE`), so a
 /// copy of a sparse template takes only its written blocks.
-fn sparse_copy(from: &Path, to: &Path) -> io::Result<()> {
-    let src = File::open(from)?;
+fn sparse_copy(src: &File, to: &Path) -> io::Result<()> {
     let len = src.metadata()?.len();
-    let dst = OpenOptions::new().write(true).create_new(true).open(to)?;
+    use std::os::unix::fs::OpenOptionsExt;
+    let dst = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(to)?;
     dst.set_len(len)?;
     let mut buf = vec![0u8; 256 << 10];
     let mut pos: i64 = 0;
@@ -659,7 +680,9 @@ fn mount_loop(image: &Path, at: &Path) -> io::Result<()> {
     let source = cstring(&dev_path)?;
     let target = cstring(at)?;
     let fstype = CString::new("ext4").expect("no NUL");
-    let options = CString::new("").expect("no NUL");
+    // `discard`: blocks the sandbox frees are punched out of the sparse image, so a
+    // pooled sandbox's image shrinks again when it is emptied between leases.
+    let options = CString::new("discard").expect("no NUL");
     // SAFETY: mount with valid C strings; the data argument is a C string.
     let r = unsafe {
         libc::mount(
@@ -700,9 +723,23 @@ fn open_loop_device(path: &Path, n: u32) -> io::Result<File> {
             other => return other,
         }
     }
+    // The device number as the kernel gave it (the minor is not `n` when the loop
+    // driver reserves minors for partitions).
+    let dev = super::sys::read_small(format!("/sys/block/loop{n}/dev"))?;
+    let (major, minor) = dev
+        .trim()
+        .split_once(':')
+        .and_then(|(a, b)| Some((a.parse::<u32>().ok()?, b.parse::<u32>().ok()?)))
+        .ok_or_else(|| io::Error::other(format!("unreadable device number `{}`", dev.trim())))?;
     let node = cstring(path)?;
     // SAFETY: mknod with a valid C path; makedev is plain arithmetic.
-    let r = unsafe { libc::mknod(node.as_ptr(), libc::S_IFBLK | 0o600, libc::makedev(7, n)) };
+    let r = unsafe {
+        libc::mknod(
+            node.as_ptr(),
+            libc::S_IFBLK | 0o600,
+            libc::makedev(major, minor),
+        )
+    };
     if r != 0 {
         let e = io::Error::last_os_error();
         if e.raw_os_error() != Some(libc::EEXIST) {

@@ -154,10 +154,13 @@ impl Workdir {
 
     /// Says in `result` whether the disk quota was used up by this execution:
     /// `before` is [`disk_exhausted`](Workdir::disk_exhausted) from before it ran. A
-    /// program that filled the disk and then exited is `limit_exceeded` (`disk` or
-    /// `disk_files`), its exit status kept in a warning; one stopped otherwise
-    /// (deadline, cancel, another limit) keeps its outcome and gets the warning.
-    /// A disk that was already full before gets a warning only.
+    /// program that filled the disk and then failed (a non-zero exit) is
+    /// `limit_exceeded` (`disk` or `disk_files`), its exit status kept in a warning;
+    /// one that succeeded anyway, or was stopped otherwise (deadline, cancel,
+    /// another limit), keeps its outcome and gets the warning. A disk that was
+    /// already full before gets a warning only. (Judged from the filesystem after
+    /// the run: a program that hit the quota and then deleted what it wrote leaves
+    /// no trace.)
     pub fn judge_disk(
         &self,
         before: Option<LimitKind>,
@@ -173,7 +176,9 @@ impl Workdir {
             _ => format!("the disk quota ({} bytes)", quota.bytes),
         };
         match (&r.outcome, before) {
-            (paddock_core::Outcome::Completed { exit_code, signal }, None) => {
+            (paddock_core::Outcome::Completed { exit_code, signal }, None)
+                if *exit_code != 0 =>
+            {
                 r.warnings.push(format!(
                     "{what} was used up: writes failed with ENOSPC; the program then exited with code {exit_code}{}",
                     signal.map_or_else(String::new, |s| format!(" (signal {s})"))

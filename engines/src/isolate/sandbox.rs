@@ -66,11 +66,17 @@ impl IsolateSandbox {
         spec.limits.validate("limits", false)?;
         let n = engine.next_sandbox.fetch_add(1, Ordering::Relaxed);
         let id = format!("iso-{}-{n}", uuid::Uuid::now_v7().simple());
-        let disk = crate::host::volume::Quota::of(&spec.limits.or(&engine.defaults))
-            .filter(|_| engine.disks.backend().is_some())
-            .map(|q| (&engine.disks, q));
-        let workdir = Workdir::create_on(&engine.workdir_root, &id, disk)
-            .map_err(|e| Error::engine_io("creating the sandbox workdir", e))?;
+        let quota = crate::host::volume::Quota::of(&spec.limits.or(&engine.defaults));
+        // Making a filesystem (a copy, a loop device, mounts) blocks: off the runtime.
+        let (eng, id2) = (engine.clone(), id.clone());
+        let workdir = crate::task::blocking(move || {
+            let disk = quota
+                .filter(|_| eng.disks.backend().is_some())
+                .map(|q| (&eng.disks, q));
+            Workdir::create_on(&eng.workdir_root, &id2, disk)
+                .map_err(|e| Error::engine_io("creating the sandbox workdir", e))
+        })
+        .await?;
         let config = engine.worker_config();
         let (jobs, rx) = crossbeam_channel::bounded(4);
         let (ready_tx, ready_rx) = oneshot::channel();

@@ -130,8 +130,9 @@ const CPU_CHECK_EVERY: u32 = 64;
 
 impl CpuWatch {
     /// `Some(Ending::Cpu)` past the budget; under a share of a core, first sleeps
-    /// off what the script used beyond it (never past `deadline`).
-    fn check(&self, deadline: Instant) -> Option<Ending> {
+    /// off what the script used beyond it, in slices of at most 10 ms, until
+    /// `deadline` or until `stopped` says a cancel or destroy came.
+    fn check(&self, deadline: Instant, stopped: impl Fn() -> bool) -> Option<Ending> {
         let used = thread_cpu().saturating_sub(self.cpu0);
         if self.budget.is_some_and(|b| used >= b) {
             return Some(Ending::Cpu);
@@ -140,10 +141,11 @@ impl CpuWatch {
             // At `m` thousandths of a core, `used` CPU is due after used·1000/m.
             let due = used.mul_f64(1000.0 / m as f64);
             let now = Instant::now();
-            let ahead = (self.started + due).saturating_duration_since(now);
-            if !ahead.is_zero() {
-                let until = (now + ahead).min(deadline);
-                std::thread::sleep(until.saturating_duration_since(now));
+            let until = (self.started + due).min(deadline);
+            let mut now = now;
+            while now < until && !stopped() {
+                std::thread::sleep((until - now).min(Duration::from_millis(10)));
+                now = Instant::now();
             }
         }
         None
@@ -168,7 +170,13 @@ impl Watch {
                 let n = self.calls.get().wrapping_add(1);
                 self.calls.set(n);
                 if n.is_multiple_of(CPU_CHECK_EVERY) {
-                    if let Some(ending) = cpu.check(deadline) {
+                    let stopped = || {
+                        self.control
+                            .borrow()
+                            .as_ref()
+                            .is_some_and(|c| c.load(Ordering::Relaxed) != RUNNING)
+                    };
+                    if let Some(ending) = cpu.check(deadline, stopped) {
                         self.hit.set(Some(ending));
                         return true;
                     }
