@@ -94,7 +94,7 @@ impl ContainerSandbox {
                 _ => None,
             };
             let mut workdir = Workdir::create_on(&eng.root.join("sandboxes"), &id2, disk)
-                .map_err(|e| Error::engine_io("creating the sandbox workdir", e))?
+                .map_err(crate::host::volume::workdir_error)?
                 .shown_at(Path::new(WORKSPACE));
             if let Some(first) = owner {
                 // The directory bound at /workspace belongs to the container's root;

@@ -329,6 +329,19 @@ fn backend_name(b: &Backend) -> &'static str {
     }
 }
 
+/// The error of a failed sandbox workdir creation: a disk larger than the host's
+/// filesystem can hold as one file (`EFBIG`) is the request's to fix
+/// (`INVALID_OPTIONS` naming `limits.disk_bytes`); anything else is the engine's.
+pub fn workdir_error(e: io::Error) -> paddock_core::Error {
+    if e.raw_os_error() == Some(libc::EFBIG) || e.kind() == io::ErrorKind::FileTooLarge {
+        return paddock_core::Error::invalid_options(
+            "limits.disk_bytes",
+            "is larger than this host's filesystem can hold as one image; ask for a smaller disk",
+        );
+    }
+    paddock_core::Error::engine_io("creating the sandbox workdir", e)
+}
+
 /// One sandbox's mounted filesystem.
 #[derive(Debug)]
 pub struct Volume {
@@ -866,6 +879,19 @@ pub fn own_mounts() -> Vec<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_disk_too_large_for_the_host_is_the_requests_to_fix() {
+        let wrapped = io::Error::new(
+            io::ErrorKind::FileTooLarge,
+            "making the filesystem template: File too large (os error 27)",
+        );
+        let e = workdir_error(wrapped);
+        assert_eq!(e.code, paddock_core::ErrorCode::InvalidOptions);
+        assert!(e.message.contains("limits.disk_bytes"), "{}", e.message);
+        let other = workdir_error(io::Error::from_raw_os_error(libc::EIO));
+        assert_eq!(other.code, paddock_core::ErrorCode::EngineFailed);
+    }
 
     #[test]
     fn the_loop_config_has_the_kernel_layout() {

@@ -74,7 +74,7 @@ impl IsolateSandbox {
                 .filter(|_| eng.disks.backend().is_some())
                 .map(|q| (&eng.disks, q));
             Workdir::create_on(&eng.workdir_root, &id2, disk)
-                .map_err(|e| Error::engine_io("creating the sandbox workdir", e))
+                .map_err(crate::host::volume::workdir_error)
         })
         .await?;
         let config = engine.worker_config();

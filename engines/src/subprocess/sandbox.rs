@@ -70,7 +70,7 @@ impl SubprocessSandbox {
                 .filter(|_| eng.disks.backend().is_some())
                 .map(|q| (&eng.disks, q));
             let workdir = Workdir::create_on(&eng.workdir_root, &id2, disk)
-                .map_err(|e| Error::engine_io("creating the sandbox workdir", e))?;
+                .map_err(crate::host::volume::workdir_error)?;
             let cgroup = match &eng.cgroups {
                 Some(root) => match root.create_group(&id2) {
                     Ok(g) => Some(g),
