@@ -46,6 +46,8 @@ pub struct Paddock {
     telemetry: Telemetry,
     access: Arc<paddock_core::AccessRules>,
     capabilities: Arc<[(EngineName, paddock_core::Capabilities)]>,
+    /// Whether pools keep ready instances (`pool.min_idle` > 0).
+    prewarms: bool,
     runtime: Arc<RuntimeHandle>,
 }
 
@@ -90,6 +92,12 @@ impl Paddock {
     /// enforces and the features it offers.
     pub fn capabilities(&self) -> &[(EngineName, paddock_core::Capabilities)] {
         &self.capabilities
+    }
+
+    /// Whether the engines' pools keep instances ready before they are asked for
+    /// (`pool.min_idle` above 0).
+    pub fn prewarms(&self) -> bool {
+        self.prewarms
     }
 
     /// The telemetry handle (metrics in Prometheus text with `render_prometheus`).

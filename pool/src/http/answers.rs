@@ -81,6 +81,10 @@ pub(super) struct EngineEntry {
     /// What else it offers: `streaming`, `files`, `process`, `terminal`, `tcp`,
     /// `pause`, `cgroup`, ….
     pub(super) features: std::collections::BTreeSet<String>,
+    /// The same in the shared sandbox vocabulary of agent frameworks: `streaming`,
+    /// `warm-pool` (the pool keeps instances ready), `strict`, `context-isolated`,
+    /// `network-allowlist`, `network-unrestricted`.
+    pub(super) capabilities: std::collections::BTreeSet<String>,
     /// The limits it enforces on this host, by request field (`timeout_ms`,
     /// `memory_bytes`, `disk_bytes`, …). A request that sets another is refused
     /// with `CAPABILITY_NOT_SUPPORTED`; a default it cannot enforce does not apply.

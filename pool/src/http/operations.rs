@@ -115,11 +115,39 @@ pub(super) async fn engines(state: Shared, caller: Caller) -> Result<HttpRespons
             programs: caps.programs.clone(),
             network: caps.network.clone(),
             features: caps.features.clone(),
+            capabilities: known_capabilities(caps, state.paddock.prewarms()),
             limits: caps.limits.clone(),
             usable: allowed.allows_level(caps.max_level),
         })
         .collect();
     Ok(HttpResponse::Ok().json(super::answers::EnginesAnswer { engines }))
+}
+
+/// An engine's capabilities by the names agent frameworks share.
+fn known_capabilities(
+    caps: &paddock_core::Capabilities,
+    prewarms: bool,
+) -> std::collections::BTreeSet<String> {
+    use paddock_core::IsolationLevel;
+    let mut out = std::collections::BTreeSet::new();
+    let mut add = |yes: bool, name: &str| {
+        if yes {
+            out.insert(name.to_string());
+        }
+    };
+    add(caps.has_feature("streaming"), "streaming");
+    add(prewarms, "warm-pool");
+    add(caps.max_level == IsolationLevel::Strict, "strict");
+    add(
+        caps.max_level >= IsolationLevel::ContextIsolated,
+        "context-isolated",
+    );
+    add(caps.network.contains("allowlist"), "network-allowlist");
+    add(
+        caps.network.contains("unrestricted"),
+        "network-unrestricted",
+    );
+    out
 }
 
 pub(super) async fn stats(state: Shared, caller: Caller) -> Result<HttpResponse, ApiError> {

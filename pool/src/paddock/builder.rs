@@ -333,6 +333,7 @@ impl PaddockBuilder {
             access,
             telemetry,
             capabilities: described,
+            prewarms: self.config.pool.min_idle > 0,
             runtime: Arc::new(RuntimeHandle {
                 spin: paddock_core::spin::Spin::new(self_spin),
                 system,

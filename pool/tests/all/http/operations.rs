@@ -270,6 +270,24 @@ async fn engines_say_what_each_can_do_and_whether_the_caller_may_use_it() {
     for e in engines {
         assert!(limits(e).contains(&"timeout_ms".to_string()), "{e}");
     }
+    // The shared vocabulary: the isolate is context-isolated and not strict, the
+    // subprocess engine offers the host's network, both stream; the pools prewarm.
+    let named = |e: &serde_json::Value| -> Vec<String> {
+        e["capabilities"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l.as_str().unwrap().to_string())
+            .collect()
+    };
+    let iso = named(&of("isolate"));
+    assert!(iso.contains(&"context-isolated".to_string()), "{iso:?}");
+    assert!(!iso.contains(&"strict".to_string()), "{iso:?}");
+    assert!(iso.contains(&"warm-pool".to_string()), "{iso:?}");
+    let sub = named(&sp);
+    assert!(sub.contains(&"streaming".to_string()), "{sub:?}");
+    assert!(sub.contains(&"network-unrestricted".to_string()), "{sub:?}");
+    assert!(!sub.contains(&"context-isolated".to_string()), "{sub:?}");
     assert!(limits(&sp).contains(&"cpu_ms".to_string()), "{sp}");
     assert!(
         limits(&of("isolate")).contains(&"cpu_ms".to_string()),
