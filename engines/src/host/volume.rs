@@ -332,14 +332,25 @@ fn backend_name(b: &Backend) -> &'static str {
 /// The error of a failed sandbox workdir creation: a disk larger than the host's
 /// filesystem can hold as one file (`EFBIG`) is the request's to fix
 /// (`INVALID_OPTIONS` naming `limits.disk_bytes`); anything else is the engine's.
+/// The full error, with its host paths, is logged; the caller's names only the kind
+/// of failure.
 pub fn workdir_error(e: io::Error) -> paddock_core::Error {
+    tracing::warn!(error = %e, "making a sandbox workdir failed");
     if e.raw_os_error() == Some(libc::EFBIG) || e.kind() == io::ErrorKind::FileTooLarge {
         return paddock_core::Error::invalid_options(
             "limits.disk_bytes",
             "is larger than this host's filesystem can hold as one image; ask for a smaller disk",
         );
     }
-    paddock_core::Error::engine_io("creating the sandbox workdir", e)
+    let kind = e.kind();
+    let shown = match e.raw_os_error() {
+        Some(code) => io::Error::from_raw_os_error(code),
+        None => io::Error::from(kind),
+    };
+    paddock_core::Error::engine_io(
+        "creating the sandbox workdir (the server's log has the details)",
+        shown,
+    )
 }
 
 /// One sandbox's mounted filesystem.
