@@ -68,6 +68,7 @@ pub fn private_mounts_without_unified_cgroup() -> io::Result<OwnedFd> {
                 if libc::umount2(c"/sys/fs/cgroup/unified".as_ptr(), libc::MNT_DETACH) == -1 {
                     return Err(io::Error::last_os_error());
                 }
+                crate::host::volume::detach_copied_volumes();
                 let fd = libc::open(
                     c"/proc/thread-self/ns/mnt".as_ptr(),
                     libc::O_RDONLY | libc::O_CLOEXEC,

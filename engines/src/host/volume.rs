@@ -451,6 +451,16 @@ fn statvfs(p: &Path) -> io::Result<libc::statvfs> {
     Ok(st)
 }
 
+/// Writes everything of the filesystem mounted at `p` to its device (`syncfs`).
+fn syncfs(p: &Path) -> io::Result<()> {
+    let dir = File::open(p)?;
+    // SAFETY: syncfs on a valid fd.
+    if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Unmounts `p` lazily (`MNT_DETACH`).
 fn umount(p: &Path) -> io::Result<()> {
     let path = cstring(p)?;
@@ -535,7 +545,10 @@ fn make_template(mkfs: &Path, path: &Path, scratch: &Path, quota: Quota) -> io::
             for i in 0..excess {
                 File::create(scratch.join(RESERVED_DIR).join(i.to_string()))?;
             }
-            Ok(())
+            // Into the image now: the template is copied as soon as this returns,
+            // and unmounting does not write it out while another mount namespace
+            // (an OCI runtime's, made meanwhile) still holds a copy of this mount.
+            syncfs(scratch)
         })();
         let unmounted = umount(scratch);
         let _ = std::fs::remove_dir(scratch);
@@ -805,7 +818,12 @@ fn mount_tmpfs(tag: &str, at: &Path, quota: Quota, mode: u32) -> io::Result<()> 
 /// device whose backing file is in such a directory, or a tmpfs of that source.
 /// Returns (mount point, owner).
 fn tagged_mounts() -> Vec<(PathBuf, String)> {
-    let Ok(mountinfo) = super::sys::read_small("/proc/self/mountinfo") else {
+    tagged_mounts_in("/proc/self/mountinfo", true)
+}
+
+/// [`tagged_mounts`] of the mount table at `mountinfo`, tmpfs ones too or not.
+fn tagged_mounts_in(mountinfo: &str, with_tmpfs: bool) -> Vec<(PathBuf, String)> {
+    let Ok(mountinfo) = super::sys::read_small(mountinfo) else {
         return Vec::new();
     };
     let mut out = Vec::new();
@@ -820,7 +838,7 @@ fn tagged_mounts() -> Vec<(PathBuf, String)> {
             continue;
         };
         let tag = match fstype {
-            "tmpfs" => source.to_string(),
+            "tmpfs" if with_tmpfs => source.to_string(),
             "ext4" => match source.strip_prefix("/dev/") {
                 Some(dev) if dev.starts_with("loop") => {
                     let backing = format!("/sys/block/{dev}/loop/backing_file");
@@ -858,6 +876,20 @@ fn sweep_stale(parent: &Path) {
             if super::owner::owner_is_gone(owner) {
                 let _ = std::fs::remove_dir_all(entry.path());
             }
+        }
+    }
+}
+
+/// In a mount namespace the calling thread has just made (an OCI runtime's), detaches
+/// the copies of sandboxes' ext4 filesystems it took from the host's: the runtime
+/// never uses another sandbox's, and a copy would keep that filesystem and its loop
+/// device alive after the sandbox is destroyed. (Tmpfs ones are left: the container
+/// engine's shared `sandboxes/` mount is one, and must stay.)
+pub(crate) fn detach_copied_volumes() {
+    for (point, _) in tagged_mounts_in("/proc/thread-self/mountinfo", false) {
+        if let Ok(p) = cstring(&point) {
+            // SAFETY: umount2 with a valid C path, in this thread's namespace.
+            unsafe { libc::umount2(p.as_ptr(), libc::MNT_DETACH) };
         }
     }
 }
@@ -1054,5 +1086,43 @@ mod tests {
             v.unmount().unwrap();
             assert!(!own_mounts().contains(at));
         }
+    }
+
+    #[test]
+    fn a_template_is_whole_even_while_another_namespace_holds_its_mount() {
+        if !root() || find_mkfs().is_none() || !Path::new("/dev/loop-control").exists() {
+            eprintln!("skipped: needs root, mkfs.ext4 and loop devices");
+            return;
+        }
+        let t = tempfile::tempdir().unwrap();
+        let image = t.path().join("t.img");
+        let scratch = t.path().join("scratch");
+        std::fs::create_dir(&scratch).unwrap();
+        format_ext4(&find_mkfs().unwrap(), &image, 4 << 20, 64).unwrap();
+        mount_loop(&image, &scratch).unwrap();
+        std::fs::create_dir(scratch.join(DATA_DIR)).unwrap();
+        // A mount namespace made now (as the container engine makes one for its
+        // runtime) copies this mount and keeps the filesystem alive past our
+        // unmount, so the unmount alone does not write it out.
+        let holder = std::thread::spawn(|| {
+            // SAFETY: unshare(CLONE_NEWNS) on this short-lived thread only.
+            assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNS) }, 0);
+            std::thread::sleep(std::time::Duration::from_millis(500));
+        });
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        syncfs(&scratch).unwrap();
+        umount(&scratch).unwrap();
+        let copy = t.path().join("c.img");
+        sparse_copy(&File::open(&image).unwrap(), &copy).unwrap();
+        let at = t.path().join("at");
+        std::fs::create_dir(&at).unwrap();
+        mount_loop(&copy, &at).unwrap();
+        let whole = at.join(DATA_DIR).is_dir();
+        umount(&at).unwrap();
+        holder.join().unwrap();
+        assert!(
+            whole,
+            "the copy lacks the directory made before the unmount"
+        );
     }
 }
