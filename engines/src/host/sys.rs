@@ -209,6 +209,38 @@ pub(crate) fn cstring(s: impl Into<Vec<u8>>) -> io::Result<CString> {
     CString::new(s).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL byte in string"))
 }
 
+/// The fields of one `/proc/<pid>/mountinfo` line that Paddock reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct MountLine<'a> {
+    /// The path in the filesystem the mount exposes (`/` unless a subtree is).
+    pub(crate) root: &'a str,
+    /// Where it is mounted.
+    pub(crate) point: &'a str,
+    /// The filesystem type.
+    pub(crate) fstype: &'a str,
+    /// The mount source (a device, or a tag such as a tmpfs's).
+    pub(crate) source: &'a str,
+    /// The superblock options (a v1 cgroup's controllers among them).
+    pub(crate) super_opts: &'a str,
+}
+
+/// The mounts a mountinfo text lists; a malformed line is skipped.
+pub(crate) fn mount_lines(mountinfo: &str) -> impl Iterator<Item = MountLine<'_>> {
+    mountinfo.lines().filter_map(|line| {
+        let (left, right) = line.split_once(" - ")?;
+        let mut fields = left.split_whitespace().skip(3);
+        let (root, point) = (fields.next()?, fields.next()?);
+        let mut rf = right.split_whitespace();
+        Some(MountLine {
+            root,
+            point,
+            fstype: rf.next()?,
+            source: rf.next()?,
+            super_opts: rf.next().unwrap_or(""),
+        })
+    })
+}
+
 /// Reads a small kernel file (`/proc`, cgroupfs) with one `open` and as few `read`s as
 /// its size needs. Such files report size 0, so `std::fs::read_to_string` probes with
 /// a growing buffer: eight system calls for `/proc/<pid>/status` instead of three.

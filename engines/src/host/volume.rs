@@ -827,16 +827,8 @@ fn tagged_mounts_in(mountinfo: &str, with_tmpfs: bool) -> Vec<(PathBuf, String)>
         return Vec::new();
     };
     let mut out = Vec::new();
-    for line in mountinfo.lines() {
-        let Some((left, right)) = line.split_once(" - ") else {
-            continue;
-        };
-        let fields: Vec<&str> = left.split_whitespace().collect();
-        let mut rf = right.split_whitespace();
-        let (Some(fstype), Some(source), Some(point)) = (rf.next(), rf.next(), fields.get(4))
-        else {
-            continue;
-        };
+    for m in super::sys::mount_lines(&mountinfo) {
+        let (fstype, source, point) = (m.fstype, m.source, m.point);
         let tag = match fstype {
             "tmpfs" if with_tmpfs => source.to_string(),
             "ext4" => match source.strip_prefix("/dev/") {

@@ -83,31 +83,11 @@ impl HostLayout {
     pub(crate) fn parse(mountinfo: &str, proc_cgroup: &str) -> HostLayout {
         let mut v1 = Vec::new();
         let mut v2 = None;
-        for line in mountinfo.lines() {
-            let Some((left, right)) = line.split_once(" - ") else {
-                continue;
-            };
-            let mut rf = right.split_whitespace();
-            let fstype = rf.next().unwrap_or("");
-            let _source = rf.next();
-            let super_opts = rf.next().unwrap_or("");
-            let fields: Vec<&str> = left.split_whitespace().collect();
-            let (Some(root), Some(point)) = (fields.get(3), fields.get(4)) else {
-                continue;
-            };
-            match fstype {
+        for m in crate::host::sys::mount_lines(mountinfo) {
+            let (root, point) = (m.root, m.point);
+            match m.fstype {
                 "cgroup" => {
-                    let controllers: Vec<String> = super_opts
-                        .split(',')
-                        .filter(|o| {
-                            !o.contains('=')
-                                && !matches!(
-                                    *o,
-                                    "rw" | "ro" | "relatime" | "noexec" | "nosuid" | "nodev"
-                                )
-                        })
-                        .map(String::from)
-                        .collect();
+                    let controllers = super::v1_controllers(m.super_opts);
                     if !controllers.is_empty() {
                         v1.push(V1Mount {
                             mount_point: PathBuf::from(point),

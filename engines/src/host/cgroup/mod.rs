@@ -848,39 +848,30 @@ pub fn hierarchies() -> Vec<Hierarchy> {
     let Ok(mountinfo) = crate::host::sys::read_small("/proc/self/mountinfo") else {
         return Vec::new();
     };
-    mountinfo
-        .lines()
-        .filter_map(|line| {
-            let (left, right) = line.split_once(" - ")?;
-            let mut rf = right.split_whitespace();
-            let fstype = rf.next()?;
-            if fstype != "cgroup" && fstype != "cgroup2" {
-                return None;
-            }
-            let _source = rf.next()?;
-            let super_opts = rf.next().unwrap_or("");
-            let fields: Vec<&str> = left.split_whitespace().collect();
-            let controllers = if fstype == "cgroup" {
-                super_opts
-                    .split(',')
-                    .filter(|o| {
-                        !o.contains('=')
-                            && !matches!(
-                                *o,
-                                "rw" | "ro" | "relatime" | "noexec" | "nosuid" | "nodev"
-                            )
-                    })
-                    .map(String::from)
-                    .collect()
+    crate::host::sys::mount_lines(&mountinfo)
+        .filter(|m| m.fstype == "cgroup" || m.fstype == "cgroup2")
+        .map(|m| Hierarchy {
+            mount_point: PathBuf::from(m.point),
+            mount_root: m.root.to_string(),
+            controllers: if m.fstype == "cgroup" {
+                v1_controllers(m.super_opts)
             } else {
                 Vec::new()
-            };
-            Some(Hierarchy {
-                mount_point: PathBuf::from(fields.get(4)?),
-                mount_root: fields.get(3)?.to_string(),
-                controllers,
-            })
+            },
         })
+        .collect()
+}
+
+/// The controllers among a v1 cgroup mount's superblock options (`[]` for a named
+/// hierarchy such as `name=systemd`).
+pub(crate) fn v1_controllers(super_opts: &str) -> Vec<String> {
+    super_opts
+        .split(',')
+        .filter(|o| {
+            !o.contains('=')
+                && !matches!(*o, "rw" | "ro" | "relatime" | "noexec" | "nosuid" | "nodev")
+        })
+        .map(String::from)
         .collect()
 }
 
