@@ -20,6 +20,15 @@ pub(crate) struct ServeArgs {
     /// A configuration file (TOML).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
+    /// Join a fleet through these NATS servers (comma-separated
+    /// `nats://HOST:PORT`; overrides `fleet.urls`). Without it the server runs on
+    /// its own.
+    #[arg(long, value_name = "nats://HOST:PORT[,...]", value_delimiter = ',')]
+    fleet: Vec<String>,
+    /// This node's id in the fleet (overrides `fleet.node_id`; default: the host's
+    /// name and the process id).
+    #[arg(long, value_name = "ID")]
+    node_id: Option<String>,
 }
 
 /// Loads a config file (or the embedded defaults), then applies the environment:
@@ -65,8 +74,15 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<i32, UsageError> {
     if let Some(listen) = args.listen {
         config.server.listen = listen;
     }
+    if !args.fleet.is_empty() {
+        config.fleet.urls = args.fleet.iter().map(|u| u.trim().to_string()).collect();
+    }
+    if let Some(id) = args.node_id {
+        config.fleet.node_id = Some(id);
+    }
     config.validate().map_err(|e| UsageError(e.to_string()))?;
     let server_config = config.server.clone();
+    let fleet_config = config.fleet.clone();
     let drain = Duration::from_millis(server_config.drain_ms);
     let paddock = match Paddock::builder().config(config).start() {
         Ok(p) => p,
@@ -75,14 +91,37 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<i32, UsageError> {
             return Ok(1);
         }
     };
-    let server = match paddock_pool::http::start(paddock.clone(), server_config.clone()) {
+    // In a fleet, the server stands on the federated facade.
+    let fleet = if fleet_config.enabled() {
+        match paddock_fleet::Fleet::join(paddock.clone(), fleet_config).await {
+            Ok(f) => Some(f),
+            Err(e) => {
+                eprintln!("paddock serve: {e}");
+                let _ = paddock.shutdown(Duration::ZERO).await;
+                return Ok(1);
+            }
+        }
+    } else {
+        None
+    };
+    let facade = fleet
+        .as_ref()
+        .map_or_else(|| paddock.clone(), |f| f.paddock());
+    let server = match paddock_pool::http::start(facade, server_config.clone()) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("paddock serve: {e}");
+            if let Some(f) = &fleet {
+                f.leave(Duration::ZERO).await;
+            }
             let _ = paddock.shutdown(Duration::ZERO).await;
             return Ok(1);
         }
     };
+    if let Some(f) = &fleet {
+        f.advertise(format!("http://{}", server.local_addr()));
+        eprintln!("paddock serve: node {} joined the fleet", f.node_id());
+    }
     {
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "http://{}", server.local_addr());
@@ -104,6 +143,10 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<i32, UsageError> {
     }
     eprintln!("paddock serve: draining (up to {} ms)", drain.as_millis());
     server.begin_drain();
+    if let Some(f) = &fleet {
+        // Stop taking the fleet's work, and let what runs here finish first.
+        f.leave(drain).await;
+    }
     let report = paddock.shutdown(drain).await;
     server.stop().await;
     match report {

@@ -46,6 +46,11 @@ pub struct ExecBody {
     /// The isolation level required.
     #[serde(default)]
     pub level: IsolationLevel,
+    /// In a fleet, what to do if the node running it is lost: `report` (answer
+    /// `NODE_LOST`) or `retry` (run it on another node); the fleet's
+    /// `on_node_loss` when absent. A single node ignores it.
+    #[serde(default)]
+    pub on_node_loss: Option<crate::fleet::OnNodeLoss>,
 }
 
 impl ExecBody {

@@ -37,6 +37,8 @@ pub struct PaddockConfig {
     pub limiter: LimiterConfig,
     /// The policy stage (code length cap, deny and warn rules).
     pub policy: PolicyConfig,
+    /// Joining a fleet of nodes over NATS JetStream (off unless `urls` are given).
+    pub fleet: crate::fleet::FleetConfig,
 }
 
 /// Audit settings. Every field has a default, so `{}` keeps a 10 000-entry ring and
@@ -1121,6 +1123,7 @@ impl PaddockConfig {
         self.limiter.validate()?;
         self.isolate.validate()?;
         self.container.validate()?;
+        self.fleet.validate()?;
         let s = &self.subprocess;
         for (field, value) in [
             ("subprocess.python", &s.python),

@@ -87,6 +87,12 @@ error_codes! {
     ProtocolError => "PROTOCOL_ERROR", "send newline-delimited JSON frames as docs/protocol.md specifies";
     /// The sandbox is paused: it runs nothing until it is unpaused.
     SandboxPaused => "SANDBOX_PAUSED", "unpause the sandbox, then retry";
+    /// The fleet node that ran the execution or holds the sandbox was lost; what the
+    /// program did there is unknown.
+    NodeLost => "NODE_LOST", "check whether the program's effects happened, then run it again (or ask for on_node_loss = \"retry\")";
+    /// The fleet's NATS cluster did not answer in time (a leader election, or this
+    /// node is cut off from it).
+    FleetUnavailable => "FLEET_UNAVAILABLE", "retry after the indicated delay; the fleet's NATS cluster is electing a leader or out of reach";
 }
 
 impl fmt::Display for ErrorCode {

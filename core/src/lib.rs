@@ -28,6 +28,7 @@ pub mod engine;
 pub mod error;
 pub mod exec;
 pub mod files;
+pub mod fleet;
 /// Generators and oracles for the fuzz targets (and their `cargo test` runs); not
 /// part of the public API: built for tests and with the `fuzzing` feature only.
 #[cfg(any(test, feature = "fuzzing"))]
@@ -61,6 +62,7 @@ pub use exec::{
     Usage, WireResult,
 };
 pub use files::{ByteSource, FileReader};
+pub use fleet::{FleetConfig, OnNodeLoss};
 pub use hash::code_hash;
 #[cfg(not(loom))]
 pub use interactive::TcpConnection;

@@ -54,6 +54,7 @@ pub mod policy;
 
 pub mod engine_actor;
 mod engine_pool;
+pub mod federation;
 pub mod http;
 pub mod messages;
 mod paddock;
@@ -67,7 +68,9 @@ mod supervisor;
 pub use caller::Caller;
 pub use engine_pool::PoolStats;
 pub use messages::*;
-pub use paddock::{ExecutionStream, Paddock, PaddockBuilder, SandboxHandle, StreamEvent};
+pub use paddock::{
+    ExecutionStream, OutputRelay, Paddock, PaddockBuilder, SandboxHandle, StreamEvent,
+};
 pub use supervisor::Supervisor;
 
 /// The README's Rust examples, compiled as doctests so they stay true.

@@ -36,6 +36,9 @@ pub struct Execute {
     pub traceparent: Option<String>,
     /// An extra sink that receives output as it is produced (besides the streamer).
     pub sink: Option<Arc<dyn OutputSink>>,
+    /// In a fleet, what to do if the node running it is lost; the fleet's setting
+    /// when `None`. A single node ignores it.
+    pub on_node_loss: Option<paddock_core::OnNodeLoss>,
 }
 
 impl Execute {
@@ -48,6 +51,7 @@ impl Execute {
             network: NetworkPolicy::None,
             traceparent: None,
             sink: None,
+            on_node_loss: None,
         }
     }
 
@@ -273,6 +277,19 @@ pub struct DestroySandbox {
     pub caller: Caller,
     /// The session id.
     pub sandbox: String,
+}
+
+/// The engine an execution would run on: the named one, else the one the supervisor
+/// chooses for the level and tenant (what a fleet uses to pick the work queue).
+#[derive(Debug, Message, Clone)]
+#[rtype(result = "EngineName")]
+pub struct ChooseEngine {
+    /// The engine the request names, if any.
+    pub engine: Option<EngineName>,
+    /// The isolation level it requires.
+    pub level: IsolationLevel,
+    /// Its tenant (only engines whose level the tenant may use are chosen).
+    pub tenant: Option<String>,
 }
 
 /// A snapshot of the scheduler, as `caller` may see it: a tenant gets the pools'

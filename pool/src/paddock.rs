@@ -16,8 +16,9 @@ use paddock_core::{
 
 use crate::audit::{Audit, AuditEntry, AuditQuery, AuditStats, OperatorAccess};
 use crate::caller::Caller;
+use crate::federation::Federation;
 use crate::messages::*;
-use crate::streamer::{CloseStream, Streamer, Subscribe, Subscription};
+use crate::streamer::{BufferSink, CloseStream, OpenStream, Streamer, Subscribe, Subscription};
 use crate::supervisor::{access_record, cancel_running, Shared, Supervisor};
 use paddock_telemetry::Telemetry;
 
@@ -48,6 +49,10 @@ pub struct Paddock {
     capabilities: Arc<[(EngineName, paddock_core::Capabilities)]>,
     /// Whether pools keep ready instances (`pool.min_idle` > 0).
     prewarms: bool,
+    /// `pool.max_size`: the most instances of one pool.
+    max_pool_size: usize,
+    /// The fleet one-shot executions are handed to, if any.
+    federation: Option<Arc<dyn Federation>>,
     runtime: Arc<RuntimeHandle>,
 }
 
@@ -100,9 +105,54 @@ impl Paddock {
         self.prewarms
     }
 
+    /// The most instances one engine's pool holds (`pool.max_size`).
+    pub fn max_pool_size(&self) -> usize {
+        self.max_pool_size
+    }
+
+    /// The engine an execution would run on: `engine` when named, else the one
+    /// this node chooses for `level` and `tenant`.
+    pub async fn choose_engine(
+        &self,
+        engine: Option<EngineName>,
+        level: paddock_core::IsolationLevel,
+        tenant: Option<String>,
+    ) -> Result<EngineName, Error> {
+        self.supervisor
+            .send(ChooseEngine {
+                engine,
+                level,
+                tenant,
+            })
+            .await
+            .map_err(gone)
+    }
+
     /// The telemetry handle (metrics in Prometheus text with `render_prometheus`).
     pub fn telemetry(&self) -> &Telemetry {
         &self.telemetry
+    }
+
+    /// This handle, handing its one-shot executions (and their lookups, cancels and
+    /// the audit search) to `federation`, which may run them on other nodes.
+    /// Sessions, statistics and everything else stay on this node.
+    pub fn federated(&self, federation: Arc<dyn Federation>) -> Paddock {
+        let mut p = self.clone();
+        p.federation = Some(federation);
+        p
+    }
+
+    /// The federation this handle hands its one-shot executions to, if any.
+    pub fn federation(&self) -> Option<&Arc<dyn Federation>> {
+        self.federation.as_ref()
+    }
+
+    /// This handle without its federation: everything runs on this node (what a
+    /// fleet node uses to run the work it took).
+    pub fn local(&self) -> Paddock {
+        let mut p = self.clone();
+        p.federation = None;
+        p
     }
 
     /// Runs one execution on the default engine.
@@ -112,6 +162,9 @@ impl Paddock {
 
     /// Runs one execution with full control over engine, level and network.
     pub async fn execute_with(&self, msg: Execute) -> Result<ExecResult, Error> {
+        if let Some(f) = &self.federation {
+            return f.execute(msg, None).await;
+        }
         self.runtime
             .spin
             .run(self.supervisor.send(msg))
@@ -122,6 +175,9 @@ impl Paddock {
     /// Runs one execution and streams its output: chunks as they are produced, then
     /// the final result.
     pub async fn execute_stream(&self, msg: Execute) -> Result<ExecutionStream, Error> {
+        if let Some(f) = &self.federation {
+            return f.execute_stream(msg, None).await;
+        }
         let subscription = self
             .streamer
             .send(Subscribe(msg.request.id.clone()))
@@ -149,6 +205,23 @@ impl Paddock {
     /// or late (what is still buffered). The subscription ends when the output does.
     pub async fn subscribe(&self, id: ExecutionId) -> Result<Subscription, Error> {
         self.streamer.send(Subscribe(id)).await.map_err(gone)?
+    }
+
+    /// Opens (or joins) the output buffer of execution `id` for output produced
+    /// elsewhere, such as on another node of a fleet: what is pushed into the relay
+    /// reaches subscribers ([`subscribe`](Self::subscribe)) as if a local engine
+    /// produced it.
+    pub async fn relay(&self, id: ExecutionId) -> Result<OutputRelay, Error> {
+        let buffer = self
+            .streamer
+            .send(OpenStream(id.clone()))
+            .await
+            .map_err(gone)??;
+        Ok(OutputRelay {
+            sink: BufferSink(buffer),
+            id,
+            streamer: self.streamer.clone(),
+        })
     }
 
     /// Cancels a queued or running execution on behalf of `caller`. Returns whether
@@ -247,6 +320,9 @@ impl Paddock {
         caller: &Caller,
         query: AuditQuery,
     ) -> Result<Vec<AuditEntry>, Error> {
+        if let Some(f) = &self.federation {
+            return f.audit(caller, query).await;
+        }
         self.supervisor
             .send(SearchAudit {
                 caller: caller.clone(),
@@ -351,7 +427,39 @@ pub enum StreamEvent {
     Finished(Box<Result<ExecResult, Error>>),
 }
 
+/// Output of an execution produced elsewhere, pushed into this node's streamer:
+/// [`Paddock::relay`].
+#[derive(Debug)]
+pub struct OutputRelay {
+    sink: BufferSink,
+    id: ExecutionId,
+    streamer: Addr<Streamer>,
+}
+
+impl OutputRelay {
+    /// Pushes one chunk; waits while the buffer is full (backpressure), and fails
+    /// with `STREAM_CLOSED` once the stream was closed.
+    pub async fn push(&self, chunk: OutputChunk) -> Result<(), Error> {
+        use paddock_core::OutputSink;
+        self.sink.chunk(chunk).await
+    }
+
+    /// Ends the output: subscribers read what is buffered, then the end.
+    pub async fn close(&self) {
+        let _ = self.streamer.send(CloseStream(self.id.clone())).await;
+    }
+}
+
 impl ExecutionStream {
+    /// A stream over a subscription to an execution's output (from
+    /// [`Paddock::subscribe`]) and the future of its answer.
+    pub fn new(
+        subscription: Subscription,
+        result: impl Future<Output = Result<ExecResult, Error>> + Send + 'static,
+    ) -> ExecutionStream {
+        ExecutionStream::from_parts(subscription, Box::pin(result))
+    }
+
     /// A stream over an existing subscription and the execution's pending answer.
     pub(crate) fn from_parts(subscription: Subscription, result: PendingResult) -> ExecutionStream {
         ExecutionStream {

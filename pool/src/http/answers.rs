@@ -164,3 +164,12 @@ pub(super) struct Signalled {
     /// The signal sent, by number.
     pub(super) signal: i32,
 }
+
+/// `GET /v1/fleet`.
+#[derive(Debug, Serialize, JsonSchema)]
+pub(super) struct FleetAnswer {
+    /// The id of the node that answered.
+    pub(super) node: String,
+    /// Every node the fleet knows, by id.
+    pub(super) nodes: Vec<crate::federation::NodeView>,
+}

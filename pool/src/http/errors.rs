@@ -54,11 +54,12 @@ pub fn status_for(code: ErrorCode) -> StatusCode {
         ErrorCode::NotFound => StatusCode::NOT_FOUND,
         ErrorCode::EngineDisposed | ErrorCode::SandboxPaused => StatusCode::CONFLICT,
         ErrorCode::RateLimited => StatusCode::TOO_MANY_REQUESTS,
-        ErrorCode::PoolExhausted => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorCode::PoolExhausted | ErrorCode::FleetUnavailable => StatusCode::SERVICE_UNAVAILABLE,
         ErrorCode::EngineFailed | ErrorCode::WorkerFailed | ErrorCode::InvalidConfig => {
             StatusCode::INTERNAL_SERVER_ERROR
         }
         ErrorCode::Timeout => StatusCode::GATEWAY_TIMEOUT,
+        ErrorCode::NodeLost => StatusCode::BAD_GATEWAY,
         ErrorCode::StreamClosed => StatusCode::GONE,
         _ => StatusCode::BAD_REQUEST,
     }

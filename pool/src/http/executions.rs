@@ -35,6 +35,7 @@ pub(super) async fn create_execution(
     admitting(&state)?;
     let tenant = account(&caller);
     let body: ExecBody = parse_body(&state, payload).await?;
+    let on_node_loss = body.on_node_loss;
     let (request, engine, network, level) = body.into_request(tenant.clone());
     // A request wrong in itself is answered 400 before anything starts, so that with
     // `?stream=true` too it is a refusal, not a 200 with an `error` line.
@@ -53,7 +54,12 @@ pub(super) async fn create_execution(
         .get("idempotency-key")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
+    msg.on_node_loss = on_node_loss;
     let id = msg.request.id.clone();
+    if let Some(fleet) = state.paddock.federation().cloned() {
+        // In a fleet, results and idempotency keys are kept fleet-wide, by the fleet.
+        return federated_execution(state, fleet, msg, key, query.stream).await;
+    }
     match state.results.begin(&id, tenant.as_deref(), key.as_deref()) {
         Begin::Attach(mut rx) => {
             let answer = loop {
@@ -101,6 +107,37 @@ pub(super) async fn create_execution(
             }
         }
     }
+}
+
+/// `POST /v1/executions` on a node of a fleet: the fleet runs it on a node with
+/// room, keeps its result and holds its idempotency key fleet-wide.
+async fn federated_execution(
+    state: Shared,
+    fleet: Arc<dyn crate::federation::Federation>,
+    msg: Execute,
+    key: Option<String>,
+    stream: bool,
+) -> Result<HttpResponse, ApiError> {
+    let id = msg.request.id.clone();
+    if stream {
+        return match fleet.execute_stream(msg, key).await {
+            Ok(stream) => Ok(stream_response(state.into_inner(), stream, id, None)),
+            Err(e) => Err(refusal(&state, e)),
+        };
+    }
+    // Driven by a task of its own, as on a single node: the fleet records the answer
+    // even if the caller hangs up.
+    let (done, answered) = tokio::sync::oneshot::channel();
+    actix_rt::spawn(async move {
+        let _ = done.send(Arc::new(fleet.execute(msg, key).await));
+    });
+    let answer: Answer = answered.await.map_err(|_| {
+        Error::new(
+            ErrorCode::EngineFailed,
+            "the execution's task ended without an answer; look it up by id",
+        )
+    })?;
+    Ok(answer_json(&state, &answer))
 }
 
 /// Records a finished execution's answer; a refusal worth retrying is not kept.
@@ -210,6 +247,21 @@ pub(super) async fn get_execution(
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&path)?;
+    if let Some(fleet) = state.paddock.federation() {
+        return match fleet.lookup(&caller, &id).await? {
+            Some(crate::federation::Lookup::Finished(answer)) => match answer.as_ref() {
+                Ok(r) => Ok(HttpResponse::Ok().json(ExecutionAnswer::Finished(WireResult(r)))),
+                Err(_) => Ok(answer_json(&state, &answer)),
+            },
+            Some(crate::federation::Lookup::Running) => {
+                Ok(HttpResponse::Ok().json(ExecutionAnswer::Running(Running {
+                    id,
+                    status: RunningState::Running,
+                })))
+            }
+            None => Err(not_kept(&state, &id)),
+        };
+    }
     // Another tenant's execution is answered exactly like one that never existed.
     let found = state
         .results
@@ -224,15 +276,20 @@ pub(super) async fn get_execution(
             id,
             status: RunningState::Running,
         }))),
-        None => Err(Error::new(
-            ErrorCode::NotFound,
-            format!(
-                "no execution {id} is running or kept (results are kept for {} s)",
-                state.config.result_retention_s
-            ),
-        )
-        .into()),
+        None => Err(not_kept(&state, &id)),
     }
+}
+
+fn not_kept(state: &State, id: &ExecutionId) -> ApiError {
+    let retention = match state.paddock.federation() {
+        Some(_) => "the fleet keeps results for its `fleet.retention_s`".to_string(),
+        None => format!("results are kept for {} s", state.config.result_retention_s),
+    };
+    Error::new(
+        ErrorCode::NotFound,
+        format!("no execution {id} is running or kept ({retention})"),
+    )
+    .into()
 }
 
 pub(super) async fn cancel_execution(
@@ -241,6 +298,20 @@ pub(super) async fn cancel_execution(
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&path)?;
+    if let Some(fleet) = state.paddock.federation() {
+        let outcome = fleet.cancel(&caller, &id).await?;
+        if !outcome.known {
+            return Err(Error::new(
+                ErrorCode::NotFound,
+                format!("no execution {id} is running or kept"),
+            )
+            .into());
+        }
+        return Ok(HttpResponse::Ok().json(Cancelled {
+            id,
+            cancelled: outcome.cancelled,
+        }));
+    }
     let cancelled = state.paddock.cancel(&caller, &id);
     let kept = state
         .results

@@ -178,6 +178,13 @@ pub(crate) const ROUTES: &[Route] = &[
     ),
     Route::new(
         "get",
+        "/v1/fleet",
+        "The nodes of the fleet this server belongs to (404 on a node on its own)",
+        "200",
+        Answer::Json(named::<FleetAnswer>),
+    ),
+    Route::new(
+        "get",
         "/v1/audit",
         "Search the audit log",
         "200",
@@ -349,7 +356,7 @@ fn openapi_schema(_: &mut SchemaGenerator) -> Schema {
 }
 
 /// The statuses every route may answer with an error body.
-const ERROR_STATUSES: &[&str] = &["400", "401", "404", "409", "413", "429", "503"];
+const ERROR_STATUSES: &[&str] = &["400", "401", "404", "409", "413", "429", "502", "503"];
 
 /// Where the document's schemas live.
 const COMPONENTS: &str = "#/components/schemas/";

@@ -74,6 +74,25 @@ pub(super) async fn audit(
     Ok(HttpResponse::Ok().json(entries))
 }
 
+/// `GET /v1/fleet`: the nodes, with their room and health. A tenant sees the same
+/// list without the nodes' addresses.
+pub(super) async fn fleet(state: Shared, caller: Caller) -> Result<HttpResponse, ApiError> {
+    let Some(fleet) = state.paddock.federation() else {
+        return Err(Error::new(
+            ErrorCode::NotFound,
+            "this server is not part of a fleet; start it with `paddock serve --fleet nats://HOST:PORT`",
+        )
+        .into());
+    };
+    let nodes = fleet.nodes(&caller).await?;
+    let node = nodes
+        .iter()
+        .find(|n| n.this_node)
+        .map(|n| n.id.clone())
+        .unwrap_or_default();
+    Ok(HttpResponse::Ok().json(super::answers::FleetAnswer { node, nodes }))
+}
+
 /// The query of `GET /v1/audit/operator`.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]

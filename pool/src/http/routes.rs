@@ -46,6 +46,7 @@ pub(super) fn routes(cfg: &mut web::ServiceConfig) {
     .route("/metrics", web::get().to(metrics))
     .route("/v1/stats", web::get().to(stats))
     .route("/v1/engines", web::get().to(engines))
+    .route("/v1/fleet", web::get().to(fleet))
     .route("/v1/audit", web::get().to(audit))
     .route("/v1/audit/operator", web::get().to(operator_accesses))
     .route("/v1/executions", web::post().to(create_execution))

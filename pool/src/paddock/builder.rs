@@ -334,6 +334,8 @@ impl PaddockBuilder {
             telemetry,
             capabilities: described,
             prewarms: self.config.pool.min_idle > 0,
+            max_pool_size: self.config.pool.max_size,
+            federation: None,
             runtime: Arc::new(RuntimeHandle {
                 spin: paddock_core::spin::Spin::new(self_spin),
                 system,

@@ -12,6 +12,14 @@ use crate::pipeline::mailbox_error;
 
 use super::Supervisor;
 
+impl Handler<ChooseEngine> for Supervisor {
+    type Result = MessageResult<ChooseEngine>;
+
+    fn handle(&mut self, msg: ChooseEngine, _ctx: &mut Self::Context) -> Self::Result {
+        MessageResult(self.choose(msg.engine, msg.level, msg.tenant.as_deref()))
+    }
+}
+
 impl Handler<GetStats> for Supervisor {
     type Result = MessageResult<GetStats>;
 

@@ -1,0 +1,534 @@
+//! Accepting work: the [`Federation`] a fleet node's facade hands its one-shot
+//! executions to. The accepting node publishes the order on its engine's work
+//! queue (message id: the execution id) and waits on its inbox for the output and
+//! the result; the record in the `P_exec` bucket is the truth it falls back on.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::context::PublishErrorKind;
+use async_nats::jetstream::kv;
+use async_nats::jetstream::message::PublishMessage;
+use async_trait::async_trait;
+use futures_util::StreamExt;
+use paddock_core::{
+    unix_ms, Error, ErrorCode, ExecResult, ExecutionId, Outcome, OutputChunk, StreamKind,
+};
+use paddock_pool::audit::{AuditEntry, AuditQuery};
+use paddock_pool::federation::{CancelOutcome, Federation, Lookup, NodeView};
+use paddock_pool::{Caller, Execute, ExecutionStream};
+use tokio::sync::mpsc;
+
+use crate::control::{ask, cancel_here, forward};
+use crate::names::Names;
+use crate::node::{Inbound, Inner, Waiter};
+use crate::store::{unavailable, Cas};
+use crate::wire::{Answer, Control, Order, Phase, Record, ID_HEADER, KIND_HEADER};
+
+/// The facade's federation: this node's view of the fleet.
+#[derive(Debug)]
+pub(crate) struct Federated {
+    pub(crate) inner: Arc<Inner>,
+}
+
+/// Most executions one node waits for at once; more are `POOL_EXHAUSTED`.
+const MAX_WAITERS: usize = 100_000;
+
+/// What an idempotency key holds.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct KeyEntry {
+    id: ExecutionId,
+    start_by_ms: u64,
+}
+
+/// Work accepted here (or attached to by key), not yet answered.
+enum Pending {
+    /// Ours: waits on the inbox.
+    Own {
+        id: ExecutionId,
+        rx: mpsc::Receiver<Inbound>,
+        start_by_ms: u64,
+    },
+    /// The first execution of an idempotency key.
+    Attached { id: ExecutionId, start_by_ms: u64 },
+}
+
+fn tenant_of(caller: &Caller) -> Option<Option<String>> {
+    caller.confined_to().map(|t| t.map(str::to_owned))
+}
+
+impl Federated {
+    async fn submit(
+        &self,
+        msg: Execute,
+        key: Option<String>,
+        stream: bool,
+    ) -> Result<Pending, Error> {
+        let inner = &self.inner;
+        msg.request.validate()?;
+        if inner.waiters.len() >= MAX_WAITERS {
+            return Err(Error::new(
+                ErrorCode::PoolExhausted,
+                format!("this node waits for {MAX_WAITERS} executions already; retry on another node or later"),
+            )
+            .with_retry_after_ms(1_000));
+        }
+        let id = msg.request.id.clone();
+        let tenant = msg.request.tenant.clone();
+        let accepted_at_ms = unix_ms();
+        let start_by_ms = accepted_at_ms + inner.config.queue_timeout_ms;
+        let mut held_key = None;
+        if let Some(key) = key {
+            let k = Names::idem_key(tenant.as_deref(), &key);
+            let entry = KeyEntry {
+                id: id.clone(),
+                start_by_ms,
+            };
+            let value = bytes::Bytes::from(serde_json::to_vec(&entry).unwrap_or_default());
+            match inner.idem.create(&k, value).await {
+                Ok(_) => held_key = Some(k),
+                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {
+                    let first = inner
+                        .idem
+                        .get(k.clone())
+                        .await
+                        .map_err(|e| unavailable("reading an idempotency key", e))?
+                        .and_then(|b| serde_json::from_slice::<KeyEntry>(&b).ok());
+                    if let Some(first) = first {
+                        return Ok(Pending::Attached {
+                            id: first.id,
+                            start_by_ms: first.start_by_ms,
+                        });
+                    }
+                    return Err(unavailable(
+                        "reading an idempotency key",
+                        "the key is held but unreadable",
+                    ));
+                }
+                Err(e) => return Err(unavailable("holding an idempotency key", e)),
+            }
+        }
+        let refuse = |e: Error| refuse(inner, &id, held_key.as_deref(), e);
+        let engine = match inner
+            .paddock
+            .choose_engine(msg.engine.clone(), msg.level, tenant.clone())
+            .await
+        {
+            Ok(e) => e,
+            Err(e) => return Err(refuse(e).await),
+        };
+        let order = Order {
+            request: msg.request,
+            engine: engine.clone(),
+            level: msg.level,
+            network: msg.network,
+            traceparent: msg.traceparent,
+            stream,
+            accepted_by: inner.node.clone(),
+            reply: inner.names.inbox(&inner.node),
+            accepted_at_ms,
+            start_by_ms,
+            on_node_loss: msg.on_node_loss.unwrap_or(inner.config.on_node_loss),
+        };
+        let payload = bytes::Bytes::from(serde_json::to_vec(&order).unwrap_or_default());
+        if payload.len() + 1024 > inner.max_payload {
+            return Err(refuse(Error::invalid_options(
+                "request",
+                format!(
+                    "the request is {} bytes, more than the fleet's NATS servers take in one message ({} bytes, their max_payload); send a smaller stdin or program",
+                    payload.len(),
+                    inner.max_payload
+                ),
+            ))
+            .await);
+        }
+        let (tx, rx) = mpsc::channel(256);
+        inner.waiters.insert(
+            id.clone(),
+            Arc::new(Waiter {
+                tenant,
+                engine: engine.clone(),
+                code_hash: paddock_core::code_hash(&order.request.program.audit_text()),
+                tx,
+                claimed: Default::default(),
+            }),
+        );
+        if let Err(e) = self.publish(&order, payload).await {
+            return Err(refuse(e).await);
+        }
+        Ok(Pending::Own {
+            id,
+            rx,
+            start_by_ms,
+        })
+    }
+
+    /// Publishes an order, again with the same message id while the cluster fails
+    /// over (the stream keeps one).
+    async fn publish(&self, order: &Order, payload: bytes::Bytes) -> Result<(), Error> {
+        let inner = &self.inner;
+        let subject = inner.names.work_subject(&order.engine);
+        let deadline = tokio::time::Instant::now()
+            + Duration::from_millis(inner.config.queue_timeout_ms.min(30_000));
+        let mut pause = Duration::from_millis(50);
+        loop {
+            let sent = inner
+                .js
+                .send_publish(
+                    subject.clone(),
+                    PublishMessage::build()
+                        .payload(payload.clone())
+                        .message_id(order.request.id.to_string()),
+                )
+                .await;
+            let result = match sent {
+                Ok(ack) => ack.await.map(|_| ()),
+                Err(e) => Err(e),
+            };
+            let e = match result {
+                Ok(()) => return Ok(()),
+                Err(e) => e,
+            };
+            let text = e.to_string();
+            if e.kind() == PublishErrorKind::StreamNotFound
+                || text.contains("no responders")
+                || text.contains("no stream")
+            {
+                return Err(Error::new(
+                    ErrorCode::CapabilityNotSupported,
+                    format!(
+                        "no node of the fleet runs engine `{}`; see GET /v1/fleet",
+                        order.engine
+                    ),
+                ));
+            }
+            if text.contains("maximum messages") || text.contains("maximum bytes") {
+                return Err(Error::new(
+                    ErrorCode::PoolExhausted,
+                    format!(
+                        "engine `{}`'s work queue is full (fleet.max_queued); retry later",
+                        order.engine
+                    ),
+                )
+                .with_retry_after_ms(1_000));
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(unavailable("queueing the execution", e));
+            }
+            tracing::debug!(id = %order.request.id, error = %e, "queueing; retrying");
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    /// Waits for the answer of pending work; output goes to `chunks`.
+    async fn wait(
+        &self,
+        pending: Pending,
+        chunks: Option<&paddock_pool::OutputRelay>,
+    ) -> Result<ExecResult, Error> {
+        let inner = &self.inner;
+        let (id, mut rx, start_by_ms) = match pending {
+            Pending::Own {
+                id,
+                rx,
+                start_by_ms,
+            } => (id, Some(rx), start_by_ms),
+            Pending::Attached { id, start_by_ms } => (id, None, start_by_ms),
+        };
+        let poll = inner.heartbeat() * 2;
+        let mut next_poll = tokio::time::Instant::now() + poll;
+        let answer = loop {
+            let got = match rx.as_mut() {
+                Some(rx) => {
+                    tokio::select! {
+                        m = rx.recv() => m,
+                        _ = tokio::time::sleep_until(next_poll) => None,
+                    }
+                }
+                None => {
+                    tokio::time::sleep_until(next_poll).await;
+                    None
+                }
+            };
+            match got {
+                Some(Inbound::Chunk(c)) => {
+                    if let Some(relay) = chunks {
+                        let _ = relay.push(c).await;
+                    }
+                    continue;
+                }
+                Some(Inbound::Done(a)) => break *a,
+                None => {}
+            }
+            next_poll = tokio::time::Instant::now() + poll;
+            // The inbox may have missed it: the record is the truth.
+            match inner.records.get(&id).await {
+                Ok(Some((rec, _))) if rec.phase == Phase::Done => {
+                    if let Some(a) = rec.answer {
+                        break a;
+                    }
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    if unix_ms() > start_by_ms + 2 * inner.config.ack_wait_ms {
+                        // No node took it in time, and none will now run it: fence it
+                        // off with a `timed_out` record (unless one just did).
+                        if let Some(a) = expire(inner, &id).await {
+                            break a;
+                        }
+                    }
+                }
+                Err(e) => tracing::debug!(%id, error = %e, "reading the record while waiting"),
+            }
+        };
+        inner.waiters.remove(&id);
+        answer
+    }
+}
+
+/// Undoes the acceptance of work refused before it was queued: a retry with its
+/// idempotency key runs it.
+async fn refuse(inner: &Inner, id: &ExecutionId, held_key: Option<&str>, e: Error) -> Error {
+    inner.waiters.remove(id);
+    if let Some(k) = held_key {
+        let _ = inner.idem.delete(k).await;
+    }
+    e
+}
+
+/// Fences off work that no node started: a `timed_out` record, unless another node
+/// recorded something first (then that is the answer, once done).
+async fn expire(inner: &Inner, id: &ExecutionId) -> Option<Answer> {
+    let waiter = inner.waiters.get(id).map(|w| w.clone());
+    let engine = waiter
+        .as_ref()
+        .map(|w| w.engine.clone())
+        .or_else(|| inner.engines.first().map(|e| e.engine.clone()))?;
+    let mut r = ExecResult::empty(
+        id.clone(),
+        Outcome::TimedOut,
+        engine.clone(),
+        format!("fleet:{}", inner.node),
+    );
+    r.warnings.push(format!(
+        "no node started it within {} ms of its acceptance (fleet.queue_timeout_ms); it did not run",
+        inner.config.queue_timeout_ms
+    ));
+    let record = Record {
+        id: id.clone(),
+        tenant: waiter.as_ref().and_then(|w| w.tenant.clone()),
+        engine,
+        phase: Phase::Done,
+        node: inner.node.clone(),
+        incarnation: inner.incarnation.clone(),
+        attempts: 0,
+        lease_until_ms: 0,
+        accepted_by: inner.node.clone(),
+        accepted_at_ms: 0,
+        forgotten: false,
+        answer: Some(Ok(r.clone())),
+    };
+    match inner.records.create(&record).await {
+        Ok(Cas::Written(_)) => {
+            if let Some(w) = &waiter {
+                let entry = AuditEntry::from_result(&r, w.tenant.as_deref(), w.code_hash.clone());
+                crate::audit::publish(inner, &entry).await;
+            }
+            Some(Ok(r))
+        }
+        Ok(Cas::Lost(Some(rec))) if rec.0.phase == Phase::Done => rec.0.answer,
+        _ => None,
+    }
+}
+
+#[async_trait]
+impl Federation for Federated {
+    async fn execute(&self, msg: Execute, key: Option<String>) -> Result<ExecResult, Error> {
+        let pending = self.submit(msg, key, false).await?;
+        self.wait(pending, None).await
+    }
+
+    async fn execute_stream(
+        &self,
+        msg: Execute,
+        key: Option<String>,
+    ) -> Result<ExecutionStream, Error> {
+        let id = msg.request.id.clone();
+        let paddock = &self.inner.paddock;
+        let subscription = paddock.subscribe(id.clone()).await?;
+        let relay = paddock.relay(id.clone()).await?;
+        let pending = match self.submit(msg, key, true).await {
+            Ok(p) => p,
+            Err(e) => {
+                relay.close().await;
+                return Err(e);
+            }
+        };
+        let (done, answered) = tokio::sync::oneshot::channel();
+        let this = Federated {
+            inner: self.inner.clone(),
+        };
+        tokio::spawn(async move {
+            let answer = this.wait(pending, Some(&relay)).await;
+            relay.close().await;
+            let _ = done.send(answer);
+        });
+        Ok(ExecutionStream::new(subscription, async move {
+            answered.await.unwrap_or_else(|_| {
+                Err(Error::new(
+                    ErrorCode::EngineFailed,
+                    "the fleet's wait for the result ended without one; look the execution up by id",
+                ))
+            })
+        }))
+    }
+
+    async fn lookup(&self, caller: &Caller, id: &ExecutionId) -> Result<Option<Lookup>, Error> {
+        let inner = &self.inner;
+        if let Some(w) = inner.waiters.get(id).map(|w| w.clone()) {
+            if caller.sees(w.tenant.as_deref()) {
+                return Ok(Some(Lookup::Running));
+            }
+            return Ok(None);
+        }
+        match inner.records.get(id).await? {
+            Some((rec, _)) => {
+                if rec.forgotten || !caller.sees(rec.tenant.as_deref()) {
+                    return Ok(None);
+                }
+                Ok(Some(match (rec.phase, rec.answer) {
+                    (Phase::Done, Some(a)) => Lookup::Finished(Arc::new(a)),
+                    _ => Lookup::Running,
+                }))
+            }
+            None => {
+                // Queued on another node's behalf: only that node knows it.
+                let request = Control::Lookup {
+                    id: id.clone(),
+                    tenant: tenant_of(caller),
+                };
+                let known = ask(
+                    inner,
+                    inner.names.broadcast(),
+                    &request,
+                    Duration::from_millis(250),
+                )
+                .await
+                .is_some_and(|r| r.known);
+                Ok(known.then_some(Lookup::Running))
+            }
+        }
+    }
+
+    async fn cancel(&self, caller: &Caller, id: &ExecutionId) -> Result<CancelOutcome, Error> {
+        let inner = &self.inner;
+        let tenant = tenant_of(caller);
+        let here = cancel_here(inner, id, &tenant, true).await;
+        if here.known {
+            return Ok(CancelOutcome {
+                known: true,
+                cancelled: here.cancelled,
+            });
+        }
+        match inner.records.get(id).await? {
+            Some((rec, rev)) => {
+                if rec.forgotten || !caller.sees(rec.tenant.as_deref()) {
+                    return Ok(CancelOutcome {
+                        known: false,
+                        cancelled: false,
+                    });
+                }
+                match rec.phase {
+                    Phase::Running | Phase::Released => {
+                        let r = forward(inner, &rec.node, id, &tenant, true).await;
+                        Ok(CancelOutcome {
+                            known: true,
+                            cancelled: r.cancelled,
+                        })
+                    }
+                    Phase::Done => {
+                        // Forget it: the record stays, and keeps fencing.
+                        let mut forgotten = rec.clone();
+                        forgotten.forgotten = true;
+                        let _ = inner.records.update(&forgotten, rev).await?;
+                        Ok(CancelOutcome {
+                            known: true,
+                            cancelled: false,
+                        })
+                    }
+                }
+            }
+            None => {
+                let request = Control::Cancel {
+                    id: id.clone(),
+                    tenant: tenant.clone(),
+                    forget: true,
+                };
+                let r = ask(
+                    inner,
+                    inner.names.broadcast(),
+                    &request,
+                    Duration::from_millis(500),
+                )
+                .await
+                .unwrap_or_default();
+                Ok(CancelOutcome {
+                    known: r.known,
+                    cancelled: r.cancelled,
+                })
+            }
+        }
+    }
+
+    async fn audit(&self, caller: &Caller, query: AuditQuery) -> Result<Vec<AuditEntry>, Error> {
+        crate::audit::search(&self.inner, caller, query).await
+    }
+
+    async fn nodes(&self, caller: &Caller) -> Result<Vec<NodeView>, Error> {
+        let operator = caller.confined_to().is_none();
+        Ok(crate::registry::views(&self.inner, operator))
+    }
+}
+
+/// Delivers what arrives on this node's inbox to the executions waiting for it.
+pub(crate) async fn inbox(inner: Arc<Inner>, mut sub: async_nats::Subscriber) {
+    while let Some(msg) = sub.next().await {
+        let Some(headers) = msg.headers.as_ref() else {
+            continue;
+        };
+        let Some(id) = headers
+            .get(ID_HEADER)
+            .and_then(|v| ExecutionId::parse(v.as_str()).ok())
+        else {
+            continue;
+        };
+        let Some(waiter) = inner.waiters.get(&id).map(|w| w.clone()) else {
+            continue;
+        };
+        waiter.claimed.store(true, Ordering::Release);
+        let kind = headers.get(KIND_HEADER).map(|v| v.as_str().to_string());
+        let item = match kind.as_deref() {
+            Some("result") => match serde_json::from_slice::<Answer>(&msg.payload) {
+                Ok(a) => Inbound::Done(Box::new(a)),
+                Err(e) => {
+                    tracing::warn!(%id, error = %e, "a result does not parse; the record is read instead");
+                    continue;
+                }
+            },
+            Some("stdout") => Inbound::Chunk(OutputChunk {
+                stream: StreamKind::Stdout,
+                data: msg.payload.to_vec(),
+            }),
+            Some("stderr") => Inbound::Chunk(OutputChunk {
+                stream: StreamKind::Stderr,
+                data: msg.payload.to_vec(),
+            }),
+            _ => continue,
+        };
+        // A waiter that reads slowly loses live chunks (the result has them all);
+        // a lost result is read from the record.
+        let _ = waiter.tx.try_send(item);
+    }
+}

@@ -1,0 +1,462 @@
+//! One node of a fleet: its connection, the streams and buckets it makes sure of,
+//! and the tasks it runs (heartbeat, registry, inbox, control, one work puller per
+//! engine).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer, kv, stream};
+use dashmap::DashMap;
+use paddock_core::{unix_ms, EngineName, Error, ExecutionId, FleetConfig};
+use paddock_pool::federation::EngineRoom;
+use paddock_pool::Paddock;
+use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::task::JoinHandle;
+
+use crate::names::Names;
+use crate::registry::Seen;
+use crate::store::Records;
+use crate::wire::Answer;
+
+/// Why a node could not join its fleet.
+#[derive(Debug, thiserror::Error)]
+pub enum JoinError {
+    /// The configuration is not usable.
+    #[error("{0}")]
+    Config(Error),
+    /// No NATS server of the list answered.
+    #[error("connecting to the fleet's NATS servers ({urls}): {cause}")]
+    Connect {
+        /// The servers tried.
+        urls: String,
+        /// What the client said.
+        cause: String,
+    },
+    /// The servers answered but JetStream refused a stream, bucket or consumer.
+    #[error("setting up the fleet's {what} on NATS: {cause}")]
+    Setup {
+        /// What was being made.
+        what: String,
+        /// What the server said.
+        cause: String,
+    },
+}
+
+/// What an accepting node hears about one execution it waits for.
+#[derive(Debug)]
+pub(crate) enum Inbound {
+    Chunk(paddock_core::OutputChunk),
+    Done(Box<Answer>),
+}
+
+/// An execution this node accepted and waits for.
+#[derive(Debug)]
+pub(crate) struct Waiter {
+    pub(crate) tenant: Option<String>,
+    /// The engine it was queued for.
+    pub(crate) engine: EngineName,
+    /// Its program's audit hash (for the entry of a cancel before it ran).
+    pub(crate) code_hash: String,
+    pub(crate) tx: mpsc::Sender<Inbound>,
+    /// Set once a node claimed it (it left the queue).
+    pub(crate) claimed: AtomicBool,
+}
+
+/// An execution this node runs for the fleet.
+#[derive(Debug)]
+pub(crate) struct Running {
+    pub(crate) tenant: Option<String>,
+    /// A cancel arrived (maybe before the local pipeline knew the execution).
+    pub(crate) cancel: AtomicBool,
+    /// The cancel asked to forget the result too.
+    pub(crate) forget: AtomicBool,
+    pub(crate) notify: tokio::sync::Notify,
+}
+
+/// The slots of one engine: how many of its executions this node takes at once.
+#[derive(Debug)]
+pub(crate) struct EngineSlots {
+    pub(crate) engine: EngineName,
+    pub(crate) level: paddock_core::IsolationLevel,
+    pub(crate) slots: usize,
+    pub(crate) free: Arc<Semaphore>,
+    /// Orders taken and not finished.
+    pub(crate) busy: Arc<AtomicUsize>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub(crate) config: FleetConfig,
+    pub(crate) node: String,
+    pub(crate) incarnation: String,
+    pub(crate) names: Names,
+    pub(crate) client: async_nats::Client,
+    pub(crate) js: jetstream::Context,
+    pub(crate) records: Records,
+    pub(crate) idem: kv::Store,
+    pub(crate) nodes: kv::Store,
+    /// This node's own scheduler (not federated).
+    pub(crate) paddock: Paddock,
+    pub(crate) waiters: DashMap<ExecutionId, Arc<Waiter>>,
+    pub(crate) running: DashMap<ExecutionId, Arc<Running>>,
+    pub(crate) engines: Vec<EngineSlots>,
+    pub(crate) registry: parking_lot::RwLock<BTreeMap<String, Seen>>,
+    pub(crate) address: parking_lot::Mutex<Option<String>>,
+    /// The largest message the servers take.
+    pub(crate) max_payload: usize,
+    pub(crate) started_at_ms: u64,
+    pub(crate) stop: watch::Sender<bool>,
+    pub(crate) tasks: parking_lot::Mutex<Vec<JoinHandle<()>>>,
+    /// Work taken from the queues and not yet finished.
+    pub(crate) taken: AtomicUsize,
+}
+
+impl Inner {
+    pub(crate) fn ack_wait(&self) -> Duration {
+        Duration::from_millis(self.config.ack_wait_ms)
+    }
+
+    pub(crate) fn heartbeat(&self) -> Duration {
+        Duration::from_millis(self.config.heartbeat_ms)
+    }
+
+    pub(crate) fn stopping(&self) -> bool {
+        *self.stop.borrow()
+    }
+
+    pub(crate) fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.tasks.lock().push(tokio::spawn(task));
+    }
+}
+
+/// A node's membership of a fleet. Dropping it does not leave: call
+/// [`leave`](Self::leave).
+#[derive(Debug, Clone)]
+pub struct Fleet {
+    pub(crate) inner: Arc<Inner>,
+}
+
+fn node_id_default() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default();
+    let host: String = host
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(40)
+        .collect();
+    let host = if host.is_empty() { "node".into() } else { host };
+    format!("{host}-{}", std::process::id())
+}
+
+/// How long joining keeps retrying a cluster that does not answer yet (nodes that
+/// start together make the same streams at once, and a cluster that just started
+/// elects its leaders first).
+const SETUP_PATIENCE: Duration = Duration::from_secs(30);
+
+/// Runs a setup step until it succeeds or [`SETUP_PATIENCE`] has passed.
+async fn patiently<T, E: std::fmt::Display, F: std::future::Future<Output = Result<T, E>>>(
+    what: &str,
+    mut step: impl FnMut() -> F,
+) -> Result<T, JoinError> {
+    let deadline = tokio::time::Instant::now() + SETUP_PATIENCE;
+    let mut pause = Duration::from_millis(100);
+    loop {
+        match step().await {
+            Ok(v) => return Ok(v),
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                tracing::debug!(what, error = %e, "a setup step failed; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+            Err(e) => return Err(setup(what, e)),
+        }
+    }
+}
+
+/// Makes a bucket, or opens it when another node made it already.
+async fn open_bucket(js: &jetstream::Context, config: kv::Config) -> Result<kv::Store, JoinError> {
+    let name = config.bucket.clone();
+    patiently(&name, || {
+        let config = config.clone();
+        let name = name.clone();
+        async move {
+            match js.create_key_value(config).await {
+                Ok(store) => Ok(store),
+                Err(first) => js.get_key_value(name).await.map_err(|_| first.to_string()),
+            }
+        }
+    })
+    .await
+}
+
+fn setup(what: impl Into<String>, e: impl std::fmt::Display) -> JoinError {
+    JoinError::Setup {
+        what: what.into(),
+        cause: e.to_string(),
+    }
+}
+
+impl Fleet {
+    /// Joins the fleet `config` names with `paddock` as this node's scheduler: makes
+    /// sure of the fleet's streams and buckets, then starts taking work for every
+    /// engine `paddock` runs, publishing this node's card, and answering the other
+    /// nodes. Must be called inside a tokio runtime (its tasks run there).
+    pub async fn join(paddock: Paddock, config: FleetConfig) -> Result<Fleet, JoinError> {
+        config.validate().map_err(JoinError::Config)?;
+        if !config.enabled() {
+            return Err(JoinError::Config(Error::invalid_config(
+                "fleet.urls",
+                "name at least one NATS server to join a fleet",
+            )));
+        }
+        let paddock = paddock.local();
+        let node = config.node_id.clone().unwrap_or_else(node_id_default);
+        let incarnation = format!("{:x}-{}", unix_ms(), std::process::id());
+        let urls = config.urls.join(",");
+        let client = async_nats::ConnectOptions::new()
+            .name(format!("paddock {node}"))
+            .connection_timeout(Duration::from_secs(5))
+            .request_timeout(Some(Duration::from_secs(5)))
+            .max_reconnects(None)
+            .subscription_capacity(65_536)
+            .connect(config.urls.as_slice())
+            .await
+            .map_err(|e| JoinError::Connect {
+                urls: urls.clone(),
+                cause: e.to_string(),
+            })?;
+        let info = client.server_info();
+        let servers = info.connect_urls.len().max(config.urls.len()).max(1);
+        let replicas = match config.replicas {
+            0 => {
+                if servers >= 3 {
+                    3
+                } else {
+                    1
+                }
+            }
+            n => n,
+        };
+        let js = jetstream::new(client.clone());
+        let names = Names::new(&config.prefix);
+        let retention = Duration::from_secs(config.retention_s);
+        // Executions are renewed while they run, so a record outlives the retention
+        // only while its execution does.
+        let bucket = |name: String, max_age: Duration, history: i64| kv::Config {
+            bucket: name,
+            history,
+            max_age,
+            num_replicas: replicas,
+            storage: stream::StorageType::File,
+            ..Default::default()
+        };
+        let exec = open_bucket(&js, bucket(names.exec_bucket(), retention, 1)).await?;
+        let idem = open_bucket(&js, bucket(names.idem_bucket(), retention, 1)).await?;
+        let node_age = Duration::from_millis((config.ack_wait_ms * 20).max(60_000));
+        let nodes = open_bucket(&js, bucket(names.node_bucket(), node_age, 1)).await?;
+        let dedupe = Duration::from_millis((config.ack_wait_ms * 24).max(120_000));
+        let audit = stream::Config {
+            name: names.audit_stream(),
+            subjects: vec![names.audit_all()],
+            retention: stream::RetentionPolicy::Limits,
+            max_age: retention,
+            max_messages: 10_000_000,
+            max_bytes: i64::try_from(config.max_stream_bytes).unwrap_or(i64::MAX),
+            discard: stream::DiscardPolicy::Old,
+            duplicate_window: dedupe,
+            num_replicas: replicas,
+            storage: stream::StorageType::File,
+            ..Default::default()
+        };
+        patiently(&names.audit_stream(), || {
+            js.get_or_create_stream(audit.clone())
+        })
+        .await?;
+
+        let mut engines = Vec::new();
+        for (engine, caps) in paddock.capabilities() {
+            let slots = paddock.max_pool_size().max(1);
+            engines.push(EngineSlots {
+                engine: engine.clone(),
+                level: caps.max_level,
+                slots,
+                free: Arc::new(Semaphore::new(slots)),
+                busy: Arc::new(AtomicUsize::new(0)),
+            });
+        }
+        let (stop, _) = watch::channel(false);
+        let inner = Arc::new(Inner {
+            max_payload: info.max_payload.max(64 << 10),
+            config,
+            node,
+            incarnation,
+            names,
+            client,
+            js,
+            records: Records { kv: exec },
+            idem,
+            nodes,
+            paddock,
+            waiters: DashMap::new(),
+            running: DashMap::new(),
+            engines,
+            registry: parking_lot::RwLock::new(BTreeMap::new()),
+            address: parking_lot::Mutex::new(None),
+            started_at_ms: unix_ms(),
+            stop,
+            tasks: parking_lot::Mutex::new(Vec::new()),
+            taken: AtomicUsize::new(0),
+        });
+        for e in &inner.engines {
+            let stream_name = inner.names.work_stream(&e.engine);
+            let work = stream::Config {
+                name: stream_name.clone(),
+                subjects: vec![inner.names.work_subject(&e.engine)],
+                retention: stream::RetentionPolicy::WorkQueue,
+                max_messages: i64::try_from(inner.config.max_queued).unwrap_or(i64::MAX),
+                max_bytes: i64::try_from(inner.config.max_stream_bytes).unwrap_or(i64::MAX),
+                discard: stream::DiscardPolicy::New,
+                duplicate_window: dedupe,
+                num_replicas: replicas,
+                storage: stream::StorageType::File,
+                ..Default::default()
+            };
+            let s = patiently(&stream_name, || inner.js.get_or_create_stream(work.clone())).await?;
+            let workers = consumer::pull::Config {
+                durable_name: Some("workers".into()),
+                ack_policy: consumer::AckPolicy::Explicit,
+                ack_wait: inner.ack_wait(),
+                // Redelivery is never given up: the record decides what a delivery
+                // does, and `max_attempts` bounds the runs.
+                max_deliver: -1,
+                max_ack_pending: 100_000,
+                max_waiting: 4_096,
+                ..Default::default()
+            };
+            let consumer = patiently(&format!("{stream_name} consumer"), || {
+                s.get_or_create_consumer::<consumer::pull::Config>("workers", workers.clone())
+            })
+            .await?;
+            let worker = crate::worker::Worker {
+                inner: inner.clone(),
+                engine: e.engine.clone(),
+                free: e.free.clone(),
+                busy: e.busy.clone(),
+                slots: e.slots,
+            };
+            inner.spawn(worker.run(consumer));
+        }
+        let fleet = Fleet { inner };
+        fleet.start_tasks().await?;
+        Ok(fleet)
+    }
+
+    async fn start_tasks(&self) -> Result<(), JoinError> {
+        let inner = &self.inner;
+        let inbox = inner
+            .client
+            .subscribe(inner.names.inbox(&inner.node))
+            .await
+            .map_err(|e| setup("the node's inbox", e))?;
+        inner.spawn(crate::accept::inbox(inner.clone(), inbox));
+        let own = inner
+            .client
+            .subscribe(inner.names.control(&inner.node))
+            .await
+            .map_err(|e| setup("the node's control subject", e))?;
+        inner.spawn(crate::control::serve(inner.clone(), own));
+        let all = inner
+            .client
+            .subscribe(inner.names.broadcast())
+            .await
+            .map_err(|e| setup("the fleet's control subject", e))?;
+        inner.spawn(crate::control::serve(inner.clone(), all));
+        crate::registry::publish_card(inner, false)
+            .await
+            .map_err(|e| setup("the node's card", e))?;
+        inner.spawn(crate::registry::heartbeat(inner.clone()));
+        let watch = inner
+            .nodes
+            .watch_all()
+            .await
+            .map_err(|e| setup("the node registry", e))?;
+        inner.spawn(crate::registry::follow(inner.clone(), watch));
+        Ok(())
+    }
+
+    /// The federated facade: one-shot executions run anywhere in the fleet.
+    /// Sessions stay on this node.
+    pub fn paddock(&self) -> Paddock {
+        self.inner
+            .paddock
+            .federated(Arc::new(crate::accept::Federated {
+                inner: self.inner.clone(),
+            }))
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> &str {
+        &self.inner.node
+    }
+
+    /// Sets the base URL other nodes and clients reach this node's HTTP API at
+    /// (`fleet.advertise` wins when set).
+    pub fn advertise(&self, url: impl Into<String>) {
+        let mut a = self.inner.address.lock();
+        *a = Some(
+            self.inner
+                .config
+                .advertise
+                .clone()
+                .unwrap_or_else(|| url.into()),
+        );
+    }
+
+    /// Executions this node runs for the fleet now.
+    pub fn running(&self) -> usize {
+        self.inner.running.len()
+    }
+
+    /// Leaves the fleet: stops taking work, lets what runs here finish for up to
+    /// `drain` (what is still running then is left to be taken over by another
+    /// node once its lease runs out), publishes a last card saying so, and closes
+    /// the connection.
+    pub async fn leave(&self, drain: Duration) {
+        let inner = &self.inner;
+        let _ = inner.stop.send(true);
+        let deadline = tokio::time::Instant::now() + drain;
+        while inner.taken.load(Ordering::Acquire) > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let _ = crate::registry::publish_card(inner, true).await;
+        let tasks: Vec<_> = inner.tasks.lock().drain(..).collect();
+        for t in tasks {
+            t.abort();
+        }
+        let _ = inner.client.flush().await;
+        let _ = inner.client.drain().await;
+    }
+}
+
+/// Every engine's free room now.
+pub(crate) fn rooms(inner: &Inner) -> Vec<EngineRoom> {
+    inner
+        .engines
+        .iter()
+        .map(|e| EngineRoom {
+            engine: e.engine.clone(),
+            level: e.level,
+            slots: e.slots,
+            free: e.slots.saturating_sub(e.busy.load(Ordering::Acquire)),
+        })
+        .collect()
+}

@@ -1,0 +1,130 @@
+//! The node registry: every node puts its card (capacity and a heartbeat) in the
+//! `P_nodes` bucket each `fleet.heartbeat_ms`, and follows everyone's.
+
+use std::time::Duration;
+
+use async_nats::jetstream::kv;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use paddock_core::unix_ms;
+use paddock_pool::federation::{NodeHealth, NodeView};
+
+use crate::node::{rooms, Inner};
+use crate::wire::NodeCard;
+
+/// A node's card as last seen.
+#[derive(Debug, Clone)]
+pub(crate) struct Seen {
+    pub(crate) card: NodeCard,
+}
+
+pub(crate) async fn publish_card(inner: &Inner, leaving: bool) -> Result<(), kv::PutError> {
+    let sandboxes = match inner.paddock.stats().await {
+        Ok(s) => s.sandboxes,
+        Err(_) => 0,
+    };
+    let card = NodeCard {
+        id: inner.node.clone(),
+        incarnation: inner.incarnation.clone(),
+        address: inner.address.lock().clone(),
+        started_at_ms: inner.started_at_ms,
+        at_ms: unix_ms(),
+        engines: rooms(inner),
+        running: inner.running.len(),
+        sandboxes,
+        leaving,
+    };
+    let bytes = Bytes::from(serde_json::to_vec(&card).unwrap_or_default());
+    inner.nodes.put(&inner.node, bytes).await?;
+    // Our own card is known at once, without waiting for the watch.
+    inner
+        .registry
+        .write()
+        .insert(inner.node.clone(), Seen { card });
+    Ok(())
+}
+
+/// Puts this node's card every heartbeat until the node stops.
+pub(crate) async fn heartbeat(inner: std::sync::Arc<Inner>) {
+    let mut stop = inner.stop.subscribe();
+    let mut tick = tokio::time::interval(inner.heartbeat());
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        if let Err(e) = publish_card(&inner, false).await {
+            tracing::warn!(error = %e, "publishing this node's card failed");
+        }
+    }
+}
+
+/// Follows every node's card.
+pub(crate) async fn follow(inner: std::sync::Arc<Inner>, mut watch: kv::Watch) {
+    while let Some(entry) = watch.next().await {
+        let Ok(entry) = entry else {
+            tracing::warn!("the node registry's watch failed; following again");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            match inner.nodes.watch_all().await {
+                Ok(w) => {
+                    watch = w;
+                    continue;
+                }
+                Err(_) => continue,
+            }
+        };
+        match entry.operation {
+            kv::Operation::Put => {
+                if let Ok(card) = serde_json::from_slice::<NodeCard>(&entry.value) {
+                    inner
+                        .registry
+                        .write()
+                        .insert(entry.key.clone(), Seen { card });
+                }
+            }
+            kv::Operation::Delete | kv::Operation::Purge => {
+                inner.registry.write().remove(&entry.key);
+            }
+        }
+    }
+}
+
+/// A node's health from the age of its card.
+pub(crate) fn health(inner: &Inner, card: &NodeCard) -> (NodeHealth, u64) {
+    let age = unix_ms().saturating_sub(card.at_ms);
+    let h = if card.leaving || age > inner.config.ack_wait_ms {
+        NodeHealth::Down
+    } else if age > 2 * inner.config.heartbeat_ms {
+        NodeHealth::Late
+    } else {
+        NodeHealth::Up
+    };
+    (h, age)
+}
+
+/// The nodes as `GET /v1/fleet` shows them.
+pub(crate) fn views(inner: &Inner, with_addresses: bool) -> Vec<NodeView> {
+    let registry = inner.registry.read();
+    registry
+        .values()
+        .map(|s| {
+            let (health, age) = health(inner, &s.card);
+            NodeView {
+                id: s.card.id.clone(),
+                this_node: s.card.id == inner.node,
+                health,
+                heartbeat_age_ms: age,
+                started_at_ms: s.card.started_at_ms,
+                engines: s.card.engines.clone(),
+                running: s.card.running,
+                sandboxes: s.card.sandboxes,
+                address: if with_addresses {
+                    s.card.address.clone()
+                } else {
+                    None
+                },
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,160 @@
+//! Compare-and-set on execution records, with the answers a cluster in trouble can
+//! give: a write that timed out may still have happened, so it is read back.
+
+use std::time::Duration;
+
+use async_nats::jetstream::kv;
+use bytes::Bytes;
+use paddock_core::{Error, ErrorCode, ExecutionId};
+
+use crate::names::Names;
+use crate::wire::Record;
+
+/// How a write to a record ended.
+#[derive(Debug)]
+pub(crate) enum Cas {
+    /// Written: the record's new revision.
+    Written(u64),
+    /// Someone else wrote first: the record as it is now (`None`: deleted or
+    /// expired), with its revision.
+    Lost(Option<Box<(Record, u64)>>),
+}
+
+/// How long a record operation keeps retrying a cluster that does not answer (a
+/// leader election takes a few seconds).
+const PATIENCE: Duration = Duration::from_secs(15);
+
+pub(crate) fn unavailable(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::new(
+        ErrorCode::FleetUnavailable,
+        format!("the fleet's NATS cluster did not answer ({what}: {e}); retry"),
+    )
+    .with_retry_after_ms(1_000)
+}
+
+/// The record store: the `P_exec` bucket.
+#[derive(Debug, Clone)]
+pub(crate) struct Records {
+    pub(crate) kv: kv::Store,
+}
+
+fn decode(entry: kv::Entry) -> Option<(Record, u64)> {
+    if !matches!(entry.operation, kv::Operation::Put) {
+        return None;
+    }
+    match serde_json::from_slice::<Record>(&entry.value) {
+        Ok(r) => Some((r, entry.revision)),
+        Err(e) => {
+            tracing::warn!(key = %entry.key, error = %e, "an execution record does not parse; ignored");
+            None
+        }
+    }
+}
+
+fn encode(record: &Record) -> Bytes {
+    Bytes::from(serde_json::to_vec(record).unwrap_or_default())
+}
+
+impl Records {
+    /// The record of `id` and its revision, retrying through a failover.
+    pub(crate) async fn get(&self, id: &ExecutionId) -> Result<Option<(Record, u64)>, Error> {
+        let key = Names::exec_key(id);
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        let mut pause = Duration::from_millis(20);
+        loop {
+            match self.kv.entry(key.clone()).await {
+                Ok(e) => return Ok(e.and_then(decode)),
+                Err(e) if tokio::time::Instant::now() < deadline => {
+                    tracing::debug!(error = %e, "reading a record; retrying");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(500));
+                }
+                Err(e) => return Err(unavailable("reading an execution record", e)),
+            }
+        }
+    }
+
+    /// Creates the record of `record.id`; `Lost` with the existing one when there is
+    /// one already.
+    pub(crate) async fn create(&self, record: &Record) -> Result<Cas, Error> {
+        let key = Names::exec_key(&record.id);
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        let mut pause = Duration::from_millis(20);
+        loop {
+            match self.kv.create(&key, encode(record)).await {
+                Ok(rev) => return Ok(Cas::Written(rev)),
+                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {
+                    return self.settle(record).await;
+                }
+                Err(e) if tokio::time::Instant::now() < deadline => {
+                    // It may have been written: what is there decides.
+                    tracing::debug!(error = %e, "creating a record; checking");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(500));
+                    if let Some((now, rev)) = self.get(&record.id).await? {
+                        return Ok(if same_write(&now, record) {
+                            Cas::Written(rev)
+                        } else {
+                            Cas::Lost(Some(Box::new((now, rev))))
+                        });
+                    }
+                }
+                Err(e) => return Err(unavailable("creating an execution record", e)),
+            }
+        }
+    }
+
+    /// Replaces the record at `revision` with `record`.
+    pub(crate) async fn update(&self, record: &Record, revision: u64) -> Result<Cas, Error> {
+        let key = Names::exec_key(&record.id);
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        let mut pause = Duration::from_millis(20);
+        loop {
+            match self.kv.update(&key, encode(record), revision).await {
+                Ok(rev) => return Ok(Cas::Written(rev)),
+                Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => {
+                    return self.settle(record).await;
+                }
+                Err(e) if tokio::time::Instant::now() < deadline => {
+                    tracing::debug!(error = %e, "updating a record; checking");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(500));
+                    match self.get(&record.id).await? {
+                        Some((now, rev)) if rev == revision => {
+                            // Not written: try again.
+                            let _ = now;
+                        }
+                        Some((now, rev)) => {
+                            return Ok(if same_write(&now, record) {
+                                Cas::Written(rev)
+                            } else {
+                                Cas::Lost(Some(Box::new((now, rev))))
+                            })
+                        }
+                        None => return Ok(Cas::Lost(None)),
+                    }
+                }
+                Err(e) => return Err(unavailable("updating an execution record", e)),
+            }
+        }
+    }
+
+    /// After a refused write: whether the record already is what we wrote (a retry
+    /// of a write that had gone through), or someone else's.
+    async fn settle(&self, record: &Record) -> Result<Cas, Error> {
+        Ok(match self.get(&record.id).await? {
+            Some((now, rev)) if same_write(&now, record) => Cas::Written(rev),
+            other => Cas::Lost(other.map(Box::new)),
+        })
+    }
+}
+
+/// Whether `now` is the record `ours` wrote: the same holder, attempt and phase.
+fn same_write(now: &Record, ours: &Record) -> bool {
+    now.node == ours.node
+        && now.incarnation == ours.incarnation
+        && now.attempts == ours.attempts
+        && now.phase == ours.phase
+        && now.lease_until_ms == ours.lease_until_ms
+        && now.forgotten == ours.forgotten
+}

@@ -1,0 +1,129 @@
+//! What nodes send each other: work orders, execution records, node cards and
+//! control requests. JSON, so that an operator can read them with the `nats` CLI.
+
+use paddock_core::{
+    EngineName, Error, ExecRequest, ExecResult, ExecutionId, IsolationLevel, NetworkPolicy,
+    OnNodeLoss,
+};
+use paddock_pool::federation::EngineRoom;
+use serde::{Deserialize, Serialize};
+
+/// One accepted execution, as published on its engine's work queue (the message id
+/// is the execution id).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Order {
+    /// The request; its `tenant` is the caller's.
+    pub(crate) request: ExecRequest,
+    /// The engine chosen by the accepting node.
+    pub(crate) engine: EngineName,
+    pub(crate) level: IsolationLevel,
+    pub(crate) network: NetworkPolicy,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) traceparent: Option<String>,
+    /// Whether the accepting node streams the output to its caller.
+    pub(crate) stream: bool,
+    /// The accepting node, and where it waits for output and the result.
+    pub(crate) accepted_by: String,
+    pub(crate) reply: String,
+    pub(crate) accepted_at_ms: u64,
+    /// Not started by then: answered `timed_out` without running.
+    pub(crate) start_by_ms: u64,
+    pub(crate) on_node_loss: OnNodeLoss,
+}
+
+/// Where an execution stands, in its record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Phase {
+    /// A node holds the lease and runs it.
+    Running,
+    /// The node that held it gave it back before running it (its pool was full, or
+    /// it was shutting down); the next node to take the message runs it.
+    Released,
+    /// Finished: `answer` is its one result.
+    Done,
+}
+
+/// The record of one execution (key: its id): the lease that fences redelivery, and
+/// at the end its one result. Every change is a compare-and-set on the record's
+/// revision, so of two nodes that both believe they hold the lease, only one
+/// writes.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Record {
+    pub(crate) id: ExecutionId,
+    #[serde(default)]
+    pub(crate) tenant: Option<String>,
+    pub(crate) engine: EngineName,
+    pub(crate) phase: Phase,
+    /// The node holding the lease (or that held it last).
+    pub(crate) node: String,
+    /// That node's incarnation (a restarted node is a new one).
+    pub(crate) incarnation: String,
+    /// Runs started so far.
+    pub(crate) attempts: u32,
+    /// The lease holds until then (Unix ms), unless renewed.
+    pub(crate) lease_until_ms: u64,
+    pub(crate) accepted_by: String,
+    pub(crate) accepted_at_ms: u64,
+    /// A `DELETE` asked to forget it: lookups answer as if it never existed, but the
+    /// record stays (and fences) until it expires.
+    #[serde(default)]
+    pub(crate) forgotten: bool,
+    /// The one result, once `Done`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) answer: Option<Result<ExecResult, Error>>,
+}
+
+/// What a node publishes about itself each heartbeat (key: its id).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct NodeCard {
+    pub(crate) id: String,
+    pub(crate) incarnation: String,
+    pub(crate) address: Option<String>,
+    pub(crate) started_at_ms: u64,
+    pub(crate) at_ms: u64,
+    pub(crate) engines: Vec<EngineRoom>,
+    pub(crate) running: usize,
+    pub(crate) sandboxes: usize,
+    /// Set in the last card of a node that leaves on purpose.
+    #[serde(default)]
+    pub(crate) leaving: bool,
+}
+
+/// A request to a node (on its control subject) or to all nodes (broadcast).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub(crate) enum Control {
+    /// Cancel the execution if this node runs it (or accepted it and it waits in
+    /// the queue); with `forget`, its result is recorded as forgotten.
+    Cancel {
+        id: ExecutionId,
+        /// `None`: on behalf of an operator (any tenant's).
+        tenant: Option<Option<String>>,
+        forget: bool,
+    },
+    /// Whether this node accepted the execution and it still waits to start.
+    Lookup {
+        id: ExecutionId,
+        tenant: Option<Option<String>>,
+    },
+}
+
+/// A node's answer to a [`Control`].
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(crate) struct ControlReply {
+    /// The node knows the execution (and the caller may see it).
+    pub(crate) known: bool,
+    /// This request stopped it.
+    #[serde(default)]
+    pub(crate) cancelled: bool,
+}
+
+/// What an accepting node receives on its inbox, in the `Paddock-Kind` header:
+/// output (`stdout` / `stderr`, the raw bytes) or the `result` (the answer as JSON).
+pub(crate) const KIND_HEADER: &str = "Paddock-Kind";
+/// The execution an inbox message belongs to.
+pub(crate) const ID_HEADER: &str = "Paddock-Id";
+
+/// The answer of an execution, as recorded and sent.
+pub(crate) type Answer = Result<ExecResult, Error>;

@@ -1,0 +1,517 @@
+//! Taking work: one puller per engine asks its work queue for as many orders as
+//! the node has free slots, and runs each under a lease on the execution's record.
+//!
+//! What a delivery does is decided by the record, never by the delivery count or
+//! an ack (a late ack from an earlier delivery acks the current one):
+//!
+//! | record | the delivery |
+//! |---|---|
+//! | none, start-by passed | records `timed_out` without running it |
+//! | none | creates it (lease: this node, attempt 1) and runs it |
+//! | `done` | acks (the result is recorded; audit and reply are sent again, deduplicated) |
+//! | `released` | takes the lease and runs it |
+//! | `running`, lease valid | is put back until the lease expires |
+//! | `running`, lease expired | the holder is lost: runs it again (`retry`, attempts left) or records `NODE_LOST` |
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::PullConsumer;
+use async_nats::jetstream::{self, AckKind};
+use async_trait::async_trait;
+use futures_util::StreamExt;
+use paddock_core::{
+    unix_ms, EngineName, Error, ErrorCode, ExecResult, ExecutionId, OnNodeLoss, Outcome,
+    OutputChunk, OutputSink, StreamKind,
+};
+use paddock_pool::{Caller, Execute};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::node::{Inner, Running};
+use crate::store::Cas;
+use crate::wire::{Answer, Order, Phase, Record, ID_HEADER, KIND_HEADER};
+
+/// Most orders asked for in one pull.
+const MAX_BATCH: usize = 64;
+
+pub(crate) struct Worker {
+    pub(crate) inner: Arc<Inner>,
+    pub(crate) engine: EngineName,
+    pub(crate) free: Arc<Semaphore>,
+    pub(crate) busy: Arc<AtomicUsize>,
+    pub(crate) slots: usize,
+}
+
+impl Worker {
+    pub(crate) async fn run(self, consumer: PullConsumer) {
+        let mut stop = self.inner.stop.subscribe();
+        tracing::debug!(engine = %self.engine, slots = self.slots, "taking work");
+        loop {
+            if self.inner.stopping() {
+                return;
+            }
+            let first = tokio::select! {
+                p = self.free.clone().acquire_owned() => match p {
+                    Ok(p) => p,
+                    Err(_) => return,
+                },
+                _ = stop.changed() => return,
+            };
+            let mut permits = vec![first];
+            while permits.len() < MAX_BATCH {
+                match self.free.clone().try_acquire_owned() {
+                    Ok(p) => permits.push(p),
+                    Err(_) => break,
+                }
+            }
+            let batch = consumer
+                .batch()
+                .max_messages(permits.len())
+                .expires(Duration::from_secs(1))
+                .messages()
+                .await;
+            let mut batch = match batch {
+                Ok(b) => b,
+                Err(e) => {
+                    tracing::debug!(engine = %self.engine, error = %e, "pulling work failed; retrying");
+                    drop(permits);
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+                        _ = stop.changed() => return,
+                    }
+                    continue;
+                }
+            };
+            loop {
+                let next = tokio::select! {
+                    m = batch.next() => m,
+                    _ = stop.changed() => None,
+                };
+                let Some(next) = next else { break };
+                match next {
+                    Ok(msg) => {
+                        let Some(permit) = permits.pop() else {
+                            // More than asked for: cannot happen; put it back.
+                            let _ = msg.ack_with(AckKind::Nak(None)).await;
+                            continue;
+                        };
+                        let inner = self.inner.clone();
+                        let busy = self.busy.clone();
+                        inner.taken.fetch_add(1, Ordering::AcqRel);
+                        busy.fetch_add(1, Ordering::AcqRel);
+                        tokio::spawn(async move {
+                            take(&inner, msg, permit).await;
+                            busy.fetch_sub(1, Ordering::AcqRel);
+                            inner.taken.fetch_sub(1, Ordering::AcqRel);
+                        });
+                    }
+                    Err(e) => {
+                        tracing::debug!(engine = %self.engine, error = %e, "a pull ended early");
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn running_record(inner: &Inner, order: &Order, attempts: u32) -> Record {
+    Record {
+        id: order.request.id.clone(),
+        tenant: order.request.tenant.clone(),
+        engine: order.engine.clone(),
+        phase: Phase::Running,
+        node: inner.node.clone(),
+        incarnation: inner.incarnation.clone(),
+        attempts,
+        lease_until_ms: unix_ms() + inner.config.ack_wait_ms,
+        accepted_by: order.accepted_by.clone(),
+        accepted_at_ms: order.accepted_at_ms,
+        forgotten: false,
+        answer: None,
+    }
+}
+
+/// One delivery of one order.
+async fn take(inner: &Arc<Inner>, msg: jetstream::Message, permit: OwnedSemaphorePermit) {
+    let order: Order = match serde_json::from_slice(&msg.payload) {
+        Ok(o) => o,
+        Err(e) => {
+            // Nobody can be answered: the order names no reply. Dropped for good.
+            tracing::error!(error = %e, "a work order does not parse; dropped");
+            let _ = msg.ack_with(AckKind::Term).await;
+            return;
+        }
+    };
+    let id = order.request.id.clone();
+    let mut current = match inner.records.get(&id).await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(%id, error = %e, "reading the record failed; the order goes back");
+            let _ = msg.ack_with(AckKind::Nak(Some(inner.heartbeat()))).await;
+            return;
+        }
+    };
+    // At most a few turns: each lost compare-and-set reads what won.
+    for _ in 0..8 {
+        let now = unix_ms();
+        let step = match &current {
+            None if now > order.start_by_ms => {
+                let r = done_record(inner, &order, 0, not_started(inner, &order));
+                inner.records.create(&r).await.map(|c| (c, r))
+            }
+            None => {
+                let r = running_record(inner, &order, 1);
+                inner.records.create(&r).await.map(|c| (c, r))
+            }
+            Some((rec, rev)) => match rec.phase {
+                Phase::Done => {
+                    finish_done(inner, &order, rec).await;
+                    let _ = msg.ack().await;
+                    return;
+                }
+                Phase::Released if now > order.start_by_ms => {
+                    let r = done_record(inner, &order, rec.attempts, not_started(inner, &order));
+                    inner.records.update(&r, *rev).await.map(|c| (c, r))
+                }
+                Phase::Released => {
+                    let r = running_record(inner, &order, rec.attempts.max(1));
+                    inner.records.update(&r, *rev).await.map(|c| (c, r))
+                }
+                Phase::Running => {
+                    if rec.node == inner.node
+                        && rec.incarnation == inner.incarnation
+                        && inner.running.contains_key(&id)
+                    {
+                        // Ours, still running here: this delivery is a duplicate.
+                        return;
+                    }
+                    if rec.lease_until_ms > now {
+                        let wait = rec.lease_until_ms - now + 50;
+                        let _ = msg
+                            .ack_with(AckKind::Nak(Some(Duration::from_millis(wait))))
+                            .await;
+                        return;
+                    }
+                    // The holder is lost.
+                    let retry = order.on_node_loss == OnNodeLoss::Retry
+                        && rec.attempts < inner.config.max_attempts;
+                    tracing::info!(%id, holder = %rec.node, attempts = rec.attempts, retry, "work of a lost node");
+                    let r = if retry {
+                        running_record(inner, &order, rec.attempts + 1)
+                    } else {
+                        done_record(
+                            inner,
+                            &order,
+                            rec.attempts,
+                            Err(node_lost(&rec.node, rec.attempts)),
+                        )
+                    };
+                    inner.records.update(&r, *rev).await.map(|c| (c, r))
+                }
+            },
+        };
+        match step {
+            Ok((Cas::Written(rev), r)) => {
+                if r.phase == Phase::Done {
+                    finish_done(inner, &order, &r).await;
+                    let _ = msg.ack().await;
+                } else {
+                    run(inner, msg, order, r, rev, permit).await;
+                }
+                return;
+            }
+            Ok((Cas::Lost(now), _)) => current = now.map(|b| *b),
+            Err(e) => {
+                tracing::warn!(%id, error = %e, "the record could not be written; the order goes back");
+                let _ = msg.ack_with(AckKind::Nak(Some(inner.heartbeat()))).await;
+                return;
+            }
+        }
+    }
+    let _ = msg.ack_with(AckKind::Nak(Some(inner.heartbeat()))).await;
+}
+
+fn node_lost(node: &str, attempts: u32) -> Error {
+    Error::new(
+        ErrorCode::NodeLost,
+        format!(
+            "node {node} was lost while it ran this execution (run {attempts}); what the program did there is unknown"
+        ),
+    )
+}
+
+fn not_started(inner: &Inner, order: &Order) -> Answer {
+    let mut r = ExecResult::empty(
+        order.request.id.clone(),
+        Outcome::TimedOut,
+        order.engine.clone(),
+        format!("fleet:{}", inner.node),
+    );
+    r.timings.queued_at_ms = order.accepted_at_ms;
+    r.warnings.push(format!(
+        "no node started it within {} ms of its acceptance (fleet.queue_timeout_ms); it did not run",
+        order.start_by_ms.saturating_sub(order.accepted_at_ms)
+    ));
+    Ok(r)
+}
+
+fn done_record(inner: &Inner, order: &Order, attempts: u32, answer: Answer) -> Record {
+    let mut r = running_record(inner, order, attempts);
+    r.phase = Phase::Done;
+    r.lease_until_ms = 0;
+    r.answer = Some(fit(answer, inner.max_payload));
+    r
+}
+
+/// The answer, cut to fit in one message of the servers' `max_payload`.
+fn fit(answer: Answer, max_payload: usize) -> Answer {
+    let Ok(mut r) = answer else { return answer };
+    let budget = max_payload.saturating_sub(16 << 10);
+    let size = r.stdout.len() + r.stderr.len();
+    if size <= budget {
+        return Ok(r);
+    }
+    let cut = |s: &mut String, keep: usize| {
+        if s.len() > keep {
+            let mut at = keep;
+            while !s.is_char_boundary(at) {
+                at -= 1;
+            }
+            s.truncate(at);
+            true
+        } else {
+            false
+        }
+    };
+    let half = budget / 2;
+    let keep_out = half.max(budget.saturating_sub(r.stderr.len()));
+    if cut(&mut r.stdout, keep_out) {
+        r.stdout_truncated = true;
+    }
+    let keep_err = budget.saturating_sub(r.stdout.len());
+    if cut(&mut r.stderr, keep_err) {
+        r.stderr_truncated = true;
+    }
+    r.warnings.push(format!(
+        "the output was cut to {budget} bytes to fit the fleet's result store (the servers' max_payload)"
+    ));
+    Ok(r)
+}
+
+/// A recorded result: its audit entry (deduplicated by id) and its answer to the
+/// accepting node, sent again by every delivery that finds it (either may have
+/// been lost with the node that recorded it).
+async fn finish_done(inner: &Arc<Inner>, order: &Order, rec: &Record) {
+    let Some(answer) = &rec.answer else { return };
+    let entry = crate::audit::entry(&order.request, &order.engine, answer);
+    crate::audit::publish(inner, &entry).await;
+    reply(inner, &order.reply, &order.request.id, answer).await;
+}
+
+pub(crate) async fn reply(inner: &Inner, to: &str, id: &ExecutionId, answer: &Answer) {
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(KIND_HEADER, "result");
+    headers.insert(ID_HEADER, id.to_string().as_str());
+    let body = bytes::Bytes::from(serde_json::to_vec(answer).unwrap_or_default());
+    if let Err(e) = inner
+        .client
+        .publish_with_headers(to.to_string(), headers, body)
+        .await
+    {
+        tracing::debug!(%id, error = %e, "sending a result failed; it is in the record");
+    }
+}
+
+/// Output to the accepting node, as it is produced.
+#[derive(Debug)]
+struct Relay {
+    client: async_nats::Client,
+    to: String,
+    id: String,
+    max: usize,
+}
+
+#[async_trait]
+impl OutputSink for Relay {
+    async fn chunk(&self, chunk: OutputChunk) -> Result<(), Error> {
+        let kind = match chunk.stream {
+            StreamKind::Stdout => "stdout",
+            StreamKind::Stderr => "stderr",
+        };
+        for piece in chunk.data.chunks(self.max.max(1024)) {
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(KIND_HEADER, kind);
+            headers.insert(ID_HEADER, self.id.as_str());
+            // Live output is best effort; the result carries all of it (up to the cap).
+            let _ = self
+                .client
+                .publish_with_headers(
+                    self.to.clone(),
+                    headers,
+                    bytes::Bytes::copy_from_slice(piece),
+                )
+                .await;
+        }
+        Ok(())
+    }
+}
+
+/// Runs an order under its lease, renewing it each heartbeat; records the one
+/// result unless the lease was lost meanwhile.
+async fn run(
+    inner: &Arc<Inner>,
+    msg: jetstream::Message,
+    order: Order,
+    mut rec: Record,
+    mut rev: u64,
+    permit: OwnedSemaphorePermit,
+) {
+    let id = order.request.id.clone();
+    let running = Arc::new(Running {
+        tenant: order.request.tenant.clone(),
+        cancel: Default::default(),
+        forget: Default::default(),
+        notify: tokio::sync::Notify::new(),
+    });
+    inner.running.insert(id.clone(), running.clone());
+    let mut exec = Execute::new(order.request.clone());
+    exec.engine = Some(order.engine.clone());
+    exec.level = order.level;
+    exec.network = order.network.clone();
+    exec.traceparent = order.traceparent.clone();
+    // Work accepted on this node streams through its streamer as it is: only other
+    // nodes need the output relayed.
+    if order.stream && order.accepted_by != inner.node {
+        exec.sink = Some(Arc::new(Relay {
+            client: inner.client.clone(),
+            to: order.reply.clone(),
+            id: id.to_string(),
+            max: inner.max_payload.saturating_sub(4096),
+        }));
+    }
+    let paddock = inner.paddock.clone();
+    let work = paddock.execute_with(exec);
+    tokio::pin!(work);
+    let mut tick = tokio::time::interval(inner.heartbeat());
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    let mut renewed_at = unix_ms();
+    let mut lost = false;
+    let mut cancelled = false;
+    let mut retry_cancel = tokio::time::interval(Duration::from_millis(10));
+    let answer = loop {
+        let want_cancel = running.cancel.load(Ordering::Acquire) && !cancelled;
+        tokio::select! {
+            a = &mut work => break a,
+            _ = running.notify.notified() => {}
+            _ = retry_cancel.tick(), if want_cancel => {}
+            _ = tick.tick() => {
+                let _ = msg.ack_with(AckKind::Progress).await;
+                let mut next = rec.clone();
+                next.lease_until_ms = unix_ms() + inner.config.ack_wait_ms;
+                match inner.records.update(&next, rev).await {
+                    Ok(Cas::Written(r)) => {
+                        rec = next;
+                        rev = r;
+                        renewed_at = unix_ms();
+                    }
+                    Ok(Cas::Lost(_)) => {
+                        tracing::warn!(%id, "the lease was taken over; stopping the execution here");
+                        lost = true;
+                    }
+                    Err(e) => {
+                        tracing::warn!(%id, error = %e, "renewing the lease failed");
+                        if unix_ms() > renewed_at + inner.config.ack_wait_ms {
+                            lost = true;
+                        }
+                    }
+                }
+                if lost {
+                    running.cancel.store(true, Ordering::Release);
+                }
+            }
+        }
+        if running.cancel.load(Ordering::Acquire) && !cancelled {
+            cancelled = paddock.cancel(&Caller::Embedder, &id);
+        }
+    };
+    inner.running.remove(&id);
+    drop(permit);
+    if lost {
+        // Another node holds it now (or will): its answer is the one.
+        return;
+    }
+    let mut answer = answer;
+    if let Ok(r) = &mut answer {
+        r.timings.queued_at_ms = order.accepted_at_ms;
+    }
+    let given_back = matches!(&answer, Err(e) if matches!(e.code, ErrorCode::PoolExhausted | ErrorCode::EngineDisposed))
+        && !running.cancel.load(Ordering::Acquire);
+    if given_back {
+        // It did not run here: another node (or this one, later) takes it.
+        let mut back = rec.clone();
+        back.phase = Phase::Released;
+        back.lease_until_ms = 0;
+        if let Ok(Cas::Written(_)) = inner.records.update(&back, rev).await {
+            let _ = msg
+                .ack_with(AckKind::Nak(Some(Duration::from_millis(100))))
+                .await;
+        }
+        return;
+    }
+    let mut done = rec.clone();
+    done.phase = Phase::Done;
+    done.lease_until_ms = 0;
+    done.forgotten = running.forget.load(Ordering::Acquire);
+    done.answer = Some(fit(answer, inner.max_payload));
+    loop {
+        match inner.records.update(&done, rev).await {
+            Ok(Cas::Written(_)) => {
+                finish_done(inner, &order, &done).await;
+                let _ = msg.ack().await;
+                return;
+            }
+            Ok(Cas::Lost(_)) => {
+                tracing::warn!(%id, "the lease was taken over before the result was recorded; this run's result is dropped");
+                return;
+            }
+            Err(e) => {
+                if inner.stopping() {
+                    return;
+                }
+                tracing::warn!(%id, error = %e, "recording the result failed; retrying");
+                tokio::time::sleep(inner.heartbeat()).await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fitting_cuts_output_on_char_boundaries() {
+        let mut r = ExecResult::empty(
+            ExecutionId::new(),
+            Outcome::Completed {
+                exit_code: 0,
+                signal: None,
+            },
+            EngineName::new("subprocess").unwrap(),
+            "i",
+        );
+        r.stdout = "é".repeat(40_000);
+        r.stderr = "x".repeat(10_000);
+        let cut = fit(Ok(r.clone()), 64 << 10).unwrap();
+        assert!(cut.stdout.len() + cut.stderr.len() <= 48 << 10);
+        assert!(cut.stdout_truncated);
+        assert!(cut.warnings.iter().any(|w| w.contains("cut")));
+        // Small output is left alone.
+        r.stdout = "ok".into();
+        let same = fit(Ok(r.clone()), 64 << 10).unwrap();
+        assert_eq!(same, r);
+    }
+}

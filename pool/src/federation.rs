@@ -1,0 +1,118 @@
+//! The hook through which a fleet (many nodes acting as one) plugs into the facade.
+//!
+//! A [`Paddock`](crate::Paddock) on its own runs everything it is given. One made
+//! with [`Paddock::federated`](crate::Paddock::federated) hands its one-shot
+//! executions, their lookups by id, their cancellation and the audit search to a
+//! [`Federation`], which may run them on any node; the surfaces on top (the HTTP
+//! API, the CLI) need not know. The `paddock-fleet` crate implements it over NATS
+//! JetStream.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use paddock_core::{EngineName, Error, ExecResult, ExecutionId, IsolationLevel};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::audit::{AuditEntry, AuditQuery};
+use crate::{Caller, Execute, ExecutionStream};
+
+/// What a lookup by id found.
+#[derive(Debug, Clone)]
+pub enum Lookup {
+    /// Accepted and not finished: queued or running somewhere.
+    Running,
+    /// Finished, with its answer.
+    Finished(Arc<Result<ExecResult, Error>>),
+}
+
+/// What a cancellation by id did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CancelOutcome {
+    /// Whether the caller may see an execution of that id (running or kept).
+    pub known: bool,
+    /// Whether this call stopped it.
+    pub cancelled: bool,
+}
+
+/// The free room of one engine on one node, as the node last published it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct EngineRoom {
+    /// The engine.
+    pub engine: EngineName,
+    /// The strongest isolation level it gives.
+    pub level: IsolationLevel,
+    /// Slots the node has for the engine's work in all.
+    pub slots: usize,
+    /// Slots free now.
+    pub free: usize,
+}
+
+/// How a node looks to the others.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeHealth {
+    /// Its heartbeat is fresh.
+    Up,
+    /// Its heartbeat is late (more than two intervals): it may be lost.
+    Late,
+    /// Its heartbeat stopped (past the work's ack wait): its work is taken over and
+    /// its sessions answer `NODE_LOST`.
+    Down,
+}
+
+/// One node of a fleet: `GET /v1/fleet`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct NodeView {
+    /// The node's id.
+    pub id: String,
+    /// Whether the node answering is this one.
+    pub this_node: bool,
+    /// Its health, from the age of its last heartbeat.
+    pub health: NodeHealth,
+    /// Milliseconds since its last heartbeat, as the answering node saw it.
+    pub heartbeat_age_ms: u64,
+    /// When it joined (Unix ms).
+    pub started_at_ms: u64,
+    /// Its free room per engine.
+    pub engines: Vec<EngineRoom>,
+    /// Executions it runs now for the fleet.
+    pub running: usize,
+    /// Sandboxes open on it.
+    pub sandboxes: usize,
+    /// The base URL of its HTTP API; only operators (and the embedder) see it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+}
+
+/// A fleet seen from one of its nodes. Every method works on behalf of the tenant it
+/// is given (a request's `tenant`, or `caller`), with the walls of the node itself:
+/// another tenant's execution is answered as if it did not exist.
+#[async_trait]
+pub trait Federation: Send + Sync + std::fmt::Debug + 'static {
+    /// Runs `msg` on a node with room and answers its result. With `key`, runs it
+    /// once per `(tenant, key)` in the whole fleet: a later call with the same key
+    /// answers the first execution's result.
+    async fn execute(&self, msg: Execute, key: Option<String>) -> Result<ExecResult, Error>;
+
+    /// [`execute`](Self::execute), streaming the output as the running node
+    /// produces it.
+    async fn execute_stream(
+        &self,
+        msg: Execute,
+        key: Option<String>,
+    ) -> Result<ExecutionStream, Error>;
+
+    /// Looks an execution up by id, wherever it was accepted or ran.
+    async fn lookup(&self, caller: &Caller, id: &ExecutionId) -> Result<Option<Lookup>, Error>;
+
+    /// Cancels an execution by id wherever it runs, and forgets its result (a later
+    /// lookup answers `None`), as `DELETE /v1/executions/{id}` does.
+    async fn cancel(&self, caller: &Caller, id: &ExecutionId) -> Result<CancelOutcome, Error>;
+
+    /// Searches the fleet's audit log, newest first; a tenant gets its own entries.
+    async fn audit(&self, caller: &Caller, query: AuditQuery) -> Result<Vec<AuditEntry>, Error>;
+
+    /// The fleet's nodes, this one included, by id.
+    async fn nodes(&self, caller: &Caller) -> Result<Vec<NodeView>, Error>;
+}
