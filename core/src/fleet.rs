@@ -38,6 +38,9 @@ impl OnNodeLoss {
 pub struct FleetConfig {
     /// The NATS servers (`nats://HOST:PORT`); empty: not in a fleet. Default empty.
     pub urls: Vec<String>,
+    /// Whether the node also uses the servers the cluster tells it of, beyond
+    /// `urls`, when it reconnects. Default `true`.
+    pub discover_servers: bool,
     /// This node's id: letters, digits, `-` and `_`, at most 64. Default: the host's
     /// name and the process id.
     pub node_id: Option<String>,
@@ -57,6 +60,9 @@ pub struct FleetConfig {
     /// may take it (the work queue's ack wait, and the lease's length). Default
     /// 5000 ms.
     pub ack_wait_ms: u64,
+    /// Whether this node runs the fleet's work; `false` makes it a gateway that
+    /// only accepts work for the others. Default `true`.
+    pub take_work: bool,
     /// What to do with work whose node was lost while it ran. Default `report`.
     pub on_node_loss: OnNodeLoss,
     /// Most runs of one execution when `on_node_loss = "retry"`. Default 3.
@@ -80,12 +86,14 @@ impl Default for FleetConfig {
     fn default() -> Self {
         FleetConfig {
             urls: Vec::new(),
+            discover_servers: true,
             node_id: None,
             prefix: "paddock".into(),
             advertise: None,
             replicas: 0,
             heartbeat_ms: 1_000,
             ack_wait_ms: 5_000,
+            take_work: true,
             on_node_loss: OnNodeLoss::Report,
             max_attempts: 3,
             queue_timeout_ms: 60_000,

@@ -49,6 +49,8 @@ enum Pending {
         id: ExecutionId,
         rx: mpsc::Receiver<Inbound>,
         start_by_ms: u64,
+        /// The idempotency key it holds, if any.
+        key: Option<String>,
     },
     /// The first execution of an idempotency key.
     Attached { id: ExecutionId, start_by_ms: u64 },
@@ -118,6 +120,25 @@ impl Federated {
             Ok(e) => e,
             Err(e) => return Err(refuse(e).await),
         };
+        // Refusals the accepting node can make itself are made here, before the
+        // work is queued (so that a stream is refused, not begun).
+        let allowed = inner.paddock.access_rules().for_tenant(tenant.as_deref());
+        if let Err(e) = allowed.check_network(&msg.network, tenant.as_deref()) {
+            return Err(refuse(e).await);
+        }
+        if let Some((_, caps)) = inner
+            .paddock
+            .capabilities()
+            .iter()
+            .find(|(n, _)| *n == engine)
+        {
+            let checked = allowed
+                .check_level(caps.max_level, engine.as_str(), tenant.as_deref())
+                .and_then(|()| caps.check_limits(&engine, &msg.request.limits, "limits"));
+            if let Err(e) = checked {
+                return Err(refuse(e).await);
+            }
+        }
         let order = Order {
             request: msg.request,
             engine: engine.clone(),
@@ -155,12 +176,26 @@ impl Federated {
             }),
         );
         if let Err(e) = self.publish(&order, payload).await {
+            if e.code == ErrorCode::FleetUnavailable {
+                // It may be queued all the same (the acknowledgement is what was
+                // lost): the key stays, so a retry with it attaches to this one.
+                inner.waiters.remove(&id);
+                return Err(Error::new(
+                    e.code,
+                    format!(
+                        "{}; execution {id} may still run: look it up by id, or retry with the same idempotency key",
+                        e.message
+                    ),
+                )
+                .with_retry_after_ms(e.retry_after_ms.unwrap_or(1_000)));
+            }
             return Err(refuse(e).await);
         }
         Ok(Pending::Own {
             id,
             rx,
             start_by_ms,
+            key: held_key,
         })
     }
 
@@ -229,13 +264,14 @@ impl Federated {
         chunks: Option<&paddock_pool::OutputRelay>,
     ) -> Result<ExecResult, Error> {
         let inner = &self.inner;
-        let (id, mut rx, start_by_ms) = match pending {
+        let (id, mut rx, start_by_ms, key) = match pending {
             Pending::Own {
                 id,
                 rx,
                 start_by_ms,
-            } => (id, Some(rx), start_by_ms),
-            Pending::Attached { id, start_by_ms } => (id, None, start_by_ms),
+                key,
+            } => (id, Some(rx), start_by_ms, key),
+            Pending::Attached { id, start_by_ms } => (id, None, start_by_ms, None),
         };
         let poll = inner.heartbeat() * 2;
         let mut next_poll = tokio::time::Instant::now() + poll;
@@ -284,8 +320,25 @@ impl Federated {
             }
         };
         inner.waiters.remove(&id);
+        if let (Some(k), Err(e)) = (&key, &answer) {
+            if retryable(e) {
+                // A refusal worth retrying is not replayed for the key.
+                let _ = inner.idem.delete(k).await;
+            }
+        }
         answer
     }
+}
+
+/// A refusal a caller should retry: never replayed for an idempotency key.
+fn retryable(e: &Error) -> bool {
+    matches!(
+        e.code,
+        ErrorCode::RateLimited
+            | ErrorCode::PoolExhausted
+            | ErrorCode::EngineDisposed
+            | ErrorCode::FleetUnavailable
+    )
 }
 
 /// Undoes the acceptance of work refused before it was queued: a retry with its

@@ -222,7 +222,11 @@ impl Fleet {
         let node = config.node_id.clone().unwrap_or_else(node_id_default);
         let incarnation = format!("{:x}-{}", unix_ms(), std::process::id());
         let urls = config.urls.join(",");
-        let client = async_nats::ConnectOptions::new()
+        let mut options = async_nats::ConnectOptions::new();
+        if !config.discover_servers {
+            options = options.ignore_discovered_servers();
+        }
+        let client = options
             .name(format!("paddock {node}"))
             .connection_timeout(Duration::from_secs(5))
             .request_timeout(Some(Duration::from_secs(5)))
@@ -284,7 +288,12 @@ impl Fleet {
 
         let mut engines = Vec::new();
         for (engine, caps) in paddock.capabilities() {
-            let slots = paddock.max_pool_size().max(1);
+            // A gateway (`take_work = false`) has no room of its own.
+            let slots = if config.take_work {
+                paddock.max_pool_size().max(1)
+            } else {
+                0
+            };
             engines.push(EngineSlots {
                 engine: engine.clone(),
                 level: caps.max_level,
@@ -346,6 +355,9 @@ impl Fleet {
                 s.get_or_create_consumer::<consumer::pull::Config>("workers", workers.clone())
             })
             .await?;
+            if !inner.config.take_work {
+                continue;
+            }
             let worker = crate::worker::Worker {
                 inner: inner.clone(),
                 engine: e.engine.clone(),

@@ -159,7 +159,10 @@ pub(super) fn record(
 pub(super) fn retryable(e: &Error) -> bool {
     matches!(
         e.code,
-        ErrorCode::RateLimited | ErrorCode::PoolExhausted | ErrorCode::EngineDisposed
+        ErrorCode::RateLimited
+            | ErrorCode::PoolExhausted
+            | ErrorCode::EngineDisposed
+            | ErrorCode::FleetUnavailable
     )
 }
 

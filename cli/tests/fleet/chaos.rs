@@ -1,0 +1,1 @@
+//! Node loss, leader loss and partitions (filled in below).

