@@ -63,7 +63,7 @@ fn tenant_of(caller: &Caller) -> Option<Option<String>> {
 impl Federated {
     async fn submit(
         &self,
-        msg: Execute,
+        mut msg: Execute,
         key: Option<String>,
         stream: bool,
     ) -> Result<Pending, Error> {
@@ -76,15 +76,14 @@ impl Federated {
             )
             .with_retry_after_ms(1_000));
         }
-        let id = msg.request.id.clone();
         let tenant = msg.request.tenant.clone();
         let accepted_at_ms = unix_ms();
-        let start_by_ms = accepted_at_ms + inner.config.queue_timeout_ms;
+        let mut start_by_ms = accepted_at_ms + inner.config.queue_timeout_ms;
         let mut held_key = None;
         if let Some(key) = key {
             let k = Names::idem_key(tenant.as_deref(), &key);
             let entry = KeyEntry {
-                id: id.clone(),
+                id: msg.request.id.clone(),
                 start_by_ms,
             };
             let value = bytes::Bytes::from(serde_json::to_vec(&entry).unwrap_or_default());
@@ -96,21 +95,32 @@ impl Federated {
                         .get(k.clone())
                         .await
                         .map_err(|e| unavailable("reading an idempotency key", e))?
-                        .and_then(|b| serde_json::from_slice::<KeyEntry>(&b).ok());
-                    if let Some(first) = first {
+                        .and_then(|b| serde_json::from_slice::<KeyEntry>(&b).ok())
+                        .ok_or_else(|| {
+                            unavailable(
+                                "reading an idempotency key",
+                                "the key is held but unreadable",
+                            )
+                        })?;
+                    let known = inner.waiters.contains_key(&first.id)
+                        || inner.records.get(&first.id).await?.is_some();
+                    if known {
                         return Ok(Pending::Attached {
                             id: first.id,
                             start_by_ms: first.start_by_ms,
                         });
                     }
-                    return Err(unavailable(
-                        "reading an idempotency key",
-                        "the key is held but unreadable",
-                    ));
+                    // Not started, and not waited for here: the node that took the
+                    // key may have died before it queued the work. Queue it again
+                    // under the first id: the stream keeps one order per id, so if
+                    // the first one was queued after all, this one adds nothing.
+                    msg.request.id = first.id;
+                    start_by_ms = first.start_by_ms;
                 }
                 Err(e) => return Err(unavailable("holding an idempotency key", e)),
             }
         }
+        let id = msg.request.id.clone();
         let refuse = |e: Error| refuse(inner, &id, held_key.as_deref(), e);
         let engine = match inner
             .paddock
@@ -165,16 +175,21 @@ impl Federated {
             .await);
         }
         let (tx, rx) = mpsc::channel(256);
-        inner.waiters.insert(
-            id.clone(),
-            Arc::new(Waiter {
-                tenant,
-                engine: engine.clone(),
-                code_hash: paddock_core::code_hash(&order.request.program.audit_text()),
-                tx,
-                claimed: Default::default(),
-            }),
-        );
+        match inner.waiters.entry(id.clone()) {
+            dashmap::Entry::Occupied(_) => {
+                // Another request with the same key queues it here right now.
+                return Ok(Pending::Attached { id, start_by_ms });
+            }
+            dashmap::Entry::Vacant(v) => {
+                v.insert(Arc::new(Waiter {
+                    tenant,
+                    engine: engine.clone(),
+                    code_hash: paddock_core::code_hash(&order.request.program.audit_text()),
+                    tx,
+                    claimed: Default::default(),
+                }));
+            }
+        }
         if let Err(e) = self.publish(&order, payload).await {
             if e.code == ErrorCode::FleetUnavailable {
                 // It may be queued all the same (the acknowledgement is what was
@@ -226,9 +241,10 @@ impl Federated {
                 Err(e) => e,
             };
             let text = e.to_string();
+            // "No stream" is also what a stream electing its leader answers: only a
+            // stream that is not there at all means that no node runs the engine.
             if e.kind() == PublishErrorKind::StreamNotFound
-                || text.contains("no responders")
-                || text.contains("no stream")
+                && !self.stream_exists(&order.engine).await
             {
                 return Err(Error::new(
                     ErrorCode::CapabilityNotSupported,
@@ -254,6 +270,25 @@ impl Federated {
             tracing::debug!(id = %order.request.id, error = %e, "queueing; retrying");
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    /// Whether engine `engine`'s work stream exists (or may: a cluster that does
+    /// not answer is given the benefit of the doubt, and retried).
+    async fn stream_exists(&self, engine: &paddock_core::EngineName) -> bool {
+        let inner = &self.inner;
+        let served = inner.registry.read().values().any(|s| {
+            s.card
+                .engines
+                .iter()
+                .any(|e| &e.engine == engine && e.slots > 0)
+        });
+        if served {
+            return true;
+        }
+        match inner.js.get_stream(inner.names.work_stream(engine)).await {
+            Ok(_) => true,
+            Err(e) => !e.to_string().contains("not found"),
         }
     }
 
@@ -308,7 +343,7 @@ impl Federated {
                 }
                 Ok(Some(_)) => {}
                 Ok(None) => {
-                    if unix_ms() > start_by_ms + 2 * inner.config.ack_wait_ms {
+                    if rx.is_some() && unix_ms() > start_by_ms + 2 * inner.config.ack_wait_ms {
                         // No node took it in time, and none will now run it: fence it
                         // off with a `timed_out` record (unless one just did).
                         if let Some(a) = expire(inner, &id).await {
@@ -319,7 +354,9 @@ impl Federated {
                 Err(e) => tracing::debug!(%id, error = %e, "reading the record while waiting"),
             }
         };
-        inner.waiters.remove(&id);
+        if rx.is_some() {
+            inner.waiters.remove(&id);
+        }
         if let (Some(k), Err(e)) = (&key, &answer) {
             if retryable(e) {
                 // A refusal worth retrying is not replayed for the key.

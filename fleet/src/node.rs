@@ -267,7 +267,13 @@ impl Fleet {
         let idem = open_bucket(&js, bucket(names.idem_bucket(), retention, 1)).await?;
         let node_age = Duration::from_millis((config.ack_wait_ms * 20).max(60_000));
         let nodes = open_bucket(&js, bucket(names.node_bucket(), node_age, 1)).await?;
-        let dedupe = Duration::from_millis((config.ack_wait_ms * 24).max(120_000));
+        // Longer than work may wait in a queue, so that an order queued again under
+        // the same id (by a retry with its idempotency key) is always recognised.
+        let dedupe = Duration::from_millis(
+            (config.ack_wait_ms * 24)
+                .max(120_000)
+                .max(config.queue_timeout_ms + 60_000),
+        );
         let audit = stream::Config {
             name: names.audit_stream(),
             subjects: vec![names.audit_all()],
@@ -276,7 +282,7 @@ impl Fleet {
             max_messages: 10_000_000,
             max_bytes: i64::try_from(config.max_stream_bytes).unwrap_or(i64::MAX),
             discard: stream::DiscardPolicy::Old,
-            duplicate_window: dedupe,
+            duplicate_window: dedupe.min(retention),
             num_replicas: replicas,
             storage: stream::StorageType::File,
             ..Default::default()

@@ -411,7 +411,14 @@ async fn run(
                 let _ = msg.ack_with(AckKind::Progress).await;
                 let mut next = rec.clone();
                 next.lease_until_ms = unix_ms() + inner.config.ack_wait_ms;
-                match inner.records.update(&next, rev).await {
+                // Bounded by the lease: a renewal that cannot be made in time is
+                // as good as lost.
+                let limit = Duration::from_millis(inner.config.ack_wait_ms / 2);
+                let renewed = match tokio::time::timeout(limit, inner.records.update(&next, rev)).await {
+                    Ok(r) => r,
+                    Err(_) => Err(crate::store::unavailable("renewing the lease", "timed out")),
+                };
+                match renewed {
                     Ok(Cas::Written(r)) => {
                         rec = next;
                         rev = r;

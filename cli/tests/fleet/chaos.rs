@@ -1,1 +1,359 @@
-//! Node loss, leader loss and partitions (filled in below).
+//! Losses: a node killed with `kill -9` (and restarted), the work stream's leader
+//! killed, a node cut off from NATS. Every accepted execution must end with exactly
+//! one result and exactly one audit entry.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::harness::*;
+use super::{runs_on, turn, wait_up, FAST};
+
+/// What a caller ended with for one key.
+#[derive(Debug, Clone)]
+struct Ended {
+    id: String,
+    status: u16,
+    answer: Value,
+    tries: usize,
+}
+
+/// Posts `body` with idempotency key `key` to the nodes in turn (starting at
+/// `first`) until one answers with a terminal result: a result (200), or
+/// `NODE_LOST` (502). A lost connection or a refusal worth retrying (503) is tried
+/// again on the next node, with the same key.
+fn run_to_end(
+    http: &Http,
+    urls: &RwLock<Vec<String>>,
+    first: usize,
+    key: &str,
+    body: &Value,
+) -> Ended {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut tries = 0;
+    let mut at = first;
+    loop {
+        tries += 1;
+        let url = {
+            let urls = urls.read().unwrap();
+            urls[at % urls.len()].clone()
+        };
+        at += 1;
+        match http.send(
+            "POST",
+            &format!("{url}/v1/executions"),
+            Some(body),
+            &[("idempotency-key", key)],
+        ) {
+            Ok((200, answer)) => {
+                return Ended {
+                    id: answer["id"].as_str().unwrap_or("").to_string(),
+                    status: 200,
+                    answer,
+                    tries,
+                }
+            }
+            Ok((502, answer)) if answer["error"]["code"] == "NODE_LOST" => {
+                return Ended {
+                    id: String::new(),
+                    status: 502,
+                    answer,
+                    tries,
+                }
+            }
+            Ok((status, answer)) if status == 503 || status == 429 => {
+                let _ = answer;
+            }
+            Ok((status, answer)) => panic!("key {key}: unexpected {status} {answer}"),
+            Err(_) => {}
+        }
+        assert!(
+            Instant::now() < deadline,
+            "key {key}: no terminal answer in 90 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn no_accepted_execution_is_lost_or_doubled_when_a_node_and_a_leader_die() {
+    let nats = need_nats!();
+    let _turn = turn();
+    let mut cluster = Cluster::start(&nats, 3);
+    let urls = cluster.urls();
+    let dir = cluster.dir.path().to_path_buf();
+    let fleet = format!("{FAST}queue_timeout_ms = 10000\nprefix = \"chaos\"\n");
+    let extra = "[pool]\nmax_size = 4\nmin_idle = 2\n";
+    let mut nodes: Vec<Node> = (1..=3)
+        .map(|i| Node::start(&dir, &format!("n{i}"), &urls, &fleet, extra))
+        .collect();
+    let http = Http::default();
+    wait_up(&http, &nodes[0], 3, "");
+    let look = Look::new(&urls, "chaos");
+    let node_urls = Arc::new(RwLock::new(
+        nodes.iter().map(|n| n.url.clone()).collect::<Vec<_>>(),
+    ));
+
+    const TOTAL: usize = 2000;
+    const CALLERS: usize = 64;
+    let done = Arc::new(AtomicUsize::new(0));
+    let ended: Arc<parking_lot_free::Map> = Arc::default();
+    let callers: Vec<_> = (0..CALLERS)
+        .map(|c| {
+            let node_urls = node_urls.clone();
+            let done = done.clone();
+            let ended = ended.clone();
+            std::thread::spawn(move || {
+                let http = Http::default();
+                for k in (c..TOTAL).step_by(CALLERS) {
+                    // Even keys may run again elsewhere; odd ones report a lost node.
+                    let loss = if k % 2 == 0 { "retry" } else { "report" };
+                    let pause = 0.02 + (k % 5) as f64 * 0.02;
+                    let body = json!({
+                        "program": {"command": ["sh", "-c", format!("sleep {pause}; echo {k}")]},
+                        "on_node_loss": loss,
+                    });
+                    let key = format!("chaos-{k}");
+                    let e = run_to_end(&http, &node_urls, k, &key, &body);
+                    ended.insert(k, e);
+                    done.fetch_add(1, Ordering::AcqRel);
+                }
+            })
+        })
+        .collect();
+
+    // The chaos: node n2 dies while it runs work, the work stream's leader dies,
+    // both come back.
+    let wait_done = |n: usize| {
+        eventually(
+            &format!("{n} executions done"),
+            Duration::from_secs(120),
+            || done.load(Ordering::Acquire) >= n,
+        )
+    };
+    wait_done(TOTAL / 5);
+    eventually("n2 running work", Duration::from_secs(20), || {
+        !runs_on(&[&nodes[1]], "sleep").is_empty()
+    });
+    nodes[1].kill();
+    eprintln!("killed n2 at {} done", done.load(Ordering::Acquire));
+    {
+        let mut u = node_urls.write().unwrap();
+        u.remove(1);
+    }
+    wait_done(TOTAL * 2 / 5);
+    let leader = look
+        .leader("chaos_WORK_subprocess")
+        .expect("the work stream's leader");
+    cluster.server(&leader).kill();
+    eprintln!(
+        "killed the work stream's leader {leader} at {} done",
+        done.load(Ordering::Acquire)
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    cluster.server(&leader).restart();
+    wait_done(TOTAL * 3 / 5);
+    nodes[1].restart();
+    node_urls.write().unwrap().push(nodes[1].url.clone());
+    eprintln!("restarted n2 at {} done", done.load(Ordering::Acquire));
+    for c in callers {
+        c.join().expect("a caller");
+    }
+
+    // Exactly one terminal answer per key, each its own execution.
+    let ended = ended.take();
+    assert_eq!(ended.len(), TOTAL);
+    let mut lost = 0;
+    let mut ids: HashMap<String, usize> = HashMap::new();
+    for (k, e) in &ended {
+        match e.status {
+            200 => {
+                let outcome = e.answer["outcome"].as_str().unwrap_or("");
+                match outcome {
+                    "completed" => {
+                        assert_eq!(e.answer["exit_code"], 0, "key {k}: {}", e.answer);
+                        assert_eq!(e.answer["stdout"], format!("{k}\n"), "key {k}");
+                    }
+                    // Queued behind the loss for longer than the queue allows.
+                    "timed_out" => {}
+                    other => panic!("key {k}: outcome {other}: {}", e.answer),
+                }
+                assert!(
+                    ids.insert(e.id.clone(), *k).is_none(),
+                    "two keys answered by {}",
+                    e.id
+                );
+            }
+            502 => {
+                assert_eq!(k % 2, 1, "key {k} asked for retry but got NODE_LOST");
+                lost += 1;
+            }
+            _ => unreachable!(),
+        }
+    }
+    // Exactly one audit entry per execution, and none for anything else.
+    let audit = look.audit_counts();
+    for (id, k) in &ids {
+        assert_eq!(
+            audit.get(id),
+            Some(&1),
+            "key {k} (execution {id}): audit entries"
+        );
+    }
+    let doubled: Vec<_> = audit.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(
+        doubled.is_empty(),
+        "audit entries not exactly once: {doubled:?}"
+    );
+    assert_eq!(
+        audit.len(),
+        ids.len() + lost,
+        "audit entries for executions nobody accepted"
+    );
+    // Work of the dead node ran again elsewhere (retry), or was reported lost.
+    let mut rerun = 0;
+    for id in ids.keys() {
+        let r = look
+            .record(id)
+            .expect("every answered execution has a record");
+        assert_eq!(r["phase"], "done", "{r}");
+        if r["attempts"].as_u64().unwrap_or(0) >= 2 {
+            rerun += 1;
+            assert_ne!(r["node"], "n2", "a rerun finished on the dead node: {r}");
+        }
+    }
+    let retried_keys = ended.values().filter(|e| e.tries > 1).count();
+    eprintln!(
+        "chaos: {TOTAL} executions, {} completed or timed out, {lost} NODE_LOST, {rerun} run again after the node's loss, {retried_keys} callers retried on another node",
+        ids.len()
+    );
+    assert!(
+        rerun + lost > 0,
+        "n2 died while it ran work, yet nothing was taken over"
+    );
+    drop(nodes);
+    drop(cluster);
+}
+
+#[test]
+fn a_node_cut_off_from_nats_stops_what_it_no_longer_owns() {
+    let nats = need_nats!();
+    let _turn = turn();
+    let mut cluster = Cluster::start(&nats, 3);
+    let urls = cluster.urls();
+    let dir = cluster.dir.path().to_path_buf();
+    let extra = "[pool]\nmax_size = 2\nmin_idle = 0\n";
+    let fleet = format!("{FAST}prefix = \"part\"\n");
+    // `a` reaches NATS through s1 only: stopping s1 cuts it off.
+    let a = Node::start(
+        &dir,
+        "a",
+        &urls[..1],
+        &format!("{fleet}discover_servers = false\n"),
+        extra,
+    );
+    let b = Node::start(&dir, "b", &urls[1..2], &fleet, extra);
+    let c = Node::start(&dir, "c", &urls[2..3], &fleet, extra);
+    let http = Http::default();
+    wait_up(&http, &b, 3, "");
+    let look = Look::new(&urls[1..], "part");
+    // Six 5-second sleeps on six slots: two of them run on `a`.
+    let calls: Vec<_> = (0..6)
+        .map(|i| {
+            let url = if i % 2 == 0 { b.url.clone() } else { c.url.clone() };
+            std::thread::spawn(move || {
+                Http::default().post(
+                    &format!("{url}/v1/executions"),
+                    &json!({"program": {"command": ["sh", "-c", format!("sleep 5; echo {i}")]}, "on_node_loss": "retry"}),
+                    &[],
+                )
+            })
+        })
+        .collect();
+    eventually("two sleeps on a", Duration::from_secs(15), || {
+        count(&a, "sleep 5") == 2
+    });
+    let started = Instant::now();
+    cluster.server("s1").kill();
+    // Its lease cannot be renewed: `a` stops its runs once the lease is over.
+    eventually("a's runs stopped", Duration::from_secs(10), || {
+        count(&a, "sleep 5") == 0
+    });
+    let stopped_after = started.elapsed();
+    assert!(
+        stopped_after < Duration::from_secs(5),
+        "a stopped its runs only after {stopped_after:?}, when they would have ended anyway"
+    );
+    // While `a` is away, `b` and `c` take its two over (once their own are done).
+    let mut results = BTreeMap::new();
+    for (i, call) in calls.into_iter().enumerate() {
+        let (status, r) = call.join().expect("a caller");
+        assert_eq!(status, 200, "{r}");
+        assert_eq!(r["exit_code"], 0, "{r}");
+        assert_eq!(r["stdout"], format!("{i}\n"));
+        results.insert(r["id"].as_str().unwrap().to_string(), r);
+    }
+    // The two that were on `a` ran again on `b` or `c`; every one has one entry.
+    let audit = look.audit_counts();
+    let mut moved = 0;
+    for id in results.keys() {
+        assert_eq!(audit.get(id), Some(&1), "{id}");
+        let rec = look.record(id).unwrap();
+        if rec["attempts"] == 2 {
+            moved += 1;
+            assert_ne!(rec["node"], "a", "{rec}");
+        }
+    }
+    assert_eq!(moved, 2, "the two runs of the cut-off node were taken over");
+    // `a` comes back, into the fleet, with nothing of its own left to run.
+    cluster.server("s1").restart();
+    wait_up(&http, &b, 3, "");
+    assert_eq!(count(&a, "sleep 5"), 0);
+    let (s, r) = http.post(
+        &format!("{}/v1/executions", a.url),
+        &json!({"program": {"command": ["echo", "back"]}}),
+        &[],
+    );
+    assert_eq!((s, r["stdout"].as_str()), (200, Some("back\n")), "{r}");
+}
+
+fn count(node: &Node, needle: &str) -> usize {
+    node.pid()
+        .map(|pid| {
+            descendants(pid)
+                .into_iter()
+                .filter(|p| {
+                    std::fs::read(format!("/proc/{p}/cmdline"))
+                        .map(|c| {
+                            String::from_utf8_lossy(&c).replace('\0', " ").trim_end() == needle
+                        })
+                        .unwrap_or(false)
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// A map the callers fill, behind a mutex.
+mod parking_lot_free {
+    use super::Ended;
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+
+    #[derive(Default)]
+    pub(super) struct Map(Mutex<BTreeMap<usize, Ended>>);
+
+    impl Map {
+        pub(super) fn insert(&self, k: usize, e: Ended) {
+            let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            assert!(m.insert(k, e).is_none(), "key {k} ended twice");
+        }
+
+        pub(super) fn take(&self) -> BTreeMap<usize, Ended> {
+            std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
+        }
+    }
+}

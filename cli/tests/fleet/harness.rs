@@ -29,7 +29,6 @@ pub fn nats_server() -> Option<PathBuf> {
 }
 
 /// Skips the test (returns) when no NATS server can be run here.
-#[macro_export]
 macro_rules! need_nats {
     () => {
         match $crate::harness::nats_server() {
@@ -101,14 +100,6 @@ impl Server {
         self.kill();
         self.spawn();
         wait_port(self.port, Duration::from_secs(20));
-    }
-
-    pub fn running(&self) -> bool {
-        self.child.is_some()
-    }
-
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
     }
 }
 
@@ -266,22 +257,8 @@ impl Node {
         self.spawn();
     }
 
-    /// Stops the process (SIGSTOP) or lets it go on (SIGCONT).
-    pub fn signal(&self, signal: i32) {
-        if let Some(c) = &self.child {
-            // SAFETY: kill(2) on our own child's pid.
-            unsafe {
-                libc::kill(c.id() as i32, signal);
-            }
-        }
-    }
-
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
-    }
-
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }
 
@@ -441,4 +418,85 @@ pub fn eventually(what: &str, limit: Duration, mut check: impl FnMut() -> bool) 
         std::thread::sleep(Duration::from_millis(50));
     }
     panic!("timed out waiting for: {what}");
+}
+
+/// A look at the fleet's state on NATS, for assertions: the audit stream, the
+/// execution records, the streams' leaders.
+pub struct Look {
+    rt: tokio::runtime::Runtime,
+    js: async_nats::jetstream::Context,
+    prefix: String,
+}
+
+impl Look {
+    pub fn new(urls: &[String], prefix: &str) -> Look {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        let js = rt.block_on(async {
+            let client = async_nats::connect(urls).await.expect("connecting to NATS");
+            async_nats::jetstream::new(client)
+        });
+        Look {
+            rt,
+            js,
+            prefix: prefix.to_string(),
+        }
+    }
+
+    /// Every audit entry's id, with how many entries it has.
+    pub fn audit_counts(&self) -> std::collections::HashMap<String, usize> {
+        use futures_util::StreamExt;
+        self.rt.block_on(async {
+            let stream = self
+                .js
+                .get_stream(format!("{}_AUDIT", self.prefix))
+                .await
+                .expect("the audit stream");
+            let consumer = stream
+                .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig::default())
+                .await
+                .expect("a consumer");
+            let mut messages = consumer.messages().await.expect("messages");
+            let mut counts = std::collections::HashMap::new();
+            loop {
+                let next = tokio::time::timeout(Duration::from_secs(2), messages.next()).await;
+                let Ok(Some(Ok(m))) = next else { break };
+                let v: Value = serde_json::from_slice(&m.payload).expect("an audit entry");
+                *counts
+                    .entry(v["id"].as_str().unwrap_or("").to_string())
+                    .or_insert(0) += 1;
+                if m.info().map(|i| i.pending).unwrap_or(0) == 0 {
+                    break;
+                }
+            }
+            counts
+        })
+    }
+
+    /// The record of execution `id`.
+    pub fn record(&self, id: &str) -> Option<Value> {
+        self.rt.block_on(async {
+            let kv = self
+                .js
+                .get_key_value(format!("{}_exec", self.prefix))
+                .await
+                .expect("the record bucket");
+            kv.get(id)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|b| serde_json::from_slice(&b).ok())
+        })
+    }
+
+    /// The server leading stream `name`.
+    pub fn leader(&self, name: &str) -> Option<String> {
+        self.rt.block_on(async {
+            let mut s = self.js.get_stream(name).await.ok()?;
+            let info = s.info().await.ok()?;
+            info.cluster.as_ref().and_then(|c| c.leader.clone())
+        })
+    }
 }

@@ -5,8 +5,9 @@
 //!
 //! The tests take turns (one cluster at a time on two cores).
 
-mod chaos;
+#[macro_use]
 mod harness;
+mod chaos;
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
