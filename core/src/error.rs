@@ -186,7 +186,7 @@ mod tests {
                 .chars()
                 .all(|c| c.is_ascii_uppercase() || c == '_'));
         }
-        assert_eq!(ErrorCode::ALL.len(), 23);
+        assert_eq!(ErrorCode::ALL.len(), 25);
         assert_eq!(ErrorCode::from_wire("pool_exhausted"), None);
     }
 

@@ -25,6 +25,7 @@
 mod accept;
 mod audit;
 mod control;
+pub mod local;
 mod names;
 mod node;
 mod registry;
@@ -32,4 +33,4 @@ mod store;
 mod wire;
 mod worker;
 
-pub use node::{Fleet, JoinError};
+pub use node::{Fleet, JoinError, Located};

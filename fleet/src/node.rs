@@ -131,6 +131,17 @@ impl Inner {
     }
 }
 
+/// Where an execution stands in the fleet: [`Fleet::locate`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Located {
+    /// The node holding its lease (or that held it last).
+    pub node: String,
+    /// Runs started so far.
+    pub attempts: u32,
+    /// Whether its one result is recorded.
+    pub finished: bool,
+}
+
 /// A node's membership of a fleet. Dropping it does not leave: call
 /// [`leave`](Self::leave).
 #[derive(Debug, Clone)]
@@ -437,6 +448,17 @@ impl Fleet {
                 .clone()
                 .unwrap_or_else(|| url.into()),
         );
+    }
+
+    /// Where execution `id` stands, from its record: the node that holds (or held)
+    /// it, its runs so far, and whether it is finished. `None` while it waits in a
+    /// queue (or when it is unknown).
+    pub async fn locate(&self, id: &ExecutionId) -> Result<Option<Located>, Error> {
+        Ok(self.inner.records.get(id).await?.map(|(r, _)| Located {
+            node: r.node,
+            attempts: r.attempts,
+            finished: r.phase == crate::wire::Phase::Done,
+        }))
     }
 
     /// Executions this node runs for the fleet now.

