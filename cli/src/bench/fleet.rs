@@ -242,8 +242,45 @@ pub(super) async fn fleet(
         as_json,
     );
 
+    // Cancel on the local facade (the baseline: the engine's own kill and reap).
+    let mut local_cancels = Vec::new();
+    for _ in 0..20 {
+        let msg = sleep("30");
+        let id = msg.request.id.clone();
+        let p = nodes[0].paddock.clone();
+        let run = tokio::spawn(async move { p.execute_with(msg).await });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while nodes[0]
+            .paddock
+            .running_tenant(&Caller::Embedder, &id)
+            .is_none()
+        {
+            if Instant::now() > deadline {
+                return Err(UsageError("a local sleep did not start within 10 s".into()));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let t = Instant::now();
+        if !nodes[0].paddock.cancel(&Caller::Embedder, &id) {
+            return Err(UsageError("a local cancel found nothing to cancel".into()));
+        }
+        let r = run
+            .await
+            .map_err(|e| UsageError(format!("the cancelled call: {e}")))?
+            .map_err(|e| UsageError(format!("the cancelled execution: {e}")))?;
+        local_cancels.push(t.elapsed());
+        if r.outcome != Outcome::Cancelled {
+            return Err(UsageError(format!(
+                "a local cancel did not cancel: {:?}",
+                r.outcome
+            )));
+        }
+    }
+
     // Cancel from another node.
     let mut cancels = Vec::new();
+    let mut calls = Vec::new();
     for _ in 0..20 {
         let msg = sleep("30");
         let id = msg.request.id.clone();
@@ -273,6 +310,7 @@ pub(super) async fn fleet(
             .cancel(&Caller::Embedder, &id)
             .await
             .map_err(|e| UsageError(format!("cancelling: {e}")))?;
+        calls.push(t.elapsed());
         let r = run
             .await
             .map_err(|e| UsageError(format!("the cancelled call: {e}")))?
@@ -285,14 +323,22 @@ pub(super) async fn fleet(
             )));
         }
     }
-    let cs = summarize(cancels);
+    let (cs, calls, ls) = (
+        summarize(cancels),
+        summarize(calls),
+        summarize(local_cancels),
+    );
     report(
         &json!({
             "scenario": "fleet",
             "measure": "cancel_from_another_node",
             "iterations": 20,
-            "p50_ms": round(cs.p50 / 1000.0),
-            "p99_ms": round(cs.p99 / 1000.0),
+            "call_p50_ms": round(calls.p50 / 1000.0),
+            "call_p99_ms": round(calls.p99 / 1000.0),
+            "cancelled_answer_p50_ms": round(cs.p50 / 1000.0),
+            "cancelled_answer_p99_ms": round(cs.p99 / 1000.0),
+            "local_cancelled_answer_p50_ms": round(ls.p50 / 1000.0),
+            "local_cancelled_answer_p99_ms": round(ls.p99 / 1000.0),
             "goal_p99_ms": 50,
         }),
         as_json,
