@@ -20,7 +20,7 @@ use paddock_pool::federation::{CancelOutcome, Federation, Lookup, NodeView};
 use paddock_pool::{Caller, Execute, ExecutionStream};
 use tokio::sync::mpsc;
 
-use crate::control::{ask, cancel_here, forward};
+use crate::control::{ask, cancel_here};
 use crate::names::Names;
 use crate::node::{Inbound, Inner, Waiter};
 use crate::store::{unavailable, Cas};
@@ -42,18 +42,47 @@ struct KeyEntry {
     start_by_ms: u64,
 }
 
+/// This node's waiter for an execution, removed when the wait ends however it ends
+/// (a caller that drops its future included), so that the map cannot fill up with
+/// waiters nobody reads.
+struct WaiterGuard {
+    inner: Arc<Inner>,
+    id: ExecutionId,
+}
+
+impl Drop for WaiterGuard {
+    fn drop(&mut self) {
+        self.inner.waiters.remove(&self.id);
+    }
+}
+
+/// What a waiting node needs to fence work off itself when no node will answer
+/// for it: the tenant, engine and program of its audit entry.
+#[derive(Debug, Clone)]
+struct Fence {
+    tenant: Option<String>,
+    engine: paddock_core::EngineName,
+    code_hash: String,
+}
+
 /// Work accepted here (or attached to by key), not yet answered.
 enum Pending {
     /// Ours: waits on the inbox.
     Own {
+        _guard: WaiterGuard,
         id: ExecutionId,
         rx: mpsc::Receiver<Inbound>,
         start_by_ms: u64,
         /// The idempotency key it holds, if any.
         key: Option<String>,
+        fence: Fence,
     },
     /// The first execution of an idempotency key.
-    Attached { id: ExecutionId, start_by_ms: u64 },
+    Attached {
+        id: ExecutionId,
+        start_by_ms: u64,
+        fence: Fence,
+    },
 }
 
 fn tenant_of(caller: &Caller) -> Option<Option<String>> {
@@ -78,58 +107,34 @@ impl Federated {
         }
         let tenant = msg.request.tenant.clone();
         let accepted_at_ms = unix_ms();
-        let mut start_by_ms = accepted_at_ms + inner.config.queue_timeout_ms;
+        let start_by_ms = accepted_at_ms + inner.config.queue_timeout_ms;
+        let engine = inner
+            .paddock
+            .choose_engine(msg.engine.clone(), msg.level, tenant.clone())
+            .await?;
+        let fence = Fence {
+            tenant: tenant.clone(),
+            engine: engine.clone(),
+            code_hash: paddock_core::code_hash(&msg.request.program.audit_text()),
+        };
         let mut held_key = None;
         if let Some(key) = key {
-            let k = Names::idem_key(tenant.as_deref(), &key);
-            let entry = KeyEntry {
-                id: msg.request.id.clone(),
-                start_by_ms,
-            };
-            let value = bytes::Bytes::from(serde_json::to_vec(&entry).unwrap_or_default());
-            match inner.idem.create(&k, value).await {
-                Ok(_) => held_key = Some(k),
-                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {
-                    let first = inner
-                        .idem
-                        .get(k.clone())
-                        .await
-                        .map_err(|e| unavailable("reading an idempotency key", e))?
-                        .and_then(|b| serde_json::from_slice::<KeyEntry>(&b).ok())
-                        .ok_or_else(|| {
-                            unavailable(
-                                "reading an idempotency key",
-                                "the key is held but unreadable",
-                            )
-                        })?;
-                    let known = inner.waiters.contains_key(&first.id)
-                        || inner.records.get(&first.id).await?.is_some();
-                    if known {
-                        return Ok(Pending::Attached {
-                            id: first.id,
-                            start_by_ms: first.start_by_ms,
-                        });
-                    }
-                    // Not started, and not waited for here: the node that took the
-                    // key may have died before it queued the work. Queue it again
-                    // under the first id: the stream keeps one order per id, so if
-                    // the first one was queued after all, this one adds nothing.
-                    msg.request.id = first.id;
-                    start_by_ms = first.start_by_ms;
+            match self
+                .hold_key(&key, &mut msg, start_by_ms, tenant.as_deref())
+                .await?
+            {
+                Some((first, first_start_by)) => {
+                    return Ok(Pending::Attached {
+                        id: first,
+                        start_by_ms: first_start_by,
+                        fence,
+                    })
                 }
-                Err(e) => return Err(unavailable("holding an idempotency key", e)),
+                None => held_key = Some(Names::idem_key(tenant.as_deref(), &key)),
             }
         }
         let id = msg.request.id.clone();
         let refuse = |e: Error| refuse(inner, &id, held_key.as_deref(), e);
-        let engine = match inner
-            .paddock
-            .choose_engine(msg.engine.clone(), msg.level, tenant.clone())
-            .await
-        {
-            Ok(e) => e,
-            Err(e) => return Err(refuse(e).await),
-        };
         // Refusals the accepting node can make itself are made here, before the
         // work is queued (so that a stream is refused, not begun).
         let allowed = inner.paddock.access_rules().for_tenant(tenant.as_deref());
@@ -178,18 +183,26 @@ impl Federated {
         match inner.waiters.entry(id.clone()) {
             dashmap::Entry::Occupied(_) => {
                 // Another request with the same key queues it here right now.
-                return Ok(Pending::Attached { id, start_by_ms });
+                return Ok(Pending::Attached {
+                    id,
+                    start_by_ms,
+                    fence,
+                });
             }
             dashmap::Entry::Vacant(v) => {
                 v.insert(Arc::new(Waiter {
                     tenant,
                     engine: engine.clone(),
-                    code_hash: paddock_core::code_hash(&order.request.program.audit_text()),
+                    code_hash: fence.code_hash.clone(),
                     tx,
                     claimed: Default::default(),
                 }));
             }
         }
+        let guard = WaiterGuard {
+            inner: inner.clone(),
+            id: id.clone(),
+        };
         if let Err(e) = self.publish(&order, payload).await {
             if e.code == ErrorCode::FleetUnavailable {
                 // It may be queued all the same (the acknowledgement is what was
@@ -207,11 +220,89 @@ impl Federated {
             return Err(refuse(e).await);
         }
         Ok(Pending::Own {
+            _guard: guard,
             id,
             rx,
             start_by_ms,
             key: held_key,
+            fence,
         })
+    }
+
+    /// Holds idempotency key `key` for this request: `None` when it now holds it
+    /// (new, or taken over for a first execution that was never queued: then
+    /// `msg` takes the first id, and a fresh start-by), or the first execution to
+    /// attach to.
+    async fn hold_key(
+        &self,
+        key: &str,
+        msg: &mut Execute,
+        start_by_ms: u64,
+        tenant: Option<&str>,
+    ) -> Result<Option<(ExecutionId, u64)>, Error> {
+        let inner = &self.inner;
+        let k = Names::idem_key(tenant, key);
+        for _ in 0..4 {
+            let entry = KeyEntry {
+                id: msg.request.id.clone(),
+                start_by_ms,
+            };
+            let value = bytes::Bytes::from(serde_json::to_vec(&entry).unwrap_or_default());
+            match inner.idem.create(&k, value).await {
+                Ok(_) => return Ok(None),
+                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {}
+                Err(e) => return Err(unavailable("holding an idempotency key", e)),
+            }
+            let held = inner
+                .idem
+                .entry(k.clone())
+                .await
+                .map_err(|e| unavailable("reading an idempotency key", e))?;
+            let Some(held) = held.filter(|e| matches!(e.operation, kv::Operation::Put)) else {
+                // Released meanwhile: take it.
+                continue;
+            };
+            let first: KeyEntry = serde_json::from_slice(&held.value).map_err(|_| {
+                unavailable(
+                    "reading an idempotency key",
+                    "the key is held but unreadable",
+                )
+            })?;
+            let waited_for = inner.waiters.contains_key(&first.id)
+                || inner.records.get(&first.id).await?.is_some()
+                || ask(
+                    inner,
+                    inner.names.broadcast(),
+                    &Control::Lookup {
+                        id: first.id.clone(),
+                        tenant: None,
+                    },
+                    Duration::from_millis(250),
+                )
+                .await
+                .is_some_and(|r| r.known);
+            if waited_for {
+                return Ok(Some((first.id, first.start_by_ms)));
+            }
+            // Not started, and no node waits for it: the node that took the key
+            // died before it queued the work. Take the key over (a compare-and-set,
+            // so that of two retries one does) and queue the work again under the
+            // first id: the stream keeps one order per id, so if the first was
+            // queued after all, this adds nothing.
+            let taken = KeyEntry {
+                id: first.id.clone(),
+                start_by_ms,
+            };
+            let value = bytes::Bytes::from(serde_json::to_vec(&taken).unwrap_or_default());
+            if inner.idem.update(&k, value, held.revision).await.is_ok() {
+                msg.request.id = first.id;
+                return Ok(None);
+            }
+        }
+        Err(unavailable(
+            "holding an idempotency key",
+            "other requests with the same key keep changing it",
+        ))
     }
 
     /// Publishes an order, again with the same message id while the cluster fails
@@ -277,13 +368,7 @@ impl Federated {
     /// not answer is given the benefit of the doubt, and retried).
     async fn stream_exists(&self, engine: &paddock_core::EngineName) -> bool {
         let inner = &self.inner;
-        let served = inner.registry.read().values().any(|s| {
-            s.card
-                .engines
-                .iter()
-                .any(|e| &e.engine == engine && e.slots > 0)
-        });
-        if served {
+        if served(inner, engine) {
             return true;
         }
         match inner.js.get_stream(inner.names.work_stream(engine)).await {
@@ -299,14 +384,20 @@ impl Federated {
         chunks: Option<&paddock_pool::OutputRelay>,
     ) -> Result<ExecResult, Error> {
         let inner = &self.inner;
-        let (id, mut rx, start_by_ms, key) = match pending {
+        let (guard, id, mut rx, start_by_ms, key, fence) = match pending {
             Pending::Own {
+                _guard,
                 id,
                 rx,
                 start_by_ms,
                 key,
-            } => (id, Some(rx), start_by_ms, key),
-            Pending::Attached { id, start_by_ms } => (id, None, start_by_ms, None),
+                fence,
+            } => (Some(_guard), id, Some(rx), start_by_ms, key, fence),
+            Pending::Attached {
+                id,
+                start_by_ms,
+                fence,
+            } => (None, id, None, start_by_ms, None, fence),
         };
         let poll = inner.heartbeat() * 2;
         let mut next_poll = tokio::time::Instant::now() + poll;
@@ -334,29 +425,68 @@ impl Federated {
                 None => {}
             }
             next_poll = tokio::time::Instant::now() + poll;
-            // The inbox may have missed it: the record is the truth.
-            match inner.records.get(&id).await {
-                Ok(Some((rec, _))) if rec.phase == Phase::Done => {
-                    if let Some(a) = rec.answer {
-                        break a;
-                    }
+            if inner.stopping() {
+                break Err(Error::new(
+                    ErrorCode::EngineDisposed,
+                    format!("this node left the fleet while it waited for execution {id}; look it up by id on another node"),
+                ));
+            }
+            // The inbox may have missed it: the record is the truth. Work that no
+            // node will answer for any more is fenced off here, so that no wait
+            // lasts for ever: never started two ack waits after its start-by
+            // (`timed_out`), or held by a node whose lease ended two ack waits ago
+            // with no node taking it over (`NODE_LOST`).
+            let now = unix_ms();
+            let grace = 2 * inner.config.ack_wait_ms;
+            // While a live node runs the engine, it will take the work (redelivery
+            // never gives up) and answer for it itself.
+            let orphan = !served(inner, &fence.engine);
+            let fenced = match inner.records.get(&id).await {
+                Ok(Some((rec, _))) if rec.phase == Phase::Done => match rec.answer {
+                    Some(a) => break a,
+                    None => None,
+                },
+                Ok(Some((rec, rev)))
+                    if orphan && rec.phase == Phase::Released && now > start_by_ms + grace =>
+                {
+                    fence_off(
+                        inner,
+                        &id,
+                        &fence,
+                        Some(rev),
+                        not_started(inner, &id, &fence),
+                    )
+                    .await
                 }
-                Ok(Some(_)) => {}
-                Ok(None) => {
-                    if rx.is_some() && unix_ms() > start_by_ms + 2 * inner.config.ack_wait_ms {
-                        // No node took it in time, and none will now run it: fence it
-                        // off with a `timed_out` record (unless one just did).
-                        if let Some(a) = expire(inner, &id).await {
-                            break a;
-                        }
-                    }
+                Ok(Some((rec, rev)))
+                    if orphan
+                        && rec.phase == Phase::Running
+                        && rec.lease_until_ms + grace < now =>
+                {
+                    let lost = Error::new(
+                        ErrorCode::NodeLost,
+                        format!(
+                            "node {} was lost while it ran this execution (run {}), and no node took it over; what the program did there is unknown",
+                            rec.node, rec.attempts
+                        ),
+                    );
+                    fence_off(inner, &id, &fence, Some(rev), Err(lost)).await
                 }
-                Err(e) => tracing::debug!(%id, error = %e, "reading the record while waiting"),
+                Ok(Some(_)) => None,
+                Ok(None) if orphan && now > start_by_ms + grace => {
+                    fence_off(inner, &id, &fence, None, not_started(inner, &id, &fence)).await
+                }
+                Ok(None) => None,
+                Err(e) => {
+                    tracing::debug!(%id, error = %e, "reading the record while waiting");
+                    None
+                }
+            };
+            if let Some(a) = fenced {
+                break a;
             }
         };
-        if rx.is_some() {
-            inner.waiters.remove(&id);
-        }
+        drop(guard);
         if let (Some(k), Err(e)) = (&key, &answer) {
             if retryable(e) {
                 // A refusal worth retrying is not replayed for the key.
@@ -388,28 +518,47 @@ async fn refuse(inner: &Inner, id: &ExecutionId, held_key: Option<&str>, e: Erro
     e
 }
 
-/// Fences off work that no node started: a `timed_out` record, unless another node
-/// recorded something first (then that is the answer, once done).
-async fn expire(inner: &Inner, id: &ExecutionId) -> Option<Answer> {
-    let waiter = inner.waiters.get(id).map(|w| w.clone());
-    let engine = waiter
-        .as_ref()
-        .map(|w| w.engine.clone())
-        .or_else(|| inner.engines.first().map(|e| e.engine.clone()))?;
+/// Whether a node that is up (or late) has room for `engine`'s work at all.
+fn served(inner: &Inner, engine: &paddock_core::EngineName) -> bool {
+    let registry = inner.registry.read();
+    registry.values().any(|s| {
+        crate::registry::health(inner, &s.card).0 != paddock_pool::federation::NodeHealth::Down
+            && s.card
+                .engines
+                .iter()
+                .any(|e| &e.engine == engine && e.slots > 0)
+    })
+}
+
+/// The answer of work no node started in time.
+fn not_started(inner: &Inner, id: &ExecutionId, fence: &Fence) -> Answer {
     let mut r = ExecResult::empty(
         id.clone(),
         Outcome::TimedOut,
-        engine.clone(),
+        fence.engine.clone(),
         format!("fleet:{}", inner.node),
     );
     r.warnings.push(format!(
         "no node started it within {} ms of its acceptance (fleet.queue_timeout_ms); it did not run",
         inner.config.queue_timeout_ms
     ));
+    Ok(r)
+}
+
+/// Records `answer` as the result of work no node will answer for: a compare-and-set
+/// on the record as it was read (`revision`; `None`: there was none), so that a node
+/// that took the work meanwhile wins. Its answer, or the winner's once done.
+async fn fence_off(
+    inner: &Inner,
+    id: &ExecutionId,
+    fence: &Fence,
+    revision: Option<u64>,
+    answer: Answer,
+) -> Option<Answer> {
     let record = Record {
         id: id.clone(),
-        tenant: waiter.as_ref().and_then(|w| w.tenant.clone()),
-        engine,
+        tenant: fence.tenant.clone(),
+        engine: fence.engine.clone(),
         phase: Phase::Done,
         node: inner.node.clone(),
         incarnation: inner.incarnation.clone(),
@@ -418,15 +567,28 @@ async fn expire(inner: &Inner, id: &ExecutionId) -> Option<Answer> {
         accepted_by: inner.node.clone(),
         accepted_at_ms: 0,
         forgotten: false,
-        answer: Some(Ok(r.clone())),
+        code_hash: fence.code_hash.clone(),
+        done_at_ms: unix_ms(),
+        answer: Some(answer.clone()),
     };
-    match inner.records.create(&record).await {
+    let written = match revision {
+        None => inner.records.create(&record).await,
+        Some(rev) => inner.records.update(&record, rev).await,
+    };
+    match written {
         Ok(Cas::Written(_)) => {
-            if let Some(w) = &waiter {
-                let entry = AuditEntry::from_result(&r, w.tenant.as_deref(), w.code_hash.clone());
-                crate::audit::publish(inner, &entry).await;
-            }
-            Some(Ok(r))
+            let failed;
+            let result = match &answer {
+                Ok(r) => r,
+                Err(e) => {
+                    failed = ExecResult::failed(id.clone(), fence.engine.clone(), e.clone());
+                    &failed
+                }
+            };
+            let entry =
+                AuditEntry::from_result(result, fence.tenant.as_deref(), fence.code_hash.clone());
+            crate::audit::publish(inner, &entry).await;
+            Some(answer)
         }
         Ok(Cas::Lost(Some(rec))) if rec.0.phase == Phase::Done => rec.0.answer,
         _ => None,
@@ -532,7 +694,14 @@ impl Federation for Federated {
                 }
                 match rec.phase {
                     Phase::Running | Phase::Released => {
-                        let r = forward(inner, &rec.node, id, &tenant, true).await;
+                        let r = crate::control::cancel_recorded(
+                            inner,
+                            rec.clone(),
+                            Some((rec, rev)),
+                            &tenant,
+                            true,
+                        )
+                        .await;
                         Ok(CancelOutcome {
                             known: true,
                             cancelled: r.cancelled,

@@ -29,8 +29,9 @@ pub(crate) fn entry(request: &ExecRequest, engine: &EngineName, answer: &Answer)
 }
 
 /// Publishes the entry of an execution, retrying through a failover (with the same
-/// message id, so a retry of a publish that went through adds nothing).
-pub(crate) async fn publish(inner: &Inner, entry: &AuditEntry) {
+/// message id, so a retry of a publish that went through adds nothing). Whether the
+/// stream has it.
+pub(crate) async fn publish(inner: &Inner, entry: &AuditEntry) -> bool {
     let payload = bytes::Bytes::from(serde_json::to_vec(entry).unwrap_or_default());
     let subject = inner.names.audit_subject(entry.tenant.as_deref());
     let id = &entry.id;
@@ -51,7 +52,7 @@ pub(crate) async fn publish(inner: &Inner, entry: &AuditEntry) {
             Err(e) => Err(e.to_string()),
         };
         match acked {
-            Ok(()) => return,
+            Ok(()) => return true,
             Err(e) if tokio::time::Instant::now() < deadline && !inner.stopping() => {
                 tracing::debug!(%id, error = %e, "publishing an audit entry; retrying");
                 tokio::time::sleep(pause).await;
@@ -60,7 +61,7 @@ pub(crate) async fn publish(inner: &Inner, entry: &AuditEntry) {
             Err(e) => {
                 // The next delivery of the work (if any) publishes it again.
                 tracing::error!(%id, error = %e, "an audit entry could not be published");
-                return;
+                return false;
             }
         }
     }
@@ -68,6 +69,9 @@ pub(crate) async fn publish(inner: &Inner, entry: &AuditEntry) {
 
 /// Most entries one search reads from the stream.
 const MAX_SCANNED: u64 = 200_000;
+
+/// Most entries one search answers.
+const MAX_LIMIT: usize = 10_000;
 
 /// Searches the stream, newest first: the subjects of the caller's tenant only
 /// (a tenant's key cannot widen it with `query.tenant`).
@@ -86,7 +90,7 @@ pub(crate) async fn search(
             None => inner.names.audit_all(),
         },
     };
-    let limit = query.limit.unwrap_or(DEFAULT_SEARCH_LIMIT);
+    let limit = query.limit.unwrap_or(DEFAULT_SEARCH_LIMIT).min(MAX_LIMIT);
     if limit == 0 {
         return Ok(Vec::new());
     }
@@ -105,7 +109,7 @@ pub(crate) async fn search(
         return Ok(Vec::new());
     }
     let (first, last) = (state.first_sequence, state.last_sequence);
-    let mut window = (limit as u64 * 4).max(256);
+    let mut window = (limit as u64).saturating_mul(4).clamp(256, MAX_SCANNED);
     loop {
         let start = last.saturating_add(1).saturating_sub(window).max(first);
         let consumer = stream

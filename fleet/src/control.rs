@@ -90,61 +90,107 @@ pub(crate) async fn cancel_here(
     if !visible(tenant, waiter.tenant.as_deref()) {
         return ControlReply::default();
     }
-    // Queued: a `done` record (cancelled) fences the order off; the node that takes
-    // it finds the record and only acks it.
-    let mut result = ExecResult::empty(
-        id.clone(),
-        Outcome::Cancelled,
-        waiter.engine.clone(),
-        format!("fleet:{}", inner.node),
-    );
-    result
-        .warnings
-        .push("cancelled while it waited in the fleet's queue; it did not run".into());
-    let record = Record {
+    // Accepted here, and no node runs it here: queued (no record), given back
+    // (`released`), or running on another node.
+    let template = Record {
         id: id.clone(),
         tenant: waiter.tenant.clone(),
-        engine: result.engine.clone(),
+        engine: waiter.engine.clone(),
         phase: Phase::Done,
         node: inner.node.clone(),
         incarnation: inner.incarnation.clone(),
         attempts: 0,
         lease_until_ms: 0,
         accepted_by: inner.node.clone(),
-        accepted_at_ms: result.timings.queued_at_ms,
+        accepted_at_ms: 0,
         forgotten: forget,
-        answer: Some(Ok(result.clone())),
+        code_hash: waiter.code_hash.clone(),
+        done_at_ms: 0,
+        answer: None,
     };
-    match inner.records.create(&record).await {
-        Ok(Cas::Written(_)) => {
-            let entry = paddock_pool::audit::AuditEntry::from_result(
-                &result,
-                waiter.tenant.as_deref(),
-                waiter.code_hash.clone(),
-            );
-            crate::audit::publish(inner, &entry).await;
-            let _ = waiter.tx.try_send(Inbound::Done(Box::new(Ok(result))));
-            ControlReply {
-                known: true,
-                cancelled: true,
+    cancel_recorded(inner, template, None, tenant, forget).await
+}
+
+/// Cancels work by its record: work that waits (no record yet, or `released`) is
+/// fenced off with a `cancelled` result (a compare-and-set on the record as read:
+/// `current`), so that the node that takes it later finds it done and only acks it;
+/// work running on a node is cancelled there. `template` carries the tenant, engine,
+/// program and accepting node of the work.
+pub(crate) async fn cancel_recorded(
+    inner: &Arc<Inner>,
+    template: Record,
+    mut current: Option<(Record, u64)>,
+    tenant: &Option<Option<String>>,
+    forget: bool,
+) -> ControlReply {
+    let id = template.id.clone();
+    let known = ControlReply {
+        known: true,
+        cancelled: false,
+    };
+    for _ in 0..4 {
+        match &current {
+            Some((rec, _)) if rec.phase == Phase::Done => return known,
+            Some((rec, _)) if rec.phase == Phase::Running => {
+                return forward(inner, &rec.node, &id, tenant, forget).await;
             }
+            _ => {}
         }
-        Ok(Cas::Lost(Some(now))) if now.0.phase == Phase::Running => {
-            // A node started it meanwhile: ask that one.
-            forward(inner, &now.0.node, id, tenant, forget).await
-        }
-        Ok(Cas::Lost(_)) => ControlReply {
-            known: true,
-            cancelled: false,
-        },
-        Err(e) => {
-            tracing::warn!(%id, error = %e, "cancelling queued work failed");
-            ControlReply {
-                known: true,
-                cancelled: false,
+        let mut result = ExecResult::empty(
+            id.clone(),
+            Outcome::Cancelled,
+            template.engine.clone(),
+            format!("fleet:{}", inner.node),
+        );
+        result
+            .warnings
+            .push("cancelled while it waited in the fleet's queue; it did not run".into());
+        let mut record = template.clone();
+        record.phase = Phase::Done;
+        record.node = inner.node.clone();
+        record.incarnation = inner.incarnation.clone();
+        record.lease_until_ms = 0;
+        record.forgotten = forget;
+        record.attempts = current.as_ref().map_or(0, |(r, _)| r.attempts);
+        record.done_at_ms = paddock_core::unix_ms();
+        record.answer = Some(Ok(result.clone()));
+        let written = match &current {
+            None => inner.records.create(&record).await,
+            Some((_, rev)) => inner.records.update(&record, *rev).await,
+        };
+        match written {
+            Ok(Cas::Written(_)) => {
+                // The accepting node's caller first (it may be this node); the audit
+                // entry after, without holding up the cancel's answer.
+                let answer: crate::wire::Answer = Ok(result.clone());
+                if let Some(w) = inner.waiters.get(&id).map(|w| w.clone()) {
+                    let _ = w.tx.try_send(Inbound::Done(Box::new(answer)));
+                } else {
+                    let to = inner.names.inbox(&record.accepted_by);
+                    crate::worker::reply(inner, &to, &id, &answer).await;
+                }
+                let entry = paddock_pool::audit::AuditEntry::from_result(
+                    &result,
+                    record.tenant.as_deref(),
+                    record.code_hash.clone(),
+                );
+                let inner = inner.clone();
+                tokio::spawn(async move {
+                    crate::audit::publish(&inner, &entry).await;
+                });
+                return ControlReply {
+                    known: true,
+                    cancelled: true,
+                };
+            }
+            Ok(Cas::Lost(now)) => current = now.map(|b| *b),
+            Err(e) => {
+                tracing::warn!(%id, error = %e, "cancelling queued work failed");
+                return known;
             }
         }
     }
+    known
 }
 
 /// Asks node `node` to cancel.
@@ -160,17 +206,26 @@ pub(crate) async fn forward(
         tenant: tenant.clone(),
         forget,
     };
-    ask(
-        inner,
-        inner.names.control(node),
-        &request,
-        Duration::from_secs(2),
-    )
-    .await
-    .unwrap_or(ControlReply {
+    // The holder may have created the record a moment before it registers the run:
+    // asked again for a short while.
+    for _ in 0..10 {
+        match ask(
+            inner,
+            inner.names.control(node),
+            &request,
+            Duration::from_secs(2),
+        )
+        .await
+        {
+            Some(r) if r.known => return r,
+            Some(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            None => break,
+        }
+    }
+    ControlReply {
         known: true,
         cancelled: false,
-    })
+    }
 }
 
 /// One request, its first answer (`None`: nobody answered in time).

@@ -111,6 +111,8 @@ pub(crate) struct Inner {
     pub(crate) tasks: parking_lot::Mutex<Vec<JoinHandle<()>>>,
     /// Work taken from the queues and not yet finished.
     pub(crate) taken: AtomicUsize,
+    /// The streams' duplicate window, in ms.
+    pub(crate) dedupe_ms: u64,
 }
 
 impl Inner {
@@ -341,6 +343,7 @@ impl Fleet {
             stop,
             tasks: parking_lot::Mutex::new(Vec::new()),
             taken: AtomicUsize::new(0),
+            dedupe_ms: u64::try_from(dedupe.min(retention).as_millis()).unwrap_or(u64::MAX),
         });
         for e in &inner.engines {
             let stream_name = inner.names.work_stream(&e.engine);

@@ -57,6 +57,14 @@ pub(crate) async fn heartbeat(inner: std::sync::Arc<Inner>) {
         if let Err(e) = publish_card(&inner, false).await {
             tracing::warn!(error = %e, "publishing this node's card failed");
         }
+        // A card that expires from the bucket is not announced to watchers: cards
+        // silent for ten ack waits (and a minute) are forgotten here.
+        let forget_after = (inner.config.ack_wait_ms * 10).max(60_000);
+        let now = unix_ms();
+        inner
+            .registry
+            .write()
+            .retain(|id, s| *id == inner.node || now.saturating_sub(s.card.at_ms) < forget_after);
     }
 }
 

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use paddock_core::{Error, ErrorCode, ExecutionId};
 
 use crate::names::Names;
-use crate::wire::Record;
+use crate::wire::{Phase, Record};
 
 /// How a write to a record ended.
 #[derive(Debug)]
@@ -105,36 +105,40 @@ impl Records {
     }
 
     /// Replaces the record at `revision` with `record`.
+    ///
+    /// A refused write reads what is there: the record as we meant it (a write of
+    /// ours whose answer was lost) is `Written`; our own earlier write of the run
+    /// (a renewal whose answer was lost) is written over at its revision; anything
+    /// else is someone else's, and `Lost`.
     pub(crate) async fn update(&self, record: &Record, revision: u64) -> Result<Cas, Error> {
         let key = Names::exec_key(&record.id);
         let deadline = tokio::time::Instant::now() + PATIENCE;
         let mut pause = Duration::from_millis(20);
+        let mut revision = revision;
         loop {
-            match self.kv.update(&key, encode(record), revision).await {
+            let refused = match self.kv.update(&key, encode(record), revision).await {
                 Ok(rev) => return Ok(Cas::Written(rev)),
-                Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => {
-                    return self.settle(record).await;
-                }
+                Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => true,
                 Err(e) if tokio::time::Instant::now() < deadline => {
                     tracing::debug!(error = %e, "updating a record; checking");
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_millis(500));
-                    match self.get(&record.id).await? {
-                        Some((now, rev)) if rev == revision => {
-                            // Not written: try again.
-                            let _ = now;
-                        }
-                        Some((now, rev)) => {
-                            return Ok(if same_write(&now, record) {
-                                Cas::Written(rev)
-                            } else {
-                                Cas::Lost(Some(Box::new((now, rev))))
-                            })
-                        }
-                        None => return Ok(Cas::Lost(None)),
-                    }
+                    false
                 }
                 Err(e) => return Err(unavailable("updating an execution record", e)),
+            };
+            match self.get(&record.id).await? {
+                Some((_, rev)) if rev == revision && !refused => {} // not written: again
+                Some((now, rev)) if same_write(&now, record) => return Ok(Cas::Written(rev)),
+                Some((now, rev)) if ours_before(&now, record) => revision = rev,
+                Some((now, rev)) => return Ok(Cas::Lost(Some(Box::new((now, rev))))),
+                None => return Ok(Cas::Lost(None)),
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(unavailable(
+                    "updating an execution record",
+                    "no answer in time",
+                ));
             }
         }
     }
@@ -149,12 +153,23 @@ impl Records {
     }
 }
 
-/// Whether `now` is the record `ours` wrote: the same holder, attempt and phase.
+/// Whether `now` is an earlier state of the run `ours` belongs to: the same holder,
+/// incarnation and attempt, still running.
+fn ours_before(now: &Record, ours: &Record) -> bool {
+    now.node == ours.node
+        && now.incarnation == ours.incarnation
+        && now.attempts == ours.attempts
+        && now.phase == Phase::Running
+}
+
+/// Whether `now` is a record `ours` wrote: the same holder, incarnation, attempt and
+/// phase. The lease's end is left out: a renewal whose answer was lost (a timeout)
+/// may have been written, and the next renewal, refused for its stale revision,
+/// must find the record still ours rather than fence its own holder off.
 fn same_write(now: &Record, ours: &Record) -> bool {
     now.node == ours.node
         && now.incarnation == ours.incarnation
         && now.attempts == ours.attempts
         && now.phase == ours.phase
-        && now.lease_until_ms == ours.lease_until_ms
         && now.forgotten == ours.forgotten
 }

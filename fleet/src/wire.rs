@@ -69,6 +69,12 @@ pub(crate) struct Record {
     /// record stays (and fences) until it expires.
     #[serde(default)]
     pub(crate) forgotten: bool,
+    /// The audit hash of its program (for the entry of a node that fences it off).
+    #[serde(default)]
+    pub(crate) code_hash: String,
+    /// When it became `Done` (Unix ms; 0 before).
+    #[serde(default)]
+    pub(crate) done_at_ms: u64,
     /// The one result, once `Done`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) answer: Option<Result<ExecResult, Error>>,

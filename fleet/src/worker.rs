@@ -107,7 +107,12 @@ impl Worker {
                         });
                     }
                     Err(e) => {
+                        // A leader election, say: not pulled again at once.
                         tracing::debug!(engine = %self.engine, error = %e, "a pull ended early");
+                        tokio::select! {
+                            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                            _ = stop.changed() => {}
+                        }
                         break;
                     }
                 }
@@ -129,6 +134,8 @@ fn running_record(inner: &Inner, order: &Order, attempts: u32) -> Record {
         accepted_by: order.accepted_by.clone(),
         accepted_at_ms: order.accepted_at_ms,
         forgotten: false,
+        code_hash: paddock_core::code_hash(&order.request.program.audit_text()),
+        done_at_ms: 0,
         answer: None,
     }
 }
@@ -162,8 +169,17 @@ async fn take(inner: &Arc<Inner>, msg: jetstream::Message, permit: OwnedSemaphor
             }
             Some((rec, rev)) => match rec.phase {
                 Phase::Done => {
-                    finish_done(inner, &order, rec).await;
-                    let _ = msg.ack().await;
+                    // Recorded by another delivery (or fenced off by the accepting
+                    // node): its reply and audit entry may have been lost with the
+                    // node that recorded it, so they are sent again — the entry
+                    // only while the stream's duplicate window still covers the
+                    // first one, since after it a second would be kept.
+                    let recent = unix_ms().saturating_sub(rec.done_at_ms) < inner.dedupe_ms / 2;
+                    if finish_done(inner, &order, rec, recent).await {
+                        let _ = msg.ack().await;
+                    } else {
+                        let _ = msg.ack_with(AckKind::Nak(Some(inner.heartbeat()))).await;
+                    }
                     return;
                 }
                 Phase::Released if now > order.start_by_ms => {
@@ -210,8 +226,11 @@ async fn take(inner: &Arc<Inner>, msg: jetstream::Message, permit: OwnedSemaphor
         match step {
             Ok((Cas::Written(rev), r)) => {
                 if r.phase == Phase::Done {
-                    finish_done(inner, &order, &r).await;
-                    let _ = msg.ack().await;
+                    if finish_done(inner, &order, &r, true).await {
+                        let _ = msg.ack().await;
+                    } else {
+                        let _ = msg.ack_with(AckKind::Nak(Some(inner.heartbeat()))).await;
+                    }
                 } else {
                     run(inner, msg, order, r, rev, permit).await;
                 }
@@ -256,6 +275,7 @@ fn done_record(inner: &Inner, order: &Order, attempts: u32, answer: Answer) -> R
     let mut r = running_record(inner, order, attempts);
     r.phase = Phase::Done;
     r.lease_until_ms = 0;
+    r.done_at_ms = unix_ms();
     r.answer = Some(fit(answer, inner.max_payload));
     r
 }
@@ -295,16 +315,20 @@ fn fit(answer: Answer, max_payload: usize) -> Answer {
     Ok(r)
 }
 
-/// A recorded result: its audit entry (deduplicated by id) and its answer to the
-/// accepting node, sent again by every delivery that finds it (either may have
-/// been lost with the node that recorded it).
-async fn finish_done(inner: &Arc<Inner>, order: &Order, rec: &Record) {
-    let Some(answer) = &rec.answer else { return };
-    // The caller first; the audit entry after (the order is acked only once both
-    // are sent, so a loss in between sends them again).
+/// A recorded result: its answer to the accepting node and (with `audit`) its audit
+/// entry, deduplicated by id. Whether the entry is in the stream (or was not to be
+/// sent): the order is acked only then, so that a loss in between sends both again.
+async fn finish_done(inner: &Arc<Inner>, order: &Order, rec: &Record, audit: bool) -> bool {
+    let Some(answer) = &rec.answer else {
+        return true;
+    };
+    // The caller first; the audit entry after.
     reply(inner, &order.reply, &order.request.id, answer).await;
+    if !audit {
+        return true;
+    }
     let entry = crate::audit::entry(&order.request, &order.engine, answer);
-    crate::audit::publish(inner, &entry).await;
+    crate::audit::publish(inner, &entry).await
 }
 
 pub(crate) async fn reply(inner: &Inner, to: &str, id: &ExecutionId, answer: &Answer) {
@@ -394,23 +418,36 @@ async fn run(
     let mut tick = tokio::time::interval(inner.heartbeat());
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
+    // The lease ends `ack_wait` after the last renewal that was written; the run
+    // stops one heartbeat before that unless a renewal got through, so that it is
+    // over by the time another node may take the work.
+    let heartbeat = inner.config.heartbeat_ms;
+    let lease_ms = inner.config.ack_wait_ms;
     let mut renewed_at = unix_ms();
     let mut lost = false;
     let mut cancelled = false;
     let mut retry_cancel = tokio::time::interval(Duration::from_millis(10));
     let answer = loop {
         let want_cancel = running.cancel.load(Ordering::Acquire) && !cancelled;
+        let stop_at = renewed_at + lease_ms - heartbeat;
+        let until_stop = Duration::from_millis(stop_at.saturating_sub(unix_ms()));
         tokio::select! {
             a = &mut work => break a,
             _ = running.notify.notified() => {}
             _ = retry_cancel.tick(), if want_cancel => {}
-            _ = tick.tick() => {
+            _ = tokio::time::sleep(until_stop), if !lost => {
+                tracing::warn!(%id, "the lease could not be renewed in time; stopping the execution here");
+                lost = true;
+                running.cancel.store(true, Ordering::Release);
+            }
+            _ = tick.tick(), if !lost => {
                 let _ = msg.ack_with(AckKind::Progress).await;
                 let mut next = rec.clone();
-                next.lease_until_ms = unix_ms() + inner.config.ack_wait_ms;
-                // Bounded by the lease: a renewal that cannot be made in time is
-                // as good as lost.
-                let limit = Duration::from_millis(inner.config.ack_wait_ms / 2);
+                next.lease_until_ms = unix_ms() + lease_ms;
+                // At most half a heartbeat: the loop must come back to its stop
+                // time. A renewal whose answer is cut off may have been written;
+                // the next one finds that out (the record is still ours).
+                let limit = Duration::from_millis((heartbeat / 2).max(10));
                 let renewed = match tokio::time::timeout(limit, inner.records.update(&next, rev)).await {
                     Ok(r) => r,
                     Err(_) => Err(crate::store::unavailable("renewing the lease", "timed out")),
@@ -424,16 +461,9 @@ async fn run(
                     Ok(Cas::Lost(_)) => {
                         tracing::warn!(%id, "the lease was taken over; stopping the execution here");
                         lost = true;
+                        running.cancel.store(true, Ordering::Release);
                     }
-                    Err(e) => {
-                        tracing::warn!(%id, error = %e, "renewing the lease failed");
-                        if unix_ms() > renewed_at + inner.config.ack_wait_ms {
-                            lost = true;
-                        }
-                    }
-                }
-                if lost {
-                    running.cancel.store(true, Ordering::Release);
+                    Err(e) => tracing::debug!(%id, error = %e, "renewing the lease failed"),
                 }
             }
         }
@@ -468,13 +498,17 @@ async fn run(
     let mut done = rec.clone();
     done.phase = Phase::Done;
     done.lease_until_ms = 0;
+    done.done_at_ms = unix_ms();
     done.forgotten = running.forget.load(Ordering::Acquire);
     done.answer = Some(fit(answer, inner.max_payload));
     loop {
         match inner.records.update(&done, rev).await {
             Ok(Cas::Written(_)) => {
-                finish_done(inner, &order, &done).await;
-                let _ = msg.ack().await;
+                if finish_done(inner, &order, &done, true).await {
+                    let _ = msg.ack().await;
+                } else {
+                    let _ = msg.ack_with(AckKind::Nak(Some(inner.heartbeat()))).await;
+                }
                 return;
             }
             Ok(Cas::Lost(_)) => {
