@@ -381,6 +381,14 @@ impl Look {
         })
     }
 
+    /// Messages waiting in stream `name`.
+    pub fn queued(&self, name: &str) -> Option<u64> {
+        self.rt.block_on(async {
+            let mut s = self.js.get_stream(name).await.ok()?;
+            Some(s.info().await.ok()?.state.messages)
+        })
+    }
+
     /// The server leading stream `name`.
     pub fn leader(&self, name: &str) -> Option<String> {
         self.rt.block_on(async {
