@@ -1,7 +1,8 @@
 //! Many Paddock nodes acting as one, over NATS JetStream.
 //!
-//! A node joins with [`Fleet::join`], handing over its [`Paddock`]; the handle
-//! [`Fleet::paddock`] returns is the same facade, federated: its one-shot
+//! A node joins with [`Fleet::join`], handing over its
+//! [`Paddock`](paddock_pool::Paddock); the handle [`Fleet::paddock`] returns is the
+//! same facade, federated: its one-shot
 //! executions go to a work queue per engine and run on whichever node has room,
 //! their results and idempotency keys are kept fleet-wide, cancel by id reaches the
 //! node that runs the work, and the audit search covers the fleet. Sessions stay on
