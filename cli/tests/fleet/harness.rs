@@ -335,20 +335,37 @@ impl Look {
         }
     }
 
-    /// Every audit entry's id, with how many entries it has.
+    /// Every audit entry's id, with how many entries it has. Retried for a while:
+    /// right after a server was killed and restarted, the JetStream API of the
+    /// server this client talks to may not answer yet.
     pub fn audit_counts(&self) -> std::collections::HashMap<String, usize> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match self.try_audit_counts() {
+                Ok(counts) => return counts,
+                Err(e) if Instant::now() < deadline => {
+                    eprintln!("reading the audit stream: {e}; again");
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+                Err(e) => panic!("reading the audit stream: {e}"),
+            }
+        }
+    }
+
+    fn try_audit_counts(&self) -> Result<std::collections::HashMap<String, usize>, String> {
         use futures_util::StreamExt;
         self.rt.block_on(async {
             let stream = self
                 .js
                 .get_stream(format!("{}_AUDIT", self.prefix))
                 .await
-                .expect("the audit stream");
+                .map_err(|e| e.to_string())?;
+            let expected = stream.cached_info().state.messages;
             let consumer = stream
                 .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig::default())
                 .await
-                .expect("a consumer");
-            let mut messages = consumer.messages().await.expect("messages");
+                .map_err(|e| e.to_string())?;
+            let mut messages = consumer.messages().await.map_err(|e| e.to_string())?;
             let mut counts = std::collections::HashMap::new();
             loop {
                 let next = tokio::time::timeout(Duration::from_secs(2), messages.next()).await;
@@ -361,24 +378,36 @@ impl Look {
                     break;
                 }
             }
-            counts
+            let read: usize = counts.values().sum();
+            if (read as u64) < expected {
+                return Err(format!("read {read} of {expected} entries"));
+            }
+            Ok(counts)
         })
     }
 
-    /// The record of execution `id`.
+    /// The record of execution `id` (retried for a while, as the audit is).
     pub fn record(&self, id: &str) -> Option<Value> {
-        self.rt.block_on(async {
-            let kv = self
-                .js
-                .get_key_value(format!("{}_exec", self.prefix))
-                .await
-                .expect("the record bucket");
-            kv.get(id)
-                .await
-                .ok()
-                .flatten()
-                .and_then(|b| serde_json::from_slice(&b).ok())
-        })
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let got: Result<Option<Value>, String> = self.rt.block_on(async {
+                let kv = self
+                    .js
+                    .get_key_value(format!("{}_exec", self.prefix))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let value = kv.get(id).await.map_err(|e| e.to_string())?;
+                Ok(value.and_then(|b| serde_json::from_slice(&b).ok()))
+            });
+            match got {
+                Ok(v) => return v,
+                Err(e) if Instant::now() < deadline => {
+                    eprintln!("reading record {id}: {e}; again");
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+                Err(e) => panic!("reading record {id}: {e}"),
+            }
+        }
     }
 
     /// Messages waiting in stream `name`.
