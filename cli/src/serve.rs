@@ -83,6 +83,18 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<i32, UsageError> {
     config.validate().map_err(|e| UsageError(e.to_string()))?;
     let server_config = config.server.clone();
     let fleet_config = config.fleet.clone();
+    // In a fleet, the tenants' rate is counted fleet-wide when a node accepts work;
+    // the node's own limiter keeps the concurrency caps only (counting the rate
+    // again there would count it per node).
+    let fleet_rate = if fleet_config.enabled() {
+        config
+            .limiter
+            .max_executions_per_window
+            .take()
+            .map(|max| (max, config.limiter.window_ms))
+    } else {
+        None
+    };
     let drain = Duration::from_millis(server_config.drain_ms);
     let paddock = match Paddock::builder().config(config).start() {
         Ok(p) => p,
@@ -104,6 +116,9 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<i32, UsageError> {
     } else {
         None
     };
+    if let (Some(f), Some((max, window_ms))) = (&fleet, fleet_rate) {
+        f.limit_rate(max, window_ms);
+    }
     let facade = fleet
         .as_ref()
         .map_or_else(|| paddock.clone(), |f| f.paddock());

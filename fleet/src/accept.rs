@@ -135,6 +135,14 @@ impl Federated {
         }
         let id = msg.request.id.clone();
         let refuse = |e: Error| refuse(inner, &id, held_key.as_deref(), e);
+        // The tenant's fleet-wide rate: counted once per execution (a replay of an
+        // idempotency key above does not count).
+        let rate = *inner.rate_limit.lock();
+        if let Some(rate) = rate {
+            if let Err(e) = crate::rate::admit(inner, rate, tenant.as_deref()).await {
+                return Err(refuse(e).await);
+            }
+        }
         // Refusals the accepting node can make itself are made here, before the
         // work is queued (so that a stream is refused, not begun).
         let allowed = inner.paddock.access_rules().for_tenant(tenant.as_deref());

@@ -15,6 +15,7 @@
 //! | work of engine E | work-queue stream, pulled by durable consumer `workers` | `P_WORK_E`, subject `P.work.E` |
 //! | execution records (lease, then the one result) | KV bucket | `P_exec` |
 //! | idempotency keys | KV bucket | `P_idem` |
+//! | per-tenant rate counters | KV bucket | `P_rate` |
 //! | node cards (capacity, heartbeat) | KV bucket | `P_nodes` |
 //! | the audit log | stream, deduplicated by execution id | `P_AUDIT`, subjects `P.audit.<tenant>` |
 //! | output and results for an accepting node | core subject | `P.node.N.inbox` |
@@ -29,6 +30,7 @@ mod control;
 pub mod local;
 mod names;
 mod node;
+mod rate;
 mod registry;
 mod store;
 mod wire;

@@ -89,6 +89,11 @@ impl Names {
         format!("{}_idem", self.prefix)
     }
 
+    /// The bucket of per-tenant rate counters.
+    pub(crate) fn rate_bucket(&self) -> String {
+        format!("{}_rate", self.prefix)
+    }
+
     /// The bucket of node cards (heartbeats).
     pub(crate) fn node_bucket(&self) -> String {
         format!("{}_nodes", self.prefix)

@@ -97,6 +97,10 @@ pub(crate) struct Inner {
     pub(crate) records: Records,
     pub(crate) idem: kv::Store,
     pub(crate) nodes: kv::Store,
+    /// Per-tenant rate counters.
+    pub(crate) rate: kv::Store,
+    /// The fleet-wide rate limit per tenant, if any ([`Fleet::limit_rate`]).
+    pub(crate) rate_limit: parking_lot::Mutex<Option<crate::rate::Rate>>,
     /// This node's own scheduler (not federated).
     pub(crate) paddock: Paddock,
     pub(crate) waiters: DashMap<ExecutionId, Arc<Waiter>>,
@@ -280,6 +284,12 @@ impl Fleet {
         let idem = open_bucket(&js, bucket(names.idem_bucket(), retention, 1)).await?;
         let node_age = Duration::from_millis((config.ack_wait_ms * 20).max(60_000));
         let nodes = open_bucket(&js, bucket(names.node_bucket(), node_age, 1)).await?;
+        // Counters outlive their window only by a little (a window is at most 7 days).
+        let rate = open_bucket(
+            &js,
+            bucket(names.rate_bucket(), Duration::from_secs(15 * 86_400), 1),
+        )
+        .await?;
         // Longer than work may wait in a queue, so that an order queued again under
         // the same id (by a retry with its idempotency key) is always recognised.
         let dedupe = Duration::from_millis(
@@ -333,6 +343,8 @@ impl Fleet {
             records: Records { kv: exec },
             idem,
             nodes,
+            rate,
+            rate_limit: parking_lot::Mutex::new(None),
             paddock,
             waiters: DashMap::new(),
             running: DashMap::new(),
@@ -462,6 +474,16 @@ impl Fleet {
             attempts: r.attempts,
             finished: r.phase == crate::wire::Phase::Done,
         }))
+    }
+
+    /// Limits every tenant to `max` executions per `window_ms` across the fleet
+    /// (counted when a node accepts them; exact per fixed window, see
+    /// docs/fleet.md). Give every node the same limit, and leave the nodes' own
+    /// `limiter.max_executions_per_window` unset: it would count again, per node and
+    /// in a sliding window.
+    pub fn limit_rate(&self, max: u32, window_ms: u64) {
+        *self.inner.rate_limit.lock() =
+            (max > 0 && window_ms > 0).then_some(crate::rate::Rate { max, window_ms });
     }
 
     /// Executions this node runs for the fleet now.

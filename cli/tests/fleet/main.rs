@@ -9,6 +9,7 @@
 mod harness;
 mod chaos;
 
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -550,4 +551,80 @@ fn work_that_no_node_can_take_is_answered_and_audited_once() {
         "the NODE_LOST execution has one entry: {audit:?}"
     );
     assert!(audit.values().all(|n| *n == 1), "{audit:?}");
+}
+
+/// A tenant's rate holds fleet-wide: 5 per window on three nodes is 5 in all, not 5
+/// on each; another tenant has its own 5; the next window admits 5 again.
+#[test]
+fn a_tenants_rate_holds_across_the_fleet() {
+    let nats = need_nats!();
+    let _turn = turn();
+    let cluster = Cluster::start(&nats, 3);
+    let urls = cluster.urls();
+    let dir = cluster.dir();
+    const WINDOW_MS: u64 = 6_000;
+    let extra =
+        format!("[limiter]\nmax_executions_per_window = 5\nwindow_ms = {WINDOW_MS}\n{KEYS}");
+    let fleet = format!("{FAST}prefix = \"rate\"\n");
+    let nodes: Vec<Node> = (1..=3)
+        .map(|i| Node::start(dir, &format!("r{i}"), &urls, &fleet, &extra))
+        .collect();
+    let http = Http::default();
+    let alice = bearer(ALICE);
+    let bob = bearer(BOB);
+    wait_up(&http, &nodes[0], 3, &alice);
+    let body = json!({"program": {"command": ["echo", "hi"]}});
+    // Both rounds start just after a window's edge (windows are aligned to the
+    // Unix epoch), so that each falls inside one window.
+    let at_window_start = || loop {
+        let into = paddock_core::unix_ms() % WINDOW_MS;
+        if into < 200 {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis((WINDOW_MS - into).min(50)));
+    };
+    for round in 0..2 {
+        at_window_start();
+        let started = Instant::now();
+        let (mut admitted, mut refused) = (BTreeMap::new(), BTreeMap::new());
+        for i in 0..21 {
+            let (who, auth) = if i % 3 == 2 {
+                ("bob", &bob)
+            } else {
+                ("alice", &alice)
+            };
+            let node = &nodes[i % 3];
+            let (status, answer) = http.post(
+                &format!("{}/v1/executions", node.url),
+                &body,
+                &[("authorization", auth)],
+            );
+            match status {
+                200 => *admitted.entry(who).or_insert(0) += 1,
+                429 => {
+                    assert_eq!(answer["error"]["code"], "RATE_LIMITED", "{answer}");
+                    assert!(answer["error"]["retry_after_ms"].as_u64().unwrap_or(0) <= WINDOW_MS);
+                    *refused.entry(who).or_insert(0) += 1;
+                }
+                other => panic!("round {round}: {other} {answer}"),
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_millis(WINDOW_MS - 300),
+            "round {round} took {:?}, past its window",
+            started.elapsed()
+        );
+        assert_eq!(
+            admitted.get("alice"),
+            Some(&5),
+            "round {round}: {admitted:?} {refused:?}"
+        );
+        assert_eq!(refused.get("alice"), Some(&9), "round {round}");
+        assert_eq!(
+            admitted.get("bob"),
+            Some(&5),
+            "round {round}: {admitted:?} {refused:?}"
+        );
+        assert_eq!(refused.get("bob"), Some(&2), "round {round}");
+    }
 }
