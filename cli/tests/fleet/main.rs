@@ -576,15 +576,16 @@ fn a_tenants_rate_holds_across_the_fleet() {
     let body = json!({"program": {"command": ["echo", "hi"]}});
     // Both rounds start just after a window's edge (windows are aligned to the
     // Unix epoch), so that each falls inside one window.
-    let at_window_start = || loop {
-        let into = paddock_core::unix_ms() % WINDOW_MS;
-        if into < 200 {
-            return;
+    let at_window_start = |after: u64| loop {
+        let now = paddock_core::unix_ms();
+        if now / WINDOW_MS > after && now % WINDOW_MS < 200 {
+            return now / WINDOW_MS;
         }
-        std::thread::sleep(Duration::from_millis((WINDOW_MS - into).min(50)));
+        std::thread::sleep(Duration::from_millis(20));
     };
+    let mut window = paddock_core::unix_ms() / WINDOW_MS;
     for round in 0..2 {
-        at_window_start();
+        window = at_window_start(window);
         let started = Instant::now();
         let (mut admitted, mut refused) = (BTreeMap::new(), BTreeMap::new());
         for i in 0..21 {
