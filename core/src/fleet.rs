@@ -57,8 +57,11 @@ pub struct FleetConfig {
     /// runs. Default 1000 ms.
     pub heartbeat_ms: u64,
     /// How long work stays with a node that stopped renewing it before another node
-    /// may take it (the work queue's ack wait, and the lease's length). Default
-    /// 5000 ms.
+    /// may take it (the work queue's ack wait, and the lease's length). A node that
+    /// cannot renew stops its run a heartbeat before the lease ends, so this must
+    /// be well above the cluster's leader elections (4–6 s without a write, measured
+    /// on a three-server cluster), or an election makes every node give up its runs.
+    /// Default 10000 ms.
     pub ack_wait_ms: u64,
     /// Whether this node runs the fleet's work; `false` makes it a gateway that
     /// only accepts work for the others. Default `true`.
@@ -92,7 +95,7 @@ impl Default for FleetConfig {
             advertise: None,
             replicas: 0,
             heartbeat_ms: 1_000,
-            ack_wait_ms: 5_000,
+            ack_wait_ms: 10_000,
             take_work: true,
             on_node_loss: OnNodeLoss::Report,
             max_attempts: 3,

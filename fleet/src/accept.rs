@@ -3,7 +3,6 @@
 //! queue (message id: the execution id) and waits on its inbox for the output and
 //! the result; the record in the `P_exec` bucket is the truth it falls back on.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -203,7 +202,6 @@ impl Federated {
                     engine: engine.clone(),
                     code_hash: fence.code_hash.clone(),
                     tx,
-                    claimed: Default::default(),
                 }));
             }
         }
@@ -774,7 +772,6 @@ pub(crate) async fn inbox(inner: Arc<Inner>, mut sub: async_nats::Subscriber) {
         let Some(waiter) = inner.waiters.get(&id).map(|w| w.clone()) else {
             continue;
         };
-        waiter.claimed.store(true, Ordering::Release);
         let kind = headers.get(KIND_HEADER).map(|v| v.as_str().to_string());
         let item = match kind.as_deref() {
             Some("result") => match serde_json::from_slice::<Answer>(&msg.payload) {

@@ -106,9 +106,17 @@ impl LocalCluster {
     /// Starts `size` servers of `binary` and waits until each listens. Each takes
     /// messages of up to 8 MiB and stores up to 4 GiB of JetStream data.
     pub fn start(binary: &Path, size: usize) -> std::io::Result<LocalCluster> {
+        LocalCluster::start_with(binary, size, 0)
+    }
+
+    /// [`start`](Self::start), with `plain` more servers in the cluster that run no
+    /// JetStream (named `p1`, `p2`, …): clients reach the fleet's streams through
+    /// them, and stopping one cuts off the clients that use it without disturbing
+    /// any stream's replicas.
+    pub fn start_with(binary: &Path, size: usize, plain: usize) -> std::io::Result<LocalCluster> {
         let dir = tempfile::tempdir()?;
         let mut ports = Vec::new();
-        for _ in 0..size {
+        for _ in 0..size + plain {
             ports.push((free_port()?, free_port()?));
         }
         let routes: Vec<String> = ports
@@ -120,14 +128,24 @@ impl LocalCluster {
             dir,
         };
         for (i, (port, route)) in ports.iter().enumerate() {
-            let name = format!("s{}", i + 1);
+            let name = if i < size {
+                format!("s{}", i + 1)
+            } else {
+                format!("p{}", i - size + 1)
+            };
             let store = cluster.dir.path().join(&name);
             let config = cluster.dir.path().join(format!("{name}.conf"));
+            let jetstream = if i < size {
+                format!(
+                    "jetstream {{ store_dir: \"{}\", max_memory_store: 64MB, max_file_store: 4GB }}\n",
+                    store.display()
+                )
+            } else {
+                String::new()
+            };
             let text = format!(
-                "server_name: {name}\nlisten: 127.0.0.1:{port}\nmax_payload: 8MB\n\
-                 jetstream {{ store_dir: \"{}\", max_memory_store: 64MB, max_file_store: 4GB }}\n\
+                "server_name: {name}\nlisten: 127.0.0.1:{port}\nmax_payload: 8MB\n{jetstream}\
                  cluster {{ name: paddock-local, listen: 127.0.0.1:{route}, routes: [{}] }}\n",
-                store.display(),
                 routes.join(", ")
             );
             std::fs::write(&config, text)?;

@@ -60,8 +60,6 @@ pub(crate) struct Waiter {
     /// Its program's audit hash (for the entry of a cancel before it ran).
     pub(crate) code_hash: String,
     pub(crate) tx: mpsc::Sender<Inbound>,
-    /// Set once a node claimed it (it left the queue).
-    pub(crate) claimed: AtomicBool,
 }
 
 /// An execution this node runs for the fleet.

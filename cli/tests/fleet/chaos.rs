@@ -245,16 +245,17 @@ fn no_accepted_execution_is_lost_or_doubled_when_a_node_and_a_leader_die() {
 fn a_node_cut_off_from_nats_stops_what_it_no_longer_owns() {
     let nats = need_nats!();
     let _turn = turn();
-    let mut cluster = Cluster::start(&nats, 3);
+    // Three JetStream servers, and p1 without: `a` reaches NATS through p1 only, so
+    // stopping p1 cuts `a` off and leaves every stream's replicas alone.
+    let mut cluster = Cluster::start_with(&nats, 3, 1);
     let urls = cluster.urls();
     let dir = cluster.dir().to_path_buf();
     let extra = "[pool]\nmax_size = 2\nmin_idle = 0\n";
     let fleet = format!("{FAST}prefix = \"part\"\n");
-    // `a` reaches NATS through s1 only: stopping s1 cuts it off.
     let a = Node::start(
         &dir,
         "a",
-        &urls[..1],
+        &urls[3..4],
         &format!("{fleet}discover_servers = false\n"),
         extra,
     );
@@ -262,7 +263,7 @@ fn a_node_cut_off_from_nats_stops_what_it_no_longer_owns() {
     let c = Node::start(&dir, "c", &urls[2..3], &fleet, extra);
     let http = Http::default();
     wait_up(&http, &b, 3, "");
-    let look = Look::new(&urls[1..], "part");
+    let look = Look::new(&urls[..3], "part");
     // Six 5-second sleeps on six slots: two of them run on `a`.
     let calls: Vec<_> = (0..6)
         .map(|i| {
@@ -280,7 +281,7 @@ fn a_node_cut_off_from_nats_stops_what_it_no_longer_owns() {
         count(&a, "sleep 5") == 2
     });
     let started = Instant::now();
-    cluster.server("s1").kill();
+    cluster.server("p1").kill();
     // Its lease cannot be renewed: `a` stops its runs once the lease is over.
     eventually("a's runs stopped", Duration::from_secs(10), || {
         count(&a, "sleep 5") == 0
@@ -312,7 +313,7 @@ fn a_node_cut_off_from_nats_stops_what_it_no_longer_owns() {
     }
     assert_eq!(moved, 2, "the two runs of the cut-off node were taken over");
     // `a` comes back, into the fleet, with nothing of its own left to run.
-    cluster.server("s1").restart().expect("s1 restarts");
+    cluster.server("p1").restart().expect("p1 restarts");
     wait_up(&http, &b, 3, "");
     assert_eq!(count(&a, "sleep 5"), 0);
     let (s, r) = http.post(

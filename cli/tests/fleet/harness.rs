@@ -53,6 +53,14 @@ impl Cluster {
         }
     }
 
+    /// Three servers with JetStream and `plain` without (`p1`, …).
+    pub fn start_with(binary: &Path, size: usize, plain: usize) -> Cluster {
+        Cluster {
+            inner: paddock_fleet::local::LocalCluster::start_with(binary, size, plain)
+                .expect("a NATS cluster"),
+        }
+    }
+
     pub fn urls(&self) -> Vec<String> {
         self.inner.urls()
     }
