@@ -408,10 +408,11 @@ impl Federated {
         let poll = inner.heartbeat() * 2;
         let mut next_poll = tokio::time::Instant::now() + poll;
         let answer = loop {
+            // `Some(None)`: the channel closed (only the record is left to read).
             let got = match rx.as_mut() {
                 Some(rx) => {
                     tokio::select! {
-                        m = rx.recv() => m,
+                        m = rx.recv() => Some(m),
                         _ = tokio::time::sleep_until(next_poll) => None,
                     }
                 }
@@ -421,13 +422,17 @@ impl Federated {
                 }
             };
             match got {
-                Some(Inbound::Chunk(c)) => {
+                Some(Some(Inbound::Chunk(c))) => {
                     if let Some(relay) = chunks {
                         let _ = relay.push(c).await;
                     }
                     continue;
                 }
-                Some(Inbound::Done(a)) => break *a,
+                Some(Some(Inbound::Done(a))) => break *a,
+                Some(None) => {
+                    rx = None;
+                    continue;
+                }
                 None => {}
             }
             next_poll = tokio::time::Instant::now() + poll;
