@@ -122,19 +122,30 @@ impl ContainerSandbox {
         let (cwd, vars) = self.guest_env(request.cwd.as_deref(), &request.env)?;
 
         if self.warm_fits(&request) {
-            if let Some(wc) = self.take_warm().await {
-                return self
-                    .run_warm(
-                        wc,
-                        request,
-                        &limits,
-                        (cwd, vars),
-                        sink,
-                        cancel,
-                        destroyed,
-                        queued_at_ms,
-                    )
-                    .await;
+            if let Some(mut wc) = self.take_warm().await {
+                match wc.wait_ready().await {
+                    Ok(()) => {
+                        return self
+                            .run_warm(
+                                wc,
+                                request,
+                                &limits,
+                                (cwd, vars),
+                                sink,
+                                cancel,
+                                destroyed,
+                                queued_at_ms,
+                            )
+                            .await;
+                    }
+                    Err(why) => {
+                        // The warm container never came up (seen: runsc exiting at
+                        // start under load): nothing ran in it, so the execution
+                        // runs cold instead, and a new warm container is started.
+                        tracing::warn!(sandbox = %self.id, %why, "a warm container did not start; running cold");
+                        self.replace_warm(wc).await;
+                    }
+                }
             }
         }
 
