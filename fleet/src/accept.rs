@@ -134,14 +134,6 @@ impl Federated {
         }
         let id = msg.request.id.clone();
         let refuse = |e: Error| refuse(inner, &id, held_key.as_deref(), e);
-        // The tenant's fleet-wide rate: counted once per execution (a replay of an
-        // idempotency key above does not count).
-        let rate = *inner.rate_limit.lock();
-        if let Some(rate) = rate {
-            if let Err(e) = crate::rate::admit(inner, rate, tenant.as_deref()).await {
-                return Err(refuse(e).await);
-            }
-        }
         // Refusals the accepting node can make itself are made here, before the
         // work is queued (so that a stream is refused, not begun).
         let allowed = inner.paddock.access_rules().for_tenant(tenant.as_deref());
@@ -158,6 +150,15 @@ impl Federated {
                 .check_level(caps.max_level, engine.as_str(), tenant.as_deref())
                 .and_then(|()| caps.check_limits(&engine, &msg.request.limits, "limits"));
             if let Err(e) = checked {
+                return Err(refuse(e).await);
+            }
+        }
+        // The tenant's fleet-wide rate, counted once per execution: after the
+        // refusals above (a request refused for what it asks costs no admission,
+        // as on a single node), and not for a replay of an idempotency key.
+        let rate = *inner.rate_limit.lock();
+        if let Some(rate) = rate {
+            if let Err(e) = crate::rate::admit(inner, rate, tenant.as_deref()).await {
                 return Err(refuse(e).await);
             }
         }
