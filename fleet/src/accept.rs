@@ -12,10 +12,11 @@ use async_nats::jetstream::message::PublishMessage;
 use async_trait::async_trait;
 use futures_util::StreamExt;
 use paddock_core::{
-    unix_ms, Error, ErrorCode, ExecResult, ExecutionId, Outcome, OutputChunk, StreamKind,
+    unix_ms, EngineName, Error, ErrorCode, ExecResult, ExecutionId, Outcome, OutputChunk,
+    SandboxSpec, StreamKind,
 };
 use paddock_pool::audit::{AuditEntry, AuditQuery};
-use paddock_pool::federation::{CancelOutcome, Federation, Lookup, NodeView};
+use paddock_pool::federation::{CancelOutcome, Federation, Lookup, NodeView, SessionPlace};
 use paddock_pool::{Caller, Execute, ExecutionStream};
 use tokio::sync::mpsc;
 
@@ -609,6 +610,35 @@ async fn fence_off(
 
 #[async_trait]
 impl Federation for Federated {
+    fn node_id(&self) -> String {
+        self.inner.node.clone()
+    }
+
+    async fn place_session(
+        &self,
+        spec: &SandboxSpec,
+        engine: Option<&EngineName>,
+    ) -> Result<SessionPlace, Error> {
+        crate::sessions::place(&self.inner, spec, engine).await
+    }
+
+    async fn session_opened(
+        &self,
+        tenant: Option<&str>,
+        id: &str,
+        engine: &EngineName,
+    ) -> Result<(), Error> {
+        crate::sessions::opened(&self.inner, tenant, id, engine).await
+    }
+
+    async fn session_closed(&self, id: &str) {
+        crate::sessions::closed(&self.inner, id).await
+    }
+
+    async fn session_owner(&self, caller: &Caller, id: &str) -> Result<SessionPlace, Error> {
+        crate::sessions::owner(&self.inner, caller, id).await
+    }
+
     async fn execute(&self, msg: Execute, key: Option<String>) -> Result<ExecResult, Error> {
         let pending = self.submit(msg, key, false).await?;
         self.wait(pending, None).await

@@ -5,8 +5,9 @@
 //! same facade, federated: its one-shot
 //! executions go to a work queue per engine and run on whichever node has room,
 //! their results and idempotency keys are kept fleet-wide, cancel by id reaches the
-//! node that runs the work, and the audit search covers the fleet. Sessions stay on
-//! their node. `docs/fleet.md` describes the design, its guarantees and its limits.
+//! node that runs the work, and the audit search covers the fleet. A sandbox stays on
+//! the node that opened it, and the fleet records its owner so that every node's
+//! HTTP API routes the calls on it there. `docs/fleet.md` describes the design, its guarantees and its limits.
 //!
 //! What lives where on NATS (every name under `fleet.prefix`):
 //!
@@ -17,6 +18,7 @@
 //! | idempotency keys | KV bucket | `P_idem` |
 //! | per-tenant rate counters | KV bucket | `P_rate` |
 //! | node cards (capacity, heartbeat) | KV bucket | `P_nodes` |
+//! | sandbox owners | KV bucket | `P_sessions` |
 //! | the audit log | stream, deduplicated by execution id | `P_AUDIT`, subjects `P.audit.<tenant>` |
 //! | output and results for an accepting node | core subject | `P.node.N.inbox` |
 //! | cancel and lookup | core request-reply | `P.node.N.ctl`, `P.all.ctl` |
@@ -32,6 +34,7 @@ mod names;
 mod node;
 mod rate;
 mod registry;
+mod sessions;
 mod store;
 mod wire;
 mod worker;

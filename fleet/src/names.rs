@@ -94,6 +94,11 @@ impl Names {
         format!("{}_rate", self.prefix)
     }
 
+    /// The bucket of sandbox owners.
+    pub(crate) fn session_bucket(&self) -> String {
+        format!("{}_sessions", self.prefix)
+    }
+
     /// The bucket of node cards (heartbeats).
     pub(crate) fn node_bucket(&self) -> String {
         format!("{}_nodes", self.prefix)

@@ -3,7 +3,7 @@
 //! engine).
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -115,6 +115,15 @@ pub(crate) struct Inner {
     pub(crate) taken: AtomicUsize,
     /// The streams' duplicate window, in ms.
     pub(crate) dedupe_ms: u64,
+    /// The owners of the fleet's sandboxes (`P_sessions`).
+    pub(crate) sessions: kv::Store,
+    /// The sandboxes this node owns.
+    pub(crate) own: DashMap<String, crate::sessions::Own>,
+    /// Sandboxes this node ended while cut off from NATS, until their records say
+    /// they are lost.
+    pub(crate) fenced: DashMap<String, ()>,
+    /// When this node's card was last written (Unix ms).
+    pub(crate) card_written: AtomicU64,
 }
 
 impl Inner {
@@ -124,6 +133,10 @@ impl Inner {
 
     pub(crate) fn heartbeat(&self) -> Duration {
         Duration::from_millis(self.config.heartbeat_ms)
+    }
+
+    pub(crate) fn card_written_ms(&self) -> u64 {
+        self.card_written.load(Ordering::Acquire)
     }
 
     pub(crate) fn stopping(&self) -> bool {
@@ -282,6 +295,11 @@ impl Fleet {
         let idem = open_bucket(&js, bucket(names.idem_bucket(), retention, 1)).await?;
         let node_age = Duration::from_millis((config.ack_wait_ms * 20).max(60_000));
         let nodes = open_bucket(&js, bucket(names.node_bucket(), node_age, 1)).await?;
+        let sessions = open_bucket(
+            &js,
+            bucket(names.session_bucket(), crate::sessions::RECORD_AGE, 1),
+        )
+        .await?;
         // Counters outlive their window only by a little (a window is at most 7 days).
         let rate = open_bucket(
             &js,
@@ -354,6 +372,10 @@ impl Fleet {
             tasks: parking_lot::Mutex::new(Vec::new()),
             taken: AtomicUsize::new(0),
             dedupe_ms: u64::try_from(dedupe.min(retention).as_millis()).unwrap_or(u64::MAX),
+            sessions,
+            own: DashMap::new(),
+            fenced: DashMap::new(),
+            card_written: AtomicU64::new(unix_ms()),
         });
         for e in &inner.engines {
             let stream_name = inner.names.work_stream(&e.engine);
@@ -426,6 +448,7 @@ impl Fleet {
             .await
             .map_err(|e| setup("the node's card", e))?;
         inner.spawn(crate::registry::heartbeat(inner.clone()));
+        inner.spawn(crate::sessions::keep(inner.clone()));
         let watch = inner
             .nodes
             .watch_all()
@@ -436,7 +459,9 @@ impl Fleet {
     }
 
     /// The federated facade: one-shot executions run anywhere in the fleet.
-    /// Sessions stay on this node.
+    /// Sessions opened through the facade stay on this node; the HTTP API on top
+    /// of it places sandboxes by capacity and routes every call on one to its
+    /// owner.
     pub fn paddock(&self) -> Paddock {
         self.inner
             .paddock
@@ -510,7 +535,8 @@ impl Fleet {
     }
 }
 
-/// Every engine's free room now.
+/// Every engine's free room now: its slots less the fleet's work it runs and the
+/// sandboxes of the fleet open on it (each holds one of its instances).
 pub(crate) fn rooms(inner: &Inner) -> Vec<EngineRoom> {
     inner
         .engines
@@ -519,7 +545,10 @@ pub(crate) fn rooms(inner: &Inner) -> Vec<EngineRoom> {
             engine: e.engine.clone(),
             level: e.level,
             slots: e.slots,
-            free: e.slots.saturating_sub(e.busy.load(Ordering::Acquire)),
+            free: e
+                .slots
+                .saturating_sub(e.busy.load(Ordering::Acquire))
+                .saturating_sub(crate::sessions::count(inner, &e.engine)),
         })
         .collect()
 }

@@ -36,6 +36,9 @@ pub(crate) async fn publish_card(inner: &Inner, leaving: bool) -> Result<(), kv:
     };
     let bytes = Bytes::from(serde_json::to_vec(&card).unwrap_or_default());
     inner.nodes.put(&inner.node, bytes).await?;
+    inner
+        .card_written
+        .store(unix_ms(), std::sync::atomic::Ordering::Release);
     // Our own card is known at once, without waiting for the watch.
     inner
         .registry

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use paddock_core::{EngineName, Error, ExecResult, ExecutionId, IsolationLevel};
+use paddock_core::{EngineName, Error, ExecResult, ExecutionId, IsolationLevel, SandboxSpec};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -33,6 +33,20 @@ pub struct CancelOutcome {
     pub known: bool,
     /// Whether this call stopped it.
     pub cancelled: bool,
+}
+
+/// Where a sandbox lives, seen from the node asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionPlace {
+    /// On this node, or not known to the fleet: this node answers for it.
+    Here,
+    /// On another node: every call on it goes to that node's HTTP API.
+    Node {
+        /// The owner's id.
+        id: String,
+        /// The base URL of the owner's HTTP API (`http://HOST:PORT`).
+        address: String,
+    },
 }
 
 /// The free room of one engine on one node, as the node last published it.
@@ -90,6 +104,9 @@ pub struct NodeView {
 /// another tenant's execution is answered as if it did not exist.
 #[async_trait]
 pub trait Federation: Send + Sync + std::fmt::Debug + 'static {
+    /// This node's id in the fleet.
+    fn node_id(&self) -> String;
+
     /// Runs `msg` on a node with room and answers its result. With `key`, runs it
     /// once per `(tenant, key)` in the whole fleet: a later call with the same key
     /// answers the first execution's result.
@@ -115,4 +132,36 @@ pub trait Federation: Send + Sync + std::fmt::Debug + 'static {
 
     /// The fleet's nodes, this one included, by id.
     async fn nodes(&self, caller: &Caller) -> Result<Vec<NodeView>, Error>;
+
+    /// Where a sandbox for `spec` (on `engine`, or the engine this node would
+    /// choose) should open: the node with the most free room for it. `Here` unless
+    /// the federation places sessions.
+    async fn place_session(
+        &self,
+        _spec: &SandboxSpec,
+        _engine: Option<&EngineName>,
+    ) -> Result<SessionPlace, Error> {
+        Ok(SessionPlace::Here)
+    }
+
+    /// Records that sandbox `id` of `tenant` opened on this node (its owner). An
+    /// error means the fleet could not record it, and the sandbox must not be used.
+    async fn session_opened(
+        &self,
+        _tenant: Option<&str>,
+        _id: &str,
+        _engine: &EngineName,
+    ) -> Result<(), Error> {
+        Ok(())
+    }
+
+    /// Records that sandbox `id`, open on this node, was destroyed.
+    async fn session_closed(&self, _id: &str) {}
+
+    /// Where sandbox `id` lives, for `caller`. `Here` when it is on this node or
+    /// the caller may not see it (this node then answers, as for an id that never
+    /// existed); an error when its owner is lost (`NODE_LOST`) or cannot be asked.
+    async fn session_owner(&self, _caller: &Caller, _id: &str) -> Result<SessionPlace, Error> {
+        Ok(SessionPlace::Here)
+    }
 }

@@ -292,6 +292,12 @@ pub struct ChooseEngine {
     pub tenant: Option<String>,
 }
 
+/// The ids of the sandboxes open now, every tenant's, without touching them (their
+/// idle clocks run on): what a fleet node checks its recorded sessions against.
+#[derive(Debug, Message, Clone, Copy)]
+#[rtype(result = "Vec<String>")]
+pub struct OpenSandboxIds;
+
 /// A snapshot of the scheduler, as `caller` may see it: a tenant gets the pools'
 /// sizes and its own figures; an operator or the embedder every tenant's.
 #[derive(Debug, Message, Clone)]

@@ -358,6 +358,12 @@ impl Paddock {
             .map_err(gone)?
     }
 
+    /// The ids of the sandboxes open on this node, every tenant's (for the embedder:
+    /// nothing is recorded, and no sandbox's idle clock is reset).
+    pub async fn open_sandbox_ids(&self) -> Result<Vec<String>, Error> {
+        self.supervisor.send(OpenSandboxIds).await.map_err(gone)
+    }
+
     /// Scheduler statistics: every tenant's, for the embedder.
     pub async fn stats(&self) -> Result<Stats, Error> {
         self.stats_for(&Caller::Embedder).await

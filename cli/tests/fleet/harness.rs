@@ -244,6 +244,33 @@ impl Http {
         Ok((status, serde_json::from_str(&text).unwrap_or(Value::Null)))
     }
 
+    /// Any request with a raw body; the status and the raw answer.
+    pub fn raw(
+        &self,
+        method: &str,
+        url: &str,
+        body: Vec<u8>,
+        headers: &[(&str, &str)],
+    ) -> (u16, Vec<u8>) {
+        let mut req = ureq::http::Request::builder().method(method).uri(url);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let req = req.body(body).expect("a request");
+        let mut resp = self
+            .agent
+            .run(req)
+            .unwrap_or_else(|e| panic!("{method} {url}: {e}"));
+        let status = resp.status().as_u16();
+        let bytes = resp
+            .body_mut()
+            .with_config()
+            .limit(64 << 20)
+            .read_to_vec()
+            .unwrap_or_default();
+        (status, bytes)
+    }
+
     pub fn post(&self, url: &str, body: &Value, headers: &[(&str, &str)]) -> Answer {
         self.send("POST", url, Some(body), headers)
             .unwrap_or_else(|e| panic!("POST {url}: {e}"))

@@ -8,6 +8,7 @@
 #[macro_use]
 mod harness;
 mod chaos;
+mod sessions;
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;

@@ -16,7 +16,7 @@ use crate::messages::Started;
 use crate::Caller;
 
 /// The largest WebSocket message accepted from a client.
-const MAX_WS_MESSAGE: usize = 1 << 20;
+pub(super) const MAX_WS_MESSAGE: usize = 1 << 20;
 /// The first byte of an output message: which stream it carries.
 const STDOUT_TAG: u8 = 1;
 const STDERR_TAG: u8 = 2;
@@ -164,7 +164,7 @@ pub(super) async fn attach(
     Ok(response)
 }
 
-fn upgrade_error(e: actix_web::Error) -> ApiError {
+pub(super) fn upgrade_error(e: actix_web::Error) -> ApiError {
     ApiError::from(Error::invalid_options(
         "upgrade",
         format!("this route speaks WebSocket: send an upgrade request ({e})"),
@@ -368,7 +368,7 @@ pub(super) async fn tcp(
     Ok(response)
 }
 
-fn is_upgrade(req: &HttpRequest) -> bool {
+pub(super) fn is_upgrade(req: &HttpRequest) -> bool {
     req.headers()
         .get(actix_web::http::header::UPGRADE)
         .and_then(|v| v.to_str().ok())

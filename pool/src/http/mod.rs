@@ -9,6 +9,7 @@ mod body;
 mod chunks;
 mod errors;
 mod executions;
+mod forward;
 mod interactive;
 mod openapi;
 mod operations;
@@ -25,6 +26,7 @@ use actix_web::web;
 use paddock_core::{Error, ErrorCode};
 
 pub use errors::{status_for, ApiError};
+pub use forward::FORWARDED_HEADER;
 
 /// Every route the server answers, as `(method, path pattern)` (`{id}`, `{path}`,
 /// `{process}` and `{port}` stand for path parameters): the table

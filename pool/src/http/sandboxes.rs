@@ -11,7 +11,8 @@ use serde::Deserialize;
 use super::answers::SandboxState;
 use super::tenancy::account;
 use super::*;
-use super::{body::*, executions::*, server::*};
+use super::{body::*, executions::*, forward, server::*};
+use crate::federation::SessionPlace;
 use crate::Caller;
 
 /// The caller's handle on `sandbox`, through the facade: a sandbox opened for one
@@ -31,20 +32,21 @@ pub(super) async fn sandbox_access(
 pub(super) async fn create_sandbox(
     state: Shared,
     caller: Caller,
+    req: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     admitting(&state)?;
     let tenant = account(&caller);
-    let body = read_body(
+    let raw = read_body(
         payload,
         state.config.max_body_bytes,
         "request body (server.max_body_bytes)",
     )
     .await?;
-    let body: SandboxBody = if body.iter().all(u8::is_ascii_whitespace) {
+    let body: SandboxBody = if raw.iter().all(u8::is_ascii_whitespace) {
         SandboxBody::default()
     } else {
-        paddock_core::api::parse_body(&body)?
+        paddock_core::api::parse_body(&raw)?
     };
     let spec = SandboxSpec {
         level: body.level,
@@ -52,11 +54,51 @@ pub(super) async fn create_sandbox(
         limits: body.limits,
         tenant,
     };
+    let federation = state.paddock.federation().cloned();
+    if let Some(f) = &federation {
+        // In a fleet, the sandbox opens on the node with the most room for it; a
+        // request another node placed here opens here.
+        if !forward::forwarded(&req) {
+            if let SessionPlace::Node { id, address } =
+                f.place_session(&spec, body.engine.as_ref()).await?
+            {
+                let raw = Bytes::copy_from_slice(&raw);
+                match forward::forward(
+                    &state,
+                    &caller,
+                    &req,
+                    forward::Body::Read(raw),
+                    &id,
+                    &address,
+                )
+                .await
+                {
+                    Ok(r) => return Ok(r),
+                    // Nothing reached the chosen node: this one opens it instead.
+                    Err(e) if e.error.code == ErrorCode::FleetUnavailable => {
+                        tracing::warn!(node = %id, error = %e.error.message, "placing a sandbox on another node failed; opening it here");
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+    }
     let handle = state
         .paddock
-        .open_sandbox(spec, body.engine)
+        .open_sandbox(spec.clone(), body.engine)
         .await
         .map_err(|e| refusal(&state, e))?;
+    if let Some(f) = &federation {
+        // Its owner is recorded before anyone learns its id; a sandbox the fleet
+        // cannot find is not handed out.
+        if let Err(e) = f
+            .session_opened(spec.tenant.as_deref(), handle.id(), &handle.info().engine)
+            .await
+        {
+            let _ = handle.destroy().await;
+            return Err(e.into());
+        }
+    }
     Ok(HttpResponse::Created().json(handle.info()))
 }
 
@@ -78,7 +120,12 @@ pub(super) async fn destroy_sandbox(
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     match sandbox_access(&state, &caller, &path, "sandbox.destroy").await {
-        Ok(handle) => handle.destroy().await?,
+        Ok(handle) => {
+            handle.destroy().await?;
+            if let Some(f) = state.paddock.federation() {
+                f.session_closed(&path).await;
+            }
+        }
         // Destroying a destroyed sandbox succeeds (idempotent).
         Err(e) if e.error.code == ErrorCode::EngineDisposed => {}
         Err(e) => return Err(e),

@@ -140,6 +140,7 @@ pub fn start(paddock: Paddock, config: ServerConfig) -> Result<HttpServerHandle,
                 let server = HttpServer::new(move || {
                     App::new()
                         .app_data(data.clone())
+                        .wrap(actix_web::middleware::from_fn(forward::route_sessions))
                         .wrap(actix_web::middleware::from_fn(tenancy::limit_requests))
                         .configure(routes)
                 })

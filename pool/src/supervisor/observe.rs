@@ -12,6 +12,14 @@ use crate::pipeline::mailbox_error;
 
 use super::Supervisor;
 
+impl Handler<OpenSandboxIds> for Supervisor {
+    type Result = MessageResult<OpenSandboxIds>;
+
+    fn handle(&mut self, _msg: OpenSandboxIds, _ctx: &mut Self::Context) -> Self::Result {
+        MessageResult(self.sessions.keys().cloned().collect())
+    }
+}
+
 impl Handler<ChooseEngine> for Supervisor {
     type Result = MessageResult<ChooseEngine>;
 
