@@ -70,6 +70,15 @@ fn load_file(path: Option<&PathBuf>) -> Result<PaddockConfig, UsageError> {
 
 /// Runs the server until SIGINT or SIGTERM, then shuts down gracefully.
 pub(crate) async fn serve(args: ServeArgs) -> Result<i32, UsageError> {
+    // Warnings (and what `RUST_LOG` asks for) go to stderr.
+    let _tracing = {
+        use std::io::IsTerminal;
+        paddock_telemetry::init_tracing(
+            paddock_telemetry::TracingConfig::new("warn")
+                .with_ansi(std::io::stderr().is_terminal()),
+        )
+        .map_err(|e| UsageError(format!("setting up logging: {e}")))?
+    };
     let mut config = load_config(args.config.as_ref())?;
     if let Some(listen) = args.listen {
         config.server.listen = listen;

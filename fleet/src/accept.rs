@@ -635,8 +635,13 @@ impl Federation for Federated {
         crate::sessions::closed(&self.inner, id).await
     }
 
-    async fn session_owner(&self, caller: &Caller, id: &str) -> Result<SessionPlace, Error> {
-        crate::sessions::owner(&self.inner, caller, id).await
+    async fn session_owner(
+        &self,
+        caller: &Caller,
+        id: &str,
+        forwarded: bool,
+    ) -> Result<SessionPlace, Error> {
+        crate::sessions::owner(&self.inner, caller, id, forwarded).await
     }
 
     async fn execute(&self, msg: Execute, key: Option<String>) -> Result<ExecResult, Error> {

@@ -449,6 +449,7 @@ impl Fleet {
             .map_err(|e| setup("the node's card", e))?;
         inner.spawn(crate::registry::heartbeat(inner.clone()));
         inner.spawn(crate::sessions::keep(inner.clone()));
+        inner.spawn(crate::sessions::fence(inner.clone()));
         let watch = inner
             .nodes
             .watch_all()

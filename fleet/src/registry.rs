@@ -57,8 +57,12 @@ pub(crate) async fn heartbeat(inner: std::sync::Arc<Inner>) {
             _ = tick.tick() => {}
             _ = stop.changed() => return,
         }
-        if let Err(e) = publish_card(&inner, false).await {
-            tracing::warn!(error = %e, "publishing this node's card failed");
+        // A client cut off from its servers may hold the write until it is back:
+        // the card is written afresh at the next beat instead.
+        match tokio::time::timeout(inner.heartbeat() * 5, publish_card(&inner, false)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "publishing this node's card failed"),
+            Err(_) => tracing::warn!("publishing this node's card got no answer in time"),
         }
         // A card that expires from the bucket is not announced to watchers: cards
         // silent for ten ack waits (and a minute) are forgotten here.

@@ -91,6 +91,9 @@ fn encode(r: &SessionRecord) -> Bytes {
 }
 
 /// Retries `step` through a failover, for up to [`PATIENCE`].
+/// How long one record operation may take.
+const STEP: Duration = Duration::from_secs(3);
+
 async fn patiently<T, E: std::fmt::Display, F>(
     what: &str,
     mut step: impl FnMut() -> F,
@@ -101,7 +104,12 @@ where
     let deadline = tokio::time::Instant::now() + PATIENCE;
     let mut pause = Duration::from_millis(20);
     loop {
-        match step().await {
+        // A client cut off from its servers may hold a request until it is back.
+        let done = match tokio::time::timeout(STEP, step()).await {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(_) => Err(format!("no answer in {STEP:?}")),
+        };
+        match done {
             Ok(v) => return Ok(v),
             Err(e) if tokio::time::Instant::now() < deadline => {
                 tracing::debug!(what, error = %e, "a session record operation failed; retrying");
@@ -128,14 +136,14 @@ async fn update(
     record: &SessionRecord,
     revision: u64,
 ) -> Result<Option<u64>, Error> {
-    match inner
+    let write = inner
         .sessions
-        .update(key(&record.id), encode(record), revision)
-        .await
-    {
-        Ok(rev) => Ok(Some(rev)),
-        Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(None),
-        Err(e) => Err(unavailable("writing a session record", e)),
+        .update(key(&record.id), encode(record), revision);
+    match tokio::time::timeout(STEP, write).await {
+        Ok(Ok(rev)) => Ok(Some(rev)),
+        Ok(Err(e)) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(None),
+        Ok(Err(e)) => Err(unavailable("writing a session record", e)),
+        Err(_) => Err(unavailable("writing a session record", "no answer in time")),
     }
 }
 
@@ -215,7 +223,12 @@ pub(crate) async fn opened(
     let bytes = encode(&record);
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
-        match inner.sessions.create(&k, bytes.clone()).await {
+        let made = match tokio::time::timeout(STEP, inner.sessions.create(&k, bytes.clone())).await
+        {
+            Ok(r) => r.map_err(Some),
+            Err(_) => Err(None),
+        };
+        match made {
             Ok(revision) => {
                 inner.own.insert(
                     id.to_string(),
@@ -227,7 +240,7 @@ pub(crate) async fn opened(
                 );
                 return Ok(());
             }
-            Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {
+            Err(Some(e)) if e.kind() == kv::CreateErrorKind::AlreadyExists => {
                 // Ours, from a create whose answer was lost; anything else is
                 // another sandbox's id (ids are unique, so this does not happen).
                 if let Some((r, revision)) = get(inner, id).await? {
@@ -248,11 +261,14 @@ pub(crate) async fn opened(
                     format!("the fleet already has a sandbox `{id}`; open another"),
                 ));
             }
-            Err(e) if tokio::time::Instant::now() < deadline => {
+            Err(e) => {
+                let e = e.map_or_else(|| "no answer in time".to_string(), |e| e.to_string());
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(unavailable("recording a sandbox's owner", e));
+                }
                 tracing::debug!(error = %e, "recording a session; retrying");
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            Err(e) => return Err(unavailable("recording a sandbox's owner", e)),
         }
     }
 }
@@ -295,12 +311,20 @@ fn lost(id: &str, node: &str, why: &str) -> Error {
 }
 
 /// Where sandbox `id` lives, for `caller`.
-pub(crate) async fn owner(inner: &Inner, caller: &Caller, id: &str) -> Result<SessionPlace, Error> {
+pub(crate) async fn owner(
+    inner: &Inner,
+    caller: &Caller,
+    id: &str,
+    forwarded: bool,
+) -> Result<SessionPlace, Error> {
     if inner.own.contains_key(id) {
         return Ok(SessionPlace::Here);
     }
     if inner.fenced.contains_key(id) {
         return Err(lost(id, &inner.node, "this node was cut off from it"));
+    }
+    if forwarded {
+        return Ok(SessionPlace::Here);
     }
     let Some((record, revision)) = get(inner, id).await? else {
         return Ok(SessionPlace::Here);
@@ -378,14 +402,37 @@ async fn end_here(inner: &Inner, id: &str) {
     }
 }
 
-/// Keeps this node's sessions and their records in step, every heartbeat:
-/// - while this node's card has not been written for longer than the ack wait, the
-///   fleet counts it lost, so it ends its sessions (their records are marked lost
-///   once NATS answers again);
-/// - every few heartbeats, a sandbox ended here (idle past its limit) gets its
-///   record closed, one whose record is no longer an open one of this node's is
-///   ended, and the records of the others are written again well inside their age
-///   limit.
+/// Ends this node's sessions while its card has not been written for longer than
+/// the ack wait: the fleet counts the node lost, and so its sandboxes. Checked
+/// every heartbeat, apart from anything that waits on NATS.
+pub(crate) async fn fence(inner: std::sync::Arc<Inner>) {
+    let mut stop = inner.stop.subscribe();
+    let mut tick = tokio::time::interval(inner.heartbeat());
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        let silent = unix_ms().saturating_sub(inner.card_written_ms());
+        if silent <= inner.config.ack_wait_ms {
+            continue;
+        }
+        let ids: Vec<String> = inner.own.iter().map(|e| e.key().clone()).collect();
+        for id in ids {
+            inner.own.remove(&id);
+            inner.fenced.insert(id.clone(), ());
+            tracing::warn!(sandbox = %id, silent_ms = silent, "this node is cut off from the fleet; ending its sandbox");
+            end_here(&inner, &id).await;
+        }
+    }
+}
+
+/// Keeps this node's sessions and their records in step: once NATS answers again,
+/// the records of the sandboxes [`fence`] ended are marked lost; every few
+/// heartbeats, a sandbox ended here (idle past its limit) gets its record closed,
+/// one whose record is no longer an open one of this node's is ended, and the
+/// records of the others are written again well inside their age limit.
 pub(crate) async fn keep(inner: std::sync::Arc<Inner>) {
     let mut stop = inner.stop.subscribe();
     let mut tick = tokio::time::interval(inner.heartbeat());
@@ -397,18 +444,9 @@ pub(crate) async fn keep(inner: std::sync::Arc<Inner>) {
             _ = stop.changed() => return,
         }
         round += 1;
-        let silent = unix_ms().saturating_sub(inner.card_written_ms());
-        if silent > inner.config.ack_wait_ms {
-            let ids: Vec<String> = inner.own.iter().map(|e| e.key().clone()).collect();
-            for id in ids {
-                inner.own.remove(&id);
-                tracing::warn!(sandbox = %id, silent_ms = silent, "this node is cut off from the fleet; ending its sandbox");
-                end_here(&inner, &id).await;
-                inner.fenced.insert(id, ());
-            }
+        if unix_ms().saturating_sub(inner.card_written_ms()) > inner.config.ack_wait_ms {
             continue;
         }
-        // Back on NATS: what was ended while cut off is recorded lost.
         let fenced: Vec<String> = inner.fenced.iter().map(|e| e.key().clone()).collect();
         for id in fenced {
             match get(&inner, &id).await {

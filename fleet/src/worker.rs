@@ -58,8 +58,21 @@ impl Worker {
                 },
                 _ = stop.changed() => return,
             };
+            // The fleet's sandboxes open here hold instances of the engine too.
+            let room = self.slots.saturating_sub(
+                self.busy.load(Ordering::Acquire)
+                    + crate::sessions::count(&self.inner, &self.engine),
+            );
+            if room == 0 {
+                drop(first);
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                    _ = stop.changed() => return,
+                }
+                continue;
+            }
             let mut permits = vec![first];
-            while permits.len() < MAX_BATCH {
+            while permits.len() < MAX_BATCH.min(room) {
                 match self.free.clone().try_acquire_owned() {
                     Ok(p) => permits.push(p),
                     Err(_) => break,

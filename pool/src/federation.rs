@@ -161,7 +161,14 @@ pub trait Federation: Send + Sync + std::fmt::Debug + 'static {
     /// Where sandbox `id` lives, for `caller`. `Here` when it is on this node or
     /// the caller may not see it (this node then answers, as for an id that never
     /// existed); an error when its owner is lost (`NODE_LOST`) or cannot be asked.
-    async fn session_owner(&self, _caller: &Caller, _id: &str) -> Result<SessionPlace, Error> {
+    /// For a call another node `forwarded` here, only this node's own knowledge
+    /// counts (it is never sent on again).
+    async fn session_owner(
+        &self,
+        _caller: &Caller,
+        _id: &str,
+        _forwarded: bool,
+    ) -> Result<SessionPlace, Error> {
         Ok(SessionPlace::Here)
     }
 }

@@ -30,6 +30,105 @@ use serde_json::json;
 use super::{report, round, summarize};
 use crate::run::UsageError;
 
+/// A routed exec round trip against the same exec on the sandbox's own node, both
+/// over HTTP with the same client (one connection per call): what the forwarding
+/// hop adds.
+async fn sessions(nodes: &[Node], iterations: usize, as_json: bool) -> Result<(), UsageError> {
+    let mut servers = Vec::new();
+    for n in nodes {
+        let config = paddock_core::ServerConfig {
+            listen: "127.0.0.1:0".into(),
+            ..Default::default()
+        };
+        let server = paddock_pool::http::start(n.fleet.paddock(), config)
+            .map_err(|e| UsageError(format!("serving node {}: {e}", n.fleet.node_id())))?;
+        n.fleet.advertise(format!("http://{}", server.local_addr()));
+        servers.push(server);
+    }
+    // Two heartbeats: every card carries its address.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let client = |i: usize| {
+        crate::client::Server::parse(&format!("http://{}", servers[i].local_addr()), None)
+            .map_err(UsageError)
+    };
+    let call = |server: crate::client::Server,
+                method: &'static str,
+                path: String,
+                body: serde_json::Value| async move {
+        tokio::task::spawn_blocking(move || server.json(method, &path, Some(&body)))
+            .await
+            .map_err(|e| UsageError(format!("a bench call: {e}")))?
+            .map_err(UsageError)
+    };
+    let (status, opened) = call(
+        client(0)?,
+        "POST",
+        "/v1/sandboxes".into(),
+        json!({"engine": "subprocess"}),
+    )
+    .await?;
+    let id = opened["id"].as_str().unwrap_or_default().to_string();
+    if status != 201 || id.is_empty() {
+        return Err(UsageError(format!("opening a sandbox: {status} {opened}")));
+    }
+    let mut owner = None;
+    for (i, n) in nodes.iter().enumerate() {
+        let open = n
+            .paddock
+            .open_sandbox_ids()
+            .await
+            .map_err(|e| UsageError(e.to_string()))?;
+        if open.contains(&id) {
+            owner = Some(i);
+        }
+    }
+    let owner = owner.ok_or_else(|| UsageError("the sandbox is on no node".into()))?;
+    let other = 1 - owner;
+    let exec = json!({"program": {"command": ["true"]}});
+    let path = format!("/v1/sandboxes/{id}/exec");
+    let (mut local, mut routed) = (Vec::new(), Vec::new());
+    let blocks = 10;
+    let per = (iterations / 5 / blocks).max(2);
+    for _ in 0..blocks {
+        for (to, into) in [(owner, &mut local), (other, &mut routed)] {
+            for _ in 0..per {
+                let t = Instant::now();
+                let (status, r) = call(client(to)?, "POST", path.clone(), exec.clone()).await?;
+                if status != 200 || r["exit_code"] != 0 {
+                    return Err(UsageError(format!("an exec in the sandbox: {status} {r}")));
+                }
+                into.push(t.elapsed());
+            }
+        }
+    }
+    let _ = call(
+        client(other)?,
+        "DELETE",
+        format!("/v1/sandboxes/{id}"),
+        json!({}),
+    )
+    .await;
+    for s in servers {
+        s.stop().await;
+    }
+    let (ls, rs) = (summarize(local), summarize(routed));
+    report(
+        &json!({
+            "scenario": "fleet",
+            "measure": "sessions",
+            "iterations": per * blocks,
+            "local_exec_p50_ms": round(ls.p50 / 1000.0),
+            "local_exec_p99_ms": round(ls.p99 / 1000.0),
+            "routed_exec_p50_ms": round(rs.p50 / 1000.0),
+            "routed_exec_p99_ms": round(rs.p99 / 1000.0),
+            "added_p50_ms": round((rs.p50 - ls.p50) / 1000.0),
+            "added_p99_ms": round((rs.p99 - ls.p99) / 1000.0),
+        }),
+        as_json,
+    );
+    Ok(())
+}
+
 /// One in-process node.
 struct Node {
     paddock: Paddock,
@@ -344,6 +443,8 @@ pub(super) async fn fleet(
         as_json,
     );
 
+    sessions(&nodes[..2], iterations, as_json).await?;
+
     // Node loss: a gateway accepts; the worker running the work is stopped; another
     // starts it again.
     let gateway = Node::start("gw", &urls, &prefix, false).await?;
@@ -410,15 +511,6 @@ pub(super) async fn fleet(
             "ack_wait_ms": ack_wait_ms,
             "heartbeat_ms": heartbeat_ms,
             "goal_ms": ack_wait_ms + heartbeat_ms,
-        }),
-        as_json,
-    );
-    report(
-        &json!({
-            "scenario": "fleet",
-            "measure": "sessions",
-            "measured": false,
-            "why": "sessions are not routed through the fleet yet: a sandbox is used on the node that opened it",
         }),
         as_json,
     );

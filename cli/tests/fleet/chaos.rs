@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use super::harness::*;
+use super::sessions::{answer_lost, open_with};
 use super::{runs_on, turn, wait_up, FAST};
 
 /// What a caller ended with for one key.
@@ -138,11 +139,20 @@ fn no_accepted_execution_is_lost_or_doubled_when_a_node_and_a_leader_die() {
     eventually("n2 running work", Duration::from_secs(20), || {
         !runs_on(&[&nodes[1]], "sleep").is_empty()
     });
+    // Two sandboxes live on n2 when it dies.
+    let sandboxes = [
+        open_with(&http, &nodes[1], ""),
+        open_with(&http, &nodes[1], ""),
+    ];
     nodes[1].kill();
     eprintln!("killed n2 at {} done", done.load(Ordering::Acquire));
     {
         let mut u = node_urls.write().unwrap();
         u.remove(1);
+    }
+    // The dead node's sandboxes answer a typed error through the others.
+    for id in &sandboxes {
+        answer_lost(&http, &[&nodes[0], &nodes[2]], id, "");
     }
     wait_done(TOTAL * 2 / 5);
     let leader = look
@@ -162,6 +172,9 @@ fn no_accepted_execution_is_lost_or_doubled_when_a_node_and_a_leader_die() {
     nodes[1].restart();
     node_urls.write().unwrap().push(nodes[1].url.clone());
     eprintln!("restarted n2 at {} done", done.load(Ordering::Acquire));
+    // Back as a new incarnation, n2 too answers NODE_LOST for what it held.
+    wait_up(&http, &nodes[0], 3, "");
+    answer_lost(&http, &[&nodes[1]], &sandboxes[0], "");
     for c in callers {
         c.join().expect("a caller");
     }
@@ -252,16 +265,22 @@ fn a_node_cut_off_from_nats_stops_what_it_no_longer_owns() {
     let dir = cluster.dir().to_path_buf();
     let extra = "[pool]\nmax_size = 2\nmin_idle = 0\n";
     let fleet = format!("{FAST}prefix = \"part\"\n");
+    // `a` has a third instance, which its sandbox holds: it takes two runs.
     let a = Node::start(
         &dir,
         "a",
         &urls[3..4],
         &format!("{fleet}discover_servers = false\n"),
-        extra,
+        "[pool]\nmax_size = 3\nmin_idle = 0\n",
+    );
+    let http = Http::default();
+    let sandbox = open_with(&http, &a, "");
+    assert_eq!(
+        http.get(&format!("{}/v1/stats", a.url), &[]).1["scheduler"]["sandboxes"],
+        1
     );
     let b = Node::start(&dir, "b", &urls[1..2], &fleet, extra);
     let c = Node::start(&dir, "c", &urls[2..3], &fleet, extra);
-    let http = Http::default();
     wait_up(&http, &b, 3, "");
     let look = Look::new(&urls[..3], "part");
     // Six 5-second sleeps on six slots: two of them run on `a`.
@@ -312,10 +331,18 @@ fn a_node_cut_off_from_nats_stops_what_it_no_longer_owns() {
         }
     }
     assert_eq!(moved, 2, "the two runs of the cut-off node were taken over");
-    // `a` comes back, into the fleet, with nothing of its own left to run.
+    // Cut off for longer than the ack wait, `a` ended its sandbox: the fleet
+    // counts it lost.
+    eventually("a ended its sandbox", Duration::from_secs(15), || {
+        http.get(&format!("{}/v1/stats", a.url), &[]).1["scheduler"]["sandboxes"] == 0
+    });
+    answer_lost(&http, &[&b, &c], &sandbox, "");
+    // `a` comes back, into the fleet, with nothing of its own left to run, and
+    // answers for its old sandbox as the others do.
     cluster.server("p1").restart().expect("p1 restarts");
     wait_up(&http, &b, 3, "");
     assert_eq!(count(&a, "sleep 5"), 0);
+    answer_lost(&http, &[&a, &b, &c], &sandbox, "");
     let (s, r) = http.post(
         &format!("{}/v1/executions", a.url),
         &json!({"program": {"command": ["echo", "back"]}}),

@@ -165,6 +165,17 @@ impl Drop for Node {
         // A stopped process must run again to die of anything but SIGKILL; SIGKILL
         // works on it as it is.
         self.kill();
+        // A failed test shows what each node said last.
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(30)..];
+            eprintln!(
+                "--- the end of node {}'s log ---\n{}",
+                self.id,
+                tail.join("\n")
+            );
+        }
     }
 }
 

@@ -64,9 +64,10 @@ fn sandbox_in(path: &str) -> Option<&str> {
     (!id.is_empty()).then_some(id)
 }
 
-/// Middleware: a call on a sandbox another node owns goes to that node. Everything
-/// else (no fleet, no sandbox in the path, a forwarded request, a caller the
-/// handlers will refuse) goes on to the handlers here.
+/// Middleware: a call on a sandbox another node owns goes to that node; one whose
+/// owner is lost is answered here. Everything else (no fleet, no sandbox in the
+/// path, a caller the handlers will refuse) goes on to the handlers here, and so
+/// does a forwarded call unless this node itself ended the sandbox it names.
 pub(super) async fn route_sessions(
     mut req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
@@ -77,14 +78,13 @@ pub(super) async fn route_sessions(
             .await
             .map(ServiceResponse::map_into_boxed_body);
     };
+    let forwarded = forwarded(req.request());
     let routed = match (state.paddock.federation(), sandbox_in(req.path())) {
-        (Some(f), Some(id)) if !forwarded(req.request()) => {
-            match caller(&state.config, req.request()) {
-                Ok(c) => Some((f.clone(), c, id.to_string())),
-                // Refused by the handler, with its own answer.
-                Err(_) => None,
-            }
-        }
+        (Some(f), Some(id)) => match caller(&state.config, req.request()) {
+            Ok(c) => Some((f.clone(), c, id.to_string())),
+            // Refused by the handler, with its own answer.
+            Err(_) => None,
+        },
         _ => None,
     };
     let Some((federation, caller, id)) = routed else {
@@ -93,8 +93,13 @@ pub(super) async fn route_sessions(
             .await
             .map(ServiceResponse::map_into_boxed_body);
     };
-    match federation.session_owner(&caller, &id).await {
+    match federation.session_owner(&caller, &id, forwarded).await {
         Ok(SessionPlace::Here) => next
+            .call(req)
+            .await
+            .map(ServiceResponse::map_into_boxed_body),
+        // A forwarded call is never sent on again.
+        Ok(SessionPlace::Node { .. }) if forwarded => next
             .call(req)
             .await
             .map(ServiceResponse::map_into_boxed_body),
@@ -144,14 +149,17 @@ fn hop_by_hop(name: &HeaderName) -> bool {
 
 /// The node that owns the sandbox did not answer.
 fn unreachable(node: &str, address: &str, e: impl std::fmt::Display) -> ApiError {
-    ApiError::from(Error::new(
-        ErrorCode::FleetUnavailable,
-        format!(
-            "the sandbox is on node `{node}`, which did not answer at {address} ({e}); \
+    ApiError::from(
+        Error::new(
+            ErrorCode::FleetUnavailable,
+            format!(
+                "the sandbox is on node `{node}`, which did not answer at {address} ({e}); \
              retry shortly (once the fleet counts the node as lost, its sandboxes \
              answer NODE_LOST)"
-        ),
-    ))
+            ),
+        )
+        .with_retry_after_ms(1_000),
+    )
 }
 
 /// Forwards one request to the owner at `address` and streams its answer back.
