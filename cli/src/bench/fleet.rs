@@ -11,6 +11,8 @@
 //!   process (every node) and of the NATS servers;
 //! - cancel from another node: from the call until the accepting node has the
 //!   `cancelled` answer;
+//! - sessions: an exec in a sandbox over HTTP through a node that does not own it
+//!   (forwarded to the owner) vs. the same exec on the owner's own HTTP API;
 //! - node loss: a worker running `sleep` is stopped (its NATS connection closed
 //!   and its scheduler shut down, as a crash looks to NATS); the time from the
 //!   loss until another node has started it again (`on_node_loss = "retry"`).
