@@ -92,6 +92,7 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<i32, UsageError> {
     config.validate().map_err(|e| UsageError(e.to_string()))?;
     let server_config = config.server.clone();
     let fleet_config = config.fleet.clone();
+    let fleet_advertise = fleet_config.advertise.clone();
     // In a fleet, the tenants' rate is counted fleet-wide when a node accepts work;
     // the node's own limiter keeps the concurrency caps only (counting the rate
     // again there would count it per node).
@@ -144,6 +145,14 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<i32, UsageError> {
     };
     if let Some(f) = &fleet {
         f.advertise(format!("http://{}", server.local_addr()));
+        if server.local_addr().ip().is_unspecified() && fleet_advertise.is_none() {
+            eprintln!(
+                "paddock serve: warning: listening on {} with no fleet.advertise: the other \
+                 nodes cannot reach this one's sandboxes; set fleet.advertise to an address \
+                 they can reach",
+                server.local_addr()
+            );
+        }
         eprintln!("paddock serve: node {} joined the fleet", f.node_id());
     }
     {

@@ -121,7 +121,7 @@ pub(crate) struct Inner {
     pub(crate) own: DashMap<String, crate::sessions::Own>,
     /// Sandboxes this node ended while cut off from NATS, until their records say
     /// they are lost.
-    pub(crate) fenced: DashMap<String, ()>,
+    pub(crate) fenced: DashMap<String, Option<String>>,
     /// When this node's card was last written (Unix ms).
     pub(crate) card_written: AtomicU64,
 }

@@ -57,6 +57,7 @@ pub(crate) struct SessionRecord {
 /// A session this node owns.
 #[derive(Debug, Clone)]
 pub(crate) struct Own {
+    pub(crate) tenant: Option<String>,
     pub(crate) engine: EngineName,
     /// The record's revision as this node last wrote it.
     pub(crate) revision: u64,
@@ -233,6 +234,7 @@ pub(crate) async fn opened(
                 inner.own.insert(
                     id.to_string(),
                     Own {
+                        tenant: tenant.map(str::to_owned),
                         engine: engine.clone(),
                         revision,
                         written_at_ms: now,
@@ -248,6 +250,7 @@ pub(crate) async fn opened(
                         inner.own.insert(
                             id.to_string(),
                             Own {
+                                tenant: tenant.map(str::to_owned),
                                 engine: engine.clone(),
                                 revision,
                                 written_at_ms: r.at_ms,
@@ -320,7 +323,12 @@ pub(crate) async fn owner(
     if inner.own.contains_key(id) {
         return Ok(SessionPlace::Here);
     }
-    if inner.fenced.contains_key(id) {
+    let fenced = inner.fenced.get(id).map(|t| t.value().clone());
+    if let Some(tenant) = fenced {
+        // Another tenant's: answered as for an id that never existed.
+        if !caller.sees(tenant.as_deref()) {
+            return Ok(SessionPlace::Here);
+        }
         return Err(lost(id, &inner.node, "this node was cut off from it"));
     }
     if forwarded {
@@ -347,25 +355,37 @@ pub(crate) async fn owner(
             // Ended here a moment ago: this node answers.
             return Ok(SessionPlace::Here);
         }
-        mark_lost(inner, &record, revision).await;
+        let _ = mark_lost(inner, &record, revision).await;
         return Err(lost(id, &record.node, "it restarted since"));
     }
-    let card = inner
+    let mut card = inner
         .registry
         .read()
         .get(&record.node)
         .map(|s| s.card.clone());
-    let why = match &card {
-        None => Some("it is gone from the fleet"),
-        Some(c) if c.incarnation != record.incarnation => Some("it restarted since"),
-        Some(c) => match crate::registry::health(inner, c).0 {
-            NodeHealth::Down if c.leaving => Some("it left the fleet"),
-            NodeHealth::Down => Some("its heartbeat stopped"),
-            NodeHealth::Up | NodeHealth::Late => None,
-        },
-    };
+    let mut why = judge(inner, card.as_ref(), &record);
+    if why.is_some() {
+        // This node's view may be stale (it just started, or is back from a cut):
+        // a loss is only declared from the owner's card as the bucket has it, by a
+        // node that is itself in touch with the fleet.
+        if unix_ms().saturating_sub(inner.card_written_ms()) > inner.config.ack_wait_ms {
+            return Err(unavailable(
+                "finding a sandbox's node",
+                "this node is cut off from the fleet itself",
+            ));
+        }
+        let read = tokio::time::timeout(STEP, inner.nodes.entry(record.node.clone())).await;
+        card = match read {
+            Ok(Ok(entry)) => entry
+                .filter(|e| matches!(e.operation, kv::Operation::Put))
+                .and_then(|e| serde_json::from_slice::<crate::wire::NodeCard>(&e.value).ok()),
+            Ok(Err(e)) => return Err(unavailable("reading a node's card", e)),
+            Err(_) => return Err(unavailable("reading a node's card", "no answer in time")),
+        };
+        why = judge(inner, card.as_ref(), &record);
+    }
     if let Some(why) = why {
-        mark_lost(inner, &record, revision).await;
+        let _ = mark_lost(inner, &record, revision).await;
         return Err(lost(id, &record.node, why));
     }
     match card.and_then(|c| c.address) {
@@ -384,12 +404,35 @@ pub(crate) async fn owner(
     }
 }
 
-async fn mark_lost(inner: &Inner, record: &SessionRecord, revision: u64) {
+/// Why the owner of `record` counts as lost, by its card; `None` while it is up.
+fn judge(
+    inner: &Inner,
+    card: Option<&crate::wire::NodeCard>,
+    record: &SessionRecord,
+) -> Option<&'static str> {
+    match card {
+        None => Some("it is gone from the fleet"),
+        Some(c) if c.incarnation != record.incarnation => Some("it restarted since"),
+        Some(c) => match crate::registry::health(inner, c).0 {
+            NodeHealth::Down if c.leaving => Some("it left the fleet"),
+            NodeHealth::Down => Some("its heartbeat stopped"),
+            NodeHealth::Up | NodeHealth::Late => None,
+        },
+    }
+}
+
+/// Marks the record lost; `false` when that could not be written (someone else
+/// wrote first, or NATS did not answer).
+async fn mark_lost(inner: &Inner, record: &SessionRecord, revision: u64) -> bool {
     let mut r = record.clone();
     r.state = SessionState::Lost;
     r.at_ms = unix_ms();
-    if let Err(e) = update(inner, &r, revision).await {
-        tracing::debug!(sandbox = %r.id, error = %e.message, "marking a session lost failed");
+    match update(inner, &r, revision).await {
+        Ok(written) => written.is_some(),
+        Err(e) => {
+            tracing::debug!(sandbox = %r.id, error = %e.message, "marking a session lost failed");
+            false
+        }
     }
 }
 
@@ -420,8 +463,10 @@ pub(crate) async fn fence(inner: std::sync::Arc<Inner>) {
         }
         let ids: Vec<String> = inner.own.iter().map(|e| e.key().clone()).collect();
         for id in ids {
-            inner.own.remove(&id);
-            inner.fenced.insert(id.clone(), ());
+            let Some((_, own)) = inner.own.remove(&id) else {
+                continue;
+            };
+            inner.fenced.insert(id.clone(), own.tenant);
             tracing::warn!(sandbox = %id, silent_ms = silent, "this node is cut off from the fleet; ending its sandbox");
             end_here(&inner, &id).await;
         }
@@ -451,10 +496,14 @@ pub(crate) async fn keep(inner: std::sync::Arc<Inner>) {
         for id in fenced {
             match get(&inner, &id).await {
                 Ok(Some((r, rev))) => {
-                    if r.node == inner.node && r.state == SessionState::Open {
-                        mark_lost(&inner, &r, rev).await;
+                    // Kept until the record no longer says open (a failed write is
+                    // tried again next beat).
+                    if r.node != inner.node
+                        || r.state != SessionState::Open
+                        || mark_lost(&inner, &r, rev).await
+                    {
+                        inner.fenced.remove(&id);
                     }
-                    inner.fenced.remove(&id);
                 }
                 Ok(None) => {
                     inner.fenced.remove(&id);
@@ -469,15 +518,17 @@ pub(crate) async fn keep(inner: std::sync::Arc<Inner>) {
 }
 
 async fn reconcile(inner: &Inner) {
-    let Ok(open) = inner.paddock.open_sandbox_ids().await else {
-        return;
-    };
-    let open: HashSet<String> = open.into_iter().collect();
+    // `own` first: a sandbox opened after it was read is left to the next round
+    // (read the other way round, it would look ended).
     let ids: Vec<(String, Own)> = inner
         .own
         .iter()
         .map(|e| (e.key().clone(), e.value().clone()))
         .collect();
+    let Ok(open) = inner.paddock.open_sandbox_ids().await else {
+        return;
+    };
+    let open: HashSet<String> = open.into_iter().collect();
     let now = unix_ms();
     for (id, own) in ids {
         if !open.contains(&id) {

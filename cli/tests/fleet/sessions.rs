@@ -310,18 +310,33 @@ fn a_sandbox_stays_on_its_node_and_answers_through_any_node() {
         let reply = read_until(&mut tcp, false, |s| s.ends_with('\n')).await;
         assert_eq!(reply, "reply:through-the-fleet\n");
     });
-    // A refusal by the owner before the upgrade is the caller's plain answer.
+    // A refusal by the owner before the upgrade is the caller's plain answer: the
+    // owner's own (s1 alone would say the sandbox is unknown).
+    let upgrade = [
+        ("authorization", alice.as_str()),
+        ("connection", "Upgrade"),
+        ("upgrade", "websocket"),
+        ("sec-websocket-version", "13"),
+        ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
+    ];
     let (s, r) = http.get(
         &format!("{base1}/processes/no-such-process/attach"),
-        &[
-            ("authorization", alice.as_str()),
-            ("connection", "Upgrade"),
-            ("upgrade", "websocket"),
-            ("sec-websocket-version", "13"),
-            ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
-        ],
+        &upgrade,
+    );
+    let mut direct_upgrade = upgrade.to_vec();
+    direct_upgrade.push(HERE);
+    let (s0, r0) = http.get(
+        &format!("{owner}/v1/sandboxes/{id}/processes/no-such-process/attach"),
+        &direct_upgrade,
     );
     assert_eq!((s, &r["error"]["code"]), (404, &json!("NOT_FOUND")), "{r}");
+    assert_eq!((s, &r), (s0, &r0));
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("no-such-process")),
+        "{r}"
+    );
 
     // Tenant walls on every node: bob's answer for alice's sandbox is the answer
     // for an id that never existed, and the operator sees it.

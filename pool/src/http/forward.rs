@@ -287,7 +287,9 @@ async fn forward_socket(
         .map_err(|e| unreachable(node, address, e))?;
     for (name, value) in req.headers() {
         let n = name.as_str();
-        if hop_by_hop(name) || n.starts_with("sec-websocket-") && n != "sec-websocket-protocol" {
+        // The handshake is this node's own with the owner (no subprotocol: the
+        // routes take none, and the client's answer comes from this node).
+        if hop_by_hop(name) || n.starts_with("sec-websocket-") {
             continue;
         }
         if let (Ok(name), Ok(value)) = (
