@@ -105,6 +105,20 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<i32, UsageError> {
     } else {
         None
     };
+    // The tenants' concurrency caps hold fleet-wide too; the node's own limiter
+    // keeps them as well (they then bite only on what the fleet does not count:
+    // executions inside a sandbox).
+    let fleet_caps = paddock_fleet::ShareCaps {
+        max_concurrent: config.limiter.max_concurrent_per_tenant,
+        max_slots: config.limiter.max_slots_per_tenant,
+        max_sandboxes: config.limiter.max_sandboxes_per_tenant,
+        default_timeout_ms: config
+            .limits
+            .defaults
+            .timeout_ms
+            .or(paddock_core::Limits::defaults().timeout_ms)
+            .unwrap_or(30_000),
+    };
     let drain = Duration::from_millis(server_config.drain_ms);
     let paddock = match Paddock::builder().config(config).start() {
         Ok(p) => p,
@@ -128,6 +142,9 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<i32, UsageError> {
     };
     if let (Some(f), Some((max, window_ms))) = (&fleet, fleet_rate) {
         f.limit_rate(max, window_ms);
+    }
+    if let Some(f) = &fleet {
+        f.limit_shares(fleet_caps);
     }
     let facade = fleet
         .as_ref()

@@ -23,6 +23,7 @@ use tokio::sync::mpsc;
 use crate::control::{ask, cancel_here};
 use crate::names::Names;
 use crate::node::{Inbound, Inner, Waiter};
+use crate::shares::{Hold, Kind, RunHold};
 use crate::store::{unavailable, Cas};
 use crate::wire::{Answer, Control, Order, Phase, Record, ID_HEADER, KIND_HEADER};
 
@@ -76,6 +77,8 @@ enum Pending {
         /// The idempotency key it holds, if any.
         key: Option<String>,
         fence: Fence,
+        /// Its place in the tenant's fleet-wide shares, if they are counted.
+        hold: Option<RunHold>,
     },
     /// The first execution of an idempotency key.
     Attached {
@@ -154,12 +157,37 @@ impl Federated {
                 return Err(refuse(e).await);
             }
         }
-        // The tenant's fleet-wide rate, counted once per execution: after the
-        // refusals above (a request refused for what it asks costs no admission,
-        // as on a single node), and not for a replay of an idempotency key.
+        // The tenant's fleet-wide shares, then its rate, counted once per
+        // execution: after the refusals above (a request refused for what it asks
+        // costs no admission, as on a single node), and not for a replay of an
+        // idempotency key. A refusal after the hold gives it back.
+        let caps = *inner.share_caps.lock();
+        let hold = if caps.max_concurrent.is_some() || caps.max_slots.is_some() {
+            let taken = RunHold::take(
+                inner,
+                &caps,
+                tenant.as_deref(),
+                &id,
+                start_by_ms,
+                msg.request.limits.timeout_ms,
+            )
+            .await;
+            match taken {
+                Ok(h) => Some(h),
+                Err(e) => return Err(refuse(e).await),
+            }
+        } else {
+            None
+        };
+        let give_back = |hold: Option<RunHold>| async move {
+            if let Some(h) = hold {
+                h.finish().await;
+            }
+        };
         let rate = *inner.rate_limit.lock();
         if let Some(rate) = rate {
             if let Err(e) = crate::rate::admit(inner, rate, tenant.as_deref()).await {
+                give_back(hold).await;
                 return Err(refuse(e).await);
             }
         }
@@ -178,6 +206,7 @@ impl Federated {
         };
         let payload = bytes::Bytes::from(serde_json::to_vec(&order).unwrap_or_default());
         if payload.len() + 1024 > inner.max_payload {
+            give_back(hold).await;
             return Err(refuse(Error::invalid_options(
                 "request",
                 format!(
@@ -191,7 +220,9 @@ impl Federated {
         let (tx, rx) = mpsc::channel(256);
         match inner.waiters.entry(id.clone()) {
             dashmap::Entry::Occupied(_) => {
-                // Another request with the same key queues it here right now.
+                // Another request with the same key queues it here right now
+                // (and holds its place).
+                give_back(hold).await;
                 return Ok(Pending::Attached {
                     id,
                     start_by_ms,
@@ -214,8 +245,11 @@ impl Federated {
         if let Err(e) = self.publish(&order, payload).await {
             if e.code == ErrorCode::FleetUnavailable {
                 // It may be queued all the same (the acknowledgement is what was
-                // lost): the key stays, so a retry with it attaches to this one.
+                // lost): the key stays, so a retry with it attaches to this one,
+                // and the hold (dropped here) is given back once its record says
+                // it is done, or it can no longer start.
                 inner.waiters.remove(&id);
+                drop(hold);
                 return Err(Error::new(
                     e.code,
                     format!(
@@ -225,6 +259,7 @@ impl Federated {
                 )
                 .with_retry_after_ms(e.retry_after_ms.unwrap_or(1_000)));
             }
+            give_back(hold).await;
             return Err(refuse(e).await);
         }
         Ok(Pending::Own {
@@ -234,6 +269,7 @@ impl Federated {
             start_by_ms,
             key: held_key,
             fence,
+            hold,
         })
     }
 
@@ -258,7 +294,7 @@ impl Federated {
             let value = bytes::Bytes::from(serde_json::to_vec(&entry).unwrap_or_default());
             match inner.idem.create(&k, value).await {
                 Ok(_) => return Ok(None),
-                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {}
+                Err(e) if crate::store::already_exists(&e) => {}
                 Err(e) => return Err(unavailable("holding an idempotency key", e)),
             }
             let held = inner
@@ -392,7 +428,7 @@ impl Federated {
         chunks: Option<&paddock_pool::OutputRelay>,
     ) -> Result<ExecResult, Error> {
         let inner = &self.inner;
-        let (guard, id, mut rx, start_by_ms, key, fence) = match pending {
+        let (guard, id, mut rx, start_by_ms, key, fence, hold) = match pending {
             Pending::Own {
                 _guard,
                 id,
@@ -400,12 +436,13 @@ impl Federated {
                 start_by_ms,
                 key,
                 fence,
-            } => (Some(_guard), id, Some(rx), start_by_ms, key, fence),
+                hold,
+            } => (Some(_guard), id, Some(rx), start_by_ms, key, fence, hold),
             Pending::Attached {
                 id,
                 start_by_ms,
                 fence,
-            } => (None, id, None, start_by_ms, None, fence),
+            } => (None, id, None, start_by_ms, None, fence, None),
         };
         let poll = inner.heartbeat() * 2;
         let mut next_poll = tokio::time::Instant::now() + poll;
@@ -500,6 +537,9 @@ impl Federated {
             }
         };
         drop(guard);
+        if let Some(h) = hold {
+            h.finish().await;
+        }
         if let (Some(k), Err(e)) = (&key, &answer) {
             if retryable(e) {
                 // A refusal worth retrying is not replayed for the key.
@@ -622,13 +662,48 @@ impl Federation for Federated {
         crate::sessions::place(&self.inner, spec, engine).await
     }
 
+    async fn admit_session(&self, tenant: Option<&str>) -> Result<Option<String>, Error> {
+        let inner = &self.inner;
+        let caps = *inner.share_caps.lock();
+        if caps.max_sandboxes.is_none() && caps.max_slots.is_none() {
+            return Ok(None);
+        }
+        let ticket = ExecutionId::new().to_string();
+        let hold = Hold::here(inner, ticket.clone(), 0, 0);
+        crate::shares::take(inner, &caps, tenant, Kind::Sandbox, hold).await?;
+        Ok(Some(ticket))
+    }
+
+    fn release_admission(&self, tenant: Option<&str>, ticket: &str) {
+        let inner = self.inner.clone();
+        let tenant = tenant.map(str::to_owned);
+        let ticket = ticket.to_string();
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    crate::shares::give_back_or_later(
+                        &inner,
+                        tenant.as_deref(),
+                        Kind::Sandbox,
+                        &ticket,
+                    )
+                    .await;
+                });
+            }
+            Err(_) => {
+                crate::shares::give_back_later(&inner, tenant.as_deref(), Kind::Sandbox, &ticket)
+            }
+        }
+    }
+
     async fn session_opened(
         &self,
         tenant: Option<&str>,
         id: &str,
         engine: &EngineName,
+        ticket: Option<String>,
     ) -> Result<(), Error> {
-        crate::sessions::opened(&self.inner, tenant, id, engine).await
+        crate::sessions::opened(&self.inner, tenant, id, engine, ticket).await
     }
 
     async fn session_closed(&self, id: &str) {

@@ -17,6 +17,7 @@
 //! | execution records (lease, then the one result) | KV bucket | `P_exec` |
 //! | idempotency keys | KV bucket | `P_idem` |
 //! | per-tenant rate counters | KV bucket | `P_rate` |
+//! | per-tenant holds (concurrency, slots, sandboxes) | KV bucket | `P_shares` |
 //! | node cards (capacity, heartbeat) | KV bucket | `P_nodes` |
 //! | sandbox owners | KV bucket | `P_sessions` |
 //! | the audit log | stream, deduplicated by execution id | `P_AUDIT`, subjects `P.audit.<tenant>` |
@@ -35,8 +36,10 @@ mod node;
 mod rate;
 mod registry;
 mod sessions;
+mod shares;
 mod store;
 mod wire;
 mod worker;
 
 pub use node::{Fleet, JoinError, Located};
+pub use shares::ShareCaps;

@@ -94,6 +94,11 @@ impl Names {
         format!("{}_rate", self.prefix)
     }
 
+    /// The bucket of per-tenant holds (concurrency caps).
+    pub(crate) fn shares_bucket(&self) -> String {
+        format!("{}_shares", self.prefix)
+    }
+
     /// The bucket of sandbox owners.
     pub(crate) fn session_bucket(&self) -> String {
         format!("{}_sessions", self.prefix)

@@ -124,6 +124,13 @@ pub(crate) struct Inner {
     pub(crate) fenced: DashMap<String, Option<String>>,
     /// When this node's card was last written (Unix ms).
     pub(crate) card_written: AtomicU64,
+    /// Per-tenant holds (`P_shares`).
+    pub(crate) shares: kv::Store,
+    /// The fleet-wide concurrency caps per tenant ([`Fleet::limit_shares`]).
+    pub(crate) share_caps: parking_lot::Mutex<crate::shares::ShareCaps>,
+    /// Holds this node could not give back yet.
+    pub(crate) unreturned:
+        parking_lot::Mutex<std::collections::VecDeque<crate::shares::Unreturned>>,
 }
 
 impl Inner {
@@ -211,16 +218,34 @@ async fn patiently<T, E: std::fmt::Display, F: std::future::Future<Output = Resu
 }
 
 /// Makes a bucket, or opens it when another node made it already.
+/// Opens (or makes) a bucket whose reads go to its stream's leader.
+///
+/// The client makes every bucket with direct gets allowed, which any replica
+/// answers, one that is a write behind included: a node could then miss what
+/// another node wrote a moment before (a sandbox's owner, a hold given back). So
+/// direct gets are turned off, and every read sees every acknowledged write.
 async fn open_bucket(js: &jetstream::Context, config: kv::Config) -> Result<kv::Store, JoinError> {
     let name = config.bucket.clone();
     patiently(&name, || {
         let config = config.clone();
         let name = name.clone();
         async move {
-            match js.create_key_value(config).await {
-                Ok(store) => Ok(store),
-                Err(first) => js.get_key_value(name).await.map_err(|_| first.to_string()),
+            if let Err(first) = js.create_key_value(config).await {
+                if js.get_key_value(&name).await.is_err() {
+                    return Err(first.to_string());
+                }
             }
+            let stream = format!("KV_{name}");
+            let mut info = js.get_stream(&stream).await.map_err(|e| e.to_string())?;
+            let current = info.info().await.map_err(|e| e.to_string())?.config.clone();
+            if current.allow_direct {
+                let linear = stream::Config {
+                    allow_direct: false,
+                    ..current
+                };
+                js.update_stream(linear).await.map_err(|e| e.to_string())?;
+            }
+            js.get_key_value(name).await.map_err(|e| e.to_string())
         }
     })
     .await
@@ -300,6 +325,9 @@ impl Fleet {
             bucket(names.session_bucket(), crate::sessions::RECORD_AGE, 1),
         )
         .await?;
+        // A tenant's holds live as long as what they stand for: no age limit (one
+        // key per tenant, each as long as its caps allow).
+        let shares = open_bucket(&js, bucket(names.shares_bucket(), Duration::ZERO, 1)).await?;
         // Counters outlive their window only by a little (a window is at most 7 days).
         let rate = open_bucket(
             &js,
@@ -376,6 +404,9 @@ impl Fleet {
             own: DashMap::new(),
             fenced: DashMap::new(),
             card_written: AtomicU64::new(unix_ms()),
+            shares,
+            share_caps: parking_lot::Mutex::new(crate::shares::ShareCaps::default()),
+            unreturned: parking_lot::Mutex::new(std::collections::VecDeque::new()),
         });
         for e in &inner.engines {
             let stream_name = inner.names.work_stream(&e.engine);
@@ -508,6 +539,14 @@ impl Fleet {
     pub fn limit_rate(&self, max: u32, window_ms: u64) {
         *self.inner.rate_limit.lock() =
             (max > 0 && window_ms > 0).then_some(crate::rate::Rate { max, window_ms });
+    }
+
+    /// Counts every tenant's one-shot executions, pool slots and sandboxes over
+    /// the whole fleet, against `caps` (exact; see docs/fleet.md). Give every node
+    /// the same caps; the nodes' own limiters keep theirs too, which then only
+    /// bite on what the fleet does not count (executions inside a sandbox).
+    pub fn limit_shares(&self, caps: crate::shares::ShareCaps) {
+        *self.inner.share_caps.lock() = caps;
     }
 
     /// Executions this node runs for the fleet now.

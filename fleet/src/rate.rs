@@ -42,7 +42,7 @@ pub(crate) async fn admit(inner: &Inner, rate: Rate, tenant: Option<&str>) -> Re
         {
             None => match inner.rate.create(&key, Bytes::from_static(b"1")).await {
                 Ok(_) => return Ok(()),
-                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => continue,
+                Err(e) if crate::store::already_exists(&e) => continue,
                 Err(e) => Err(e.to_string()),
             },
             Some(e) => {
@@ -63,7 +63,7 @@ pub(crate) async fn admit(inner: &Inner, rate: Rate, tenant: Option<&str>) -> Re
                 let next = Bytes::from((n + 1).to_string());
                 match inner.rate.update(&key, next, e.revision).await {
                     Ok(_) => return Ok(()),
-                    Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => continue,
+                    Err(e) if crate::store::wrong_revision(&e) => continue,
                     Err(e) => Err(e.to_string()),
                 }
             }

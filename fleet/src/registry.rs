@@ -10,6 +10,7 @@ use paddock_core::unix_ms;
 use paddock_pool::federation::{NodeHealth, NodeView};
 
 use crate::node::{rooms, Inner};
+use crate::store::unavailable;
 use crate::wire::NodeCard;
 
 /// A node's card as last seen.
@@ -142,4 +143,52 @@ pub(crate) fn views(inner: &Inner, with_addresses: bool) -> Vec<NodeView> {
             }
         })
         .collect()
+}
+
+/// Why node `node`, in `incarnation`, counts as lost by its `card`; `None` while it
+/// is up (or late).
+pub(crate) fn judge(
+    inner: &Inner,
+    card: Option<&NodeCard>,
+    incarnation: &str,
+) -> Option<&'static str> {
+    match card {
+        None => Some("it is gone from the fleet"),
+        Some(c) if c.incarnation != incarnation => Some("it restarted since"),
+        Some(c) => match health(inner, c).0 {
+            NodeHealth::Down if c.leaving => Some("it left the fleet"),
+            NodeHealth::Down => Some("its heartbeat stopped"),
+            NodeHealth::Up | NodeHealth::Late => None,
+        },
+    }
+}
+
+/// Why node `node`, in `incarnation`, counts as lost (`None` while it is up), and
+/// its card. This node's view may be stale (it just started, or is back from a
+/// cut), so a loss is only declared from the card as the bucket has it, by a node
+/// that is itself in touch with the fleet: `FLEET_UNAVAILABLE` otherwise.
+pub(crate) async fn loss(
+    inner: &Inner,
+    node: &str,
+    incarnation: &str,
+) -> Result<(Option<&'static str>, Option<NodeCard>), paddock_core::Error> {
+    let card = inner.registry.read().get(node).map(|s| s.card.clone());
+    if judge(inner, card.as_ref(), incarnation).is_none() {
+        return Ok((None, card));
+    }
+    if unix_ms().saturating_sub(inner.card_written_ms()) > inner.config.ack_wait_ms {
+        return Err(unavailable(
+            "judging a node's health",
+            "this node is cut off from the fleet itself",
+        ));
+    }
+    let read = tokio::time::timeout(Duration::from_secs(3), inner.nodes.entry(node)).await;
+    let card = match read {
+        Ok(Ok(entry)) => entry
+            .filter(|e| matches!(e.operation, kv::Operation::Put))
+            .and_then(|e| serde_json::from_slice::<NodeCard>(&e.value).ok()),
+        Ok(Err(e)) => return Err(unavailable("reading a node's card", e)),
+        Err(_) => return Err(unavailable("reading a node's card", "no answer in time")),
+    };
+    Ok((judge(inner, card.as_ref(), incarnation), card))
 }

@@ -62,6 +62,8 @@ pub(crate) struct Own {
     /// The record's revision as this node last wrote it.
     pub(crate) revision: u64,
     pub(crate) written_at_ms: u64,
+    /// Its place in the tenant's fleet-wide shares, given back when it ends.
+    pub(crate) ticket: Option<String>,
 }
 
 /// How long a session record lives without being written: an open one is written
@@ -142,7 +144,7 @@ async fn update(
         .update(key(&record.id), encode(record), revision);
     match tokio::time::timeout(STEP, write).await {
         Ok(Ok(rev)) => Ok(Some(rev)),
-        Ok(Err(e)) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(None),
+        Ok(Err(e)) if crate::store::wrong_revision(&e) => Ok(None),
         Ok(Err(e)) => Err(unavailable("writing a session record", e)),
         Err(_) => Err(unavailable("writing a session record", "no answer in time")),
     }
@@ -202,13 +204,48 @@ pub(crate) async fn place(
     })
 }
 
-/// Records that sandbox `id` opened on this node.
+/// Records that sandbox `id` opened on this node, admitted with `ticket`; the
+/// ticket is given back when it cannot be recorded.
 pub(crate) async fn opened(
     inner: &Inner,
     tenant: Option<&str>,
     id: &str,
     engine: &EngineName,
+    ticket: Option<String>,
 ) -> Result<(), Error> {
+    let recorded = record_opened(inner, tenant, id, engine).await;
+    match recorded {
+        Ok((revision, written_at_ms)) => {
+            inner.own.insert(
+                id.to_string(),
+                Own {
+                    tenant: tenant.map(str::to_owned),
+                    engine: engine.clone(),
+                    revision,
+                    written_at_ms,
+                    ticket,
+                },
+            );
+            Ok(())
+        }
+        Err(e) => {
+            if let Some(t) = ticket {
+                crate::shares::give_back_or_later(inner, tenant, crate::shares::Kind::Sandbox, &t)
+                    .await;
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Creates the record of sandbox `id`, opened here: its revision and when it was
+/// written.
+async fn record_opened(
+    inner: &Inner,
+    tenant: Option<&str>,
+    id: &str,
+    engine: &EngineName,
+) -> Result<(u64, u64), Error> {
     let now = unix_ms();
     let record = SessionRecord {
         id: id.to_string(),
@@ -230,33 +267,13 @@ pub(crate) async fn opened(
             Err(_) => Err(None),
         };
         match made {
-            Ok(revision) => {
-                inner.own.insert(
-                    id.to_string(),
-                    Own {
-                        tenant: tenant.map(str::to_owned),
-                        engine: engine.clone(),
-                        revision,
-                        written_at_ms: now,
-                    },
-                );
-                return Ok(());
-            }
-            Err(Some(e)) if e.kind() == kv::CreateErrorKind::AlreadyExists => {
+            Ok(revision) => return Ok((revision, now)),
+            Err(Some(e)) if crate::store::already_exists(&e) => {
                 // Ours, from a create whose answer was lost; anything else is
                 // another sandbox's id (ids are unique, so this does not happen).
                 if let Some((r, revision)) = get(inner, id).await? {
                     if r.node == inner.node && r.incarnation == inner.incarnation {
-                        inner.own.insert(
-                            id.to_string(),
-                            Own {
-                                tenant: tenant.map(str::to_owned),
-                                engine: engine.clone(),
-                                revision,
-                                written_at_ms: r.at_ms,
-                            },
-                        );
-                        return Ok(());
+                        return Ok((revision, r.at_ms));
                     }
                 }
                 return Err(Error::new(
@@ -276,12 +293,27 @@ pub(crate) async fn opened(
     }
 }
 
+/// Gives back the place in its tenant's shares of a sandbox that ended here (at
+/// once, or later when NATS does not answer).
+async fn give_back(inner: &Inner, own: &Own) {
+    if let Some(t) = &own.ticket {
+        crate::shares::give_back_or_later(
+            inner,
+            own.tenant.as_deref(),
+            crate::shares::Kind::Sandbox,
+            t,
+        )
+        .await;
+    }
+}
+
 /// Records that sandbox `id`, owned here, ended.
 pub(crate) async fn closed(inner: &Inner, id: &str) {
     let Some((_, own)) = inner.own.remove(id) else {
         return;
     };
     mark(inner, id, Some(own.revision), SessionState::Closed).await;
+    give_back(inner, &own).await;
 }
 
 /// Marks the record of `id` (at `revision`, or whatever is there) as `state`, if it
@@ -358,32 +390,7 @@ pub(crate) async fn owner(
         let _ = mark_lost(inner, &record, revision).await;
         return Err(lost(id, &record.node, "it restarted since"));
     }
-    let mut card = inner
-        .registry
-        .read()
-        .get(&record.node)
-        .map(|s| s.card.clone());
-    let mut why = judge(inner, card.as_ref(), &record);
-    if why.is_some() {
-        // This node's view may be stale (it just started, or is back from a cut):
-        // a loss is only declared from the owner's card as the bucket has it, by a
-        // node that is itself in touch with the fleet.
-        if unix_ms().saturating_sub(inner.card_written_ms()) > inner.config.ack_wait_ms {
-            return Err(unavailable(
-                "finding a sandbox's node",
-                "this node is cut off from the fleet itself",
-            ));
-        }
-        let read = tokio::time::timeout(STEP, inner.nodes.entry(record.node.clone())).await;
-        card = match read {
-            Ok(Ok(entry)) => entry
-                .filter(|e| matches!(e.operation, kv::Operation::Put))
-                .and_then(|e| serde_json::from_slice::<crate::wire::NodeCard>(&e.value).ok()),
-            Ok(Err(e)) => return Err(unavailable("reading a node's card", e)),
-            Err(_) => return Err(unavailable("reading a node's card", "no answer in time")),
-        };
-        why = judge(inner, card.as_ref(), &record);
-    }
+    let (why, card) = crate::registry::loss(inner, &record.node, &record.incarnation).await?;
     if let Some(why) = why {
         let _ = mark_lost(inner, &record, revision).await;
         return Err(lost(id, &record.node, why));
@@ -401,23 +408,6 @@ pub(crate) async fn owner(
                 record.node
             ),
         )),
-    }
-}
-
-/// Why the owner of `record` counts as lost, by its card; `None` while it is up.
-fn judge(
-    inner: &Inner,
-    card: Option<&crate::wire::NodeCard>,
-    record: &SessionRecord,
-) -> Option<&'static str> {
-    match card {
-        None => Some("it is gone from the fleet"),
-        Some(c) if c.incarnation != record.incarnation => Some("it restarted since"),
-        Some(c) => match crate::registry::health(inner, c).0 {
-            NodeHealth::Down if c.leaving => Some("it left the fleet"),
-            NodeHealth::Down => Some("its heartbeat stopped"),
-            NodeHealth::Up | NodeHealth::Late => None,
-        },
     }
 }
 
@@ -466,6 +456,16 @@ pub(crate) async fn fence(inner: std::sync::Arc<Inner>) {
             let Some((_, own)) = inner.own.remove(&id) else {
                 continue;
             };
+            // Given back once NATS answers again (the others may drop it
+            // sooner, as a lost node's).
+            if let Some(t) = &own.ticket {
+                crate::shares::give_back_later(
+                    &inner,
+                    own.tenant.as_deref(),
+                    crate::shares::Kind::Sandbox,
+                    t,
+                );
+            }
             inner.fenced.insert(id.clone(), own.tenant);
             tracing::warn!(sandbox = %id, silent_ms = silent, "this node is cut off from the fleet; ending its sandbox");
             end_here(&inner, &id).await;
@@ -511,6 +511,7 @@ pub(crate) async fn keep(inner: std::sync::Arc<Inner>) {
                 Err(_) => break,
             }
         }
+        crate::shares::retry_unreturned(&inner).await;
         if round.is_multiple_of(5) {
             reconcile(&inner).await;
         }
@@ -558,7 +559,9 @@ async fn reconcile(inner: &Inner) {
             }
             // Marked lost (this node was counted lost), or gone: no longer ours.
             _ => {
-                inner.own.remove(&id);
+                if let Some((_, own)) = inner.own.remove(&id) {
+                    give_back(inner, &own).await;
+                }
                 tracing::warn!(sandbox = %id, "the fleet no longer counts this sandbox as this node's; ending it");
                 end_here(inner, &id).await;
             }

@@ -32,6 +32,21 @@ pub(crate) fn unavailable(what: &str, e: impl std::fmt::Display) -> Error {
     .with_retry_after_ms(1_000)
 }
 
+/// Whether a failed `create` found the key written already (the server's "wrong
+/// last sequence" can reach the client as another kind of error; see
+/// [`wrong_revision`]).
+pub(crate) fn already_exists(e: &kv::CreateError) -> bool {
+    e.kind() == kv::CreateErrorKind::AlreadyExists || e.to_string().contains("wrong last sequence")
+}
+
+/// Whether a failed `update` found another revision than the one it was given.
+/// The server's "wrong last sequence" (error code 10164, a compare-and-set that
+/// lost) reaches the client as `Other` as well as `WrongLastRevision`.
+pub(crate) fn wrong_revision(e: &kv::UpdateError) -> bool {
+    e.kind() == kv::UpdateErrorKind::WrongLastRevision
+        || e.to_string().contains("wrong last sequence")
+}
+
 /// The record store: the `P_exec` bucket.
 #[derive(Debug, Clone)]
 pub(crate) struct Records {
@@ -83,7 +98,7 @@ impl Records {
         loop {
             match self.kv.create(&key, encode(record)).await {
                 Ok(rev) => return Ok(Cas::Written(rev)),
-                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {
+                Err(e) if already_exists(&e) => {
                     return self.settle(record).await;
                 }
                 Err(e) if tokio::time::Instant::now() < deadline => {
@@ -118,7 +133,7 @@ impl Records {
         loop {
             let refused = match self.kv.update(&key, encode(record), revision).await {
                 Ok(rev) => return Ok(Cas::Written(rev)),
-                Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => true,
+                Err(e) if crate::store::wrong_revision(&e) => true,
                 Err(e) if tokio::time::Instant::now() < deadline => {
                     tracing::debug!(error = %e, "updating a record; checking");
                     tokio::time::sleep(pause).await;

@@ -144,13 +144,31 @@ pub trait Federation: Send + Sync + std::fmt::Debug + 'static {
         Ok(SessionPlace::Here)
     }
 
-    /// Records that sandbox `id` of `tenant` opened on this node (its owner). An
-    /// error means the fleet could not record it, and the sandbox must not be used.
+    /// Takes a place for one more sandbox of `tenant` in the fleet's per-tenant
+    /// shares (`limiter.max_sandboxes_per_tenant`, `max_slots_per_tenant`), before
+    /// this node opens it: `RATE_LIMITED` or `POOL_EXHAUSTED` at a cap. The ticket
+    /// it answers goes to [`session_opened`](Self::session_opened) once the sandbox
+    /// is open, or back through [`release_admission`](Self::release_admission)
+    /// when it does not open. `None`: the fleet counts no shares.
+    async fn admit_session(&self, _tenant: Option<&str>) -> Result<Option<String>, Error> {
+        Ok(None)
+    }
+
+    /// Gives back a place [`admit_session`](Self::admit_session) took for a sandbox
+    /// that did not open. Returns at once (the fleet gives it back in the
+    /// background), so that it may be called from `Drop`.
+    fn release_admission(&self, _tenant: Option<&str>, _ticket: &str) {}
+
+    /// Records that sandbox `id` of `tenant` opened on this node (its owner), with
+    /// the place `ticket` the fleet admitted it with (given back when it closes).
+    /// An error means the fleet could not record it (the ticket is given back
+    /// then), and the sandbox must not be used.
     async fn session_opened(
         &self,
         _tenant: Option<&str>,
         _id: &str,
         _engine: &EngineName,
+        _ticket: Option<String>,
     ) -> Result<(), Error> {
         Ok(())
     }

@@ -456,6 +456,26 @@ impl Look {
         }
     }
 
+    /// Every key of bucket `P_<bucket>` with its value as JSON.
+    pub fn values(&self, bucket: &str) -> std::collections::BTreeMap<String, Value> {
+        use futures_util::StreamExt;
+        self.rt.block_on(async {
+            let kv = self
+                .js
+                .get_key_value(format!("{}_{bucket}", self.prefix))
+                .await
+                .expect("the bucket");
+            let mut keys = kv.keys().await.expect("its keys");
+            let mut out = std::collections::BTreeMap::new();
+            while let Some(Ok(k)) = keys.next().await {
+                if let Ok(Some(v)) = kv.get(&k).await {
+                    out.insert(k, serde_json::from_slice(&v).unwrap_or(Value::Null));
+                }
+            }
+            out
+        })
+    }
+
     /// Messages waiting in stream `name`.
     pub fn queued(&self, name: &str) -> Option<u64> {
         self.rt.block_on(async {

@@ -9,6 +9,7 @@
 mod harness;
 mod chaos;
 mod sessions;
+mod shares;
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;

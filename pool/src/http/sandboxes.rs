@@ -83,6 +83,17 @@ pub(super) async fn create_sandbox(
             }
         }
     }
+    // The fleet's per-tenant shares first: a place is taken before the sandbox
+    // opens (and given back if it does not open), so that a tenant at its cap
+    // costs no sandbox.
+    let mut admission = Admission {
+        federation: federation.clone(),
+        tenant: spec.tenant.clone(),
+        ticket: None,
+    };
+    if let Some(f) = &federation {
+        admission.ticket = f.admit_session(spec.tenant.as_deref()).await?;
+    }
     let handle = state
         .paddock
         .open_sandbox(spec.clone(), body.engine)
@@ -91,8 +102,14 @@ pub(super) async fn create_sandbox(
     if let Some(f) = &federation {
         // Its owner is recorded before anyone learns its id; a sandbox the fleet
         // cannot find is not handed out.
+        let ticket = admission.ticket.take();
         if let Err(e) = f
-            .session_opened(spec.tenant.as_deref(), handle.id(), &handle.info().engine)
+            .session_opened(
+                spec.tenant.as_deref(),
+                handle.id(),
+                &handle.info().engine,
+                ticket,
+            )
             .await
         {
             let _ = handle.destroy().await;
@@ -100,6 +117,23 @@ pub(super) async fn create_sandbox(
         }
     }
     Ok(HttpResponse::Created().json(handle.info()))
+}
+
+/// A place in the fleet's shares taken for a sandbox being opened: given back when
+/// dropped still holding its ticket (the sandbox did not open, or the request
+/// ended first).
+struct Admission {
+    federation: Option<std::sync::Arc<dyn crate::federation::Federation>>,
+    tenant: Option<String>,
+    ticket: Option<String>,
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        if let (Some(f), Some(t)) = (&self.federation, self.ticket.take()) {
+            f.release_admission(self.tenant.as_deref(), &t);
+        }
+    }
 }
 
 pub(super) async fn sandbox_status(
