@@ -10,6 +10,7 @@ mod harness;
 mod chaos;
 mod sessions;
 mod shares;
+mod walls;
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
