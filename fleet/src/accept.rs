@@ -706,6 +706,26 @@ impl Federation for Federated {
         crate::sessions::opened(&self.inner, tenant, id, engine, ticket).await
     }
 
+    async fn node_lost(&self, node: &str) -> String {
+        let inner = &self.inner;
+        loop {
+            tokio::time::sleep(inner.heartbeat()).await;
+            // Declared only while this node is itself in touch with the fleet (a
+            // node cut off from NATS sees every card age).
+            if unix_ms().saturating_sub(inner.card_written_ms()) > inner.config.ack_wait_ms {
+                continue;
+            }
+            let card = inner.registry.read().get(node).map(|s| s.card.clone());
+            let incarnation = card
+                .as_ref()
+                .map(|c| c.incarnation.clone())
+                .unwrap_or_default();
+            if let Some(why) = crate::registry::judge(inner, card.as_ref(), &incarnation) {
+                return why.to_string();
+            }
+        }
+    }
+
     async fn session_closed(&self, id: &str) {
         crate::sessions::closed(&self.inner, id).await
     }

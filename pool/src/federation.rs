@@ -173,6 +173,14 @@ pub trait Federation: Send + Sync + std::fmt::Debug + 'static {
         Ok(())
     }
 
+    /// Resolves once the fleet counts node `node` lost (its heartbeat stopped past
+    /// the ack wait, or it left), with why: a call forwarded to a node that stops
+    /// answering without closing its connections (a frozen host, a cut network)
+    /// ends then, instead of waiting on TCP. Never resolves by default.
+    async fn node_lost(&self, _node: &str) -> String {
+        std::future::pending().await
+    }
+
     /// Records that sandbox `id`, open on this node, was destroyed.
     async fn session_closed(&self, _id: &str) {}
 

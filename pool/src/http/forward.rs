@@ -220,14 +220,20 @@ pub(super) async fn forward(
             }))
         }
     };
-    let answer = out.send().await;
+    // A call on an owner that stops answering without closing its connections
+    // ends once the fleet counts the owner lost, not when TCP gives up.
+    let mut lost = owner_lost(state, node);
+    let answer = tokio::select! {
+        a = out.send() => a.map_err(|e| unreachable(node, address, e)),
+        why = &mut lost => Err(ApiError::from(lost_error(node, &why))),
+    };
     let answer = match answer {
         Ok(a) => a,
         Err(e) => {
             if let Some(p) = pump {
                 p.abort();
             }
-            return Err(unreachable(node, address, e));
+            return Err(e);
         }
     };
     let status = StatusCode::from_u16(answer.status().as_u16())
@@ -242,13 +248,52 @@ pub(super) async fn forward(
         return Ok(response.finish());
     }
     let length = answer.content_length();
-    let stream = answer
+    let chunks = answer
         .bytes_stream()
         .map(|chunk| chunk.map_err(|e| std::io::Error::other(e.to_string())));
+    // The owner lost mid-answer: the body ends in an error (the connection is
+    // cut), so that a client cannot take a cut answer for a whole one.
+    let stream = futures_util::stream::unfold(
+        (Box::pin(chunks), lost, false),
+        |(mut chunks, mut lost, ended)| async move {
+            if ended {
+                return None;
+            }
+            tokio::select! {
+                chunk = chunks.next() => chunk.map(|c| (c, (chunks, lost, false))),
+                why = &mut lost => Some((
+                    Err(std::io::Error::other(why)),
+                    (chunks, lost, true),
+                )),
+            }
+        },
+    );
     if let Some(n) = length {
         response.no_chunking(n);
     }
     Ok(response.streaming(stream))
+}
+
+/// Resolves once the fleet counts `node` lost, with why (never without a fleet).
+fn owner_lost(state: &State, node: &str) -> futures_util::future::BoxFuture<'static, String> {
+    match state.paddock.federation().cloned() {
+        Some(f) => {
+            let node = node.to_string();
+            Box::pin(async move { f.node_lost(&node).await })
+        }
+        None => Box::pin(std::future::pending()),
+    }
+}
+
+/// The answer to a call whose owner was lost while it was on the way.
+fn lost_error(node: &str, why: &str) -> Error {
+    Error::new(
+        ErrorCode::NodeLost,
+        format!(
+            "the node that owns the sandbox, `{node}`, was lost while this call was on it \
+             ({why}); what the sandbox held is gone: open a new sandbox"
+        ),
+    )
 }
 
 fn hop_by_hop_str(name: &str) -> bool {
@@ -333,10 +378,11 @@ async fn forward_socket(
         .max_frame_size(MAX_WS_MESSAGE)
         .aggregate_continuations()
         .max_continuation_size(MAX_WS_MESSAGE);
+    let lost = owner_lost(state, node);
     actix_web::rt::spawn(async move {
         // The tenant's place among its open WebSockets, until this one closes.
         let _held = held;
-        relay_socket(upstream, session, stream).await
+        relay_socket(upstream, session, stream, lost).await
     });
     Ok(response)
 }
@@ -353,6 +399,7 @@ async fn relay_socket(
     upstream: Upstream,
     session: actix_ws::Session,
     mut stream: actix_ws::AggregatedMessageStream,
+    mut lost: futures_util::future::BoxFuture<'static, String>,
 ) {
     let (mut to_owner, mut from_owner) = upstream.split();
     let mut down = {
@@ -396,6 +443,17 @@ async fn relay_socket(
             m = stream.next() => m,
             // The owner closed (and that close went to the client).
             _ = &mut down => return,
+            // The owner stopped answering, and the fleet counts it lost.
+            why = &mut lost => {
+                down.abort();
+                let _ = replies
+                    .close(Some(CloseReason {
+                        code: CloseCode::Away,
+                        description: Some(format!("the node that owns the sandbox was lost ({why})")),
+                    }))
+                    .await;
+                return;
+            }
         };
         let sent = match message {
             Some(Ok(AggregatedMessage::Binary(data))) => {
