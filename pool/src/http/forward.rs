@@ -162,6 +162,16 @@ fn unreachable(node: &str, address: &str, e: impl std::fmt::Display) -> ApiError
     )
 }
 
+/// A forwarded call that got no answer.
+pub(super) struct Unanswered {
+    /// What the caller is answered.
+    pub(super) error: ApiError,
+    /// Whether the request may have reached the owner (it was sent, or the
+    /// connection broke after it connected); `false` only when no connection was
+    /// made.
+    pub(super) sent: bool,
+}
+
 /// Forwards one request to the owner at `address` and streams its answer back.
 pub(super) async fn forward(
     state: &State,
@@ -171,6 +181,22 @@ pub(super) async fn forward(
     node: &str,
     address: &str,
 ) -> Result<HttpResponse, ApiError> {
+    forward_to(state, caller, req, body, node, address)
+        .await
+        .map_err(|u| u.error)
+}
+
+/// [`forward`], telling a call that never reached the owner from one that may have.
+pub(super) async fn forward_to(
+    state: &State,
+    caller: &Caller,
+    req: &HttpRequest,
+    body: Body,
+    node: &str,
+    address: &str,
+) -> Result<HttpResponse, Unanswered> {
+    let not_sent = |error: ApiError| Unanswered { error, sent: false };
+    let sent = |error: ApiError| Unanswered { error, sent: true };
     let path = req
         .uri()
         .path_and_query()
@@ -178,17 +204,23 @@ pub(super) async fn forward(
         .unwrap_or("/");
     if is_upgrade(req) {
         let Body::Stream(payload) = body else {
-            return Err(upgrade_error(actix_web::error::ErrorBadRequest(
+            return Err(not_sent(upgrade_error(actix_web::error::ErrorBadRequest(
                 "a WebSocket cannot be forwarded with a read body",
-            )));
+            ))));
         };
-        return forward_socket(state, caller, req, payload, node, address, path).await;
+        return forward_socket(state, caller, req, payload, node, address, path)
+            .await
+            .map_err(sent);
     }
     let client = CLIENT
         .with(Clone::clone)
-        .ok_or_else(|| unreachable(node, address, "no HTTP client could be built"))?;
-    let method = reqwest::Method::from_bytes(req.method().as_str().as_bytes())
-        .map_err(|e| ApiError::from(Error::invalid_options("method", e.to_string())))?;
+        .ok_or_else(|| not_sent(unreachable(node, address, "no HTTP client could be built")))?;
+    let method = reqwest::Method::from_bytes(req.method().as_str().as_bytes()).map_err(|e| {
+        not_sent(ApiError::from(Error::invalid_options(
+            "method",
+            e.to_string(),
+        )))
+    })?;
     let mut out = client.request(method, format!("{address}{path}"));
     for (name, value) in req.headers() {
         if !hop_by_hop(name) {
@@ -224,8 +256,11 @@ pub(super) async fn forward(
     // ends once the fleet counts the owner lost, not when TCP gives up.
     let mut lost = owner_lost(state, node);
     let answer = tokio::select! {
-        a = out.send() => a.map_err(|e| unreachable(node, address, e)),
-        why = &mut lost => Err(ApiError::from(lost_error(node, &why))),
+        a = out.send() => a.map_err(|e| Unanswered {
+            sent: !e.is_connect(),
+            error: unreachable(node, address, e),
+        }),
+        why = &mut lost => Err(sent(ApiError::from(lost_error(node, &why)))),
     };
     let answer = match answer {
         Ok(a) => a,
@@ -237,7 +272,7 @@ pub(super) async fn forward(
         }
     };
     let status = StatusCode::from_u16(answer.status().as_u16())
-        .map_err(|e| unreachable(node, address, e))?;
+        .map_err(|e| sent(unreachable(node, address, e)))?;
     let mut response = HttpResponse::build(status);
     for (name, value) in answer.headers() {
         if !hop_by_hop_str(name.as_str()) && name.as_str() != "content-length" {

@@ -63,7 +63,7 @@ pub(super) async fn create_sandbox(
                 f.place_session(&spec, body.engine.as_ref()).await?
             {
                 let raw = Bytes::copy_from_slice(&raw);
-                match forward::forward(
+                match forward::forward_to(
                     &state,
                     &caller,
                     &req,
@@ -75,10 +75,11 @@ pub(super) async fn create_sandbox(
                 {
                     Ok(r) => return Ok(r),
                     // Nothing reached the chosen node: this one opens it instead.
-                    Err(e) if e.error.code == ErrorCode::FleetUnavailable => {
-                        tracing::warn!(node = %id, error = %e.error.message, "placing a sandbox on another node failed; opening it here");
+                    // (One that may have reached it is not opened twice.)
+                    Err(e) if !e.sent => {
+                        tracing::warn!(node = %id, error = %e.error.error.message, "placing a sandbox on another node failed; opening it here");
                     }
-                    Err(e) => return Err(e),
+                    Err(e) => return Err(e.error),
                 }
             }
         }
