@@ -712,7 +712,7 @@ impl Federation for Federated {
             tokio::time::sleep(inner.heartbeat()).await;
             // Declared only while this node is itself in touch with the fleet (a
             // node cut off from NATS sees every card age).
-            if unix_ms().saturating_sub(inner.card_written_ms()) > inner.config.ack_wait_ms {
+            if inner.card_silent_ms() > inner.config.ack_wait_ms {
                 continue;
             }
             let card = inner.registry.read().get(node).map(|s| s.card.clone());

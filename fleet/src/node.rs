@@ -122,8 +122,10 @@ pub(crate) struct Inner {
     /// Sandboxes this node ended while cut off from NATS, until their records say
     /// they are lost.
     pub(crate) fenced: DashMap<String, Option<String>>,
-    /// When this node's card was last written (Unix ms).
+    /// When this node's card was last written: ms since `clock` (a monotonic
+    /// clock, so that a step of the wall clock neither fences nor unfences).
     pub(crate) card_written: AtomicU64,
+    pub(crate) clock: std::time::Instant,
     /// Per-tenant holds (`P_shares`).
     pub(crate) shares: kv::Store,
     /// The fleet-wide concurrency caps per tenant ([`Fleet::limit_shares`]).
@@ -142,8 +144,15 @@ impl Inner {
         Duration::from_millis(self.config.heartbeat_ms)
     }
 
-    pub(crate) fn card_written_ms(&self) -> u64 {
-        self.card_written.load(Ordering::Acquire)
+    /// Milliseconds since this node's card was last written.
+    pub(crate) fn card_silent_ms(&self) -> u64 {
+        self.clock_ms()
+            .saturating_sub(self.card_written.load(Ordering::Acquire))
+    }
+
+    /// Milliseconds on the monotonic clock of `card_written`.
+    pub(crate) fn clock_ms(&self) -> u64 {
+        u64::try_from(self.clock.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
     pub(crate) fn stopping(&self) -> bool {
@@ -403,7 +412,8 @@ impl Fleet {
             sessions,
             own: DashMap::new(),
             fenced: DashMap::new(),
-            card_written: AtomicU64::new(unix_ms()),
+            card_written: AtomicU64::new(0),
+            clock: std::time::Instant::now(),
             shares,
             share_caps: parking_lot::Mutex::new(crate::shares::ShareCaps::default()),
             unreturned: parking_lot::Mutex::new(std::collections::VecDeque::new()),

@@ -39,7 +39,7 @@ pub(crate) async fn publish_card(inner: &Inner, leaving: bool) -> Result<(), kv:
     inner.nodes.put(&inner.node, bytes).await?;
     inner
         .card_written
-        .store(unix_ms(), std::sync::atomic::Ordering::Release);
+        .store(inner.clock_ms(), std::sync::atomic::Ordering::Release);
     // Our own card is known at once, without waiting for the watch.
     inner
         .registry
@@ -176,7 +176,7 @@ pub(crate) async fn loss(
     if judge(inner, card.as_ref(), incarnation).is_none() {
         return Ok((None, card));
     }
-    if unix_ms().saturating_sub(inner.card_written_ms()) > inner.config.ack_wait_ms {
+    if inner.card_silent_ms() > inner.config.ack_wait_ms {
         return Err(unavailable(
             "judging a node's health",
             "this node is cut off from the fleet itself",

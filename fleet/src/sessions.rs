@@ -447,7 +447,7 @@ pub(crate) async fn fence(inner: std::sync::Arc<Inner>) {
             _ = tick.tick() => {}
             _ = stop.changed() => return,
         }
-        let silent = unix_ms().saturating_sub(inner.card_written_ms());
+        let silent = inner.card_silent_ms();
         if silent <= inner.config.ack_wait_ms {
             continue;
         }
@@ -489,7 +489,7 @@ pub(crate) async fn keep(inner: std::sync::Arc<Inner>) {
             _ = stop.changed() => return,
         }
         round += 1;
-        if unix_ms().saturating_sub(inner.card_written_ms()) > inner.config.ack_wait_ms {
+        if inner.card_silent_ms() > inner.config.ack_wait_ms {
             continue;
         }
         let fenced: Vec<String> = inner.fenced.iter().map(|e| e.key().clone()).collect();
