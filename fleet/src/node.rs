@@ -209,24 +209,19 @@ const SETUP_PATIENCE: Duration = Duration::from_secs(30);
 /// Runs a setup step until it succeeds or [`SETUP_PATIENCE`] has passed.
 async fn patiently<T, E: std::fmt::Display, F: std::future::Future<Output = Result<T, E>>>(
     what: &str,
-    mut step: impl FnMut() -> F,
+    step: impl FnMut() -> F,
 ) -> Result<T, JoinError> {
-    let deadline = tokio::time::Instant::now() + SETUP_PATIENCE;
-    let mut pause = Duration::from_millis(100);
-    loop {
-        match step().await {
-            Ok(v) => return Ok(v),
-            Err(e) if tokio::time::Instant::now() < deadline => {
-                tracing::debug!(what, error = %e, "a setup step failed; retrying");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(2));
-            }
-            Err(e) => return Err(setup(what, e)),
-        }
-    }
+    let patience = crate::store::Patience {
+        total: SETUP_PATIENCE,
+        step: Duration::from_secs(10),
+        pause: Duration::from_millis(100),
+        max_pause: Duration::from_secs(2),
+    };
+    crate::store::retry(what, patience, step)
+        .await
+        .map_err(|e| setup(what, e))
 }
 
-/// Makes a bucket, or opens it when another node made it already.
 /// Opens (or makes) a bucket whose reads go to its stream's leader.
 ///
 /// The client makes every bucket with direct gets allowed, which any replica

@@ -93,35 +93,26 @@ fn encode(r: &SessionRecord) -> Bytes {
     Bytes::from(serde_json::to_vec(r).unwrap_or_default())
 }
 
-/// Retries `step` through a failover, for up to [`PATIENCE`].
 /// How long one record operation may take.
 const STEP: Duration = Duration::from_secs(3);
 
+/// Retries `step` through a failover, for up to [`PATIENCE`].
 async fn patiently<T, E: std::fmt::Display, F>(
     what: &str,
-    mut step: impl FnMut() -> F,
+    step: impl FnMut() -> F,
 ) -> Result<T, Error>
 where
     F: std::future::Future<Output = Result<T, E>>,
 {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    let mut pause = Duration::from_millis(20);
-    loop {
-        // A client cut off from its servers may hold a request until it is back.
-        let done = match tokio::time::timeout(STEP, step()).await {
-            Ok(r) => r.map_err(|e| e.to_string()),
-            Err(_) => Err(format!("no answer in {STEP:?}")),
-        };
-        match done {
-            Ok(v) => return Ok(v),
-            Err(e) if tokio::time::Instant::now() < deadline => {
-                tracing::debug!(what, error = %e, "a session record operation failed; retrying");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_millis(500));
-            }
-            Err(e) => return Err(unavailable(what, e)),
-        }
-    }
+    let patience = crate::store::Patience {
+        total: PATIENCE,
+        step: STEP,
+        pause: Duration::from_millis(20),
+        max_pause: Duration::from_millis(500),
+    };
+    crate::store::retry(what, patience, step)
+        .await
+        .map_err(|e| unavailable(what, e))
 }
 
 async fn get(inner: &Inner, id: &str) -> Result<Option<(SessionRecord, u64)>, Error> {

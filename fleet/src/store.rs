@@ -24,6 +24,47 @@ pub(crate) enum Cas {
 /// leader election takes a few seconds).
 const PATIENCE: Duration = Duration::from_secs(15);
 
+/// How a step is retried while the cluster does not answer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Patience {
+    /// How long it is retried in all.
+    pub(crate) total: Duration,
+    /// How long one try may take (a client cut off from its servers may hold a
+    /// request until it is back).
+    pub(crate) step: Duration,
+    /// The first pause between tries, doubled up to `max_pause`.
+    pub(crate) pause: Duration,
+    pub(crate) max_pause: Duration,
+}
+
+/// Runs `step` until it succeeds or `patience` runs out; the last error then.
+pub(crate) async fn retry<T, E: std::fmt::Display, F>(
+    what: &str,
+    patience: Patience,
+    mut step: impl FnMut() -> F,
+) -> Result<T, String>
+where
+    F: std::future::Future<Output = Result<T, E>>,
+{
+    let deadline = tokio::time::Instant::now() + patience.total;
+    let mut pause = patience.pause;
+    loop {
+        let done = match tokio::time::timeout(patience.step, step()).await {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(_) => Err(format!("no answer in {:?}", patience.step)),
+        };
+        match done {
+            Ok(v) => return Ok(v),
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                tracing::debug!(what, error = %e, "a step on NATS failed; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(patience.max_pause);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 pub(crate) fn unavailable(what: &str, e: impl std::fmt::Display) -> Error {
     Error::new(
         ErrorCode::FleetUnavailable,
