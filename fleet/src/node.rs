@@ -159,8 +159,35 @@ impl Inner {
         *self.stop.borrow()
     }
 
+    /// The heartbeat of a task that runs until the node stops: see [`Beats`].
+    pub(crate) fn beats(&self) -> Beats {
+        let mut tick = tokio::time::interval(self.heartbeat());
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Beats {
+            stop: self.stop.subscribe(),
+            tick,
+        }
+    }
+
     pub(crate) fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
         self.tasks.lock().push(tokio::spawn(task));
+    }
+}
+
+/// Every heartbeat until the node stops (a late beat is not caught up with).
+#[derive(Debug)]
+pub(crate) struct Beats {
+    stop: watch::Receiver<bool>,
+    tick: tokio::time::Interval,
+}
+
+impl Beats {
+    /// Waits for the next beat: `false` once the node stops.
+    pub(crate) async fn next(&mut self) -> bool {
+        tokio::select! {
+            _ = self.tick.tick() => true,
+            _ = self.stop.changed() => false,
+        }
     }
 }
 

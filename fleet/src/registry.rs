@@ -50,14 +50,8 @@ pub(crate) async fn publish_card(inner: &Inner, leaving: bool) -> Result<(), kv:
 
 /// Puts this node's card every heartbeat until the node stops.
 pub(crate) async fn heartbeat(inner: std::sync::Arc<Inner>) {
-    let mut stop = inner.stop.subscribe();
-    let mut tick = tokio::time::interval(inner.heartbeat());
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = stop.changed() => return,
-        }
+    let mut beats = inner.beats();
+    while beats.next().await {
         // A client cut off from its servers may hold the write until it is back:
         // the card is written afresh at the next beat instead.
         match tokio::time::timeout(inner.heartbeat() * 5, publish_card(&inner, false)).await {

@@ -430,14 +430,8 @@ async fn end_here(inner: &Inner, id: &str) {
 /// the ack wait: the fleet counts the node lost, and so its sandboxes. Checked
 /// every heartbeat, apart from anything that waits on NATS.
 pub(crate) async fn fence(inner: std::sync::Arc<Inner>) {
-    let mut stop = inner.stop.subscribe();
-    let mut tick = tokio::time::interval(inner.heartbeat());
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = stop.changed() => return,
-        }
+    let mut beats = inner.beats();
+    while beats.next().await {
         let silent = inner.card_silent_ms();
         if silent <= inner.config.ack_wait_ms {
             continue;
@@ -470,15 +464,9 @@ pub(crate) async fn fence(inner: std::sync::Arc<Inner>) {
 /// one whose record is no longer an open one of this node's is ended, and the
 /// records of the others are written again well inside their age limit.
 pub(crate) async fn keep(inner: std::sync::Arc<Inner>) {
-    let mut stop = inner.stop.subscribe();
-    let mut tick = tokio::time::interval(inner.heartbeat());
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut beats = inner.beats();
     let mut round = 0u64;
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = stop.changed() => return,
-        }
+    while beats.next().await {
         round += 1;
         if inner.card_silent_ms() > inner.config.ack_wait_ms {
             continue;
