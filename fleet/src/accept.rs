@@ -428,7 +428,7 @@ impl Federated {
         chunks: Option<&paddock_pool::OutputRelay>,
     ) -> Result<ExecResult, Error> {
         let inner = &self.inner;
-        let (guard, id, mut rx, start_by_ms, key, fence, hold) = match pending {
+        let (guard, id, mut rx, start_by_ms, key, fence, mut hold) = match pending {
             Pending::Own {
                 _guard,
                 id,
@@ -476,6 +476,9 @@ impl Federated {
             }
             next_poll = tokio::time::Instant::now() + poll;
             if inner.stopping() {
+                if let Some(h) = hold.take() {
+                    h.keep();
+                }
                 break Err(Error::new(
                     ErrorCode::EngineDisposed,
                     format!("this node left the fleet while it waited for execution {id}; look it up by id on another node"),
@@ -662,19 +665,21 @@ impl Federation for Federated {
         crate::sessions::place(&self.inner, spec, engine).await
     }
 
-    async fn admit_session(&self, tenant: Option<&str>) -> Result<Option<String>, Error> {
+    async fn admit_session(&self, tenant: Option<&str>, ticket: &str) -> Result<(), Error> {
         let inner = &self.inner;
         let caps = *inner.share_caps.lock();
         if caps.max_sandboxes.is_none() && caps.max_slots.is_none() {
-            return Ok(None);
+            return Ok(());
         }
-        let ticket = ExecutionId::new().to_string();
-        let hold = Hold::here(inner, ticket.clone(), 0, 0);
-        crate::shares::take(inner, &caps, tenant, Kind::Sandbox, hold).await?;
-        Ok(Some(ticket))
+        let hold = Hold::here(inner, ticket.to_string(), ticket.to_string(), 0, 0);
+        crate::shares::take(inner, &caps, tenant, Kind::Sandbox, hold).await
     }
 
     fn release_admission(&self, tenant: Option<&str>, ticket: &str) {
+        let caps = *self.inner.share_caps.lock();
+        if caps.max_sandboxes.is_none() && caps.max_slots.is_none() {
+            return;
+        }
         let inner = self.inner.clone();
         let tenant = tenant.map(str::to_owned);
         let ticket = ticket.to_string();
@@ -716,12 +721,15 @@ impl Federation for Federated {
                 continue;
             }
             let card = inner.registry.read().get(node).map(|s| s.card.clone());
-            let incarnation = card
-                .as_ref()
-                .map(|c| c.incarnation.clone())
-                .unwrap_or_default();
-            if let Some(why) = crate::registry::judge(inner, card.as_ref(), &incarnation) {
-                return why.to_string();
+            if crate::registry::judge_card(inner, card.as_ref()).is_none() {
+                continue;
+            }
+            // Seen lost (or not seen at all) here: confirmed from the card as the
+            // bucket has it, since this node's view may lag.
+            if let Ok(card) = crate::registry::read_card(inner, node).await {
+                if let Some(why) = crate::registry::judge_card(inner, card.as_ref()) {
+                    return why.to_string();
+                }
             }
         }
     }

@@ -176,13 +176,28 @@ pub(crate) async fn loss(
             "this node is cut off from the fleet itself",
         ));
     }
-    let read = tokio::time::timeout(Duration::from_secs(3), inner.nodes.entry(node)).await;
-    let card = match read {
-        Ok(Ok(entry)) => entry
-            .filter(|e| matches!(e.operation, kv::Operation::Put))
-            .and_then(|e| serde_json::from_slice::<NodeCard>(&e.value).ok()),
-        Ok(Err(e)) => return Err(unavailable("reading a node's card", e)),
-        Err(_) => return Err(unavailable("reading a node's card", "no answer in time")),
-    };
+    let card = read_card(inner, node).await?;
     Ok((judge(inner, card.as_ref(), incarnation), card))
+}
+
+/// Node `node`'s card as the bucket has it now.
+pub(crate) async fn read_card(
+    inner: &Inner,
+    node: &str,
+) -> Result<Option<NodeCard>, paddock_core::Error> {
+    let read = tokio::time::timeout(Duration::from_secs(3), inner.nodes.entry(node)).await;
+    match read {
+        Ok(Ok(entry)) => Ok(entry
+            .filter(|e| matches!(e.operation, kv::Operation::Put))
+            .and_then(|e| serde_json::from_slice::<NodeCard>(&e.value).ok())),
+        Ok(Err(e)) => Err(unavailable("reading a node's card", e)),
+        Err(_) => Err(unavailable("reading a node's card", "no answer in time")),
+    }
+}
+
+/// Why node `node` counts as lost by its own card (its health; whatever its
+/// incarnation), or `None` while it is up.
+pub(crate) fn judge_card(inner: &Inner, card: Option<&NodeCard>) -> Option<&'static str> {
+    let incarnation = card.map(|c| c.incarnation.as_str()).unwrap_or_default();
+    judge(inner, card, incarnation)
 }

@@ -195,8 +195,8 @@ pub(crate) async fn place(
     })
 }
 
-/// Records that sandbox `id` opened on this node, admitted with `ticket`; the
-/// ticket is given back when it cannot be recorded.
+/// Records that sandbox `id` opened on this node, admitted with `ticket` (kept
+/// with it from then on, and given back when it ends).
 pub(crate) async fn opened(
     inner: &Inner,
     tenant: Option<&str>,
@@ -219,13 +219,8 @@ pub(crate) async fn opened(
             );
             Ok(())
         }
-        Err(e) => {
-            if let Some(t) = ticket {
-                crate::shares::give_back_or_later(inner, tenant, crate::shares::Kind::Sandbox, &t)
-                    .await;
-            }
-            Err(e)
-        }
+        // The caller still holds the ticket, and gives it back.
+        Err(e) => Err(e),
     }
 }
 

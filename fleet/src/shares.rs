@@ -44,8 +44,8 @@ pub struct ShareCaps {
     /// Sandboxes a tenant may have open at once (`limiter.max_sandboxes_per_tenant`).
     pub max_sandboxes: Option<u32>,
     /// The longest an execution may run when its request sets no timeout (the
-    /// nodes' `limits.timeout_ms`): bounds how long a hold can outlive a node that
-    /// could not give it back.
+    /// nodes' `limits.timeout_ms`; 0: unknown, counted as the longest allowed, 24
+    /// h): bounds how long a hold can outlive a node that could not give it back.
     pub default_timeout_ms: u64,
 }
 
@@ -86,8 +86,13 @@ impl Holds {
 /// One hold.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct Hold {
-    /// The execution's id, or the sandbox's ticket.
+    /// What it stands for: the execution's id, or the sandbox's ticket.
     pub(crate) id: String,
+    /// This hold's own name, given back by it: two requests can stand for one
+    /// execution (retries with one idempotency key), and each gives back only its
+    /// own hold.
+    #[serde(default)]
+    pub(crate) nonce: String,
     /// The node that took it, and its incarnation.
     pub(crate) node: String,
     pub(crate) incarnation: String,
@@ -101,10 +106,17 @@ pub(crate) struct Hold {
 }
 
 impl Hold {
-    /// A hold of this node for `id`.
-    pub(crate) fn here(inner: &Inner, id: String, start_by_ms: u64, until_ms: u64) -> Hold {
+    /// A hold of this node for `id`, named `nonce`.
+    pub(crate) fn here(
+        inner: &Inner,
+        id: String,
+        nonce: String,
+        start_by_ms: u64,
+        until_ms: u64,
+    ) -> Hold {
         Hold {
             id,
+            nonce,
             node: inner.node.clone(),
             incarnation: inner.incarnation.clone(),
             start_by_ms,
@@ -231,7 +243,8 @@ fn refusal(caps: &ShareCaps, holds: &Holds, kind: Kind, tenant: Option<&str>) ->
 
 /// Takes `hold` of `kind` for `tenant`, or refuses at a cap: `RATE_LIMITED` at the
 /// concurrency or sandbox cap, `POOL_EXHAUSTED` at the slot cap (the codes of a
-/// single node).
+/// single node). A hold whose write may have landed although it answered an error
+/// is given back later, so that an error never leaves a hold behind.
 pub(crate) async fn take(
     inner: &Inner,
     caps: &ShareCaps,
@@ -242,42 +255,60 @@ pub(crate) async fn take(
     let k = key(tenant);
     for _ in 0..TURNS {
         let (mut holds, revision) = read(inner, &k).await?;
-        if holds.of(kind).iter().any(|h| h.id == hold.id) {
-            // A write of ours whose answer was lost (seen in a read, it was
-            // written: a stale read misses writes, it does not invent them).
+        if holds.of(kind).iter().any(|h| h.nonce == hold.nonce) {
+            // A write of ours whose answer was lost.
             return Ok(());
         }
         if refusal(caps, &holds, kind, tenant).is_some() {
-            // Only at a cap are the holds of lost nodes looked for.
+            // Only at a cap are the holds of lost nodes looked for; what was
+            // found is written even when the refusal stands, so that the next
+            // request does not look again.
+            let before = holds.runs.len() + holds.sandboxes.len();
             prune(inner, &mut holds).await;
             if let Some(e) = refusal(caps, &holds, kind, tenant) {
+                if holds.runs.len() + holds.sandboxes.len() < before {
+                    let _ = write(inner, &k, &holds, revision).await;
+                }
                 return Err(e);
             }
         }
         holds.of(kind).push(hold.clone());
-        if write(inner, &k, &holds, revision).await? {
-            return Ok(());
+        match write(inner, &k, &holds, revision).await {
+            Ok(true) => return Ok(()),
+            Ok(false) => continue,
+            Err(e) => {
+                give_back_later(inner, tenant, kind, &hold.nonce);
+                return Err(e);
+            }
         }
     }
     Err(Error::new(
         ErrorCode::RateLimited,
-        format!("{} is admitted by many nodes at once; retry", who(tenant)),
+        format!(
+            "{} is admitted by many nodes at once (its shares changed {TURNS} times while this node read them); retry",
+            who(tenant)
+        ),
     )
     .with_retry_after_ms(20))
 }
 
-/// Gives back hold `id` of `kind`; `false` when the bucket could not be written
-/// (the hold stays until [`give_back_later`] succeeds).
-pub(crate) async fn give_back(inner: &Inner, tenant: Option<&str>, kind: Kind, id: &str) -> bool {
+/// Gives back the hold named `nonce` of `kind`; `false` when the bucket could not
+/// be written (the hold stays until [`give_back_later`] succeeds).
+pub(crate) async fn give_back(
+    inner: &Inner,
+    tenant: Option<&str>,
+    kind: Kind,
+    nonce: &str,
+) -> bool {
     let k = key(tenant);
     for _ in 0..TURNS {
         let Ok((mut holds, revision)) = read(inner, &k).await else {
             return false;
         };
-        // A read may come from a replica a write behind (the buckets allow direct
-        // gets), so a hold that seems gone is confirmed by writing what was read
-        // over its revision: that lands only if nothing was written since.
-        holds.of(kind).retain(|h| h.id != id);
+        // A hold that is not there is confirmed gone by writing what was read
+        // over its revision (that lands only if nothing was written since), so
+        // that a give-back racing its own take cannot miss it.
+        holds.of(kind).retain(|h| h.nonce != nonce);
         match write(inner, &k, &holds, revision).await {
             Ok(true) => return true,
             Ok(false) => continue,
@@ -292,22 +323,28 @@ pub(crate) async fn give_back(inner: &Inner, tenant: Option<&str>, kind: Kind, i
 pub(crate) struct Unreturned {
     pub(crate) tenant: Option<String>,
     pub(crate) kind: Kind,
-    pub(crate) id: String,
+    pub(crate) nonce: String,
 }
 
 /// Most holds a node keeps to give back later; past it the oldest is left to lapse
 /// (or to be dropped as a lost node's).
 const MAX_UNRETURNED: usize = 65_536;
 
-/// Gives back hold `id`, or keeps it to try again on the next heartbeat.
-pub(crate) async fn give_back_or_later(inner: &Inner, tenant: Option<&str>, kind: Kind, id: &str) {
-    if !give_back(inner, tenant, kind, id).await {
-        give_back_later(inner, tenant, kind, id);
+/// Gives back the hold named `nonce`, or keeps it to try again on the next
+/// heartbeat.
+pub(crate) async fn give_back_or_later(
+    inner: &Inner,
+    tenant: Option<&str>,
+    kind: Kind,
+    nonce: &str,
+) {
+    if !give_back(inner, tenant, kind, nonce).await {
+        give_back_later(inner, tenant, kind, nonce);
     }
 }
 
-/// Keeps hold `id` to give back on the next heartbeat.
-pub(crate) fn give_back_later(inner: &Inner, tenant: Option<&str>, kind: Kind, id: &str) {
+/// Keeps the hold named `nonce` to give back on the next heartbeat.
+pub(crate) fn give_back_later(inner: &Inner, tenant: Option<&str>, kind: Kind, nonce: &str) {
     let mut later = inner.unreturned.lock();
     if later.len() >= MAX_UNRETURNED {
         later.pop_front();
@@ -315,7 +352,7 @@ pub(crate) fn give_back_later(inner: &Inner, tenant: Option<&str>, kind: Kind, i
     later.push_back(Unreturned {
         tenant: tenant.map(str::to_owned),
         kind,
-        id: id.to_string(),
+        nonce: nonce.to_string(),
     });
 }
 
@@ -325,10 +362,10 @@ pub(crate) async fn retry_unreturned(inner: &Inner) {
     let pending: Vec<Unreturned> = inner.unreturned.lock().drain(..).collect();
     let mut failed = false;
     for u in pending {
-        if failed || !give_back(inner, u.tenant.as_deref(), u.kind, &u.id).await {
+        if failed || !give_back(inner, u.tenant.as_deref(), u.kind, &u.nonce).await {
             // NATS does not answer: the rest waits for the next beat.
             failed = true;
-            give_back_later(inner, u.tenant.as_deref(), u.kind, &u.id);
+            give_back_later(inner, u.tenant.as_deref(), u.kind, &u.nonce);
         }
     }
 }
@@ -382,6 +419,20 @@ async fn lost(inner: &Inner, h: &Hold) -> bool {
     )
 }
 
+/// The latest an execution whose start-by is `start_by_ms` can still run: each of
+/// `fleet.max_attempts` runs takes at most its timeout (the request's, else the
+/// nodes' default; an unknown default counts as the longest allowed), an ack wait
+/// to be taken over, and a minute for starting, killing and recording.
+fn until(inner: &Inner, caps: &ShareCaps, start_by_ms: u64, timeout_ms: Option<u64>) -> u64 {
+    const LONGEST_MS: u64 = 24 * 3_600_000;
+    let attempts = u64::from(inner.config.max_attempts.max(1));
+    let timeout = timeout_ms
+        .or((caps.default_timeout_ms > 0).then_some(caps.default_timeout_ms))
+        .unwrap_or(LONGEST_MS);
+    let run = timeout + inner.config.ack_wait_ms + 60_000;
+    start_by_ms.saturating_add(run.saturating_mul(attempts))
+}
+
 /// The hold of a one-shot execution accepted here, given back when its result is
 /// in ([`RunHold::finish`]). Dropped before that (its caller went away, or it
 /// could not be queued for sure), it watches the record in the background and
@@ -391,6 +442,7 @@ pub(crate) struct RunHold {
     inner: Arc<Inner>,
     tenant: Option<String>,
     id: ExecutionId,
+    nonce: String,
     start_by_ms: u64,
     until_ms: u64,
     /// Given back already (or nothing to give back).
@@ -407,15 +459,21 @@ impl RunHold {
         start_by_ms: u64,
         timeout_ms: Option<u64>,
     ) -> Result<RunHold, Error> {
-        let attempts = u64::from(inner.config.max_attempts.max(1));
-        let run = timeout_ms.unwrap_or(caps.default_timeout_ms) + inner.config.ack_wait_ms;
-        let until_ms = start_by_ms.saturating_add(run.saturating_mul(attempts));
-        let hold = Hold::here(inner, id.to_string(), start_by_ms, until_ms);
+        let hold = Hold::here(
+            inner,
+            id.to_string(),
+            ExecutionId::new().to_string(),
+            start_by_ms,
+            until(inner, caps, start_by_ms, timeout_ms),
+        );
+        let nonce = hold.nonce.clone();
+        let until_ms = hold.until_ms;
         take(inner, caps, tenant, Kind::Run, hold).await?;
         Ok(RunHold {
             inner: inner.clone(),
             tenant: tenant.map(str::to_owned),
             id: id.clone(),
+            nonce,
             start_by_ms,
             until_ms,
             settled: false,
@@ -426,13 +484,13 @@ impl RunHold {
     /// hold back now.
     pub(crate) async fn finish(mut self) {
         self.settled = true;
-        give_back_or_later(
-            &self.inner,
-            self.tenant.as_deref(),
-            Kind::Run,
-            &self.id.to_string(),
-        )
-        .await;
+        give_back_or_later(&self.inner, self.tenant.as_deref(), Kind::Run, &self.nonce).await;
+    }
+
+    /// This node stops while the execution may still run elsewhere: the hold is
+    /// left in place (dropped as a lost node's once the record says done).
+    pub(crate) fn keep(mut self) {
+        self.settled = true;
     }
 }
 
@@ -444,6 +502,7 @@ impl Drop for RunHold {
         let inner = self.inner.clone();
         let tenant = self.tenant.take();
         let id = self.id.clone();
+        let nonce = std::mem::take(&mut self.nonce);
         let (start_by_ms, until_ms) = (self.start_by_ms, self.until_ms);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             // No runtime to watch on: the hold lapses at `until_ms`, or is
@@ -459,12 +518,16 @@ impl Drop for RunHold {
                     Ok(None) => now > start_by_ms + grace,
                     Err(_) => false,
                 };
-                if ended || now > until_ms || inner.stopping() {
+                if inner.stopping() {
+                    // Left to lapse, or to be dropped as a lost node's.
+                    return;
+                }
+                if ended || now > until_ms {
                     break;
                 }
                 tokio::time::sleep(inner.heartbeat() * 2).await;
             }
-            give_back_or_later(&inner, tenant.as_deref(), Kind::Run, &id.to_string()).await;
+            give_back_or_later(&inner, tenant.as_deref(), Kind::Run, &nonce).await;
         });
     }
 }
@@ -476,6 +539,7 @@ mod tests {
     fn hold(id: &str) -> Hold {
         Hold {
             id: id.into(),
+            nonce: id.into(),
             node: "n".into(),
             incarnation: "i".into(),
             start_by_ms: 0,

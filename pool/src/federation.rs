@@ -144,19 +144,22 @@ pub trait Federation: Send + Sync + std::fmt::Debug + 'static {
         Ok(SessionPlace::Here)
     }
 
-    /// Takes a place for one more sandbox of `tenant` in the fleet's per-tenant
-    /// shares (`limiter.max_sandboxes_per_tenant`, `max_slots_per_tenant`), before
-    /// this node opens it: `RATE_LIMITED` or `POOL_EXHAUSTED` at a cap. The ticket
-    /// it answers goes to [`session_opened`](Self::session_opened) once the sandbox
-    /// is open, or back through [`release_admission`](Self::release_admission)
-    /// when it does not open. `None`: the fleet counts no shares.
-    async fn admit_session(&self, _tenant: Option<&str>) -> Result<Option<String>, Error> {
-        Ok(None)
+    /// Takes a place, named `ticket` (unique, chosen by the caller), for one more
+    /// sandbox of `tenant` in the fleet's per-tenant shares
+    /// (`limiter.max_sandboxes_per_tenant`, `max_slots_per_tenant`), before this
+    /// node opens it: `RATE_LIMITED` or `POOL_EXHAUSTED` at a cap. An error leaves
+    /// no place taken. The ticket goes to
+    /// [`session_opened`](Self::session_opened) once the sandbox is open, or to
+    /// [`release_admission`](Self::release_admission) when it does not open (or
+    /// when the caller cannot tell whether this call took the place: it was
+    /// dropped midway). A fleet that counts no shares takes nothing.
+    async fn admit_session(&self, _tenant: Option<&str>, _ticket: &str) -> Result<(), Error> {
+        Ok(())
     }
 
-    /// Gives back a place [`admit_session`](Self::admit_session) took for a sandbox
-    /// that did not open. Returns at once (the fleet gives it back in the
-    /// background), so that it may be called from `Drop`.
+    /// Gives back the place named `ticket`, if [`admit_session`](Self::admit_session)
+    /// took it. Returns at once (the fleet gives it back in the background), so
+    /// that it may be called from `Drop`.
     fn release_admission(&self, _tenant: Option<&str>, _ticket: &str) {}
 
     /// Records that sandbox `id` of `tenant` opened on this node (its owner), with

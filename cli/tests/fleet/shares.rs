@@ -112,12 +112,13 @@ fn a_tenants_concurrency_caps_hold_across_the_fleet() {
     let b1 = open_on(&http, &nodes[2], BOB);
 
     // Slots: alice's two sandboxes and one execution are her three; a second
-    // execution is refused while it runs, on any node.
+    // execution is refused while it runs, on any node. (It sleeps 8 s: the check
+    // comes well inside that.)
     std::thread::scope(|scope| {
         let url = format!("{}/v1/executions", nodes[0].url);
         let auth = alice.clone();
         let slow = scope
-            .spawn(move || Http::default().post(&url, &sleeper("2"), &[("authorization", &auth)]));
+            .spawn(move || Http::default().post(&url, &sleeper("8"), &[("authorization", &auth)]));
         // Once its hold is in the bucket, the quick one is refused on any node.
         let look = Look::new(&urls, "caps");
         eventually("the slow execution's hold", Duration::from_secs(10), || {

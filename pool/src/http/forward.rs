@@ -473,6 +473,12 @@ async fn relay_socket(
         })
     };
     let mut replies = session;
+    let lost_close = |why: String| {
+        Some(CloseReason {
+            code: CloseCode::Away,
+            description: Some(format!("the node that owns the sandbox was lost ({why})")),
+        })
+    };
     loop {
         let message = tokio::select! {
             m = stream.next() => m,
@@ -481,35 +487,27 @@ async fn relay_socket(
             // The owner stopped answering, and the fleet counts it lost.
             why = &mut lost => {
                 down.abort();
-                let _ = replies
-                    .close(Some(CloseReason {
-                        code: CloseCode::Away,
-                        description: Some(format!("the node that owns the sandbox was lost ({why})")),
-                    }))
-                    .await;
+                let _ = replies.close(lost_close(why)).await;
                 return;
             }
         };
-        let sent = match message {
-            Some(Ok(AggregatedMessage::Binary(data))) => {
-                to_owner.send(tungstenite::Message::Binary(data)).await
-            }
+        let out = match message {
+            Some(Ok(AggregatedMessage::Binary(data))) => tungstenite::Message::Binary(data),
             Some(Ok(AggregatedMessage::Text(text))) => {
-                to_owner
-                    .send(tungstenite::Message::Text(text.to_string().into()))
-                    .await
+                tungstenite::Message::Text(text.to_string().into())
             }
             Some(Ok(AggregatedMessage::Ping(p))) => {
                 let _ = replies.pong(&p).await;
-                Ok(())
+                continue;
             }
-            Some(Ok(AggregatedMessage::Pong(_))) => Ok(()),
+            Some(Ok(AggregatedMessage::Pong(_))) => continue,
             Some(Ok(AggregatedMessage::Close(reason))) => {
                 let frame = reason.map(|r| tungstenite::protocol::CloseFrame {
                     code: tungstenite::protocol::frame::coding::CloseCode::from(u16::from(r.code)),
                     reason: r.description.unwrap_or_default().into(),
                 });
-                let _ = to_owner.send(tungstenite::Message::Close(frame)).await;
+                let close = to_owner.send(tungstenite::Message::Close(frame));
+                let _ = tokio::time::timeout(CLOSE_WAIT, close).await;
                 // Nothing more is read from the client, so the server ends the
                 // connection as soon as the close answer is out.
                 drop(stream);
@@ -521,12 +519,22 @@ async fn relay_socket(
             }
             Some(Err(_)) | None => break,
         };
+        // A send to an owner that stopped reading blocks once the buffers are
+        // full: it ends when the fleet counts the owner lost.
+        let sent = tokio::select! {
+            r = to_owner.send(out) => r,
+            why = &mut lost => {
+                down.abort();
+                let _ = replies.close(lost_close(why)).await;
+                return;
+            }
+        };
         if sent.is_err() {
             break;
         }
     }
     down.abort();
-    let _ = to_owner.close().await;
+    let _ = tokio::time::timeout(CLOSE_WAIT, to_owner.close()).await;
     let _ = replies.close(None).await;
 }
 

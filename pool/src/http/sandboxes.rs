@@ -87,13 +87,21 @@ pub(super) async fn create_sandbox(
     // The fleet's per-tenant shares first: a place is taken before the sandbox
     // opens (and given back if it does not open), so that a tenant at its cap
     // costs no sandbox.
+    // The ticket is in the guard before the place is asked for: a request that
+    // ends midway gives back whatever it may have taken.
     let mut admission = Admission {
         federation: federation.clone(),
         tenant: spec.tenant.clone(),
-        ticket: None,
+        ticket: federation
+            .as_ref()
+            .map(|_| paddock_core::ExecutionId::new().to_string()),
     };
-    if let Some(f) = &federation {
-        admission.ticket = f.admit_session(spec.tenant.as_deref()).await?;
+    if let (Some(f), Some(ticket)) = (&federation, admission.ticket.clone()) {
+        if let Err(e) = f.admit_session(spec.tenant.as_deref(), &ticket).await {
+            // Refused: nothing was taken.
+            admission.ticket = None;
+            return Err(e.into());
+        }
     }
     let handle = state
         .paddock
@@ -103,16 +111,20 @@ pub(super) async fn create_sandbox(
     if let Some(f) = &federation {
         // Its owner is recorded before anyone learns its id; a sandbox the fleet
         // cannot find is not handed out.
-        let ticket = admission.ticket.take();
-        if let Err(e) = f
+        // The guard keeps the ticket until the record (which takes it over) is
+        // written: no await comes between that and disarming it.
+        let recorded = f
             .session_opened(
                 spec.tenant.as_deref(),
                 handle.id(),
                 &handle.info().engine,
-                ticket,
+                admission.ticket.clone(),
             )
-            .await
-        {
+            .await;
+        if recorded.is_ok() {
+            admission.ticket = None;
+        }
+        if let Err(e) = recorded {
             let _ = handle.destroy().await;
             return Err(e.into());
         }
