@@ -69,6 +69,8 @@ pub(crate) enum SpawnStage {
     Chdir,
     Exec,
     Mntns,
+    /// The child did not reach `execve` in [`START_LIMIT`] and was killed.
+    Stalled,
 }
 
 impl SpawnStage {
@@ -82,6 +84,7 @@ impl SpawnStage {
             6 => SpawnStage::Chdir,
             7 => SpawnStage::Exec,
             8 => SpawnStage::Mntns,
+            9 => SpawnStage::Stalled,
             _ => return None,
         })
     }
@@ -97,6 +100,10 @@ impl SpawnStage {
             SpawnStage::Chdir => "changing to the working directory",
             SpawnStage::Exec => "executing the program",
             SpawnStage::Mntns => "entering the runtime's mount namespace",
+            SpawnStage::Stalled => {
+                "starting the program (it did not start within 10 s and was killed: the \
+                 sandbox's memory or CPU limits, or what already runs in it, leave it no room)"
+            }
         }
     }
 }
@@ -129,6 +136,69 @@ struct ChildCtx {
 }
 
 const STACK_SIZE: usize = 64 * 1024;
+
+/// How long a child may take from `clone` to `execve` before it is killed.
+///
+/// Until it execs, the child shares the host's memory and the host's thread waits
+/// for it (`CLONE_VFORK`). Once it joined the sandbox's cgroups it is throttled and
+/// reclaimed like the sandbox's own processes: in a sandbox at its memory limit it
+/// can stall for as long as the sandbox stays there, and the host's thread (an
+/// actor's) with it. A watchdog thread kills a child that has not exec'd by then,
+/// so that the spawn fails instead of hanging.
+pub(crate) const START_LIMIT: std::time::Duration = if cfg!(test) {
+    // The unit test below waits it out.
+    std::time::Duration::from_secs(2)
+} else {
+    std::time::Duration::from_secs(10)
+};
+
+/// A spawn in progress, as the watchdog sees it.
+struct Starting {
+    /// The child's pidfd, written by the kernel during `clone` (-1 until then).
+    pidfd: AtomicI32,
+    since: std::time::Instant,
+    killed: std::sync::atomic::AtomicBool,
+}
+
+/// The spawns in progress.
+static STARTING: parking_lot::Mutex<Vec<std::sync::Arc<Starting>>> =
+    parking_lot::Mutex::new(Vec::new());
+
+/// Starts the watchdog thread once.
+fn watchdog() {
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    STARTED.call_once(|| {
+        let started = std::thread::Builder::new()
+            .name("paddock-spawn-watch".into())
+            .spawn(|| loop {
+                std::thread::sleep(std::time::Duration::from_millis(500));
+                let starting = STARTING.lock();
+                for s in starting.iter() {
+                    let fd = s.pidfd.load(Ordering::Acquire);
+                    if fd >= 0
+                        && s.since.elapsed() >= START_LIMIT
+                        && !s.killed.swap(true, Ordering::AcqRel)
+                    {
+                        // SAFETY: the fd stays open while the entry is listed: the
+                        // spawning thread takes it out (under this lock) before it
+                        // owns the fd.
+                        unsafe {
+                            libc::syscall(
+                                libc::SYS_pidfd_send_signal,
+                                fd,
+                                libc::SIGKILL,
+                                std::ptr::null::<libc::siginfo_t>(),
+                                0,
+                            );
+                        }
+                    }
+                }
+            });
+        if let Err(e) = started {
+            tracing::warn!(error = %e, "the spawn watchdog could not start; a child that stalls before exec is not killed");
+        }
+    });
+}
 
 /// Starts the program described by `spec`.
 pub(crate) fn spawn(spec: &SpawnSpec) -> Result<SpawnedChild, SpawnError> {
@@ -176,21 +246,34 @@ pub(crate) fn spawn(spec: &SpawnSpec) -> Result<SpawnedChild, SpawnError> {
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
     }
 
-    let mut pidfd: libc::c_int = -1;
+    watchdog();
+    let watch = std::sync::Arc::new(Starting {
+        pidfd: AtomicI32::new(-1),
+        since: std::time::Instant::now(),
+        killed: std::sync::atomic::AtomicBool::new(false),
+    });
+    STARTING.lock().push(watch.clone());
     // SAFETY: CLONE_VM | CLONE_VFORK suspends this thread until the child execs or
     // exits, so `ctx`, the pointer arrays and `stack` outlive every access the child
     // makes. `child_main` only makes async-signal-safe system calls and never
-    // returns into Rust code that could unwind or allocate.
+    // returns into Rust code that could unwind or allocate. The kernel writes the
+    // pidfd into the watch's atomic (an `i32` in memory), which the watchdog reads.
     let pid = unsafe {
         libc::clone(
             child_main,
             stack_top,
             libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD,
             &ctx as *const ChildCtx as *mut libc::c_void,
-            &mut pidfd as *mut libc::c_int,
+            watch.pidfd.as_ptr(),
         )
     };
     let clone_err = io::Error::last_os_error();
+    // Out of the watchdog's sight before the fd is owned here.
+    STARTING
+        .lock()
+        .retain(|s| !std::sync::Arc::ptr_eq(s, &watch));
+    let pidfd = watch.pidfd.load(Ordering::Acquire);
+    let stalled = watch.killed.load(Ordering::Acquire);
     // SAFETY: restores the mask saved above.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
     drop(stack);
@@ -204,6 +287,17 @@ pub(crate) fn spawn(spec: &SpawnSpec) -> Result<SpawnedChild, SpawnError> {
     // SAFETY: CLONE_PIDFD stored a new fd that nobody else owns.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
 
+    if stalled && ctx.fail_stage.load(Ordering::Acquire) == 0 {
+        // Killed before it exec'd (or in the moment it did: either way it is gone).
+        let _ = crate::host::sys::reap(pid);
+        return Err(SpawnError {
+            stage: Some(SpawnStage::Stalled),
+            error: io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("no exec within {} s", START_LIMIT.as_secs()),
+            ),
+        });
+    }
     let stage = ctx.fail_stage.load(Ordering::Acquire);
     if stage != 0 {
         let errno = ctx.fail_errno.load(Ordering::Acquire);
@@ -349,5 +443,74 @@ pub(crate) fn in_new_session(cmd: &mut std::process::Command, controlling_tty: b
             }
             Ok(())
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn null() -> OwnedFd {
+        std::fs::File::options()
+            .read(true)
+            .write(true)
+            .open("/dev/null")
+            .expect("/dev/null")
+            .into()
+    }
+
+    fn spec(cgroup_procs: Vec<CString>) -> SpawnSpec {
+        SpawnSpec {
+            path: CString::new("/bin/true").unwrap(),
+            argv: vec![CString::new("true").unwrap()],
+            env: Vec::new(),
+            cwd: CString::new("/").unwrap(),
+            stdio: [null(), null(), null()],
+            fd3: None,
+            rlimits: Vec::new(),
+            cgroup_procs,
+            netns: None,
+            mntns: None,
+            controlling_tty: false,
+        }
+    }
+
+    /// A child that cannot reach `execve` (it joined a frozen cgroup: as stuck as
+    /// one throttled in a sandbox at its memory limit) is killed after
+    /// [`START_LIMIT`], and the spawn fails with `Stalled` instead of holding its
+    /// thread for ever. Needs root and a v2 hierarchy (a host without them skips).
+    #[test]
+    fn a_child_that_stalls_before_exec_is_killed_and_the_spawn_fails() {
+        let root = match crate::host::cgroup::CgroupRoot::create() {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("skipped: no cgroups here ({e})");
+                return;
+            }
+        };
+        let group = root
+            .create_group(&format!("stall-{}", std::process::id()))
+            .expect("a group");
+        let Some(dir) = group.v2_dir().map(Path::to_path_buf) else {
+            eprintln!("skipped: no v2 hierarchy to freeze in");
+            let _ = group.remove();
+            return;
+        };
+        // A spawn outside any group starts as usual.
+        let child = spawn(&spec(Vec::new())).expect("a plain spawn");
+        let _ = crate::host::sys::reap(child.pid);
+        crate::host::cgroup::set_frozen_v2(&dir, true).expect("freezing the group");
+        let started = std::time::Instant::now();
+        let got = spawn(&spec(group.procs_files().to_vec()));
+        let took = started.elapsed();
+        crate::host::cgroup::set_frozen_v2(&dir, false).expect("thawing the group");
+        let _ = group.kill_all();
+        let _ = group.remove();
+        let e = got.expect_err("a child frozen before exec does not start");
+        assert_eq!(e.stage, Some(SpawnStage::Stalled), "{:?}", e.error);
+        assert_eq!(e.error.kind(), io::ErrorKind::TimedOut);
+        assert!(took >= START_LIMIT, "killed after {took:?}");
+        assert!(took < START_LIMIT * 3, "killed only after {took:?}");
     }
 }
