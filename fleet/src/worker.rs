@@ -59,10 +59,11 @@ impl Worker {
                 _ = stop.changed() => return,
             };
             // The fleet's sandboxes open here hold instances of the engine too.
-            let room = self.slots.saturating_sub(
-                self.busy.load(Ordering::Acquire)
-                    + crate::sessions::count(&self.inner, &self.engine),
-            );
+            // (Counted from the permits, which a finished run gives back before it
+            // is counted out of `busy`: counting `busy` made a saturated node
+            // find no room in that moment and wait 100 ms.)
+            let room = (self.free.available_permits() + 1)
+                .saturating_sub(crate::sessions::count(&self.inner, &self.engine));
             if room == 0 {
                 drop(first);
                 tokio::select! {

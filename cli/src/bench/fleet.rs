@@ -7,6 +7,8 @@
 //! - overhead: a no-op execution through a node's federated facade (published on
 //!   the work queue, taken by any node, leased, recorded, audited, answered) vs. the
 //!   same execution on that node's local facade;
+//! - caps: the same fleet no-op with the tenant's concurrency counted fleet-wide
+//!   (a hold taken and given back per execution) vs. uncounted;
 //! - throughput over 1, 2 and 3 nodes, with the CPU time per execution of this
 //!   process (every node) and of the NATS servers;
 //! - cancel from another node: from the call until the accepting node has the
@@ -25,7 +27,7 @@ use paddock_core::{
 };
 use paddock_engines::noop::NoopEngine;
 use paddock_fleet::local::{find_server, LocalCluster};
-use paddock_fleet::Fleet;
+use paddock_fleet::{Fleet, ShareCaps};
 use paddock_pool::{Caller, Execute, Paddock};
 use serde_json::json;
 
@@ -339,6 +341,38 @@ pub(super) async fn fleet(
             "added_p99_ms": round((fs.p99 - ls.p99) / 1000.0),
             "goal_added_p50_ms": 3,
             "goal_added_p99_ms": 10,
+        }),
+        as_json,
+    );
+
+    // Caps: the same no-op through the fleet with the tenant's concurrency counted
+    // fleet-wide (a cap it never reaches: a hold taken and given back per
+    // execution) against it uncounted, in alternating blocks.
+    let counted = ShareCaps {
+        max_concurrent: Some(1_000_000),
+        default_timeout_ms: 30_000,
+        ..ShareCaps::default()
+    };
+    let (mut off, mut on) = (Vec::new(), Vec::new());
+    for _ in 0..blocks {
+        nodes[0].fleet.limit_shares(ShareCaps::default());
+        off.extend(series(&federated, iterations / blocks).await?);
+        nodes[0].fleet.limit_shares(counted);
+        on.extend(series(&federated, iterations / blocks).await?);
+    }
+    nodes[0].fleet.limit_shares(ShareCaps::default());
+    let (offs, ons) = (summarize(off), summarize(on));
+    report(
+        &json!({
+            "scenario": "fleet",
+            "measure": "caps",
+            "iterations": iterations / blocks * blocks,
+            "uncounted_p50_ms": round(offs.p50 / 1000.0),
+            "uncounted_p99_ms": round(offs.p99 / 1000.0),
+            "counted_p50_ms": round(ons.p50 / 1000.0),
+            "counted_p99_ms": round(ons.p99 / 1000.0),
+            "added_p50_ms": round((ons.p50 - offs.p50) / 1000.0),
+            "added_p99_ms": round((ons.p99 - offs.p99) / 1000.0),
         }),
         as_json,
     );
