@@ -665,14 +665,15 @@ impl Federation for Federated {
         crate::sessions::place(&self.inner, spec, engine).await
     }
 
-    async fn admit_session(&self, tenant: Option<&str>, ticket: &str) -> Result<(), Error> {
+    async fn admit_session(&self, tenant: Option<&str>, ticket: &str) -> Result<bool, Error> {
         let inner = &self.inner;
         let caps = *inner.share_caps.lock();
         if caps.max_sandboxes.is_none() && caps.max_slots.is_none() {
-            return Ok(());
+            return Ok(false);
         }
         let hold = Hold::here(inner, ticket.to_string(), ticket.to_string(), 0, 0);
-        crate::shares::take(inner, &caps, tenant, Kind::Sandbox, hold).await
+        crate::shares::take(inner, &caps, tenant, Kind::Sandbox, hold).await?;
+        Ok(true)
     }
 
     fn release_admission(&self, tenant: Option<&str>, ticket: &str) {

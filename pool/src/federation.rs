@@ -152,9 +152,10 @@ pub trait Federation: Send + Sync + std::fmt::Debug + 'static {
     /// [`session_opened`](Self::session_opened) once the sandbox is open, or to
     /// [`release_admission`](Self::release_admission) when it does not open (or
     /// when the caller cannot tell whether this call took the place: it was
-    /// dropped midway). A fleet that counts no shares takes nothing.
-    async fn admit_session(&self, _tenant: Option<&str>, _ticket: &str) -> Result<(), Error> {
-        Ok(())
+    /// dropped midway). Whether a place was taken: a fleet that counts no shares
+    /// takes none.
+    async fn admit_session(&self, _tenant: Option<&str>, _ticket: &str) -> Result<bool, Error> {
+        Ok(false)
     }
 
     /// Gives back the place named `ticket`, if [`admit_session`](Self::admit_session)

@@ -101,7 +101,7 @@ impl SpawnStage {
             SpawnStage::Exec => "executing the program",
             SpawnStage::Mntns => "entering the runtime's mount namespace",
             SpawnStage::Stalled => {
-                "starting the program (it did not start within 10 s and was killed: the \
+                "starting the program (it did not reach exec in time and was killed: the \
                  sandbox's memory or CPU limits, or what already runs in it, leave it no room)"
             }
         }
@@ -145,12 +145,7 @@ const STACK_SIZE: usize = 64 * 1024;
 /// can stall for as long as the sandbox stays there, and the host's thread (an
 /// actor's) with it. A watchdog thread kills a child that has not exec'd by then,
 /// so that the spawn fails instead of hanging.
-pub(crate) const START_LIMIT: std::time::Duration = if cfg!(test) {
-    // The unit test below waits it out.
-    std::time::Duration::from_secs(2)
-} else {
-    std::time::Duration::from_secs(10)
-};
+pub(crate) const START_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A spawn in progress, as the watchdog sees it.
 struct Starting {
@@ -177,19 +172,24 @@ fn watchdog() {
                     let fd = s.pidfd.load(Ordering::Acquire);
                     if fd >= 0
                         && s.since.elapsed() >= START_LIMIT
-                        && !s.killed.swap(true, Ordering::AcqRel)
+                        && !s.killed.load(Ordering::Acquire)
                     {
-                        // SAFETY: the fd stays open while the entry is listed: the
-                        // spawning thread takes it out (under this lock) before it
-                        // owns the fd.
-                        unsafe {
+                        // SAFETY: a plain system call on a number. The spawning
+                        // thread takes the entry out (under this lock) before it
+                        // owns the fd, so the number is not reused meanwhile; the
+                        // kernel writes it before the fd is installed, so the call
+                        // may find no fd (EBADF) and is then tried again next round.
+                        let sent = unsafe {
                             libc::syscall(
                                 libc::SYS_pidfd_send_signal,
                                 fd,
                                 libc::SIGKILL,
                                 std::ptr::null::<libc::siginfo_t>(),
                                 0,
-                            );
+                            )
+                        };
+                        if sent == 0 {
+                            s.killed.store(true, Ordering::Release);
                         }
                     }
                 }
@@ -288,7 +288,9 @@ pub(crate) fn spawn(spec: &SpawnSpec) -> Result<SpawnedChild, SpawnError> {
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
 
     if stalled && ctx.fail_stage.load(Ordering::Acquire) == 0 {
-        // Killed before it exec'd (or in the moment it did: either way it is gone).
+        // Killed before it exec'd (or in the moment it did): killed again through
+        // the fd now owned here, so that the reap cannot wait on a live program.
+        let _ = crate::host::sys::pidfd_send_signal(&pidfd, libc::SIGKILL);
         let _ = crate::host::sys::reap(pid);
         return Err(SpawnError {
             stage: Some(SpawnStage::Stalled),

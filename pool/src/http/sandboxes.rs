@@ -84,11 +84,39 @@ pub(super) async fn create_sandbox(
             }
         }
     }
-    // The fleet's per-tenant shares first: a place is taken before the sandbox
-    // opens (and given back if it does not open), so that a tenant at its cap
-    // costs no sandbox.
-    // The ticket is in the guard before the place is asked for: a request that
-    // ends midway gives back whatever it may have taken.
+    // Admitted, opened and recorded in a task of its own, which ends however the
+    // request does: one whose client goes away midway neither leaks its place in
+    // the fleet's shares nor leaves an open sandbox uncounted (it is reclaimed
+    // when idle, as on a single node).
+    let opened = actix_web::rt::spawn(open_here(
+        state.paddock.clone(),
+        federation,
+        spec,
+        body.engine,
+    ))
+    .await
+    .map_err(|e| {
+        ApiError::from(paddock_core::Error::new(
+            ErrorCode::EngineFailed,
+            format!("opening the sandbox ended early ({e}); retry"),
+        ))
+    })?;
+    let info = opened.map_err(|e| refusal(&state, e))?;
+    Ok(HttpResponse::Created().json(info))
+}
+
+/// Opens a sandbox on this node: in a fleet, after taking its place in the
+/// tenant's shares (a tenant at its cap costs no sandbox), and recording its owner
+/// before anyone learns its id (a sandbox the fleet cannot find is not handed
+/// out).
+async fn open_here(
+    paddock: crate::Paddock,
+    federation: Option<std::sync::Arc<dyn crate::federation::Federation>>,
+    spec: SandboxSpec,
+    engine: Option<paddock_core::EngineName>,
+) -> Result<crate::messages::SandboxInfo, paddock_core::Error> {
+    // The ticket is in the guard before the place is asked for, so that whatever
+    // was taken is given back if the sandbox does not open.
     let mut admission = Admission {
         federation: federation.clone(),
         tenant: spec.tenant.clone(),
@@ -97,22 +125,18 @@ pub(super) async fn create_sandbox(
             .map(|_| paddock_core::ExecutionId::new().to_string()),
     };
     if let (Some(f), Some(ticket)) = (&federation, admission.ticket.clone()) {
-        if let Err(e) = f.admit_session(spec.tenant.as_deref(), &ticket).await {
-            // Refused: nothing was taken.
-            admission.ticket = None;
-            return Err(e.into());
+        match f.admit_session(spec.tenant.as_deref(), &ticket).await {
+            Ok(true) => {}
+            // The fleet counts no shares, or refused: nothing was taken.
+            Ok(false) => admission.ticket = None,
+            Err(e) => {
+                admission.ticket = None;
+                return Err(e);
+            }
         }
     }
-    let handle = state
-        .paddock
-        .open_sandbox(spec.clone(), body.engine)
-        .await
-        .map_err(|e| refusal(&state, e))?;
+    let handle = paddock.open_sandbox(spec.clone(), engine).await?;
     if let Some(f) = &federation {
-        // Its owner is recorded before anyone learns its id; a sandbox the fleet
-        // cannot find is not handed out.
-        // The guard keeps the ticket until the record (which takes it over) is
-        // written: no await comes between that and disarming it.
         let recorded = f
             .session_opened(
                 spec.tenant.as_deref(),
@@ -121,15 +145,14 @@ pub(super) async fn create_sandbox(
                 admission.ticket.clone(),
             )
             .await;
-        if recorded.is_ok() {
-            admission.ticket = None;
-        }
         if let Err(e) = recorded {
             let _ = handle.destroy().await;
-            return Err(e.into());
+            return Err(e);
         }
+        // The record took the ticket over.
+        admission.ticket = None;
     }
-    Ok(HttpResponse::Created().json(handle.info()))
+    Ok(handle.info().clone())
 }
 
 /// A place in the fleet's shares taken for a sandbox being opened: given back when
