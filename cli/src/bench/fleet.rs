@@ -115,22 +115,38 @@ async fn sessions(nodes: &[Node], iterations: usize, as_json: bool) -> Result<()
     for s in servers {
         s.stop().await;
     }
-    let (ls, rs) = (summarize(local), summarize(routed));
-    report(
-        &json!({
-            "scenario": "fleet",
-            "measure": "sessions",
-            "iterations": per * blocks,
-            "local_exec_p50_ms": round(ls.p50 / 1000.0),
-            "local_exec_p99_ms": round(ls.p99 / 1000.0),
-            "routed_exec_p50_ms": round(rs.p50 / 1000.0),
-            "routed_exec_p99_ms": round(rs.p99 / 1000.0),
-            "added_p50_ms": round((rs.p50 - ls.p50) / 1000.0),
-            "added_p99_ms": round((rs.p99 - ls.p99) / 1000.0),
-        }),
+    compared(
+        "sessions",
+        ("local_exec", local),
+        ("routed_exec", routed),
+        per * blocks,
         as_json,
     );
     Ok(())
+}
+
+/// Reports `measure`: the p50 and p99 (ms) of the baseline's samples and of the
+/// other's, each under its name, and what the other adds to the baseline.
+fn compared(
+    measure: &str,
+    (base_name, base): (&str, Vec<Duration>),
+    (other_name, other): (&str, Vec<Duration>),
+    iterations: usize,
+    as_json: bool,
+) {
+    let (b, o) = (summarize(base), summarize(other));
+    let mut v = json!({
+        "scenario": "fleet",
+        "measure": measure,
+        "iterations": iterations,
+        "added_p50_ms": round((o.p50 - b.p50) / 1000.0),
+        "added_p99_ms": round((o.p99 - b.p99) / 1000.0),
+    });
+    for (name, s) in [(base_name, &b), (other_name, &o)] {
+        v[format!("{name}_p50_ms")] = json!(round(s.p50 / 1000.0));
+        v[format!("{name}_p99_ms")] = json!(round(s.p99 / 1000.0));
+    }
+    report(&v, as_json);
 }
 
 /// One in-process node.
@@ -361,19 +377,11 @@ pub(super) async fn fleet(
         on.extend(series(&federated, iterations / blocks).await?);
     }
     nodes[0].fleet.limit_shares(ShareCaps::default());
-    let (offs, ons) = (summarize(off), summarize(on));
-    report(
-        &json!({
-            "scenario": "fleet",
-            "measure": "caps",
-            "iterations": iterations / blocks * blocks,
-            "uncounted_p50_ms": round(offs.p50 / 1000.0),
-            "uncounted_p99_ms": round(offs.p99 / 1000.0),
-            "counted_p50_ms": round(ons.p50 / 1000.0),
-            "counted_p99_ms": round(ons.p99 / 1000.0),
-            "added_p50_ms": round((ons.p50 - offs.p50) / 1000.0),
-            "added_p99_ms": round((ons.p99 - offs.p99) / 1000.0),
-        }),
+    compared(
+        "caps",
+        ("uncounted", off),
+        ("counted", on),
+        iterations / blocks * blocks,
         as_json,
     );
 
