@@ -162,7 +162,7 @@ impl Federated {
         // costs no admission, as on a single node), and not for a replay of an
         // idempotency key. A refusal after the hold gives it back.
         let caps = *inner.share_caps.lock();
-        let hold = if caps.max_concurrent.is_some() || caps.max_slots.is_some() {
+        let hold = if caps.counts_runs() {
             let taken = RunHold::take(
                 inner,
                 &caps,
@@ -668,7 +668,7 @@ impl Federation for Federated {
     async fn admit_session(&self, tenant: Option<&str>, ticket: &str) -> Result<bool, Error> {
         let inner = &self.inner;
         let caps = *inner.share_caps.lock();
-        if caps.max_sandboxes.is_none() && caps.max_slots.is_none() {
+        if !caps.counts_sandboxes() {
             return Ok(false);
         }
         let hold = Hold::here(inner, ticket.to_string(), ticket.to_string(), 0, 0);
@@ -678,7 +678,7 @@ impl Federation for Federated {
 
     fn release_admission(&self, tenant: Option<&str>, ticket: &str) {
         let caps = *self.inner.share_caps.lock();
-        if caps.max_sandboxes.is_none() && caps.max_slots.is_none() {
+        if !caps.counts_sandboxes() {
             return;
         }
         let inner = self.inner.clone();

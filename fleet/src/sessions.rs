@@ -204,24 +204,19 @@ pub(crate) async fn opened(
     engine: &EngineName,
     ticket: Option<String>,
 ) -> Result<(), Error> {
-    let recorded = record_opened(inner, tenant, id, engine).await;
-    match recorded {
-        Ok((revision, written_at_ms)) => {
-            inner.own.insert(
-                id.to_string(),
-                Own {
-                    tenant: tenant.map(str::to_owned),
-                    engine: engine.clone(),
-                    revision,
-                    written_at_ms,
-                    ticket,
-                },
-            );
-            Ok(())
-        }
-        // The caller still holds the ticket, and gives it back.
-        Err(e) => Err(e),
-    }
+    // On an error the caller still holds the ticket, and gives it back.
+    let (revision, written_at_ms) = record_opened(inner, tenant, id, engine).await?;
+    inner.own.insert(
+        id.to_string(),
+        Own {
+            tenant: tenant.map(str::to_owned),
+            engine: engine.clone(),
+            revision,
+            written_at_ms,
+            ticket,
+        },
+    );
+    Ok(())
 }
 
 /// Creates the record of sandbox `id`, opened here: its revision and when it was

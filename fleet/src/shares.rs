@@ -50,9 +50,14 @@ pub struct ShareCaps {
 }
 
 impl ShareCaps {
-    /// Whether any cap is set.
-    pub fn any(&self) -> bool {
-        self.max_concurrent.is_some() || self.max_slots.is_some() || self.max_sandboxes.is_some()
+    /// Whether one-shot executions take holds (a cap counts them).
+    pub fn counts_runs(&self) -> bool {
+        self.max_concurrent.is_some() || self.max_slots.is_some()
+    }
+
+    /// Whether sandboxes take holds (a cap counts them).
+    pub fn counts_sandboxes(&self) -> bool {
+        self.max_sandboxes.is_some() || self.max_slots.is_some()
     }
 }
 
@@ -590,7 +595,9 @@ mod tests {
             e.message
         );
         assert!(e.retry_after_ms.is_some());
-        assert!(!ShareCaps::default().any());
+        assert!(!ShareCaps::default().counts_runs());
+        assert!(!ShareCaps::default().counts_sandboxes());
+        assert!(caps.counts_runs() && caps.counts_sandboxes());
     }
 
     #[test]
