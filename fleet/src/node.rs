@@ -231,7 +231,7 @@ fn node_id_default() -> String {
 /// How long joining keeps retrying a cluster that does not answer yet (nodes that
 /// start together make the same streams at once, and a cluster that just started
 /// elects its leaders first).
-const SETUP_PATIENCE: Duration = Duration::from_secs(30);
+const SETUP_PATIENCE: Duration = Duration::from_secs(60);
 
 /// Runs a setup step until it succeeds or [`SETUP_PATIENCE`] has passed.
 async fn patiently<T, E: std::fmt::Display, F: std::future::Future<Output = Result<T, E>>>(
