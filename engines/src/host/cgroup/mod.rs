@@ -773,16 +773,34 @@ impl Cgroup {
 
 /// Freezes the group and waits until the kernel reports it frozen (up to 1 s).
 fn freeze(dir: &Path, wait: Duration) -> bool {
-    if write(&dir.join("freezer.state"), "FROZEN").is_err() {
+    let state = dir.join("freezer.state");
+    if write(&state, "FROZEN").is_err() {
         return false;
     }
     let deadline = Instant::now() + wait;
+    let mut polls: u32 = 0;
     while Instant::now() < deadline {
-        match crate::host::sys::read_small(dir.join("freezer.state")) {
+        match crate::host::sys::read_small(&state) {
             Ok(s) if s.trim() == "FROZEN" => return true,
-            Ok(_) => std::thread::sleep(Duration::from_micros(200)),
+            Ok(_) => {}
             Err(_) => return false,
         }
+        polls += 1;
+        // The v1 freezer walks the group's tasks once per write. A task forked while
+        // that walk runs can escape it and keep the group in `FREEZING` for good (a
+        // shell loop that forks every few ms hits this about one pause in fifteen; each of those froze on the second write).
+        // Writing `FROZEN` again walks the tasks again; a short thaw now and then
+        // also frees a task caught halfway through its fork.
+        if polls % 250 == 0 {
+            let _ = write(&state, "THAWED");
+            std::thread::sleep(Duration::from_micros(100));
+            if write(&state, "FROZEN").is_err() {
+                return false;
+            }
+        } else if polls % 25 == 0 && write(&state, "FROZEN").is_err() {
+            return false;
+        }
+        std::thread::sleep(Duration::from_micros(200));
     }
     false
 }
