@@ -33,6 +33,62 @@ pub struct SandboxSpec {
     /// The tenant that owns the sandbox.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
+    /// Where the sandbox's programs see its workdir, which is also their `HOME` and
+    /// default working directory (such as `/home/user`, where E2B's programs expect
+    /// theirs); the engine's own place when `None`. The files API then takes and
+    /// lists paths under it. Engines that cannot place the workdir refuse the sandbox
+    /// with `CAPABILITY_NOT_SUPPORTED`; see [`check_home`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub home: Option<String>,
+}
+
+/// The feature of engines that place the workdir at [`SandboxSpec::home`].
+pub const FEATURE_HOME: &str = "home";
+
+/// The most bytes of a [`SandboxSpec::home`] path.
+const MAX_HOME_LEN: usize = 200;
+
+/// Top-level directories a sandbox's home may not lie in: the system's own, and the
+/// kernel's file systems.
+const SYSTEM_DIRS: &[&str] = &[
+    "bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "run", "sbin", "sys",
+    "usr", "var", "tmp",
+];
+
+/// `INVALID_OPTIONS` unless `home` is a plain absolute path of at least two
+/// components (`/home/user`), in letters, digits, `.`, `_` and `-`, outside the
+/// system's directories (`/usr`, `/etc`, `/proc`, `/tmp`, …) and without `.` or `..`
+/// components.
+pub fn check_home(field: &str, home: &str) -> Result<()> {
+    let bad = |why: &str| Err(Error::invalid_options(field, format!("`{home}` {why}")));
+    if home.len() > MAX_HOME_LEN {
+        return bad(&format!("is longer than {MAX_HOME_LEN} bytes"));
+    }
+    let Some(rest) = home.strip_prefix('/') else {
+        return bad("is not absolute; name a path such as `/home/user`");
+    };
+    let parts: Vec<&str> = rest.split('/').collect();
+    if parts.len() < 2 {
+        return bad("has fewer than two components; name a path such as `/home/user`");
+    }
+    for part in &parts {
+        if part.is_empty() || *part == "." || *part == ".." {
+            return bad("has an empty, `.` or `..` component");
+        }
+        if !part
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        {
+            return bad("may hold only letters, digits, `.`, `_`, `-` and `/`");
+        }
+    }
+    if SYSTEM_DIRS.contains(&parts[0]) {
+        return bad(&format!(
+            "lies in `/{}`, a system directory; choose one such as `/home/user`",
+            parts[0]
+        ));
+    }
+    Ok(())
 }
 
 /// The life-cycle state of a sandbox.
@@ -264,4 +320,37 @@ fn not_supported(kind: EngineName, what: &str, feature: &str) -> Error {
             "the {kind} engine cannot {what}; choose an engine whose capabilities list `{feature}`"
         ),
     )
+}
+
+#[cfg(test)]
+mod home_tests {
+    use super::check_home;
+
+    #[test]
+    fn a_home_is_a_plain_path_outside_the_system() {
+        for ok in ["/home/user", "/srv/sandbox/work", "/home/u-1.x_y"] {
+            assert!(check_home("home", ok).is_ok(), "{ok}");
+        }
+        for (bad, says) in [
+            ("home/user", "not absolute"),
+            ("/home", "two components"),
+            ("/", "two components"),
+            ("/home//user", "empty"),
+            ("/home/../etc", "`..`"),
+            ("/home/./user", "`.`"),
+            ("/home/us er", "letters"),
+            ("/usr/local", "system directory"),
+            ("/proc/self", "system directory"),
+            ("/tmp/x", "system directory"),
+        ] {
+            let e = check_home("home", bad).unwrap_err();
+            assert_eq!(e.code, crate::ErrorCode::InvalidOptions, "{bad}");
+            assert!(e.message.contains(says), "{bad}: {e}");
+        }
+        let long = format!("/home/{}", "a".repeat(300));
+        assert!(check_home("home", &long)
+            .unwrap_err()
+            .message
+            .contains("longer"));
+    }
 }

@@ -77,6 +77,10 @@ impl Engine for NoopEngine {
     async fn create(&self, spec: &SandboxSpec) -> Result<Arc<dyn Sandbox>> {
         self.caps.check_level(&EngineName::NOOP, spec.level)?;
         self.caps.check_network(&EngineName::NOOP, &spec.network)?;
+        if spec.home.is_some() {
+            self.caps
+                .check_feature(&EngineName::NOOP, paddock_core::engine::FEATURE_HOME)?;
+        }
         Ok(Arc::new(self.open()))
     }
 }

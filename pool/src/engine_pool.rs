@@ -183,12 +183,14 @@ impl EnginePool {
         engine: Arc<dyn Engine>,
         network: NetworkPolicy,
         disk: DiskKey,
+        home: Option<&str>,
         config: PoolConfig,
         telemetry: Telemetry,
     ) -> Arc<EnginePool> {
         let mut spec = SandboxSpec {
             level: engine.capabilities().max_level,
             network: network.clone(),
+            home: home.map(String::from),
             ..SandboxSpec::default()
         };
         spec.limits.disk_bytes = disk.bytes;

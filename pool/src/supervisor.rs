@@ -37,6 +37,10 @@ const MAX_DISK_POOLS: usize = 16;
 /// routed to it, even with no instance, before another quota may replace it.
 const DISK_POOL_GRACE: Duration = Duration::from_secs(60);
 
+/// What a pool's instances are made with: engine, network policy, disk quota and
+/// home ([`SandboxSpec::home`](paddock_core::SandboxSpec::home)).
+type PoolKey = (EngineName, NetworkPolicy, DiskKey, Option<Arc<str>>);
+
 /// An accepted execution not yet finished.
 #[derive(Debug, Clone)]
 pub(crate) struct Running {
@@ -74,7 +78,8 @@ pub struct Supervisor {
     /// ties when an engine is chosen by level.
     registered: HashMap<EngineName, usize>,
     default_engine: EngineName,
-    pools: HashMap<(EngineName, NetworkPolicy, DiskKey), Arc<EnginePool>>,
+    /// By engine, network policy, disk quota and home: what an instance is made with.
+    pools: HashMap<PoolKey, Arc<EnginePool>>,
     pool_config: PoolConfig,
     pipeline: Rc<Pipeline>,
     sessions: HashMap<String, Rc<Session>>,
@@ -178,16 +183,19 @@ impl Supervisor {
     /// prewarmed) on first use. Pools of executions' own disk quotas are at most
     /// [`MAX_DISK_POOLS`]: a new one replaces one that holds no instance, or is
     /// refused with `POOL_EXHAUSTED` while all are in use.
+    #[allow(clippy::too_many_arguments)]
     fn pool(
         &mut self,
         engine: Option<EngineName>,
         level: IsolationLevel,
         network: &NetworkPolicy,
         disk: DiskKey,
+        home: Option<&str>,
         tenant: Option<&str>,
     ) -> Result<Arc<EnginePool>, Error> {
         let kind = self.choose(engine, level, tenant);
-        let key = (kind.clone(), network.clone(), disk);
+        let home: Option<Arc<str>> = home.map(Arc::from);
+        let key = (kind.clone(), network.clone(), disk, home.clone());
         if let Some(p) = self.pools.get(&key) {
             p.touch();
             return Ok(p.clone());
@@ -196,7 +204,7 @@ impl Supervisor {
             let own = self
                 .pools
                 .keys()
-                .filter(|(_, _, d)| !d.is_default())
+                .filter(|(_, _, d, _)| !d.is_default())
                 .count();
             if own >= MAX_DISK_POOLS {
                 // The one routed to longest ago among those with no instance and no
@@ -205,7 +213,7 @@ impl Supervisor {
                 let unused = self
                     .pools
                     .iter()
-                    .filter(|((_, _, d), p)| {
+                    .filter(|((_, _, d, _), p)| {
                         !d.is_default() && p.is_unused() && p.idle_for() >= DISK_POOL_GRACE
                     })
                     .max_by_key(|(_, p)| p.idle_for())
@@ -235,6 +243,11 @@ impl Supervisor {
             ));
         };
         engine.capabilities().check_network(&kind, network)?;
+        if home.is_some() {
+            engine
+                .capabilities()
+                .check_feature(&kind, paddock_core::engine::FEATURE_HOME)?;
+        }
         let mut config = self.pool_config.clone();
         if *network != NetworkPolicy::None {
             // Only the default policy is kept warm; others grow on demand.
@@ -247,10 +260,11 @@ impl Supervisor {
             engine,
             network.clone(),
             disk,
+            home.as_deref(),
             config,
             self.pipeline.telemetry.clone(),
         );
-        if *network == NetworkPolicy::None && disk.is_default() {
+        if *network == NetworkPolicy::None && disk.is_default() && home.is_none() {
             self.pipeline.telemetry.register_pool(
                 kind.as_str(),
                 Arc::new(crate::engine_pool::Gauges(Arc::downgrade(&pool))),
@@ -269,6 +283,7 @@ impl Supervisor {
                 IsolationLevel::None,
                 &NetworkPolicy::None,
                 DiskKey::default(),
+                None,
                 None,
             ) {
                 tracing::info!(engine = %kind, error = %e, "no default pool");
@@ -304,17 +319,19 @@ impl Supervisor {
 
     /// Checks that `tenant` may ask for `network`, then finds the pool and checks
     /// that its engine gives a level `tenant` may use.
+    #[allow(clippy::too_many_arguments)]
     fn allowed_pool(
         &mut self,
         engine: Option<EngineName>,
         level: IsolationLevel,
         network: &NetworkPolicy,
         disk: DiskKey,
+        home: Option<&str>,
         tenant: Option<&str>,
     ) -> Result<Arc<EnginePool>, Error> {
         let allowed = self.pipeline.access.for_tenant(tenant);
         allowed.check_network(network, tenant)?;
-        let pool = self.pool(engine, level, network, disk, tenant)?;
+        let pool = self.pool(engine, level, network, disk, home, tenant)?;
         let given = pool.engine().capabilities().max_level;
         allowed.check_level(given, pool.kind.as_str(), tenant)?;
         Ok(pool)
@@ -488,7 +505,14 @@ impl Handler<Execute> for Supervisor {
         }
         let tenant = msg.request.tenant.clone();
         let prepared = self
-            .allowed_pool(msg.engine, msg.level, &msg.network, disk, tenant.as_deref())
+            .allowed_pool(
+                msg.engine,
+                msg.level,
+                &msg.network,
+                disk,
+                None,
+                tenant.as_deref(),
+            )
             .and_then(|pool| {
                 let caps = pool.engine().capabilities();
                 caps.check_level(&pool.kind, msg.level)?;
@@ -556,6 +580,7 @@ impl Handler<OpenSandbox> for Supervisor {
                 &msg.spec.network,
                 // Its filesystem is made with the instance: one of this size.
                 DiskKey::of(&msg.spec.limits),
+                msg.spec.home.as_deref(),
                 tenant.as_deref(),
             )
             .and_then(|pool| {

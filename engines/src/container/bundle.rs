@@ -102,6 +102,8 @@ pub(crate) struct BundleSpec<'a> {
     /// the host.
     pub(crate) host_usr: bool,
     pub(crate) workdir: &'a Path,
+    /// Where the workdir is mounted inside (`/workspace`, or the sandbox's home).
+    pub(crate) home: &'a str,
     /// Extra read-only file mounts: (host file, path inside).
     pub(crate) files: &'a [(String, String)],
     pub(crate) cgroups_path: &'a str,
@@ -186,7 +188,7 @@ pub(crate) fn config(spec: &BundleSpec<'_>) -> Value {
         json!({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
                        "options": ["nosuid", "nodev", "mode=1777", "size=262144k"]}),
     );
-    mounts.push(json!({"destination": WORKSPACE, "type": "bind",
+    mounts.push(json!({"destination": spec.home, "type": "bind",
                        "source": spec.workdir.to_string_lossy(),
                        "options": ["rbind", "rw", "nosuid", "nodev"]}));
     for (src, dst) in spec.files {
@@ -338,6 +340,7 @@ mod tests {
             rootfs,
             host_usr: true,
             workdir: Path::new("/srv/w"),
+            home: WORKSPACE,
             files: &[],
             cgroups_path: "/paddock-ct-1-0/sb/c1",
             memory_bytes: Some(64 << 20),

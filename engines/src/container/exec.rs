@@ -178,6 +178,7 @@ impl ContainerSandbox {
             rootfs: &self.engine.rootfs,
             host_usr: self.engine.host_usr,
             workdir: self.workdir.root(),
+            home: self.home(),
             files: &files,
             cgroups_path: &container_cgroup,
             memory_bytes: limits.memory_bytes,
@@ -345,12 +346,13 @@ impl ContainerSandbox {
 /// `TMPDIR`, see `paddock_core::config::CONTAINER_OWN_ENV`), then `extra`.
 pub(super) fn guest_vars(
     passthrough: &std::collections::BTreeMap<String, String>,
+    home: &str,
     cwd: &str,
     extra: &std::collections::BTreeMap<String, String>,
 ) -> std::collections::BTreeMap<String, String> {
     let mut vars = passthrough.clone();
     vars.insert("PATH".into(), CONTAINER_PATH.into());
-    vars.insert("HOME".into(), WORKSPACE.into());
+    vars.insert("HOME".into(), home.into());
     vars.insert("PWD".into(), cwd.into());
     vars.insert("TMPDIR".into(), "/tmp".into());
     for (k, v) in extra {
@@ -390,6 +392,7 @@ pub(super) fn run_once(
         rootfs: &engine.rootfs,
         host_usr: engine.host_usr,
         workdir: &workdir,
+        home: WORKSPACE,
         files: &[],
         cgroups_path: &cgroup,
         memory_bytes: limits.memory_bytes,
@@ -692,7 +695,7 @@ mod tests {
         ];
         let passthrough = crate::env::listed_env(host, &["LISTED".to_string()]);
         let extra = BTreeMap::from([("FROM_REQUEST".to_string(), "r".to_string())]);
-        let vars = guest_vars(&passthrough, "/workspace/sub", &extra);
+        let vars = guest_vars(&passthrough, WORKSPACE, "/workspace/sub", &extra);
         let own: Vec<&str> = paddock_core::config::CONTAINER_OWN_ENV.to_vec();
         let mut names: Vec<&str> = vars.keys().map(String::as_str).collect();
         names.retain(|n| !own.contains(n));
@@ -707,7 +710,7 @@ mod tests {
         // A request may still set what the engine owns.
         let extra = BTreeMap::from([("PATH".to_string(), "/opt/bin".to_string())]);
         assert_eq!(
-            guest_vars(&passthrough, WORKSPACE, &extra)["PATH"],
+            guest_vars(&passthrough, WORKSPACE, WORKSPACE, &extra)["PATH"],
             "/opt/bin"
         );
     }

@@ -521,7 +521,14 @@ impl ContainerEngine {
         }
         let mut programs = vec![ProgramKind::Command];
         programs.extend(inner.interpreters.keys().map(|l| ProgramKind::Code(*l)));
-        let mut features = vec!["streaming", "files", "output_cap", "cgroup", "seccomp"];
+        let mut features = vec![
+            "streaming",
+            "files",
+            "output_cap",
+            "cgroup",
+            "seccomp",
+            paddock_core::engine::FEATURE_HOME,
+        ];
         let v1_has = |controller: &str| {
             inner
                 .hierarchies

@@ -74,6 +74,10 @@ impl ContainerSandbox {
             .caps
             .check_network(&EngineName::CONTAINER, &spec.network)?;
         spec.limits.validate("limits", false)?;
+        if let Some(home) = &spec.home {
+            paddock_core::engine::check_home("home", home)?;
+        }
+        let home = spec.home.clone().unwrap_or_else(|| WORKSPACE.to_string());
         let n = engine.next_sandbox.fetch_add(1, Ordering::Relaxed);
         let id = format!(
             "ct-{}-{n}",
@@ -95,7 +99,13 @@ impl ContainerSandbox {
             };
             let mut workdir = Workdir::create_on(&eng.root.join("sandboxes"), &id2, disk)
                 .map_err(crate::host::volume::workdir_error)?
-                .shown_at(Path::new(WORKSPACE));
+                .shown_at(Path::new(&home));
+            if home != WORKSPACE {
+                // Its mount point in the shared root: made once, kept (an empty
+                // directory). A root of the operator's that cannot take it is
+                // reported by the runtime when the first container starts.
+                let _ = std::fs::create_dir_all(eng.rootfs.join(home.trim_start_matches('/')));
+            }
             if let Some(first) = owner {
                 // The directory bound at /workspace belongs to the container's root;
                 // what the files API creates in it too.
@@ -151,6 +161,12 @@ impl ContainerSandbox {
             removing: parking_lot::Mutex::new(Vec::new()),
         })
         .inspect(|sandbox| sandbox.prewarm())
+    }
+
+    /// Where the workdir is mounted in its containers: the spec's home, else
+    /// `/workspace`.
+    pub(super) fn home(&self) -> &str {
+        self.spec.home.as_deref().unwrap_or(WORKSPACE)
     }
 
     /// The (first host id, size) of the sandbox's user namespace, when it has one.
@@ -238,7 +254,7 @@ impl ContainerSandbox {
         let wc = WarmContainer::start(
             &self.engine,
             &self.cgroup,
-            (self.workdir.root(), self.ids()),
+            (self.workdir.root(), self.home(), self.ids()),
             (format!("{}-w{k}", self.id), format!("w{k}")),
             &limits,
         )?;
@@ -289,9 +305,9 @@ impl ContainerSandbox {
     ) -> Result<(String, std::collections::BTreeMap<String, String>)> {
         let cwd = match cwd {
             Some(c) => self.guest_cwd(c)?,
-            None => WORKSPACE.to_string(),
+            None => self.home().to_string(),
         };
-        let vars = guest_vars(&self.engine.passthrough_env, &cwd, extra);
+        let vars = guest_vars(&self.engine.passthrough_env, self.home(), &cwd, extra);
         Ok((cwd, vars))
     }
 
@@ -301,7 +317,8 @@ impl ContainerSandbox {
     /// [`Workdir::resolve_dir`]): it must exist, and a symlink out of the workdir is
     /// refused with `PATH_ESCAPE`, as the files API refuses it.
     pub(super) fn guest_cwd(&self, cwd: &str) -> Result<String> {
-        let inside = match cwd.strip_prefix(WORKSPACE) {
+        let home = self.home();
+        let inside = match cwd.strip_prefix(home) {
             Some(rest) if rest.is_empty() || rest.starts_with('/') => rest.trim_start_matches('/'),
             _ => cwd,
         };
@@ -310,9 +327,9 @@ impl ContainerSandbox {
             .strip_prefix(self.workdir.root())
             .unwrap_or(Path::new(""));
         Ok(if rel.as_os_str().is_empty() {
-            WORKSPACE.to_string()
+            home.to_string()
         } else {
-            format!("{WORKSPACE}/{}", rel.to_string_lossy())
+            format!("{home}/{}", rel.to_string_lossy())
         })
     }
 

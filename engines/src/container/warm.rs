@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use paddock_core::{Error, ErrorCode, Limits, Result};
 
-use super::bundle::{self, BundleSpec, CONTAINER_PATH, WORKSPACE};
+use super::bundle::{self, BundleSpec, CONTAINER_PATH};
 use super::EngineInner;
 use crate::subprocess::warm::{FramesOn, Worker};
 use paddock_core::{
@@ -142,7 +142,7 @@ impl WarmContainer {
     pub(crate) fn start(
         engine: &Arc<EngineInner>,
         sandbox_cgroup: &str,
-        (workdir, ids): (&std::path::Path, Option<(u32, u32)>),
+        (workdir, home, ids): (&std::path::Path, &str, Option<(u32, u32)>),
         (id, tag): (String, String),
         limits: &Limits,
     ) -> Result<WarmContainer> {
@@ -164,10 +164,11 @@ impl WarmContainer {
         let config = bundle::config(&BundleSpec {
             args: &args,
             env: &env,
-            cwd: WORKSPACE,
+            cwd: home,
             rootfs: &engine.rootfs,
             host_usr: engine.host_usr,
             workdir,
+            home,
             files: &files,
             cgroups_path: &cgroup,
             memory_bytes: limits.memory_bytes,

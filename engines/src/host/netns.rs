@@ -83,6 +83,130 @@ pub fn private_mounts_without_unified_cgroup() -> io::Result<OwnedFd> {
         .map_err(|_| io::Error::other("the namespace thread panicked"))?
 }
 
+/// Creates a mount namespace in which `workdir` (a host directory) is seen at `home`
+/// (an absolute path checked by `paddock_core::engine::check_home`), and returns an
+/// fd that keeps it alive. It is a copy of the host's, its mounts slaves of the
+/// host's, so nothing done in it reaches the host. The top directory of `home`
+/// (`/home` for `/home/user`) is covered by a small read-only tmpfs holding only the
+/// path down to `home`: a sandbox sees no other home directory of the host. Fails
+/// when that top directory does not exist on the host.
+pub fn private_home(workdir: &std::path::Path, home: &str) -> io::Result<OwnedFd> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let rel = home.trim_start_matches('/');
+    let top = rel.split('/').next().unwrap_or_default();
+    if top.is_empty() || rel.split('/').count() < 2 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("`{home}` needs two components"),
+        ));
+    }
+    let top_dir = format!("/{top}");
+    if !std::path::Path::new(&top_dir).is_dir() {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("`{top_dir}` does not exist on the host, so `{home}` has nowhere to go"),
+        ));
+    }
+    let cstr = |s: &[u8]| CString::new(s).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput));
+    let top_c = cstr(top_dir.as_bytes())?;
+    let home_c = cstr(home.as_bytes())?;
+    let workdir_c = cstr(workdir.as_os_str().as_bytes())?;
+    let workdir = workdir.to_path_buf();
+    // Every directory from the top one down to `home`, made inside the tmpfs.
+    let mut below = Vec::new();
+    let mut at = top_dir.clone();
+    for part in rel.split('/').skip(1) {
+        at.push('/');
+        at.push_str(part);
+        below.push(cstr(at.as_bytes())?);
+    }
+    std::thread::Builder::new()
+        .name("paddock-mntns".into())
+        .spawn(move || {
+            // SAFETY: unshare(CLONE_NEWNS) gives only this thread (which exits right
+            // after) its own mount namespace and fs state; every pointer passed is a
+            // NUL-terminated string that outlives the call, and the fds are our own.
+            unsafe {
+                if libc::unshare(libc::CLONE_NEWNS) == -1 {
+                    return Err(io::Error::last_os_error());
+                }
+                let none = std::ptr::null();
+                if libc::mount(
+                    none,
+                    c"/".as_ptr(),
+                    none,
+                    libc::MS_REC | libc::MS_SLAVE,
+                    none.cast(),
+                ) == -1
+                {
+                    return Err(io::Error::last_os_error());
+                }
+                // Other sandboxes' filesystems are not kept alive by this one.
+                crate::host::volume::detach_copied_volumes_except(Some(&workdir));
+                // The workdir, opened in this namespace (a bind takes its source
+                // from the caller's own) before anything covers it (it may lie under
+                // the top directory).
+                let src = libc::open(
+                    workdir_c.as_ptr(),
+                    libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+                );
+                if src == -1 {
+                    return Err(io::Error::last_os_error());
+                }
+                let src = OwnedFd::from_raw_fd(src);
+                let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+                if libc::mount(
+                    c"tmpfs".as_ptr(),
+                    top_c.as_ptr(),
+                    c"tmpfs".as_ptr(),
+                    flags,
+                    c"size=64k,nr_inodes=64,mode=755".as_ptr().cast(),
+                ) == -1
+                {
+                    return Err(io::Error::last_os_error());
+                }
+                for dir in &below {
+                    if libc::mkdir(dir.as_ptr(), 0o755) == -1 {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+                if libc::mount(
+                    none,
+                    top_c.as_ptr(),
+                    none,
+                    libc::MS_REMOUNT | libc::MS_RDONLY | flags,
+                    none.cast(),
+                ) == -1
+                {
+                    return Err(io::Error::last_os_error());
+                }
+                use std::os::fd::AsRawFd;
+                let from = cstr(format!("/proc/thread-self/fd/{}", src.as_raw_fd()).as_bytes())?;
+                if libc::mount(
+                    from.as_ptr(),
+                    home_c.as_ptr(),
+                    none,
+                    libc::MS_BIND | libc::MS_REC,
+                    none.cast(),
+                ) == -1
+                {
+                    return Err(io::Error::last_os_error());
+                }
+                let fd = libc::open(
+                    c"/proc/thread-self/ns/mnt".as_ptr(),
+                    libc::O_RDONLY | libc::O_CLOEXEC,
+                );
+                if fd == -1 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(OwnedFd::from_raw_fd(fd))
+            }
+        })?
+        .join()
+        .map_err(|_| io::Error::other("the namespace thread panicked"))?
+}
+
 /// Brings `lo` up in the calling thread's network namespace.
 fn loopback_up() -> io::Result<()> {
     // SAFETY: a datagram socket for the interface ioctls, closed below.

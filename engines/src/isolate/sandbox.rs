@@ -63,6 +63,9 @@ impl IsolateSandbox {
         let caps = &engine.caps;
         caps.check_level(&EngineName::ISOLATE, spec.level)?;
         caps.check_network(&EngineName::ISOLATE, &spec.network)?;
+        if spec.home.is_some() {
+            caps.check_feature(&EngineName::ISOLATE, paddock_core::engine::FEATURE_HOME)?;
+        }
         spec.limits.validate("limits", false)?;
         let n = engine.next_sandbox.fetch_add(1, Ordering::Relaxed);
         let id = format!("iso-{}-{n}", uuid::Uuid::now_v7().simple());

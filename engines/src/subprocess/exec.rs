@@ -321,10 +321,18 @@ impl SubprocessSandbox {
             Some(c) => self.workdir.resolve_dir(c)?,
             None => root.to_path_buf(),
         };
+        // Where the program sees them: the same paths, or under the sandbox's home
+        // in its own mount namespace.
+        let shown = self.workdir.shown_root();
+        let seen_cwd = match cwd.strip_prefix(root) {
+            Ok(rel) if shown != root && rel.as_os_str().is_empty() => shown.to_path_buf(),
+            Ok(rel) if shown != root => shown.join(rel),
+            _ => cwd.clone(),
+        };
         let mut env = engine.base_env.clone();
-        env.insert("HOME".into(), root.to_string_lossy().into_owned());
-        env.insert("PWD".into(), cwd.to_string_lossy().into_owned());
-        env.insert("TMPDIR".into(), root.to_string_lossy().into_owned());
+        env.insert("HOME".into(), shown.to_string_lossy().into_owned());
+        env.insert("PWD".into(), seen_cwd.to_string_lossy().into_owned());
+        env.insert("TMPDIR".into(), shown.to_string_lossy().into_owned());
         for (k, v) in extra_env {
             env.insert(k.clone(), v.clone());
         }
@@ -378,13 +386,15 @@ impl SubprocessSandbox {
                 .map(|(k, v)| cstring(format!("{k}={v}")))
                 .collect::<std::io::Result<_>>()
                 .map_err(io_err)?,
-            cwd: cstring(cwd.into_os_string().into_encoded_bytes()).map_err(io_err)?,
+            cwd: cstring(seen_cwd.into_os_string().into_encoded_bytes()).map_err(io_err)?,
             stdio,
             fd3: None,
             rlimits,
             cgroup_procs: cgroup.map(|g| g.procs_files().to_vec()).unwrap_or_default(),
             netns: self.netns.as_ref().map(|fd| fd.as_raw_fd()),
-            mntns: None,
+            // Held while the sandbox lives: teardown drops it only once no operation
+            // (and so no spawn) is left.
+            mntns: self.mntns.lock().as_ref().map(|fd| fd.as_raw_fd()),
             controlling_tty: false,
         };
         Ok(spec)

@@ -168,6 +168,7 @@ impl SubprocessEngine {
             paddock_core::interactive::FEATURE_PROCESS,
             paddock_core::interactive::FEATURE_TERMINAL,
             paddock_core::interactive::FEATURE_TCP,
+            paddock_core::engine::FEATURE_HOME,
         ];
         if !config.handlers.is_empty() {
             // Configured handlers may suspend; `Sandbox::resume` continues them.

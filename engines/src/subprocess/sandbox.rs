@@ -28,6 +28,9 @@ pub struct SubprocessSandbox {
     pub(super) workdir: Arc<Workdir>,
     pub(super) cgroup: Option<Arc<Cgroup>>,
     pub(super) netns: Option<OwnedFd>,
+    /// The mount namespace that shows the workdir at the spec's `home`, when it has
+    /// one (dropped at teardown, before the workdir goes).
+    pub(super) mntns: parking_lot::Mutex<Option<OwnedFd>>,
     /// Serializes executions.
     pub(super) run_lock: Mutex<()>,
     /// Executions admitted and not yet returned (waiting or running).
@@ -57,6 +60,10 @@ impl SubprocessSandbox {
         caps.check_level(&EngineName::SUBPROCESS, spec.level)?;
         caps.check_network(&EngineName::SUBPROCESS, &spec.network)?;
         spec.limits.validate("limits", false)?;
+        if let Some(home) = &spec.home {
+            paddock_core::engine::check_home("home", home)?;
+        }
+        let home = spec.home.clone();
 
         let n = engine.next_sandbox.fetch_add(1, Ordering::Relaxed);
         let id = format!("sp-{}-{n}", uuid::Uuid::now_v7().simple());
@@ -65,12 +72,28 @@ impl SubprocessSandbox {
         let network = spec.network.clone();
         let warm = eng.warm.is_some();
         let quota = crate::host::volume::Quota::of(&spec.limits.or(&engine.defaults));
-        let (workdir, cgroup, netns, warm_cgroup) = tokio::task::spawn_blocking(move || {
+        let (workdir, cgroup, netns, warm_cgroup, mntns) = tokio::task::spawn_blocking(move || {
             let disk = quota
                 .filter(|_| eng.disks.backend().is_some())
                 .map(|q| (&eng.disks, q));
-            let workdir = Workdir::create_on(&eng.workdir_root, &id2, disk)
+            let mut workdir = Workdir::create_on(&eng.workdir_root, &id2, disk)
                 .map_err(crate::host::volume::workdir_error)?;
+            let mntns = match &home {
+                Some(home) => match crate::host::netns::private_home(workdir.root(), home) {
+                    Ok(fd) => {
+                        workdir = workdir.shown_at(Path::new(home));
+                        Some(fd)
+                    }
+                    Err(e) => {
+                        let _ = workdir.remove();
+                        return Err(Error::engine_io(
+                            &format!("showing the sandbox workdir at `{home}`"),
+                            e,
+                        ));
+                    }
+                },
+                None => None,
+            };
             let cgroup = match &eng.cgroups {
                 Some(root) => match root.create_group(&id2) {
                     Ok(g) => Some(g),
@@ -110,7 +133,7 @@ impl SubprocessSandbox {
                 },
                 _ => None,
             };
-            Ok((workdir, cgroup, netns, warm_cgroup))
+            Ok((workdir, cgroup, netns, warm_cgroup, mntns))
         })
         .await
         .map_err(|e| {
@@ -127,6 +150,7 @@ impl SubprocessSandbox {
             workdir: Arc::new(workdir),
             cgroup: cgroup.map(Arc::new),
             netns,
+            mntns: parking_lot::Mutex::new(mntns),
             run_lock: Mutex::new(()),
             active: AtomicUsize::new(0),
             lifecycle: Lifecycle::new(),
@@ -243,6 +267,10 @@ impl Sandbox for SubprocessSandbox {
     }
 
     fn root_dir(&self) -> &Path {
+        self.workdir.shown_root()
+    }
+
+    fn host_dir(&self) -> &Path {
         self.workdir.root()
     }
 
@@ -356,6 +384,8 @@ impl Teardown for SubprocessSandbox {
             })
             .await;
         }
+        // Every process is gone: the namespace (and its hold on the workdir) goes.
+        self.mntns.lock().take();
         self.sweep(true).await
     }
 
@@ -363,6 +393,7 @@ impl Teardown for SubprocessSandbox {
     fn teardown_now(&self) {
         self.processes.kill_now();
         self.warm.lock().clear();
+        self.mntns.lock().take();
         if let Some(g) = &self.warm_cgroup {
             let _ = g.remove();
         }

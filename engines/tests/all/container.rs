@@ -1168,3 +1168,58 @@ fn runsc_engine(warm: bool) -> Option<ContainerEngine> {
         }
     }
 }
+
+/// A sandbox whose workdir its containers mount at `/home/user`, E2B's place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_with_a_home_mounts_its_workdir_there() {
+    let Some(engine) = engine_with(OciRuntime::Auto) else {
+        return;
+    };
+    let sb = engine
+        .create(&SandboxSpec {
+            home: Some("/home/user".into()),
+            ..SandboxSpec::default()
+        })
+        .await
+        .expect("sandbox opens");
+    assert_eq!(sb.root_dir(), std::path::Path::new("/home/user"));
+    sb.write_file("/home/user/a.txt", b"from the files API")
+        .await
+        .unwrap();
+    let r = run(
+        &*sb,
+        sh("pwd; echo $HOME; cat /home/user/a.txt; echo; echo made > b.txt; ls -A /workspace 2>/dev/null | wc -l"),
+    )
+    .await;
+    assert_eq!(
+        r.stdout, "/home/user\n/home/user\nfrom the files API\n0\n",
+        "{r:?}"
+    );
+    assert_eq!(sb.read_file("/home/user/b.txt").await.unwrap(), b"made\n");
+    run(&*sb, sh("mkdir -p /home/user/sub")).await;
+    let mut req = sh("pwd");
+    req.cwd = Some("/home/user/sub".into());
+    assert_eq!(run(&*sb, req).await.stdout, "/home/user/sub\n");
+    // A background process runs in the warm container, whose agent was started
+    // there too.
+    let p = sb
+        .start_process(paddock_core::ProcessSpec::new([
+            "sh",
+            "-c",
+            "pwd; cat a.txt",
+        ]))
+        .await
+        .unwrap();
+    let mut out = p.output();
+    let mut text = Vec::new();
+    while let Some(c) = out.next().await {
+        text.extend_from_slice(&c.data);
+    }
+    assert_eq!(text, b"/home/user\nfrom the files API");
+    let listed = sb.list_files("/home/user").await.unwrap();
+    assert!(
+        listed.iter().any(|e| e.path == "/home/user/b.txt"),
+        "{listed:?}"
+    );
+    sb.destroy().await.unwrap();
+}

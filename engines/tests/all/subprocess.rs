@@ -729,3 +729,82 @@ async fn cpu_millicores_bounds_the_cpu_a_busy_loop_gets() {
     let count = |r: &ExecResult| r.stdout.trim().parse::<u64>().unwrap_or(0);
     assert!(count(&capped) < count(&free).max(count(&free_again)));
 }
+
+/// A sandbox whose workdir its programs see at `/home/user`, E2B's place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_with_a_home_sees_its_workdir_there() {
+    let sb = sandbox(SandboxSpec {
+        home: Some("/home/user".into()),
+        ..SandboxSpec::default()
+    })
+    .await;
+    assert_eq!(sb.root_dir(), std::path::Path::new("/home/user"));
+    let host = sb.host_dir().to_path_buf();
+    assert_ne!(host, sb.root_dir(), "the host keeps its own path");
+    sb.write_file("/home/user/a.txt", b"from the files API")
+        .await
+        .unwrap();
+    let r = run(
+        &*sb,
+        sh("pwd; echo $HOME; cat /home/user/a.txt; echo; echo made > /home/user/b.txt; ls -A /home"),
+    )
+    .await;
+    assert_eq!(r.exit_code(), Some(0), "{r:?}");
+    assert_eq!(
+        r.stdout, "/home/user\n/home/user\nfrom the files API\nuser\n",
+        "the host's other home directories are not seen"
+    );
+    assert_eq!(sb.read_file("b.txt").await.unwrap(), b"made\n");
+    assert_eq!(std::fs::read(host.join("b.txt")).unwrap(), b"made\n");
+    let listed = sb.list_files("/home/user").await.unwrap();
+    assert!(
+        listed.iter().any(|e| e.path == "/home/user/b.txt"),
+        "{listed:?}"
+    );
+    // A working directory below the home, named as the program sees it.
+    run(&*sb, sh("mkdir -p /home/user/sub")).await;
+    let mut req = sh("pwd; echo $PWD");
+    req.cwd = Some("/home/user/sub".into());
+    assert_eq!(
+        run(&*sb, req).await.stdout,
+        "/home/user/sub\n/home/user/sub\n"
+    );
+    // Code, and a background process, see it too.
+    let py = run(
+        &*sb,
+        ExecRequest::new(Program::code(
+            Language::Python,
+            "print(open('/home/user/a.txt').read())",
+        )),
+    )
+    .await;
+    assert_eq!(py.stdout, "from the files API\n", "{py:?}");
+    let p = sb
+        .start_process(paddock_core::ProcessSpec::new(["sh", "-c", "pwd"]))
+        .await
+        .unwrap();
+    let mut out = p.output();
+    let mut text = Vec::new();
+    while let Some(c) = out.next().await {
+        text.extend_from_slice(&c.data);
+    }
+    assert_eq!(text, b"/home/user\n");
+    // The host's own view is untouched.
+    assert!(!std::path::Path::new("/home/user/a.txt").exists());
+    sb.destroy().await.unwrap();
+    assert!(!host.exists(), "the workdir is removed at destroy");
+}
+
+#[tokio::test]
+async fn a_home_the_engine_cannot_take_is_refused() {
+    for bad in ["home/user", "/usr/local", "/home"] {
+        let e = engine()
+            .create(&SandboxSpec {
+                home: Some(bad.into()),
+                ..SandboxSpec::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidOptions, "{bad}: {e}");
+    }
+}

@@ -53,6 +53,7 @@ pub(super) async fn create_sandbox(
         network: body.network,
         limits: body.limits,
         tenant,
+        home: None,
     };
     let federation = state.paddock.federation().cloned();
     if let Some(f) = &federation {
