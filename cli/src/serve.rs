@@ -2,6 +2,7 @@
 
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
@@ -29,6 +30,10 @@ pub(crate) struct ServeArgs {
     /// name and the process id).
     #[arg(long, value_name = "ID")]
     node_id: Option<String>,
+    /// Serve the E2B-compatible API on the same listener (as `e2b.enabled`): point
+    /// E2B_API_URL and E2B_SANDBOX_URL at the printed URL.
+    #[arg(long)]
+    e2b: bool,
 }
 
 /// Loads a config file (or the embedded defaults), then applies the environment:
@@ -89,8 +94,13 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<i32, UsageError> {
     if let Some(id) = args.node_id {
         config.fleet.node_id = Some(id);
     }
+    if args.e2b {
+        config.e2b.enabled = true;
+    }
     config.validate().map_err(|e| UsageError(e.to_string()))?;
     let server_config = config.server.clone();
+    let e2b_config = config.e2b.clone();
+    let templates = config.templates.clone();
     let fleet_config = config.fleet.clone();
     let fleet_advertise = fleet_config.advertise.clone();
     // In a fleet, the tenants' rate is counted fleet-wide when a node accepts work;
@@ -149,7 +159,27 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<i32, UsageError> {
     let facade = fleet
         .as_ref()
         .map_or_else(|| paddock.clone(), |f| f.paddock());
-    let server = match paddock_pool::http::start(facade, server_config.clone()) {
+    let e2b = if e2b_config.enabled {
+        match paddock_e2b::E2bApi::new(facade.clone(), e2b_config, &server_config, templates) {
+            Ok(api) => Some(api),
+            Err(e) => {
+                eprintln!("paddock serve: {e}");
+                let _ = paddock.shutdown(Duration::ZERO).await;
+                return Ok(1);
+            }
+        }
+    } else {
+        None
+    };
+    let extensions: Vec<paddock_pool::http::Extension> = e2b
+        .iter()
+        .map(|api| {
+            let api = api.clone();
+            Arc::new(move |cfg: &mut actix_web::web::ServiceConfig| api.configure(cfg))
+                as paddock_pool::http::Extension
+        })
+        .collect();
+    let server = match paddock_pool::http::start_with(facade, server_config.clone(), extensions) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("paddock serve: {e}");
@@ -178,6 +208,12 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<i32, UsageError> {
         let _ = out.flush();
     }
     eprintln!("paddock serve: listening on http://{}", server.local_addr());
+    if e2b.is_some() {
+        eprintln!(
+            "paddock serve: the E2B API is on http://{0} (E2B_API_URL=http://{0} E2B_SANDBOX_URL=http://{0})",
+            server.local_addr()
+        );
+    }
     if let Some(warning) = exposure_warning(&server_config, server.local_addr()) {
         eprintln!("paddock serve: warning: {warning}");
     }
@@ -193,6 +229,9 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<i32, UsageError> {
     }
     eprintln!("paddock serve: draining (up to {} ms)", drain.as_millis());
     server.begin_drain();
+    if let Some(api) = &e2b {
+        api.close_all().await;
+    }
     if let Some(f) = &fleet {
         // Stop taking the fleet's work, and let what runs here finish first.
         f.leave(drain).await;

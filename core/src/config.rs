@@ -39,6 +39,11 @@ pub struct PaddockConfig {
     pub policy: PolicyConfig,
     /// Joining a fleet of nodes over NATS JetStream (off unless `urls` are given).
     pub fleet: crate::fleet::FleetConfig,
+    /// The E2B-compatible API (off unless enabled).
+    pub e2b: crate::e2b::E2bConfig,
+    /// Templates of E2B sandboxes, by name; added to (or replacing) the built-in
+    /// `base` and `code-interpreter-v1`.
+    pub templates: std::collections::BTreeMap<String, crate::e2b::TemplateConfig>,
 }
 
 /// Audit settings. Every field has a default, so `{}` keeps a 10 000-entry ring and
@@ -1124,6 +1129,12 @@ impl PaddockConfig {
         self.isolate.validate()?;
         self.container.validate()?;
         self.fleet.validate()?;
+        self.e2b.validate()?;
+        for (name, t) in &self.templates {
+            crate::e2b::check_template_name(name)
+                .map_err(|e| Error::invalid_config(&format!("templates.{name}"), e.message))?;
+            t.validate(name)?;
+        }
         let s = &self.subprocess;
         for (field, value) in [
             ("subprocess.python", &s.python),

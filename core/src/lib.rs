@@ -24,6 +24,7 @@
 pub mod api;
 pub mod cancel;
 pub mod config;
+pub mod e2b;
 pub mod engine;
 pub mod error;
 pub mod exec;

@@ -66,4 +66,4 @@ fn refusal(state: &State, error: Error) -> ApiError {
 use body::parse_body;
 use sandboxes::sandbox_access;
 use server::State;
-pub use server::{start, HttpServerHandle};
+pub use server::{start, start_with, Extension, HttpServerHandle};

@@ -105,6 +105,21 @@ impl HttpServerHandle {
 /// with API keys refuses level `none` and `unrestricted` network unless allowed, and
 /// it refuses to start on a handle that would let them through.
 pub fn start(paddock: Paddock, config: ServerConfig) -> Result<HttpServerHandle, Error> {
+    start_with(paddock, config, Vec::new())
+}
+
+/// Routes of another surface served on the same listener (the E2B-compatible API):
+/// registered on every worker's app, ahead of the native routes.
+pub type Extension = Arc<dyn Fn(&mut web::ServiceConfig) + Send + Sync>;
+
+/// [`start`], with `extensions` served on the same listener ahead of the native
+/// routes; the native middleware (tenants' request caps, fleet forwarding of
+/// `/v1/sandboxes/…`) wraps them too.
+pub fn start_with(
+    paddock: Paddock,
+    config: ServerConfig,
+    extensions: Vec<Extension>,
+) -> Result<HttpServerHandle, Error> {
     config.validate()?;
     if *paddock.access_rules() != config.access_rules() {
         return Err(Error::invalid_config(
@@ -138,11 +153,14 @@ pub fn start(paddock: Paddock, config: ServerConfig) -> Result<HttpServerHandle,
                 let data = web::Data::from(app_state);
                 let metrics_data = data.clone();
                 let server = HttpServer::new(move || {
-                    App::new()
+                    let mut app = App::new()
                         .app_data(data.clone())
                         .wrap(actix_web::middleware::from_fn(forward::route_sessions))
-                        .wrap(actix_web::middleware::from_fn(tenancy::limit_requests))
-                        .configure(routes)
+                        .wrap(actix_web::middleware::from_fn(tenancy::limit_requests));
+                    for extension in &extensions {
+                        app = app.configure(|cfg| extension(cfg));
+                    }
+                    app.configure(routes)
                 })
                 .workers(workers)
                 .disable_signals()

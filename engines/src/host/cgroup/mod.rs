@@ -791,13 +791,13 @@ fn freeze(dir: &Path, wait: Duration) -> bool {
         // shell loop that forks every few ms hits this about one pause in fifteen; each of those froze on the second write).
         // Writing `FROZEN` again walks the tasks again; a short thaw now and then
         // also frees a task caught halfway through its fork.
-        if polls % 250 == 0 {
+        if polls.is_multiple_of(250) {
             let _ = write(&state, "THAWED");
             std::thread::sleep(Duration::from_micros(100));
             if write(&state, "FROZEN").is_err() {
                 return false;
             }
-        } else if polls % 25 == 0 && write(&state, "FROZEN").is_err() {
+        } else if polls.is_multiple_of(25) && write(&state, "FROZEN").is_err() {
             return false;
         }
         std::thread::sleep(Duration::from_micros(200));

@@ -1,0 +1,149 @@
+//! The E2B-compatible API through E2B's own Python SDK (`cli/tests/e2b/sdk.py`),
+//! against a live `paddock serve --e2b`, on the subprocess and container engines.
+//!
+//! The SDK lives in a virtualenv that `.ci/run` makes (`e2b` and
+//! `e2b-code-interpreter`, pinned); `PADDOCK_E2B_PYTHON` names its interpreter.
+//! Without it the tests are skipped, unless `PADDOCK_REQUIRE_E2B` is set.
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+const ALICE: &str = "alice-key-0123456789abcdef";
+const BOB: &str = "bob-key-0123456789abcdef00";
+
+/// Every check of the script; each must report `ok NAME`.
+const CHECKS: &[&str] = &[
+    "the_issue_snippet",
+    "commands",
+    "files",
+    "pty",
+    "lifecycle",
+    "bad_input",
+    "tenants",
+];
+
+fn sdk_python() -> Option<String> {
+    match std::env::var("PADDOCK_E2B_PYTHON") {
+        Ok(p) if !p.is_empty() => Some(p),
+        _ if std::env::var_os("PADDOCK_REQUIRE_E2B").is_some() => {
+            panic!("PADDOCK_REQUIRE_E2B is set but PADDOCK_E2B_PYTHON names no interpreter")
+        }
+        _ => {
+            eprintln!("skipped: set PADDOCK_E2B_PYTHON to a python with the e2b SDK");
+            None
+        }
+    }
+}
+
+fn has_oci_runtime() -> bool {
+    let found = ["crun", "runc"].iter().any(|r| {
+        Command::new("sh")
+            .args(["-c", &format!("command -v {r}")])
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    });
+    if !found && std::env::var_os("PADDOCK_REQUIRE_CONTAINERS").is_some() {
+        panic!("PADDOCK_REQUIRE_CONTAINERS is set but neither crun nor runc is installed");
+    }
+    found
+}
+
+/// Runs the SDK script against a server whose templates use `engine`.
+fn run_sdk(engine: &str) {
+    let Some(python) = sdk_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("paddock.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[server]
+allowed_levels = ["none", "context-isolated", "strict"]
+[[server.api_keys]]
+key = "{ALICE}"
+tenant = "alice"
+[[server.api_keys]]
+key = "{BOB}"
+tenant = "bob"
+[e2b]
+enabled = true
+[templates.base]
+engine = "{engine}"
+"#
+        ),
+    )
+    .unwrap();
+    let mut server = Command::new(env!("CARGO_BIN_EXE_paddock"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&config)
+        .env_remove("PADDOCK_LISTEN")
+        .env_remove("PADDOCK_API_KEYS")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("paddock serve starts");
+    let stdout = server.stdout.take().unwrap();
+    let mut stderr = server.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        let _ = tx.send(lines.next());
+        for _ in lines {}
+    });
+    let logs = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let url = match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(Some(Ok(line))) => line,
+        other => {
+            let _ = server.kill();
+            panic!("no URL on stdout: {other:?}; {}", logs.join().unwrap());
+        }
+    };
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2b/sdk.py");
+    let out = Command::new(&python)
+        .arg(script)
+        .env("E2B_API_URL", &url)
+        .env("E2B_SANDBOX_URL", &url)
+        .env("E2B_API_KEY", ALICE)
+        .env("ALICE_KEY", ALICE)
+        .env("BOB_KEY", BOB)
+        .env("PADDOCK_ENGINE", engine)
+        .output()
+        .expect("the SDK's python runs");
+    let _ = server.kill();
+    let _ = server.wait();
+    let server_log = logs.join().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let passed: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("ok "))
+        .collect();
+    assert!(
+        out.status.success() && CHECKS.iter().all(|c| passed.contains(c)),
+        "the SDK checks on {engine}: passed {passed:?} of {CHECKS:?}\n{stdout}\n{stderr}\nserver:\n{server_log}"
+    );
+}
+
+#[test]
+fn the_python_sdk_runs_unchanged_on_the_subprocess_engine() {
+    run_sdk("subprocess");
+}
+
+#[test]
+fn the_python_sdk_runs_unchanged_on_the_container_engine() {
+    if !has_oci_runtime() {
+        eprintln!("skipped: no OCI runtime");
+        return;
+    }
+    run_sdk("container");
+}

@@ -1,0 +1,339 @@
+"""Paddock's E2B-compatible API, driven through E2B's own Python SDK.
+
+Run by `cli/tests/e2b.rs` against a live `paddock serve --e2b`, with
+E2B_API_URL and E2B_SANDBOX_URL set to its URL. Every check prints `ok NAME`; the
+Rust test requires every name of CHECKS. ENGINE says which engine the templates
+use (pause differs), ALICE and BOB are two tenants' API keys.
+"""
+
+import json
+import os
+import struct
+import sys
+import threading
+import time
+import traceback
+
+import httpx
+from e2b import (
+    AuthenticationException,
+    CommandExitException,
+    NotFoundException,
+    PtySize,
+    Sandbox,
+    SandboxQuery,
+    TimeoutException,
+)
+
+URL = os.environ["E2B_API_URL"]
+ENGINE = os.environ["PADDOCK_ENGINE"]
+ALICE = os.environ["ALICE_KEY"]
+BOB = os.environ["BOB_KEY"]
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+def the_issue_snippet():
+    sbx = Sandbox.create(api_key=ALICE)
+    try:
+        r = sbx.commands.run("echo hi")
+        check((r.stdout, r.exit_code) == ("hi\n", 0), f"echo: {r}")
+        sbx.files.write("/home/user/a.txt", "x")
+        check(sbx.files.read("/home/user/a.txt") == "x", "read back")
+        h = sbx.commands.run("sleep 30", background=True)
+        check(h.kill() is True, "kill answers True")
+        try:
+            h.wait()
+            raise AssertionError("a killed command exits non-zero")
+        except CommandExitException as e:
+            check(e.exit_code != 0, f"killed exit code {e.exit_code}")
+    finally:
+        sbx.kill()
+    check(not sbx.is_running(), "killed sandbox is not running")
+
+
+def commands():
+    sbx = Sandbox.create(api_key=ALICE)
+    try:
+        r = sbx.commands.run("pwd; echo $HOME; echo err >&2")
+        check(r.stdout == "/home/user\n/home/user\n", f"home: {r.stdout!r}")
+        check(r.stderr == "err\n", f"stderr: {r.stderr!r}")
+        try:
+            sbx.commands.run("echo out; exit 3")
+            raise AssertionError("exit 3 raises")
+        except CommandExitException as e:
+            check(e.exit_code == 3 and e.stdout == "out\n", f"exit 3: {e}")
+        # env and cwd
+        r = sbx.commands.run("echo $GREETING", envs={"GREETING": "hello"})
+        check(r.stdout == "hello\n", f"env: {r.stdout!r}")
+        sbx.commands.run("mkdir -p /home/user/sub")
+        r = sbx.commands.run("pwd", cwd="/home/user/sub")
+        check(r.stdout == "/home/user/sub\n", f"cwd: {r.stdout!r}")
+        r = sbx.commands.run("pwd", cwd="sub")
+        check(r.stdout == "/home/user/sub\n", f"relative cwd: {r.stdout!r}")
+        # stdin: send, then close
+        h = sbx.commands.run("cat", background=True, stdin=True)
+        sbx.commands.send_stdin(h.pid, "abc\n")
+        sbx.commands.send_stdin(h.pid, "def\n")
+        sbx.commands.close_stdin(h.pid)
+        r = h.wait()
+        check(r.stdout == "abc\ndef\n", f"stdin: {r.stdout!r}")
+        # live output through callbacks
+        seen = []
+        sbx.commands.run("for i in 1 2 3; do echo $i; done", on_stdout=seen.append)
+        check("".join(seen) == "1\n2\n3\n", f"on_stdout: {seen!r}")
+        # timeout: the client gives up, the server answers it as a timeout
+        t0 = time.time()
+        try:
+            sbx.commands.run("sleep 20", timeout=1)
+            raise AssertionError("a 1 s timeout fires")
+        except TimeoutException:
+            check(time.time() - t0 < 10, "the timeout fired within 10 s")
+        # list, connect to a running one, kill by pid
+        h = sbx.commands.run(
+            "for i in 1 2 3 4 5; do echo line$i; sleep 0.3; done", background=True
+        )
+        listed = {p.pid: p for p in sbx.commands.list()}
+        check(h.pid in listed, f"list has {h.pid}: {list(listed)}")
+        check(listed[h.pid].cmd == "/bin/bash", f"listed cmd {listed[h.pid].cmd}")
+        again = sbx.commands.connect(h.pid)
+        r = again.wait()
+        check("line5\n" in r.stdout, f"connect sees the output: {r.stdout!r}")
+        check(h.pid not in {p.pid for p in sbx.commands.list()}, "ended ones leave the list")
+        s = sbx.commands.run("sleep 30", background=True)
+        check(sbx.commands.kill(s.pid) is True, "commands.kill")
+        check(sbx.commands.kill(987654) is False, "killing an unknown pid answers False")
+    finally:
+        sbx.kill()
+
+
+def files():
+    sbx = Sandbox.create(api_key=ALICE)
+    try:
+        sbx.files.write("notes.txt", "some text\n")
+        check(sbx.files.read("/home/user/notes.txt") == "some text\n", "relative write")
+        blob = bytes(range(256)) * 64
+        sbx.files.write("/home/user/blob.bin", blob)
+        check(sbx.files.read("/home/user/blob.bin", format="bytes") == blob, "bytes")
+        r = sbx.commands.run("wc -c < /home/user/blob.bin")
+        check(r.stdout.strip() == str(len(blob)), f"the sandbox sees the bytes: {r.stdout}")
+        sbx.files.write_files(
+            [{"path": "/home/user/m/one.txt", "data": "1"}, {"path": "/home/user/m/two.txt", "data": "2"}]
+        )
+        names = sorted(e.name for e in sbx.files.list("/home/user/m"))
+        check(names == ["one.txt", "two.txt"], f"list: {names}")
+        deep = [e.path for e in sbx.files.list("/home/user", depth=2)]
+        check("/home/user/m/two.txt" in deep, f"depth 2: {deep}")
+        check(sbx.files.exists("/home/user/notes.txt"), "exists")
+        check(not sbx.files.exists("/home/user/nope"), "does not exist")
+        info = sbx.files.get_info("/home/user/blob.bin")
+        check(info.size == len(blob) and info.type.value == "file", f"info: {info}")
+        check(sbx.files.make_dir("/home/user/d") is True, "make_dir")
+        check(sbx.files.make_dir("/home/user/d") is False, "make_dir again")
+        moved = sbx.files.rename("/home/user/notes.txt", "/home/user/d/notes.txt")
+        check(moved.path == "/home/user/d/notes.txt", f"rename: {moved}")
+        check(sbx.files.read("d/notes.txt") == "some text\n", "renamed content")
+        sbx.files.remove("/home/user/d")
+        check(not sbx.files.exists("/home/user/d"), "removed")
+        # Outside the home, the filesystem service still sees the sandbox's own files.
+        check(sbx.files.exists("/bin/sh") or sbx.files.exists("/usr/bin/sh"), "a system file")
+        try:
+            sbx.files.read("/home/user/nope.txt")
+            raise AssertionError("reading a missing file raises")
+        except NotFoundException:
+            pass
+    finally:
+        sbx.kill()
+
+
+def pty():
+    sbx = Sandbox.create(api_key=ALICE)
+    try:
+        handle = sbx.pty.create(PtySize(rows=24, cols=80))
+        got = bytearray()
+        done = threading.Event()
+
+        def read():
+            try:
+                for _stdout, _stderr, data in handle:
+                    if data:
+                        got.extend(data)
+                        if b"cols=132" in got:
+                            done.set()
+            except Exception:
+                pass
+            done.set()
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        sbx.pty.resize(handle.pid, PtySize(rows=40, cols=132))
+        sbx.pty.send_stdin(handle.pid, b"echo cols=$(tput cols 2>/dev/null || stty size | cut -d' ' -f2)\n")
+        done.wait(15)
+        check(b"cols=132" in got, f"the resized pty answers: {bytes(got)[-300:]!r}")
+        check(sbx.pty.kill(handle.pid) is True, "pty kill")
+        reader.join(10)
+    finally:
+        sbx.kill()
+
+
+def lifecycle():
+    a = Sandbox.create(api_key=ALICE, metadata={"suite": "e2b", "n": "1"})
+    b = Sandbox.create(api_key=ALICE, metadata={"suite": "e2b", "n": "2"})
+    try:
+        found = Sandbox.list(api_key=ALICE, query=SandboxQuery(metadata={"n": "1"})).next_items()
+        check([s.sandbox_id for s in found] == [a.sandbox_id], f"metadata filter: {found}")
+        both = Sandbox.list(api_key=ALICE, query=SandboxQuery(metadata={"suite": "e2b"})).next_items()
+        check({s.sandbox_id for s in both} == {a.sandbox_id, b.sandbox_id}, f"both: {both}")
+        check(found[0].metadata == {"suite": "e2b", "n": "1"}, f"metadata: {found[0].metadata}")
+        # paging, one at a time
+        pager = Sandbox.list(api_key=ALICE, limit=1, query=SandboxQuery(metadata={"suite": "e2b"}))
+        first = pager.next_items()
+        check(len(first) == 1 and pager.has_next, "a page of one, and more")
+        second = pager.next_items()
+        check(len(second) == 1 and first[0].sandbox_id != second[0].sandbox_id, "the next page")
+        # set_timeout: the sandbox ends when it passes
+        b.set_timeout(1)
+        deadline = time.time() + 10
+        while b.is_running() and time.time() < deadline:
+            time.sleep(0.2)
+        check(not b.is_running(), "the sandbox ended after its timeout")
+        check(Sandbox.kill(b.sandbox_id, api_key=ALICE) is False, "gone from the control plane")
+        # pause and resume
+        a.files.write("/home/user/kept.txt", "kept")
+        if ENGINE == "container":
+            check(a.pause() is True, "pause")
+            check(a.get_info().state.value == "paused", "paused state")
+            check(a.pause() is False, "already paused")
+            resumed = Sandbox.connect(a.sandbox_id, api_key=ALICE)
+            check(resumed.get_info().state.value == "running", "running again")
+            check(resumed.files.read("/home/user/kept.txt") == "kept", "files kept")
+            check(resumed.commands.run("echo back").stdout == "back\n", "commands after resume")
+        else:
+            try:
+                a.pause()
+                raise AssertionError("the subprocess engine has no freezer")
+            except Exception as e:
+                check("pause" in str(e).lower(), f"the refusal says why: {e}")
+    finally:
+        a.kill()
+        Sandbox.kill(b.sandbox_id, api_key=ALICE)
+
+
+def envelope(flag, payload):
+    return struct.pack(">BI", flag, len(payload)) + payload
+
+
+def bad_input():
+    # A wrong API key.
+    try:
+        Sandbox.create(api_key="not-a-key-of-this-server")
+        raise AssertionError("a wrong key is refused")
+    except AuthenticationException:
+        pass
+    # An unknown sandbox.
+    try:
+        Sandbox.connect("sp-00000000000000000000000000000000-0", api_key=ALICE)
+        raise AssertionError("an unknown sandbox is refused")
+    except NotFoundException:
+        pass
+    check(Sandbox.kill("no-such-sandbox", api_key=ALICE) is False, "kill unknown")
+    sbx = Sandbox.create(api_key=ALICE)
+    try:
+        base = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "49983"}
+        token = sbx._envd_access_token
+        # A wrong access token.
+        r = httpx.post(
+            f"{URL}/process.Process/List",
+            headers={**base, "X-Access-Token": "wrong", "Content-Type": "application/json"},
+            content=b"{}",
+        )
+        check(r.status_code == 401 and r.json()["code"] == "unauthenticated", f"token: {r.status_code} {r.text}")
+        ok = {**base, "X-Access-Token": token}
+        # Malformed Connect frames, each answered with a Connect error, never a 5xx.
+        for body in [b"\x00\x00", envelope(0, b"{not json"), envelope(1, b"{}"), envelope(0, b"x" * 10)[:8]]:
+            r = httpx.post(
+                f"{URL}/process.Process/Start",
+                headers={**ok, "Content-Type": "application/connect+json"},
+                content=body,
+            )
+            check(r.status_code < 500, f"frame {body!r}: {r.status_code}")
+            flag, n = struct.unpack(">BI", r.content[:5])
+            end = json.loads(r.content[5 : 5 + n])
+            check(flag == 2 and end["error"]["code"] == "invalid_argument", f"frame {body!r}: {end}")
+        r = httpx.post(
+            f"{URL}/process.Process/SendInput",
+            headers={**ok, "Content-Type": "application/json"},
+            content=b'{"process": {"pid": 1}, "input": {"stdin": "!!"}}',
+        )
+        check(r.status_code == 404 and r.json()["code"] == "not_found", f"unknown pid: {r.text}")
+        r = httpx.post(
+            f"{URL}/process.Process/List",
+            headers={**ok, "Content-Type": "application/proto"},
+            content=b"\x00",
+        )
+        check(r.status_code == 415, f"protobuf is refused: {r.status_code}")
+        r = httpx.post(f"{URL}/v2/sandboxes", headers={"X-API-Key": ALICE}, content=b"{nope")
+        check(r.status_code == 400 and r.json()["code"] == 400, f"bad body: {r.text}")
+    finally:
+        sbx.kill()
+
+
+def tenants():
+    mine = Sandbox.create(api_key=ALICE, metadata={"owner": "alice"})
+    theirs = Sandbox.create(api_key=BOB)
+    try:
+        try:
+            Sandbox.connect(mine.sandbox_id, api_key=BOB)
+            raise AssertionError("bob cannot connect to alice's sandbox")
+        except NotFoundException:
+            pass
+        try:
+            Sandbox.get_info(mine.sandbox_id, api_key=BOB)
+            raise AssertionError("bob cannot see alice's sandbox")
+        except NotFoundException:
+            pass
+        check(Sandbox.kill(mine.sandbox_id, api_key=BOB) is False, "bob cannot kill it")
+        try:
+            Sandbox.set_timeout(mine.sandbox_id, 1, api_key=BOB)
+            raise AssertionError("bob cannot set its timeout")
+        except NotFoundException:
+            pass
+        listed = {s.sandbox_id for s in Sandbox.list(api_key=BOB).next_items()}
+        check(mine.sandbox_id not in listed and theirs.sandbox_id in listed, f"bob's list: {listed}")
+        # Bob's own sandbox token opens no other sandbox.
+        r = httpx.post(
+            f"{URL}/process.Process/List",
+            headers={
+                "E2b-Sandbox-Id": mine.sandbox_id,
+                "E2b-Sandbox-Port": "49983",
+                "X-Access-Token": theirs._envd_access_token,
+                "Content-Type": "application/json",
+            },
+            content=b"{}",
+        )
+        check(r.status_code == 401, f"bob's token on alice's sandbox: {r.status_code}")
+        check(mine.commands.run("echo still").stdout == "still\n", "alice's sandbox is untouched")
+    finally:
+        mine.kill()
+        theirs.kill()
+
+
+CHECKS = [the_issue_snippet, commands, files, pty, lifecycle, bad_input, tenants]
+
+if __name__ == "__main__":
+    wanted = sys.argv[1:]
+    failed = 0
+    for f in CHECKS:
+        if wanted and f.__name__ not in wanted:
+            continue
+        try:
+            f()
+            print(f"ok {f.__name__}", flush=True)
+        except Exception:
+            failed += 1
+            print(f"FAILED {f.__name__}", flush=True)
+            traceback.print_exc()
+    sys.exit(1 if failed else 0)

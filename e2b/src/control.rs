@@ -1,0 +1,551 @@
+//! The control plane: creating, finding, listing, extending, pausing, resuming and
+//! killing sandboxes. Errors are `{"code": <HTTP status>, "message": …}`, as E2B's
+//! API answers them.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use actix_web::http::StatusCode;
+use actix_web::{web, HttpRequest, HttpResponse};
+use paddock_core::{EngineName, Error, ErrorCode, SandboxSpec};
+use paddock_pool::Caller;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::registry::{new_token, tenant_of, Inner, Sbx, ENVD_VERSION};
+
+/// Most metadata entries of a sandbox, and bytes of each key and value.
+const MAX_METADATA: usize = 64;
+const MAX_METADATA_KEY: usize = 256;
+const MAX_METADATA_VALUE: usize = 1024;
+/// Most environment variables a create request may give.
+const MAX_ENV_VARS: usize = 256;
+/// Most bytes of a control-plane request body.
+const MAX_BODY: usize = 256 * 1024;
+/// The list's page size when none is asked for, and the largest.
+const DEFAULT_PAGE: usize = 100;
+const MAX_PAGE: usize = 1000;
+
+/// An answer of the control plane that is not a success.
+#[derive(Debug)]
+pub(crate) struct ApiError {
+    status: StatusCode,
+    message: String,
+}
+
+impl ApiError {
+    pub(crate) fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            message: message.into(),
+        }
+    }
+
+    fn not_found(id: &str) -> ApiError {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("sandbox \"{id}\" doesn't exist or you don't have access to it"),
+        )
+    }
+
+    pub(crate) fn response(&self) -> HttpResponse {
+        HttpResponse::build(self.status).json(json!({
+            "code": self.status.as_u16(),
+            "message": self.message,
+        }))
+    }
+}
+
+impl From<Error> for ApiError {
+    fn from(e: Error) -> ApiError {
+        let status = match e.code {
+            ErrorCode::NotFound | ErrorCode::EngineDisposed => StatusCode::NOT_FOUND,
+            ErrorCode::RateLimited | ErrorCode::PoolExhausted => StatusCode::TOO_MANY_REQUESTS,
+            ErrorCode::InvalidOptions
+            | ErrorCode::InvalidConfig
+            | ErrorCode::LevelNotSupported
+            | ErrorCode::CapabilityNotSupported
+            | ErrorCode::PathEscape => StatusCode::BAD_REQUEST,
+            ErrorCode::SandboxPaused => StatusCode::CONFLICT,
+            ErrorCode::NodeLost | ErrorCode::FleetUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError::new(status, format!("{}: {}", e.code.as_str(), e.message))
+    }
+}
+
+type Answer = Result<HttpResponse, ApiError>;
+
+/// The caller of a control-plane request, from its `X-API-Key`.
+fn caller(inner: &Inner, req: &HttpRequest) -> Result<Caller, ApiError> {
+    let key = req.headers().get("x-api-key").and_then(|v| v.to_str().ok());
+    inner.caller_for_key(key).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "missing or wrong API key: send one of the server's API keys in X-API-Key (E2B_API_KEY)",
+        )
+    })
+}
+
+fn parse<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Result<T, ApiError> {
+    if body.len() > MAX_BODY {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the body has {} bytes; at most {MAX_BODY}", body.len()),
+        ));
+    }
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("malformed body: {e}")))
+}
+
+/// `POST /sandboxes` and `/v2/sandboxes`. Fields Paddock has no use for
+/// (`autoPause`, `mcp`, `network`, …) are accepted and ignored.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct NewSandbox {
+    #[serde(rename = "templateID")]
+    template_id: Option<String>,
+    timeout: Option<u64>,
+    #[serde(default)]
+    metadata: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    env_vars: Option<BTreeMap<String, String>>,
+}
+
+pub(crate) async fn create(
+    inner: web::Data<Arc<Inner>>,
+    req: HttpRequest,
+    body: web::Bytes,
+) -> HttpResponse {
+    create_inner(&inner, &req, &body)
+        .await
+        .unwrap_or_else(|e| e.response())
+}
+
+async fn create_inner(inner: &Arc<Inner>, req: &HttpRequest, body: &[u8]) -> Answer {
+    let caller = caller(inner, req)?;
+    let new: NewSandbox = parse(body)?;
+    let template_id = new
+        .template_id
+        .unwrap_or_else(|| paddock_core::e2b::BASE_TEMPLATE.to_string());
+    paddock_core::e2b::check_template_name(&template_id)?;
+    // `team/name:tag` and `name:tag` name the template `name`.
+    let name = template_id
+        .rsplit('/')
+        .next()
+        .unwrap_or(&template_id)
+        .split(':')
+        .next()
+        .unwrap_or_default();
+    let template = inner.templates.get(name).cloned().ok_or_else(|| {
+        let mut known: Vec<&str> = inner.templates.keys().map(String::as_str).collect();
+        known.sort_unstable();
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!(
+                "template \"{template_id}\" is not configured here; configured: {}",
+                known.join(", ")
+            ),
+        )
+    })?;
+    let metadata = new.metadata.unwrap_or_default();
+    check_metadata(&metadata)?;
+    let env_vars = new.env_vars.unwrap_or_default();
+    if env_vars.len() > MAX_ENV_VARS {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("{} envVars; at most {MAX_ENV_VARS}", env_vars.len()),
+        ));
+    }
+    let mut env = template.env.clone();
+    env.extend(env_vars);
+    // Checked as a process's variables are, before anything is opened.
+    paddock_core::ProcessSpec {
+        argv: vec!["true".into()],
+        env: env.clone(),
+        ..Default::default()
+    }
+    .validate()
+    .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("envVars: {}", e.message)))?;
+    let lifetime = inner.lifetime(new.timeout);
+
+    // The cap counts sandboxes open and being opened.
+    let held = inner.opening.fetch_add(1, Ordering::AcqRel) + 1;
+    let _opening = Opening(inner.clone());
+    if held + inner.sandboxes.len() > inner.config.max_sandboxes {
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "e2b.max_sandboxes ({}) sandboxes are open; kill one or retry later",
+                inner.config.max_sandboxes
+            ),
+        ));
+    }
+    let engine = template
+        .engine
+        .clone()
+        .unwrap_or_else(|| default_engine(inner));
+    let spec = SandboxSpec {
+        level: template.level,
+        network: template.network.clone(),
+        limits: template.limits.clone(),
+        tenant: tenant_of(&caller).map(String::from),
+        home: Some(template.home.clone()),
+    };
+    let handle = inner.paddock.open_sandbox(spec, Some(engine)).await?;
+    let id = handle.id().to_string();
+    let now = SystemTime::now();
+    let sbx = Arc::new(Sbx {
+        id: id.clone(),
+        template: template_id.clone(),
+        caller,
+        handle,
+        token: new_token(),
+        metadata,
+        env,
+        started_at: now,
+        end_at: parking_lot::Mutex::new(now + lifetime),
+        paused: Default::default(),
+        home: template.home.clone(),
+        procs: parking_lot::Mutex::new(crate::process::Procs::new(
+            inner.config.max_processes_per_sandbox,
+        )),
+        cpu_count: template
+            .limits
+            .cpu_millicores
+            .map_or(1, |m| m.div_ceil(1000).max(1) as u32),
+        memory_mb: template.limits.memory_bytes.map_or(0, |b| b >> 20),
+    });
+    inner.sandboxes.insert(id, sbx.clone());
+    Ok(HttpResponse::Created().json(created(inner, &sbx)))
+}
+
+/// Releases a place of `e2b.max_sandboxes` taken while a sandbox opens.
+struct Opening(Arc<Inner>);
+
+impl Drop for Opening {
+    fn drop(&mut self) {
+        self.0.opening.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The engine of a template that names none: the container engine when it runs
+/// here, else the subprocess engine.
+fn default_engine(inner: &Inner) -> EngineName {
+    let homes = |name: &EngineName| {
+        inner
+            .paddock
+            .capabilities()
+            .iter()
+            .any(|(n, c)| n == name && c.has_feature(paddock_core::engine::FEATURE_HOME))
+    };
+    if homes(&EngineName::CONTAINER) {
+        EngineName::CONTAINER
+    } else {
+        EngineName::SUBPROCESS
+    }
+}
+
+fn check_metadata(m: &BTreeMap<String, String>) -> Result<(), ApiError> {
+    if m.len() > MAX_METADATA {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("{} metadata entries; at most {MAX_METADATA}", m.len()),
+        ));
+    }
+    for (k, v) in m {
+        if k.is_empty() || k.len() > MAX_METADATA_KEY || v.len() > MAX_METADATA_VALUE {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "metadata {k:?}: keys are 1-{MAX_METADATA_KEY} bytes, values at most {MAX_METADATA_VALUE}"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// What create and connect answer: E2B's `Sandbox`.
+fn created(inner: &Inner, s: &Sbx) -> Value {
+    json!({
+        "templateID": s.template,
+        "sandboxID": s.id,
+        "clientID": "paddock",
+        "envdVersion": ENVD_VERSION,
+        "envdAccessToken": s.token,
+        "domain": inner.config.domain,
+    })
+}
+
+fn rfc3339(t: SystemTime) -> String {
+    let t: time::OffsetDateTime = t.into();
+    t.format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}
+
+fn state(s: &Sbx) -> &'static str {
+    if s.paused.load(Ordering::Acquire) {
+        "paused"
+    } else {
+        "running"
+    }
+}
+
+/// E2B's `ListedSandbox`; `detail` adds what `SandboxDetail` has besides.
+fn described(inner: &Inner, s: &Sbx, detail: bool) -> Value {
+    let mut v = json!({
+        "templateID": s.template,
+        "sandboxID": s.id,
+        "clientID": "paddock",
+        "startedAt": rfc3339(s.started_at),
+        "endAt": rfc3339(*s.end_at.lock()),
+        "cpuCount": s.cpu_count,
+        "memoryMB": s.memory_mb,
+        "diskSizeMB": 0,
+        "state": state(s),
+        "envdVersion": ENVD_VERSION,
+        "metadata": s.metadata,
+    });
+    if detail {
+        v["envdAccessToken"] = json!(s.token);
+        v["domain"] = json!(inner.config.domain);
+    }
+    v
+}
+
+pub(crate) async fn get(
+    inner: web::Data<Arc<Inner>>,
+    req: HttpRequest,
+    id: web::Path<String>,
+) -> HttpResponse {
+    let run = || -> Answer {
+        let caller = caller(&inner, &req)?;
+        let s = inner
+            .visible(&caller, &id)
+            .ok_or_else(|| ApiError::not_found(&id))?;
+        Ok(HttpResponse::Ok().json(described(&inner, &s, true)))
+    };
+    run().unwrap_or_else(|e| e.response())
+}
+
+pub(crate) async fn kill(
+    inner: web::Data<Arc<Inner>>,
+    req: HttpRequest,
+    id: web::Path<String>,
+) -> HttpResponse {
+    let run = async {
+        let caller = caller(&inner, &req)?;
+        inner
+            .visible(&caller, &id)
+            .ok_or_else(|| ApiError::not_found(&id))?;
+        if inner.end(&id).await {
+            Ok(HttpResponse::NoContent().finish())
+        } else {
+            Err(ApiError::not_found(&id))
+        }
+    };
+    run.await.unwrap_or_else(|e: ApiError| e.response())
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct Timeout {
+    timeout: Option<u64>,
+}
+
+pub(crate) async fn set_timeout(
+    inner: web::Data<Arc<Inner>>,
+    req: HttpRequest,
+    id: web::Path<String>,
+    body: web::Bytes,
+) -> HttpResponse {
+    let run = || -> Answer {
+        let caller = caller(&inner, &req)?;
+        let s = inner
+            .visible(&caller, &id)
+            .ok_or_else(|| ApiError::not_found(&id))?;
+        let t: Timeout = parse(&body)?;
+        let Some(secs) = t.timeout else {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "give `timeout`, the sandbox's remaining lifetime in seconds",
+            ));
+        };
+        *s.end_at.lock() = SystemTime::now() + inner.lifetime(Some(secs));
+        Ok(HttpResponse::NoContent().finish())
+    };
+    run().unwrap_or_else(|e| e.response())
+}
+
+pub(crate) async fn pause(
+    inner: web::Data<Arc<Inner>>,
+    req: HttpRequest,
+    id: web::Path<String>,
+) -> HttpResponse {
+    let run = async {
+        let caller = caller(&inner, &req)?;
+        let s = inner
+            .visible(&caller, &id)
+            .ok_or_else(|| ApiError::not_found(&id))?;
+        if s.paused.load(Ordering::Acquire) {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                format!("sandbox \"{id}\" is already paused"),
+            ));
+        }
+        s.handle.pause().await?;
+        s.paused.store(true, Ordering::Release);
+        Ok(HttpResponse::NoContent().finish())
+    };
+    run.await.unwrap_or_else(|e: ApiError| e.response())
+}
+
+/// `POST /sandboxes/{id}/connect` (and `/v2/…`, and the older `/resume`): resumes a
+/// paused sandbox (201) or answers a running one (200), and extends its lifetime to
+/// at least `timeout` from now.
+pub(crate) async fn connect(
+    inner: web::Data<Arc<Inner>>,
+    req: HttpRequest,
+    id: web::Path<String>,
+    body: web::Bytes,
+) -> HttpResponse {
+    let run = async {
+        let caller = caller(&inner, &req)?;
+        let s = inner
+            .visible(&caller, &id)
+            .ok_or_else(|| ApiError::not_found(&id))?;
+        let t: Timeout = parse(&body)?;
+        let resumed = if s.paused.load(Ordering::Acquire) {
+            s.handle.unpause().await?;
+            s.paused.store(false, Ordering::Release);
+            true
+        } else {
+            false
+        };
+        if let Some(secs) = t.timeout {
+            let want = SystemTime::now() + inner.lifetime(Some(secs));
+            let mut end = s.end_at.lock();
+            if *end < want {
+                *end = want;
+            }
+        } else if resumed {
+            *s.end_at.lock() = SystemTime::now() + inner.lifetime(None);
+        }
+        let body = created(&inner, &s);
+        Ok(if resumed {
+            HttpResponse::Created().json(body)
+        } else {
+            HttpResponse::Ok().json(body)
+        })
+    };
+    run.await.unwrap_or_else(|e: ApiError| e.response())
+}
+
+/// `GET /sandboxes` and `GET /v2/sandboxes`: the caller's sandboxes, filtered by
+/// `state` (comma-separated), `metadata` (URL-encoded `key=value` pairs, every one
+/// required) and `template`, oldest first, paged by `limit` and `nextToken` (the
+/// `X-Next-Token` of the previous page).
+pub(crate) async fn list(inner: web::Data<Arc<Inner>>, req: HttpRequest) -> HttpResponse {
+    let run = || -> Answer {
+        let caller = caller(&inner, &req)?;
+        let mut states: Option<Vec<String>> = None;
+        let mut wanted: Vec<(String, String)> = Vec::new();
+        let mut template: Option<String> = None;
+        let mut limit = DEFAULT_PAGE;
+        let mut after: Option<String> = None;
+        for (k, v) in form_urlencoded::parse(req.query_string().as_bytes()) {
+            match k.as_ref() {
+                "state" => {
+                    let s = states.get_or_insert_with(Vec::new);
+                    for one in v.split(',').filter(|x| !x.is_empty()) {
+                        if one != "running" && one != "paused" {
+                            return Err(ApiError::new(
+                                StatusCode::BAD_REQUEST,
+                                format!("state {one:?}: use running or paused"),
+                            ));
+                        }
+                        s.push(one.to_string());
+                    }
+                }
+                "metadata" | "query" => {
+                    for (mk, mv) in form_urlencoded::parse(v.as_bytes()) {
+                        wanted.push((unquote(&mk), unquote(&mv)));
+                    }
+                }
+                "template" => template = Some(v.into_owned()),
+                "limit" => {
+                    limit = v
+                        .parse::<usize>()
+                        .ok()
+                        .filter(|n| (1..=MAX_PAGE).contains(n))
+                        .ok_or_else(|| {
+                            ApiError::new(
+                                StatusCode::BAD_REQUEST,
+                                format!("limit {v:?}: use 1 to {MAX_PAGE}"),
+                            )
+                        })?
+                }
+                "nextToken" => after = Some(v.into_owned()),
+                _ => {}
+            }
+        }
+        let mut mine: Vec<Arc<Sbx>> = inner
+            .sandboxes
+            .iter()
+            .filter(|e| caller.sees(tenant_of(&e.value().caller)))
+            .map(|e| e.value().clone())
+            .filter(|s| {
+                states
+                    .as_ref()
+                    .is_none_or(|st| st.iter().any(|x| x == state(s)))
+            })
+            .filter(|s| template.as_ref().is_none_or(|t| &s.template == t))
+            .filter(|s| {
+                wanted
+                    .iter()
+                    .all(|(k, v)| s.metadata.get(k).is_some_and(|have| have == v))
+            })
+            .collect();
+        // Ids begin with a time-ordered UUID: their order is the order of opening.
+        mine.sort_by(|a, b| a.id.cmp(&b.id));
+        if let Some(after) = &after {
+            mine.retain(|s| s.id.as_str() > after.as_str());
+        }
+        let more = mine.len() > limit;
+        mine.truncate(limit);
+        let page: Vec<Value> = mine.iter().map(|s| described(&inner, s, false)).collect();
+        let mut answer = HttpResponse::Ok();
+        if more {
+            if let Some(last) = mine.last() {
+                answer.insert_header(("X-Next-Token", last.id.clone()));
+            }
+        }
+        Ok(answer.json(page))
+    };
+    run().unwrap_or_else(|e| e.response())
+}
+
+/// Percent-decodes what the SDK quoted before it URL-encoded the pairs.
+fn unquote(s: &str) -> String {
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8_lossy()
+        .into_owned()
+}
+
+/// Any other path under the control plane's prefixes: a typed 404.
+pub(crate) async fn unknown(req: HttpRequest) -> HttpResponse {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!(
+            "{} {} is not a route of this server's E2B API",
+            req.method(),
+            req.path()
+        ),
+    )
+    .response()
+}

@@ -1,0 +1,96 @@
+//! Paddock's E2B-compatible API: code written against E2B's SDKs (Python `e2b`,
+//! `e2b-code-interpreter`, JavaScript `e2b`) runs on Paddock unchanged.
+//!
+//! It is a surface over the [`Paddock`] facade, like the native HTTP API, and is
+//! served on the same listener (see `docs/e2b.md`):
+//! - the **control plane**: `POST /v2/sandboxes` (and `/sandboxes`), `GET`/`DELETE
+//!   /sandboxes/{id}`, the list, `timeout`, `pause`, `connect` and `resume`;
+//! - the **sandbox agent** ("envd") of each sandbox, reached with the
+//!   `E2b-Sandbox-Id` and `E2b-Sandbox-Port` headers or a `{port}-{id}.{domain}`
+//!   host name: the `process.Process` and `filesystem.Filesystem` Connect services
+//!   with JSON messages, `/files` and `/health`.
+//!
+//! Each sandbox is a Paddock session opened from a template (`[templates.NAME]`)
+//! with its workdir at `/home/user`. `X-API-Key` is checked against the server's API
+//! keys and gives the tenant; each sandbox has an access token of its own, which its
+//! agent's routes require.
+
+#![deny(missing_docs)]
+
+mod connect;
+mod control;
+mod files;
+mod process;
+mod registry;
+mod routing;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use actix_web::web;
+use paddock_core::e2b::{E2bConfig, TemplateConfig};
+use paddock_core::{Error, ServerConfig};
+use paddock_pool::Paddock;
+
+pub use registry::ENVD_VERSION;
+
+/// The port of the sandbox agent ("envd") in E2B's addressing.
+pub const ENVD_PORT: u16 = 49983;
+/// The port of the code interpreter in E2B's addressing.
+pub const CODE_INTERPRETER_PORT: u16 = 49999;
+
+/// The E2B-compatible API over one [`Paddock`] handle.
+#[derive(Clone)]
+pub struct E2bApi {
+    inner: Arc<registry::Inner>,
+}
+
+impl std::fmt::Debug for E2bApi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("E2bApi")
+            .field("sandboxes", &self.inner.sandboxes.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl E2bApi {
+    /// The API over `paddock`, with `config`, the server's settings (its API keys:
+    /// none means no key is checked and sandboxes belong to no tenant; its file size
+    /// cap) and the configured templates added to (or replacing) the built-in ones.
+    /// Starts the task that ends sandboxes whose lifetime has passed; it needs a
+    /// Tokio runtime.
+    pub fn new(
+        paddock: Paddock,
+        config: E2bConfig,
+        server: &ServerConfig,
+        templates: BTreeMap<String, TemplateConfig>,
+    ) -> Result<E2bApi, Error> {
+        config.validate()?;
+        let mut all = paddock_core::e2b::builtin_templates();
+        for (name, t) in templates {
+            paddock_core::e2b::check_template_name(&name)?;
+            t.validate(&name)?;
+            all.insert(name, t);
+        }
+        let inner = Arc::new(registry::Inner::new(paddock, config, server, all));
+        registry::spawn_reaper(&inner);
+        Ok(E2bApi { inner })
+    }
+
+    /// Registers the API's routes on an actix-web app, ahead of the native ones: the
+    /// sandbox routes (chosen by header or host name, whatever the path) first, then
+    /// the control plane's paths.
+    pub fn configure(&self, cfg: &mut web::ServiceConfig) {
+        routing::configure(&self.inner, cfg);
+    }
+
+    /// How many E2B sandboxes are open.
+    pub fn open_sandboxes(&self) -> usize {
+        self.inner.sandboxes.len()
+    }
+
+    /// Ends every E2B sandbox (at shutdown).
+    pub async fn close_all(&self) {
+        self.inner.close_all().await;
+    }
+}

@@ -1,0 +1,598 @@
+//! `process.Process`: processes and terminals in a sandbox, as E2B's agent serves
+//! them (Start, Connect, List, SendInput, StreamInput, SendSignal, CloseStdin,
+//! Update).
+//!
+//! A process is a Paddock background process (a terminal when a `pty` is asked for)
+//! of the sandbox's session, so the policy checks and the audit of every process
+//! hold here too. E2B addresses processes by a `pid` (and an optional `tag`); the
+//! pids are this API's own, counted per sandbox from 1000, since the pid inside a
+//! container is not the host's.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_web::{web, HttpRequest, HttpResponse};
+use base64::Engine as _;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use paddock_core::interactive::ProcessShared;
+use paddock_core::{ProcessSpec, StreamKind, TerminalSize, TerminalSpec};
+use paddock_pool::Attachable;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::connect::{self, Code, ConnectError};
+use crate::registry::Sbx;
+
+/// The first pid handed out in a sandbox.
+const FIRST_PID: u32 = 1000;
+/// Most bytes of one request message (a stdin chunk is base64 inside it).
+pub(crate) const MAX_MESSAGE: usize = 4 << 20;
+/// The keepalive interval when the client asks for none.
+const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(50);
+
+/// The processes of one sandbox.
+pub(crate) struct Procs {
+    next_pid: u32,
+    max: usize,
+    by_pid: BTreeMap<u32, Proc>,
+}
+
+/// One process, as E2B sees it.
+#[derive(Clone)]
+pub(crate) struct Proc {
+    pid: u32,
+    tag: Option<String>,
+    config: Value,
+    handle: Attachable,
+}
+
+impl Procs {
+    pub(crate) fn new(max: usize) -> Procs {
+        Procs {
+            next_pid: FIRST_PID,
+            max,
+            by_pid: BTreeMap::new(),
+        }
+    }
+
+    /// Room for one more: ended processes go, oldest first, while the table is
+    /// full; a table full of running ones refuses.
+    fn make_room(&mut self) -> Result<(), ConnectError> {
+        while self.by_pid.len() >= self.max {
+            let ended = self
+                .by_pid
+                .iter()
+                .find(|(_, p)| p.handle.shared().exit().is_some())
+                .map(|(pid, _)| *pid);
+            match ended {
+                Some(pid) => {
+                    self.by_pid.remove(&pid);
+                }
+                None => {
+                    return Err(ConnectError::new(
+                        Code::ResourceExhausted,
+                        format!(
+                            "{} processes run in this sandbox (e2b.max_processes_per_sandbox); end one first",
+                            self.max
+                        ),
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn find(&self, sel: &Selector) -> Option<Proc> {
+        match sel {
+            Selector::Pid(pid) => self.by_pid.get(pid).cloned(),
+            Selector::Tag(tag) => self
+                .by_pid
+                .values()
+                .rev()
+                .find(|p| p.tag.as_deref() == Some(tag.as_str()))
+                .cloned(),
+        }
+    }
+}
+
+/// Kills the processes of a sandbox being ended, and forgets them.
+pub(crate) fn forget_all(s: &Sbx) {
+    let procs = std::mem::take(&mut s.procs.lock().by_pid);
+    for p in procs.values() {
+        let _ = p.handle.shared().control().signal(libc_sigkill());
+    }
+}
+
+const fn libc_sigkill() -> i32 {
+    9
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Selector {
+    Pid(u32),
+    Tag(String),
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct SelectorJson {
+    pid: Option<u32>,
+    tag: Option<String>,
+}
+
+impl SelectorJson {
+    fn selector(self) -> Result<Selector, ConnectError> {
+        match (self.pid, self.tag) {
+            (Some(pid), None) => Ok(Selector::Pid(pid)),
+            (None, Some(tag)) => Ok(Selector::Tag(tag)),
+            _ => Err(ConnectError::invalid(
+                "process: give exactly one of `pid` and `tag`",
+            )),
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct ProcessConfig {
+    #[serde(default)]
+    cmd: String,
+    #[serde(default)]
+    args: Vec<String>,
+    #[serde(default)]
+    envs: BTreeMap<String, String>,
+    #[serde(default)]
+    cwd: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct Size {
+    #[serde(default)]
+    cols: u16,
+    #[serde(default)]
+    rows: u16,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct Pty {
+    #[serde(default)]
+    size: Size,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct StartRequest {
+    #[serde(default)]
+    process: Option<ProcessConfig>,
+    #[serde(default)]
+    pty: Option<Pty>,
+    #[serde(default)]
+    tag: Option<String>,
+    #[serde(default)]
+    stdin: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct SelectRequest {
+    #[serde(default)]
+    process: Option<SelectorJson>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct InputJson {
+    #[serde(default)]
+    stdin: Option<String>,
+    #[serde(default)]
+    pty: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct SendInputRequest {
+    #[serde(default)]
+    process: Option<SelectorJson>,
+    #[serde(default)]
+    input: Option<InputJson>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct SendSignalRequest {
+    #[serde(default)]
+    process: Option<SelectorJson>,
+    #[serde(default)]
+    signal: Option<Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct UpdateRequest {
+    #[serde(default)]
+    process: Option<SelectorJson>,
+    #[serde(default)]
+    pty: Option<Pty>,
+}
+
+fn selector(s: Option<SelectorJson>) -> Result<Selector, ConnectError> {
+    s.ok_or_else(|| ConnectError::invalid("give `process`: a `pid` or a `tag`"))?
+        .selector()
+}
+
+fn find(sbx: &Sbx, sel: &Selector) -> Result<Proc, ConnectError> {
+    sbx.procs.lock().find(sel).ok_or_else(|| {
+        ConnectError::not_found(match sel {
+            Selector::Pid(pid) => format!("process with pid {pid} not found"),
+            Selector::Tag(tag) => format!("process with tag {tag} not found"),
+        })
+    })
+}
+
+/// Decodes protobuf JSON bytes: standard or URL-safe base64, padded or not.
+pub(crate) fn decode_bytes(field: &str, s: &str) -> Result<Vec<u8>, ConnectError> {
+    use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
+    [STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD]
+        .iter()
+        .find_map(|e| e.decode(s).ok())
+        .ok_or_else(|| ConnectError::invalid(format!("{field}: not base64")))
+}
+
+fn b64(data: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(data)
+}
+
+/// Dispatches a unary method of `process.Process`.
+pub(crate) async fn unary(
+    sbx: &Arc<Sbx>,
+    method: &str,
+    body: &[u8],
+) -> Result<Value, ConnectError> {
+    match method {
+        "List" => {
+            let procs = sbx.procs.lock();
+            let running: Vec<Value> = procs
+                .by_pid
+                .values()
+                .filter(|p| p.handle.shared().exit().is_none())
+                .map(|p| {
+                    let mut v = json!({ "config": p.config, "pid": p.pid });
+                    if let Some(t) = &p.tag {
+                        v["tag"] = json!(t);
+                    }
+                    v
+                })
+                .collect();
+            Ok(json!({ "processes": running }))
+        }
+        "SendInput" => {
+            let r: SendInputRequest = connect::parse(body)?;
+            let p = find(sbx, &selector(r.process)?)?;
+            let input = r.input.unwrap_or_default();
+            write_input(&p, input).await?;
+            Ok(json!({}))
+        }
+        "SendSignal" => {
+            let r: SendSignalRequest = connect::parse(body)?;
+            let p = find(sbx, &selector(r.process)?)?;
+            let signal = match r.signal {
+                Some(Value::String(s)) if s == "SIGNAL_SIGKILL" => 9,
+                Some(Value::String(s)) if s == "SIGNAL_SIGTERM" => 15,
+                Some(Value::Number(n)) if n.as_u64() == Some(9) || n.as_u64() == Some(15) => {
+                    n.as_u64().unwrap_or(9) as i32
+                }
+                other => {
+                    return Err(ConnectError::invalid(format!(
+                        "signal {other:?}: use SIGNAL_SIGKILL or SIGNAL_SIGTERM"
+                    )))
+                }
+            };
+            p.handle.shared().control().signal(signal)?;
+            Ok(json!({}))
+        }
+        "CloseStdin" => {
+            let r: SelectRequest = connect::parse(body)?;
+            let p = find(sbx, &selector(r.process)?)?;
+            match &p.handle {
+                Attachable::Process(h) => h.close_stdin().await?,
+                Attachable::Terminal(_) => {
+                    return Err(ConnectError::invalid(
+                        "a terminal's input is the pty; it has no stdin to close",
+                    ))
+                }
+            }
+            Ok(json!({}))
+        }
+        "Update" => {
+            let r: UpdateRequest = connect::parse(body)?;
+            let p = find(sbx, &selector(r.process)?)?;
+            let Some(pty) = r.pty else {
+                return Ok(json!({}));
+            };
+            let size = TerminalSize {
+                rows: pty.size.rows,
+                cols: pty.size.cols,
+            };
+            size.validate()?;
+            match &p.handle {
+                Attachable::Terminal(t) => t.resize(size)?,
+                Attachable::Process(_) => {
+                    return Err(ConnectError::invalid(
+                        "the process has no pty to resize; start it with `pty`",
+                    ))
+                }
+            }
+            Ok(json!({}))
+        }
+        _ => Err(ConnectError::new(
+            Code::Unimplemented,
+            format!("process.Process/{method} is not a method of this agent"),
+        )),
+    }
+}
+
+async fn write_input(p: &Proc, input: InputJson) -> Result<(), ConnectError> {
+    let (data, to_pty) = match (input.stdin, input.pty) {
+        (Some(d), None) => (decode_bytes("input.stdin", &d)?, false),
+        (None, Some(d)) => (decode_bytes("input.pty", &d)?, true),
+        _ => {
+            return Err(ConnectError::invalid(
+                "input: give exactly one of `stdin` and `pty`",
+            ))
+        }
+    };
+    match (&p.handle, to_pty) {
+        (Attachable::Process(h), false) => h.write_stdin(&data).await?,
+        (Attachable::Terminal(t), true) => t.write(&data).await?,
+        (Attachable::Process(_), true) => {
+            return Err(ConnectError::invalid(
+                "the process has no pty; send `stdin`",
+            ))
+        }
+        (Attachable::Terminal(_), false) => {
+            return Err(ConnectError::invalid(
+                "the process is a terminal; send `pty`",
+            ))
+        }
+    }
+    Ok(())
+}
+
+/// The keepalive interval a client asks for in `Keepalive-Ping-Interval` (seconds).
+fn keepalive(req: &HttpRequest) -> Duration {
+    req.headers()
+        .get("keepalive-ping-interval")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|s| (1..=3600).contains(s))
+        .map_or(DEFAULT_KEEPALIVE, Duration::from_secs)
+}
+
+/// `Start`: starts a process (a terminal with `pty`) and streams its events.
+pub(crate) async fn start(
+    sbx: Arc<Sbx>,
+    req: &HttpRequest,
+    message: &[u8],
+) -> Result<HttpResponse, ConnectError> {
+    let r: StartRequest = connect::parse(message)?;
+    let config = r
+        .process
+        .ok_or_else(|| ConnectError::invalid("give `process`: the command to run"))?;
+    if config.cmd.is_empty() {
+        return Err(ConnectError::invalid("process.cmd: name a program to run"));
+    }
+    let mut env = sbx.env.clone();
+    env.extend(config.envs.clone());
+    let cwd = config.cwd.as_deref().map(|c| sbx.path(c));
+    let echoed = json!({
+        "cmd": config.cmd,
+        "args": config.args,
+        "envs": config.envs,
+        "cwd": cwd,
+    });
+    sbx.procs.lock().make_room()?;
+    let started = match r.pty {
+        Some(pty) => {
+            let spec = TerminalSpec {
+                command: config.cmd.clone(),
+                args: config.args.clone(),
+                size: TerminalSize {
+                    rows: pty.size.rows,
+                    cols: pty.size.cols,
+                },
+                env,
+                cwd,
+            };
+            sbx.handle.open_terminal(spec).await?
+        }
+        None => {
+            let spec = ProcessSpec {
+                argv: std::iter::once(config.cmd.clone())
+                    .chain(config.args.iter().cloned())
+                    .collect(),
+                env,
+                cwd,
+                // E2B's agent opens stdin unless told not to.
+                stdin: r.stdin.unwrap_or(true),
+            };
+            sbx.handle.start_process(spec).await?
+        }
+    };
+    let pid = {
+        let mut procs = sbx.procs.lock();
+        procs.make_room()?;
+        let pid = procs.next_pid;
+        procs.next_pid = procs.next_pid.wrapping_add(1).max(FIRST_PID);
+        procs.by_pid.insert(
+            pid,
+            Proc {
+                pid,
+                tag: r.tag.clone(),
+                config: echoed,
+                handle: started.handle.clone(),
+            },
+        );
+        pid
+    };
+    Ok(stream_events(pid, &started.handle, keepalive(req)))
+}
+
+/// `Connect`: streams the events of a running process from its oldest output
+/// still held.
+pub(crate) async fn connect_to(
+    sbx: Arc<Sbx>,
+    req: &HttpRequest,
+    message: &[u8],
+) -> Result<HttpResponse, ConnectError> {
+    let r: SelectRequest = connect::parse(message)?;
+    let p = find(&sbx, &selector(r.process)?)?;
+    Ok(stream_events(p.pid, &p.handle, keepalive(req)))
+}
+
+/// The event stream of a process: `start`, its output as `data`, then `end`, with
+/// `keepalive` events while it is quiet.
+fn stream_events(pid: u32, handle: &Attachable, every: Duration) -> HttpResponse {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
+    let pty = matches!(handle, Attachable::Terminal(_));
+    let shared: Arc<ProcessShared> = handle.shared().clone();
+    let terminal_reader = shared.output();
+    actix_web::rt::spawn(async move {
+        let event = |e: Value| connect::envelope(0, &json!({ "event": e }));
+        if tx
+            .send(event(json!({ "start": { "pid": pid } })))
+            .await
+            .is_err()
+        {
+            return;
+        }
+        let mut reader = terminal_reader;
+        loop {
+            let next = tokio::time::timeout(every, reader.next()).await;
+            let chunk = match next {
+                Err(_) => {
+                    if tx.send(event(json!({ "keepalive": {} }))).await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+                Ok(None) => break,
+                Ok(Some(c)) => c,
+            };
+            let key = match chunk.stream {
+                _ if pty => "pty",
+                StreamKind::Stdout => "stdout",
+                StreamKind::Stderr => "stderr",
+            };
+            if tx
+                .send(event(json!({ "data": { key: b64(&chunk.data) } })))
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+        let exit = shared.wait().await;
+        let (code, status) = match exit.signal {
+            Some(sig) => (-1, format!("signal: {}", signal_name(sig))),
+            None => (exit.exit_code, format!("exit status {}", exit.exit_code)),
+        };
+        let _ = tx
+            .send(event(json!({
+                "end": { "exitCode": code, "exited": exit.signal.is_none(), "status": status }
+            })))
+            .await;
+        let _ = tx.send(connect::end_of_stream(None)).await;
+    });
+    streaming(rx)
+}
+
+fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        9 => "killed",
+        15 => "terminated",
+        2 => "interrupt",
+        1 => "hangup",
+        6 => "aborted",
+        11 => "segmentation fault",
+        13 => "broken pipe",
+        _ => "signal",
+    }
+}
+
+/// A Connect stream answer fed by `rx`.
+pub(crate) fn streaming(rx: tokio::sync::mpsc::Receiver<Bytes>) -> HttpResponse {
+    let body = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| (Ok::<_, actix_web::Error>(b), rx))
+    });
+    HttpResponse::Ok()
+        .content_type(connect::STREAM_JSON)
+        .insert_header(("cache-control", "no-store"))
+        .streaming(body)
+}
+
+/// `StreamInput`: a client stream of input for one process (a `start` naming it,
+/// then `data` messages), answered once it ends.
+pub(crate) async fn stream_input(
+    sbx: Arc<Sbx>,
+    mut payload: web::Payload,
+) -> Result<HttpResponse, ConnectError> {
+    let mut decoder = connect::Decoder::new(MAX_MESSAGE);
+    let mut target: Option<Proc> = None;
+    let mut ended = false;
+    while !ended {
+        let Some(piece) = payload.next().await else {
+            break;
+        };
+        let piece = piece.map_err(|e| ConnectError::invalid(format!("reading the stream: {e}")))?;
+        decoder.push(&piece);
+        while let Some((flag, msg)) = decoder.next()? {
+            if flag & connect::END_STREAM != 0 {
+                ended = true;
+                break;
+            }
+            let v: Value = connect::parse(&msg)?;
+            if let Some(start) = v.get("start") {
+                let r: SelectRequest = serde_json::from_value(start.clone())
+                    .map_err(|e| ConnectError::invalid(format!("start: {e}")))?;
+                target = Some(find(&sbx, &selector(r.process)?)?);
+            } else if let Some(data) = v.get("data") {
+                let p = target.as_ref().ok_or_else(|| {
+                    ConnectError::invalid("send `start` naming the process before `data`")
+                })?;
+                let input: InputJson = data
+                    .get("input")
+                    .cloned()
+                    .map(serde_json::from_value)
+                    .transpose()
+                    .map_err(|e| ConnectError::invalid(format!("data.input: {e}")))?
+                    .unwrap_or_default();
+                write_input(p, input).await?;
+            }
+        }
+    }
+    if decoder.has_partial() {
+        return Err(ConnectError::invalid("the stream ended inside an envelope"));
+    }
+    let mut out = connect::envelope(0, &json!({})).to_vec();
+    out.extend_from_slice(&connect::end_of_stream(None));
+    Ok(HttpResponse::Ok()
+        .content_type(connect::STREAM_JSON)
+        .body(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selectors_name_one_process() {
+        let s: SelectorJson = serde_json::from_str(r#"{"pid": 1001}"#).unwrap();
+        assert_eq!(s.selector().unwrap(), Selector::Pid(1001));
+        let s: SelectorJson = serde_json::from_str(r#"{"tag": "srv"}"#).unwrap();
+        assert_eq!(s.selector().unwrap(), Selector::Tag("srv".into()));
+        let s: SelectorJson = serde_json::from_str(r#"{}"#).unwrap();
+        assert_eq!(s.selector().unwrap_err().code, Code::InvalidArgument);
+    }
+
+    #[test]
+    fn bytes_decode_in_every_base64_form() {
+        assert_eq!(decode_bytes("x", "aGk=").unwrap(), b"hi");
+        assert_eq!(decode_bytes("x", "aGk").unwrap(), b"hi");
+        assert_eq!(decode_bytes("x", "-_8").unwrap(), [0xfb, 0xff]);
+        assert!(decode_bytes("x", "!!").is_err());
+    }
+}

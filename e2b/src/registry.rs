@@ -1,0 +1,199 @@
+//! The E2B sandboxes open on this server: their Paddock sessions, tokens, metadata,
+//! lifetimes and processes, and who may reach them.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use dashmap::DashMap;
+use paddock_core::e2b::{E2bConfig, TemplateConfig};
+use paddock_core::ApiKey;
+use paddock_pool::{Caller, Paddock, SandboxHandle};
+use subtle::ConstantTimeEq;
+
+/// The version of E2B's sandbox agent whose features Paddock's agent routes give:
+/// the SDKs gate features by it (stdin closing needs 0.5.2; octet-stream uploads,
+/// which Paddock does not take yet, 0.5.7).
+pub const ENVD_VERSION: &str = "0.5.2";
+
+/// How often the reaper looks for sandboxes whose lifetime has passed.
+const REAP_EVERY: Duration = Duration::from_millis(250);
+
+/// One E2B sandbox.
+pub(crate) struct Sbx {
+    pub(crate) id: String,
+    pub(crate) template: String,
+    pub(crate) caller: Caller,
+    pub(crate) handle: SandboxHandle,
+    /// Required in `X-Access-Token` by the agent's routes.
+    pub(crate) token: String,
+    pub(crate) metadata: BTreeMap<String, String>,
+    /// The template's variables, then the create request's.
+    pub(crate) env: BTreeMap<String, String>,
+    pub(crate) started_at: SystemTime,
+    pub(crate) end_at: parking_lot::Mutex<SystemTime>,
+    pub(crate) paused: AtomicBool,
+    pub(crate) home: String,
+    pub(crate) procs: parking_lot::Mutex<crate::process::Procs>,
+    pub(crate) cpu_count: u32,
+    pub(crate) memory_mb: u64,
+}
+
+impl Sbx {
+    /// Whether `presented` is this sandbox's token (in constant time).
+    pub(crate) fn token_matches(&self, presented: &str) -> bool {
+        self.token.as_bytes().ct_eq(presented.as_bytes()).into()
+    }
+
+    /// A path of an E2B request in the sandbox: relative ones resolve against the
+    /// home, `~` is the home.
+    pub(crate) fn path(&self, p: &str) -> String {
+        if p.is_empty() || p == "~" {
+            self.home.clone()
+        } else if let Some(rest) = p.strip_prefix("~/") {
+            format!("{}/{rest}", self.home)
+        } else if p.starts_with('/') {
+            p.to_string()
+        } else {
+            format!("{}/{p}", self.home)
+        }
+    }
+}
+
+/// What the API shares between requests.
+pub(crate) struct Inner {
+    pub(crate) paddock: Paddock,
+    pub(crate) config: E2bConfig,
+    pub(crate) keys: Vec<ApiKey>,
+    /// The largest upload of one file (`server.max_file_bytes`).
+    pub(crate) max_file_bytes: u64,
+    pub(crate) templates: BTreeMap<String, TemplateConfig>,
+    pub(crate) sandboxes: DashMap<String, Arc<Sbx>>,
+    /// Sandboxes being opened, counted against `e2b.max_sandboxes` with the open.
+    pub(crate) opening: std::sync::atomic::AtomicUsize,
+}
+
+impl Inner {
+    pub(crate) fn new(
+        paddock: Paddock,
+        config: E2bConfig,
+        server: &paddock_core::ServerConfig,
+        templates: BTreeMap<String, TemplateConfig>,
+    ) -> Inner {
+        Inner {
+            paddock,
+            config,
+            keys: server.api_keys.clone(),
+            max_file_bytes: server.max_file_bytes as u64,
+            templates,
+            sandboxes: DashMap::new(),
+            opening: Default::default(),
+        }
+    }
+
+    /// The caller an `X-API-Key` names: its tenant (an operator for an `admin` key),
+    /// `None` for a wrong or missing key. Without configured keys every caller is the
+    /// caller without a tenant.
+    pub(crate) fn caller_for_key(&self, presented: Option<&str>) -> Option<Caller> {
+        if self.keys.is_empty() {
+            return Some(Caller::of(None));
+        }
+        let presented = presented.unwrap_or("");
+        let mut found = None;
+        for k in &self.keys {
+            let eq: bool = k.key.as_bytes().ct_eq(presented.as_bytes()).into();
+            if eq && found.is_none() {
+                found = Some(k);
+            }
+        }
+        found.map(|k| {
+            if k.admin {
+                Caller::Operator(k.tenant.clone())
+            } else {
+                Caller::tenant(k.tenant.clone())
+            }
+        })
+    }
+
+    /// The sandbox `id` if `caller` may see it: another tenant's is `None`, as one
+    /// that does not exist.
+    pub(crate) fn visible(&self, caller: &Caller, id: &str) -> Option<Arc<Sbx>> {
+        let s = self.sandboxes.get(id)?.clone();
+        caller.sees(tenant_of(&s.caller)).then_some(s)
+    }
+
+    /// Forgets and destroys sandbox `id`; `false` if it was not open.
+    pub(crate) async fn end(&self, id: &str) -> bool {
+        let Some((_, s)) = self.sandboxes.remove(id) else {
+            return false;
+        };
+        crate::process::forget_all(&s);
+        if let Err(e) = s.handle.destroy().await {
+            tracing::warn!(sandbox = %id, error = %e, "destroying an E2B sandbox failed");
+        }
+        true
+    }
+
+    /// Ends every sandbox.
+    pub(crate) async fn close_all(&self) {
+        let ids: Vec<String> = self.sandboxes.iter().map(|e| e.key().clone()).collect();
+        for id in ids {
+            self.end(&id).await;
+        }
+    }
+
+    /// The lifetime a request asks for, bounded by `e2b.max_timeout_s`.
+    pub(crate) fn lifetime(&self, timeout_s: Option<u64>) -> Duration {
+        let s = timeout_s
+            .unwrap_or(self.config.default_timeout_s)
+            .clamp(1, self.config.max_timeout_s);
+        Duration::from_secs(s)
+    }
+}
+
+/// The tenant a caller acts for, as sessions record it.
+pub(crate) fn tenant_of(caller: &Caller) -> Option<&str> {
+    match caller {
+        Caller::Tenant(t) => t.as_deref(),
+        Caller::Operator(t) => Some(t.as_str()),
+        Caller::Embedder => None,
+    }
+}
+
+/// Starts the task that ends sandboxes past their lifetime (and forgets ones whose
+/// Paddock session ended on its own: idle or lifetime limits of the pool).
+pub(crate) fn spawn_reaper(inner: &Arc<Inner>) {
+    let weak = Arc::downgrade(inner);
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(REAP_EVERY).await;
+            let Some(inner) = weak.upgrade() else {
+                return;
+            };
+            let now = SystemTime::now();
+            let due: Vec<String> = inner
+                .sandboxes
+                .iter()
+                .filter(|e| {
+                    let s = e.value();
+                    !s.paused.load(Ordering::Acquire) && *s.end_at.lock() <= now
+                })
+                .map(|e| e.key().clone())
+                .collect();
+            for id in due {
+                tracing::debug!(sandbox = %id, "an E2B sandbox's lifetime passed");
+                inner.end(&id).await;
+            }
+        }
+    });
+}
+
+/// A fresh access token: 32 random bytes, hex.
+pub(crate) fn new_token() -> String {
+    format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
+}

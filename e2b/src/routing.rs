@@ -1,0 +1,316 @@
+//! Which requests are E2B's, and where each goes.
+//!
+//! A request for a sandbox's own ports carries the `E2b-Sandbox-Id` and
+//! `E2b-Sandbox-Port` headers (one URL for everything, `E2B_SANDBOX_URL`), or a
+//! `{port}-{sandboxID}.{domain}` host name (`E2B_DOMAIN`); it is routed by them,
+//! whatever its path. Everything else with a control-plane path goes to the control
+//! plane; the rest is left to the native API.
+
+use std::sync::Arc;
+
+use actix_web::dev::RequestHead;
+use actix_web::http::StatusCode;
+use actix_web::{guard, web, HttpRequest, HttpResponse};
+use futures_util::StreamExt;
+
+use crate::connect::{self, Code, ConnectError};
+use crate::files::http_error;
+use crate::registry::{Inner, Sbx};
+use crate::{control, files, process, CODE_INTERPRETER_PORT, ENVD_PORT};
+
+/// The sandbox and port a request addresses, if it is a sandbox request.
+fn target(head: &RequestHead, domain: Option<&str>) -> Option<(String, String)> {
+    let headers = &head.headers;
+    if let Some(id) = headers.get("e2b-sandbox-id").and_then(|v| v.to_str().ok()) {
+        let port = headers
+            .get("e2b-sandbox-port")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        return Some((id.to_string(), port));
+    }
+    let domain = domain?;
+    let host = headers.get("host").and_then(|v| v.to_str().ok())?;
+    let host = host.rsplit_once(':').map_or(host, |(h, p)| {
+        if p.bytes().all(|b| b.is_ascii_digit()) {
+            h
+        } else {
+            host
+        }
+    });
+    let label = host.strip_suffix(domain)?.strip_suffix('.')?;
+    let (port, id) = label.split_once('-')?;
+    (!port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) && !id.is_empty())
+        .then(|| (id.to_string(), port.to_string()))
+}
+
+pub(crate) fn configure(inner: &Arc<Inner>, cfg: &mut web::ServiceConfig) {
+    let data = web::Data::new(inner.clone());
+    let domain = inner.config.domain.clone();
+    cfg.app_data(data.clone());
+    cfg.service(
+        web::scope("")
+            .guard(guard::fn_guard(move |ctx| {
+                target(ctx.head(), domain.as_deref()).is_some()
+            }))
+            .app_data(data)
+            .default_service(web::to(sandbox_entry)),
+    );
+    // The control plane.
+    cfg.route("/sandboxes", web::post().to(control::create))
+        .route("/v2/sandboxes", web::post().to(control::create))
+        .route("/sandboxes", web::get().to(control::list))
+        .route("/v2/sandboxes", web::get().to(control::list))
+        .route("/sandboxes/{id}", web::get().to(control::get))
+        .route("/sandboxes/{id}", web::delete().to(control::kill))
+        .route(
+            "/sandboxes/{id}/timeout",
+            web::post().to(control::set_timeout),
+        )
+        .route("/sandboxes/{id}/pause", web::post().to(control::pause))
+        .route("/sandboxes/{id}/resume", web::post().to(control::connect))
+        .route("/sandboxes/{id}/connect", web::post().to(control::connect))
+        .route(
+            "/v2/sandboxes/{id}/connect",
+            web::post().to(control::connect),
+        )
+        .route("/sandboxes/{tail:.*}", web::to(control::unknown))
+        .route("/v2/sandboxes/{tail:.*}", web::to(control::unknown));
+}
+
+/// Every request addressed to a sandbox's port.
+async fn sandbox_entry(
+    inner: web::Data<Arc<Inner>>,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> HttpResponse {
+    let Some((id, port)) = target(req.head(), inner.config.domain.as_deref()) else {
+        return http_error(StatusCode::BAD_REQUEST, "no sandbox is addressed");
+    };
+    let port: u16 = match port.parse() {
+        Ok(p) => p,
+        Err(_) => {
+            return http_error(
+                StatusCode::BAD_REQUEST,
+                format!("E2b-Sandbox-Port {port:?} is not a port number"),
+            )
+        }
+    };
+    let connect_rpc = req.path().starts_with("/process.Process/")
+        || req.path().starts_with("/filesystem.Filesystem/");
+    // A sandbox that is not open here, or not the token's: the same answer, as the
+    // proxy in front of E2B's agents gives it.
+    let not_found = || {
+        let message = format!("The sandbox {id} was not found");
+        if connect_rpc {
+            ConnectError::new(Code::Unavailable, message).unary_with(StatusCode::BAD_GATEWAY)
+        } else {
+            http_error(StatusCode::BAD_GATEWAY, message)
+        }
+    };
+    let Some(sbx) = inner.sandboxes.get(&id).map(|s| s.clone()) else {
+        return not_found();
+    };
+    let presented = req
+        .headers()
+        .get("x-access-token")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    // The code interpreter's context routes carry no token (the SDK sends it only
+    // with `/execute`); every other route needs the sandbox's own.
+    let tokenless = port == CODE_INTERPRETER_PORT && req.path().starts_with("/contexts");
+    if !tokenless && !sbx.token_matches(presented) {
+        let message = "missing or wrong X-Access-Token: send the envdAccessToken this sandbox was created with";
+        return if connect_rpc {
+            ConnectError::new(Code::Unauthenticated, message).unary()
+        } else {
+            http_error(StatusCode::UNAUTHORIZED, message)
+        };
+    }
+    if sbx.paused.load(std::sync::atomic::Ordering::Acquire) {
+        let message = format!("sandbox {id} is paused; resume it with connect");
+        return if connect_rpc {
+            ConnectError::new(Code::Unavailable, message).unary()
+        } else {
+            http_error(StatusCode::CONFLICT, message)
+        };
+    }
+    match port {
+        ENVD_PORT => envd(&inner, sbx, req, payload).await,
+        CODE_INTERPRETER_PORT => http_error(
+            StatusCode::NOT_IMPLEMENTED,
+            "the code interpreter (port 49999) is not served by this server yet",
+        ),
+        other => http_error(
+            StatusCode::BAD_GATEWAY,
+            format!("forwarding to port {other} in the sandbox is not offered by this server yet"),
+        ),
+    }
+}
+
+/// The sandbox agent's routes.
+async fn envd(
+    inner: &Inner,
+    sbx: Arc<Sbx>,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> HttpResponse {
+    let path = req.path().to_string();
+    let method = req.method().clone();
+    if path == "/health" {
+        return HttpResponse::NoContent().finish();
+    }
+    if path == "/files" {
+        let max = inner.max_file_bytes;
+        return match method.as_str() {
+            "GET" => files::download(sbx, &req).await,
+            "POST" => files::upload(sbx, &req, payload, max).await,
+            _ => http_error(StatusCode::METHOD_NOT_ALLOWED, "use GET or POST on /files"),
+        };
+    }
+    let (service, rpc) = match path.trim_start_matches('/').split_once('/') {
+        Some((s, m)) if s == "process.Process" || s == "filesystem.Filesystem" => {
+            (s.to_string(), m.to_string())
+        }
+        _ => {
+            return http_error(
+                StatusCode::NOT_FOUND,
+                format!("{method} {path} is not a route of the sandbox agent"),
+            )
+        }
+    };
+    if method != actix_web::http::Method::POST {
+        return ConnectError::new(Code::Unimplemented, "Connect calls are POST").unary();
+    }
+    let ctype = req
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    let streamed = match ctype.as_str() {
+        "application/json" => false,
+        "application/connect+json" => true,
+        other => {
+            return HttpResponse::UnsupportedMediaType().json(serde_json::json!({
+                "code": "unimplemented",
+                "message": format!("Content-Type {other:?}: this agent speaks Connect with JSON only (application/json, application/connect+json)"),
+            }))
+        }
+    };
+    if streamed && service == "process.Process" && rpc == "StreamInput" {
+        return process::stream_input(sbx, payload)
+            .await
+            .unwrap_or_else(|e| stream_error(&e));
+    }
+    let body = match read_body(payload, process::MAX_MESSAGE).await {
+        Ok(b) => b,
+        Err(e) => {
+            return if streamed {
+                stream_error(&e)
+            } else {
+                e.unary()
+            }
+        }
+    };
+    if streamed {
+        // A server stream's request is one envelope.
+        let mut d = connect::Decoder::new(process::MAX_MESSAGE);
+        d.push(&body);
+        let message = match d.next() {
+            Ok(Some((_, m))) => m,
+            Ok(None) => {
+                return stream_error(&ConnectError::invalid(
+                    "the request holds no whole envelope",
+                ))
+            }
+            Err(e) => return stream_error(&e),
+        };
+        let answer = match (service.as_str(), rpc.as_str()) {
+            ("process.Process", "Start") => process::start(sbx, &req, &message).await,
+            ("process.Process", "Connect") => process::connect_to(sbx, &req, &message).await,
+            _ => Err(ConnectError::new(
+                Code::Unimplemented,
+                format!("{service}/{rpc} is not a streaming method this agent offers"),
+            )),
+        };
+        return answer.unwrap_or_else(|e| stream_error(&e));
+    }
+    let answer = match service.as_str() {
+        "process.Process" => process::unary(&sbx, &rpc, &body).await,
+        _ => files::unary(&sbx, &rpc, &body).await,
+    };
+    match answer {
+        Ok(v) => HttpResponse::Ok()
+            .content_type("application/json")
+            .body(v.to_string()),
+        Err(e) => e.unary(),
+    }
+}
+
+/// A stream that ends at once with `error`.
+fn stream_error(e: &ConnectError) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type(connect::STREAM_JSON)
+        .body(connect::end_of_stream(Some(e)))
+}
+
+async fn read_body(mut payload: web::Payload, max: usize) -> Result<Vec<u8>, ConnectError> {
+    let mut body = Vec::new();
+    while let Some(piece) = payload.next().await {
+        let piece = piece.map_err(|e| ConnectError::invalid(format!("reading the body: {e}")))?;
+        if body.len() + piece.len() > max {
+            return Err(ConnectError::new(
+                Code::ResourceExhausted,
+                format!("the request is larger than {max} bytes"),
+            ));
+        }
+        body.extend_from_slice(&piece);
+    }
+    Ok(body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(headers: &[(&str, &str)]) -> RequestHead {
+        let mut h = RequestHead::default();
+        for (k, v) in headers {
+            h.headers.insert(
+                actix_web::http::header::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                actix_web::http::header::HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn sandboxes_are_addressed_by_header_or_host() {
+        let h = head(&[("e2b-sandbox-id", "sp-1"), ("e2b-sandbox-port", "49983")]);
+        assert_eq!(target(&h, None), Some(("sp-1".into(), "49983".into())));
+        let h = head(&[("host", "49999-sp-01ab-2.e2b.test:3000")]);
+        assert_eq!(
+            target(&h, Some("e2b.test")),
+            Some(("sp-01ab-2".into(), "49999".into()))
+        );
+        assert_eq!(target(&h, None), None, "host names need a domain");
+        for host in [
+            "e2b.test",
+            "x-sp.e2b.test",
+            "-sp.e2b.test",
+            "8000-.e2b.test",
+            "8000-sp.other.test",
+        ] {
+            assert_eq!(
+                target(&head(&[("host", host)]), Some("e2b.test")),
+                None,
+                "{host}"
+            );
+        }
+    }
+}
