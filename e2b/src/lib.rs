@@ -14,8 +14,25 @@
 //! with its workdir at `/home/user`. `X-API-Key` is checked against the server's API
 //! keys and gives the tenant; each sandbox has an access token of its own, which its
 //! agent's routes require.
+//!
+//! ```no_run
+//! # async fn serve() -> Result<(), paddock_core::Error> {
+//! use paddock_core::e2b::E2bConfig;
+//! use paddock_core::ServerConfig;
+//! use paddock_pool::Paddock;
+//!
+//! let paddock = Paddock::builder().start()?;
+//! let server = ServerConfig::default();
+//! let api = paddock_e2b::E2bApi::new(paddock.clone(), E2bConfig::default(), &server, Default::default())?;
+//! let routes: paddock_pool::http::Extension = std::sync::Arc::new(move |cfg| api.configure(cfg));
+//! let http = paddock_pool::http::start_with(paddock, server, vec![routes])?;
+//! println!("E2B_API_URL=http://{}", http.local_addr());
+//! # Ok(()) }
+//! ```
 
-#![deny(missing_docs)]
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+#![deny(unused_must_use, unsafe_op_in_unsafe_fn)]
+#![forbid(unsafe_code)]
 
 mod connect;
 mod control;
