@@ -22,6 +22,7 @@ const CHECKS: &[&str] = &[
     "lifecycle",
     "bad_input",
     "tenants",
+    "code_interpreter",
 ];
 
 fn sdk_python() -> Option<String> {
@@ -74,6 +75,9 @@ tenant = "bob"
 enabled = true
 [templates.base]
 engine = "{engine}"
+[templates.code-interpreter-v1]
+engine = "{engine}"
+code_interpreter = true
 "#
         ),
     )

@@ -206,6 +206,9 @@ async fn create_inner(inner: &Arc<Inner>, req: &HttpRequest, body: &[u8]) -> Ans
         caller,
         handle,
         token: new_token(),
+        traffic_token: template.code_interpreter.then(new_token),
+        code_interpreter: template.code_interpreter,
+        contexts: Default::default(),
         metadata,
         env,
         started_at: now,
@@ -273,14 +276,18 @@ fn check_metadata(m: &BTreeMap<String, String>) -> Result<(), ApiError> {
 
 /// What create and connect answer: E2B's `Sandbox`.
 fn created(inner: &Inner, s: &Sbx) -> Value {
-    json!({
+    let mut v = json!({
         "templateID": s.template,
         "sandboxID": s.id,
         "clientID": "paddock",
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": s.token,
         "domain": inner.config.domain,
-    })
+    });
+    if let Some(t) = &s.traffic_token {
+        v["trafficAccessToken"] = json!(t);
+    }
+    v
 }
 
 fn rfc3339(t: SystemTime) -> String {

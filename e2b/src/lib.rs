@@ -37,6 +37,7 @@
 mod connect;
 mod control;
 mod files;
+mod interpreter;
 mod process;
 mod registry;
 mod routing;

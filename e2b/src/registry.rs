@@ -28,6 +28,13 @@ pub(crate) struct Sbx {
     pub(crate) handle: SandboxHandle,
     /// Required in `X-Access-Token` by the agent's routes.
     pub(crate) token: String,
+    /// Taken instead of `token` by the code interpreter's routes, in
+    /// `E2B-Traffic-Access-Token` (the SDK sends `X-Access-Token` only with
+    /// `/execute`, and this one with every call).
+    pub(crate) traffic_token: Option<String>,
+    /// Whether the sandbox serves the code interpreter (port 49999).
+    pub(crate) code_interpreter: bool,
+    pub(crate) contexts: parking_lot::Mutex<crate::interpreter::Contexts>,
     pub(crate) metadata: BTreeMap<String, String>,
     /// The template's variables, then the create request's.
     pub(crate) env: BTreeMap<String, String>,
@@ -44,6 +51,13 @@ impl Sbx {
     /// Whether `presented` is this sandbox's token (in constant time).
     pub(crate) fn token_matches(&self, presented: &str) -> bool {
         self.token.as_bytes().ct_eq(presented.as_bytes()).into()
+    }
+
+    /// Whether `presented` is this sandbox's traffic token (in constant time).
+    pub(crate) fn traffic_token_matches(&self, presented: &str) -> bool {
+        self.traffic_token
+            .as_ref()
+            .is_some_and(|t| t.as_bytes().ct_eq(presented.as_bytes()).into())
     }
 
     /// A path of an E2B request in the sandbox: relative ones resolve against the
@@ -129,6 +143,7 @@ impl Inner {
             return false;
         };
         crate::process::forget_all(&s);
+        crate::interpreter::forget_all(&s);
         if let Err(e) = s.handle.destroy().await {
             tracing::warn!(sandbox = %id, error = %e, "destroying an E2B sandbox failed");
         }

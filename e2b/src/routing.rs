@@ -116,10 +116,16 @@ async fn sandbox_entry(
         .get("x-access-token")
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    // The code interpreter's context routes carry no token (the SDK sends it only
-    // with `/execute`); every other route needs the sandbox's own.
-    let tokenless = port == CODE_INTERPRETER_PORT && req.path().starts_with("/contexts");
-    if !tokenless && !sbx.token_matches(presented) {
+    // The code interpreter's routes take the traffic token instead (the SDK sends
+    // the access token only with `/execute`, the traffic token with every call).
+    let traffic = req
+        .headers()
+        .get("e2b-traffic-access-token")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let admitted = sbx.token_matches(presented)
+        || (port == CODE_INTERPRETER_PORT && sbx.traffic_token_matches(traffic));
+    if !admitted {
         let message = "missing or wrong X-Access-Token: send the envdAccessToken this sandbox was created with";
         return if connect_rpc {
             ConnectError::new(Code::Unauthenticated, message).unary()
@@ -137,9 +143,17 @@ async fn sandbox_entry(
     }
     match port {
         ENVD_PORT => envd(&inner, sbx, req, payload).await,
+        CODE_INTERPRETER_PORT if sbx.code_interpreter => {
+            match read_body(payload, process::MAX_MESSAGE).await {
+                Ok(body) => crate::interpreter::route(sbx, &req, body.into()).await,
+                Err(e) => http_error(StatusCode::PAYLOAD_TOO_LARGE, e.message),
+            }
+        }
         CODE_INTERPRETER_PORT => http_error(
-            StatusCode::NOT_IMPLEMENTED,
-            "the code interpreter (port 49999) is not served by this server yet",
+            StatusCode::BAD_GATEWAY,
+            format!(
+                "The sandbox {id} is running but port {CODE_INTERPRETER_PORT} is not open: its template serves no code interpreter; create it from code-interpreter-v1"
+            ),
         ),
         other => http_error(
             StatusCode::BAD_GATEWAY,

@@ -15,6 +15,7 @@ import time
 import traceback
 
 import httpx
+from e2b_code_interpreter import Sandbox as CodeInterpreter
 from e2b import (
     AuthenticationException,
     CommandExitException,
@@ -321,7 +322,77 @@ def tenants():
         theirs.kill()
 
 
-CHECKS = [the_issue_snippet, commands, files, pty, lifecycle, bad_input, tenants]
+def code_interpreter():
+    ci = CodeInterpreter.create(api_key=ALICE)
+    other = CodeInterpreter.create(api_key=BOB)
+    try:
+        # The issue's snippet: state persists between calls in one context.
+        ci.run_code("x = 41")
+        check(ci.run_code("x + 1").text == "42", "x + 1")
+        out = []
+        e = ci.run_code(
+            "import sys, os\nprint('to stdout')\nprint('to stderr', file=sys.stderr)\nos.system('echo from a child')\n1/0",
+            on_stdout=lambda m: out.append(m.line),
+        )
+        check(e.logs.stdout == ["to stdout\n", "from a child\n"], f"stdout: {e.logs.stdout}")
+        check(e.logs.stderr == ["to stderr\n"], f"stderr: {e.logs.stderr}")
+        check("".join(out) == "to stdout\nfrom a child\n", f"on_stdout: {out}")
+        check(e.error.name == "ZeroDivisionError" and e.error.value == "division by zero", f"error: {e.error}")
+        check("<cell>" in e.error.traceback and "python.py" not in e.error.traceback, f"traceback: {e.error.traceback}")
+        check(e.execution_count == 3, f"execution_count {e.execution_count}")
+        # Rich results from _repr_*_.
+        r = ci.run_code("class Table:\n    def _repr_html_(self): return '<table></table>'\n    def _repr_markdown_(self): return '| a |'\nTable()")
+        main = r.results[0]
+        check(main.is_main_result and main.html == "<table></table>" and main.markdown == "| a |", f"rich: {main}")
+        check(r.text.startswith("<__main__.Table object"), f"text: {r.text}")
+        # env_vars for one execution only.
+        r = ci.run_code("import os\nos.environ.get('ONLY_NOW')", envs={"ONLY_NOW": "yes"})
+        check(r.text == "'yes'", f"envs: {r.text}")
+        check(ci.run_code("import os\nos.environ.get('ONLY_NOW')").text is None, "envs are not kept")
+        # A second context has a namespace of its own, and a cwd.
+        ctx = ci.create_code_context(cwd="/home/user")
+        check(ci.run_code("x", context=ctx).error.name == "NameError", "a fresh namespace")
+        ci.run_code("y = 'in ctx'", context=ctx)
+        check(ci.run_code("y", context=ctx).text == "'in ctx'", "the second context keeps its own")
+        check(ci.run_code("import os\nos.getcwd()", context=ctx).text == "'/home/user'", "its cwd")
+        ids = {c.id for c in ci.list_code_contexts()}
+        check(ctx.id in ids and len(ids) == 2, f"contexts: {ids}")
+        ci.restart_code_context(ctx)
+        check(ci.run_code("y", context=ctx).error.name == "NameError", "restart clears the namespace")
+        ci.remove_code_context(ctx)
+        check(ctx.id not in {c.id for c in ci.list_code_contexts()}, "removed")
+        # Files written by code are the sandbox's files.
+        ci.run_code("open('/home/user/from_code.txt', 'w').write('hello')")
+        check(ci.files.read("/home/user/from_code.txt") == "hello", "files from code")
+        # Bob's tokens open none of Alice's interpreter.
+        r = httpx.post(
+            f"{URL}/execute",
+            headers={
+                "E2b-Sandbox-Id": ci.sandbox_id,
+                "E2b-Sandbox-Port": "49999",
+                "X-Access-Token": other._envd_access_token,
+                "E2B-Traffic-Access-Token": other.traffic_access_token or "",
+            },
+            json={"code": "x"},
+        )
+        check(r.status_code == 401, f"bob's tokens on alice's interpreter: {r.status_code}")
+        # The base template serves no interpreter.
+        base = Sandbox.create(api_key=ALICE)
+        try:
+            r = httpx.post(
+                f"{URL}/execute",
+                headers={"E2b-Sandbox-Id": base.sandbox_id, "E2b-Sandbox-Port": "49999", "X-Access-Token": base._envd_access_token},
+                json={"code": "1"},
+            )
+            check(r.status_code == 502 and "not open" in r.text, f"base: {r.status_code} {r.text}")
+        finally:
+            base.kill()
+    finally:
+        ci.kill()
+        other.kill()
+
+
+CHECKS = [the_issue_snippet, commands, files, pty, lifecycle, bad_input, tenants, code_interpreter]
 
 if __name__ == "__main__":
     wanted = sys.argv[1:]

@@ -1,0 +1,425 @@
+//! The code interpreter (port 49999): `POST /execute` and the contexts of
+//! `e2b-code-interpreter`.
+//!
+//! A context is a persistent interpreter: a background process of the sandbox's
+//! session running Paddock's runner (`runners/python.py`), which keeps one namespace
+//! for the context's life. `/execute` sends it the code on stdin and streams its
+//! answers back as E2B's NDJSON lines (`stdout`, `stderr`, `result`, `error`,
+//! `number_of_executions`, `end_of_execution`). One execution runs at a time in a
+//! context; others wait for it. A context whose process died is started again on
+//! its next execution, with a fresh namespace.
+
+// The refusals here are whole answers (`HttpResponse`), made at most once per
+// request; their size on the stack does not matter.
+#![allow(clippy::result_large_err)]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use actix_web::http::StatusCode;
+use actix_web::{web, HttpRequest, HttpResponse};
+use bytes::Bytes;
+use paddock_core::interactive::OutputReader;
+use paddock_core::ProcessSpec;
+use paddock_pool::Attachable;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::files::http_error;
+use crate::registry::Sbx;
+
+/// The Python runner, passed to `python3 -c`.
+const PYTHON_RUNNER: &str = include_str!("runners/python.py");
+/// Most contexts of one sandbox.
+const MAX_CONTEXTS: usize = 16;
+/// Most bytes of one answer line of a runner; a longer one is dropped.
+const MAX_LINE: usize = 16 << 20;
+/// Most bytes of code in one execution.
+const MAX_CODE: usize = 1 << 20;
+
+/// The contexts of one sandbox.
+#[derive(Default)]
+pub(crate) struct Contexts {
+    by_id: BTreeMap<String, Arc<Context>>,
+    /// The context `/execute` uses without a `context_id`, by language.
+    defaults: BTreeMap<&'static str, String>,
+}
+
+/// One persistent interpreter.
+pub(crate) struct Context {
+    id: String,
+    language: &'static str,
+    cwd: String,
+    io: tokio::sync::Mutex<Option<Io>>,
+    /// Its process, also reachable while an execution holds `io` (to kill it).
+    process: parking_lot::Mutex<Option<paddock_core::ProcessHandle>>,
+}
+
+/// A context's running process, and what was read of its answers.
+struct Io {
+    handle: paddock_core::ProcessHandle,
+    reader: OutputReader,
+    buf: Vec<u8>,
+    next: u64,
+}
+
+impl Context {
+    fn describe(&self) -> Value {
+        json!({ "id": self.id, "language": self.language, "cwd": self.cwd })
+    }
+
+    /// Kills its interpreter; an execution in it ends with an error, and the next
+    /// one starts a fresh interpreter.
+    fn kill(&self) {
+        if let Some(p) = self.process.lock().take() {
+            let _ = p.kill();
+        }
+    }
+}
+
+fn language(name: Option<&str>) -> Result<&'static str, HttpResponse> {
+    match name.map(|l| l.trim().to_ascii_lowercase()).as_deref() {
+        None | Some("") | Some("python") | Some("python3") => Ok("python"),
+        Some(other) => Err(http_error(
+            StatusCode::BAD_REQUEST,
+            format!("language {other:?} is not offered here; use python"),
+        )),
+    }
+}
+
+fn new_context(
+    sbx: &Sbx,
+    language: &'static str,
+    cwd: Option<&str>,
+) -> Result<Arc<Context>, HttpResponse> {
+    let mut contexts = sbx.contexts.lock();
+    if contexts.by_id.len() >= MAX_CONTEXTS {
+        return Err(http_error(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!("{MAX_CONTEXTS} contexts are open in this sandbox; remove one first"),
+        ));
+    }
+    let ctx = Arc::new(Context {
+        id: uuid::Uuid::new_v4().to_string(),
+        language,
+        cwd: sbx.path(cwd.unwrap_or("")),
+        io: tokio::sync::Mutex::new(None),
+        process: parking_lot::Mutex::new(None),
+    });
+    contexts.by_id.insert(ctx.id.clone(), ctx.clone());
+    Ok(ctx)
+}
+
+/// Starts the context's interpreter and waits for it to say it is ready.
+async fn start(sbx: &Sbx, ctx: &Context) -> Result<Io, String> {
+    let spec = ProcessSpec {
+        argv: vec![
+            "python3".into(),
+            "-u".into(),
+            "-c".into(),
+            PYTHON_RUNNER.into(),
+        ],
+        env: sbx.env.clone(),
+        cwd: Some(ctx.cwd.clone()),
+        stdin: true,
+    };
+    let started = sbx
+        .handle
+        .start_process(spec)
+        .await
+        .map_err(|e| format!("{}: {}", e.code.as_str(), e.message))?;
+    let Attachable::Process(handle) = started.handle else {
+        return Err("the interpreter did not start as a process".into());
+    };
+    *ctx.process.lock() = Some(handle.clone());
+    let mut io = Io {
+        reader: handle.output(),
+        handle,
+        buf: Vec::new(),
+        next: 0,
+    };
+    match io.line().await {
+        Some(v) if v["type"] == "ready" => Ok(io),
+        Some(v) => Err(format!("the interpreter did not start: {v}")),
+        None => {
+            let exit = io.handle.wait().await;
+            Err(format!(
+                "the interpreter exited with {} before it was ready",
+                exit.exit_code
+            ))
+        }
+    }
+}
+
+impl Io {
+    /// The next answer line of the runner; `None` once its output ended (it died).
+    async fn line(&mut self) -> Option<Value> {
+        loop {
+            if let Some(at) = self.buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=at).collect();
+                match serde_json::from_slice::<Value>(&line) {
+                    Ok(v) => return Some(v),
+                    // Not an answer (the runner's own crash text): skipped.
+                    Err(_) => continue,
+                }
+            }
+            if self.buf.len() > MAX_LINE {
+                self.buf.clear();
+            }
+            let chunk = self.reader.next().await?;
+            if chunk.stream == paddock_core::StreamKind::Stdout {
+                self.buf.extend_from_slice(&chunk.data);
+            }
+        }
+    }
+}
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct ExecuteBody {
+    #[serde(default)]
+    code: String,
+    #[serde(default)]
+    context_id: Option<String>,
+    #[serde(default)]
+    language: Option<String>,
+    #[serde(default)]
+    env_vars: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct ContextBody {
+    #[serde(default)]
+    language: Option<String>,
+    #[serde(default)]
+    cwd: Option<String>,
+}
+
+fn parse<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Result<T, HttpResponse> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body)
+        .map_err(|e| http_error(StatusCode::BAD_REQUEST, format!("malformed body: {e}")))
+}
+
+/// Every route of port 49999.
+pub(crate) async fn route(sbx: Arc<Sbx>, req: &HttpRequest, body: web::Bytes) -> HttpResponse {
+    let path = req.path();
+    let method = req.method().as_str();
+    match (method, path) {
+        ("GET", "/health") => HttpResponse::Ok().json(json!({ "status": "ok" })),
+        ("POST", "/execute") => execute(sbx, &body).await,
+        ("POST", "/contexts") => {
+            let b: ContextBody = match parse(&body) {
+                Ok(b) => b,
+                Err(r) => return r,
+            };
+            let lang = match language(b.language.as_deref()) {
+                Ok(l) => l,
+                Err(r) => return r,
+            };
+            match new_context(&sbx, lang, b.cwd.as_deref()) {
+                Ok(ctx) => HttpResponse::Ok().json(ctx.describe()),
+                Err(r) => r,
+            }
+        }
+        ("GET", "/contexts") => {
+            let list: Vec<Value> = sbx
+                .contexts
+                .lock()
+                .by_id
+                .values()
+                .map(|c| c.describe())
+                .collect();
+            HttpResponse::Ok().json(list)
+        }
+        _ => {
+            let Some(rest) = path.strip_prefix("/contexts/") else {
+                return http_error(
+                    StatusCode::NOT_FOUND,
+                    format!("{method} {path} is not a route of the code interpreter"),
+                );
+            };
+            let (id, action) = rest.split_once('/').unwrap_or((rest, ""));
+            let ctx = sbx.contexts.lock().by_id.get(id).cloned();
+            let Some(ctx) = ctx else {
+                return http_error(StatusCode::NOT_FOUND, format!("context {id} not found"));
+            };
+            match (method, action) {
+                ("DELETE", "") => {
+                    {
+                        let mut contexts = sbx.contexts.lock();
+                        contexts.by_id.remove(id);
+                        contexts.defaults.retain(|_, d| d != id);
+                    }
+                    ctx.kill();
+                    HttpResponse::NoContent().finish()
+                }
+                ("POST", "restart") => {
+                    // Answered once the old interpreter is gone: the next execution
+                    // starts a fresh one.
+                    let process = ctx.process.lock().take();
+                    if let Some(p) = process {
+                        let _ = p.kill();
+                        p.wait().await;
+                    }
+                    *ctx.io.lock().await = None;
+                    HttpResponse::NoContent().finish()
+                }
+                _ => http_error(
+                    StatusCode::NOT_FOUND,
+                    format!("{method} {path} is not a route of the code interpreter"),
+                ),
+            }
+        }
+    }
+}
+
+/// Kills every context's interpreter of a sandbox being ended.
+pub(crate) fn forget_all(sbx: &Sbx) {
+    let contexts = std::mem::take(&mut sbx.contexts.lock().by_id);
+    for ctx in contexts.values() {
+        ctx.kill();
+    }
+}
+
+/// The context an execution runs in: the one named, or the language's default
+/// (made on first use).
+fn context_for(sbx: &Sbx, b: &ExecuteBody) -> Result<Arc<Context>, HttpResponse> {
+    if let Some(id) = &b.context_id {
+        return sbx
+            .contexts
+            .lock()
+            .by_id
+            .get(id)
+            .cloned()
+            .ok_or_else(|| http_error(StatusCode::NOT_FOUND, format!("context {id} not found")));
+    }
+    let lang = language(b.language.as_deref())?;
+    let existing = {
+        let contexts = sbx.contexts.lock();
+        contexts
+            .defaults
+            .get(lang)
+            .and_then(|id| contexts.by_id.get(id).cloned())
+    };
+    if let Some(c) = existing {
+        return Ok(c);
+    }
+    let c = new_context(sbx, lang, None)?;
+    sbx.contexts.lock().defaults.insert(lang, c.id.clone());
+    Ok(c)
+}
+
+fn context_error(name: &str, value: String) -> Value {
+    json!({ "type": "error", "name": name, "value": value, "traceback": "" })
+}
+
+async fn execute(sbx: Arc<Sbx>, body: &[u8]) -> HttpResponse {
+    let b: ExecuteBody = match parse(body) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    if b.code.len() > MAX_CODE {
+        return http_error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the code has {} bytes; at most {MAX_CODE}", b.code.len()),
+        );
+    }
+    let ctx = match context_for(&sbx, &b) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(32);
+    let code = b.code;
+    let env = b.env_vars.unwrap_or_default();
+    actix_web::rt::spawn(async move {
+        let send = |v: Value| {
+            let tx = tx.clone();
+            async move {
+                let mut line = v.to_string().into_bytes();
+                line.push(b'\n');
+                // A caller that went away stops getting lines; the turn still ends,
+                // so that the context is left between turns.
+                let _ = tx.send(Bytes::from(line)).await;
+            }
+        };
+        let mut guard = ctx.io.lock().await;
+        if guard.is_none() {
+            match start(&sbx, &ctx).await {
+                Ok(io) => *guard = Some(io),
+                Err(why) => {
+                    send(context_error("ContextError", why)).await;
+                    return;
+                }
+            }
+        }
+        let Some(io) = guard.as_mut() else {
+            return;
+        };
+        io.next += 1;
+        let n = io.next;
+        let mut request = json!({ "code": code, "env": env, "n": n }).to_string();
+        request.push('\n');
+        if let Err(e) = io.handle.write_stdin(request.as_bytes()).await {
+            *guard = None;
+            send(context_error(
+                "ContextError",
+                format!(
+                    "the interpreter is gone ({}); run again for a fresh one",
+                    e.message
+                ),
+            ))
+            .await;
+            return;
+        }
+        loop {
+            let Some(v) = io.line().await else {
+                // The interpreter died (killed, restarted, out of memory): its state
+                // is lost, and the next execution starts a fresh one.
+                *guard = None;
+                send(context_error(
+                    "ContextRestarting",
+                    "the interpreter ended during the execution; its state is lost and the next execution starts a fresh one".into(),
+                ))
+                .await;
+                send(json!({ "type": "unexpected_end_of_execution" })).await;
+                return;
+            };
+            match v["type"].as_str() {
+                Some("out") => {
+                    let stream = if v["stream"] == "stderr" {
+                        "stderr"
+                    } else {
+                        "stdout"
+                    };
+                    send(json!({ "type": stream, "text": v["text"], "timestamp": now_us() })).await;
+                }
+                Some("result") | Some("error") => send(v).await,
+                Some("end") if v["n"] == json!(n) => {
+                    send(json!({
+                        "type": "number_of_executions",
+                        "execution_count": v["count"],
+                    }))
+                    .await;
+                    send(json!({ "type": "end_of_execution" })).await;
+                    return;
+                }
+                _ => {}
+            }
+        }
+    });
+    let body = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| (Ok::<_, actix_web::Error>(b), rx))
+    });
+    HttpResponse::Ok()
+        .content_type("application/x-ndjson")
+        .streaming(body)
+}
