@@ -16,6 +16,9 @@ pub const CODE_INTERPRETER_TEMPLATE: &str = "code-interpreter-v1";
 /// Where E2B programs expect their home and working directory.
 pub const E2B_HOME: &str = "/home/user";
 
+/// The longest `e2b.max_timeout_s`: 30 days.
+const MAX_TIMEOUT_S: u64 = 30 * 86_400;
+
 /// The E2B-compatible API (`[e2b]`): off unless enabled, then served on the native
 /// API's listener.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -68,6 +71,12 @@ impl E2bConfig {
                     "{} s is above e2b.max_timeout_s ({} s)",
                     self.default_timeout_s, self.max_timeout_s
                 ),
+            ));
+        }
+        if self.max_timeout_s > MAX_TIMEOUT_S {
+            return Err(Error::invalid_config(
+                "e2b.max_timeout_s",
+                format!("at most {MAX_TIMEOUT_S} s (30 days)"),
             ));
         }
         if self.max_sandboxes == 0 || self.max_processes_per_sandbox == 0 {

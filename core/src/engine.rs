@@ -51,8 +51,8 @@ const MAX_HOME_LEN: usize = 200;
 /// Top-level directories a sandbox's home may not lie in: the system's own, and the
 /// kernel's file systems.
 const SYSTEM_DIRS: &[&str] = &[
-    "bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "run", "sbin", "sys",
-    "usr", "var", "tmp",
+    "bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "media", "mnt", "nix", "opt",
+    "proc", "root", "run", "sbin", "snap", "sys", "usr", "var", "tmp",
 ];
 
 /// `INVALID_OPTIONS` unless `home` is a plain absolute path of at least two
@@ -342,6 +342,8 @@ mod home_tests {
             ("/usr/local", "system directory"),
             ("/proc/self", "system directory"),
             ("/tmp/x", "system directory"),
+            ("/opt/app", "system directory"),
+            ("/root/x", "system directory"),
         ] {
             let e = check_home("home", bad).unwrap_err();
             assert_eq!(e.code, crate::ErrorCode::InvalidOptions, "{bad}");

@@ -172,7 +172,6 @@ async fn create_inner(inner: &Arc<Inner>, req: &HttpRequest, body: &[u8]) -> Ans
     }
     .validate()
     .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("envVars: {}", e.message)))?;
-    let lifetime = inner.lifetime(new.timeout);
 
     // The cap counts sandboxes open and being opened.
     let held = inner.opening.fetch_add(1, Ordering::AcqRel) + 1;
@@ -197,34 +196,49 @@ async fn create_inner(inner: &Arc<Inner>, req: &HttpRequest, body: &[u8]) -> Ans
         tenant: tenant_of(&caller).map(String::from),
         home: Some(template.home.clone()),
     };
-    let handle = inner.paddock.open_sandbox(spec, Some(engine)).await?;
-    let id = handle.id().to_string();
-    let now = SystemTime::now();
-    let sbx = Arc::new(Sbx {
-        id: id.clone(),
-        template: template_id.clone(),
-        caller,
-        handle,
-        token: new_token(),
-        traffic_token: template.code_interpreter.then(new_token),
-        code_interpreter: template.code_interpreter,
-        contexts: Default::default(),
-        metadata,
-        env,
-        started_at: now,
-        end_at: parking_lot::Mutex::new(now + lifetime),
-        paused: Default::default(),
-        home: template.home.clone(),
-        procs: parking_lot::Mutex::new(crate::process::Procs::new(
-            inner.config.max_processes_per_sandbox,
-        )),
-        cpu_count: template
-            .limits
-            .cpu_millicores
-            .map_or(1, |m| m.div_ceil(1000).max(1) as u32),
-        memory_mb: template.limits.memory_bytes.map_or(0, |b| b >> 20),
+    // Opened and recorded in a task of its own: a request cancelled midway (a
+    // client that gave up on a slow start) leaves no session E2B does not know of;
+    // the sandbox is then ended at its lifetime's end, like an abandoned one.
+    let task_inner = inner.clone();
+    let timeout = new.timeout;
+    let opened = actix_web::rt::spawn(async move {
+        let inner = task_inner;
+        let _opening = _opening;
+        let handle = inner.paddock.open_sandbox(spec, Some(engine)).await?;
+        let id = handle.id().to_string();
+        let sbx = Arc::new(Sbx {
+            id: id.clone(),
+            template: template_id,
+            caller,
+            handle,
+            token: new_token(),
+            traffic_token: template.code_interpreter.then(new_token),
+            code_interpreter: template.code_interpreter,
+            contexts: Default::default(),
+            metadata,
+            env,
+            started_at: SystemTime::now(),
+            end_at: parking_lot::Mutex::new(inner.ends(timeout)),
+            paused: Default::default(),
+            home: template.home.clone(),
+            procs: parking_lot::Mutex::new(crate::process::Procs::new(
+                inner.config.max_processes_per_sandbox,
+            )),
+            cpu_count: template
+                .limits
+                .cpu_millicores
+                .map_or(1, |m| m.div_ceil(1000).max(1) as u32),
+            memory_mb: template.limits.memory_bytes.map_or(0, |b| b >> 20),
+        });
+        inner.sandboxes.insert(id, sbx.clone());
+        Ok::<_, Error>(sbx)
     });
-    inner.sandboxes.insert(id, sbx.clone());
+    let sbx = opened.await.map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("opening the sandbox failed: {e}"),
+        )
+    })??;
     Ok(HttpResponse::Created().json(created(inner, &sbx)))
 }
 
@@ -383,7 +397,7 @@ pub(crate) async fn set_timeout(
                 "give `timeout`, the sandbox's remaining lifetime in seconds",
             ));
         };
-        *s.end_at.lock() = SystemTime::now() + inner.lifetime(Some(secs));
+        *s.end_at.lock() = inner.ends(Some(secs));
         Ok(HttpResponse::NoContent().finish())
     };
     run().unwrap_or_else(|e| e.response())
@@ -407,6 +421,8 @@ pub(crate) async fn pause(
         }
         s.handle.pause().await?;
         s.paused.store(true, Ordering::Release);
+        // Kept paused for e2b.max_timeout_s at most, then ended.
+        *s.end_at.lock() = inner.ends(Some(inner.config.max_timeout_s));
         Ok(HttpResponse::NoContent().finish())
     };
     run.await.unwrap_or_else(|e: ApiError| e.response())
@@ -434,14 +450,14 @@ pub(crate) async fn connect(
         } else {
             false
         };
-        if let Some(secs) = t.timeout {
-            let want = SystemTime::now() + inner.lifetime(Some(secs));
+        if resumed {
+            *s.end_at.lock() = inner.ends(t.timeout);
+        } else if let Some(secs) = t.timeout {
+            let want = inner.ends(Some(secs));
             let mut end = s.end_at.lock();
             if *end < want {
                 *end = want;
             }
-        } else if resumed {
-            *s.end_at.lock() = SystemTime::now() + inner.lifetime(None);
         }
         let body = created(&inner, &s);
         Ok(if resumed {
@@ -501,10 +517,12 @@ pub(crate) async fn list(inner: web::Data<Arc<Inner>>, req: HttpRequest) -> Http
                 _ => {}
             }
         }
+        let now = SystemTime::now();
         let mut mine: Vec<Arc<Sbx>> = inner
             .sandboxes
             .iter()
             .filter(|e| caller.sees(tenant_of(&e.value().caller)))
+            .filter(|e| *e.value().end_at.lock() > now)
             .map(|e| e.value().clone())
             .filter(|s| {
                 states

@@ -23,6 +23,8 @@ use crate::registry::Sbx;
 const MAX_DEPTH: u32 = 32;
 /// Most entries one `ListDir` answers.
 const MAX_ENTRIES: usize = 10_000;
+/// Most files one upload may hold.
+const MAX_PARTS: usize = 1000;
 /// How long a filesystem command may take.
 const FS_TIMEOUT_MS: u64 = 30_000;
 
@@ -124,6 +126,12 @@ pub(crate) async fn upload(
             Err(e) => return http_error(StatusCode::BAD_REQUEST, format!("multipart: {e}")),
         };
         parts += 1;
+        if parts > MAX_PARTS {
+            return http_error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("more than {MAX_PARTS} files in one upload; send them in several"),
+            );
+        }
         let name = field
             .content_disposition()
             .and_then(|d| d.get_filename().map(String::from));
@@ -141,21 +149,27 @@ pub(crate) async fn upload(
             Ok(p) => p,
             Err(r) => return *r,
         };
-        let mut data = Vec::new();
-        while let Some(chunk) = field.next().await {
-            let chunk = match chunk {
-                Ok(c) => c,
-                Err(e) => return http_error(StatusCode::BAD_REQUEST, format!("multipart: {e}")),
-            };
-            if (data.len() + chunk.len()) as u64 > max_file {
-                return http_error(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    format!("`{path}` is larger than server.max_file_bytes ({max_file} bytes)"),
-                );
+        // Streamed into the file through a small bounded channel: an upload holds a
+        // few chunks of memory, whatever its size.
+        let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<bytes::Bytes>>(4);
+        let chunks =
+            futures_util::stream::unfold(
+                rx,
+                |mut rx| async move { rx.recv().await.map(|c| (c, rx)) },
+            );
+        let source: paddock_core::ByteSource = Box::pin(tokio_util::io::StreamReader::new(chunks));
+        let pump = async move {
+            while let Some(chunk) = field.next().await {
+                let chunk = chunk.map_err(|e| std::io::Error::other(format!("multipart: {e}")));
+                let failed = chunk.is_err();
+                if tx.send(chunk).await.is_err() || failed {
+                    break;
+                }
             }
-            data.extend_from_slice(&chunk);
-        }
-        if let Err(e) = sbx.handle.write_file(&path, &data).await {
+        };
+        let (written_bytes, ()) =
+            futures_util::join!(sbx.handle.write_from(&path, source, max_file), pump);
+        if let Err(e) = written_bytes {
             return http_from(e);
         }
         let name = path.rsplit('/').next().unwrap_or_default().to_string();
@@ -187,6 +201,15 @@ async fn sh(sbx: &Sbx, script: &str, args: &[&str]) -> Result<(i32, String, Stri
     let request = ExecRequest::new(Program::Command { argv }).with_timeout_ms(FS_TIMEOUT_MS);
     let r = sbx.handle.exec(request).await?;
     let code = r.exit_code().unwrap_or(-1);
+    if r.outcome == paddock_core::Outcome::TimedOut {
+        return Err(ConnectError::new(
+            Code::DeadlineExceeded,
+            format!(
+                "the filesystem call took longer than {} s",
+                FS_TIMEOUT_MS / 1000
+            ),
+        ));
+    }
     if r.stdout_truncated {
         return Err(ConnectError::new(
             Code::ResourceExhausted,
@@ -317,7 +340,7 @@ pub(crate) async fn unary(
             let path = sbx.path(&r.path);
             let depth = r.depth.unwrap_or(1).clamp(1, MAX_DEPTH).to_string();
             let script = format!(
-                "[ -e \"$1\" ] || exit {MISSING}; [ -d \"$1\" ] || exit {EXISTS}; exec find \"$1\" -mindepth 1 -maxdepth \"$2\" -printf '{FORMAT}'"
+                "[ -e \"$1\" ] || exit {MISSING}; [ -d \"$1\" ] || exit {EXISTS}; exec find -H \"$1\" -mindepth 1 -maxdepth \"$2\" -printf '{FORMAT}'"
             );
             let (code, out, err) = sh(sbx, &script, &[&path, &depth]).await?;
             match code {
@@ -373,7 +396,7 @@ pub(crate) async fn unary(
             check_path("destination", &r.destination)?;
             let (from, to) = (sbx.path(&r.source), sbx.path(&r.destination));
             let script = format!(
-                "[ -e \"$1\" ] || [ -L \"$1\" ] || exit {MISSING}; mkdir -p -- \"$(dirname -- \"$2\")\" && mv -f -- \"$1\" \"$2\""
+                "[ -e \"$1\" ] || [ -L \"$1\" ] || exit {MISSING}; mkdir -p -- \"$(dirname -- \"$2\")\" && mv -f -T -- \"$1\" \"$2\""
             );
             let (code, _, err) = sh(sbx, &script, &[&from, &to]).await?;
             match code {

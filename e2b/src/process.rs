@@ -37,6 +37,8 @@ pub(crate) struct Procs {
     next_pid: u32,
     max: usize,
     by_pid: BTreeMap<u32, Proc>,
+    /// Places taken by processes being started.
+    starting: usize,
 }
 
 /// One process, as E2B sees it.
@@ -54,13 +56,14 @@ impl Procs {
             next_pid: FIRST_PID,
             max,
             by_pid: BTreeMap::new(),
+            starting: 0,
         }
     }
 
     /// Room for one more: ended processes go, oldest first, while the table is
     /// full; a table full of running ones refuses.
     fn make_room(&mut self) -> Result<(), ConnectError> {
-        while self.by_pid.len() >= self.max {
+        while self.by_pid.len() + self.starting >= self.max {
             let ended = self
                 .by_pid
                 .iter()
@@ -325,7 +328,21 @@ pub(crate) async fn unary(
     }
 }
 
+/// How long one input write may wait for a process that does not read its input.
+const INPUT_WAIT: Duration = Duration::from_secs(60);
+
 async fn write_input(p: &Proc, input: InputJson) -> Result<(), ConnectError> {
+    tokio::time::timeout(INPUT_WAIT, write_input_now(p, input))
+        .await
+        .map_err(|_| {
+            ConnectError::new(
+                Code::DeadlineExceeded,
+                "the process read none of its input for 60 s; its input pipe is full",
+            )
+        })?
+}
+
+async fn write_input_now(p: &Proc, input: InputJson) -> Result<(), ConnectError> {
     let (data, to_pty) = match (input.stdin, input.pty) {
         (Some(d), None) => (decode_bytes("input.stdin", &d)?, false),
         (None, Some(d)) => (decode_bytes("input.pty", &d)?, true),
@@ -352,14 +369,39 @@ async fn write_input(p: &Proc, input: InputJson) -> Result<(), ConnectError> {
     Ok(())
 }
 
-/// The keepalive interval a client asks for in `Keepalive-Ping-Interval` (seconds).
-fn keepalive(req: &HttpRequest) -> Duration {
-    req.headers()
-        .get("keepalive-ping-interval")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .filter(|s| (1..=3600).contains(s))
-        .map_or(DEFAULT_KEEPALIVE, Duration::from_secs)
+/// The longest keepalive interval taken from a client.
+const MAX_KEEPALIVE: Duration = Duration::from_secs(300);
+
+/// How a call's stream is paced and bounded.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timing {
+    /// The interval of keepalive events (`Keepalive-Ping-Interval`, seconds).
+    keepalive: Duration,
+    /// When the call ends (`Connect-Timeout-Ms` from its arrival).
+    pub(crate) deadline: Option<std::time::Instant>,
+}
+
+/// What a client asks for: `Keepalive-Ping-Interval` (1-300 s) and
+/// `Connect-Timeout-Ms` (0 or missing: no deadline).
+pub(crate) fn timing(req: &HttpRequest) -> Timing {
+    let header = |name: &str| {
+        req.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    };
+    let keepalive = header("keepalive-ping-interval")
+        .filter(|s| *s >= 1)
+        .map_or(DEFAULT_KEEPALIVE, |s| {
+            Duration::from_secs(s).min(MAX_KEEPALIVE)
+        });
+    let deadline = header("connect-timeout-ms")
+        .filter(|ms| *ms > 0)
+        .and_then(|ms| std::time::Instant::now().checked_add(Duration::from_millis(ms)));
+    Timing {
+        keepalive,
+        deadline,
+    }
 }
 
 /// `Start`: starts a process (a terminal with `pty`) and streams its events.
@@ -384,51 +426,66 @@ pub(crate) async fn start(
         "envs": config.envs,
         "cwd": cwd,
     });
-    sbx.procs.lock().make_room()?;
-    let started = match r.pty {
-        Some(pty) => {
-            let spec = TerminalSpec {
-                command: config.cmd.clone(),
-                args: config.args.clone(),
-                size: TerminalSize {
-                    rows: pty.size.rows,
-                    cols: pty.size.cols,
-                },
-                env,
-                cwd,
-            };
-            sbx.handle.open_terminal(spec).await?
-        }
-        None => {
-            let spec = ProcessSpec {
-                argv: std::iter::once(config.cmd.clone())
-                    .chain(config.args.iter().cloned())
-                    .collect(),
-                env,
-                cwd,
-                // E2B's agent opens stdin unless told not to.
-                stdin: r.stdin.unwrap_or(true),
-            };
-            sbx.handle.start_process(spec).await?
-        }
-    };
+    // The place and the pid are taken before the process starts, and it starts and
+    // is recorded in a task of its own: neither a concurrent start nor a caller that
+    // goes away midway can leave a process running that E2B does not know of.
     let pid = {
         let mut procs = sbx.procs.lock();
         procs.make_room()?;
+        procs.starting += 1;
         let pid = procs.next_pid;
         procs.next_pid = procs.next_pid.wrapping_add(1).max(FIRST_PID);
+        pid
+    };
+    let task_sbx = sbx.clone();
+    let tag = r.tag.clone();
+    let stdin = r.stdin.unwrap_or(true);
+    let started = actix_web::rt::spawn(async move {
+        let sbx = task_sbx;
+        let started = match r.pty {
+            Some(pty) => {
+                let spec = TerminalSpec {
+                    command: config.cmd.clone(),
+                    args: config.args.clone(),
+                    size: TerminalSize {
+                        rows: pty.size.rows,
+                        cols: pty.size.cols,
+                    },
+                    env,
+                    cwd,
+                };
+                sbx.handle.open_terminal(spec).await
+            }
+            None => {
+                let spec = ProcessSpec {
+                    argv: std::iter::once(config.cmd.clone())
+                        .chain(config.args.iter().cloned())
+                        .collect(),
+                    env,
+                    cwd,
+                    // E2B's agent opens stdin unless told not to.
+                    stdin,
+                };
+                sbx.handle.start_process(spec).await
+            }
+        };
+        let mut procs = sbx.procs.lock();
+        procs.starting -= 1;
+        let started = started?;
         procs.by_pid.insert(
             pid,
             Proc {
                 pid,
-                tag: r.tag.clone(),
+                tag,
                 config: echoed,
                 handle: started.handle.clone(),
             },
         );
-        pid
-    };
-    Ok(stream_events(pid, &started.handle, keepalive(req)))
+        Ok::<_, paddock_core::Error>(started)
+    })
+    .await
+    .map_err(|e| ConnectError::new(Code::Internal, format!("starting the process: {e}")))??;
+    Ok(stream_events(pid, &started.handle, timing(req)))
 }
 
 /// `Connect`: streams the events of a running process from its oldest output
@@ -440,62 +497,95 @@ pub(crate) async fn connect_to(
 ) -> Result<HttpResponse, ConnectError> {
     let r: SelectRequest = connect::parse(message)?;
     let p = find(&sbx, &selector(r.process)?)?;
-    Ok(stream_events(p.pid, &p.handle, keepalive(req)))
+    Ok(stream_events(p.pid, &p.handle, timing(req)))
 }
 
 /// The event stream of a process: `start`, its output as `data`, then `end`, with
 /// `keepalive` events while it is quiet.
-fn stream_events(pid: u32, handle: &Attachable, every: Duration) -> HttpResponse {
+fn stream_events(pid: u32, handle: &Attachable, timing: Timing) -> HttpResponse {
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
     let pty = matches!(handle, Attachable::Terminal(_));
     let shared: Arc<ProcessShared> = handle.shared().clone();
-    let terminal_reader = shared.output();
+    let reader = shared.output();
     actix_web::rt::spawn(async move {
         let event = |e: Value| connect::envelope(0, &json!({ "event": e }));
-        if tx
-            .send(event(json!({ "start": { "pid": pid } })))
-            .await
-            .is_err()
-        {
-            return;
-        }
-        let mut reader = terminal_reader;
-        loop {
-            let next = tokio::time::timeout(every, reader.next()).await;
-            let chunk = match next {
-                Err(_) => {
-                    if tx.send(event(json!({ "keepalive": {} }))).await.is_err() {
-                        return;
-                    }
-                    continue;
-                }
-                Ok(None) => break,
-                Ok(Some(c)) => c,
-            };
-            let key = match chunk.stream {
-                _ if pty => "pty",
-                StreamKind::Stdout => "stdout",
-                StreamKind::Stderr => "stderr",
-            };
+        let deadline = timing.deadline.map(tokio::time::Instant::from_std);
+        let expired = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        let events = async {
             if tx
-                .send(event(json!({ "data": { key: b64(&chunk.data) } })))
+                .send(event(json!({ "start": { "pid": pid } })))
                 .await
                 .is_err()
             {
                 return;
             }
-        }
-        let exit = shared.wait().await;
-        let (code, status) = match exit.signal {
-            Some(sig) => (-1, format!("signal: {}", signal_name(sig))),
-            None => (exit.exit_code, format!("exit status {}", exit.exit_code)),
+            let mut reader = reader;
+            let mut output_open = true;
+            loop {
+                // Output first; once it has ended, the exit; keepalives while quiet.
+                let next = tokio::time::timeout(timing.keepalive, async {
+                    if output_open {
+                        match reader.next().await {
+                            Some(c) => Some(Ok(c)),
+                            None => Some(Err(None)),
+                        }
+                    } else {
+                        Some(Err(Some(shared.wait().await)))
+                    }
+                })
+                .await;
+                let frame = match next {
+                    Err(_) => event(json!({ "keepalive": {} })),
+                    Ok(Some(Ok(chunk))) => {
+                        let key = match chunk.stream {
+                            _ if pty => "pty",
+                            StreamKind::Stdout => "stdout",
+                            StreamKind::Stderr => "stderr",
+                        };
+                        event(json!({ "data": { key: b64(&chunk.data) } }))
+                    }
+                    Ok(Some(Err(None))) | Ok(None) => {
+                        output_open = false;
+                        continue;
+                    }
+                    Ok(Some(Err(Some(exit)))) => {
+                        let (code, status) = match exit.signal {
+                            Some(sig) => (-1, format!("signal: {}", signal_name(sig))),
+                            None => (exit.exit_code, format!("exit status {}", exit.exit_code)),
+                        };
+                        let _ = tx
+                            .send(event(json!({
+                                "end": { "exitCode": code, "exited": exit.signal.is_none(), "status": status }
+                            })))
+                            .await;
+                        let _ = tx.send(connect::end_of_stream(None)).await;
+                        return;
+                    }
+                };
+                if tx.send(frame).await.is_err() {
+                    return;
+                }
+            }
         };
-        let _ = tx
-            .send(event(json!({
-                "end": { "exitCode": code, "exited": exit.signal.is_none(), "status": status }
-            })))
-            .await;
-        let _ = tx.send(connect::end_of_stream(None)).await;
+        // The stream ends when its events do, when the caller has gone (the process
+        // goes on: only SendSignal kills it), or at the caller's deadline.
+        tokio::select! {
+            () = events => {}
+            () = tx.closed() => {}
+            () = expired => {
+                let _ = tx
+                    .send(connect::end_of_stream(Some(&ConnectError::new(
+                        Code::DeadlineExceeded,
+                        "the call's Connect-Timeout-Ms passed; the process goes on (connect to it again)",
+                    ))))
+                    .await;
+            }
+        }
     });
     streaming(rx)
 }

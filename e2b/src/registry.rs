@@ -2,7 +2,7 @@
 //! lifetimes and processes, and who may reach them.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -19,6 +19,11 @@ pub const ENVD_VERSION: &str = "0.5.2";
 
 /// How often the reaper looks for sandboxes whose lifetime has passed.
 const REAP_EVERY: Duration = Duration::from_millis(250);
+/// How often it asks each sandbox's session whether it is still there (well below
+/// the pool's idle timeout, which each such look resets).
+const PROBE_EVERY: Duration = Duration::from_secs(10);
+/// Most sandboxes ended (or probed) at once.
+const ENDING_AT_ONCE: usize = 16;
 
 /// One E2B sandbox.
 pub(crate) struct Sbx {
@@ -134,7 +139,9 @@ impl Inner {
     /// that does not exist.
     pub(crate) fn visible(&self, caller: &Caller, id: &str) -> Option<Arc<Sbx>> {
         let s = self.sandboxes.get(id)?.clone();
-        caller.sees(tenant_of(&s.caller)).then_some(s)
+        // Past its lifetime, it is gone, whether or not the reaper has ended it yet.
+        let live = *s.end_at.lock() > SystemTime::now();
+        (live && caller.sees(tenant_of(&s.caller))).then_some(s)
     }
 
     /// Forgets and destroys sandbox `id`; `false` if it was not open.
@@ -150,11 +157,28 @@ impl Inner {
         true
     }
 
-    /// Ends every sandbox.
+    /// Ends every sandbox, a few at a time.
     pub(crate) async fn close_all(&self) {
         let ids: Vec<String> = self.sandboxes.iter().map(|e| e.key().clone()).collect();
-        for id in ids {
-            self.end(&id).await;
+        self.end_all(ids).await;
+    }
+
+    /// Ends sandboxes `ids`, at most [`ENDING_AT_ONCE`] at a time.
+    async fn end_all(&self, ids: Vec<String>) {
+        use futures_util::StreamExt;
+        futures_util::stream::iter(ids)
+            .for_each_concurrent(ENDING_AT_ONCE, |id| async move {
+                self.end(&id).await;
+            })
+            .await;
+    }
+
+    /// Forgets sandbox `id` whose Paddock session is gone already (destroyed through
+    /// the native API, or by the pool's own limits).
+    fn forget(&self, id: &str) {
+        if let Some((_, s)) = self.sandboxes.remove(id) {
+            crate::process::forget_all(&s);
+            crate::interpreter::forget_all(&s);
         }
     }
 
@@ -164,6 +188,13 @@ impl Inner {
             .unwrap_or(self.config.default_timeout_s)
             .clamp(1, self.config.max_timeout_s);
         Duration::from_secs(s)
+    }
+
+    /// When a lifetime from now ends (`e2b.max_timeout_s` is bounded, so this
+    /// cannot overflow).
+    pub(crate) fn ends(&self, timeout_s: Option<u64>) -> SystemTime {
+        let now = SystemTime::now();
+        now.checked_add(self.lifetime(timeout_s)).unwrap_or(now)
     }
 }
 
@@ -176,11 +207,15 @@ pub(crate) fn tenant_of(caller: &Caller) -> Option<&str> {
     }
 }
 
-/// Starts the task that ends sandboxes past their lifetime (and forgets ones whose
-/// Paddock session ended on its own: idle or lifetime limits of the pool).
+/// Starts the task that ends sandboxes past their lifetime (a paused sandbox's
+/// lifetime is `e2b.max_timeout_s` from its pause), and every [`PROBE_EVERY`] looks
+/// at each session: one that is gone (destroyed through the native API, or by the
+/// pool's own limits) is forgotten, and the look counts as a use of the others, so
+/// that the pool's idle timeout does not end a sandbox E2B still holds alive.
 pub(crate) fn spawn_reaper(inner: &Arc<Inner>) {
     let weak = Arc::downgrade(inner);
     tokio::spawn(async move {
+        let mut last_probe = std::time::Instant::now();
         loop {
             tokio::time::sleep(REAP_EVERY).await;
             let Some(inner) = weak.upgrade() else {
@@ -190,15 +225,42 @@ pub(crate) fn spawn_reaper(inner: &Arc<Inner>) {
             let due: Vec<String> = inner
                 .sandboxes
                 .iter()
-                .filter(|e| {
-                    let s = e.value();
-                    !s.paused.load(Ordering::Acquire) && *s.end_at.lock() <= now
-                })
+                .filter(|e| *e.value().end_at.lock() <= now)
                 .map(|e| e.key().clone())
                 .collect();
-            for id in due {
-                tracing::debug!(sandbox = %id, "an E2B sandbox's lifetime passed");
-                inner.end(&id).await;
+            if !due.is_empty() {
+                tracing::debug!(sandboxes = due.len(), "E2B sandboxes' lifetimes passed");
+                inner.end_all(due).await;
+            }
+            if last_probe.elapsed() < PROBE_EVERY {
+                continue;
+            }
+            last_probe = std::time::Instant::now();
+            let all: Vec<Arc<Sbx>> = inner.sandboxes.iter().map(|e| e.value().clone()).collect();
+            use futures_util::StreamExt;
+            let gone: Vec<String> = futures_util::stream::iter(all)
+                .map(|s| async move {
+                    match s.handle.status().await {
+                        Ok(paddock_core::SandboxStatus::Destroyed) => Some(s.id.clone()),
+                        Err(e)
+                            if matches!(
+                                e.code,
+                                paddock_core::ErrorCode::NotFound
+                                    | paddock_core::ErrorCode::EngineDisposed
+                            ) =>
+                        {
+                            Some(s.id.clone())
+                        }
+                        _ => None,
+                    }
+                })
+                .buffer_unordered(ENDING_AT_ONCE)
+                .filter_map(|g| async move { g })
+                .collect()
+                .await;
+            for id in gone {
+                tracing::debug!(sandbox = %id, "an E2B sandbox's session ended on its own");
+                inner.forget(&id);
             }
         }
     });

@@ -111,6 +111,10 @@ async fn sandbox_entry(
     let Some(sbx) = inner.sandboxes.get(&id).map(|s| s.clone()) else {
         return not_found();
     };
+    // Past its lifetime, it is gone whether or not the reaper has ended it yet.
+    if *sbx.end_at.lock() <= std::time::SystemTime::now() {
+        return not_found();
+    }
     let presented = req
         .headers()
         .get("x-access-token")

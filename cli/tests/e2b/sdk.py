@@ -119,6 +119,9 @@ def files():
         blob = bytes(range(256)) * 64
         sbx.files.write("/home/user/blob.bin", blob)
         check(sbx.files.read("/home/user/blob.bin", format="bytes") == blob, "bytes")
+        big = os.urandom(8 << 20)
+        sbx.files.write("/home/user/big.bin", big)
+        check(sbx.files.read("/home/user/big.bin", format="bytes") == big, "an 8 MiB file round trip")
         r = sbx.commands.run("wc -c < /home/user/blob.bin")
         check(r.stdout.strip() == str(len(blob)), f"the sandbox sees the bytes: {r.stdout}")
         sbx.files.write_files(
@@ -202,6 +205,17 @@ def lifecycle():
             time.sleep(0.2)
         check(not b.is_running(), "the sandbox ended after its timeout")
         check(Sandbox.kill(b.sandbox_id, api_key=ALICE) is False, "gone from the control plane")
+        # A sandbox ended through the native API leaves the E2B list too.
+        c = Sandbox.create(api_key=ALICE)
+        r = httpx.delete(f"{URL}/v1/sandboxes/{c.sandbox_id}", headers={"Authorization": f"Bearer {ALICE}"})
+        check(r.status_code in (200, 204), f"native destroy: {r.status_code} {r.text}")
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            if c.sandbox_id not in {s.sandbox_id for s in Sandbox.list(api_key=ALICE).next_items()}:
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError("a natively destroyed sandbox stays listed")
         # pause and resume
         a.files.write("/home/user/kept.txt", "kept")
         if ENGINE == "container":
@@ -276,6 +290,19 @@ def bad_input():
             content=b"\x00",
         )
         check(r.status_code == 415, f"protobuf is refused: {r.status_code}")
+        # The caller's deadline ends a stream on the server too.
+        t0 = time.time()
+        r = httpx.post(
+            f"{URL}/process.Process/Start",
+            headers={**ok, "Content-Type": "application/connect+json", "Connect-Timeout-Ms": "500"},
+            content=envelope(0, json.dumps({"process": {"cmd": "/bin/sleep", "args": ["5"]}}).encode()),
+            timeout=10,
+        )
+        last = r.content[r.content.rfind(b"\x02\x00\x00"):]
+        flag, n = struct.unpack(">BI", last[:5])
+        end = json.loads(last[5 : 5 + n])
+        check(end.get("error", {}).get("code") == "deadline_exceeded", f"deadline: {end}")
+        check(time.time() - t0 < 4, f"ended at the deadline, after {time.time() - t0:.1f} s")
         r = httpx.post(f"{URL}/v2/sandboxes", headers={"X-API-Key": ALICE}, content=b"{nope")
         check(r.status_code == 400 and r.json()["code"] == 400, f"bad body: {r.text}")
     finally:

@@ -878,13 +878,19 @@ fn sweep_stale(parent: &Path) {
 /// device alive after the sandbox is destroyed. (Tmpfs ones are left: the container
 /// engine's shared `sandboxes/` mount is one, and must stay.)
 pub(crate) fn detach_copied_volumes() {
-    detach_copied_volumes_except(None)
+    for (point, _) in tagged_mounts_in("/proc/thread-self/mountinfo", false) {
+        if let Ok(p) = cstring(&point) {
+            // SAFETY: umount2 with a valid C path, in this thread's namespace.
+            unsafe { libc::umount2(p.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
 }
 
-/// [`detach_copied_volumes`], keeping the one mounted at `keep` (or above it): a
-/// sandbox's own filesystem, in a namespace made for that sandbox.
+/// In a mount namespace made for one sandbox (which lives as long as the sandbox),
+/// detaches the copies of every other sandbox's filesystem, ext4 and tmpfs alike,
+/// keeping the one mounted at `keep` (or above it): the sandbox's own.
 pub(crate) fn detach_copied_volumes_except(keep: Option<&Path>) {
-    for (point, _) in tagged_mounts_in("/proc/thread-self/mountinfo", false) {
+    for (point, _) in tagged_mounts_in("/proc/thread-self/mountinfo", true) {
         if keep.is_some_and(|k| k.starts_with(&point)) {
             continue;
         }

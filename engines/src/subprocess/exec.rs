@@ -374,6 +374,12 @@ impl SubprocessSandbox {
             }
         }
 
+        // A sandbox with a home runs nothing outside its namespace: once teardown has
+        // dropped it, nothing spawns (fail closed).
+        let mntns = self.mntns.lock().as_ref().map(|fd| fd.as_raw_fd());
+        if self.spec.home.is_some() && mntns.is_none() {
+            return Err(Error::disposed(&format!("sandbox {}", self.id)));
+        }
         let spec = SpawnSpec {
             path: cstring(program.into_os_string().into_encoded_bytes()).map_err(io_err)?,
             argv: argv
@@ -394,7 +400,7 @@ impl SubprocessSandbox {
             netns: self.netns.as_ref().map(|fd| fd.as_raw_fd()),
             // Held while the sandbox lives: teardown drops it only once no operation
             // (and so no spawn) is left.
-            mntns: self.mntns.lock().as_ref().map(|fd| fd.as_raw_fd()),
+            mntns,
             controlling_tty: false,
         };
         Ok(spec)

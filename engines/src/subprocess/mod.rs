@@ -51,6 +51,9 @@ pub struct HostSupport {
     pub interpreters: BTreeMap<Language, std::result::Result<PathBuf, String>>,
     /// The disk-quota backend (`loop` or `tmpfs`), or why none works.
     pub disk: std::result::Result<&'static str, String>,
+    /// Whether sandboxes can see their workdir at a home of their own (a mount
+    /// namespace each); otherwise why not.
+    pub home: std::result::Result<(), String>,
 }
 
 /// The subprocess engine. Cheap to clone; clones share one host setup.
@@ -168,7 +171,6 @@ impl SubprocessEngine {
             paddock_core::interactive::FEATURE_PROCESS,
             paddock_core::interactive::FEATURE_TERMINAL,
             paddock_core::interactive::FEATURE_TCP,
-            paddock_core::engine::FEATURE_HOME,
         ];
         if !config.handlers.is_empty() {
             // Configured handlers may suspend; `Sandbox::resume` continues them.
@@ -218,6 +220,16 @@ impl SubprocessEngine {
         })?;
 
         let warm = runner::WarmSetup::prepare(&config.warm, &config.handlers, &workdir_root)?;
+        // A home needs a mount namespace per sandbox: tried once here, so that the
+        // feature is offered only where it works.
+        let home = probe_home(&workdir_root);
+        let caps = if home.is_ok() {
+            features.push(paddock_core::engine::FEATURE_HOME);
+            Capabilities::new(IsolationLevel::None, &programs, &network, &features)
+                .with_limits(&limits)
+        } else {
+            caps
+        };
 
         Ok(SubprocessEngine {
             inner: Arc::new(EngineInner {
@@ -235,6 +247,7 @@ impl SubprocessEngine {
                     netns,
                     interpreters,
                     disk: disks.backend().ok_or_else(|| disks.notes().join("; ")),
+                    home,
                 },
                 disks,
                 next_sandbox: AtomicU64::new(0),
@@ -280,4 +293,18 @@ pub(crate) fn missing_interpreter(inner: &EngineInner, lang: Language) -> Error 
             "{lang} code cannot run on this host: {why}; install it or set its path in the config"
         ),
     )
+}
+
+/// Whether a sandbox's workdir can be shown at a home of its own here: makes one
+/// such mount namespace (over `/tmp`, in that namespace only) for a scratch
+/// directory, and drops it.
+fn probe_home(workdir_root: &std::path::Path) -> std::result::Result<(), String> {
+    let scratch = workdir_root.join("home-probe");
+    std::fs::create_dir_all(&scratch)
+        .map_err(|e| format!("cannot create a scratch directory: {e}"))?;
+    let made = crate::host::netns::private_home(&scratch, "/tmp/paddock-home-probe")
+        .map(drop)
+        .map_err(|e| format!("cannot make a mount namespace with a home: {e}"));
+    let _ = std::fs::remove_dir(&scratch);
+    made
 }

@@ -62,6 +62,7 @@ impl SubprocessSandbox {
         spec.limits.validate("limits", false)?;
         if let Some(home) = &spec.home {
             paddock_core::engine::check_home("home", home)?;
+            check_home_hides_nothing(&engine, home)?;
         }
         let home = spec.home.clone();
 
@@ -255,6 +256,35 @@ impl SubprocessSandbox {
 }
 
 pub(super) use crate::task::blocking;
+
+/// `CAPABILITY_NOT_SUPPORTED` when the tmpfs over `home`'s top directory would hide
+/// what the engine runs from the host: its workdirs and runners, or an interpreter
+/// (a pyenv under `/home`, say).
+fn check_home_hides_nothing(engine: &super::EngineInner, home: &str) -> Result<()> {
+    let top = home
+        .trim_start_matches('/')
+        .split('/')
+        .next()
+        .unwrap_or_default();
+    let top = Path::new("/").join(top);
+    let interpreters = engine
+        .support
+        .interpreters
+        .values()
+        .filter_map(|i| i.as_ref().ok());
+    let mut needed = std::iter::once(&engine.workdir_root).chain(interpreters);
+    if let Some(hidden) = needed.find(|p| p.starts_with(&top)) {
+        return Err(Error::new(
+            paddock_core::ErrorCode::CapabilityNotSupported,
+            format!(
+                "a home of `{home}` covers `{}` in the sandbox, which would hide `{}` that the subprocess engine runs from; choose a home under another top directory, or move subprocess.workdir_root (and the interpreters) out of it",
+                top.display(),
+                hidden.display()
+            ),
+        ));
+    }
+    Ok(())
+}
 
 #[async_trait]
 impl Sandbox for SubprocessSandbox {

@@ -808,3 +808,35 @@ async fn a_home_the_engine_cannot_take_is_refused() {
         assert_eq!(e.code, ErrorCode::InvalidOptions, "{bad}: {e}");
     }
 }
+
+#[tokio::test]
+async fn a_home_that_would_hide_the_engines_own_files_is_refused() {
+    if !std::path::Path::new("/home").is_dir() {
+        return;
+    }
+    let root = tempfile::tempdir_in("/home").unwrap();
+    let engine = SubprocessEngine::new(&SubprocessConfig {
+        workdir_root: Some(root.path().to_path_buf()),
+        ..SubprocessConfig::default()
+    })
+    .unwrap();
+    let e = engine
+        .create(&SandboxSpec {
+            home: Some("/home/user".into()),
+            ..SandboxSpec::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::CapabilityNotSupported, "{e}");
+    assert!(e.message.contains("workdir_root"), "{e}");
+    // Elsewhere it is fine.
+    let sb = engine
+        .create(&SandboxSpec {
+            home: Some("/srv/sandbox".into()),
+            ..SandboxSpec::default()
+        })
+        .await;
+    if std::path::Path::new("/srv").is_dir() {
+        sb.unwrap().destroy().await.unwrap();
+    }
+}
