@@ -5,6 +5,7 @@
 
 mod container;
 mod disk;
+mod e2b;
 mod fleet;
 mod http;
 mod isolate;
@@ -89,6 +90,17 @@ enum Scenario {
         /// Executions in the throughput run.
         #[arg(long, default_value_t = 200_000)]
         total: usize,
+    },
+    /// E2B's own Python SDK against the E2B-compatible API in this process, beside
+    /// the native API in the same run: create + `commands.run("echo hi")` + kill, a
+    /// command in an open sandbox, and `run_code("1+1")` in a warm context.
+    E2b {
+        /// The engine of the templates (`subprocess` or `container`).
+        #[arg(long, default_value = "subprocess")]
+        engine: String,
+        /// Samples per measure.
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+        samples: u64,
     },
     /// Executions through a fleet of in-process nodes on a NATS cluster (three
     /// servers started on loopback ports unless `--urls` names one) vs. the local
@@ -265,6 +277,11 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32, crate::run::UsageError
                 args.json,
             )
             .await
+        }
+        Scenario::E2b { engine, samples } => {
+            let engine = paddock_core::EngineName::new(&engine)
+                .map_err(|e| crate::run::UsageError(format!("--engine: {}", e.message)))?;
+            e2b::e2b(engine, samples as usize, args.json).await
         }
         Scenario::Fleet {
             urls,
