@@ -23,6 +23,7 @@ const CHECKS: &[&str] = &[
     "bad_input",
     "tenants",
     "code_interpreter",
+    "ports",
 ];
 
 fn sdk_python() -> Option<String> {
@@ -73,6 +74,7 @@ key = "{BOB}"
 tenant = "bob"
 [e2b]
 enabled = true
+domain = "e2b.test"
 [templates.base]
 engine = "{engine}"
 [templates.code-interpreter-v1]

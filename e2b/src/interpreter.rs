@@ -31,6 +31,11 @@ use crate::registry::Sbx;
 
 /// The Python runner, passed to `python3 -c`.
 const PYTHON_RUNNER: &str = include_str!("runners/python.py");
+/// The JavaScript runner, passed to `node -e` by its host.
+const NODE_RUNNER: &str = include_str!("runners/node.js");
+/// The host of the JavaScript runner (the Python runner's protocol around node),
+/// passed to `python3 -c`.
+const NODE_HOST: &str = include_str!("runners/node_host.py");
 /// Most contexts of one sandbox.
 const MAX_CONTEXTS: usize = 16;
 /// Most bytes of one answer line of a runner; a longer one is dropped.
@@ -81,9 +86,10 @@ impl Context {
 fn language(name: Option<&str>) -> Result<&'static str, HttpResponse> {
     match name.map(|l| l.trim().to_ascii_lowercase()).as_deref() {
         None | Some("") | Some("python") | Some("python3") => Ok("python"),
+        Some("javascript") | Some("js") | Some("node") => Ok("javascript"),
         Some(other) => Err(http_error(
             StatusCode::BAD_REQUEST,
-            format!("language {other:?} is not offered here; use python"),
+            format!("language {other:?} is not offered here; use python or javascript"),
         )),
     }
 }
@@ -114,12 +120,21 @@ fn new_context(
 /// Starts the context's interpreter and waits for it to say it is ready.
 async fn start(sbx: &Sbx, ctx: &Context) -> Result<Io, String> {
     let spec = ProcessSpec {
-        argv: vec![
-            "python3".into(),
-            "-u".into(),
-            "-c".into(),
-            PYTHON_RUNNER.into(),
-        ],
+        argv: match ctx.language {
+            "javascript" => vec![
+                "python3".into(),
+                "-u".into(),
+                "-c".into(),
+                NODE_HOST.into(),
+                NODE_RUNNER.into(),
+            ],
+            _ => vec![
+                "python3".into(),
+                "-u".into(),
+                "-c".into(),
+                PYTHON_RUNNER.into(),
+            ],
+        },
         env: sbx.env.clone(),
         cwd: Some(ctx.cwd.clone()),
         stdin: true,

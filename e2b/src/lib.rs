@@ -37,6 +37,7 @@
 mod connect;
 mod control;
 mod files;
+mod forward;
 mod interpreter;
 mod process;
 mod registry;

@@ -87,6 +87,8 @@ pub(crate) struct Inner {
     pub(crate) keys: Vec<ApiKey>,
     /// The largest upload of one file (`server.max_file_bytes`).
     pub(crate) max_file_bytes: u64,
+    /// The largest body forwarded to a sandbox's own port (`server.max_body_bytes`).
+    pub(crate) max_body_bytes: usize,
     pub(crate) templates: BTreeMap<String, TemplateConfig>,
     pub(crate) sandboxes: DashMap<String, Arc<Sbx>>,
     /// Sandboxes being opened, counted against `e2b.max_sandboxes` with the open.
@@ -105,6 +107,7 @@ impl Inner {
             config,
             keys: server.api_keys.clone(),
             max_file_bytes: server.max_file_bytes as u64,
+            max_body_bytes: server.max_body_bytes,
             templates,
             sandboxes: DashMap::new(),
             opening: Default::default(),

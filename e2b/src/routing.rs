@@ -129,7 +129,10 @@ async fn sandbox_entry(
         .unwrap_or("");
     let admitted = sbx.token_matches(presented)
         || (port == CODE_INTERPRETER_PORT && sbx.traffic_token_matches(traffic));
-    if !admitted {
+    // The sandbox's own servers (other ports) are public, as E2B's are: whoever
+    // has the sandbox's address reaches them.
+    let agent_port = port == ENVD_PORT || port == CODE_INTERPRETER_PORT;
+    if agent_port && !admitted {
         let message = "missing or wrong X-Access-Token: send the envdAccessToken this sandbox was created with";
         return if connect_rpc {
             ConnectError::new(Code::Unauthenticated, message).unary()
@@ -159,10 +162,10 @@ async fn sandbox_entry(
                 "The sandbox {id} is running but port {CODE_INTERPRETER_PORT} is not open: its template serves no code interpreter; create it from code-interpreter-v1"
             ),
         ),
-        other => http_error(
-            StatusCode::BAD_GATEWAY,
-            format!("forwarding to port {other} in the sandbox is not offered by this server yet"),
-        ),
+        other => {
+            let max = inner.max_body_bytes;
+            crate::forward::forward(sbx, &req, payload, other, max).await
+        }
     }
 }
 

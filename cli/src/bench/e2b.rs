@@ -76,7 +76,8 @@ pub(super) async fn e2b(
     let routes_api = api.clone();
     let routes: paddock_pool::http::Extension =
         std::sync::Arc::new(move |cfg| routes_api.configure(cfg));
-    let server = match paddock_pool::http::start_with(paddock.clone(), server_config, vec![routes]) {
+    let server = match paddock_pool::http::start_with(paddock.clone(), server_config, vec![routes])
+    {
         Ok(s) => s,
         Err(e) => {
             eprintln!("paddock bench e2b: {e}");
@@ -134,7 +135,10 @@ pub(super) async fn e2b(
         }
     }
     if !out.status.success() || lines.is_empty() {
-        eprintln!("paddock bench e2b: the measuring script failed ({})", out.status);
+        eprintln!(
+            "paddock bench e2b: the measuring script failed ({})",
+            out.status
+        );
         return Ok(1);
     }
     Ok(0)
