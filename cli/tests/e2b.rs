@@ -24,6 +24,7 @@ const CHECKS: &[&str] = &[
     "tenants",
     "code_interpreter",
     "ports",
+    "watch",
 ];
 
 fn sdk_python() -> Option<String> {

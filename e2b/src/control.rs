@@ -215,6 +215,7 @@ async fn create_inner(inner: &Arc<Inner>, req: &HttpRequest, body: &[u8]) -> Ans
             traffic_token: template.code_interpreter.then(new_token),
             code_interpreter: template.code_interpreter,
             contexts: Default::default(),
+            watchers: Default::default(),
             metadata,
             env,
             started_at: SystemTime::now(),

@@ -305,6 +305,46 @@ async fn stat(sbx: &Sbx, path: &str) -> Result<Value, ConnectError> {
     }
 }
 
+/// The entries below directory `path` (an absolute path of the sandbox), `depth`
+/// levels down (1 to 32), at most 10 000.
+pub(crate) async fn list(sbx: &Sbx, path: &str, depth: u32) -> Result<Vec<Value>, ConnectError> {
+    check_path("path", path)?;
+    let path = path.to_string();
+    let depth = depth.clamp(1, MAX_DEPTH).to_string();
+    let script = format!(
+        "[ -e \"$1\" ] || exit {MISSING}; [ -d \"$1\" ] || exit {EXISTS}; exec find -H \"$1\" -mindepth 1 -maxdepth \"$2\" -printf '{FORMAT}'"
+    );
+    let (code, out, err) = sh(sbx, &script, &[&path, &depth]).await?;
+    match code {
+        0 => {}
+        MISSING => {
+            return Err(ConnectError::not_found(format!(
+                "directory '{path}' does not exist"
+            )))
+        }
+        EXISTS => {
+            return Err(ConnectError::invalid(format!(
+                "path '{path}' is not a directory"
+            )))
+        }
+        // A listing that met unreadable parts still lists the rest.
+        _ if !out.is_empty() => {}
+        _ => {
+            return Err(ConnectError::new(
+                Code::Internal,
+                format!("listing `{path}`: {}", err.trim()),
+            ))
+        }
+    }
+    let entries: Vec<Value> = out
+        .split('\0')
+        .filter(|r| !r.is_empty())
+        .filter_map(entry)
+        .take(MAX_ENTRIES)
+        .collect();
+    Ok(entries)
+}
+
 #[derive(Debug, Default, Deserialize)]
 struct PathRequest {
     #[serde(default)]
@@ -338,39 +378,11 @@ pub(crate) async fn unary(
             let r: PathRequest = connect::parse(body)?;
             check_path("path", &r.path)?;
             let path = sbx.path(&r.path);
-            let depth = r.depth.unwrap_or(1).clamp(1, MAX_DEPTH).to_string();
-            let script = format!(
-                "[ -e \"$1\" ] || exit {MISSING}; [ -d \"$1\" ] || exit {EXISTS}; exec find -H \"$1\" -mindepth 1 -maxdepth \"$2\" -printf '{FORMAT}'"
-            );
-            let (code, out, err) = sh(sbx, &script, &[&path, &depth]).await?;
-            match code {
-                0 => {}
-                MISSING => {
-                    return Err(ConnectError::not_found(format!(
-                        "directory '{path}' does not exist"
-                    )))
-                }
-                EXISTS => {
-                    return Err(ConnectError::invalid(format!(
-                        "path '{path}' is not a directory"
-                    )))
-                }
-                // A listing that met unreadable parts still lists the rest.
-                _ if !out.is_empty() => {}
-                _ => {
-                    return Err(ConnectError::new(
-                        Code::Internal,
-                        format!("listing `{path}`: {}", err.trim()),
-                    ))
-                }
-            }
-            let entries: Vec<Value> = out
-                .split('\0')
-                .filter(|r| !r.is_empty())
-                .filter_map(entry)
-                .take(MAX_ENTRIES)
-                .collect();
+            let entries = list(sbx, &path, r.depth.unwrap_or(1)).await?;
             Ok(json!({ "entries": entries }))
+        }
+        "CreateWatcher" | "GetWatcherEvents" | "RemoveWatcher" => {
+            crate::watch::unary(sbx, method, body).await
         }
         "MakeDir" => {
             let r: PathRequest = connect::parse(body)?;

@@ -42,6 +42,7 @@ mod interpreter;
 mod process;
 mod registry;
 mod routing;
+mod watch;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -376,7 +376,7 @@ const MAX_KEEPALIVE: Duration = Duration::from_secs(300);
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Timing {
     /// The interval of keepalive events (`Keepalive-Ping-Interval`, seconds).
-    keepalive: Duration,
+    pub(crate) keepalive: Duration,
     /// When the call ends (`Connect-Timeout-Ms` from its arrival).
     pub(crate) deadline: Option<std::time::Instant>,
 }

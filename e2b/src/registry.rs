@@ -40,6 +40,7 @@ pub(crate) struct Sbx {
     /// Whether the sandbox serves the code interpreter (port 49999).
     pub(crate) code_interpreter: bool,
     pub(crate) contexts: parking_lot::Mutex<crate::interpreter::Contexts>,
+    pub(crate) watchers: parking_lot::Mutex<crate::watch::Watchers>,
     pub(crate) metadata: BTreeMap<String, String>,
     /// The template's variables, then the create request's.
     pub(crate) env: BTreeMap<String, String>,

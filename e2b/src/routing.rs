@@ -254,6 +254,9 @@ async fn envd(
         let answer = match (service.as_str(), rpc.as_str()) {
             ("process.Process", "Start") => process::start(sbx, &req, &message).await,
             ("process.Process", "Connect") => process::connect_to(sbx, &req, &message).await,
+            ("filesystem.Filesystem", "WatchDir") => {
+                crate::watch::watch_dir(sbx, &req, &message).await
+            }
             _ => Err(ConnectError::new(
                 Code::Unimplemented,
                 format!("{service}/{rpc} is not a streaming method this agent offers"),

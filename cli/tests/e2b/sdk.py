@@ -470,7 +470,47 @@ def ports():
     check(r.status_code == 502 and "was not found" in r.text, f"after kill: {r.status_code} {r.text}")
 
 
-CHECKS = [the_issue_snippet, commands, files, pty, lifecycle, bad_input, tenants, code_interpreter, ports]
+def watch():
+    sbx = Sandbox.create(api_key=ALICE)
+    try:
+        sbx.files.make_dir("/home/user/w")
+        sbx.files.write("/home/user/w/old.txt", "old")
+        # Polled, as the sync SDK does it.
+        h = sbx.files.watch_dir("/home/user/w", recursive=True)
+        sbx.files.write("/home/user/w/new.txt", "new")
+        sbx.commands.run("echo more >> /home/user/w/old.txt; mkdir -p /home/user/w/sub; echo x > /home/user/w/sub/deep.txt")
+        sbx.files.remove("/home/user/w/new.txt")
+        seen = {(e.name, e.type.value) for e in h.get_new_events()}
+        check(("old.txt", "write") in seen, f"write: {seen}")
+        check(("sub/deep.txt", "create") in seen, f"recursive create: {seen}")
+        check(not any(n == "new.txt" for n, _ in seen), f"created and removed between two looks: {seen}")
+        sbx.files.remove("/home/user/w/old.txt")
+        seen = {(e.name, e.type.value) for e in h.get_new_events()}
+        check(seen == {("old.txt", "remove")}, f"remove: {seen}")
+        check(h.get_new_events() == [], "nothing new")
+        h.stop()
+        # Streamed, as the async SDK does it.
+        import asyncio
+        from e2b import AsyncSandbox
+
+        async def streamed():
+            a = await AsyncSandbox.connect(sbx.sandbox_id, api_key=ALICE)
+            got = []
+            handle = await a.files.watch_dir("/home/user/w", on_event=lambda e: got.append((e.name, e.type.value)))
+            await a.files.write("/home/user/w/streamed.txt", "s")
+            deadline = time.time() + 10
+            while ("streamed.txt", "create") not in got and time.time() < deadline:
+                await asyncio.sleep(0.1)
+            await handle.stop()
+            return got
+
+        got = asyncio.run(streamed())
+        check(("streamed.txt", "create") in got, f"streamed: {got}")
+    finally:
+        sbx.kill()
+
+
+CHECKS = [the_issue_snippet, commands, files, pty, lifecycle, bad_input, tenants, code_interpreter, ports, watch]
 
 if __name__ == "__main__":
     wanted = sys.argv[1:]

@@ -162,6 +162,14 @@ pub fn start_with(
                     }
                     app.configure(routes)
                 })
+                // Streamed answers (NDJSON, Connect streams) go out in small writes:
+                // with Nagle's algorithm each would wait for the client's delayed ACK
+                // (40 ms here) behind the one before it.
+                .on_connect(|conn, _| {
+                    if let Some(tcp) = conn.downcast_ref::<actix_web::rt::net::TcpStream>() {
+                        let _ = tcp.set_nodelay(true);
+                    }
+                })
                 .workers(workers)
                 .disable_signals()
                 .shutdown_timeout(30)
