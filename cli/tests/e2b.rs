@@ -1,9 +1,11 @@
 //! The E2B-compatible API through E2B's own Python SDK (`cli/tests/e2b/sdk.py`),
 //! against a live `paddock serve --e2b`, on the subprocess and container engines.
 //!
-//! The SDK lives in a virtualenv that `.ci/run` makes (`e2b` and
-//! `e2b-code-interpreter`, pinned); `PADDOCK_E2B_PYTHON` names its interpreter.
-//! Without it the tests are skipped, unless `PADDOCK_REQUIRE_E2B` is set.
+//! The Python SDKs live in a virtualenv that `.ci/run` makes (`e2b` and
+//! `e2b-code-interpreter`, pinned); `PADDOCK_E2B_PYTHON` names its interpreter. The
+//! JavaScript SDK (`e2b` from npm, pinned) is installed in the directory
+//! `PADDOCK_E2B_JS` names, and `cli/tests/e2b/sdk.mjs` runs through it with node.
+//! Without them the tests are skipped, unless `PADDOCK_REQUIRE_E2B` is set.
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
@@ -13,7 +15,19 @@ use std::time::Duration;
 const ALICE: &str = "alice-key-0123456789abcdef";
 const BOB: &str = "bob-key-0123456789abcdef00";
 
-/// Every check of the script; each must report `ok NAME`.
+/// Every check of the JavaScript script; each must report `ok NAME`.
+const JS_CHECKS: &[&str] = &[
+    "snippet",
+    "commands",
+    "files",
+    "pty",
+    "watch",
+    "lifecycle",
+    "tenants",
+    "ports",
+];
+
+/// Every check of the Python script; each must report `ok NAME`.
 const CHECKS: &[&str] = &[
     "the_issue_snippet",
     "commands",
@@ -35,6 +49,20 @@ fn sdk_python() -> Option<String> {
         }
         _ => {
             eprintln!("skipped: set PADDOCK_E2B_PYTHON to a python with the e2b SDK");
+            None
+        }
+    }
+}
+
+/// The directory the JavaScript SDK is installed in (its `node_modules/e2b`).
+fn js_sdk() -> Option<String> {
+    match std::env::var("PADDOCK_E2B_JS") {
+        Ok(d) if !d.is_empty() => Some(d),
+        _ if std::env::var_os("PADDOCK_REQUIRE_E2B").is_some() => {
+            panic!("PADDOCK_REQUIRE_E2B is set but PADDOCK_E2B_JS names no directory with the npm e2b SDK")
+        }
+        _ => {
+            eprintln!("skipped the JavaScript SDK: set PADDOCK_E2B_JS");
             None
         }
     }
@@ -126,19 +154,37 @@ code_interpreter = true
         .env("PADDOCK_ENGINE", engine)
         .output()
         .expect("the SDK's python runs");
+    let js = js_sdk().map(|dir| {
+        Command::new("node")
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2b/sdk.mjs"))
+            .arg(dir)
+            .env("E2B_API_URL", &url)
+            .env("E2B_SANDBOX_URL", &url)
+            .env("E2B_API_KEY", ALICE)
+            .env("ALICE_KEY", ALICE)
+            .env("BOB_KEY", BOB)
+            .env("PADDOCK_ENGINE", engine)
+            .output()
+            .expect("node runs")
+    });
     let _ = server.kill();
     let _ = server.wait();
     let server_log = logs.join().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let passed: Vec<&str> = stdout
-        .lines()
-        .filter_map(|l| l.strip_prefix("ok "))
-        .collect();
-    assert!(
-        out.status.success() && CHECKS.iter().all(|c| passed.contains(c)),
-        "the SDK checks on {engine}: passed {passed:?} of {CHECKS:?}\n{stdout}\n{stderr}\nserver:\n{server_log}"
-    );
+    for (sdk, out, checks) in [("Python", Some(out), CHECKS), ("JavaScript", js, JS_CHECKS)] {
+        let Some(out) = out else {
+            continue;
+        };
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let passed: Vec<&str> = stdout
+            .lines()
+            .filter_map(|l| l.strip_prefix("ok "))
+            .collect();
+        assert!(
+            out.status.success() && checks.iter().all(|c| passed.contains(c)),
+            "the {sdk} SDK's checks on {engine}: passed {passed:?} of {checks:?}\n{stdout}\n{stderr}\nserver:\n{server_log}"
+        );
+    }
 }
 
 #[test]
