@@ -82,8 +82,10 @@ fn has_oci_runtime() -> bool {
     found
 }
 
-/// Runs the SDK script against a server whose templates use `engine`.
-fn run_sdk(engine: &str) {
+/// Runs the SDK scripts against a server whose templates use `engine`, with
+/// `extra` added to its `[server]` section; `only` runs just those checks of the
+/// Python script (and not the JavaScript one).
+fn run_sdk(engine: &str, extra: &str, only: &[&str]) {
     let Some(python) = sdk_python() else {
         return;
     };
@@ -95,6 +97,7 @@ fn run_sdk(engine: &str) {
             r#"
 [server]
 allowed_levels = ["none", "context-isolated", "strict"]
+{extra}
 [[server.api_keys]]
 key = "{ALICE}"
 tenant = "alice"
@@ -146,6 +149,7 @@ code_interpreter = true
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2b/sdk.py");
     let out = Command::new(&python)
         .arg(script)
+        .args(only)
         .env("E2B_API_URL", &url)
         .env("E2B_SANDBOX_URL", &url)
         .env("E2B_API_KEY", ALICE)
@@ -154,7 +158,7 @@ code_interpreter = true
         .env("PADDOCK_ENGINE", engine)
         .output()
         .expect("the SDK's python runs");
-    let js = js_sdk().map(|dir| {
+    let js = js_sdk().filter(|_| only.is_empty()).map(|dir| {
         Command::new("node")
             .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2b/sdk.mjs"))
             .arg(dir)
@@ -170,7 +174,11 @@ code_interpreter = true
     let _ = server.kill();
     let _ = server.wait();
     let server_log = logs.join().unwrap();
-    for (sdk, out, checks) in [("Python", Some(out), CHECKS), ("JavaScript", js, JS_CHECKS)] {
+    let python_checks = if only.is_empty() { CHECKS } else { only };
+    for (sdk, out, checks) in [
+        ("Python", Some(out), python_checks),
+        ("JavaScript", js, JS_CHECKS),
+    ] {
         let Some(out) = out else {
             continue;
         };
@@ -189,7 +197,14 @@ code_interpreter = true
 
 #[test]
 fn the_python_sdk_runs_unchanged_on_the_subprocess_engine() {
-    run_sdk("subprocess");
+    run_sdk("subprocess", "", &[]);
+}
+
+/// `server.max_requests_per_tenant` holds for E2B's requests: streams held open
+/// count, another tenant goes on, a place comes back when a stream ends.
+#[test]
+fn e2b_requests_count_against_the_tenants_cap() {
+    run_sdk("subprocess", "max_requests_per_tenant = 3", &["caps"]);
 }
 
 #[test]
@@ -198,5 +213,5 @@ fn the_python_sdk_runs_unchanged_on_the_container_engine() {
         eprintln!("skipped: no OCI runtime");
         return;
     }
-    run_sdk("container");
+    run_sdk("container", "", &[]);
 }

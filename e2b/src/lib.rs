@@ -34,6 +34,7 @@
 #![deny(unused_must_use, unsafe_op_in_unsafe_fn)]
 #![forbid(unsafe_code)]
 
+mod caps;
 mod connect;
 mod control;
 mod files;

@@ -90,6 +90,9 @@ pub(crate) struct Inner {
     pub(crate) max_file_bytes: u64,
     /// The largest body forwarded to a sandbox's own port (`server.max_body_bytes`).
     pub(crate) max_body_bytes: usize,
+    /// Requests one tenant may have in progress (`server.max_requests_per_tenant`).
+    pub(crate) max_requests_per_tenant: u32,
+    pub(crate) in_flight: crate::caps::InFlight,
     pub(crate) templates: BTreeMap<String, TemplateConfig>,
     pub(crate) sandboxes: DashMap<String, Arc<Sbx>>,
     /// Sandboxes being opened, counted against `e2b.max_sandboxes` with the open.
@@ -109,6 +112,8 @@ impl Inner {
             keys: server.api_keys.clone(),
             max_file_bytes: server.max_file_bytes as u64,
             max_body_bytes: server.max_body_bytes,
+            max_requests_per_tenant: server.max_requests_per_tenant,
+            in_flight: Default::default(),
             templates,
             sandboxes: DashMap::new(),
             opening: Default::default(),

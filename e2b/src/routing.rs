@@ -19,7 +19,7 @@ use crate::registry::{Inner, Sbx};
 use crate::{control, files, process, CODE_INTERPRETER_PORT, ENVD_PORT};
 
 /// The sandbox and port a request addresses, if it is a sandbox request.
-fn target(head: &RequestHead, domain: Option<&str>) -> Option<(String, String)> {
+pub(crate) fn target(head: &RequestHead, domain: Option<&str>) -> Option<(String, String)> {
     let headers = &head.headers;
     if let Some(id) = headers.get("e2b-sandbox-id").and_then(|v| v.to_str().ok()) {
         let port = headers
@@ -54,28 +54,42 @@ pub(crate) fn configure(inner: &Arc<Inner>, cfg: &mut web::ServiceConfig) {
                 target(ctx.head(), domain.as_deref()).is_some()
             }))
             .app_data(data)
+            .wrap(actix_web::middleware::from_fn(crate::caps::limit))
             .default_service(web::to(sandbox_entry)),
     );
-    // The control plane.
-    cfg.route("/sandboxes", web::post().to(control::create))
-        .route("/v2/sandboxes", web::post().to(control::create))
-        .route("/sandboxes", web::get().to(control::list))
-        .route("/v2/sandboxes", web::get().to(control::list))
-        .route("/sandboxes/{id}", web::get().to(control::get))
-        .route("/sandboxes/{id}", web::delete().to(control::kill))
-        .route(
-            "/sandboxes/{id}/timeout",
-            web::post().to(control::set_timeout),
-        )
-        .route("/sandboxes/{id}/pause", web::post().to(control::pause))
-        .route("/sandboxes/{id}/resume", web::post().to(control::connect))
-        .route("/sandboxes/{id}/connect", web::post().to(control::connect))
-        .route(
-            "/v2/sandboxes/{id}/connect",
-            web::post().to(control::connect),
-        )
-        .route("/sandboxes/{tail:.*}", web::to(control::unknown))
-        .route("/v2/sandboxes/{tail:.*}", web::to(control::unknown));
+    // The control plane, in a scope of its own paths only (a scope answers every
+    // path it takes, so it must take no other).
+    cfg.service(
+        web::scope("")
+            .guard(guard::fn_guard(|ctx| {
+                let p = ctx.head().uri.path();
+                p == "/sandboxes"
+                    || p.starts_with("/sandboxes/")
+                    || p == "/v2/sandboxes"
+                    || p.starts_with("/v2/sandboxes/")
+            }))
+            .wrap(actix_web::middleware::from_fn(crate::caps::limit))
+            .route("/sandboxes", web::post().to(control::create))
+            .route("/v2/sandboxes", web::post().to(control::create))
+            .route("/sandboxes", web::get().to(control::list))
+            .route("/v2/sandboxes", web::get().to(control::list))
+            .route("/sandboxes/{id}", web::get().to(control::get))
+            .route("/sandboxes/{id}", web::delete().to(control::kill))
+            .route(
+                "/sandboxes/{id}/timeout",
+                web::post().to(control::set_timeout),
+            )
+            .route("/sandboxes/{id}/pause", web::post().to(control::pause))
+            .route("/sandboxes/{id}/resume", web::post().to(control::connect))
+            .route("/sandboxes/{id}/connect", web::post().to(control::connect))
+            .route(
+                "/v2/sandboxes/{id}/connect",
+                web::post().to(control::connect),
+            )
+            .route("/sandboxes/{tail:.*}", web::to(control::unknown))
+            .route("/v2/sandboxes/{tail:.*}", web::to(control::unknown))
+            .default_service(web::to(control::unknown)),
+    );
 }
 
 /// Every request addressed to a sandbox's port.

@@ -510,13 +510,54 @@ def watch():
         sbx.kill()
 
 
+def caps():
+    """Run alone, against a server with server.max_requests_per_tenant = 3."""
+    from e2b import RateLimitException
+
+    sbx = Sandbox.create(api_key=ALICE)
+    held = []
+    try:
+        # Three streams held open: the tenant's three places, for 4 s.
+        for _ in range(3):
+            held.append(sbx.commands.run("sleep 4", background=True))
+        try:
+            sbx.files.exists("/home/user")
+            raise AssertionError("a fourth request is refused")
+        except RateLimitException:
+            pass
+        try:
+            Sandbox.list(api_key=ALICE).next_items()
+            raise AssertionError("the control plane counts the same tenant")
+        except RateLimitException:
+            pass
+        # Another tenant goes on.
+        other = Sandbox.create(api_key=BOB)
+        check(other.commands.run("echo bob").stdout == "bob\n", "bob is not capped by alice")
+        other.kill()
+        # Streams that end give their places back.
+        deadline = time.time() + 15
+        while True:
+            try:
+                check(sbx.files.exists("/home/user"), "exists")
+                break
+            except RateLimitException:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.1)
+    finally:
+        for h in held:
+            h.disconnect()
+        sbx.kill()
+
+
 CHECKS = [the_issue_snippet, commands, files, pty, lifecycle, bad_input, tenants, code_interpreter, ports, watch]
 
 if __name__ == "__main__":
     wanted = sys.argv[1:]
     failed = 0
-    for f in CHECKS:
-        if wanted and f.__name__ not in wanted:
+    for f in CHECKS + [caps]:
+        chosen = f.__name__ in wanted if wanted else f is not caps
+        if not chosen:
             continue
         try:
             f()

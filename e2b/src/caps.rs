@@ -1,0 +1,146 @@
+//! Requests in progress per tenant (`server.max_requests_per_tenant`), counted for
+//! E2B's requests as the native API counts its own: from a request's arrival until
+//! its answer's body has ended (a stream holds its place while it streams). A tenant
+//! at its cap is answered 429 while the others go on.
+//!
+//! The tenant of a control-plane request is its `X-API-Key`'s; that of a sandbox's
+//! request, the sandbox's owner. Requests naming no open sandbox, or with no valid
+//! key, are not counted (they are answered at once).
+
+use std::sync::Arc;
+
+use actix_web::body::{BoxBody, MessageBody};
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::http::StatusCode;
+use actix_web::middleware::Next;
+use actix_web::web;
+use dashmap::DashMap;
+
+use crate::registry::{tenant_of, Inner};
+
+/// Requests in progress, by tenant (`None`: callers without one).
+#[derive(Default)]
+pub(crate) struct InFlight {
+    by_tenant: DashMap<Option<String>, u32>,
+}
+
+/// A request's place among its tenant's; given back when dropped.
+pub(crate) struct Held {
+    flight: Arc<Inner>,
+    tenant: Option<String>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let mut gone = false;
+        if let Some(mut n) = self.flight.in_flight.by_tenant.get_mut(&self.tenant) {
+            *n = n.saturating_sub(1);
+            gone = *n == 0;
+        }
+        if gone {
+            self.flight
+                .in_flight
+                .by_tenant
+                .remove_if(&self.tenant, |_, n| *n == 0);
+        }
+    }
+}
+
+/// Takes a place for `tenant`, or `None` at the cap.
+fn enter(inner: &Arc<Inner>, tenant: Option<String>) -> Option<Held> {
+    let max = inner.max_requests_per_tenant;
+    let mut n = inner.in_flight.by_tenant.entry(tenant.clone()).or_insert(0);
+    if *n >= max {
+        return None;
+    }
+    *n += 1;
+    drop(n);
+    Some(Held {
+        flight: inner.clone(),
+        tenant,
+    })
+}
+
+/// The tenant a request is counted for, when it is counted.
+fn tenant(inner: &Inner, req: &ServiceRequest) -> Option<Option<String>> {
+    if let Some((id, _)) = crate::routing::target(req.head(), inner.config.domain.as_deref()) {
+        let s = inner.sandboxes.get(&id)?;
+        return Some(tenant_of(&s.caller).map(String::from));
+    }
+    let key = req.headers().get("x-api-key").and_then(|v| v.to_str().ok());
+    let caller = inner.caller_for_key(key)?;
+    Some(tenant_of(&caller).map(String::from))
+}
+
+/// Middleware of the E2B routes: counts each request against its tenant's cap.
+pub(crate) async fn limit(
+    req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
+    let Some(inner) = req
+        .app_data::<web::Data<Arc<Inner>>>()
+        .map(|d| d.get_ref().clone())
+    else {
+        return next
+            .call(req)
+            .await
+            .map(ServiceResponse::map_into_boxed_body);
+    };
+    let held = match tenant(&inner, &req) {
+        Some(t) => match enter(&inner, t) {
+            Some(h) => Some(h),
+            None => {
+                let message = format!(
+                    "this tenant has server.max_requests_per_tenant = {} requests in progress; retry when one has ended",
+                    inner.max_requests_per_tenant
+                );
+                let path = req.path();
+                let connect_rpc = path.starts_with("/process.Process/")
+                    || path.starts_with("/filesystem.Filesystem/");
+                let mut answer = if connect_rpc {
+                    crate::connect::ConnectError::new(
+                        crate::connect::Code::ResourceExhausted,
+                        message,
+                    )
+                    .unary()
+                } else {
+                    crate::files::http_error(StatusCode::TOO_MANY_REQUESTS, message)
+                };
+                answer.headers_mut().insert(
+                    actix_web::http::header::RETRY_AFTER,
+                    actix_web::http::header::HeaderValue::from_static("1"),
+                );
+                return Ok(req.into_response(answer));
+            }
+        },
+        None => None,
+    };
+    let response = next.call(req).await?;
+    Ok(response.map_body(|_, body| {
+        BoxBody::new(HeldBody {
+            body: BoxBody::new(body),
+            _held: held,
+        })
+    }))
+}
+
+/// An answer's body that keeps its request's place until it ends (or is dropped).
+struct HeldBody {
+    body: BoxBody,
+    _held: Option<Held>,
+}
+
+impl MessageBody for HeldBody {
+    type Error = Box<dyn std::error::Error>;
+
+    fn size(&self) -> actix_web::body::BodySize {
+        self.body.size()
+    }
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<bytes::Bytes, Self::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_next(cx)
+    }
+}
