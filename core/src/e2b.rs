@@ -16,6 +16,9 @@ pub const CODE_INTERPRETER_TEMPLATE: &str = "code-interpreter-v1";
 /// Where E2B programs expect their home and working directory.
 pub const E2B_HOME: &str = "/home/user";
 
+/// The most sandboxes a template may keep ready.
+const MAX_WARM_POOL: usize = 1024;
+
 /// The longest `e2b.max_timeout_s`: 30 days.
 const MAX_TIMEOUT_S: u64 = 30 * 86_400;
 
@@ -122,6 +125,9 @@ pub struct TemplateConfig {
     pub home: String,
     /// Whether the sandbox serves the code interpreter (port 49999).
     pub code_interpreter: bool,
+    /// Sandboxes kept ready for this template (its pool's `min_idle`, at most
+    /// `pool.max_size`); unset: `pool.min_idle`.
+    pub warm_pool: Option<usize>,
 }
 
 impl Default for TemplateConfig {
@@ -134,6 +140,7 @@ impl Default for TemplateConfig {
             env: BTreeMap::new(),
             home: E2B_HOME.into(),
             code_interpreter: false,
+            warm_pool: None,
         }
     }
 }
@@ -147,6 +154,12 @@ impl TemplateConfig {
         self.limits
             .validate(&field("limits"), false)
             .map_err(|e| Error::invalid_config(&field("limits"), e.message))?;
+        if self.warm_pool.is_some_and(|n| n > MAX_WARM_POOL) {
+            return Err(Error::invalid_config(
+                &field("warm_pool"),
+                format!("at most {MAX_WARM_POOL}"),
+            ));
+        }
         for k in self.env.keys() {
             if k.is_empty() || k.contains('=') || k.contains('\0') {
                 return Err(Error::invalid_config(

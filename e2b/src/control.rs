@@ -254,7 +254,7 @@ impl Drop for Opening {
 
 /// The engine of a template that names none: the container engine when it runs
 /// here, else the subprocess engine.
-fn default_engine(inner: &Inner) -> EngineName {
+pub(crate) fn default_engine(inner: &Inner) -> EngineName {
     let homes = |name: &EngineName| {
         inner
             .paddock

@@ -95,6 +95,36 @@ impl E2bApi {
         }
         let inner = Arc::new(registry::Inner::new(paddock, config, server, all));
         registry::spawn_reaper(&inner);
+        // Templates that ask for sandboxes kept ready get their pools now.
+        let warm: Vec<_> = inner
+            .templates
+            .iter()
+            .filter_map(|(name, t)| {
+                let n = t.warm_pool?;
+                let engine = t
+                    .engine
+                    .clone()
+                    .unwrap_or_else(|| control::default_engine(&inner));
+                let spec = paddock_core::SandboxSpec {
+                    level: t.level,
+                    network: t.network.clone(),
+                    limits: t.limits.clone(),
+                    tenant: None,
+                    home: Some(t.home.clone()),
+                };
+                Some((name.clone(), engine, spec, n))
+            })
+            .collect();
+        if !warm.is_empty() {
+            let paddock = inner.paddock.clone();
+            tokio::spawn(async move {
+                for (name, engine, spec, n) in warm {
+                    if let Err(e) = paddock.warm_pool(engine, spec, n).await {
+                        tracing::warn!(template = %name, error = %e, "the template's pool could not be kept warm");
+                    }
+                }
+            });
+        }
         Ok(E2bApi { inner })
     }
 

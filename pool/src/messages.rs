@@ -292,6 +292,22 @@ pub struct ChooseEngine {
     pub tenant: Option<String>,
 }
 
+/// Keeps `min_idle` instances ready in the pool sandboxes of `spec` on `engine` are
+/// taken from (its engine, network policy, disk quota and home), instead of
+/// `pool.min_idle`: what an embedder asks for sandboxes it will open often, such as
+/// an E2B template's. The larger of two asks for one pool holds. Effective for a pool
+/// made after the ask (the first one of that kind).
+#[derive(Debug, Message, Clone)]
+#[rtype(result = "Result<(), Error>")]
+pub struct WarmPool {
+    /// The engine.
+    pub engine: EngineName,
+    /// The sandboxes' spec (level, network, disk limits and home count).
+    pub spec: SandboxSpec,
+    /// Instances kept ready (at most the pool's `max_size`).
+    pub min_idle: usize,
+}
+
 /// The ids of the sandboxes open now, every tenant's, without touching them (their
 /// idle clocks run on): what a fleet node checks its recorded sessions against.
 #[derive(Debug, Message, Clone, Copy)]

@@ -358,6 +358,24 @@ impl Paddock {
             .map_err(gone)?
     }
 
+    /// Keeps `min_idle` instances ready for sandboxes of `spec` on `engine` (see
+    /// [`WarmPool`](crate::messages::WarmPool)).
+    pub async fn warm_pool(
+        &self,
+        engine: EngineName,
+        spec: SandboxSpec,
+        min_idle: usize,
+    ) -> Result<(), Error> {
+        self.supervisor
+            .send(crate::messages::WarmPool {
+                engine,
+                spec,
+                min_idle,
+            })
+            .await
+            .map_err(gone)?
+    }
+
     /// The ids of the sandboxes open on this node, every tenant's (for the embedder:
     /// nothing is recorded, and no sandbox's idle clock is reset).
     pub async fn open_sandbox_ids(&self) -> Result<Vec<String>, Error> {

@@ -80,6 +80,8 @@ pub struct Supervisor {
     default_engine: EngineName,
     /// By engine, network policy, disk quota and home: what an instance is made with.
     pools: HashMap<PoolKey, Arc<EnginePool>>,
+    /// Pools an embedder asked to keep more (or fewer) instances ready in.
+    warm_sizes: HashMap<PoolKey, usize>,
     pool_config: PoolConfig,
     pipeline: Rc<Pipeline>,
     sessions: HashMap<String, Rc<Session>>,
@@ -121,6 +123,7 @@ impl Supervisor {
             engines: parts.engines.into_iter().map(|e| (e.name(), e)).collect(),
             default_engine: parts.default_engine,
             pools: HashMap::new(),
+            warm_sizes: HashMap::new(),
             pool_config: parts.pool_config,
             pipeline: Rc::new(Pipeline {
                 shared: parts.shared,
@@ -255,6 +258,9 @@ impl Supervisor {
         }
         if !disk.is_default() {
             config.min_idle = 0;
+        }
+        if let Some(n) = self.warm_sizes.get(&key) {
+            config.min_idle = (*n).min(config.max_size);
         }
         let pool = EnginePool::new(
             engine,
@@ -675,6 +681,35 @@ impl Handler<GetSandbox> for Supervisor {
             root_dir,
             host_dir,
         })
+    }
+}
+
+impl Handler<WarmPool> for Supervisor {
+    type Result = Result<(), Error>;
+
+    fn handle(&mut self, msg: WarmPool, _ctx: &mut Self::Context) -> Self::Result {
+        let home: Option<Arc<str>> = msg.spec.home.as_deref().map(Arc::from);
+        let key = (
+            msg.engine.clone(),
+            msg.spec.network.clone(),
+            DiskKey::of(&msg.spec.limits),
+            home,
+        );
+        let n = self.warm_sizes.entry(key.clone()).or_insert(0);
+        *n = (*n).max(msg.min_idle);
+        if self.pools.contains_key(&key) {
+            return Ok(());
+        }
+        // Made (and prewarmed) now, so that the first sandbox finds one ready.
+        self.pool(
+            Some(msg.engine),
+            msg.spec.level,
+            &msg.spec.network,
+            DiskKey::of(&msg.spec.limits),
+            msg.spec.home.as_deref(),
+            None,
+        )
+        .map(drop)
     }
 }
 

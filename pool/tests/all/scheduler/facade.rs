@@ -478,3 +478,43 @@ async fn strict_isolation_goes_to_the_container_engine() {
     assert_eq!(r.engine, EngineName::SUBPROCESS);
     paddock.shutdown(Duration::from_secs(5)).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_embedder_keeps_a_pool_of_its_own_sandboxes_warm() {
+    let paddock = Paddock::builder()
+        .without_container()
+        .without_isolate()
+        .start()
+        .unwrap();
+    let spec = paddock_core::SandboxSpec {
+        home: Some("/home/user".into()),
+        ..Default::default()
+    };
+    paddock
+        .warm_pool(EngineName::SUBPROCESS, spec.clone(), 3)
+        .await
+        .unwrap();
+    // The default pool keeps `pool.min_idle` (1); the one asked for, three.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let stats = paddock.stats().await.unwrap();
+        let idle: Vec<usize> = stats.pools.iter().map(|p| p.idle).collect();
+        if idle.contains(&3) {
+            assert_eq!(stats.pools.len(), 2, "{idle:?}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never 3 idle: {idle:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A sandbox of that spec comes from it, with its home.
+    let sb = paddock
+        .open_sandbox(spec, Some(EngineName::SUBPROCESS))
+        .await
+        .unwrap();
+    assert_eq!(sb.info().root_dir, "/home/user");
+    sb.destroy().await.unwrap();
+    paddock.shutdown(Duration::from_secs(5)).await.unwrap();
+}
