@@ -112,6 +112,7 @@ engine = "{engine}"
 [templates.code-interpreter-v1]
 engine = "{engine}"
 code_interpreter = true
+warm_pool = 2
 "#
         ),
     )
