@@ -18,16 +18,27 @@ use dashmap::DashMap;
 
 use crate::registry::{tenant_of, Inner};
 
-/// Requests in progress, by tenant (`None`: callers without one).
+/// Whom a request is counted for.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Who {
+    /// A tenant (`None`: callers without one): its key's, or the owner of a sandbox
+    /// whose token the request carried.
+    Tenant(Option<String>),
+    /// Anyone reaching a sandbox's public ports (or its routes without its token),
+    /// counted per sandbox so that strangers cannot use up its owner's places.
+    Public(String),
+}
+
+/// Requests in progress, by whom they are counted for.
 #[derive(Default)]
 pub(crate) struct InFlight {
-    by_tenant: DashMap<Option<String>, u32>,
+    by_tenant: DashMap<Who, u32>,
 }
 
 /// A request's place among its tenant's; given back when dropped.
 pub(crate) struct Held {
     flight: Arc<Inner>,
-    tenant: Option<String>,
+    tenant: Who,
 }
 
 impl Drop for Held {
@@ -47,7 +58,7 @@ impl Drop for Held {
 }
 
 /// Takes a place for `tenant`, or `None` at the cap.
-fn enter(inner: &Arc<Inner>, tenant: Option<String>) -> Option<Held> {
+fn enter(inner: &Arc<Inner>, tenant: Who) -> Option<Held> {
     let max = inner.max_requests_per_tenant;
     let mut n = inner.in_flight.by_tenant.entry(tenant.clone()).or_insert(0);
     if *n >= max {
@@ -61,15 +72,30 @@ fn enter(inner: &Arc<Inner>, tenant: Option<String>) -> Option<Held> {
     })
 }
 
-/// The tenant a request is counted for, when it is counted.
-fn tenant(inner: &Inner, req: &ServiceRequest) -> Option<Option<String>> {
-    if let Some((id, _)) = crate::routing::target(req.head(), inner.config.domain.as_deref()) {
+/// Whom a request is counted for, when it is counted.
+fn tenant(inner: &Inner, req: &ServiceRequest) -> Option<Who> {
+    if let Some((id, port)) = crate::routing::target(req.head(), inner.config.domain.as_deref()) {
         let s = inner.sandboxes.get(&id)?;
-        return Some(tenant_of(&s.caller).map(String::from));
+        let header = |name: &str| {
+            req.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+        };
+        let agent = port == crate::ENVD_PORT.to_string()
+            || port == crate::CODE_INTERPRETER_PORT.to_string();
+        let tokened = agent
+            && (s.token_matches(header("x-access-token"))
+                || s.traffic_token_matches(header("e2b-traffic-access-token")));
+        return Some(if tokened {
+            Who::Tenant(tenant_of(&s.caller).map(String::from))
+        } else {
+            Who::Public(id)
+        });
     }
     let key = req.headers().get("x-api-key").and_then(|v| v.to_str().ok());
     let caller = inner.caller_for_key(key)?;
-    Some(tenant_of(&caller).map(String::from))
+    Some(Who::Tenant(tenant_of(&caller).map(String::from)))
 }
 
 /// Middleware of the E2B routes: counts each request against its tenant's cap.
@@ -97,7 +123,21 @@ pub(crate) async fn limit(
                 let path = req.path();
                 let connect_rpc = path.starts_with("/process.Process/")
                     || path.starts_with("/filesystem.Filesystem/");
-                let mut answer = if connect_rpc {
+                let streamed = req
+                    .headers()
+                    .get("content-type")
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|c| c.starts_with(crate::connect::STREAM_JSON));
+                let mut answer = if connect_rpc && streamed {
+                    actix_web::HttpResponse::Ok()
+                        .content_type(crate::connect::STREAM_JSON)
+                        .body(crate::connect::end_of_stream(Some(
+                            &crate::connect::ConnectError::new(
+                                crate::connect::Code::ResourceExhausted,
+                                message,
+                            ),
+                        )))
+                } else if connect_rpc {
                     crate::connect::ConnectError::new(
                         crate::connect::Code::ResourceExhausted,
                         message,

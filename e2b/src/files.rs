@@ -151,21 +151,25 @@ pub(crate) async fn upload(
         };
         // Streamed into the file through a small bounded channel: an upload holds a
         // few chunks of memory, whatever its size.
-        let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<bytes::Bytes>>(4);
-        let chunks =
-            futures_util::stream::unfold(
-                rx,
-                |mut rx| async move { rx.recv().await.map(|c| (c, rx)) },
-            );
-        let source: paddock_core::ByteSource = Box::pin(tokio_util::io::StreamReader::new(chunks));
+        // Only a part read to its end is kept: a request dropped midway ends the
+        // source with an error, not as a shorter file.
+        let (feed, source) = paddock_pool::http::upload_source(4);
         let pump = async move {
             while let Some(chunk) = field.next().await {
-                let chunk = chunk.map_err(|e| std::io::Error::other(format!("multipart: {e}")));
-                let failed = chunk.is_err();
-                if tx.send(chunk).await.is_err() || failed {
-                    break;
+                match chunk {
+                    Ok(c) => {
+                        if !feed.send(c).await {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        return feed
+                            .fail(std::io::Error::other(format!("multipart: {e}")))
+                            .await
+                    }
                 }
             }
+            feed.finish().await;
         };
         let (written_bytes, ()) =
             futures_util::join!(sbx.handle.write_from(&path, source, max_file), pump);

@@ -17,6 +17,11 @@ use paddock_core::TcpTarget;
 use crate::files::http_error;
 use crate::registry::Sbx;
 
+/// How long a request's body may take to arrive.
+const BODY_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long the sandbox's server may take to begin its answer.
+const ANSWER_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Headers that belong to one connection, not to the request or answer.
 const HOP_BY_HOP: &[&str] = &[
     "connection",
@@ -61,19 +66,6 @@ pub(crate) async fn forward(
     if port == 0 {
         return not_open();
     }
-    let mut body = Vec::new();
-    while let Some(piece) = payload.next().await {
-        let Ok(piece) = piece else {
-            return http_error(StatusCode::BAD_REQUEST, "the request body ended early");
-        };
-        if body.len() + piece.len() > max_body {
-            return http_error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("the body is larger than server.max_body_bytes ({max_body} bytes)"),
-            );
-        }
-        body.extend_from_slice(&piece);
-    }
     let conn = match sbx
         .handle
         .open_tcp_connection(TcpTarget::loopback(port))
@@ -84,6 +76,40 @@ pub(crate) async fn forward(
         Err(e) => {
             tracing::debug!(error = %e, port, "connecting into the sandbox failed");
             return not_open();
+        }
+    };
+    // The body, read whole within a bound: a client that trickles it holds no
+    // place for long.
+    let read = async {
+        let mut body = Vec::new();
+        while let Some(piece) = payload.next().await {
+            let Ok(piece) = piece else {
+                return Err(http_error(
+                    StatusCode::BAD_REQUEST,
+                    "the request body ended early",
+                ));
+            };
+            if body.len() + piece.len() > max_body {
+                return Err(http_error(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("the body is larger than server.max_body_bytes ({max_body} bytes)"),
+                ));
+            }
+            body.extend_from_slice(&piece);
+        }
+        Ok(body)
+    };
+    let body = match tokio::time::timeout(BODY_WAIT, read).await {
+        Ok(Ok(b)) => b,
+        Ok(Err(answer)) => return answer,
+        Err(_) => {
+            return http_error(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the request body took longer than {} s",
+                    BODY_WAIT.as_secs()
+                ),
+            )
         }
     };
     let io = hyper_util::rt::TokioIo::new(conn.stream);
@@ -118,12 +144,21 @@ pub(crate) async fn forward(
             "the request could not be forwarded",
         );
     };
-    let answer = match sender.send_request(request).await {
-        Ok(a) => a,
-        Err(e) => {
+    let answer = match tokio::time::timeout(ANSWER_WAIT, sender.send_request(request)).await {
+        Ok(Ok(a)) => a,
+        Ok(Err(e)) => {
             return http_error(
                 StatusCode::BAD_GATEWAY,
                 format!("the server on port {port} of the sandbox gave no answer: {e}"),
+            )
+        }
+        Err(_) => {
+            return http_error(
+                StatusCode::GATEWAY_TIMEOUT,
+                format!(
+                    "the server on port {port} of the sandbox began no answer within {} s",
+                    ANSWER_WAIT.as_secs()
+                ),
             )
         }
     };

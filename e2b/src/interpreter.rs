@@ -14,6 +14,7 @@
 #![allow(clippy::result_large_err)]
 
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -40,6 +41,8 @@ const NODE_HOST: &str = include_str!("runners/node_host.py");
 const MAX_CONTEXTS: usize = 16;
 /// Most bytes of one answer line of a runner; a longer one is dropped.
 const MAX_LINE: usize = 16 << 20;
+/// Most executions waiting in one context.
+const MAX_WAITING: usize = 8;
 /// Most bytes of code in one execution.
 const MAX_CODE: usize = 1 << 20;
 
@@ -59,6 +62,10 @@ pub(crate) struct Context {
     io: tokio::sync::Mutex<Option<Io>>,
     /// Its process, also reachable while an execution holds `io` (to kill it).
     process: parking_lot::Mutex<Option<paddock_core::ProcessHandle>>,
+    /// Removed: an interpreter started for it after all is killed at once.
+    removed: std::sync::atomic::AtomicBool,
+    /// Executions waiting for the one that runs.
+    waiting: std::sync::atomic::AtomicUsize,
 }
 
 /// A context's running process, and what was read of its answers.
@@ -112,6 +119,8 @@ fn new_context(
         cwd: sbx.path(cwd.unwrap_or("")),
         io: tokio::sync::Mutex::new(None),
         process: parking_lot::Mutex::new(None),
+        removed: Default::default(),
+        waiting: Default::default(),
     });
     contexts.by_id.insert(ctx.id.clone(), ctx.clone());
     Ok(ctx)
@@ -147,7 +156,14 @@ async fn start(sbx: &Sbx, ctx: &Context) -> Result<Io, String> {
     let Attachable::Process(handle) = started.handle else {
         return Err("the interpreter did not start as a process".into());
     };
-    *ctx.process.lock() = Some(handle.clone());
+    // An interpreter this one replaces (a restart raced with a start) goes.
+    if let Some(old) = ctx.process.lock().replace(handle.clone()) {
+        let _ = old.kill();
+    }
+    if ctx.removed.load(Ordering::Acquire) {
+        let _ = handle.kill();
+        return Err("the context was removed".into());
+    }
     let mut io = Io {
         reader: handle.output(),
         handle,
@@ -269,6 +285,7 @@ pub(crate) async fn route(sbx: Arc<Sbx>, req: &HttpRequest, body: web::Bytes) ->
             };
             match (method, action) {
                 ("DELETE", "") => {
+                    ctx.removed.store(true, Ordering::Release);
                     {
                         let mut contexts = sbx.contexts.lock();
                         contexts.by_id.remove(id);
@@ -286,6 +303,8 @@ pub(crate) async fn route(sbx: Arc<Sbx>, req: &HttpRequest, body: web::Bytes) ->
                         p.wait().await;
                     }
                     *ctx.io.lock().await = None;
+                    // One started while this waited goes too.
+                    ctx.kill();
                     HttpResponse::NoContent().finish()
                 }
                 _ => http_error(
@@ -352,6 +371,15 @@ async fn execute(sbx: Arc<Sbx>, body: &[u8]) -> HttpResponse {
         Ok(c) => c,
         Err(r) => return r,
     };
+    if ctx.waiting.load(Ordering::Acquire) >= MAX_WAITING {
+        return http_error(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "{MAX_WAITING} executions wait in this context already; retry when one has run"
+            ),
+        );
+    }
+    ctx.waiting.fetch_add(1, Ordering::AcqRel);
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(32);
     let code = b.code;
     let env = b.env_vars.unwrap_or_default();
@@ -366,7 +394,15 @@ async fn execute(sbx: Arc<Sbx>, body: &[u8]) -> HttpResponse {
                 let _ = tx.send(Bytes::from(line)).await;
             }
         };
-        let mut guard = ctx.io.lock().await;
+        // A caller that goes away while its execution waits takes it back.
+        let waited = tokio::select! {
+            g = ctx.io.lock() => Some(g),
+            () = tx.closed() => None,
+        };
+        ctx.waiting.fetch_sub(1, Ordering::AcqRel);
+        let Some(mut guard) = waited else {
+            return;
+        };
         if guard.is_none() {
             match start(&sbx, &ctx).await {
                 Ok(io) => *guard = Some(io),

@@ -106,7 +106,7 @@ def answers():
 
 threading.Thread(target=answers, daemon=True).start()
 try:
-    for line in sys.stdin:
-        os.write(req_w, line.encode())
+    for line in sys.stdin.buffer:
+        os.write(req_w, line)
 finally:
     node.kill()

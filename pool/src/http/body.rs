@@ -51,3 +51,56 @@ pub(super) async fn parse_body<T: serde::de::DeserializeOwned>(
     .await?;
     Ok(paddock_core::api::parse_body(&body)?)
 }
+
+/// The feeding end of [`upload_source`].
+#[derive(Debug)]
+pub struct UploadFeed {
+    tx: tokio::sync::mpsc::Sender<std::io::Result<Option<bytes::Bytes>>>,
+}
+
+impl UploadFeed {
+    /// Passes on a chunk; `false` once the reader has stopped (done or refused).
+    pub async fn send(&self, chunk: bytes::Bytes) -> bool {
+        self.tx.send(Ok(Some(chunk))).await.is_ok()
+    }
+
+    /// Ends the upload with an error the reader sees.
+    pub async fn fail(self, error: std::io::Error) {
+        let _ = self.tx.send(Err(error)).await;
+    }
+
+    /// Ends the upload whole.
+    pub async fn finish(self) {
+        let _ = self.tx.send(Ok(None)).await;
+    }
+}
+
+/// A [`ByteSource`](paddock_core::ByteSource) fed through a channel of `capacity`
+/// chunks (an upload holds that much memory, whatever its size). Only
+/// [`UploadFeed::finish`] ends it as whole: a feed dropped without it (the request
+/// went away midway) ends it with an error, so that no truncated file is kept as if
+/// it were the upload.
+pub fn upload_source(capacity: usize) -> (UploadFeed, paddock_core::ByteSource) {
+    let (tx, rx) = tokio::sync::mpsc::channel(capacity.max(1));
+    let chunks = futures_util::stream::unfold((rx, false), |(mut rx, done)| async move {
+        if done {
+            return None;
+        }
+        match rx.recv().await {
+            Some(Ok(Some(c))) => Some((Ok(c), (rx, false))),
+            Some(Ok(None)) => None,
+            Some(Err(e)) => Some((Err(e), (rx, true))),
+            None => Some((
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "the upload ended before its body did",
+                )),
+                (rx, true),
+            )),
+        }
+    });
+    (
+        UploadFeed { tx },
+        Box::pin(tokio_util::io::StreamReader::new(chunks)),
+    )
+}

@@ -25,6 +25,7 @@ use actix_web::http::StatusCode;
 use actix_web::web;
 use paddock_core::{Error, ErrorCode};
 
+pub use body::{upload_source, UploadFeed};
 pub use errors::{status_for, ApiError};
 pub use forward::FORWARDED_HEADER;
 

@@ -319,21 +319,22 @@ pub(super) async fn write_file(
     if announced.is_some_and(|n| n > max) {
         return Err(too_large());
     }
-    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(4);
-    let chunks =
-        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) });
-    let source: paddock_core::ByteSource = Box::pin(tokio_util::io::StreamReader::new(chunks));
+    let (feed, source) = super::upload_source(4);
     let write = handle.write_from(&file, source, max);
     let pump = async move {
         let mut payload = payload;
         while let Some(chunk) = payload.next().await {
-            let item = chunk.map_err(|e| std::io::Error::other(e.to_string()));
-            let failed = item.is_err();
-            // The writer stopped reading (done or refused): stop feeding it.
-            if tx.send(item).await.is_err() || failed {
-                break;
+            match chunk {
+                // The writer stopped reading (done or refused): stop feeding it.
+                Ok(c) => {
+                    if !feed.send(c).await {
+                        return;
+                    }
+                }
+                Err(e) => return feed.fail(std::io::Error::other(e.to_string())).await,
             }
         }
+        feed.finish().await;
     };
     let (written, ()) = futures_util::join!(write, pump);
     match written {
