@@ -156,31 +156,5 @@ pub(crate) async fn limit(
         None => None,
     };
     let response = next.call(req).await?;
-    Ok(response.map_body(|_, body| {
-        BoxBody::new(HeldBody {
-            body: BoxBody::new(body),
-            _held: held,
-        })
-    }))
-}
-
-/// An answer's body that keeps its request's place until it ends (or is dropped).
-struct HeldBody {
-    body: BoxBody,
-    _held: Option<Held>,
-}
-
-impl MessageBody for HeldBody {
-    type Error = Box<dyn std::error::Error>;
-
-    fn size(&self) -> actix_web::body::BodySize {
-        self.body.size()
-    }
-
-    fn poll_next(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<bytes::Bytes, Self::Error>>> {
-        std::pin::Pin::new(&mut self.body).poll_next(cx)
-    }
+    Ok(paddock_pool::http::held_until_body_ends(response, held))
 }

@@ -89,6 +89,15 @@ fn caller(inner: &Inner, req: &HttpRequest) -> Result<Caller, ApiError> {
     })
 }
 
+/// Sandbox `id` when the caller of `req` may see it; another tenant's is answered as
+/// one that does not exist.
+fn mine(inner: &Inner, req: &HttpRequest, id: &str) -> Result<Arc<Sbx>, ApiError> {
+    let caller = caller(inner, req)?;
+    inner
+        .visible(&caller, id)
+        .ok_or_else(|| ApiError::not_found(id))
+}
+
 fn parse<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Result<T, ApiError> {
     if body.len() > MAX_BODY {
         return Err(ApiError::new(
@@ -347,10 +356,7 @@ pub(crate) async fn get(
     id: web::Path<String>,
 ) -> HttpResponse {
     let run = || -> Answer {
-        let caller = caller(&inner, &req)?;
-        let s = inner
-            .visible(&caller, &id)
-            .ok_or_else(|| ApiError::not_found(&id))?;
+        let s = mine(&inner, &req, &id)?;
         Ok(HttpResponse::Ok().json(described(&inner, &s, true)))
     };
     run().unwrap_or_else(|e| e.response())
@@ -362,10 +368,7 @@ pub(crate) async fn kill(
     id: web::Path<String>,
 ) -> HttpResponse {
     let run = async {
-        let caller = caller(&inner, &req)?;
-        inner
-            .visible(&caller, &id)
-            .ok_or_else(|| ApiError::not_found(&id))?;
+        mine(&inner, &req, &id)?;
         if inner.end(&id).await {
             Ok(HttpResponse::NoContent().finish())
         } else {
@@ -387,10 +390,7 @@ pub(crate) async fn set_timeout(
     body: web::Bytes,
 ) -> HttpResponse {
     let run = || -> Answer {
-        let caller = caller(&inner, &req)?;
-        let s = inner
-            .visible(&caller, &id)
-            .ok_or_else(|| ApiError::not_found(&id))?;
+        let s = mine(&inner, &req, &id)?;
         let t: Timeout = parse(&body)?;
         let Some(secs) = t.timeout else {
             return Err(ApiError::new(
@@ -410,10 +410,7 @@ pub(crate) async fn pause(
     id: web::Path<String>,
 ) -> HttpResponse {
     let run = async {
-        let caller = caller(&inner, &req)?;
-        let s = inner
-            .visible(&caller, &id)
-            .ok_or_else(|| ApiError::not_found(&id))?;
+        let s = mine(&inner, &req, &id)?;
         if s.paused.load(Ordering::Acquire) {
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
@@ -439,10 +436,7 @@ pub(crate) async fn connect(
     body: web::Bytes,
 ) -> HttpResponse {
     let run = async {
-        let caller = caller(&inner, &req)?;
-        let s = inner
-            .visible(&caller, &id)
-            .ok_or_else(|| ApiError::not_found(&id))?;
+        let s = mine(&inner, &req, &id)?;
         let t: Timeout = parse(&body)?;
         let resumed = if s.paused.load(Ordering::Acquire) {
             s.handle.unpause().await?;

@@ -104,13 +104,12 @@ impl Procs {
 pub(crate) fn forget_all(s: &Sbx) {
     let procs = std::mem::take(&mut s.procs.lock().by_pid);
     for p in procs.values() {
-        let _ = p.handle.shared().control().signal(libc_sigkill());
+        let _ = p.handle.shared().control().signal(SIGKILL);
     }
 }
 
-const fn libc_sigkill() -> i32 {
-    9
-}
+/// The signal that ends a forgotten sandbox's processes.
+const SIGKILL: i32 = 9;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Selector {

@@ -324,6 +324,11 @@ def tenants():
         except NotFoundException:
             pass
         check(Sandbox.kill(mine.sandbox_id, api_key=BOB) is False, "bob cannot kill it")
+        for method, path in [("GET", ""), ("POST", "/pause"), ("POST", "/timeout"), ("POST", "/connect")]:
+            r = httpx.request(method, f"{URL}/sandboxes/{mine.sandbox_id}{path}", headers={"X-API-Key": BOB}, json={"timeout": 5})
+            check(r.status_code == 404 and mine.sandbox_id in r.json()["message"], f"bob {method} {path}: {r.status_code} {r.text}")
+            ghost = httpx.request(method, f"{URL}/sandboxes/sp-none-0{path}", headers={"X-API-Key": BOB}, json={"timeout": 5})
+            check(ghost.status_code == 404, f"a sandbox that never was, {method} {path}: {ghost.status_code}")
         try:
             Sandbox.set_timeout(mine.sandbox_id, 1, api_key=BOB)
             raise AssertionError("bob cannot set its timeout")

@@ -28,6 +28,7 @@ use paddock_core::{Error, ErrorCode};
 pub use body::{upload_source, UploadFeed};
 pub use errors::{status_for, ApiError};
 pub use forward::FORWARDED_HEADER;
+pub use tenancy::held_until_body_ends;
 
 /// Every route the server answers, as `(method, path pattern)` (`{id}`, `{path}`,
 /// `{process}` and `{port}` stand for path parameters): the table

@@ -188,21 +188,30 @@ pub(super) async fn limit_requests(
         None => None,
     };
     let response = next.call(req).await?;
-    Ok(response.map_body(|_, body| {
+    Ok(held_until_body_ends(response, held))
+}
+
+/// `response`, keeping `held` (a request's place, say) alive until its body has
+/// ended or is dropped: a streamed answer holds it while it streams.
+pub fn held_until_body_ends<B: MessageBody + 'static, G: Unpin + 'static>(
+    response: ServiceResponse<B>,
+    held: G,
+) -> ServiceResponse<BoxBody> {
+    response.map_body(|_, body| {
         BoxBody::new(HeldBody {
             body: BoxBody::new(body),
             _held: held,
         })
-    }))
+    })
 }
 
-/// A response body that keeps its request's place until it ends (or is dropped).
-struct HeldBody {
+/// A response body that keeps `G` until it ends (or is dropped).
+struct HeldBody<G> {
     body: BoxBody,
-    _held: Option<Held>,
+    _held: G,
 }
 
-impl MessageBody for HeldBody {
+impl<G: Unpin> MessageBody for HeldBody<G> {
     type Error = Box<dyn std::error::Error>;
 
     fn size(&self) -> actix_web::body::BodySize {
