@@ -82,15 +82,98 @@ fn has_oci_runtime() -> bool {
     found
 }
 
+/// The marker file's text in the tiny root.
+const TINY_MARKER: &str = "the tiny template's own root";
+
+/// A root filesystem of its own for the `tiny` template: a few host programs and the
+/// shared libraries they (and `paddock-agent`, which warm containers run) load, as
+/// `ldd` lists them, under the merged-`/usr` layout, with `/etc/paddock-root` holding
+/// [`TINY_MARKER`]. No python3: the test tells the roots apart by it.
+fn tiny_rootfs(dir: &std::path::Path) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let root = dir.join("tiny-rootfs");
+    for d in ["usr/bin", "usr/lib", "usr/lib64", "etc"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    for (link, target) in [
+        ("bin", "usr/bin"),
+        ("lib", "usr/lib"),
+        ("lib64", "usr/lib64"),
+        ("sbin", "usr/bin"),
+    ] {
+        std::os::unix::fs::symlink(target, root.join(link)).unwrap();
+    }
+    std::fs::write(root.join("etc/paddock-root"), format!("{TINY_MARKER}\n")).unwrap();
+    // Where a host path goes in the root: `/bin/x` and `/usr/bin/x` both at
+    // `usr/bin/x` (the links above make both paths work inside).
+    let inside = |p: &str| -> std::path::PathBuf {
+        let p = p.trim_start_matches('/');
+        let p = p.strip_prefix("usr/").unwrap_or(p);
+        root.join("usr")
+            .join(if let Some(rest) = p.strip_prefix("sbin/") {
+                format!("bin/{rest}")
+            } else {
+                p.to_string()
+            })
+    };
+    let mut libs = std::collections::BTreeSet::new();
+    let agent = std::path::Path::new(env!("CARGO_BIN_EXE_paddock")).with_file_name("paddock-agent");
+    let mut elves = vec![agent.to_string_lossy().into_owned()];
+    for prog in [
+        "bash", "sh", "cat", "echo", "ls", "sleep", "env", "mkdir", "mv", "rm", "find", "kill",
+    ] {
+        // The program file (not a shell's builtin of the name).
+        let path = std::env::var("PATH")
+            .unwrap_or_default()
+            .split(':')
+            .map(|d| format!("{d}/{prog}"))
+            .find(|p| p.starts_with('/') && std::path::Path::new(p).is_file())
+            .unwrap_or_else(|| panic!("`{prog}` is not on this host's PATH"));
+        std::fs::copy(&path, inside(&format!("/usr/bin/{prog}"))).unwrap();
+        elves.push(path);
+    }
+    for elf in &elves {
+        let out = Command::new("ldd").arg(elf).output().expect("ldd runs");
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            // `libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x…)` or
+            // `/lib64/ld-linux-x86-64.so.2 (0x…)`.
+            let path = line.split("=>").last().unwrap().split_whitespace().next();
+            if let Some(p) = path.filter(|p| p.starts_with('/')) {
+                libs.insert(p.to_string());
+            }
+        }
+    }
+    for lib in libs {
+        let to = inside(&lib);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(&lib, &to).unwrap();
+    }
+    // The containers' root is an unprivileged host user: it must pass through.
+    for d in [dir, root.as_path()] {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    root
+}
+
 /// Runs the SDK scripts against a server whose templates use `engine`, with
 /// `extra` added to its `[server]` section; `only` runs just those checks of the
-/// Python script (and not the JavaScript one).
-fn run_sdk(engine: &str, extra: &str, only: &[&str]) {
+/// Python script (and not the JavaScript one). With `tiny`, the config also has an
+/// engine `tiny` with a root of its own and a template `tiny` on it, and the Python
+/// script checks it (`template_rootfs`).
+fn run_sdk(engine: &str, extra: &str, only: &[&str], tiny: bool) {
     let Some(python) = sdk_python() else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("paddock.toml");
+    let tiny_sections = if tiny {
+        format!(
+            "[engines.tiny]\nkind = \"container\"\nrootfs = \"{}\"\n[templates.tiny]\nengine = \"tiny\"\n",
+            tiny_rootfs(dir.path()).display()
+        )
+    } else {
+        String::new()
+    };
     std::fs::write(
         &config,
         format!(
@@ -113,7 +196,7 @@ engine = "{engine}"
 engine = "{engine}"
 code_interpreter = true
 warm_pool = 2
-"#
+{tiny_sections}"#
         ),
     )
     .unwrap();
@@ -148,7 +231,11 @@ warm_pool = 2
         }
     };
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2b/sdk.py");
-    let out = Command::new(&python)
+    let mut sdk = Command::new(&python);
+    if tiny {
+        sdk.env("PADDOCK_TINY_MARKER", TINY_MARKER);
+    }
+    let out = sdk
         .arg(script)
         .args(only)
         .env("E2B_API_URL", &url)
@@ -175,9 +262,16 @@ warm_pool = 2
     let _ = server.kill();
     let _ = server.wait();
     let server_log = logs.join().unwrap();
-    let python_checks = if only.is_empty() { CHECKS } else { only };
+    let mut python_checks = if only.is_empty() {
+        CHECKS.to_vec()
+    } else {
+        only.to_vec()
+    };
+    if tiny && only.is_empty() {
+        python_checks.push("template_rootfs");
+    }
     for (sdk, out, checks) in [
-        ("Python", Some(out), python_checks),
+        ("Python", Some(out), &python_checks[..]),
         ("JavaScript", js, JS_CHECKS),
     ] {
         let Some(out) = out else {
@@ -198,21 +292,28 @@ warm_pool = 2
 
 #[test]
 fn the_python_sdk_runs_unchanged_on_the_subprocess_engine() {
-    run_sdk("subprocess", "", &[]);
+    run_sdk("subprocess", "", &[], false);
 }
 
 /// `server.max_requests_per_tenant` holds for E2B's requests: streams held open
 /// count, another tenant goes on, a place comes back when a stream ends.
 #[test]
 fn e2b_requests_count_against_the_tenants_cap() {
-    run_sdk("subprocess", "max_requests_per_tenant = 3", &["caps"]);
+    run_sdk(
+        "subprocess",
+        "max_requests_per_tenant = 3",
+        &["caps"],
+        false,
+    );
 }
 
+/// With a template on an engine of its own (`[engines.tiny]`, a root filesystem of
+/// its own) beside the built-in ones.
 #[test]
 fn the_python_sdk_runs_unchanged_on_the_container_engine() {
     if !has_oci_runtime() {
         eprintln!("skipped: no OCI runtime");
         return;
     }
-    run_sdk("container", "", &[]);
+    run_sdk("container", "", &[], true);
 }

@@ -98,6 +98,13 @@ impl EngineName {
     pub const CONTAINER: EngineName = EngineName::from_static("container");
     /// A test or benchmark engine that runs nothing.
     pub const NOOP: EngineName = EngineName::from_static("noop");
+    /// The names Paddock's own engines have, which no other engine may take.
+    pub const BUILT_IN: [EngineName; 4] = [
+        EngineName::SUBPROCESS,
+        EngineName::ISOLATE,
+        EngineName::CONTAINER,
+        EngineName::NOOP,
+    ];
 
     /// A name fixed at compile time. Panics (at compile time, in a `const`) when the
     /// name breaks the rules of [`EngineName`].

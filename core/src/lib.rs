@@ -52,9 +52,9 @@ pub mod tenancy;
 
 pub use cancel::{CancelToken, TokenState};
 pub use config::{
-    ApiKey, AuditConfig, CgroupMode, ContainerConfig, HandlerConfig, IsolateConfig, LimitsConfig,
-    MetricsAccess, OciRuntime, PaddockConfig, PoolConfig, RunscPlatform, ServerConfig,
-    SubprocessConfig, WarmConfig, USERNS_IDS_PER_SANDBOX,
+    ApiKey, AuditConfig, CgroupMode, ContainerConfig, EngineDef, EngineKind, HandlerConfig,
+    IsolateConfig, LimitsConfig, MetricsAccess, OciRuntime, PaddockConfig, PoolConfig,
+    RunscPlatform, ServerConfig, SubprocessConfig, WarmConfig, USERNS_IDS_PER_SANDBOX,
 };
 pub use engine::{DiscardSink, Engine, FileEntry, OutputSink, Sandbox, SandboxSpec, SandboxStatus};
 pub use error::{Error, ErrorCode, Result};

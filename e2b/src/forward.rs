@@ -3,8 +3,12 @@
 //! loopback, over the session's TCP-into-guest path, and the answer streamed back.
 //!
 //! Like E2B's own, these ports are reachable by anyone who knows the sandbox's id (a
-//! URL one shares), without the sandbox's token. WebSocket upgrades are not
-//! forwarded yet.
+//! URL one shares), without the sandbox's token.
+//!
+//! A WebSocket upgrade is forwarded as such: the upgrade request goes to the
+//! sandbox's server, and when it answers `101 Switching Protocols` the two
+//! connections are joined, byte for byte, until either side closes (or the sandbox
+//! ends). Other upgrades (`h2c`, say) are refused with 501.
 
 use std::sync::Arc;
 
@@ -57,12 +61,19 @@ pub(crate) async fn forward(
             ),
         )
     };
-    if req.headers().contains_key("upgrade") {
-        return http_error(
-            StatusCode::NOT_IMPLEMENTED,
-            "upgrades (WebSockets) to a sandbox's own ports are not forwarded yet",
-        );
-    }
+    let websocket = match req.headers().get("upgrade") {
+        None => false,
+        Some(v) if v.as_bytes().eq_ignore_ascii_case(b"websocket") => true,
+        Some(v) => {
+            return http_error(
+                StatusCode::NOT_IMPLEMENTED,
+                format!(
+                    "only WebSocket upgrades are forwarded to a sandbox's ports, not `{}`",
+                    String::from_utf8_lossy(v.as_bytes())
+                ),
+            )
+        }
+    };
     if port == 0 {
         return not_open();
     }
@@ -99,6 +110,15 @@ pub(crate) async fn forward(
         }
         Ok(body)
     };
+    // An upgrade's payload is the connection itself, after the answer: nothing is
+    // read before.
+    let read = async {
+        if websocket {
+            Ok(Vec::new())
+        } else {
+            read.await
+        }
+    };
     let body = match tokio::time::timeout(BODY_WAIT, read).await {
         Ok(Ok(b)) => b,
         Ok(Err(answer)) => return answer,
@@ -121,7 +141,7 @@ pub(crate) async fn forward(
             Err(_) => return not_open(),
         };
     actix_web::rt::spawn(async move {
-        let _ = connection.await;
+        let _ = connection.with_upgrades().await;
     });
     let path = req
         .uri()
@@ -137,6 +157,11 @@ pub(crate) async fn forward(
             continue;
         }
         builder = builder.header(n, value.as_bytes());
+    }
+    if websocket {
+        builder = builder
+            .header("connection", "upgrade")
+            .header("upgrade", "websocket");
     }
     let Ok(request) = builder.body(http_body_util::Full::new(bytes::Bytes::from(body))) else {
         return http_error(
@@ -171,8 +196,60 @@ pub(crate) async fn forward(
         }
         out.append_header((n, value.as_bytes()));
     }
+    if websocket && status == StatusCode::SWITCHING_PROTOCOLS {
+        return match hyper::upgrade::on(answer).await {
+            Ok(upgraded) => join(out, upgraded, payload),
+            Err(e) => http_error(
+                StatusCode::BAD_GATEWAY,
+                format!("the server on port {port} of the sandbox did not switch protocols: {e}"),
+            ),
+        };
+    }
     let stream = answer.into_body().into_data_stream().map(|piece| {
         piece.map_err(|e| actix_web::error::ErrorBadGateway(format!("the sandbox's server: {e}")))
     });
     out.streaming(stream)
+}
+
+/// The answer to a WebSocket upgrade the sandbox's server accepted: `101` with its
+/// headers, then the server's bytes as they come, while the client's (the request's
+/// payload, which after a WebSocket upgrade is the rest of the connection) are
+/// written to the server. Either side closing ends both.
+fn join(
+    mut out: actix_web::HttpResponseBuilder,
+    upgraded: hyper::upgrade::Upgraded,
+    mut payload: web::Payload,
+) -> HttpResponse {
+    use tokio::io::AsyncWriteExt;
+    let (from_server, mut to_server) = tokio::io::split(hyper_util::rt::TokioIo::new(upgraded));
+    let (closed_tx, closed_rx) = tokio::sync::oneshot::channel::<()>();
+    actix_web::rt::spawn(async move {
+        // Ends when the client's side ends, or when the answer's stream is dropped
+        // (the server's side ended, or the client went away).
+        let copy = async {
+            while let Some(Ok(piece)) = payload.next().await {
+                if to_server.write_all(&piece).await.is_err() {
+                    break;
+                }
+            }
+        };
+        tokio::select! {
+            () = copy => {}
+            _ = closed_rx => {}
+        }
+        let _ = to_server.shutdown().await;
+    });
+    let stream = tokio_util::io::ReaderStream::new(from_server);
+    // The sender is dropped with the stream, which tells the copier to stop.
+    let stream =
+        futures_util::stream::unfold((stream, closed_tx), |(mut stream, closed)| async move {
+            let piece = stream.next().await?;
+            Some((
+                piece.map_err(|e| {
+                    actix_web::error::ErrorBadGateway(format!("the sandbox's server: {e}"))
+                }),
+                (stream, closed),
+            ))
+        });
+    out.upgrade("websocket").streaming(stream)
 }

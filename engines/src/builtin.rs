@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use paddock_core::{Engine, EngineName, ErrorCode, PaddockConfig, Result};
+use paddock_core::{Engine, EngineKind, EngineName, ErrorCode, PaddockConfig, Result};
 
 use crate::container::ContainerEngine;
 use crate::isolate::IsolateEngine;
@@ -30,7 +30,8 @@ pub const BUILTIN_NAMES: [EngineName; 3] = [
     EngineName::CONTAINER,
 ];
 
-/// Makes every built-in engine that `config` enables and `wanted` accepts (by name).
+/// Makes every built-in engine that `config` enables and `wanted` accepts (by name),
+/// then the engines `[engines.NAME]` defines, in name order.
 ///
 /// Every engine gets the config's effective default limits. A container engine that
 /// cannot start for want of a usable runtime (`ENGINE_FAILED`) is listed in
@@ -51,7 +52,7 @@ pub fn builtin(config: &PaddockConfig, wanted: impl Fn(&EngineName) -> bool) -> 
         )?));
     }
     if config.container.enabled && wanted(&EngineName::CONTAINER) {
-        match ContainerEngine::with_defaults(&config.container, defaults) {
+        match ContainerEngine::with_defaults(&config.container, defaults.clone()) {
             Ok(engine) => made.engines.push(Arc::new(engine)),
             Err(e) if e.code == ErrorCode::EngineFailed => {
                 tracing::warn!(error = %e, "the container engine is not available");
@@ -61,6 +62,29 @@ pub fn builtin(config: &PaddockConfig, wanted: impl Fn(&EngineName) -> bool) -> 
                 ));
             }
             Err(e) => return Err(e),
+        }
+    }
+    // The engines of names of their own, after the built-ins (so that a request
+    // that names no engine is never routed to one: see the supervisor's choice).
+    for (name, def) in &config.engines {
+        if !wanted(name) {
+            continue;
+        }
+        match def.kind {
+            EngineKind::Container => {
+                let settings = def.container_config(&config.container);
+                match ContainerEngine::named(name.clone(), &settings, defaults.clone()) {
+                    Ok(engine) => made.engines.push(Arc::new(engine)),
+                    Err(e) if e.code == ErrorCode::EngineFailed => {
+                        tracing::warn!(engine = %name, error = %e, "a container engine is not available");
+                        made.unavailable.push((
+                            name.clone(),
+                            format!("the container engine `{name}` cannot start: {}", e.message),
+                        ));
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
         }
     }
     Ok(made)
@@ -105,5 +129,32 @@ mod tests {
             "{:?}",
             made.unavailable
         );
+    }
+
+    #[test]
+    fn named_engines_come_after_the_built_ins_under_their_own_names() {
+        let mut config = PaddockConfig::from_toml_str(
+            "[engines.tiny]\nkind = \"container\"\nruntime_path = \"/nonexistent/oci-runtime\"\n",
+        )
+        .unwrap();
+        config.container.enabled = false;
+        config.isolate.enabled = false;
+        let made = builtin(&config, |_| true).unwrap();
+        let names: Vec<_> = made.engines.iter().map(|e| e.name()).collect();
+        assert_eq!(names, [EngineName::SUBPROCESS]);
+        // The section's engine runs with `[container]` disabled; here it cannot (no
+        // runtime at that path), and says so under its own name.
+        assert_eq!(made.unavailable.len(), 1, "{:?}", made.unavailable);
+        assert_eq!(made.unavailable[0].0, "tiny");
+        assert!(
+            made.unavailable[0]
+                .1
+                .contains("container engine `tiny` cannot start"),
+            "{:?}",
+            made.unavailable
+        );
+        // And it is left out like a built-in when not wanted.
+        let made = builtin(&config, |n| *n != "tiny").unwrap();
+        assert!(made.unavailable.is_empty(), "{:?}", made.unavailable);
     }
 }

@@ -469,10 +469,108 @@ def ports():
         r = httpx.get(f"{URL}/health", headers={"Host": f"49983-{sbx.sandbox_id}.e2b.test", "X-Access-Token": sbx._envd_access_token})
         check(r.status_code == 204, f"agent by host: {r.status_code}")
         server.kill()
+        websocket(sbx)
     finally:
         sbx.kill()
     r = httpx.get(f"{URL}/hello.txt", headers={"Host": host})
     check(r.status_code == 502 and "was not found" in r.text, f"after kill: {r.status_code} {r.text}")
+
+
+# A WebSocket server in the sandbox: the handshake by the RFC 6455 rules, then every
+# text frame it receives is sent back upper-cased, until a close frame.
+WS_SERVER = r"""
+import base64, hashlib, socket, struct
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", 8765)); s.listen(4)
+while True:
+    c, _ = s.accept(); f = c.makefile("rb")
+    head = b""
+    while not head.endswith(b"\r\n\r\n"):
+        head += f.read(1)
+    key = [l.split(b":", 1)[1].strip() for l in head.split(b"\r\n") if l.lower().startswith(b"sec-websocket-key:")][0]
+    accept = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
+    c.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: " + accept + b"\r\n\r\n")
+    while True:
+        b0, b1 = f.read(2)
+        n = b1 & 127
+        if n == 126: n = struct.unpack(">H", f.read(2))[0]
+        mask = f.read(4); data = bytes(x ^ mask[i % 4] for i, x in enumerate(f.read(n)))
+        if b0 & 15 == 8:
+            c.sendall(b"\x88\x00"); break
+        out = data.upper()
+        c.sendall(bytes([0x81, len(out)]) + out)
+    f.close(); c.shutdown(socket.SHUT_RDWR); c.close()
+"""
+
+
+def ws_frame(opcode, data):
+    """A masked client frame (payload under 126 bytes)."""
+    import os as _os
+    mask = _os.urandom(4)
+    return bytes([0x80 | opcode, 0x80 | len(data)]) + mask + bytes(x ^ mask[i % 4] for i, x in enumerate(data))
+
+
+def websocket(sbx):
+    """A WebSocket to a server in the sandbox, through get_host's name: the handshake
+    is the server's own, and frames go both ways until a close."""
+    import base64
+    import hashlib
+    import socket
+    from urllib.parse import urlparse
+
+    sbx.files.write("/home/user/ws.py", WS_SERVER)
+    server = sbx.commands.run("exec python3 /home/user/ws.py", background=True)
+    u = urlparse(URL)
+    key = base64.b64encode(os.urandom(16))
+    request = (
+        f"GET /chat HTTP/1.1\r\nHost: {sbx.get_host(8765)}\r\nUpgrade: websocket\r\n"
+        f"Connection: Upgrade\r\nSec-WebSocket-Key: {key.decode()}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    ).encode()
+    deadline = time.time() + 15
+    while True:
+        c = socket.create_connection((u.hostname, u.port), timeout=10)
+        c.sendall(request)
+        f = c.makefile("rb")
+        status = f.readline()
+        if b" 101 " in status or time.time() > deadline:
+            break
+        c.close()
+        time.sleep(0.2)
+    check(b" 101 " in status, f"the upgrade: {status!r}")
+    headers = {}
+    while True:
+        line = f.readline().rstrip(b"\r\n")
+        if not line:
+            break
+        k, v = line.split(b":", 1)
+        headers[k.strip().lower()] = v.strip()
+    want = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
+    check(headers.get(b"sec-websocket-accept") == want, f"the server's accept key: {headers}")
+    for word in [b"hello", b"sandbox"]:
+        c.sendall(ws_frame(1, word))
+        b0, n = f.read(2)
+        check((b0, f.read(n)) == (0x81, word.upper()), f"echo of {word}")
+    c.sendall(ws_frame(8, b""))
+    check(f.read(2) == b"\x88\x00", "the server's close frame")
+    f.close()
+    c.close()
+    # The server took the close (it accepts the next connection only then), and a
+    # second WebSocket goes through as well.
+    c = socket.create_connection((u.hostname, u.port), timeout=10)
+    c.sendall(request)
+    f = c.makefile("rb")
+    check(b" 101 " in f.readline(), "a second upgrade")
+    while f.readline().rstrip(b"\r\n"):
+        pass
+    c.sendall(ws_frame(1, b"again"))
+    b0, n = f.read(2)
+    check((b0, f.read(n)) == (0x81, b"AGAIN"), "the second connection's echo")
+    f.close()
+    c.close()
+    # Another upgrade than WebSocket is refused.
+    r = httpx.get(f"{URL}/", headers={"Host": sbx.get_host(8765), "Upgrade": "h2c", "Connection": "Upgrade"})
+    check(r.status_code == 501, f"an h2c upgrade: {r.status_code}")
+    server.kill()
 
 
 def watch():
@@ -555,13 +653,45 @@ def caps():
         sbx.kill()
 
 
+def template_rootfs():
+    """A template on an engine of its own (`[engines.tiny]`) gets that engine's root
+    filesystem; the built-in template keeps the default one."""
+    marker = os.environ["PADDOCK_TINY_MARKER"]
+    sbx = Sandbox.create("tiny", api_key=ALICE)
+    try:
+        r = sbx.commands.run("cat /etc/paddock-root; pwd; echo $HOME")
+        check(r.stdout == f"{marker}\n/home/user\n/home/user\n", f"the template's root: {r.stdout!r}")
+        # Only what the root holds: no python3 there.
+        r = sbx.commands.run("command -v python3 || echo none")
+        check(r.stdout == "none\n", f"python3 in the tiny root: {r.stdout!r}")
+        sbx.files.write("notes.txt", "in the tiny root")
+        check(sbx.files.read("/home/user/notes.txt") == "in the tiny root", "files in the tiny root")
+        check(sbx.commands.run("cat notes.txt").stdout == "in the tiny root", "a command reads the file")
+        h = sbx.commands.run("sleep 30", background=True)
+        check(h.kill() is True, "kill in the tiny root")
+        info = Sandbox.get_info(sbx.sandbox_id, api_key=ALICE)
+        check(info.template_id == "tiny", f"template id: {info.template_id}")
+    finally:
+        sbx.kill()
+    other = Sandbox.create(api_key=ALICE)
+    try:
+        r = other.commands.run("cat /etc/paddock-root 2>/dev/null || echo absent; command -v python3 >/dev/null && echo python")
+        check(r.stdout == "absent\npython\n", f"the base template's root: {r.stdout!r}")
+    finally:
+        other.kill()
+
+
 CHECKS = [the_issue_snippet, commands, files, pty, lifecycle, bad_input, tenants, code_interpreter, ports, watch]
 
 if __name__ == "__main__":
     wanted = sys.argv[1:]
     failed = 0
-    for f in CHECKS + [caps]:
-        chosen = f.__name__ in wanted if wanted else f is not caps
+    optional = [caps, template_rootfs]
+    if os.environ.get("PADDOCK_TINY_MARKER") and not wanted:
+        optional.remove(template_rootfs)
+        CHECKS.append(template_rootfs)
+    for f in CHECKS + optional:
+        chosen = f.__name__ in wanted if wanted else f not in optional
         if not chosen:
             continue
         try:

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use paddock_core::{
-    unix_ms, CancelToken, EngineName, Error, ErrorCode, ExecRequest, ExecResult, Language,
-    LimitKind, Limits, Outcome, OutputSink, Program, Result, StreamKind, Timings, Usage,
+    unix_ms, CancelToken, Error, ErrorCode, ExecRequest, ExecResult, Language, LimitKind, Limits,
+    Outcome, OutputSink, Program, Result, StreamKind, Timings, Usage,
 };
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -103,7 +103,7 @@ impl ContainerSandbox {
         request.validate()?;
         self.engine
             .caps
-            .check_program(&EngineName::CONTAINER, request.program.kind())?;
+            .check_program(&self.engine.name, request.program.kind())?;
         let limits = request
             .limits
             .or(&self.spec.limits)
@@ -314,7 +314,7 @@ impl ContainerSandbox {
                 wall_ms,
                 peak_memory_bytes: peak,
             },
-            engine: EngineName::CONTAINER,
+            engine: self.engine.name.clone(),
             instance_id: self.id.clone(),
             timings: Timings {
                 queued_at_ms,

@@ -49,7 +49,7 @@ impl ContainerSandbox {
 
     pub(super) async fn start_process_impl(&self, spec: ProcessSpec) -> Result<ProcessHandle> {
         self.engine.caps.check_feature(
-            &paddock_core::EngineName::CONTAINER,
+            &self.engine.name,
             paddock_core::interactive::FEATURE_PROCESS,
         )?;
         let _op = self.enter()?;
@@ -89,7 +89,7 @@ impl ContainerSandbox {
 
     pub(super) async fn open_terminal_impl(&self, spec: TerminalSpec) -> Result<TerminalHandle> {
         self.engine.caps.check_feature(
-            &paddock_core::EngineName::CONTAINER,
+            &self.engine.name,
             paddock_core::interactive::FEATURE_TERMINAL,
         )?;
         let _op = self.enter()?;
@@ -140,10 +140,9 @@ impl ContainerSandbox {
     }
 
     pub(super) async fn open_tcp_impl(&self, target: TcpTarget) -> Result<TcpConnection> {
-        self.engine.caps.check_feature(
-            &paddock_core::EngineName::CONTAINER,
-            paddock_core::interactive::FEATURE_TCP,
-        )?;
+        self.engine
+            .caps
+            .check_feature(&self.engine.name, paddock_core::interactive::FEATURE_TCP)?;
         let _op = self.enter()?;
         self.refuse_if_paused()?;
         target.loopback_addr()?;

@@ -87,6 +87,9 @@ pub struct ContainerEngine {
 
 #[derive(Debug)]
 pub(crate) struct EngineInner {
+    /// The name the engine is registered under: `container`, or an
+    /// `[engines.NAME]` section's.
+    pub(crate) name: EngineName,
     pub(crate) caps: Capabilities,
     pub(crate) defaults: Limits,
     /// The host variables `container.env_passthrough` names, read when the engine
@@ -236,6 +239,18 @@ impl ContainerEngine {
     /// container runs `/bin/true`), sweeps what dead Paddock processes left behind,
     /// and prepares the root filesystem.
     pub fn with_defaults(config: &ContainerConfig, defaults: Limits) -> Result<ContainerEngine> {
+        ContainerEngine::named(EngineName::CONTAINER, config, defaults)
+    }
+
+    /// Starts the engine under another name than `container` (an `[engines.NAME]`
+    /// section's), with its own settings: see [`ContainerEngine::with_defaults`].
+    /// Engines of one process share nothing but the host's user-namespace slots,
+    /// which they take in turn.
+    pub fn named(
+        name: EngineName,
+        config: &ContainerConfig,
+        defaults: Limits,
+    ) -> Result<ContainerEngine> {
         config.validate()?;
         if !config.enabled {
             return Err(Error::invalid_config(
@@ -246,6 +261,12 @@ impl ContainerEngine {
         let defaults = defaults.or(&Limits::defaults());
         defaults.validate("limits", true)?;
         let unavailable = |why: String| Error::new(ErrorCode::EngineFailed, why);
+        // The section its settings come from, for messages.
+        let section = if name == EngineName::CONTAINER {
+            "container".to_string()
+        } else {
+            format!("engines.{name}")
+        };
 
         let parent = config
             .workdir_root
@@ -284,14 +305,14 @@ impl ContainerEngine {
         // A random part (the tail of a UUIDv7 is random), so that nobody can take
         // the name first in a shared temp dir.
         let random = uuid::Uuid::now_v7().simple().to_string();
-        let name = format!(
+        let dir_name = format!(
             "{PREFIX}{}-{}-{}{}",
             std::process::id(),
             NEXT_ENGINE.fetch_add(1, Ordering::Relaxed),
             &random[random.len() - 8..],
             crate::host::owner::namespace_suffix()
         );
-        let root = parent.join(&name);
+        let root = parent.join(&dir_name);
         // gVisor's kernel stands between the program and the host instead.
         let user_namespace = config.user_namespace && config.runtime != OciRuntime::Runsc;
         let setup = || -> std::io::Result<()> {
@@ -342,7 +363,7 @@ impl ContainerEngine {
                 if !r.is_dir() {
                     cleanup(&root);
                     return Err(Error::invalid_config(
-                        "container.rootfs",
+                        &format!("{section}.rootfs"),
                         format!("`{}` is not a directory", r.display()),
                     ));
                 }
@@ -360,9 +381,10 @@ impl ContainerEngine {
                 (r, true)
             }
         };
-        let cgroup_base = format!("{own}/{name}");
+        let cgroup_base = format!("{own}/{dir_name}");
 
         let mut inner = EngineInner {
+            name,
             caps: Capabilities::new(IsolationLevel::Strict, &[], &[], &[]),
             defaults,
             passthrough_env: crate::env::listed_env(std::env::vars_os(), &config.env_passthrough),
@@ -634,7 +656,7 @@ impl ContainerEngine {
 #[async_trait]
 impl Engine for ContainerEngine {
     fn name(&self) -> EngineName {
-        EngineName::CONTAINER
+        self.inner.name.clone()
     }
 
     fn capabilities(&self) -> &Capabilities {

@@ -67,12 +67,8 @@ pub struct ContainerSandbox {
 
 impl ContainerSandbox {
     pub(super) async fn create(engine: Arc<EngineInner>, spec: &SandboxSpec) -> Result<Self> {
-        engine
-            .caps
-            .check_level(&EngineName::CONTAINER, spec.level)?;
-        engine
-            .caps
-            .check_network(&EngineName::CONTAINER, &spec.network)?;
+        engine.caps.check_level(&engine.name, spec.level)?;
+        engine.caps.check_network(&engine.name, &spec.network)?;
         spec.limits.validate("limits", false)?;
         if let Some(home) = &spec.home {
             paddock_core::engine::check_home("home", home)?;
@@ -365,7 +361,7 @@ impl Sandbox for ContainerSandbox {
     }
 
     fn engine(&self) -> EngineName {
-        EngineName::CONTAINER
+        self.engine.name.clone()
     }
 
     fn root_dir(&self) -> &Path {

@@ -13,8 +13,7 @@ use super::bundle::{self, BundleSpec, CONTAINER_PATH};
 use super::EngineInner;
 use crate::subprocess::warm::{FramesOn, Worker};
 use paddock_core::{
-    unix_ms, CancelToken, EngineName, ExecRequest, ExecResult, LimitKind, Outcome, OutputSink,
-    Timings, Usage,
+    unix_ms, CancelToken, ExecRequest, ExecResult, LimitKind, Outcome, OutputSink, Timings, Usage,
 };
 use std::time::Duration;
 use tokio::time::Instant;
@@ -599,7 +598,7 @@ impl ContainerSandbox {
                 wall_ms,
                 peak_memory_bytes: peak,
             },
-            engine: EngineName::CONTAINER,
+            engine: self.engine.name.clone(),
             instance_id: self.id.clone(),
             timings: Timings {
                 queued_at_ms,

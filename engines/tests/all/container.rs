@@ -1223,3 +1223,33 @@ async fn a_sandbox_with_a_home_mounts_its_workdir_there() {
     );
     sb.destroy().await.unwrap();
 }
+
+/// An engine under a name of its own (`[engines.NAME]`) reports that name on its
+/// sandboxes and results, beside the built-in one in the same process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_named_container_engine_runs_beside_the_built_in_one() {
+    let Some(builtin) = engine_with(OciRuntime::Auto) else {
+        return;
+    };
+    let name = paddock_core::EngineName::new("ct-other").unwrap();
+    let named = ContainerEngine::named(
+        name.clone(),
+        &ContainerConfig::default(),
+        Limits::defaults(),
+    )
+    .expect("a second container engine starts");
+    assert_eq!(named.name(), name);
+    let (a, b) = (sandbox(&builtin).await, sandbox(&named).await);
+    assert_eq!(
+        (a.engine(), b.engine()),
+        (paddock_core::EngineName::CONTAINER, name.clone())
+    );
+    let (ra, rb) = (run(&*a, sh("echo a")).await, run(&*b, sh("echo b")).await);
+    assert_eq!((ra.stdout.as_str(), rb.stdout.as_str()), ("a\n", "b\n"));
+    assert_eq!(
+        (ra.engine, rb.engine),
+        (paddock_core::EngineName::CONTAINER, name)
+    );
+    a.destroy().await.unwrap();
+    b.destroy().await.unwrap();
+}
