@@ -44,13 +44,13 @@ fn addressing(name: &str) -> bool {
 }
 
 /// Forwards `req` (with its body, at most `max_body` bytes) to `port` of the
-/// sandbox's loopback.
+/// sandbox's loopback; `linger` is the server's `close_linger_ms`.
 pub(crate) async fn forward(
     sbx: Arc<Sbx>,
     req: &HttpRequest,
     mut payload: web::Payload,
     port: u16,
-    max_body: usize,
+    (max_body, linger): (usize, std::time::Duration),
 ) -> HttpResponse {
     let not_open = || {
         http_error(
@@ -198,7 +198,7 @@ pub(crate) async fn forward(
     }
     if websocket && status == StatusCode::SWITCHING_PROTOCOLS {
         return match hyper::upgrade::on(answer).await {
-            Ok(upgraded) => join(out, upgraded, payload),
+            Ok(upgraded) => join(out, upgraded, payload, linger),
             Err(e) => http_error(
                 StatusCode::BAD_GATEWAY,
                 format!("the server on port {port} of the sandbox did not switch protocols: {e}"),
@@ -219,6 +219,7 @@ fn join(
     mut out: actix_web::HttpResponseBuilder,
     upgraded: hyper::upgrade::Upgraded,
     mut payload: web::Payload,
+    linger: std::time::Duration,
 ) -> HttpResponse {
     use tokio::io::AsyncWriteExt;
     let (from_server, mut to_server) = tokio::io::split(hyper_util::rt::TokioIo::new(upgraded));
@@ -239,17 +240,54 @@ fn join(
         }
         let _ = to_server.shutdown().await;
     });
-    let stream = tokio_util::io::ReaderStream::new(from_server);
-    // The sender is dropped with the stream, which tells the copier to stop.
-    let stream =
-        futures_util::stream::unfold((stream, closed_tx), |(mut stream, closed)| async move {
-            let piece = stream.next().await?;
-            Some((
-                piece.map_err(|e| {
-                    actix_web::error::ErrorBadGateway(format!("the sandbox's server: {e}"))
-                }),
-                (stream, closed),
-            ))
-        });
-    out.upgrade("websocket").streaming(stream)
+    out.upgrade("websocket").streaming(FromServer {
+        bytes: tokio_util::io::ReaderStream::new(from_server),
+        closed: Some(closed_tx),
+        linger,
+    })
+}
+
+/// The server's side of a joined WebSocket, as the answer's body.
+///
+/// When it ends, the connection's dispatcher waits up to `linger` for the client to
+/// close before closing itself; but it reckons that deadline from a clock it
+/// refreshes only every half second, so the deadline may already be past when it is
+/// set, and then nothing wakes the connection until the client does something (a
+/// client waiting for the server's close would wait out its own timeout). So the
+/// end wakes the connection once more, after `linger`.
+struct FromServer {
+    bytes: tokio_util::io::ReaderStream<
+        tokio::io::ReadHalf<hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>>,
+    >,
+    /// Dropped at the end (or with the answer), which stops the client's copier.
+    closed: Option<tokio::sync::oneshot::Sender<()>>,
+    linger: std::time::Duration,
+}
+
+impl futures_util::Stream for FromServer {
+    type Item = Result<bytes::Bytes, actix_web::Error>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        use std::task::Poll;
+        match self.bytes.poll_next_unpin(cx) {
+            Poll::Ready(Some(piece)) => Poll::Ready(Some(piece.map_err(|e| {
+                actix_web::error::ErrorBadGateway(format!("the sandbox's server: {e}"))
+            }))),
+            Poll::Ready(None) => {
+                if self.closed.take().is_some() {
+                    let waker = cx.waker().clone();
+                    let after = self.linger + std::time::Duration::from_millis(20);
+                    actix_web::rt::spawn(async move {
+                        tokio::time::sleep(after).await;
+                        waker.wake();
+                    });
+                }
+                Poll::Ready(None)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
 }

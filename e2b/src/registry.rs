@@ -90,6 +90,8 @@ pub(crate) struct Inner {
     pub(crate) max_file_bytes: u64,
     /// The largest body forwarded to a sandbox's own port (`server.max_body_bytes`).
     pub(crate) max_body_bytes: usize,
+    /// How long a closing connection waits for its client (`server.close_linger_ms`).
+    pub(crate) close_linger: std::time::Duration,
     /// Requests one tenant may have in progress (`server.max_requests_per_tenant`).
     pub(crate) max_requests_per_tenant: u32,
     pub(crate) in_flight: crate::caps::InFlight,
@@ -112,6 +114,7 @@ impl Inner {
             keys: server.api_keys.clone(),
             max_file_bytes: server.max_file_bytes as u64,
             max_body_bytes: server.max_body_bytes,
+            close_linger: std::time::Duration::from_millis(server.close_linger_ms),
             max_requests_per_tenant: server.max_requests_per_tenant,
             in_flight: Default::default(),
             templates,

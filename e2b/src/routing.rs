@@ -177,8 +177,8 @@ async fn sandbox_entry(
             ),
         ),
         other => {
-            let max = inner.max_body_bytes;
-            crate::forward::forward(sbx, &req, payload, other, max).await
+            let bounds = (inner.max_body_bytes, inner.close_linger);
+            crate::forward::forward(sbx, &req, payload, other, bounds).await
         }
     }
 }

@@ -552,10 +552,13 @@ def websocket(sbx):
         check((b0, f.read(n)) == (0x81, word.upper()), f"echo of {word}")
     c.sendall(ws_frame(8, b""))
     check(f.read(2) == b"\x88\x00", "the server's close frame")
+    # The server closes its connection after the close; the client sees it end.
+    started = time.time()
+    check(f.read(1) == b"", "the connection ends after the close")
+    check(time.time() - started < 5, f"the end took {time.time() - started:.1f} s")
     f.close()
     c.close()
-    # The server took the close (it accepts the next connection only then), and a
-    # second WebSocket goes through as well.
+    # A second WebSocket goes through as well.
     c = socket.create_connection((u.hostname, u.port), timeout=10)
     c.sendall(request)
     f = c.makefile("rb")
