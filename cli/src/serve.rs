@@ -159,6 +159,7 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<i32, UsageError> {
     let facade = fleet
         .as_ref()
         .map_or_else(|| paddock.clone(), |f| f.paddock());
+    let e2b_domain = e2b_config.domain.clone();
     let e2b = if e2b_config.enabled {
         match paddock_e2b::E2bApi::new(facade.clone(), e2b_config, &server_config, templates) {
             Ok(api) => Some(api),
@@ -205,17 +206,31 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<i32, UsageError> {
     {
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "http://{}", server.local_addr());
+        // The TLS listener's URL on a second line, when there is one.
+        if let Some(at) = server.tls_addr() {
+            let _ = writeln!(out, "https://{at}");
+        }
         let _ = out.flush();
     }
     eprintln!("paddock serve: listening on http://{}", server.local_addr());
+    if let Some(at) = server.tls_addr() {
+        eprintln!("paddock serve: and with TLS on https://{at}");
+    }
     if e2b.is_some() {
         eprintln!(
             "paddock serve: the E2B API is on http://{0} (E2B_API_URL=http://{0} E2B_SANDBOX_URL=http://{0})",
             server.local_addr()
         );
+        if let (Some(at), Some(domain)) = (server.tls_addr(), &e2b_domain) {
+            eprintln!(
+                "paddock serve: and for E2B_DOMAIN={domain} on https://{at}: api.{domain} and *.{domain} must resolve to this host, on port 443"
+            );
+        }
     }
-    if let Some(warning) = exposure_warning(&server_config, server.local_addr()) {
-        eprintln!("paddock serve: warning: {warning}");
+    for at in std::iter::once(server.local_addr()).chain(server.tls_addr()) {
+        if let Some(warning) = exposure_warning(&server_config, at) {
+            eprintln!("paddock serve: warning: {warning}");
+        }
     }
     if let Some(at) = server.metrics_addr() {
         eprintln!("paddock serve: /metrics on http://{at}");

@@ -161,11 +161,52 @@ fn tiny_rootfs(dir: &std::path::Path) -> std::path::PathBuf {
 /// engine `tiny` with a root of its own and a template `tiny` on it, and the Python
 /// script checks it (`template_rootfs`).
 fn run_sdk(engine: &str, extra: &str, only: &[&str], tiny: bool) {
+    run(engine, extra, only, tiny, false);
+}
+
+/// A CA and a certificate for `e2b.test` and `*.e2b.test` it signed, written to
+/// `dir`: (the CA's PEM, the certificate's, its key's).
+fn domain_certificate(dir: &std::path::Path) -> [std::path::PathBuf; 3] {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "Paddock test CA");
+    let ca_key = KeyPair::generate().unwrap();
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let names = vec!["e2b.test".to_string(), "*.e2b.test".to_string()];
+    let key = KeyPair::generate().unwrap();
+    let cert = CertificateParams::new(names)
+        .unwrap()
+        .signed_by(&key, &ca, &ca_key)
+        .unwrap();
+    let paths = ["ca.pem", "cert.pem", "key.pem"].map(|n| dir.join(n));
+    std::fs::write(&paths[0], ca.pem()).unwrap();
+    std::fs::write(&paths[1], cert.pem()).unwrap();
+    std::fs::write(&paths[2], key.serialize_pem()).unwrap();
+    paths
+}
+
+/// [`run_sdk`]; with `domain`, the server also listens with TLS (`[server.tls]`, a
+/// certificate for `*.e2b.test` from a CA made for the run), and the Python script
+/// runs only its `domain_mode` check, with `E2B_DOMAIN=e2b.test` and neither
+/// `E2B_API_URL` nor `E2B_SANDBOX_URL`: every call goes to `https://` names.
+fn run(engine: &str, extra: &str, only: &[&str], tiny: bool, domain: bool) {
     let Some(python) = sdk_python() else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("paddock.toml");
+    let certs = domain.then(|| domain_certificate(dir.path()));
+    let tls_section = match &certs {
+        Some([_, cert, key]) => format!(
+            "[server.tls]\nlisten = \"127.0.0.1:0\"\ncert = \"{}\"\nkey = \"{}\"\n",
+            cert.display(),
+            key.display()
+        ),
+        None => String::new(),
+    };
     let tiny_sections = if tiny {
         format!(
             "[engines.tiny]\nkind = \"container\"\nrootfs = \"{}\"\n[templates.tiny]\nengine = \"tiny\"\n",
@@ -196,7 +237,7 @@ engine = "{engine}"
 engine = "{engine}"
 code_interpreter = true
 warm_pool = 2
-{tiny_sections}"#
+{tiny_sections}{tls_section}"#
         ),
     )
     .unwrap();
@@ -214,39 +255,53 @@ warm_pool = 2
     let mut stderr = server.stderr.take().unwrap();
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
-        let mut lines = BufReader::new(stdout).lines();
-        let _ = tx.send(lines.next());
-        for _ in lines {}
+        for line in BufReader::new(stdout).lines() {
+            let _ = tx.send(line);
+        }
     });
     let logs = std::thread::spawn(move || {
         let mut text = String::new();
         let _ = stderr.read_to_string(&mut text);
         text
     });
-    let url = match rx.recv_timeout(Duration::from_secs(60)) {
-        Ok(Some(Ok(line))) => line,
+    let mut next_url = || match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(Ok(line)) => line,
         other => {
             let _ = server.kill();
-            panic!("no URL on stdout: {other:?}; {}", logs.join().unwrap());
+            panic!("no URL on stdout: {other:?}");
         }
     };
+    let url = next_url();
+    // The TLS listener's, on the second line.
+    let tls_url = domain.then(&mut next_url);
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2b/sdk.py");
     let mut sdk = Command::new(&python);
     if tiny {
         sdk.env("PADDOCK_TINY_MARKER", TINY_MARKER);
     }
+    match (&tls_url, &certs) {
+        (Some(tls), Some([ca, _, _])) => {
+            let port = tls.rsplit(':').next().unwrap();
+            sdk.env("E2B_DOMAIN", "e2b.test")
+                .env("SSL_CERT_FILE", ca)
+                .env("PADDOCK_TLS_PORT", port)
+                .env_remove("E2B_API_URL")
+                .env_remove("E2B_SANDBOX_URL");
+        }
+        _ => {
+            sdk.env("E2B_API_URL", &url).env("E2B_SANDBOX_URL", &url);
+        }
+    }
     let out = sdk
         .arg(script)
         .args(only)
-        .env("E2B_API_URL", &url)
-        .env("E2B_SANDBOX_URL", &url)
         .env("E2B_API_KEY", ALICE)
         .env("ALICE_KEY", ALICE)
         .env("BOB_KEY", BOB)
         .env("PADDOCK_ENGINE", engine)
         .output()
         .expect("the SDK's python runs");
-    let js = js_sdk().filter(|_| only.is_empty()).map(|dir| {
+    let js = js_sdk().filter(|_| only.is_empty() && !domain).map(|dir| {
         Command::new("node")
             .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2b/sdk.mjs"))
             .arg(dir)
@@ -288,6 +343,15 @@ warm_pool = 2
             "the {sdk} SDK's checks on {engine}: passed {passed:?} of {checks:?}\n{stdout}\n{stderr}\nserver:\n{server_log}"
         );
     }
+}
+
+/// `E2B_DOMAIN` set, and nothing else: the SDK reaches `https://api.e2b.test` and
+/// `https://{port}-{id}.e2b.test`, which the server's TLS listener serves (the
+/// script's own CONNECT proxy stands in for the DNS that would point those names
+/// at the host).
+#[test]
+fn the_sdk_runs_in_the_domain_mode_over_tls() {
+    run("subprocess", "", &["domain_mode"], false, true);
 }
 
 #[test]

@@ -456,6 +456,25 @@ pub struct ServerConfig {
     pub drain_ms: u64,
     /// HTTP worker threads. Default 2.
     pub workers: usize,
+    /// A second listener that serves the same routes over TLS (`[server.tls]`), for
+    /// clients that reach the server by `https://` names: E2B's SDKs with
+    /// `E2B_DOMAIN`, say. Default: none (only `listen`, plain HTTP).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsConfig>,
+}
+
+/// The TLS listener of the server (`[server.tls]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// Address to listen on, such as `0.0.0.0:443`; port 0 picks a free port.
+    pub listen: String,
+    /// The certificate chain, PEM, the server's own certificate first (a
+    /// `fullchain.pem`). For the E2B domain mode it must name `api.DOMAIN` and
+    /// `*.DOMAIN` (a wildcard certificate).
+    pub cert: PathBuf,
+    /// The certificate's private key, PEM (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
 }
 
 /// An API key and its tenant.
@@ -523,6 +542,7 @@ impl Default for ServerConfig {
             metrics: "api".into(),
             drain_ms: 10_000,
             workers: 2,
+            tls: None,
         }
     }
 }
@@ -585,6 +605,31 @@ impl ServerConfig {
                     self.listen
                 ),
             ));
+        }
+        if let Some(tls) = &self.tls {
+            let Ok(at) = tls.listen.parse::<std::net::SocketAddr>() else {
+                return Err(Error::invalid_config(
+                    "server.tls.listen",
+                    format!(
+                        "`{}` is not ADDR:PORT (for example 0.0.0.0:443)",
+                        tls.listen
+                    ),
+                ));
+            };
+            if at.port() != 0 && self.listen.parse::<std::net::SocketAddr>().ok() == Some(at) {
+                return Err(Error::invalid_config(
+                    "server.tls.listen",
+                    "is server.listen's address; give the TLS listener another port",
+                ));
+            }
+            for (field, path) in [("server.tls.cert", &tls.cert), ("server.tls.key", &tls.key)] {
+                if !path.is_absolute() {
+                    return Err(Error::invalid_config(
+                        field,
+                        format!("`{}` must be an absolute path", path.display()),
+                    ));
+                }
+            }
         }
         let mut tenants_of_keys: BTreeMap<&str, (usize, bool)> = BTreeMap::new();
         for (i, k) in self.api_keys.iter().enumerate() {
@@ -1572,5 +1617,27 @@ mod tests {
             .collect();
         let e = PaddockConfig::from_toml_str(&many).unwrap_err();
         assert!(e.message.contains("at most 16"), "{e}");
+    }
+
+    #[test]
+    fn the_tls_listener_is_checked() {
+        let ok = "[server]\nlisten = \"127.0.0.1:7878\"\n[server.tls]\nlisten = \"0.0.0.0:443\"\ncert = \"/etc/paddock/cert.pem\"\nkey = \"/etc/paddock/key.pem\"\n";
+        let c = PaddockConfig::from_toml_str(ok).unwrap();
+        assert_eq!(c.server.tls.as_ref().unwrap().listen, "0.0.0.0:443");
+        for (text, names) in [
+            (ok.replace("0.0.0.0:443", "443"), "`server.tls.listen`"),
+            (ok.replace("0.0.0.0:443", "127.0.0.1:7878"), "another port"),
+            (
+                ok.replace("/etc/paddock/key.pem", "key.pem"),
+                "`server.tls.key`",
+            ),
+            (
+                ok.replace("cert = \"/etc/paddock/cert.pem\"\n", ""),
+                "missing field `cert`",
+            ),
+        ] {
+            let e = PaddockConfig::from_toml_str(&text).unwrap_err();
+            assert!(e.message.contains(names), "{text}: {e}");
+        }
     }
 }

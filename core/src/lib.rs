@@ -54,7 +54,7 @@ pub use cancel::{CancelToken, TokenState};
 pub use config::{
     ApiKey, AuditConfig, CgroupMode, ContainerConfig, EngineDef, EngineKind, HandlerConfig,
     IsolateConfig, LimitsConfig, MetricsAccess, OciRuntime, PaddockConfig, PoolConfig,
-    RunscPlatform, ServerConfig, SubprocessConfig, WarmConfig, USERNS_IDS_PER_SANDBOX,
+    RunscPlatform, ServerConfig, SubprocessConfig, TlsConfig, WarmConfig, USERNS_IDS_PER_SANDBOX,
 };
 pub use engine::{DiscardSink, Engine, FileEntry, OutputSink, Sandbox, SandboxSpec, SandboxStatus};
 pub use error::{Error, ErrorCode, Result};

@@ -61,6 +61,7 @@ impl State {
 #[derive(Debug)]
 pub struct HttpServerHandle {
     addr: SocketAddr,
+    tls_addr: Option<SocketAddr>,
     metrics_addr: Option<SocketAddr>,
     state: Arc<State>,
     server: actix_web::dev::ServerHandle,
@@ -72,6 +73,11 @@ impl HttpServerHandle {
     /// The address the server is bound to.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The address of the TLS listener, when `[server.tls]` configures one.
+    pub fn tls_addr(&self) -> Option<SocketAddr> {
+        self.tls_addr
     }
 
     /// The address `/metrics` is served on when `server.metrics` gives it one of its
@@ -134,6 +140,15 @@ pub fn start_with(
         .listen
         .parse()
         .map_err(|e| Error::invalid_config("server.listen", e))?;
+    let tls = match &config.tls {
+        Some(t) => Some((
+            t.listen
+                .parse::<SocketAddr>()
+                .map_err(|e| Error::invalid_config("server.tls.listen", e))?,
+            tls_config(t)?,
+        )),
+        None => None,
+    };
     let state = Arc::new(State::new(paddock, config)?);
     let app_state = state.clone();
     let (tx, rx) = std::sync::mpsc::channel();
@@ -165,17 +180,13 @@ pub fn start_with(
                 // Streamed answers (NDJSON, Connect streams) go out in small writes:
                 // with Nagle's algorithm each would wait for the client's delayed ACK
                 // (40 ms here) behind the one before it.
-                .on_connect(|conn, _| {
-                    if let Some(tcp) = conn.downcast_ref::<actix_web::rt::net::TcpStream>() {
-                        let _ = tcp.set_nodelay(true);
-                    }
-                })
+                .tcp_nodelay(true)
                 .workers(workers)
                 .disable_signals()
                 .shutdown_timeout(30)
                 .client_disconnect_timeout(close_linger)
                 .bind(listen);
-                let server = match server {
+                let mut server = match server {
                     Ok(s) => s,
                     Err(e) => {
                         let _ = tx.send(Err(Error::invalid_config(
@@ -186,6 +197,24 @@ pub fn start_with(
                     }
                 };
                 let addr = server.addrs().first().copied().unwrap_or(listen);
+                let mut tls_addr = None;
+                if let Some((at, rustls)) = tls {
+                    server = match server.bind_rustls_0_23(at, rustls) {
+                        Ok(s) => s,
+                        Err(e) => {
+                            let _ = tx.send(Err(Error::invalid_config(
+                                "server.tls.listen",
+                                format!("cannot listen on {at}: {e}"),
+                            )));
+                            return;
+                        }
+                    };
+                    tls_addr = server
+                        .addrs_with_scheme()
+                        .into_iter()
+                        .find(|(_, scheme)| *scheme == "https")
+                        .map(|(a, _)| a);
+                }
                 // `/metrics` on an address of its own, when configured so.
                 let mut metrics_server = None;
                 if let MetricsAccess::Listen(at) = metrics {
@@ -214,12 +243,12 @@ pub fn start_with(
                     }
                 }
                 let running = server.run();
-                let _ = tx.send(Ok((addr, running.handle(), metrics_server)));
+                let _ = tx.send(Ok((addr, tls_addr, running.handle(), metrics_server)));
                 let _ = running.await;
             });
         })
         .map_err(|e| Error::engine_io("starting the HTTP thread", e))?;
-    let (addr, server, metrics_server) = rx
+    let (addr, tls_addr, server, metrics_server) = rx
         .recv()
         .map_err(|_| Error::new(ErrorCode::EngineFailed, "the HTTP thread failed to start"))??;
     let (metrics_addr, metrics_server) = match metrics_server {
@@ -228,10 +257,82 @@ pub fn start_with(
     };
     Ok(HttpServerHandle {
         addr,
+        tls_addr,
         metrics_addr,
         state,
         server,
         metrics_server,
         thread: Some(thread),
     })
+}
+
+/// The TLS settings of `[server.tls]`: its certificate chain and key, read now (an
+/// unreadable or unusable one is `INVALID_CONFIG` naming the field), on rustls with
+/// the ring provider; actix offers HTTP/1.1 by ALPN.
+fn tls_config(t: &paddock_core::TlsConfig) -> Result<rustls::ServerConfig, Error> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&t.cert)
+        .and_then(|certs| certs.collect::<Result<_, _>>())
+        .map_err(|e| {
+            Error::invalid_config(
+                "server.tls.cert",
+                format!("cannot read certificates from `{}`: {e}", t.cert.display()),
+            )
+        })?;
+    if certs.is_empty() {
+        return Err(Error::invalid_config(
+            "server.tls.cert",
+            format!("`{}` holds no PEM certificate", t.cert.display()),
+        ));
+    }
+    let key = PrivateKeyDer::from_pem_file(&t.key).map_err(|e| {
+        Error::invalid_config(
+            "server.tls.key",
+            format!("cannot read a private key from `{}`: {e}", t.key.display()),
+        )
+    })?;
+    rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| Error::invalid_config("server.tls", e))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| {
+            Error::invalid_config(
+                "server.tls.key",
+                format!("the key does not go with the certificate, or is unusable: {e}"),
+            )
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unusable_tls_files_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+        let t = paddock_core::TlsConfig {
+            listen: "127.0.0.1:0".into(),
+            cert: cert.clone(),
+            key: key.clone(),
+        };
+        let e = tls_config(&t).unwrap_err();
+        assert!(e.message.contains("`server.tls.cert`: cannot read"), "{e}");
+        std::fs::write(&cert, "not a certificate\n").unwrap();
+        let e = tls_config(&t).unwrap_err();
+        assert!(e.message.contains("holds no PEM certificate"), "{e}");
+        // A PEM block that is no certificate of rustls's liking still reads as one;
+        // the key is what is missing then.
+        std::fs::write(
+            &cert,
+            "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        std::fs::write(&key, "no key here\n").unwrap();
+        let e = tls_config(&t).unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidConfig);
+        assert!(e.message.contains("`server.tls.key`"), "{e}");
+    }
 }
