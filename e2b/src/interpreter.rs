@@ -45,6 +45,11 @@ const MAX_LINE: usize = 16 << 20;
 const MAX_WAITING: usize = 8;
 /// Most bytes of code in one execution.
 const MAX_CODE: usize = 1 << 20;
+/// How long an interrupted execution may take to end before its interpreter is
+/// killed (and the context restarts).
+const INTERRUPT_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+/// SIGINT: what interrupts an execution whose caller went away.
+const SIGINT: i32 = 2;
 
 /// The contexts of one sandbox.
 #[derive(Default)]
@@ -431,8 +436,44 @@ async fn execute(sbx: Arc<Sbx>, body: &[u8]) -> HttpResponse {
             .await;
             return;
         }
+        // A caller that goes away while its code runs (the SDK's own `timeout` ran
+        // out, or it was stopped) interrupts it, as a notebook's interrupt does:
+        // Python sees a KeyboardInterrupt and the context lives on. Code that does
+        // not end within INTERRUPT_GRACE after that loses its interpreter.
+        let mut interrupted: Option<tokio::time::Instant> = None;
         loop {
-            let Some(v) = io.line().await else {
+            enum Next {
+                Line(Option<Value>),
+                CallerLeft,
+                Overdue,
+            }
+            let overdue = async {
+                match interrupted {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let next = tokio::select! {
+                v = io.line() => Next::Line(v),
+                () = tx.closed(), if interrupted.is_none() => Next::CallerLeft,
+                () = overdue => Next::Overdue,
+            };
+            let v = match next {
+                Next::Line(v) => v,
+                Next::CallerLeft => {
+                    tracing::debug!(sandbox = %sbx.id, context = %ctx.id, "the caller left; interrupting its execution");
+                    let _ = io.handle.signal(SIGINT);
+                    interrupted = Some(tokio::time::Instant::now() + INTERRUPT_GRACE);
+                    continue;
+                }
+                Next::Overdue => {
+                    let _ = io.handle.kill();
+                    ctx.process.lock().take();
+                    *guard = None;
+                    return;
+                }
+            };
+            let Some(v) = v else {
                 // The interpreter died (killed, restarted, out of memory): its state
                 // is lost, and the next execution starts a fresh one.
                 *guard = None;

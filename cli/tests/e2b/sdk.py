@@ -383,6 +383,25 @@ def code_interpreter():
         r = ci.run_code("import os\nos.environ.get('ONLY_NOW')", envs={"ONLY_NOW": "yes"})
         check(r.text == "'yes'", f"envs: {r.text}")
         check(ci.run_code("import os\nos.environ.get('ONLY_NOW')").text is None, "envs are not kept")
+        # Past the SDK's timeout the call ends, and the code is interrupted: the
+        # context lives on with its state, and is free at once.
+        started = time.time()
+        try:
+            ci.run_code("import time\nwhile True: time.sleep(0.05)", timeout=1)
+            raise AssertionError("a run past its timeout raises")
+        except TimeoutException:
+            pass
+        check(ci.run_code("x + 1").text == "42", "the context lives on after the interrupt")
+        check(time.time() - started < 10, f"the interrupted run held the context {time.time() - started:.1f} s")
+        # Code that swallows the interrupt loses its interpreter after a grace.
+        try:
+            ci.run_code("import time\nwhile True:\n    try: time.sleep(0.05)\n    except KeyboardInterrupt: pass", timeout=1)
+            raise AssertionError("a run past its timeout raises")
+        except TimeoutException:
+            pass
+        r = ci.run_code("x")
+        check(r.error is not None and r.error.name == "NameError", f"a fresh interpreter after the grace: {r.text} {r.error}")
+        ci.run_code("x = 41")
         # A second context has a namespace of its own, and a cwd.
         ctx = ci.create_code_context(cwd="/home/user")
         check(ci.run_code("x", context=ctx).error.name == "NameError", "a fresh namespace")
