@@ -240,54 +240,19 @@ fn join(
         }
         let _ = to_server.shutdown().await;
     });
-    out.upgrade("websocket").streaming(FromServer {
-        bytes: tokio_util::io::ReaderStream::new(from_server),
-        closed: Some(closed_tx),
-        linger,
-    })
-}
-
-/// The server's side of a joined WebSocket, as the answer's body.
-///
-/// When it ends, the connection's dispatcher waits up to `linger` for the client to
-/// close before closing itself; but it reckons that deadline from a clock it
-/// refreshes only every half second, so the deadline may already be past when it is
-/// set, and then nothing wakes the connection until the client does something (a
-/// client waiting for the server's close would wait out its own timeout). So the
-/// end wakes the connection once more, after `linger`.
-struct FromServer {
-    bytes: tokio_util::io::ReaderStream<
-        tokio::io::ReadHalf<hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>>,
-    >,
-    /// Dropped at the end (or with the answer), which stops the client's copier.
-    closed: Option<tokio::sync::oneshot::Sender<()>>,
-    linger: std::time::Duration,
-}
-
-impl futures_util::Stream for FromServer {
-    type Item = Result<bytes::Bytes, actix_web::Error>;
-
-    fn poll_next(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Self::Item>> {
-        use std::task::Poll;
-        match self.bytes.poll_next_unpin(cx) {
-            Poll::Ready(Some(piece)) => Poll::Ready(Some(piece.map_err(|e| {
-                actix_web::error::ErrorBadGateway(format!("the sandbox's server: {e}"))
-            }))),
-            Poll::Ready(None) => {
-                if self.closed.take().is_some() {
-                    let waker = cx.waker().clone();
-                    let after = self.linger + std::time::Duration::from_millis(20);
-                    actix_web::rt::spawn(async move {
-                        tokio::time::sleep(after).await;
-                        waker.wake();
-                    });
-                }
-                Poll::Ready(None)
-            }
-            Poll::Pending => Poll::Pending,
-        }
-    }
+    let bytes = tokio_util::io::ReaderStream::new(from_server);
+    // The sender goes with the stream (at its end, or with the answer), which stops
+    // the client's copier.
+    let stream =
+        futures_util::stream::unfold((bytes, closed_tx), |(mut bytes, closed)| async move {
+            let piece = bytes.next().await?;
+            Some((
+                piece.map_err(|e| {
+                    actix_web::error::ErrorBadGateway(format!("the sandbox's server: {e}"))
+                }),
+                (bytes, closed),
+            ))
+        });
+    // Closed within the linger once the server's side has ended.
+    paddock_pool::http::wake_at_end(out.upgrade("websocket").streaming(stream), linger)
 }

@@ -419,7 +419,7 @@ async fn forward_socket(
         let _held = held;
         relay_socket(upstream, session, stream, lost).await
     });
-    Ok(response)
+    Ok(super::wake_at_end(response, state.close_linger()))
 }
 
 type Upstream =

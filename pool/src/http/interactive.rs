@@ -161,7 +161,7 @@ pub(super) async fn attach(
         let _held = held;
         relay_process(started, session, stream).await
     });
-    Ok(response)
+    Ok(super::wake_at_end(response, state.close_linger()))
 }
 
 pub(super) fn upgrade_error(e: actix_web::Error) -> ApiError {
@@ -365,7 +365,7 @@ pub(super) async fn tcp(
         let _held = held;
         relay_tcp(conn, session, stream).await
     });
-    Ok(response)
+    Ok(super::wake_at_end(response, state.close_linger()))
 }
 
 pub(super) fn is_upgrade(req: &HttpRequest) -> bool {

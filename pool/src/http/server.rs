@@ -30,6 +30,11 @@ pub(super) struct State {
 }
 
 impl State {
+    /// How long a closing connection waits for its client (`server.close_linger_ms`).
+    pub(super) fn close_linger(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.config.close_linger_ms)
+    }
+
     pub(super) fn new(paddock: Paddock, config: ServerConfig) -> Result<State, Error> {
         let metrics = config.metrics_access()?;
         Ok(State {

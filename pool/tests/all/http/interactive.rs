@@ -506,6 +506,15 @@ async fn websocket_closes_end_the_connection_promptly() {
             took < CLOSE_WITHIN,
             "round {round}: the close was answered in {took:?}"
         );
+        // Then the server ends the connection (the client waits for it to, as RFC
+        // 6455 has it), within its linger (100 ms) and a wake-up: not at the
+        // client's own timeout.
+        let took = until_closed(&mut socket).await;
+        println!("round {round}: client close: the connection ended {took:?} after");
+        assert!(
+            took < Duration::from_secs(2),
+            "round {round}: the connection ended {took:?} after the close"
+        );
     }
     t.stop().await;
 }
