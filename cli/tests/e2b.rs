@@ -228,6 +228,12 @@ tenant = "alice"
 [[server.api_keys]]
 key = "{BOB}"
 tenant = "bob"
+[[policy.custom_rules]]
+name = "no-marker"
+pattern = "PADDOCK_POLICY_MARKER"
+language = "python"
+action = "block"
+message = "the marker is not allowed here"
 [e2b]
 enabled = true
 domain = "e2b.test"

@@ -376,6 +376,36 @@ async fn execute(sbx: Arc<Sbx>, body: &[u8]) -> HttpResponse {
         Ok(c) => c,
         Err(r) => return r,
     };
+    // The policy stage sees the code as it would an execution's: a refusal is the
+    // execution's error (named by its stable code), before the code reaches the
+    // interpreter.
+    let program = paddock_core::Program::code(
+        if ctx.language == "javascript" {
+            paddock_core::Language::Javascript
+        } else {
+            paddock_core::Language::Python
+        },
+        b.code.as_str(),
+    );
+    if let Err(e) = sbx.handle.check_program(program).await {
+        if e.code == paddock_core::ErrorCode::NotFound {
+            return http_error(
+                StatusCode::BAD_GATEWAY,
+                format!("The sandbox {} was not found", sbx.id),
+            );
+        }
+        let mut lines = Vec::new();
+        for v in [
+            json!({ "type": "error", "name": e.code.as_str(), "value": e.message, "traceback": "" }),
+            json!({ "type": "end_of_execution" }),
+        ] {
+            lines.extend_from_slice(v.to_string().as_bytes());
+            lines.push(b'\n');
+        }
+        return HttpResponse::Ok()
+            .content_type("application/x-ndjson")
+            .body(lines);
+    }
     if ctx.waiting.load(Ordering::Acquire) >= MAX_WAITING {
         return http_error(
             StatusCode::TOO_MANY_REQUESTS,

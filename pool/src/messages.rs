@@ -463,6 +463,22 @@ pub struct StartProcess {
     pub spec: paddock_core::ProcessSpec,
 }
 
+/// Asks the policy about a program that will run in a session by other means than an
+/// execution (code a long-lived interpreter of the session is given, say): refused
+/// like an execution with the same program (`POLICY_DENIED`, counted and measured
+/// the same), or admitted with the policy's warnings.
+#[derive(Debug, Message, Clone)]
+#[rtype(result = "Result<Vec<String>, Error>")]
+pub struct CheckProgram {
+    /// On whose behalf: another tenant's session is `NOT_FOUND`, like one that never
+    /// existed.
+    pub caller: Caller,
+    /// The session id.
+    pub sandbox: String,
+    /// What will run.
+    pub program: paddock_core::Program,
+}
+
 /// Opens a terminal in a session (checked and audited like [`StartProcess`]).
 #[derive(Debug, Message, Clone)]
 #[rtype(result = "Result<Started, Error>")]

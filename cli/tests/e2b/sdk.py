@@ -383,6 +383,11 @@ def code_interpreter():
         r = ci.run_code("import os\nos.environ.get('ONLY_NOW')", envs={"ONLY_NOW": "yes"})
         check(r.text == "'yes'", f"envs: {r.text}")
         check(ci.run_code("import os\nos.environ.get('ONLY_NOW')").text is None, "envs are not kept")
+        # The policy stage sees the code: a refusal is the execution's error, and
+        # the code never ran.
+        r = ci.run_code("x = 'PADDOCK_POLICY_MARKER'")
+        check(r.error is not None and r.error.name == "CODE_BLOCKED" and "no-marker" in r.error.value, f"policy: {r.error}")
+        check(ci.run_code("x + 1").text == "42", "the refused code did not run")
         # Past the SDK's timeout the call ends, and the code is interrupted: the
         # context lives on with its state, and is free at once.
         started = time.time()

@@ -193,6 +193,25 @@ impl SandboxHandle {
             .map_err(gone)?
     }
 
+    /// Asks the policy about `program`, which the caller will run in this sandbox by
+    /// other means than an execution (code for an interpreter process of its own,
+    /// say): `POLICY_DENIED` as an execution of it would be, else the policy's
+    /// warnings.
+    pub async fn check_program(
+        &self,
+        program: paddock_core::Program,
+    ) -> Result<Vec<String>, Error> {
+        self.paddock
+            .supervisor
+            .send(crate::messages::CheckProgram {
+                caller: self.caller.clone(),
+                sandbox: self.info.id.clone(),
+                program,
+            })
+            .await
+            .map_err(gone)?
+    }
+
     /// Opens a terminal (engines with the `terminal` feature); as
     /// [`start_process`](Self::start_process) otherwise.
     pub async fn open_terminal(

@@ -15,8 +15,8 @@ use tracing::warn;
 use super::{Session, Supervisor};
 use crate::audit::{AuditEntry, Record};
 use crate::messages::{
-    Attachable, GetProcess, ListProcesses, OpenTcpConnection, OpenTerminal, ProcessInfo,
-    StartProcess, Started,
+    Attachable, CheckProgram, GetProcess, ListProcesses, OpenTcpConnection, OpenTerminal,
+    ProcessInfo, StartProcess, Started,
 };
 use crate::pipeline::Pipeline;
 
@@ -74,8 +74,15 @@ impl Pipeline {
     /// Refuses a command the policy blocks, as for an execution.
     fn check_command(&self, argv: &[String]) -> Result<(), Error> {
         let program = Program::command(argv.iter().cloned());
-        self.policy.check(&program).map(|_| ()).map_err(|r| {
-            tracing::info!(rule = %r.rule, "policy refused a background process");
+        self.check_program(&program, "a background process")
+            .map(|_| ())
+    }
+
+    /// Refuses a program the policy blocks, as for an execution (counted and measured
+    /// the same); its warnings otherwise.
+    fn check_program(&self, program: &Program, what: &str) -> Result<Vec<String>, Error> {
+        self.policy.check(program).map_err(|r| {
+            tracing::info!(rule = %r.rule, "policy refused {what}");
             self.telemetry.record_rule_block(&r.rule);
             self.shared
                 .refused_total
@@ -158,6 +165,16 @@ impl Handler<StartProcess> for Supervisor {
             session.processes.borrow_mut().insert(s.clone());
             Ok(s)
         })
+    }
+}
+
+impl Handler<CheckProgram> for Supervisor {
+    type Result = Result<Vec<String>, Error>;
+
+    fn handle(&mut self, msg: CheckProgram, _ctx: &mut Self::Context) -> Self::Result {
+        self.session_for(&msg.caller, &msg.sandbox)?;
+        self.pipeline
+            .check_program(&msg.program, "a program of a session")
     }
 }
 
