@@ -366,13 +366,14 @@ fn the_python_sdk_runs_unchanged_on_the_subprocess_engine() {
 }
 
 /// `server.max_requests_per_tenant` holds for E2B's requests: streams held open
-/// count, another tenant goes on, a place comes back when a stream ends.
+/// count, another tenant goes on, a place comes back when a stream ends; and a
+/// sandbox's ports take `server.max_websockets_per_tenant` WebSockets at once.
 #[test]
 fn e2b_requests_count_against_the_tenants_cap() {
     run_sdk(
         "subprocess",
-        "max_requests_per_tenant = 3",
-        &["caps"],
+        "max_requests_per_tenant = 3\nmax_websockets_per_tenant = 1",
+        &["caps", "ws_caps"],
         false,
     );
 }

@@ -1288,6 +1288,23 @@ impl PaddockConfig {
             crate::e2b::check_template_name(name)
                 .map_err(|e| Error::invalid_config(&format!("templates.{name}"), e.message))?;
             t.validate(name)?;
+            if let Some(engine) = &t.engine {
+                if !EngineName::BUILT_IN.contains(engine) && !self.engines.contains_key(engine) {
+                    let built_in = EngineName::BUILT_IN;
+                    let known: Vec<&str> = built_in
+                        .iter()
+                        .chain(self.engines.keys())
+                        .map(|n| n.as_str())
+                        .collect();
+                    return Err(Error::invalid_config(
+                        &format!("templates.{name}.engine"),
+                        format!(
+                            "`{engine}` is no engine of this configuration; the engines are: {}",
+                            known.join(", ")
+                        ),
+                    ));
+                }
+            }
         }
         let s = &self.subprocess;
         for (field, value) in [
@@ -1612,6 +1629,19 @@ mod tests {
             assert_eq!(e.code, ErrorCode::InvalidConfig, "{text}");
             assert!(e.message.contains(names), "{text}: {e}");
         }
+        // A template names an engine there is.
+        let e = PaddockConfig::from_toml_str(
+            "[engines.tiny]\nkind = \"container\"\n[templates.t]\nengine = \"tyni\"\n",
+        )
+        .unwrap_err();
+        assert!(
+            e.message.contains("`templates.t.engine`") && e.message.contains("tiny"),
+            "{e}"
+        );
+        PaddockConfig::from_toml_str(
+            "[engines.tiny]\nkind = \"container\"\n[templates.t]\nengine = \"tiny\"\n",
+        )
+        .unwrap();
         let many: String = (0..=MAX_ENGINE_DEFS)
             .map(|i| format!("[engines.e{i}]\nkind = \"container\"\n"))
             .collect();

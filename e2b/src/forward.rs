@@ -44,13 +44,14 @@ fn addressing(name: &str) -> bool {
 }
 
 /// Forwards `req` (with its body, at most `max_body` bytes) to `port` of the
-/// sandbox's loopback; `linger` is the server's `close_linger_ms`.
+/// sandbox's loopback; `linger` is the server's `close_linger_ms`, and at most
+/// `max_websockets` WebSockets are open to the sandbox's ports at once.
 pub(crate) async fn forward(
     sbx: Arc<Sbx>,
     req: &HttpRequest,
     mut payload: web::Payload,
     port: u16,
-    (max_body, linger): (usize, std::time::Duration),
+    (max_body, linger, max_websockets): (usize, std::time::Duration, usize),
 ) -> HttpResponse {
     let not_open = || {
         http_error(
@@ -77,6 +78,23 @@ pub(crate) async fn forward(
     if port == 0 {
         return not_open();
     }
+    // A WebSocket holds its place among the sandbox's until it closes (they need
+    // no token, so they are counted per sandbox, like its other public requests).
+    let place = if websocket {
+        match WebSocketPlace::take(&sbx, max_websockets) {
+            Some(p) => Some(p),
+            None => {
+                return http_error(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    format!(
+                        "{max_websockets} WebSockets to this sandbox's ports are open (server.max_websockets_per_tenant); close one first"
+                    ),
+                )
+            }
+        }
+    } else {
+        None
+    };
     let conn = match sbx
         .handle
         .open_tcp_connection(TcpTarget::loopback(port))
@@ -198,7 +216,7 @@ pub(crate) async fn forward(
     }
     if websocket && status == StatusCode::SWITCHING_PROTOCOLS {
         return match hyper::upgrade::on(answer).await {
-            Ok(upgraded) => join(out, upgraded, payload, linger),
+            Ok(upgraded) => join(out, upgraded, payload, linger, place),
             Err(e) => http_error(
                 StatusCode::BAD_GATEWAY,
                 format!("the server on port {port} of the sandbox did not switch protocols: {e}"),
@@ -220,11 +238,13 @@ fn join(
     upgraded: hyper::upgrade::Upgraded,
     mut payload: web::Payload,
     linger: std::time::Duration,
+    place: Option<WebSocketPlace>,
 ) -> HttpResponse {
     use tokio::io::AsyncWriteExt;
     let (from_server, mut to_server) = tokio::io::split(hyper_util::rt::TokioIo::new(upgraded));
     let (closed_tx, closed_rx) = tokio::sync::oneshot::channel::<()>();
     actix_web::rt::spawn(async move {
+        let _place = place;
         // Ends when the client's side ends, or when the answer's stream is dropped
         // (the server's side ended, or the client went away).
         let copy = async {
@@ -255,4 +275,28 @@ fn join(
         });
     // Closed within the linger once the server's side has ended.
     paddock_pool::http::wake_at_end(out.upgrade("websocket").streaming(stream), linger)
+}
+
+/// One of a sandbox's open WebSockets, given back when dropped.
+pub(crate) struct WebSocketPlace(Arc<Sbx>);
+
+impl WebSocketPlace {
+    /// A place, if fewer than `max` are taken.
+    fn take(sbx: &Arc<Sbx>, max: usize) -> Option<WebSocketPlace> {
+        use std::sync::atomic::Ordering;
+        sbx.websockets
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| WebSocketPlace(sbx.clone()))
+    }
+}
+
+impl Drop for WebSocketPlace {
+    fn drop(&mut self) {
+        self.0
+            .websockets
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
 }

@@ -50,6 +50,9 @@ const MAX_CODE: usize = 1 << 20;
 const INTERRUPT_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 /// SIGINT: what interrupts an execution whose caller went away.
 const SIGINT: i32 = 2;
+/// How often a running execution's silent answer gets a byte (a space), by which a
+/// caller that left is noticed.
+const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The contexts of one sandbox.
 #[derive(Default)]
@@ -471,11 +474,18 @@ async fn execute(sbx: Arc<Sbx>, body: &[u8]) -> HttpResponse {
         // Python sees a KeyboardInterrupt and the context lives on. Code that does
         // not end within INTERRUPT_GRACE after that loses its interpreter.
         let mut interrupted: Option<tokio::time::Instant> = None;
+        // A caller's departure shows only when a write to it fails: while the code
+        // is silent, a space goes out every HEARTBEAT (JSON allows it before the
+        // next line, which it joins), so a departure is seen within two.
+        let mut heartbeat = tokio::time::interval(HEARTBEAT);
+        heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        heartbeat.reset();
         loop {
             enum Next {
                 Line(Option<Value>),
                 CallerLeft,
                 Overdue,
+                Heartbeat,
             }
             let overdue = async {
                 match interrupted {
@@ -484,12 +494,20 @@ async fn execute(sbx: Arc<Sbx>, body: &[u8]) -> HttpResponse {
                 }
             };
             let next = tokio::select! {
+                // An answer that is there is taken first: an `end` already read
+                // is not interrupted.
+                biased;
                 v = io.line() => Next::Line(v),
                 () = tx.closed(), if interrupted.is_none() => Next::CallerLeft,
                 () = overdue => Next::Overdue,
+                _ = heartbeat.tick(), if interrupted.is_none() => Next::Heartbeat,
             };
             let v = match next {
                 Next::Line(v) => v,
+                Next::Heartbeat => {
+                    let _ = tx.try_send(Bytes::from_static(b" "));
+                    continue;
+                }
                 Next::CallerLeft => {
                     tracing::debug!(sandbox = %sbx.id, context = %ctx.id, "the caller left; interrupting its execution");
                     let _ = io.handle.signal(SIGINT);
@@ -532,6 +550,13 @@ async fn execute(sbx: Arc<Sbx>, body: &[u8]) -> HttpResponse {
                     }))
                     .await;
                     send(json!({ "type": "end_of_execution" })).await;
+                    // JavaScript's host ends on an interrupt (node with it): a
+                    // context interrupted after all starts afresh.
+                    if interrupted.is_some() && ctx.language == "javascript" {
+                        let _ = io.handle.kill();
+                        ctx.process.lock().take();
+                        *guard = None;
+                    }
                     return;
                 }
                 _ => {}

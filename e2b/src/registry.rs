@@ -51,6 +51,8 @@ pub(crate) struct Sbx {
     pub(crate) procs: parking_lot::Mutex<crate::process::Procs>,
     pub(crate) cpu_count: u32,
     pub(crate) memory_mb: u64,
+    /// WebSockets open to the sandbox's own ports.
+    pub(crate) websockets: std::sync::atomic::AtomicUsize,
 }
 
 impl Sbx {
@@ -92,6 +94,8 @@ pub(crate) struct Inner {
     pub(crate) max_body_bytes: usize,
     /// How long a closing connection waits for its client (`server.close_linger_ms`).
     pub(crate) close_linger: std::time::Duration,
+    /// WebSockets one sandbox's ports may have open (`server.max_websockets_per_tenant`).
+    pub(crate) max_websockets: usize,
     /// Requests one tenant may have in progress (`server.max_requests_per_tenant`).
     pub(crate) max_requests_per_tenant: u32,
     pub(crate) in_flight: crate::caps::InFlight,
@@ -115,6 +119,7 @@ impl Inner {
             max_file_bytes: server.max_file_bytes as u64,
             max_body_bytes: server.max_body_bytes,
             close_linger: std::time::Duration::from_millis(server.close_linger_ms),
+            max_websockets: server.max_websockets_per_tenant as usize,
             max_requests_per_tenant: server.max_requests_per_tenant,
             in_flight: Default::default(),
             templates,

@@ -177,7 +177,7 @@ async fn sandbox_entry(
             ),
         ),
         other => {
-            let bounds = (inner.max_body_bytes, inner.close_linger);
+            let bounds = (inner.max_body_bytes, inner.close_linger, inner.max_websockets);
             crate::forward::forward(sbx, &req, payload, other, bounds).await
         }
     }

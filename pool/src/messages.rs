@@ -465,7 +465,7 @@ pub struct StartProcess {
 
 /// Asks the policy about a program that will run in a session by other means than an
 /// execution (code a long-lived interpreter of the session is given, say): refused
-/// like an execution with the same program (`POLICY_DENIED`, counted and measured
+/// like an execution with the same program (`CODE_BLOCKED`, counted and measured
 /// the same), or admitted with the policy's warnings.
 #[derive(Debug, Message, Clone)]
 #[rtype(result = "Result<Vec<String>, Error>")]

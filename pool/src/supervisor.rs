@@ -77,6 +77,8 @@ pub struct Supervisor {
     /// Each engine's place in registration order (the built-ins first), which breaks
     /// ties when an engine is chosen by level.
     registered: HashMap<EngineName, usize>,
+    /// Engines a request gets only by naming them (`[engines.NAME]`).
+    by_name_only: std::collections::HashSet<EngineName>,
     default_engine: EngineName,
     /// By engine, network policy, disk quota and home: what an instance is made with.
     pools: HashMap<PoolKey, Arc<EnginePool>>,
@@ -98,6 +100,7 @@ pub struct Supervisor {
 pub(crate) struct SupervisorParts {
     pub(crate) engines: Vec<Arc<dyn Engine>>,
     pub(crate) default_engine: EngineName,
+    pub(crate) by_name_only: std::collections::HashSet<EngineName>,
     pub(crate) pool_config: PoolConfig,
     pub(crate) defaults: Limits,
     pub(crate) policy: Arc<Policy>,
@@ -122,6 +125,7 @@ impl Supervisor {
                 .collect(),
             engines: parts.engines.into_iter().map(|e| (e.name(), e)).collect(),
             default_engine: parts.default_engine,
+            by_name_only: parts.by_name_only,
             pools: HashMap::new(),
             warm_sizes: HashMap::new(),
             pool_config: parts.pool_config,
@@ -153,6 +157,7 @@ impl Supervisor {
     ///
     /// Only engines whose level `tenant` may use are chosen when one is not named; a
     /// named engine is taken as named, and the access check refuses it if need be.
+    /// Engines of `[engines.NAME]` are never chosen unless named.
     fn choose(
         &self,
         engine: Option<EngineName>,
@@ -164,10 +169,11 @@ impl Supervisor {
         }
         let allowed = self.pipeline.access.for_tenant(tenant);
         let provides = |kind: &EngineName| {
-            self.engines.get(kind).is_some_and(|e| {
-                let max = e.capabilities().max_level;
-                max >= level && allowed.allows_level(max)
-            })
+            !self.by_name_only.contains(kind)
+                && self.engines.get(kind).is_some_and(|e| {
+                    let max = e.capabilities().max_level;
+                    max >= level && allowed.allows_level(max)
+                })
         };
         if provides(&self.default_engine) {
             return self.default_engine.clone();

@@ -517,7 +517,10 @@ while True:
     accept = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
     c.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: " + accept + b"\r\n\r\n")
     while True:
-        b0, b1 = f.read(2)
+        head2 = f.read(2)
+        if len(head2) < 2:
+            break  # the client went away without a close
+        b0, b1 = head2
         n = b1 & 127
         if n == 126: n = struct.unpack(">H", f.read(2))[0]
         mask = f.read(4); data = bytes(x ^ mask[i % 4] for i, x in enumerate(f.read(n)))
@@ -536,23 +539,19 @@ def ws_frame(opcode, data):
     return bytes([0x80 | opcode, 0x80 | len(data)]) + mask + bytes(x ^ mask[i % 4] for i, x in enumerate(data))
 
 
-def websocket(sbx):
-    """A WebSocket to a server in the sandbox, through get_host's name: the handshake
-    is the server's own, and frames go both ways until a close."""
-    import base64
-    import hashlib
+def ws_open(sbx, key, patience=15):
+    """An upgrade to the sandbox's WebSocket server on port 8765, through get_host's
+    name, retried until it is answered 101 (or `patience` s pass): the socket, its
+    reader, the status line and the answer's headers."""
     import socket
     from urllib.parse import urlparse
 
-    sbx.files.write("/home/user/ws.py", WS_SERVER)
-    server = sbx.commands.run("exec python3 /home/user/ws.py", background=True)
     u = urlparse(URL)
-    key = base64.b64encode(os.urandom(16))
     request = (
         f"GET /chat HTTP/1.1\r\nHost: {sbx.get_host(8765)}\r\nUpgrade: websocket\r\n"
         f"Connection: Upgrade\r\nSec-WebSocket-Key: {key.decode()}\r\nSec-WebSocket-Version: 13\r\n\r\n"
     ).encode()
-    deadline = time.time() + 15
+    deadline = time.time() + patience
     while True:
         c = socket.create_connection((u.hostname, u.port), timeout=10)
         c.sendall(request)
@@ -560,9 +559,9 @@ def websocket(sbx):
         status = f.readline()
         if b" 101 " in status or time.time() > deadline:
             break
+        f.close()
         c.close()
         time.sleep(0.2)
-    check(b" 101 " in status, f"the upgrade: {status!r}")
     headers = {}
     while True:
         line = f.readline().rstrip(b"\r\n")
@@ -570,6 +569,20 @@ def websocket(sbx):
             break
         k, v = line.split(b":", 1)
         headers[k.strip().lower()] = v.strip()
+    return c, f, status, headers
+
+
+def websocket(sbx):
+    """A WebSocket to a server in the sandbox, through get_host's name: the handshake
+    is the server's own, and frames go both ways until a close."""
+    import base64
+    import hashlib
+
+    sbx.files.write("/home/user/ws.py", WS_SERVER)
+    server = sbx.commands.run("exec python3 /home/user/ws.py", background=True)
+    key = base64.b64encode(os.urandom(16))
+    c, f, status, headers = ws_open(sbx, key)
+    check(b" 101 " in status, f"the upgrade: {status!r}")
     want = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
     check(headers.get(b"sec-websocket-accept") == want, f"the server's accept key: {headers}")
     for word in [b"hello", b"sandbox"]:
@@ -585,12 +598,8 @@ def websocket(sbx):
     f.close()
     c.close()
     # A second WebSocket goes through as well.
-    c = socket.create_connection((u.hostname, u.port), timeout=10)
-    c.sendall(request)
-    f = c.makefile("rb")
-    check(b" 101 " in f.readline(), "a second upgrade")
-    while f.readline().rstrip(b"\r\n"):
-        pass
+    c, f, status, _ = ws_open(sbx, key)
+    check(b" 101 " in status, f"a second upgrade: {status!r}")
     c.sendall(ws_frame(1, b"again"))
     b0, n = f.read(2)
     check((b0, f.read(n)) == (0x81, b"AGAIN"), "the second connection's echo")
@@ -824,12 +833,40 @@ def domain_mode():
         check("CERTIFICATE_VERIFY_FAILED" in str(e), f"verification: {e}")
 
 
+def ws_caps():
+    """Run alone, against a server with server.max_websockets_per_tenant = 1: a
+    sandbox's ports take one WebSocket at a time, and a closed one gives its place
+    back."""
+    import base64
+
+    sbx = Sandbox.create(api_key=ALICE)
+    try:
+        sbx.files.write("/home/user/ws.py", WS_SERVER)
+        server = sbx.commands.run("exec python3 /home/user/ws.py", background=True)
+        key = base64.b64encode(os.urandom(16))
+        c, f, status, _ = ws_open(sbx, key)
+        check(b" 101 " in status, f"the first upgrade: {status!r}")
+        c2, f2, status, _ = ws_open(sbx, key, patience=0)
+        check(b" 429 " in status, f"a second one at once: {status!r}")
+        f2.close()
+        c2.close()
+        f.close()
+        c.close()
+        c, f, status, _ = ws_open(sbx, key)
+        check(b" 101 " in status, f"after the first closed: {status!r}")
+        f.close()
+        c.close()
+        server.kill()
+    finally:
+        sbx.kill()
+
+
 CHECKS = [the_issue_snippet, commands, files, pty, lifecycle, bad_input, tenants, code_interpreter, ports, watch]
 
 if __name__ == "__main__":
     wanted = sys.argv[1:]
     failed = 0
-    optional = [caps, template_rootfs, domain_mode]
+    optional = [caps, ws_caps, template_rootfs, domain_mode]
     if os.environ.get("PADDOCK_TINY_MARKER") and not wanted:
         optional.remove(template_rootfs)
         CHECKS.append(template_rootfs)

@@ -11,6 +11,7 @@ import base64
 import codecs
 import json
 import os
+import signal
 import sys
 import threading
 import traceback
@@ -143,7 +144,13 @@ def _turn(req):
     os.environ.update({str(k): str(v) for k, v in env.items()})
     value, error = None, None
     try:
-        value = _run(req.get("code", ""))
+        # An interrupt (the server's SIGINT when the caller left) is a
+        # KeyboardInterrupt in the code, and only there: between turns it is ignored.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            value = _run(req.get("code", ""))
+        finally:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
     except BaseException as e:  # SystemExit and KeyboardInterrupt too: the context lives on
         # The traceback from the cell's own frames on (none for a syntax error).
         t = e.__traceback__
@@ -174,6 +181,7 @@ def _turn(req):
     _send({"type": "end", "n": req.get("n"), "count": _count})
 
 
+signal.signal(signal.SIGINT, signal.SIG_IGN)
 _send({"type": "ready"})
 for _line in _requests:
     try:

@@ -186,12 +186,6 @@ pub fn start_with(
                 // with Nagle's algorithm each would wait for the client's delayed ACK
                 // (40 ms here) behind the one before it.
                 .tcp_nodelay(true)
-                // A client that closes its side has gone (HTTP clients do not
-                // half-close): the connection ends then, and with it a streamed
-                // answer nobody reads (so its request's place is given back, and an
-                // E2B execution whose caller left is interrupted), instead of at the
-                // answer's next write.
-                .h1_allow_half_closed(false)
                 .workers(workers)
                 .disable_signals()
                 .shutdown_timeout(30)

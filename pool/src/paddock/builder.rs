@@ -28,6 +28,12 @@ fn register_engines(
 ) -> Result<(Vec<Arc<dyn Engine>>, EngineName), Error> {
     let mut names = std::collections::BTreeSet::new();
     for engine in &registered {
+        if config.engines.contains_key(&engine.name()) {
+            return Err(Error::invalid_config(
+                &format!("engines.{}", engine.name()),
+                "an engine registered in code has this name; give the section another",
+            ));
+        }
         if !names.insert(engine.name()) {
             return Err(Error::invalid_config(
                 "engines",
@@ -42,10 +48,19 @@ fn register_engines(
     let builtin = paddock_engines::builtin(config, |name| {
         !without.contains(name) && !names.contains(name)
     })?;
-    let first_builtin = builtin.engines.first().map(|e| e.name());
+    // Not an `[engines.NAME]` one: those are had only by naming them.
+    let first_builtin = builtin
+        .engines
+        .iter()
+        .map(|e| e.name())
+        .find(|n| !config.engines.contains_key(n));
     let mut engines = builtin.engines;
     engines.extend(registered);
-    let Some(first) = first_registered.or(first_builtin) else {
+    // With only engines of `[engines.NAME]`, the default is the one asked for.
+    let named_default = default_engine
+        .clone()
+        .filter(|n| engines.iter().any(|e| e.name() == *n));
+    let Some(first) = first_registered.or(first_builtin).or(named_default) else {
         if !builtin.unavailable.is_empty() {
             let why: Vec<&str> = builtin
                 .unavailable
@@ -254,6 +269,8 @@ impl PaddockBuilder {
             &self.without,
             self.default_engine,
         )?;
+        let by_name_only: std::collections::HashSet<EngineName> =
+            self.config.engines.keys().cloned().collect();
         let mut described: Vec<(EngineName, paddock_core::Capabilities)> = engines
             .iter()
             .map(|e| (e.name(), e.capabilities().clone()))
@@ -298,6 +315,7 @@ impl PaddockBuilder {
                     let supervisor = Supervisor::from_parts(SupervisorParts {
                         engines,
                         default_engine,
+                        by_name_only,
                         pool_config,
                         defaults,
                         policy,

@@ -195,7 +195,7 @@ impl SandboxHandle {
 
     /// Asks the policy about `program`, which the caller will run in this sandbox by
     /// other means than an execution (code for an interpreter process of its own,
-    /// say): `POLICY_DENIED` as an execution of it would be, else the policy's
+    /// say): `CODE_BLOCKED` as an execution of it would be, else the policy's
     /// warnings.
     pub async fn check_program(
         &self,

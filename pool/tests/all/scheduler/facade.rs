@@ -479,6 +479,69 @@ async fn strict_isolation_goes_to_the_container_engine() {
     paddock.shutdown(Duration::from_secs(5)).await.unwrap();
 }
 
+/// The no-op engine under another name.
+#[derive(Debug)]
+struct Renamed(NoopEngine, EngineName);
+
+#[async_trait::async_trait]
+impl paddock_core::Engine for Renamed {
+    fn name(&self) -> EngineName {
+        self.1.clone()
+    }
+    fn capabilities(&self) -> &paddock_core::Capabilities {
+        self.0.capabilities()
+    }
+    async fn create(
+        &self,
+        spec: &paddock_core::SandboxSpec,
+    ) -> paddock_core::Result<Arc<dyn paddock_core::Sandbox>> {
+        self.0.create(spec).await
+    }
+}
+
+/// An engine of `[engines.NAME]` is had by naming it, never by level alone (nor as
+/// the default), even when no other engine gives the level; an engine registered in
+/// code may not take its name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_named_engine_is_chosen_only_by_its_name() {
+    let mut config =
+        PaddockConfig::from_toml_str("[engines.ct-two]\nkind = \"container\"\n").unwrap();
+    config.container.enabled = false;
+    config.isolate.enabled = false;
+    let paddock = Paddock::builder().config(config.clone()).start().unwrap();
+    let named = EngineName::new("ct-two").unwrap();
+    if !paddock.engines().contains(&named) {
+        assert!(
+            std::env::var_os("PADDOCK_REQUIRE_CONTAINERS").is_none(),
+            "the container engine must start here"
+        );
+        eprintln!("skipped: no OCI runtime on this host");
+        return;
+    }
+    // Strict, naming no engine: no engine it may be chosen from gives it.
+    let mut strict = Execute::new(sh("true"));
+    strict.level = paddock_core::IsolationLevel::Strict;
+    let e = paddock.execute_with(strict.clone()).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::LevelNotSupported, "{e}");
+    // Named, it runs there.
+    strict.engine = Some(named.clone());
+    let r = paddock.execute_with(strict).await.unwrap();
+    assert_eq!(r.engine, named, "{r:?}");
+    // The default stays subprocess.
+    assert_eq!(
+        paddock.execute(sh("true")).await.unwrap().engine,
+        EngineName::SUBPROCESS
+    );
+    paddock.shutdown(Duration::from_secs(5)).await.unwrap();
+
+    let e = Paddock::builder()
+        .config(config)
+        .engine(Arc::new(Renamed(NoopEngine::new(), named.clone())))
+        .start()
+        .unwrap_err();
+    assert!(e.message.contains("`engines.ct-two`"), "{e}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_embedder_keeps_a_pool_of_its_own_sandboxes_warm() {
     let paddock = Paddock::builder()
