@@ -244,7 +244,6 @@ fn join(
     let (from_server, mut to_server) = tokio::io::split(hyper_util::rt::TokioIo::new(upgraded));
     let (closed_tx, closed_rx) = tokio::sync::oneshot::channel::<()>();
     actix_web::rt::spawn(async move {
-        let _place = place;
         // Ends when the client's side ends, or when the answer's stream is dropped
         // (the server's side ended, or the client went away).
         let copy = async {
@@ -263,16 +262,20 @@ fn join(
     let bytes = tokio_util::io::ReaderStream::new(from_server);
     // The sender goes with the stream (at its end, or with the answer), which stops
     // the client's copier.
-    let stream =
-        futures_util::stream::unfold((bytes, closed_tx), |(mut bytes, closed)| async move {
+    // The WebSocket's place among the sandbox's goes with it too: it is held while
+    // the answer lasts (a client that only half-closes still holds it).
+    let stream = futures_util::stream::unfold(
+        (bytes, closed_tx, place),
+        |(mut bytes, closed, place)| async move {
             let piece = bytes.next().await?;
             Some((
                 piece.map_err(|e| {
                     actix_web::error::ErrorBadGateway(format!("the sandbox's server: {e}"))
                 }),
-                (bytes, closed),
+                (bytes, closed, place),
             ))
-        });
+        },
+    );
     // Closed within the linger once the server's side has ended.
     paddock_pool::http::wake_at_end(out.upgrade("websocket").streaming(stream), linger)
 }

@@ -50,9 +50,6 @@ const MAX_CODE: usize = 1 << 20;
 const INTERRUPT_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 /// SIGINT: what interrupts an execution whose caller went away.
 const SIGINT: i32 = 2;
-/// How often a running execution's silent answer gets a byte (a space), by which a
-/// caller that left is noticed.
-const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The contexts of one sandbox.
 #[derive(Default)]
@@ -254,7 +251,7 @@ pub(crate) async fn route(sbx: Arc<Sbx>, req: &HttpRequest, body: web::Bytes) ->
     let method = req.method().as_str();
     match (method, path) {
         ("GET", "/health") => HttpResponse::Ok().json(json!({ "status": "ok" })),
-        ("POST", "/execute") => execute(sbx, &body).await,
+        ("POST", "/execute") => execute(sbx, &body, paddock_pool::http::client_gone(req)).await,
         ("POST", "/contexts") => {
             let b: ContextBody = match parse(&body) {
                 Ok(b) => b,
@@ -360,11 +357,32 @@ fn context_for(sbx: &Sbx, b: &ExecuteBody) -> Result<Arc<Context>, HttpResponse>
     Ok(c)
 }
 
+/// `v` as one NDJSON line (without its newline): JSON with the characters some
+/// readers take for line ends (U+0085, U+2028, U+2029; Python's `str.splitlines`,
+/// which httpx's `iter_lines` follows) escaped, so that output holding them does not
+/// split a line.
+fn ndjson_line(v: &Value) -> Vec<u8> {
+    let text = v.to_string();
+    if !text.contains(['\u{85}', '\u{2028}', '\u{2029}']) {
+        return text.into_bytes();
+    }
+    text.replace('\u{85}', "\\u0085")
+        .replace('\u{2028}', "\\u2028")
+        .replace('\u{2029}', "\\u2029")
+        .into_bytes()
+}
+
 fn context_error(name: &str, value: String) -> Value {
     json!({ "type": "error", "name": name, "value": value, "traceback": "" })
 }
 
-async fn execute(sbx: Arc<Sbx>, body: &[u8]) -> HttpResponse {
+/// `gone` resolves when the caller's connection has closed (see
+/// [`paddock_pool::http::client_gone`]).
+async fn execute(
+    sbx: Arc<Sbx>,
+    body: &[u8],
+    gone: Option<impl std::future::Future<Output = ()> + Send + 'static>,
+) -> HttpResponse {
     let b: ExecuteBody = match parse(body) {
         Ok(b) => b,
         Err(r) => return r,
@@ -425,17 +443,32 @@ async fn execute(sbx: Arc<Sbx>, body: &[u8]) -> HttpResponse {
         let send = |v: Value| {
             let tx = tx.clone();
             async move {
-                let mut line = v.to_string().into_bytes();
+                let mut line = ndjson_line(&v);
                 line.push(b'\n');
                 // A caller that went away stops getting lines; the turn still ends,
                 // so that the context is left between turns.
                 let _ = tx.send(Bytes::from(line)).await;
             }
         };
+        // The caller left: its connection closed, or its answer was dropped. (A
+        // write would show it too, but code may stay silent for long.)
+        let answer = tx.clone();
+        let mut left = Box::pin(async move {
+            let gone = async {
+                match gone {
+                    Some(g) => g.await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = answer.closed() => {}
+                () = gone => {}
+            }
+        });
         // A caller that goes away while its execution waits takes it back.
         let waited = tokio::select! {
             g = ctx.io.lock() => Some(g),
-            () = tx.closed() => None,
+            () = &mut left => None,
         };
         ctx.waiting.fetch_sub(1, Ordering::AcqRel);
         let Some(mut guard) = waited else {
@@ -474,18 +507,27 @@ async fn execute(sbx: Arc<Sbx>, body: &[u8]) -> HttpResponse {
         // Python sees a KeyboardInterrupt and the context lives on. Code that does
         // not end within INTERRUPT_GRACE after that loses its interpreter.
         let mut interrupted: Option<tokio::time::Instant> = None;
-        // A caller's departure shows only when a write to it fails: while the code
-        // is silent, a space goes out every HEARTBEAT (JSON allows it before the
-        // next line, which it joins), so a departure is seen within two.
-        let mut heartbeat = tokio::time::interval(HEARTBEAT);
-        heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        heartbeat.reset();
+        let interrupt = |io: &Io| {
+            tracing::debug!(sandbox = %sbx.id, context = %ctx.id, "the caller left; interrupting its execution");
+            let _ = io.handle.signal(SIGINT);
+            Some(tokio::time::Instant::now() + INTERRUPT_GRACE)
+        };
         loop {
             enum Next {
                 Line(Option<Value>),
                 CallerLeft,
                 Overdue,
-                Heartbeat,
+            }
+            // Checked first on every round too, so that code that keeps its answer
+            // busy with output is interrupted (and killed) on time as well.
+            if interrupted.is_none() && futures_util::FutureExt::now_or_never(&mut left).is_some() {
+                interrupted = interrupt(io);
+            }
+            if interrupted.is_some_and(|at| tokio::time::Instant::now() >= at) {
+                let _ = io.handle.kill();
+                ctx.process.lock().take();
+                *guard = None;
+                return;
             }
             let overdue = async {
                 match interrupted {
@@ -498,20 +540,13 @@ async fn execute(sbx: Arc<Sbx>, body: &[u8]) -> HttpResponse {
                 // is not interrupted.
                 biased;
                 v = io.line() => Next::Line(v),
-                () = tx.closed(), if interrupted.is_none() => Next::CallerLeft,
+                () = &mut left, if interrupted.is_none() => Next::CallerLeft,
                 () = overdue => Next::Overdue,
-                _ = heartbeat.tick(), if interrupted.is_none() => Next::Heartbeat,
             };
             let v = match next {
                 Next::Line(v) => v,
-                Next::Heartbeat => {
-                    let _ = tx.try_send(Bytes::from_static(b" "));
-                    continue;
-                }
                 Next::CallerLeft => {
-                    tracing::debug!(sandbox = %sbx.id, context = %ctx.id, "the caller left; interrupting its execution");
-                    let _ = io.handle.signal(SIGINT);
-                    interrupted = Some(tokio::time::Instant::now() + INTERRUPT_GRACE);
+                    interrupted = interrupt(io);
                     continue;
                 }
                 Next::Overdue => {

@@ -157,7 +157,8 @@ impl Supervisor {
     ///
     /// Only engines whose level `tenant` may use are chosen when one is not named; a
     /// named engine is taken as named, and the access check refuses it if need be.
-    /// Engines of `[engines.NAME]` are never chosen unless named.
+    /// Engines of `[engines.NAME]` are never chosen unless named (or made the
+    /// default engine by the embedder).
     fn choose(
         &self,
         engine: Option<EngineName>,
@@ -169,7 +170,7 @@ impl Supervisor {
         }
         let allowed = self.pipeline.access.for_tenant(tenant);
         let provides = |kind: &EngineName| {
-            !self.by_name_only.contains(kind)
+            (!self.by_name_only.contains(kind) || *kind == self.default_engine)
                 && self.engines.get(kind).is_some_and(|e| {
                     let max = e.capabilities().max_level;
                     max >= level && allowed.allows_level(max)

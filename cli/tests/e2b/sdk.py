@@ -383,6 +383,9 @@ def code_interpreter():
         r = ci.run_code("import os\nos.environ.get('ONLY_NOW')", envs={"ONLY_NOW": "yes"})
         check(r.text == "'yes'", f"envs: {r.text}")
         check(ci.run_code("import os\nos.environ.get('ONLY_NOW')").text is None, "envs are not kept")
+        # Characters some readers take for line ends stay inside their line.
+        r = ci.run_code("print('a\\u2028b\\u0085c')")
+        check("".join(r.logs.stdout) == "a\u2028b\u0085c\n", f"U+2028 and U+0085: {r.logs.stdout}")
         # The policy stage sees the code: a refusal is the execution's error, and
         # the code never ran.
         r = ci.run_code("x = 'PADDOCK_POLICY_MARKER'")

@@ -145,12 +145,11 @@ def _turn(req):
     value, error = None, None
     try:
         # An interrupt (the server's SIGINT when the caller left) is a
-        # KeyboardInterrupt in the code, and only there: between turns it is ignored.
+        # KeyboardInterrupt in the code, and only there: between turns it does
+        # nothing (a handler, not SIG_IGN, so that programs started meanwhile do
+        # not inherit an ignored SIGINT).
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        try:
-            value = _run(req.get("code", ""))
-        finally:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        value = _run(req.get("code", ""))
     except BaseException as e:  # SystemExit and KeyboardInterrupt too: the context lives on
         # The traceback from the cell's own frames on (none for a syntax error).
         t = e.__traceback__
@@ -159,6 +158,7 @@ def _turn(req):
         tb = "".join(traceback.format_exception(type(e), e, t))
         error = {"type": "error", "name": type(e).__name__, "value": str(e), "traceback": tb}
     finally:
+        signal.signal(signal.SIGINT, _between_turns)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
@@ -181,11 +181,21 @@ def _turn(req):
     _send({"type": "end", "n": req.get("n"), "count": _count})
 
 
-signal.signal(signal.SIGINT, signal.SIG_IGN)
+def _between_turns(_signum, _frame):
+    pass
+
+
+signal.signal(signal.SIGINT, _between_turns)
 _send({"type": "ready"})
 for _line in _requests:
     try:
         _req = json.loads(_line)
     except ValueError:
         continue
-    _turn(_req)
+    try:
+        _turn(_req)
+    except KeyboardInterrupt:
+        # An interrupt that came as the turn was ending, outside the code: the turn
+        # is over all the same (a second end of the same turn is ignored).
+        signal.signal(signal.SIGINT, _between_turns)
+        _send({"type": "end", "n": _req.get("n"), "count": _count})

@@ -1,4 +1,5 @@
-//! Closing an upgraded connection (a WebSocket) promptly when the server's side ends.
+//! Closing an upgraded connection (a WebSocket) promptly when the server's side
+//! ends, and noticing a client that went away while its answer is silent.
 //!
 //! When the body of an answer to an upgrade ends, actix's HTTP/1 dispatcher waits up
 //! to `server.close_linger_ms` for the client to close before it closes the
@@ -62,4 +63,55 @@ impl MessageBody for WakeAtEnd {
         }
         next
     }
+}
+
+/// A copy of a connection's socket, kept in its extensions (see
+/// [`remember_socket`]).
+#[derive(Clone)]
+struct ClientSocket(std::sync::Arc<std::net::TcpStream>);
+
+/// Keeps a copy of every accepted connection's socket (plain or TLS) in its
+/// extensions, for [`client_gone`].
+pub(super) fn remember_socket(conn: &dyn std::any::Any, ext: &mut actix_web::dev::Extensions) {
+    use actix_web::rt::net::TcpStream;
+    use std::os::fd::AsFd;
+    let tcp = conn.downcast_ref::<TcpStream>().or_else(|| {
+        conn.downcast_ref::<actix_tls::accept::rustls_0_23::TlsStream<TcpStream>>()
+            .map(|tls| tls.get_ref().0)
+    });
+    // A copy of the descriptor (non-blocking already: the flag is the socket's).
+    if let Some(copy) = tcp.and_then(|t| t.as_fd().try_clone_to_owned().ok()) {
+        ext.insert(ClientSocket(std::sync::Arc::new(copy.into())));
+    }
+}
+
+/// How often [`client_gone`] looks at the socket.
+const GONE_CHECK: Duration = Duration::from_millis(250);
+
+/// Resolves once the client of `req`'s connection has closed it (or it broke),
+/// found by peeking at the socket every 250 ms: a client waiting for an answer
+/// sends nothing, so end of stream means it left. For answers that stay silent for
+/// long (an execution that prints nothing), whose client's departure no write would
+/// show. `None` when the connection's socket is not known.
+pub fn client_gone(
+    req: &actix_web::HttpRequest,
+) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
+    let socket = req.conn_data::<ClientSocket>()?.clone();
+    Some(async move {
+        let mut every = tokio::time::interval(GONE_CHECK);
+        loop {
+            every.tick().await;
+            let mut byte = [0u8; 1];
+            let gone = match socket.0.peek(&mut byte) {
+                Ok(n) => n == 0,
+                Err(e) => !matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+                ),
+            };
+            if gone {
+                return;
+            }
+        }
+    })
 }

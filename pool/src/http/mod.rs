@@ -27,7 +27,7 @@ use actix_web::web;
 use paddock_core::{Error, ErrorCode};
 
 pub use body::{upload_source, UploadFeed};
-pub use closing::wake_at_end;
+pub use closing::{client_gone, wake_at_end};
 pub use errors::{status_for, ApiError};
 pub use forward::FORWARDED_HEADER;
 pub use tenancy::held_until_body_ends;

@@ -186,6 +186,9 @@ pub fn start_with(
                 // with Nagle's algorithm each would wait for the client's delayed ACK
                 // (40 ms here) behind the one before it.
                 .tcp_nodelay(true)
+                // Each connection's socket, for noticing a client that went away
+                // while its answer is silent (`client_gone`).
+                .on_connect(super::closing::remember_socket)
                 .workers(workers)
                 .disable_signals()
                 .shutdown_timeout(30)

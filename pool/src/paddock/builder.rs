@@ -75,10 +75,12 @@ fn register_engines(
                 ),
             ));
         }
-        return Err(Error::invalid_config(
-            "engines",
-            "no engine is enabled; enable the subprocess engine or add one",
-        ));
+        let why = if config.engines.is_empty() {
+            "no engine is enabled; enable the subprocess engine or add one"
+        } else {
+            "no engine is enabled but those of [engines], which requests get only by naming them; enable a built-in engine, or make one of them the default engine"
+        };
+        return Err(Error::invalid_config("engines", why));
     };
     let has = |name: &EngineName| engines.iter().any(|e| e.name() == *name);
     let default_engine = match default_engine {
