@@ -153,11 +153,16 @@ async fn start(sbx: &Sbx, ctx: &Context) -> Result<Io, String> {
         cwd: Some(ctx.cwd.clone()),
         stdin: true,
     };
-    let started = sbx
-        .handle
-        .start_process(spec)
-        .await
-        .map_err(|e| format!("{}: {}", e.code.as_str(), e.message))?;
+    // An engine that failed for the moment (a container agent that did not answer
+    // in time, which says to retry) gets one more try before the caller is told.
+    let started = match sbx.handle.start_process(spec.clone()).await {
+        Err(e) if e.code == paddock_core::ErrorCode::EngineFailed => {
+            tracing::warn!(sandbox = %sbx.id, error = %e, "starting an interpreter failed; trying once more");
+            sbx.handle.start_process(spec).await
+        }
+        other => other,
+    }
+    .map_err(|e| format!("{}: {}", e.code.as_str(), e.message))?;
     let Attachable::Process(handle) = started.handle else {
         return Err("the interpreter did not start as a process".into());
     };
