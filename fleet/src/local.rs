@@ -19,9 +19,29 @@ pub fn find_server() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// A free loopback port (bound, then released).
+/// A free loopback port (bound, then released), never one this process was handed
+/// before: clusters started side by side (tests run in parallel) would otherwise
+/// be given each other's released ports, and one server's route port could be
+/// taken for another's client port.
 pub fn free_port() -> std::io::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
+    // Hold each candidate until a new one is found, so that the kernel does not
+    // hand the same one back at once.
+    let mut held = Vec::new();
+    for _ in 0..64 {
+        let l = TcpListener::bind("127.0.0.1:0")?;
+        let port = l.local_addr()?.port();
+        if !given.contains(&port) {
+            given.push(port);
+            return Ok(port);
+        }
+        held.push(l);
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::AddrInUse,
+        "no loopback port left that this process has not used",
+    ))
 }
 
 /// One server of a [`LocalCluster`].
@@ -71,27 +91,49 @@ impl LocalServer {
     pub fn restart(&mut self) -> std::io::Result<()> {
         self.kill();
         self.spawn()?;
-        wait_port(self.port, Duration::from_secs(20))
+        self.wait_ready(Duration::from_secs(20))
+    }
+
+    /// Waits until its port answers while it still runs: a listener on the port
+    /// with this server gone is someone else's.
+    fn wait_ready(&mut self, limit: Duration) -> std::io::Result<()> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(c) = self.child.as_mut() {
+                if let Some(status) = c.try_wait()? {
+                    self.child = None;
+                    let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+                    return Err(std::io::Error::other(format!(
+                        "NATS server {} exited at start ({status}): {}",
+                        self.name,
+                        log.lines().rev().take(3).collect::<Vec<_>>().join(" | ")
+                    )));
+                }
+            }
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                // The port answers; make sure it is this server that holds it.
+                std::thread::sleep(Duration::from_millis(50));
+                if let Some(c) = self.child.as_mut() {
+                    if c.try_wait()?.is_none() {
+                        return Ok(());
+                    }
+                }
+                continue;
+            }
+            if Instant::now() >= deadline {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no NATS server listens on port {}", self.port),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Its process id, while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
     }
-}
-
-fn wait_port(port: u16, limit: Duration) -> std::io::Result<()> {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return Ok(());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Err(std::io::Error::new(
-        std::io::ErrorKind::TimedOut,
-        format!("no NATS server listens on port {port}"),
-    ))
 }
 
 /// NATS servers clustered on loopback ports, with JetStream.
@@ -113,7 +155,24 @@ impl LocalCluster {
     /// JetStream (named `p1`, `p2`, …): clients reach the fleet's streams through
     /// them, and stopping one cuts off the clients that use it without disturbing
     /// any stream's replicas.
+    ///
+    /// A server that cannot take its ports (another process took one between their
+    /// choosing and the server's start) ends the try; the cluster is started again
+    /// on fresh ports, up to three times.
     pub fn start_with(binary: &Path, size: usize, plain: usize) -> std::io::Result<LocalCluster> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match LocalCluster::try_start(binary, size, plain) {
+                Err(e) if tries < 3 && e.kind() != std::io::ErrorKind::NotFound => {
+                    tracing::warn!("a local NATS cluster did not start, trying again: {e}");
+                }
+                done => return done,
+            }
+        }
+    }
+
+    fn try_start(binary: &Path, size: usize, plain: usize) -> std::io::Result<LocalCluster> {
         let dir = tempfile::tempdir()?;
         let mut ports = Vec::new();
         for _ in 0..size + plain {
@@ -160,8 +219,8 @@ impl LocalCluster {
             s.spawn()?;
             cluster.servers.push(s);
         }
-        for s in &cluster.servers {
-            wait_port(s.port, Duration::from_secs(20))?;
+        for s in &mut cluster.servers {
+            s.wait_ready(Duration::from_secs(20))?;
         }
         Ok(cluster)
     }

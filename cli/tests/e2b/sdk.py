@@ -412,7 +412,8 @@ def code_interpreter():
         ci.run_code("x = 41")
         # A second context has a namespace of its own, and a cwd.
         ctx = ci.create_code_context(cwd="/home/user")
-        check(ci.run_code("x", context=ctx).error.name == "NameError", "a fresh namespace")
+        r = ci.run_code("x", context=ctx)
+        check(r.error is not None and r.error.name == "NameError", f"a fresh namespace: {r.text} {r.error}")
         ci.run_code("y = 'in ctx'", context=ctx)
         check(ci.run_code("y", context=ctx).text == "'in ctx'", "the second context keeps its own")
         check(ci.run_code("import os\nos.getcwd()", context=ctx).text == "'/home/user'", "its cwd")

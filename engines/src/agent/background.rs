@@ -99,6 +99,11 @@ impl Agent {
         let Some(at) = self.background.iter().position(|b| b.pid == pid) else {
             return;
         };
+        if !sys::has_exited(pid) {
+            // Never wait on a leader that still runs: the agent would stop serving
+            // until it ends.
+            return;
+        }
         // The unreaped leader keeps its pid, so the session id names only its own.
         kill_session(pid);
         // Our own child, which has exited.

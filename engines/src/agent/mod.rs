@@ -115,6 +115,15 @@ impl Agent {
 
     /// Handles what [`extra_fds`](Self::extra_fds) reported ready.
     fn service(&mut self, ready: &[libc::pollfd]) {
+        // Which background processes' pidfds fired, read before anything below can
+        // finish one and shift the list the descriptors were polled in.
+        let exited: Vec<libc::pid_t> = ready
+            .iter()
+            .skip(2)
+            .zip(&self.background)
+            .filter(|(fd, _)| fd.revents != 0)
+            .map(|(_, b)| b.pid)
+            .collect();
         if ready.get(1).is_some_and(|fd| fd.revents != 0) {
             if let Some(fd) = &self.sigchld {
                 reaper::drain(fd);
@@ -125,13 +134,6 @@ impl Agent {
                 self.reap();
             }
         }
-        let exited: Vec<libc::pid_t> = ready
-            .iter()
-            .skip(2)
-            .zip(&self.background)
-            .filter(|(fd, _)| fd.revents != 0)
-            .map(|(_, b)| b.pid)
-            .collect();
         for pid in exited {
             self.finish_background(pid);
         }

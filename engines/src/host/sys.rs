@@ -175,6 +175,33 @@ pub(crate) fn exited_child() -> io::Result<Option<libc::pid_t>> {
     }
 }
 
+/// Whether child `pid` has exited (and waits to be reaped), without reaping it.
+pub(crate) fn has_exited(pid: libc::pid_t) -> bool {
+    loop {
+        // SAFETY: siginfo_t is plain data; zeroed is a valid value.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waitid with a valid out pointer; WNOWAIT only peeks.
+        let r = unsafe {
+            libc::waitid(
+                libc::P_PID,
+                pid as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+            )
+        };
+        if r == -1 {
+            if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            // Not a child (any more): nothing to wait for.
+            return true;
+        }
+        // SAFETY: si_pid is valid for the child-state info waitid fills (0 when the
+        // child has not changed state).
+        return unsafe { info.si_pid() } != 0;
+    }
+}
+
 /// Reaps `pid` if it has exited, without waiting, and forgets how it ended.
 pub(crate) fn discard_exited(pid: libc::pid_t) {
     let mut status = 0;

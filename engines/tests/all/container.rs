@@ -693,6 +693,45 @@ async fn the_agent_reaps_orphans_between_executions() {
     sb.destroy().await.unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_keeps_serving_when_a_background_process_is_killed_beside_others() {
+    let Some(engine) = engine_with(OciRuntime::Auto) else {
+        return;
+    };
+    let sb = sandbox(&engine).await;
+    // Each round starts a process, then kills the one before it, which the agent
+    // lists first: a kill wakes the agent with SIGCHLD and the pidfd at once, which
+    // once made it take the later, running process for the one that exited, wait
+    // on it, and stop answering.
+    let mut older = sb
+        .start_process(paddock_core::ProcessSpec::new(["sleep", "600"]))
+        .await
+        .unwrap();
+    for round in 0..25 {
+        let newer = sb
+            .start_process(paddock_core::ProcessSpec::new(["sleep", "600"]))
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: the agent stopped answering: {e}"));
+        older.kill().unwrap();
+        let exit = tokio::time::timeout(Duration::from_secs(10), older.wait())
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: the kill was never reported"));
+        assert_eq!(exit.signal, Some(libc::SIGKILL), "round {round}: {exit:?}");
+        assert_eq!(
+            newer.try_wait(),
+            None,
+            "round {round}: the newer process still runs"
+        );
+        older = newer;
+    }
+    older.kill().unwrap();
+    let exit = tokio::time::timeout(Duration::from_secs(10), older.wait())
+        .await
+        .expect("its kill is reported");
+    assert_eq!(exit.signal, Some(libc::SIGKILL), "{exit:?}");
+    sb.destroy().await.unwrap();
+}
+
 /// Host variables for [`containers_see_only_listed_host_variables`], set once before
 /// its engines are created (engines read the host's environment when they start).
 const LEAKED_HOST_VARS: &[(&str, &str)] = &[
