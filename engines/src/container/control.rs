@@ -72,11 +72,16 @@ impl AgentControl {
         }
         let raw = fd.take().ok_or_else(gone)?;
         sys::set_nonblocking(raw.as_raw_fd());
+        // The socket is watched, and its answers routed, on the channels' own
+        // runtime: a caller's runtime may be an HTTP worker's or an actor's, busy or
+        // gone when the agent answers.
+        let rt = control_runtime();
+        let _in = rt.enter();
         let sock = Arc::new(
             sys::async_fd(raw, Interest::READABLE | Interest::WRITABLE)
                 .map_err(|e| Error::engine_io("watching the agent's control channel", e))?,
         );
-        tokio::spawn(read_answers(sock.clone(), self.routes.clone()));
+        rt.spawn(read_answers(sock.clone(), self.routes.clone()));
         let _ = self.live.set(sock.clone());
         Ok(sock)
     }
@@ -169,18 +174,28 @@ impl AgentControl {
         });
         match sys::send_with_fds(sock.get_ref(), &bytes, &[]) {
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                    let sock = sock.clone();
-                    rt.spawn(async move {
-                        let _ =
-                            tokio::time::timeout(SPAWN_PATIENCE, send(&sock, &bytes, &[])).await;
-                    });
-                }
+                let sock = sock.clone();
+                control_runtime().spawn(async move {
+                    let _ = tokio::time::timeout(SPAWN_PATIENCE, send(&sock, &bytes, &[])).await;
+                });
             }
             // Sent, or the agent is gone and there is nothing left to signal.
             _ => {}
         }
     }
+}
+
+/// The runtime every agent's control channel is watched on: one thread of its own.
+fn control_runtime() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("paddock-agent-control")
+            .enable_all()
+            .build()
+            .expect("the agent control runtime starts")
+    })
 }
 
 fn unresponsive() -> Error {
