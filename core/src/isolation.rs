@@ -50,16 +50,33 @@ pub enum NetworkPolicy {
     /// No network at all: an empty network namespace (loopback only, down).
     #[default]
     None,
-    /// Only the listed hosts.
+    /// Only the listed hosts and ports, through Paddock's egress gateway (see
+    /// [`crate::egress`]).
     Allowlist {
-        /// Host names or addresses.
+        /// Host names (`pypi.org`), wildcards for the names below one
+        /// (`*.pythonhosted.org`), and addresses or ranges (`198.51.100.0/24`).
         hosts: Vec<String>,
+        /// The ports admitted; empty means 80 and 443.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        ports: Vec<u16>,
     },
     /// The host's network.
     Unrestricted,
 }
 
 impl NetworkPolicy {
+    /// Checks the policy (an allowlist's hosts and ports) and compiles an allowlist's
+    /// rules; `INVALID_OPTIONS` names the bad entry under `field`.
+    pub fn rules(&self, field: &str) -> Result<Option<crate::egress::EgressRules>> {
+        match self {
+            NetworkPolicy::Allowlist { hosts, ports } => {
+                crate::egress::EgressRules::compile(&format!("{field}.allowlist"), hosts, ports)
+                    .map(Some)
+            }
+            _ => Ok(None),
+        }
+    }
+
     /// A short name for messages and capability checks.
     pub const fn name(&self) -> &'static str {
         match self {

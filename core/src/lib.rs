@@ -25,6 +25,7 @@ pub mod api;
 pub mod cancel;
 pub mod config;
 pub mod e2b;
+pub mod egress;
 pub mod engine;
 pub mod error;
 pub mod exec;

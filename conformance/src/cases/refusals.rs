@@ -105,6 +105,7 @@ pub(crate) async fn refuses_unenforceable_network(ctx: Ctx) -> Check {
         NetworkPolicy::None,
         NetworkPolicy::Allowlist {
             hosts: vec!["example.com".into()],
+            ports: vec![],
         },
         NetworkPolicy::Unrestricted,
     ];

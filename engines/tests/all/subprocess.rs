@@ -394,6 +394,7 @@ async fn network_none_has_no_route_to_the_host() {
         .create(&SandboxSpec {
             network: NetworkPolicy::Allowlist {
                 hosts: vec!["localhost".into()],
+                ports: vec![],
             },
             ..SandboxSpec::default()
         })

@@ -1,0 +1,296 @@
+//! # paddock-egress
+//!
+//! The egress gateway of sandboxes under network policy `allowlist`: each sandbox
+//! gets a network namespace of its own whose only device is its loopback, and whose
+//! only ways out are sockets Paddock holds in it:
+//!
+//! - an HTTP proxy (`CONNECT`, and plain requests in absolute form) at
+//!   `127.0.0.1:3128`, which programs reach through `HTTP_PROXY` and `HTTPS_PROXY`;
+//! - a transparent path at `127.0.0.1:15001`, to which the namespace's firewall
+//!   redirects every other outbound TCP connection; it reads the TLS server name or
+//!   the HTTP `Host` before it dials;
+//! - a DNS stub at `127.0.0.1:53` (UDP and TCP), to which every DNS packet is
+//!   redirected, answering only names the allowlist admits.
+//!
+//! Everything else (UDP, ICMP, IPv6) is dropped by the namespace's `nftables` rules,
+//! so it fails at once. Nothing links the namespace to the host: no veth, no route,
+//! no address of the host's. A program that rewrote the rules (it would need
+//! `CAP_NET_ADMIN` over the namespace) would still find no way out but the
+//! gateway's sockets. The gateway dials from Paddock's own network namespace, after
+//! checking the name, the port and every address the name resolves to.
+//!
+//! Every decision is logged ([`Gateway::events_since`]): the audit entry of the
+//! execution during which it was made lists it.
+
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+
+pub mod dns;
+pub mod log;
+mod proxy;
+pub mod sniff;
+mod sys;
+
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use paddock_core::egress::{EgressEvent, EgressRules};
+use tokio::sync::Semaphore;
+
+pub use proxy::{GateLimits, Observer};
+
+/// The ports of the gateway inside every sandbox's namespace (on `127.0.0.1`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ports {
+    /// The HTTP proxy.
+    pub proxy: u16,
+    /// The transparent path.
+    pub transparent: u16,
+    /// The DNS stub.
+    pub dns: u16,
+}
+
+/// The ports Paddock uses.
+pub const PORTS: Ports = Ports {
+    proxy: 3128,
+    transparent: 15001,
+    dns: 53,
+};
+
+/// The most decisions one gateway keeps for its executions to take.
+pub const DEFAULT_MAX_EVENTS: usize = 1024;
+
+/// How the gateways of an engine are made.
+#[derive(Clone)]
+pub struct GatewayConfig {
+    /// The resolvers asked for admitted names (default: `/etc/resolv.conf`'s).
+    pub resolvers: Vec<SocketAddr>,
+    /// How long one resolver may take to answer.
+    pub resolve_timeout: Duration,
+    /// Bounds and waits.
+    pub limits: GateLimits,
+    /// Decisions kept per gateway.
+    pub max_events: usize,
+    /// The `nft` program.
+    pub nft: PathBuf,
+    /// Told of every decision (telemetry).
+    pub observer: Option<Observer>,
+}
+
+impl std::fmt::Debug for GatewayConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GatewayConfig")
+            .field("resolvers", &self.resolvers)
+            .field("limits", &self.limits)
+            .field("max_events", &self.max_events)
+            .field("nft", &self.nft)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GatewayConfig {
+    /// The defaults on this host, or why allowlists cannot be enforced here: no `nft`
+    /// program, or no resolver.
+    pub fn detect() -> Result<GatewayConfig, String> {
+        let nft = find_nft().ok_or_else(|| {
+            "no `nft` program (Debian's package `nftables`) was found on PATH or in /usr/sbin"
+                .to_string()
+        })?;
+        let resolvers = dns::Upstream::system_servers();
+        Ok(GatewayConfig {
+            resolvers,
+            resolve_timeout: Duration::from_secs(3),
+            limits: GateLimits::default(),
+            max_events: DEFAULT_MAX_EVENTS,
+            nft,
+            observer: None,
+        })
+    }
+
+    /// Checks, once, that a gateway can be made here: a namespace with the rules
+    /// loaded.
+    pub fn probe(&self) -> Result<(), String> {
+        sys::make_namespace(&self.nft, &ruleset(PORTS), PORTS)
+            .map(drop)
+            .map_err(|e| format!("a sandbox's egress namespace could not be made: {e}"))
+    }
+}
+
+/// `nft` on PATH, or in the system directories PATH often lacks.
+pub fn find_nft() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin".into(), "/sbin".into()])
+        .map(|d: PathBuf| d.join("nft"))
+        .find(|p| p.is_file())
+}
+
+/// The namespace's firewall: DNS to the stub, other TCP to the transparent path,
+/// loopback and the redirected connections' replies passed, everything else dropped
+/// (so that it fails at once, with `EPERM`).
+fn ruleset(ports: Ports) -> String {
+    format!(
+        "table inet paddock {{
+  chain nat_out {{
+    type nat hook output priority -100; policy accept;
+    meta l4proto {{ tcp, udp }} th dport 53 redirect to :{dns}
+    ip daddr != 127.0.0.0/8 meta l4proto tcp redirect to :{transparent}
+  }}
+  chain out {{
+    type filter hook output priority 0; policy drop;
+    ip daddr 127.0.0.0/8 accept
+    ip6 daddr ::1 accept
+    ct status dnat accept
+  }}
+}}
+",
+        dns = ports.dns,
+        transparent = ports.transparent,
+    )
+}
+
+/// The runtime the gateways' servers run on: two threads of their own, so that
+/// neither the actors nor a busy engine delay a sandbox's connections.
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("paddock-egress")
+            .enable_all()
+            .build()
+            .expect("the egress runtime starts")
+    })
+}
+
+/// One sandbox's gateway: its namespace and the servers in it. Dropping it stops the
+/// servers and ends their connections; the namespace goes when its last process
+/// does.
+pub struct Gateway {
+    netns: OwnedFd,
+    gate: Arc<proxy::Gate>,
+    stop: tokio_util::sync::CancellationToken,
+}
+
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway")
+            .field("netns", &self.netns)
+            .field("rules", &self.gate.rules)
+            .finish()
+    }
+}
+
+impl Gateway {
+    /// Makes a namespace for `rules` and starts its servers. Blocking (a thread and
+    /// an `nft` run): call it off the async threads.
+    pub fn open(rules: EgressRules, cfg: &GatewayConfig) -> io::Result<Gateway> {
+        let ns = sys::make_namespace(&cfg.nft, &ruleset(PORTS), PORTS)?;
+        let lo = |port| SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port));
+        let gate = Arc::new(proxy::Gate {
+            rules,
+            upstream: dns::Upstream::new(cfg.resolvers.clone(), cfg.resolve_timeout),
+            book: Default::default(),
+            log: log::EgressLog::new(cfg.max_events),
+            totals: Default::default(),
+            conns: Arc::new(Semaphore::new(cfg.limits.max_connections)),
+            dns_inflight: Arc::new(Semaphore::new(32)),
+            limits: cfg.limits.clone(),
+            own: vec![lo(PORTS.proxy), lo(PORTS.transparent), lo(PORTS.dns)],
+            observer: cfg.observer.clone(),
+        });
+        let stop = tokio_util::sync::CancellationToken::new();
+        let rt = runtime();
+        let _enter = rt.enter();
+        let proxy_l = tokio::net::TcpListener::from_std(ns.proxy)?;
+        let transparent_l = tokio::net::TcpListener::from_std(ns.transparent)?;
+        let dns_udp = tokio::net::UdpSocket::from_std(ns.dns_udp)?;
+        let dns_tcp = tokio::net::TcpListener::from_std(ns.dns_tcp)?;
+        let spawn = |f: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>| {
+            let stop = stop.clone();
+            rt.spawn(async move {
+                tokio::select! {
+                    _ = stop.cancelled() => {}
+                    _ = f => {}
+                }
+            });
+        };
+        spawn(Box::pin(proxy::serve_proxy(
+            proxy_l,
+            gate.clone(),
+            stop.clone(),
+        )));
+        spawn(Box::pin(proxy::serve_transparent(
+            transparent_l,
+            gate.clone(),
+            stop.clone(),
+        )));
+        spawn(Box::pin(proxy::serve_dns_udp(dns_udp, gate.clone())));
+        spawn(Box::pin(proxy::serve_dns_tcp(
+            dns_tcp,
+            gate.clone(),
+            stop.clone(),
+        )));
+        Ok(Gateway {
+            netns: ns.netns,
+            gate,
+            stop,
+        })
+    }
+
+    /// The sandbox's network namespace, for its programs to enter.
+    pub fn netns(&self) -> BorrowedFd<'_> {
+        self.netns.as_fd()
+    }
+
+    /// The variables that point programs at the proxy (both cases, as programs read
+    /// either), and keep loopback off it.
+    pub fn proxy_env() -> Vec<(String, String)> {
+        let url = format!("http://127.0.0.1:{}", PORTS.proxy);
+        let mut env = Vec::new();
+        for key in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+            env.push((key.to_string(), url.clone()));
+        }
+        for key in ["NO_PROXY", "no_proxy"] {
+            env.push((key.to_string(), "localhost,127.0.0.1,::1".to_string()));
+        }
+        env
+    }
+
+    /// The allowlist enforced.
+    pub fn rules(&self) -> &EgressRules {
+        &self.gate.rules
+    }
+
+    /// A mark: [`Gateway::events_since`] gives the decisions made after it.
+    pub fn mark(&self) -> u64 {
+        self.gate.log.mark()
+    }
+
+    /// The decisions made since `mark`, and how many of them the bounded log lost.
+    /// Waits up to 200 ms for the connections among them to end, so that their last
+    /// bytes are counted.
+    pub async fn events_since(&self, mark: u64) -> (Vec<EgressEvent>, u64) {
+        self.gate.log.since(mark, Duration::from_millis(200)).await
+    }
+
+    /// Decisions since the gateway opened: allowed, denied, failed.
+    pub fn totals(&self) -> (u64, u64, u64) {
+        let t = &self.gate.totals;
+        (
+            t.allowed.load(Ordering::Relaxed),
+            t.denied.load(Ordering::Relaxed),
+            t.failed.load(Ordering::Relaxed),
+        )
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}

@@ -1,0 +1,215 @@
+//! The system calls of the gateway: a network namespace set up from a thread of its
+//! own, and a redirected connection's original destination.
+
+// `unshare`, the interface and route ioctls and `getsockopt` are `unsafe` to call;
+// each is made here behind a safe function.
+#![allow(unsafe_code)]
+
+use std::io::{self, Write};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+/// The address the namespace's own traffic comes from: the IPv4 dummy address
+/// (RFC 7600), on the loopback device, so that the default route has a source.
+pub(crate) const SOURCE_ADDR: Ipv4Addr = Ipv4Addr::new(192, 0, 0, 8);
+
+/// What one new namespace holds: its fd and the gateway's sockets, made in it.
+#[derive(Debug)]
+pub(crate) struct Namespace {
+    pub(crate) netns: OwnedFd,
+    pub(crate) proxy: std::net::TcpListener,
+    pub(crate) transparent: std::net::TcpListener,
+    pub(crate) dns_udp: std::net::UdpSocket,
+    pub(crate) dns_tcp: std::net::TcpListener,
+}
+
+/// Makes a network namespace whose only device is its loopback, with a default route
+/// over it, the firewall `ruleset` loaded by `nft`, and the gateway's sockets bound in
+/// it. A short-lived thread does the work, so no thread of the host changes
+/// namespace.
+pub(crate) fn make_namespace(
+    nft: &Path,
+    ruleset: &str,
+    ports: crate::Ports,
+) -> io::Result<Namespace> {
+    let nft = nft.to_path_buf();
+    let ruleset = ruleset.to_string();
+    std::thread::Builder::new()
+        .name("paddock-egress-ns".into())
+        .spawn(move || {
+            // SAFETY: unshare only affects this thread, which exits right after.
+            if unsafe { libc::unshare(libc::CLONE_NEWNET) } == -1 {
+                return Err(io::Error::last_os_error());
+            }
+            let sock = datagram_socket()?;
+            set_flags_up(&sock, b"lo")?;
+            set_addr(&sock, b"lo:1", libc::SIOCSIFADDR, SOURCE_ADDR)?;
+            set_addr(&sock, b"lo:1", libc::SIOCSIFNETMASK, Ipv4Addr::BROADCAST)?;
+            add_default_route(&sock, b"lo")?;
+            let lo = |port| SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port));
+            let proxy = std::net::TcpListener::bind(lo(ports.proxy))?;
+            let transparent = std::net::TcpListener::bind(lo(ports.transparent))?;
+            let dns_udp = std::net::UdpSocket::bind(lo(ports.dns))?;
+            let dns_tcp = std::net::TcpListener::bind(lo(ports.dns))?;
+            load_rules(&nft, &ruleset)?;
+            // SAFETY: open with a static C string.
+            let fd = unsafe {
+                libc::open(
+                    c"/proc/thread-self/ns/net".as_ptr(),
+                    libc::O_RDONLY | libc::O_CLOEXEC,
+                )
+            };
+            if fd == -1 {
+                return Err(io::Error::last_os_error());
+            }
+            // SAFETY: a fresh fd we own.
+            let netns = unsafe { OwnedFd::from_raw_fd(fd) };
+            for s in [&proxy, &transparent, &dns_tcp] {
+                s.set_nonblocking(true)?;
+            }
+            dns_udp.set_nonblocking(true)?;
+            Ok(Namespace {
+                netns,
+                proxy,
+                transparent,
+                dns_udp,
+                dns_tcp,
+            })
+        })?
+        .join()
+        .map_err(|_| io::Error::other("the namespace thread panicked"))?
+}
+
+/// Runs `nft -f -` with `ruleset`; the child is in the calling thread's namespace.
+fn load_rules(nft: &Path, ruleset: &str) -> io::Result<()> {
+    let mut child = Command::new(nft)
+        .args(["-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .env_clear()
+        .spawn()
+        .map_err(|e| io::Error::new(e.kind(), format!("starting {}: {e}", nft.display())))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(ruleset.as_bytes())?;
+    }
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        return Err(io::Error::other(format!(
+            "{} refused the sandbox's rules ({}): {}",
+            nft.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
+}
+
+fn datagram_socket() -> io::Result<OwnedFd> {
+    // SAFETY: a datagram socket for the interface ioctls.
+    let sock = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if sock == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(sock) })
+}
+
+fn ifreq(name: &[u8]) -> libc::ifreq {
+    // SAFETY: ifreq is plain data; all zeroes is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req
+        .ifr_name
+        .iter_mut()
+        .zip(name.iter().take(libc::IFNAMSIZ - 1))
+    {
+        *dst = *src as libc::c_char;
+    }
+    req
+}
+
+fn sockaddr_v4(addr: Ipv4Addr) -> libc::sockaddr {
+    let sin = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 0,
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(addr).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: sockaddr_in and sockaddr are the same size, and the kernel reads a
+    // sockaddr_in through it for AF_INET.
+    unsafe { std::mem::transmute::<libc::sockaddr_in, libc::sockaddr>(sin) }
+}
+
+fn set_flags_up(sock: &OwnedFd, name: &[u8]) -> io::Result<()> {
+    let mut req = ifreq(name);
+    // SAFETY: SIOCGIFFLAGS/SIOCSIFFLAGS read and write the ifreq we pass.
+    unsafe {
+        if libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) == -1 {
+            return Err(io::Error::last_os_error());
+        }
+        req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+        if libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) == -1 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+fn set_addr(sock: &OwnedFd, name: &[u8], request: libc::Ioctl, addr: Ipv4Addr) -> io::Result<()> {
+    let mut req = ifreq(name);
+    req.ifr_ifru.ifru_addr = sockaddr_v4(addr);
+    // SAFETY: the address ioctls read the ifreq we pass.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), request, &req) } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn add_default_route(sock: &OwnedFd, dev: &[u8]) -> io::Result<()> {
+    let mut name = [0 as libc::c_char; libc::IFNAMSIZ];
+    for (d, s) in name.iter_mut().zip(dev) {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: rtentry is plain data; all zeroes is a valid value.
+    let mut rt: libc::rtentry = unsafe { std::mem::zeroed() };
+    rt.rt_dst = sockaddr_v4(Ipv4Addr::UNSPECIFIED);
+    rt.rt_genmask = sockaddr_v4(Ipv4Addr::UNSPECIFIED);
+    rt.rt_flags = libc::RTF_UP;
+    rt.rt_dev = name.as_mut_ptr();
+    // SAFETY: SIOCADDRT reads the rtentry, and the device name it points to, which
+    // outlives the call.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCADDRT, &rt) } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The destination a redirected connection was meant for (`SO_ORIGINAL_DST`), or
+/// `None` when it was not redirected.
+pub(crate) fn original_dst(stream: &tokio::net::TcpStream) -> Option<SocketAddr> {
+    const SO_ORIGINAL_DST: libc::c_int = 80;
+    // SAFETY: sockaddr_in is plain data.
+    let mut sin: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `sin`.
+    let r = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_IP,
+            SO_ORIGINAL_DST,
+            (&mut sin as *mut libc::sockaddr_in).cast(),
+            &mut len,
+        )
+    };
+    if r == -1 || sin.sin_family != libc::AF_INET as libc::sa_family_t {
+        return None;
+    }
+    Some(SocketAddr::V4(SocketAddrV4::new(
+        Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)),
+        u16::from_be(sin.sin_port),
+    )))
+}
