@@ -41,6 +41,8 @@ pub struct PaddockConfig {
     pub fleet: crate::fleet::FleetConfig,
     /// The E2B-compatible API (off unless enabled).
     pub e2b: crate::e2b::E2bConfig,
+    /// The egress gateway of sandboxes whose network is an allowlist.
+    pub egress: EgressConfig,
     /// Templates of E2B sandboxes, by name; added to (or replacing) the built-in
     /// `base` and `code-interpreter-v1`.
     pub templates: std::collections::BTreeMap<String, crate::e2b::TemplateConfig>,
@@ -205,6 +207,94 @@ impl AuditConfig {
                 return Err(Error::invalid_config(
                     "audit.file",
                     format!("`{}` does not name a file", path.display()),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The egress gateway (`[egress]`): what every sandbox whose network is an
+/// allowlist gets, on the engines that enforce allowlists (see `docs/security.md`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EgressConfig {
+    /// The resolvers asked for admitted names, as `IP` or `IP:PORT`. Default: none
+    /// given, the host's (`/etc/resolv.conf`).
+    pub resolvers: Vec<String>,
+    /// How long one resolver may take to answer, in milliseconds. Default 3 000.
+    pub resolve_timeout_ms: u64,
+    /// Connections one sandbox may hold open through the gateway at once; more are
+    /// refused (503 from the proxy, a reset on the transparent path). Default 64.
+    pub max_connections: u32,
+    /// How long a dial of an admitted host may take, in milliseconds. Default 5 000.
+    pub connect_timeout_ms: u64,
+}
+
+impl Default for EgressConfig {
+    fn default() -> Self {
+        EgressConfig {
+            resolvers: Vec::new(),
+            resolve_timeout_ms: 3_000,
+            max_connections: 64,
+            connect_timeout_ms: 5_000,
+        }
+    }
+}
+
+impl EgressConfig {
+    /// The resolvers, parsed (port 53 where none is given).
+    pub fn resolver_addrs(&self) -> Result<Vec<std::net::SocketAddr>> {
+        self.resolvers
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                r.parse::<std::net::SocketAddr>()
+                    .or_else(|_| r.parse::<std::net::IpAddr>().map(|ip| (ip, 53).into()))
+                    .map_err(|_| {
+                        Error::invalid_config(
+                            &format!("egress.resolvers[{i}]"),
+                            format!("`{r}` is not an IP address or IP:PORT (for example 192.0.2.53 or 192.0.2.53:5353)"),
+                        )
+                    })
+            })
+            .collect()
+    }
+
+    /// Checks every value; the error names the first bad field.
+    pub fn validate(&self) -> Result<()> {
+        if self.resolvers.len() > 8 {
+            return Err(Error::invalid_config(
+                "egress.resolvers",
+                format!("{} resolvers; give at most 8", self.resolvers.len()),
+            ));
+        }
+        self.resolver_addrs()?;
+        let ranges: [(&str, u64, u64, u64); 3] = [
+            (
+                "egress.resolve_timeout_ms",
+                self.resolve_timeout_ms,
+                100,
+                60_000,
+            ),
+            (
+                "egress.max_connections",
+                u64::from(self.max_connections),
+                1,
+                4_096,
+            ),
+            (
+                "egress.connect_timeout_ms",
+                self.connect_timeout_ms,
+                100,
+                60_000,
+            ),
+        ];
+        for (field, value, min, max) in ranges {
+            if value < min || value > max {
+                return Err(Error::invalid_config(
+                    field,
+                    format!("{value} is out of range {min}..={max}"),
                 ));
             }
         }
@@ -888,6 +978,10 @@ pub struct SubprocessConfig {
     /// that speak protocol v1 on stdin/stdout and are kept running between turns.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub handlers: BTreeMap<String, HandlerConfig>,
+    /// The egress gateway's settings: the top-level `[egress]`, handed to the engine
+    /// when Paddock makes it (not a setting of `[subprocess]`).
+    #[serde(skip)]
+    pub egress: EgressConfig,
 }
 
 /// One json-stdio handler (`[subprocess.handlers.NAME]`).
@@ -946,6 +1040,7 @@ impl Default for SubprocessConfig {
             cgroup: CgroupMode::Auto,
             warm: WarmConfig::default(),
             handlers: BTreeMap::new(),
+            egress: EgressConfig::default(),
         }
     }
 }
@@ -1275,6 +1370,7 @@ impl PaddockConfig {
         self.container.validate()?;
         self.fleet.validate()?;
         self.e2b.validate()?;
+        self.egress.validate()?;
         if self.engines.len() > MAX_ENGINE_DEFS {
             return Err(Error::invalid_config(
                 "engines",

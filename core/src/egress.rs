@@ -404,6 +404,51 @@ pub struct EgressEvent {
     pub bytes_in: u64,
 }
 
+/// The most decisions one execution's result and audit entry list; later ones are
+/// counted in [`EgressReport::omitted`].
+pub const MAX_REPORTED_EVENTS: usize = 128;
+
+/// What an execution's egress came to: its decisions, in order, and how many more
+/// there were than a result lists (or than the gateway's bounded log kept).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct EgressReport {
+    /// The decisions, at most [`MAX_REPORTED_EVENTS`].
+    pub events: Vec<EgressEvent>,
+    /// Decisions made but not listed.
+    #[serde(default)]
+    pub omitted: u64,
+    /// How many were allowed, of all of them (listed or not).
+    #[serde(default)]
+    pub allowed: u64,
+    /// How many were denied, of all of them (listed or not).
+    #[serde(default)]
+    pub denied: u64,
+}
+
+impl EgressReport {
+    /// The report of `events` (in order), of which the gateway's log lost `lost`
+    /// before they were read.
+    pub fn of(mut events: Vec<EgressEvent>, lost: u64) -> EgressReport {
+        let allowed = events
+            .iter()
+            .filter(|e| e.verdict == EgressVerdict::Allowed)
+            .count() as u64;
+        let denied = events
+            .iter()
+            .filter(|e| e.verdict == EgressVerdict::Denied)
+            .count() as u64;
+        let cut = events.len().saturating_sub(MAX_REPORTED_EVENTS) as u64;
+        events.truncate(MAX_REPORTED_EVENTS);
+        EgressReport {
+            events,
+            omitted: cut + lost,
+            allowed,
+            denied,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -280,6 +280,11 @@ pub struct ExecResult {
     /// Non-fatal notes, such as policy warnings.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// The egress decisions made while it ran, when its sandbox's network is an
+    /// allowlist (see [`crate::egress`]): each connection and name lookup, allowed
+    /// or denied, with its bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<crate::egress::EgressReport>,
 }
 
 impl ExecResult {
@@ -309,6 +314,7 @@ impl ExecResult {
                 finished_at_ms: now,
             },
             warnings: Vec::new(),
+            egress: None,
         }
     }
 

@@ -41,7 +41,9 @@ pub fn builtin(config: &PaddockConfig, wanted: impl Fn(&EngineName) -> bool) -> 
     let defaults = config.limits.effective_defaults();
     let mut made = Builtin::default();
     if config.subprocess.enabled && wanted(&EngineName::SUBPROCESS) {
-        let engine = SubprocessEngine::with_defaults(&config.subprocess, defaults.clone())?;
+        let mut settings = config.subprocess.clone();
+        settings.egress = config.egress.clone();
+        let engine = SubprocessEngine::with_defaults(&settings, defaults.clone())?;
         made.engines.push(Arc::new(engine));
     }
     if config.isolate.enabled && wanted(&EngineName::ISOLATE) {

@@ -269,6 +269,10 @@ impl Pipeline {
             if let Some(reason) = reason {
                 t.record_kill(reason);
             }
+            if let Some(egress) = &r.egress {
+                t.record_egress(engine_label(&engine), "allowed", egress.allowed);
+                t.record_egress(engine_label(&engine), "denied", egress.denied);
+            }
         }
     }
 

@@ -29,8 +29,9 @@ use paddock_telemetry::Telemetry;
 /// How many destroyed session ids are remembered, so a repeated destroy is Ok.
 const REMEMBERED_DESTROYED: usize = 10_000;
 
-/// Most pools of executions' own disk quotas kept at once (each of their instances
-/// holds a filesystem of that size; they are made on demand and not prewarmed).
+/// Most pools of executions' own disk quotas or allowlists kept at once (each of
+/// their instances holds a filesystem of that size, or an egress gateway; they are
+/// made on demand and not prewarmed).
 const MAX_DISK_POOLS: usize = 16;
 
 /// How long a pool of an execution's own disk quota is kept after work was last
@@ -190,7 +191,7 @@ impl Supervisor {
     }
 
     /// The pool for an engine, network policy and disk quota, created (and
-    /// prewarmed) on first use. Pools of executions' own disk quotas are at most
+    /// prewarmed) on first use. Pools of executions' own disk quotas or allowlists are at most
     /// [`MAX_DISK_POOLS`]: a new one replaces one that holds no instance, or is
     /// refused with `POOL_EXHAUSTED` while all are in use.
     #[allow(clippy::too_many_arguments)]
@@ -210,11 +211,17 @@ impl Supervisor {
             p.touch();
             return Ok(p.clone());
         }
-        if !disk.is_default() {
+        // Pools made for one kind of request (its own disk quota, its own
+        // allowlist) are bounded in number: the least recently used unused one
+        // makes room.
+        let own_kind = |network: &NetworkPolicy, disk: &DiskKey| {
+            !disk.is_default() || matches!(network, NetworkPolicy::Allowlist { .. })
+        };
+        if own_kind(network, &disk) {
             let own = self
                 .pools
                 .keys()
-                .filter(|(_, _, d, _)| !d.is_default())
+                .filter(|(_, n, d, _)| own_kind(n, d))
                 .count();
             if own >= MAX_DISK_POOLS {
                 // The one routed to longest ago among those with no instance and no
@@ -223,8 +230,8 @@ impl Supervisor {
                 let unused = self
                     .pools
                     .iter()
-                    .filter(|((_, _, d, _), p)| {
-                        !d.is_default() && p.is_unused() && p.idle_for() >= DISK_POOL_GRACE
+                    .filter(|((_, n, d, _), p)| {
+                        own_kind(n, d) && p.is_unused() && p.idle_for() >= DISK_POOL_GRACE
                     })
                     .max_by_key(|(_, p)| p.idle_for())
                     .map(|(k, _)| k.clone());
@@ -232,7 +239,7 @@ impl Supervisor {
                     return Err(Error::new(
                         ErrorCode::PoolExhausted,
                         format!(
-                            "{MAX_DISK_POOLS} pools of executions' own disk quotas are in use; retry later, or leave limits.disk_bytes and limits.disk_files unset"
+                            "{MAX_DISK_POOLS} pools of executions' own disk quotas or allowlists are in use; retry later, leave limits.disk_bytes and limits.disk_files unset, or run allowlisted work in a sandbox of its own"
                         ),
                     ));
                 };
@@ -344,6 +351,8 @@ impl Supervisor {
     ) -> Result<Arc<EnginePool>, Error> {
         let allowed = self.pipeline.access.for_tenant(tenant);
         allowed.check_network(network, tenant)?;
+        // An allowlist that does not parse is refused before any pool is made for it.
+        network.rules("network")?;
         let pool = self.pool(engine, level, network, disk, home, tenant)?;
         let given = pool.engine().capabilities().max_level;
         allowed.check_level(given, pool.kind.as_str(), tenant)?;

@@ -59,6 +59,7 @@ fn engine_outcome(engine: Label, outcome: &'static str) -> [KeyValue; 2] {
 /// | `paddock_pool_acquisitions_total` | `engine`, `result` |
 /// | `paddock_execution_duration_ms` (histogram) | `engine`, `outcome` |
 /// | `paddock_kills_total` | `reason` |
+/// | `paddock_egress_decisions_total` | `engine`, `verdict` (`allowed`, `denied`) |
 /// | `paddock_pool_size`, `_idle`, `_busy`, `_waiting` (gauges) | `engine` |
 ///
 /// [`labels`] lists the known label values.
@@ -75,6 +76,7 @@ struct Inner {
     pool_acquisitions: Counter<u64>,
     execution_duration: Histogram<f64>,
     kills: Counter<u64>,
+    egress: Counter<u64>,
     pools: PoolRegistry,
     /// Kept so the gauges live as long as the handle.
     _pool_gauges: [ObservableGauge<u64>; 4],
@@ -158,6 +160,12 @@ impl Telemetry {
                 .u64_counter("paddock_kills")
                 .with_description("Process trees or engines killed, by reason")
                 .build(),
+            egress: meter
+                .u64_counter("paddock_egress_decisions")
+                .with_description(
+                    "Egress decisions (connections and name lookups) of allowlist sandboxes' executions, by engine and verdict",
+                )
+                .build(),
             pools,
             _pool_gauges: pool_gauges,
             prometheus,
@@ -214,6 +222,21 @@ impl Telemetry {
     /// Counts one kill and why it happened (see [`labels::kill`]).
     pub fn record_kill(&self, reason: &'static str) {
         self.inner.kills.add(1, &[KeyValue::new(REASON, reason)]);
+    }
+
+    /// Counts `n` egress decisions of verdict `verdict` (`allowed` or `denied`) made
+    /// during executions on `engine`.
+    pub fn record_egress(&self, engine: impl Into<Label>, verdict: &'static str, n: u64) {
+        if n == 0 {
+            return;
+        }
+        self.inner.egress.add(
+            n,
+            &[
+                KeyValue::new(ENGINE, engine.into()),
+                KeyValue::new("verdict", verdict),
+            ],
+        );
     }
 
     /// Registers the occupancy source of the pool of `engine`.

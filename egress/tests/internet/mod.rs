@@ -22,7 +22,12 @@ pub struct Internet {
     pub veth: String,
     pub certs: tempfile::TempDir,
     servers: Child,
+    /// One internet at a time in a process: each puts the same addresses behind a
+    /// veth of its own, and two would contend for their routes.
+    _one: std::sync::MutexGuard<'static, ()>,
 }
+
+static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn run(cmd: &mut Command) -> Result<(), String> {
     let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
@@ -150,6 +155,7 @@ fn sweep() {
 impl Internet {
     /// Builds it; `tag` keeps two tests of one process apart (a letter or two).
     pub fn start(tag: &str) -> Result<Internet, String> {
+        let one = ONE.lock().unwrap_or_else(|p| p.into_inner());
         sweep();
         let pid = std::process::id();
         let ns = format!("pdkinet-{pid}-{tag}");
@@ -164,6 +170,7 @@ impl Internet {
             veth: veth.clone(),
             certs: tempfile::tempdir().map_err(|e| e.to_string())?,
             servers: Command::new("true").spawn().map_err(|e| e.to_string())?,
+            _one: one,
         };
         run(Command::new("ip").args([
             "link", "add", &veth, "type", "veth", "peer", "name", &peer, "netns", &ns,

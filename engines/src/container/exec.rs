@@ -324,6 +324,7 @@ impl ContainerSandbox {
             // The runtime removed the container's group, which counted the forks its
             // pids limit refused, with the container: there is nothing to read.
             warnings: Vec::new(),
+            egress: None,
         })
     }
 

@@ -606,6 +606,7 @@ impl ContainerSandbox {
                 finished_at_ms: unix_ms(),
             },
             warnings,
+            egress: None,
         })
     }
 }

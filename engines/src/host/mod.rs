@@ -7,6 +7,7 @@
 //! functions; the system calls themselves are made here.
 
 pub mod cgroup;
+pub(crate) mod egress;
 pub mod netns;
 pub(crate) mod owner;
 pub(crate) mod pty;

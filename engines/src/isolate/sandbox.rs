@@ -386,6 +386,7 @@ pub(super) fn into_result(
             finished_at_ms: unix_ms(),
         },
         warnings: Vec::new(),
+        egress: None,
     }
 }
 

@@ -86,6 +86,32 @@ impl SubprocessSandbox {
         let _active = ActiveGuard(self);
         let _run = self.run_lock.lock().await;
 
+        // An allowlist's decisions from here to the end are this execution's (one
+        // runs at a time; a background process's fall in the window too).
+        let gateway = self.egress.lock().clone();
+        let mark = gateway.as_ref().map(|g| g.mark());
+        let result = self
+            .run_held(request, limits, sink, cancel, queued_at_ms)
+            .await;
+        match (result, gateway, mark) {
+            (Ok(mut r), Some(g), Some(mark)) => {
+                let (events, lost) = g.events_since(mark).await;
+                r.egress = Some(paddock_core::egress::EgressReport::of(events, lost));
+                Ok(r)
+            }
+            (result, ..) => result,
+        }
+    }
+
+    /// [`run`](Self::run), with the sandbox's run lock held.
+    async fn run_held(
+        &self,
+        request: ExecRequest,
+        limits: Limits,
+        sink: &dyn OutputSink,
+        cancel: CancelToken,
+        queued_at_ms: u64,
+    ) -> Result<ExecResult> {
         let destroyed = self.destroy_signal.notified();
         tokio::pin!(destroyed);
         destroyed.as_mut().enable();
@@ -233,6 +259,7 @@ impl SubprocessSandbox {
                 finished_at_ms: unix_ms(),
             },
             warnings,
+            egress: None,
         })
     }
 
@@ -330,6 +357,19 @@ impl SubprocessSandbox {
             _ => cwd.clone(),
         };
         let mut env = engine.base_env.clone();
+        // An allowlist's programs join its gateway's namespace, and are pointed at
+        // its proxy (a request's own variables may say otherwise: the namespace's
+        // rules hold either way). Without its gateway nothing runs (fail closed).
+        let egress = self.egress.lock().clone();
+        if matches!(
+            self.spec.network,
+            paddock_core::NetworkPolicy::Allowlist { .. }
+        ) {
+            if egress.is_none() {
+                return Err(Error::disposed(&format!("sandbox {}", self.id)));
+            }
+            env.extend(paddock_egress::Gateway::proxy_env());
+        }
         env.insert("HOME".into(), shown.to_string_lossy().into_owned());
         env.insert("PWD".into(), seen_cwd.to_string_lossy().into_owned());
         env.insert("TMPDIR".into(), shown.to_string_lossy().into_owned());
@@ -397,7 +437,12 @@ impl SubprocessSandbox {
             fd3: None,
             rlimits,
             cgroup_procs: cgroup.map(|g| g.procs_files().to_vec()).unwrap_or_default(),
-            netns: self.netns.as_ref().map(|fd| fd.as_raw_fd()),
+            // Held while the sandbox lives, like the mount namespace below.
+            netns: self
+                .netns
+                .as_ref()
+                .map(|fd| fd.as_raw_fd())
+                .or_else(|| egress.as_ref().map(|g| g.netns().as_raw_fd())),
             // Held while the sandbox lives: teardown drops it only once no operation
             // (and so no spawn) is left.
             mntns,

@@ -151,13 +151,20 @@ impl SubprocessSandbox {
         // Without a namespace of its own (network `unrestricted`) the sandbox's
         // loopback is the host's: a stream "into the guest" would reach the host's
         // own services, which is not what the caller was given.
-        let Some(netns) = &self.netns else {
+        // An allowlist's namespace is its gateway's (held while the stream opens).
+        let gateway = self.egress.lock().clone();
+        let netns = self
+            .netns
+            .as_ref()
+            .map(|fd| fd.as_raw_fd())
+            .or_else(|| gateway.as_ref().map(|g| g.netns().as_raw_fd()));
+        let Some(netns) = netns else {
             return Err(Error::new(
                 paddock_core::ErrorCode::CapabilityNotSupported,
-                "a TCP stream into the guest needs a sandbox with network `none` (its own loopback); this one shares the host's network",
+                "a TCP stream into the guest needs a sandbox with network `none` or `allowlist` (its own loopback); this one shares the host's network",
             ));
         };
-        crate::interactive::connect(Some(netns.as_raw_fd()), &target).await
+        crate::interactive::connect(Some(netns), &target).await
     }
 }
 

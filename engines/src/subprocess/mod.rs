@@ -47,6 +47,9 @@ pub struct HostSupport {
     pub cgroups: Option<crate::host::cgroup::CgroupReport>,
     /// Whether empty network namespaces can be created; otherwise why not.
     pub netns: std::result::Result<(), String>,
+    /// Whether allowlists are enforced (a namespace behind an egress gateway per
+    /// sandbox); otherwise why not.
+    pub egress: std::result::Result<(), String>,
     /// Interpreters found, by language; the error says which binary is missing.
     pub interpreters: BTreeMap<Language, std::result::Result<PathBuf, String>>,
     /// The disk-quota backend (`loop` or `tmpfs`), or why none works.
@@ -73,6 +76,8 @@ pub(crate) struct EngineInner {
     pub(crate) disks: crate::host::volume::Disks,
     pub(crate) support: HostSupport,
     pub(crate) next_sandbox: AtomicU64,
+    /// How sandboxes' egress gateways are made, or why allowlists are not enforced.
+    pub(crate) egress: std::result::Result<paddock_egress::GatewayConfig, String>,
     /// Warm mode's runners, when `[subprocess.warm]` is enabled.
     pub(crate) warm: Option<runner::WarmSetup>,
 }
@@ -164,6 +169,13 @@ impl SubprocessEngine {
         if netns.is_ok() {
             network.push("none");
         }
+        let egress = match &netns {
+            Ok(()) => crate::host::egress::gateway_config(&config.egress)?,
+            Err(why) => Err(why.clone()),
+        };
+        if egress.is_ok() {
+            network.push("allowlist");
+        }
         let mut features = vec![
             "streaming",
             "files",
@@ -245,11 +257,13 @@ impl SubprocessEngine {
                     cgroup_layout,
                     cgroups: cgroup_report,
                     netns,
+                    egress: egress.as_ref().map(drop).map_err(Clone::clone),
                     interpreters,
                     disk: disks.backend().ok_or_else(|| disks.notes().join("; ")),
                     home,
                 },
                 disks,
+                egress,
                 next_sandbox: AtomicU64::new(0),
             }),
         })

@@ -603,6 +603,7 @@ impl SubprocessSandbox {
                 finished_at_ms: unix_ms(),
             },
             warnings,
+            egress: None,
         })
     }
 }

@@ -28,6 +28,10 @@ pub struct SubprocessSandbox {
     pub(super) workdir: Arc<Workdir>,
     pub(super) cgroup: Option<Arc<Cgroup>>,
     pub(super) netns: Option<OwnedFd>,
+    /// The egress gateway of an `allowlist` network: its namespace is the one the
+    /// sandbox's programs join. Dropped at teardown, which stops its servers (any
+    /// process left in the namespace then reaches nothing).
+    pub(super) egress: parking_lot::Mutex<Option<Arc<paddock_egress::Gateway>>>,
     /// The mount namespace that shows the workdir at the spec's `home`, when it has
     /// one (dropped at teardown, before the workdir goes).
     pub(super) mntns: parking_lot::Mutex<Option<OwnedFd>>,
@@ -65,6 +69,19 @@ impl SubprocessSandbox {
             check_home_hides_nothing(&engine, home)?;
         }
         let home = spec.home.clone();
+        let egress = match spec.network.rules("network")? {
+            Some(rules) => match &engine.egress {
+                Ok(cfg) => Some((rules, cfg.clone())),
+                // Capabilities said so already; kept for a caller that skipped them.
+                Err(why) => {
+                    return Err(Error::new(
+                        paddock_core::ErrorCode::CapabilityNotSupported,
+                        format!("the subprocess engine cannot enforce an allowlist here: {why}"),
+                    ))
+                }
+            },
+            None => None,
+        };
 
         let n = engine.next_sandbox.fetch_add(1, Ordering::Relaxed);
         let id = format!("sp-{}-{n}", uuid::Uuid::now_v7().simple());
@@ -73,76 +90,93 @@ impl SubprocessSandbox {
         let network = spec.network.clone();
         let warm = eng.warm.is_some();
         let quota = crate::host::volume::Quota::of(&spec.limits.or(&engine.defaults));
-        let (workdir, cgroup, netns, warm_cgroup, mntns) = tokio::task::spawn_blocking(move || {
-            let disk = quota
-                .filter(|_| eng.disks.backend().is_some())
-                .map(|q| (&eng.disks, q));
-            let mut workdir = Workdir::create_on(&eng.workdir_root, &id2, disk)
-                .map_err(crate::host::volume::workdir_error)?;
-            let mntns = match &home {
-                Some(home) => match crate::host::netns::private_home(workdir.root(), home) {
-                    Ok(fd) => {
-                        workdir = workdir.shown_at(Path::new(home));
-                        Some(fd)
-                    }
-                    Err(e) => {
-                        let _ = workdir.remove();
-                        return Err(Error::engine_io(
-                            &format!("showing the sandbox workdir at `{home}`"),
-                            e,
-                        ));
-                    }
-                },
-                None => None,
-            };
-            let cgroup = match &eng.cgroups {
-                Some(root) => match root.create_group(&id2) {
-                    Ok(g) => Some(g),
-                    Err(e) => {
-                        let _ = workdir.remove();
-                        return Err(Error::engine_io("creating the sandbox cgroup", e));
-                    }
-                },
-                None => None,
-            };
-            let netns = match network {
-                NetworkPolicy::None => match crate::host::netns::create_empty() {
-                    Ok(fd) => Some(fd),
-                    Err(e) => {
-                        let _ = workdir.remove();
-                        if let Some(g) = &cgroup {
-                            let _ = g.remove();
+        let (workdir, cgroup, netns, warm_cgroup, mntns, gateway) =
+            tokio::task::spawn_blocking(move || {
+                let disk = quota
+                    .filter(|_| eng.disks.backend().is_some())
+                    .map(|q| (&eng.disks, q));
+                let mut workdir = Workdir::create_on(&eng.workdir_root, &id2, disk)
+                    .map_err(crate::host::volume::workdir_error)?;
+                let mntns = match &home {
+                    Some(home) => match crate::host::netns::private_home(workdir.root(), home) {
+                        Ok(fd) => {
+                            workdir = workdir.shown_at(Path::new(home));
+                            Some(fd)
                         }
-                        return Err(Error::engine_io(
-                            "creating the sandbox's empty network namespace",
-                            e,
-                        ));
-                    }
-                },
-                _ => None,
-            };
-            let warm_cgroup = match (&eng.cgroups, warm) {
-                (Some(root), true) => match root.create_group(&format!("{id2}-warm")) {
-                    Ok(g) => Some(g),
-                    Err(e) => {
-                        let _ = workdir.remove();
-                        if let Some(g) = &cgroup {
-                            let _ = g.remove();
+                        Err(e) => {
+                            let _ = workdir.remove();
+                            return Err(Error::engine_io(
+                                &format!("showing the sandbox workdir at `{home}`"),
+                                e,
+                            ));
                         }
-                        return Err(Error::engine_io("creating the sandbox's warm cgroup", e));
-                    }
-                },
-                _ => None,
-            };
-            Ok((workdir, cgroup, netns, warm_cgroup, mntns))
-        })
-        .await
-        .map_err(|e| {
-            Error::new(
-                paddock_core::ErrorCode::EngineFailed,
-                format!("sandbox setup task failed: {e}"),
-            )
-        })??;
+                    },
+                    None => None,
+                };
+                let cgroup = match &eng.cgroups {
+                    Some(root) => match root.create_group(&id2) {
+                        Ok(g) => Some(g),
+                        Err(e) => {
+                            let _ = workdir.remove();
+                            return Err(Error::engine_io("creating the sandbox cgroup", e));
+                        }
+                    },
+                    None => None,
+                };
+                let netns = match network {
+                    NetworkPolicy::None => match crate::host::netns::create_empty() {
+                        Ok(fd) => Some(fd),
+                        Err(e) => {
+                            let _ = workdir.remove();
+                            if let Some(g) = &cgroup {
+                                let _ = g.remove();
+                            }
+                            return Err(Error::engine_io(
+                                "creating the sandbox's empty network namespace",
+                                e,
+                            ));
+                        }
+                    },
+                    _ => None,
+                };
+                let gateway = match egress {
+                    Some((rules, cfg)) => match paddock_egress::Gateway::open(rules, &cfg) {
+                        Ok(g) => Some(Arc::new(g)),
+                        Err(e) => {
+                            let _ = workdir.remove();
+                            if let Some(g) = &cgroup {
+                                let _ = g.remove();
+                            }
+                            return Err(Error::engine_io(
+                                "opening the sandbox's egress gateway",
+                                e,
+                            ));
+                        }
+                    },
+                    None => None,
+                };
+                let warm_cgroup = match (&eng.cgroups, warm) {
+                    (Some(root), true) => match root.create_group(&format!("{id2}-warm")) {
+                        Ok(g) => Some(g),
+                        Err(e) => {
+                            let _ = workdir.remove();
+                            if let Some(g) = &cgroup {
+                                let _ = g.remove();
+                            }
+                            return Err(Error::engine_io("creating the sandbox's warm cgroup", e));
+                        }
+                    },
+                    _ => None,
+                };
+                Ok((workdir, cgroup, netns, warm_cgroup, mntns, gateway))
+            })
+            .await
+            .map_err(|e| {
+                Error::new(
+                    paddock_core::ErrorCode::EngineFailed,
+                    format!("sandbox setup task failed: {e}"),
+                )
+            })??;
 
         let sandbox = SubprocessSandbox {
             id,
@@ -151,6 +185,7 @@ impl SubprocessSandbox {
             workdir: Arc::new(workdir),
             cgroup: cgroup.map(Arc::new),
             netns,
+            egress: parking_lot::Mutex::new(gateway),
             mntns: parking_lot::Mutex::new(mntns),
             run_lock: Mutex::new(()),
             active: AtomicUsize::new(0),
@@ -416,6 +451,7 @@ impl Teardown for SubprocessSandbox {
         }
         // Every process is gone: the namespace (and its hold on the workdir) goes.
         self.mntns.lock().take();
+        self.egress.lock().take();
         self.sweep(true).await
     }
 
@@ -424,6 +460,7 @@ impl Teardown for SubprocessSandbox {
         self.processes.kill_now();
         self.warm.lock().clear();
         self.mntns.lock().take();
+        self.egress.lock().take();
         if let Some(g) = &self.warm_cgroup {
             let _ = g.remove();
         }

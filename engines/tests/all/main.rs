@@ -2,6 +2,7 @@
 
 mod cgroup_v2;
 mod container;
+mod egress;
 mod files;
 mod isolate;
 mod subprocess;

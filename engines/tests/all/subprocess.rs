@@ -386,21 +386,35 @@ async fn network_none_has_no_route_to_the_host() {
         .unwrap();
     let r = run(
         &*open,
-        ExecRequest::new(Program::code(Language::Python, probe)),
+        ExecRequest::new(Program::code(Language::Python, probe.clone())),
     )
     .await;
     assert_eq!(r.stdout.trim(), "connected", "{r:?}");
-    let e2 = e
+    // An allowlist has a loopback of its own too, even one that names localhost:
+    // the host's listener is out of reach.
+    let listed = e
         .create(&SandboxSpec {
             network: NetworkPolicy::Allowlist {
-                hosts: vec!["localhost".into()],
-                ports: vec![],
+                hosts: vec!["localhost".into(), "127.0.0.1".into()],
+                ports: vec![port],
             },
             ..SandboxSpec::default()
         })
-        .await
-        .unwrap_err();
-    assert_eq!(e2.code, ErrorCode::CapabilityNotSupported);
+        .await;
+    match listed {
+        Ok(sb) => {
+            let r = run(
+                &*sb,
+                ExecRequest::new(Program::code(Language::Python, probe)),
+            )
+            .await;
+            assert!(r.stdout.starts_with("refused"), "{r:?}");
+        }
+        Err(e2) => {
+            assert!(!e.capabilities().network.contains("allowlist"), "{e2}");
+            assert_eq!(e2.code, ErrorCode::CapabilityNotSupported);
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

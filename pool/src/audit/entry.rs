@@ -238,6 +238,9 @@ pub struct AuditEntry {
     /// The error code a caller saw, unless it completed.
     #[serde(default)]
     pub error_code: Option<ErrorCode>,
+    /// Its egress decisions, when its sandbox's network is an allowlist.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<paddock_core::egress::EgressReport>,
 }
 
 impl AuditEntry {
@@ -271,6 +274,7 @@ impl AuditEntry {
             memory_bytes: result.usage.peak_memory_bytes,
             kill_reason: KillReason::of(&result.outcome),
             error_code: result.outcome.error_code(),
+            egress: result.egress.clone(),
         }
     }
 

@@ -33,6 +33,7 @@ fn entry(n: u64, tenant: &str, engine: EngineName, success: bool, duration_ms: u
         memory_bytes: 1_000 * n,
         kill_reason: None,
         error_code: None,
+        egress: None,
     }
 }
 

@@ -1,0 +1,302 @@
+//! Network `allowlist` on the engines, against the small internet the egress tests
+//! build (`egress/tests/internet`): what passes, what is refused and how fast, what
+//! each execution's result lists, and that nothing of the sandbox's network is left
+//! after destroy.
+
+#[path = "../../../egress/tests/internet/mod.rs"]
+mod internet;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use paddock_core::config::EgressConfig;
+use paddock_core::egress::{EgressVerdict, EgressVia};
+use paddock_core::{
+    CancelToken, DiscardSink, Engine, ExecRequest, ExecResult, Language, NetworkPolicy, Program,
+    Sandbox, SandboxSpec, SubprocessConfig,
+};
+use paddock_engines::subprocess::SubprocessEngine;
+
+fn required() -> bool {
+    std::env::var_os("PADDOCK_REQUIRE_CONTAINERS").is_some()
+}
+
+/// The internet, or `None` (the test skips) where it cannot be built.
+fn internet(tag: &str) -> Option<internet::Internet> {
+    let why = internet::unavailable().or_else(|| {
+        paddock_egress::find_nft()
+            .is_none()
+            .then(|| "no nft (Debian's nftables)".to_string())
+    });
+    if let Some(why) = why {
+        assert!(!required(), "the egress tests must run: {why}");
+        eprintln!("skipped: {why}");
+        return None;
+    }
+    Some(internet::Internet::start(tag).expect("the test's internet"))
+}
+
+fn allowlist(hosts: &[&str]) -> SandboxSpec {
+    SandboxSpec {
+        network: NetworkPolicy::Allowlist {
+            hosts: hosts.iter().map(|h| h.to_string()).collect(),
+            ports: vec![],
+        },
+        ..SandboxSpec::default()
+    }
+}
+
+async fn run(sb: &dyn Sandbox, argv: &[&str]) -> ExecResult {
+    let mut req = ExecRequest::new(Program::Command {
+        argv: argv.iter().map(|s| s.to_string()).collect(),
+    });
+    req.limits.timeout_ms = Some(20_000);
+    sb.exec(req, &DiscardSink, CancelToken::new())
+        .await
+        .expect("the execution runs")
+}
+
+async fn python(sb: &dyn Sandbox, source: &str) -> ExecResult {
+    let req = ExecRequest::new(Program::Code {
+        language: Language::Python,
+        source: source.to_string(),
+    });
+    sb.exec(req, &DiscardSink, CancelToken::new())
+        .await
+        .expect("the execution runs")
+}
+
+const PY_CONNECT: &str = "import socket,sys,time
+t = time.time()
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5).recv(1)
+    print('open')
+except OSError as e:
+    print('refused', type(e).__name__, round(time.time() - t, 3))
+";
+
+/// The network namespaces of every process, and of the fds this process holds.
+fn live_namespaces() -> Vec<String> {
+    let mut seen = Vec::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return seen;
+    };
+    for p in procs.flatten() {
+        if let Ok(link) = std::fs::read_link(p.path().join("ns/net")) {
+            seen.push(link.to_string_lossy().into_owned());
+        }
+    }
+    if let Ok(fds) = std::fs::read_dir("/proc/self/fd") {
+        for fd in fds.flatten() {
+            if let Ok(link) = std::fs::read_link(fd.path()) {
+                seen.push(link.to_string_lossy().into_owned());
+            }
+        }
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allowlist_on_the_subprocess_engine_admits_what_it_names_and_nothing_else() {
+    let Some(net) = internet("s") else {
+        return;
+    };
+    let config = SubprocessConfig {
+        egress: EgressConfig {
+            resolvers: vec![net.resolver().to_string()],
+            ..EgressConfig::default()
+        },
+        ..SubprocessConfig::default()
+    };
+    let engine = SubprocessEngine::new(&config).expect("the engine starts");
+    assert_eq!(engine.host_support().egress, Ok(()));
+    assert!(
+        engine.capabilities().network.contains("allowlist"),
+        "{:?}",
+        engine.capabilities()
+    );
+    let sb: Arc<dyn Sandbox> = engine
+        .create(&allowlist(&["allowed.test"]))
+        .await
+        .expect("an allowlist sandbox opens");
+    let ca = net.ca();
+    let ca = ca.to_str().unwrap();
+
+    // Allowed: through the proxy the sandbox is pointed at (plain and CONNECT), and
+    // transparently for a program that ignores proxies.
+    let r = run(
+        &*sb,
+        &["curl", "-sS", "--max-time", "5", "http://allowed.test/"],
+    )
+    .await;
+    assert_eq!(
+        r.stdout, "hello from 198.51.100.2 for allowed.test\n",
+        "{r:?}"
+    );
+    let r = run(
+        &*sb,
+        &[
+            "curl",
+            "-sS",
+            "--max-time",
+            "5",
+            "--cacert",
+            ca,
+            "https://allowed.test/",
+        ],
+    )
+    .await;
+    assert_eq!(
+        r.stdout, "hello from 198.51.100.2 for allowed.test\n",
+        "{r:?}"
+    );
+    let connect = r.egress.expect("the result lists its egress");
+    assert!(
+        connect.events.iter().any(|e| e.via == EgressVia::Connect
+            && e.host == "allowed.test"
+            && e.port == 443
+            && e.verdict == EgressVerdict::Allowed
+            && e.bytes_in > 0),
+        "{connect:#?}"
+    );
+    let r = run(
+        &*sb,
+        &[
+            "curl",
+            "-sS",
+            "--max-time",
+            "5",
+            "--noproxy",
+            "*",
+            "--cacert",
+            ca,
+            "https://allowed.test/",
+        ],
+    )
+    .await;
+    assert_eq!(
+        r.stdout, "hello from 198.51.100.2 for allowed.test\n",
+        "{r:?}"
+    );
+    let transparent = r.egress.expect("the result lists its egress");
+    assert!(
+        transparent
+            .events
+            .iter()
+            .any(|e| e.via == EgressVia::Transparent && e.verdict == EgressVerdict::Allowed),
+        "{transparent:#?}"
+    );
+
+    // Denied, fast: a name outside the list (403 from the proxy, NXDOMAIN), the
+    // denied server's address, the metadata address, and UDP.
+    let r = run(
+        &*sb,
+        &[
+            "curl",
+            "-sS",
+            "--max-time",
+            "5",
+            "-w",
+            " %{http_code}",
+            "http://denied.test/",
+        ],
+    )
+    .await;
+    assert!(r.stdout.ends_with(" 403"), "{r:?}");
+    assert!(r.usage.wall_ms < 1_000, "{r:?}");
+    let r = run(
+        &*sb,
+        &[
+            "curl",
+            "-sS",
+            "--max-time",
+            "5",
+            "--noproxy",
+            "*",
+            "http://denied.test/",
+        ],
+    )
+    .await;
+    assert_eq!(r.exit_code(), Some(6), "curl cannot resolve it: {r:?}");
+    for addr in [internet::DENIED, "169.254.169.254"] {
+        let r = run(&*sb, &["python3", "-c", PY_CONNECT, addr, "80"]).await;
+        assert!(r.stdout.starts_with("refused"), "{addr}: {r:?}");
+        assert!(r.usage.wall_ms < 1_000, "{addr}: {r:?}");
+    }
+    let r = run(
+        &*sb,
+        &[
+            "python3",
+            "-c",
+            "import socket\ntry:\n    socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'x', ('198.51.100.2', 9999)); print('sent')\nexcept OSError as e: print('refused', type(e).__name__)",
+        ],
+    )
+    .await;
+    assert_eq!(r.stdout.trim(), "refused PermissionError", "{r:?}");
+
+    // Warm Python (the sandbox's interpreter, started when it opened) is inside too:
+    // urllib follows the proxy variables.
+    let r = python(
+        &*sb,
+        "import urllib.request, urllib.error\n\
+         print(urllib.request.urlopen('http://allowed.test/', timeout=5).read().decode(), end='')\n\
+         try:\n    urllib.request.urlopen('http://denied.test/', timeout=5)\n\
+         except urllib.error.HTTPError as e:\n    print('denied', e.code)",
+    )
+    .await;
+    assert_eq!(r.exit_code(), Some(0), "{r:?}");
+    assert_eq!(
+        r.stdout, "hello from 198.51.100.2 for allowed.test\ndenied 403\n",
+        "{r:?}"
+    );
+    let both = r.egress.expect("the result lists its egress");
+    assert!(
+        both.events
+            .iter()
+            .any(|e| e.host == "allowed.test" && e.verdict == EgressVerdict::Allowed),
+        "{both:#?}"
+    );
+    assert!(
+        both.events
+            .iter()
+            .any(|e| e.host == "denied.test" && e.verdict == EgressVerdict::Denied),
+        "{both:#?}"
+    );
+    assert_eq!((both.allowed, both.denied), (1, 1), "{both:#?}");
+
+    // Nothing of its network is left after destroy.
+    let r = run(&*sb, &["readlink", "/proc/self/ns/net"]).await;
+    let ns = r.stdout.trim().to_string();
+    assert!(ns.starts_with("net:["), "{r:?}");
+    assert!(live_namespaces().contains(&ns));
+    sb.destroy().await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while live_namespaces().contains(&ns) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the sandbox's namespace {ns} outlived its destroy"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn an_allowlist_that_does_not_parse_is_refused_with_the_entry_named() {
+    let engine = SubprocessEngine::new(&SubprocessConfig::default()).expect("the engine starts");
+    let Err(e) = engine
+        .create(&allowlist(&["pypi.org", "bad host name"]))
+        .await
+    else {
+        panic!("an allowlist with a bad entry opened a sandbox");
+    };
+    if engine.capabilities().network.contains("allowlist") {
+        assert_eq!(e.code, paddock_core::ErrorCode::InvalidOptions, "{e}");
+        assert!(e.message.contains("network.allowlist.hosts[1]"), "{e}");
+    } else {
+        assert_eq!(
+            e.code,
+            paddock_core::ErrorCode::CapabilityNotSupported,
+            "{e}"
+        );
+    }
+}
