@@ -3,6 +3,7 @@
 //! messages, and the HTTP API end to end.
 
 mod audit;
+mod egress;
 mod http;
 mod limiter;
 mod policy;
