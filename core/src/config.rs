@@ -1244,6 +1244,10 @@ pub struct ContainerConfig {
     /// The platform of `runtime = "runsc"`: `ptrace` (default), `kvm` or `systrap`
     /// (newer runsc releases).
     pub runsc_platform: RunscPlatform,
+    /// The egress gateway's settings: the top-level `[egress]`, handed to the engine
+    /// when Paddock makes it (not a setting of `[container]`).
+    #[serde(skip)]
+    pub egress: EgressConfig,
 }
 
 impl Default for ContainerConfig {
@@ -1263,6 +1267,7 @@ impl Default for ContainerConfig {
             userns_first_id: 2_000_000_000,
             userns_slots: 1024,
             runsc_platform: RunscPlatform::Ptrace,
+            egress: EgressConfig::default(),
         }
     }
 }

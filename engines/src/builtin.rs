@@ -54,7 +54,9 @@ pub fn builtin(config: &PaddockConfig, wanted: impl Fn(&EngineName) -> bool) -> 
         )?));
     }
     if config.container.enabled && wanted(&EngineName::CONTAINER) {
-        match ContainerEngine::with_defaults(&config.container, defaults.clone()) {
+        let mut settings = config.container.clone();
+        settings.egress = config.egress.clone();
+        match ContainerEngine::with_defaults(&settings, defaults.clone()) {
             Ok(engine) => made.engines.push(Arc::new(engine)),
             Err(e) if e.code == ErrorCode::EngineFailed => {
                 tracing::warn!(error = %e, "the container engine is not available");
@@ -74,7 +76,8 @@ pub fn builtin(config: &PaddockConfig, wanted: impl Fn(&EngineName) -> bool) -> 
         }
         match def.kind {
             EngineKind::Container => {
-                let settings = def.container_config(&config.container);
+                let mut settings = def.container_config(&config.container);
+                settings.egress = config.egress.clone();
                 match ContainerEngine::named(name.clone(), &settings, defaults.clone()) {
                     Ok(engine) => made.engines.push(Arc::new(engine)),
                     Err(e) if e.code == ErrorCode::EngineFailed => {

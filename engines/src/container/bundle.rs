@@ -119,6 +119,9 @@ pub(crate) struct BundleSpec<'a> {
     pub(crate) ids: Option<(u32, u32)>,
     /// Whether the runtime is gVisor's (see [`seccomp_profile`]).
     pub(crate) user_space_kernel: bool,
+    /// A network namespace to join (an allowlist's gateway's, as a path the
+    /// runtime can open) instead of a new, empty one.
+    pub(crate) netns: Option<&'a str>,
 }
 
 /// The capabilities a container keeps (bounding, effective, permitted): the three of
@@ -222,7 +225,10 @@ pub(crate) fn config(spec: &BundleSpec<'_>) -> Value {
     let caps: Vec<&str> = CAPABILITIES.to_vec();
     let mut namespaces = vec![
         json!({"type": "pid"}),
-        json!({"type": "network"}),
+        match spec.netns {
+            Some(path) => json!({"type": "network", "path": path}),
+            None => json!({"type": "network"}),
+        },
         json!({"type": "ipc"}),
         json!({"type": "uts"}),
         json!({"type": "mount"}),
@@ -351,6 +357,7 @@ mod tests {
             hostname: "paddock",
             ids: None,
             user_space_kernel: false,
+            netns: None,
         }
     }
 

@@ -111,6 +111,31 @@ impl ContainerSandbox {
         self.active.fetch_add(1, Ordering::AcqRel);
         let _active = ActiveGuard(self);
         let _run = self.run_lock.lock().await;
+        // An allowlist's decisions from here to the end are this execution's.
+        let gateway = self.egress.lock().clone();
+        let mark = gateway.as_ref().map(|g| g.mark());
+        let result = self
+            .run_held(request, limits, sink, cancel, queued_at_ms)
+            .await;
+        match (result, gateway, mark) {
+            (Ok(mut r), Some(g), Some(mark)) => {
+                let (events, lost) = g.events_since(mark).await;
+                r.egress = Some(paddock_core::egress::EgressReport::of(events, lost));
+                Ok(r)
+            }
+            (result, ..) => result,
+        }
+    }
+
+    /// [`run`](Self::run), with the sandbox's run lock held.
+    async fn run_held(
+        &self,
+        request: ExecRequest,
+        limits: Limits,
+        sink: &dyn OutputSink,
+        cancel: CancelToken,
+        queued_at_ms: u64,
+    ) -> Result<ExecResult> {
         let destroyed = self.destroy_signal.notified();
         tokio::pin!(destroyed);
         destroyed.as_mut().enable();
@@ -171,6 +196,7 @@ impl ContainerSandbox {
         }
         let open_files = clamp(libc::RLIMIT_NOFILE, limits.open_files.unwrap_or(1024));
         rlimits.push(("RLIMIT_NOFILE", open_files, open_files));
+        let netns = self.netns_path()?;
         let config = bundle::config(&BundleSpec {
             args: &args,
             env: &env,
@@ -189,6 +215,7 @@ impl ContainerSandbox {
             hostname: "paddock",
             ids: self.ids(),
             user_space_kernel: self.engine.runtime.kind.user_space_kernel(),
+            netns: netns.as_deref(),
         });
         bundle::write_config(&bundle_dir, &config)
             .map_err(|e| Error::engine_io("writing config.json", e))?;
@@ -404,6 +431,7 @@ pub(super) fn run_once(
         hostname: "paddock",
         ids: ids.as_ref().map(|r| (r.first, r.size)),
         user_space_kernel: engine.runtime.kind.user_space_kernel(),
+        netns: None,
     });
     bundle::write_config(&dir, &config)?;
     let bundle = dir.to_string_lossy().into_owned();

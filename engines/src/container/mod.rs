@@ -97,6 +97,8 @@ pub(crate) struct EngineInner {
     /// environment reaches a container.
     pub(crate) passthrough_env: BTreeMap<String, String>,
     pub(crate) runtime: Runtime,
+    /// How sandboxes' egress gateways are made, or why allowlists are not enforced.
+    pub(crate) egress: std::result::Result<paddock_egress::GatewayConfig, String>,
     pub(crate) info: RuntimeInfo,
     /// The engine's directory: `rootfs/`, `state/`, `bundles/`, `sandboxes/`.
     pub(crate) root: PathBuf,
@@ -423,6 +425,7 @@ impl ContainerEngine {
             next_sandbox: AtomicU64::new(0),
             disks,
             userns: None,
+            egress: Err("not checked yet".into()),
         };
         if user_namespace {
             match userns::IdRanges::new(
@@ -575,7 +578,18 @@ impl ContainerEngine {
                 paddock_core::interactive::FEATURE_TCP,
             ]);
         }
-        inner.caps = Capabilities::new(IsolationLevel::Strict, &programs, &["none"], &features)
+        // Allowlists: a gateway's namespace joined by path. Not on gVisor, whose own
+        // network stack would not reach the gateway's listeners.
+        inner.egress = if inner.runtime.kind.user_space_kernel() {
+            Err("gVisor (runsc) runs its own network stack, which does not reach the egress gateway".into())
+        } else {
+            crate::host::egress::gateway_config(&config.egress)?
+        };
+        let mut network = vec!["none"];
+        if inner.egress.is_ok() {
+            network.push("allowlist");
+        }
+        inner.caps = Capabilities::new(IsolationLevel::Strict, &programs, &network, &features)
             .with_limits(&[
                 "memory_bytes",
                 "cpu_ms",

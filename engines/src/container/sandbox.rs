@@ -63,6 +63,9 @@ pub struct ContainerSandbox {
     pub(super) id_range: Option<super::userns::IdRange>,
     /// Removals of replaced warm containers still under way (teardown waits for them).
     pub(super) removing: parking_lot::Mutex<Vec<std::thread::JoinHandle<()>>>,
+    /// The egress gateway of an `allowlist` network: its namespace is the one the
+    /// sandbox's containers join. Dropped at teardown.
+    pub(super) egress: parking_lot::Mutex<Option<Arc<paddock_egress::Gateway>>>,
 }
 
 impl ContainerSandbox {
@@ -74,6 +77,21 @@ impl ContainerSandbox {
             paddock_core::engine::check_home("home", home)?;
         }
         let home = spec.home.clone().unwrap_or_else(|| WORKSPACE.to_string());
+        let egress = match spec.network.rules("network")? {
+            Some(rules) => match &engine.egress {
+                Ok(cfg) => Some((rules, cfg.clone())),
+                Err(why) => {
+                    return Err(Error::new(
+                        ErrorCode::CapabilityNotSupported,
+                        format!(
+                            "the {} engine cannot enforce an allowlist here: {why}",
+                            engine.name
+                        ),
+                    ))
+                }
+            },
+            None => None,
+        };
         let n = engine.next_sandbox.fetch_add(1, Ordering::Relaxed);
         let id = format!(
             "ct-{}-{n}",
@@ -88,7 +106,14 @@ impl ContainerSandbox {
         let eng = engine.clone();
         let (id2, cg2) = (id.clone(), cgroup.clone());
         let quota = crate::host::volume::Quota::of(&spec.limits.or(&engine.defaults));
-        let workdir = tokio::task::spawn_blocking(move || -> Result<Workdir> {
+        let (workdir, gateway) = tokio::task::spawn_blocking(move || -> Result<_> {
+            let gateway = match egress {
+                Some((rules, cfg)) => Some(Arc::new(
+                    paddock_egress::Gateway::open(rules, &cfg)
+                        .map_err(|e| Error::engine_io("opening the sandbox's egress gateway", e))?,
+                )),
+                None => None,
+            };
             let disk = match (&eng.disks, quota) {
                 (Ok(disks), Some(q)) => Some((disks, q)),
                 _ => None,
@@ -128,7 +153,7 @@ impl ContainerSandbox {
                 let _ = workdir.remove();
                 return Err(Error::engine_io("creating the sandbox cgroup", e));
             }
-            Ok(workdir)
+            Ok((workdir, gateway))
         })
         .await
         .map_err(|e| {
@@ -155,6 +180,7 @@ impl ContainerSandbox {
             interactive_used: std::sync::atomic::AtomicBool::new(false),
             id_range,
             removing: parking_lot::Mutex::new(Vec::new()),
+            egress: parking_lot::Mutex::new(gateway),
         })
         .inspect(|sandbox| sandbox.prewarm())
     }
@@ -163,6 +189,27 @@ impl ContainerSandbox {
     /// `/workspace`.
     pub(super) fn home(&self) -> &str {
         self.spec.home.as_deref().unwrap_or(WORKSPACE)
+    }
+
+    /// The network namespace its containers join, as a path the runtime opens: an
+    /// allowlist's gateway's (`None`: a new, empty one). Without its gateway (torn
+    /// down) an allowlist sandbox starts nothing (fail closed).
+    pub(super) fn netns_path(&self) -> Result<Option<String>> {
+        if !matches!(
+            self.spec.network,
+            paddock_core::NetworkPolicy::Allowlist { .. }
+        ) {
+            return Ok(None);
+        }
+        use std::os::fd::AsRawFd;
+        match self.egress.lock().as_ref() {
+            Some(g) => Ok(Some(format!(
+                "/proc/{}/fd/{}",
+                std::process::id(),
+                g.netns().as_raw_fd()
+            ))),
+            None => Err(Error::disposed(&format!("sandbox {}", self.id))),
+        }
     }
 
     /// The (first host id, size) of the sandbox's user namespace, when it has one.
@@ -247,10 +294,16 @@ impl ContainerSandbox {
     pub(super) fn start_warm(&self) -> Result<WarmContainer> {
         let k = self.next_container.fetch_add(1, Ordering::Relaxed);
         let limits = self.spec.limits.or(&self.engine.defaults);
+        let netns = self.netns_path()?;
         let wc = WarmContainer::start(
             &self.engine,
             &self.cgroup,
-            (self.workdir.root(), self.home(), self.ids()),
+            (
+                self.workdir.root(),
+                self.home(),
+                self.ids(),
+                netns.as_deref(),
+            ),
             (format!("{}-w{k}", self.id), format!("w{k}")),
             &limits,
         )?;
@@ -303,7 +356,17 @@ impl ContainerSandbox {
             Some(c) => self.guest_cwd(c)?,
             None => self.home().to_string(),
         };
-        let vars = guest_vars(&self.engine.passthrough_env, self.home(), &cwd, extra);
+        let mut vars = guest_vars(&self.engine.passthrough_env, self.home(), &cwd, extra);
+        if matches!(
+            self.spec.network,
+            paddock_core::NetworkPolicy::Allowlist { .. }
+        ) {
+            // Pointed at the gateway's proxy unless the request says otherwise (the
+            // namespace holds either way).
+            for (k, v) in paddock_egress::Gateway::proxy_env() {
+                vars.entry(k).or_insert(v);
+            }
+        }
         Ok((cwd, vars))
     }
 
@@ -554,6 +617,8 @@ impl Teardown for ContainerSandbox {
         // The container's processes and terminals died with it: their exits are
         // known before destroy returns.
         self.processes.kill_all(true).await;
+        // Every container is gone: the gateway's servers stop, its namespace goes.
+        self.egress.lock().take();
         result
     }
 
@@ -564,6 +629,7 @@ impl Teardown for ContainerSandbox {
         self.processes.kill_now();
         self.engine.remove_cgroup(&self.cgroup);
         let _ = self.workdir.remove();
+        self.egress.lock().take();
     }
 }
 

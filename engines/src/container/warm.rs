@@ -141,7 +141,7 @@ impl WarmContainer {
     pub(crate) fn start(
         engine: &Arc<EngineInner>,
         sandbox_cgroup: &str,
-        (workdir, home, ids): (&std::path::Path, &str, Option<(u32, u32)>),
+        (workdir, home, ids, netns): (&std::path::Path, &str, Option<(u32, u32)>, Option<&str>),
         (id, tag): (String, String),
         limits: &Limits,
     ) -> Result<WarmContainer> {
@@ -178,6 +178,7 @@ impl WarmContainer {
             hostname: "paddock",
             ids,
             user_space_kernel: engine.runtime.kind.user_space_kernel(),
+            netns,
         });
         let written = bundle::write_config(&dir, &config);
         if let Err(e) = written {

@@ -300,3 +300,142 @@ async fn an_allowlist_that_does_not_parse_is_refused_with_the_entry_named() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allowlist_on_crun_holds_in_warm_and_cold_containers() {
+    on_the_container_engine(paddock_core::OciRuntime::Crun, "k").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allowlist_on_runc_holds_in_warm_and_cold_containers() {
+    on_the_container_engine(paddock_core::OciRuntime::Runc, "r").await;
+}
+
+async fn on_the_container_engine(runtime: paddock_core::OciRuntime, tag: &str) {
+    let Some(net) = internet(tag) else {
+        return;
+    };
+    let config = paddock_core::ContainerConfig {
+        runtime,
+        egress: EgressConfig {
+            resolvers: vec![net.resolver().to_string()],
+            ..EgressConfig::default()
+        },
+        ..paddock_core::ContainerConfig::default()
+    };
+    let engine = match paddock_engines::container::ContainerEngine::new(&config) {
+        Ok(e) => e,
+        Err(e) => {
+            assert!(!required(), "the container engine must start here: {e}");
+            eprintln!("skipped: {e}");
+            return;
+        }
+    };
+    if engine.runtime_info().kind.user_space_kernel() {
+        assert!(!engine.capabilities().network.contains("allowlist"));
+        eprintln!("skipped: gVisor does not offer allowlists");
+        return;
+    }
+    assert!(
+        engine.capabilities().network.contains("allowlist"),
+        "{:?}",
+        engine.capabilities()
+    );
+    let sb: Arc<dyn Sandbox> = engine
+        .create(&allowlist(&["allowed.test"]))
+        .await
+        .expect("an allowlist sandbox opens");
+    let ca = net.ca();
+    // The test CA, where the container can read it.
+    sb.write_file("ca.crt", &std::fs::read(&ca).unwrap())
+        .await
+        .unwrap();
+
+    // In the warm container, then in one of its own (a CPU-time limit needs one).
+    for cold in [false, true] {
+        let exec = |argv: &[&str]| {
+            let mut req = ExecRequest::new(Program::Command {
+                argv: argv.iter().map(|s| s.to_string()).collect(),
+            });
+            req.limits.timeout_ms = Some(20_000);
+            if cold {
+                req.limits.cpu_ms = Some(10_000);
+            }
+            req
+        };
+        let run = |req: ExecRequest| {
+            let sb = sb.clone();
+            async move {
+                sb.exec(req, &DiscardSink, CancelToken::new())
+                    .await
+                    .expect("the execution runs")
+            }
+        };
+        let r = run(exec(&[
+            "curl",
+            "-sS",
+            "--max-time",
+            "5",
+            "http://allowed.test/",
+        ]))
+        .await;
+        assert_eq!(
+            r.stdout, "hello from 198.51.100.2 for allowed.test\n",
+            "cold {cold}: {r:?}"
+        );
+        let r = run(exec(&[
+            "curl",
+            "-sS",
+            "--max-time",
+            "5",
+            "--noproxy",
+            "*",
+            "--cacert",
+            "ca.crt",
+            "https://allowed.test/",
+        ]))
+        .await;
+        assert_eq!(
+            r.stdout, "hello from 198.51.100.2 for allowed.test\n",
+            "cold {cold}: {r:?}"
+        );
+        let report = r.egress.expect("the result lists its egress");
+        assert!(
+            report
+                .events
+                .iter()
+                .any(|e| e.via == EgressVia::Transparent && e.verdict == EgressVerdict::Allowed),
+            "cold {cold}: {report:#?}"
+        );
+        let r = run(exec(&[
+            "curl",
+            "-sS",
+            "--max-time",
+            "5",
+            "-w",
+            " %{http_code}",
+            "http://denied.test/",
+        ]))
+        .await;
+        assert!(r.stdout.ends_with(" 403"), "cold {cold}: {r:?}");
+        for addr in [internet::DENIED, "169.254.169.254"] {
+            let r = run(exec(&["python3", "-c", PY_CONNECT, addr, "80"])).await;
+            assert!(
+                r.stdout.starts_with("refused"),
+                "cold {cold}: {addr}: {r:?}"
+            );
+        }
+    }
+    let r = run(&*sb, &["readlink", "/proc/self/ns/net"]).await;
+    let ns = r.stdout.trim().to_string();
+    assert!(ns.starts_with("net:["), "{r:?}");
+    sb.destroy().await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while live_namespaces().contains(&ns) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the sandbox's namespace {ns} outlived its destroy"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
