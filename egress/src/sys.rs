@@ -7,7 +7,7 @@
 
 use std::io::{self, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
@@ -212,4 +212,51 @@ pub(crate) fn original_dst(stream: &tokio::net::TcpStream) -> Option<SocketAddr>
         Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)),
         u16::from_be(sin.sin_port),
     )))
+}
+
+/// A pipe for [`splice`], both ends non-blocking, grown to 1 MiB where the host
+/// allows it (the default is 64 KiB).
+pub(crate) fn splice_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` is a valid array of two ints for pipe2 to fill.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors are fresh and owned by nobody else.
+    let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // SAFETY: fcntl on a descriptor we own; a refusal leaves the default size.
+    unsafe { libc::fcntl(w.as_raw_fd(), libc::F_SETPIPE_SZ, 1 << 20) };
+    Ok((r, w))
+}
+
+/// Moves up to `len` bytes from `from` to `to` in the kernel (one of them a pipe),
+/// without blocking: `WouldBlock` when either side is not ready.
+pub(crate) fn splice(from: RawFd, to: RawFd, len: usize) -> io::Result<usize> {
+    loop {
+        // SAFETY: splice between two descriptors the caller holds open, with no
+        // offsets.
+        let n = unsafe {
+            libc::splice(
+                from,
+                std::ptr::null_mut(),
+                to,
+                std::ptr::null_mut(),
+                len,
+                libc::SPLICE_F_MOVE | libc::SPLICE_F_NONBLOCK,
+            )
+        };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Shuts down the writing side of socket `fd` (the peer reads EOF).
+pub(crate) fn shutdown_write(fd: RawFd) {
+    // SAFETY: shutdown on a descriptor the caller holds open.
+    unsafe { libc::shutdown(fd, libc::SHUT_WR) };
 }

@@ -192,6 +192,30 @@ fn an_allowlist_lets_through_what_it_names_and_nothing_else() {
         "{}",
         r.stderr
     );
+    // A download arrives whole through the tunnel and the transparent path, and is
+    // counted.
+    const BIG: u64 = 24 << 20;
+    let url = format!("https://allowed.test/bytes/{BIG}");
+    for proxy in [true, false] {
+        let r = run_in(
+            ns,
+            &[
+                "curl",
+                "-sS",
+                "--max-time",
+                "20",
+                "--cacert",
+                ca,
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{size_download}",
+                &url,
+            ],
+            proxy,
+        );
+        assert_eq!(r.stdout, BIG.to_string(), "proxy {proxy}: {}", r.stderr);
+    }
 
     // Denied, and fast: by the proxy with a 403 naming why, by DNS with NXDOMAIN.
     let r = run_in(
@@ -320,6 +344,12 @@ fn an_allowlist_lets_through_what_it_names_and_nothing_else() {
     assert_eq!(ok.addr.as_deref(), Some("198.51.100.2:80"));
     assert!(ok.bytes_in > 0 && ok.bytes_out > 0, "{ok:?}");
     find(EgressVia::Connect, "allowed.test", EgressVerdict::Allowed);
+    for via in [EgressVia::Connect, EgressVia::Transparent] {
+        assert!(
+            events.iter().any(|e| e.via == via && e.bytes_in >= BIG),
+            "no {via:?} event counts the download: {events:#?}"
+        );
+    }
     find(
         EgressVia::Transparent,
         "allowed.test",

@@ -6,6 +6,7 @@
 mod container;
 mod disk;
 mod e2b;
+mod egress;
 mod fleet;
 mod http;
 mod isolate;
@@ -101,6 +102,17 @@ enum Scenario {
         /// Samples per measure.
         #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=10_000))]
         samples: u64,
+    },
+    /// A sandbox's connections through its egress gateway (network `allowlist`,
+    /// the proxy's CONNECT) vs. direct from one with network `unrestricted`:
+    /// connection setup p50/p99, and the throughput of one download.
+    Egress {
+        /// Connections measured per path.
+        #[arg(long, default_value_t = 400, value_parser = clap::value_parser!(u64).range(10..=100_000))]
+        samples: u64,
+        /// The download's size in MiB.
+        #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=4096))]
+        mib: u64,
     },
     /// Executions through a fleet of in-process nodes on a NATS cluster (three
     /// servers started on loopback ports unless `--urls` names one) vs. the local
@@ -278,6 +290,7 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32, crate::run::UsageError
             )
             .await
         }
+        Scenario::Egress { samples, mib } => egress::egress(samples as usize, mib, args.json).await,
         Scenario::E2b { engine, samples } => {
             let engine = paddock_core::EngineName::new(&engine)
                 .map_err(|e| crate::run::UsageError(format!("--engine: {}", e.message)))?;
