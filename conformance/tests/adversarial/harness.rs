@@ -402,6 +402,30 @@ pub(crate) struct Proc {
     cgroup: String,
 }
 
+/// The network namespaces of every process of the host and of this process's open
+/// descriptors (`net:[inode]`).
+fn network_namespaces() -> BTreeSet<String> {
+    let mut seen = BTreeSet::new();
+    if let Ok(procs) = std::fs::read_dir("/proc") {
+        for p in procs.flatten() {
+            if let Ok(link) = std::fs::read_link(p.path().join("ns/net")) {
+                seen.insert(link.to_string_lossy().into_owned());
+            }
+        }
+    }
+    if let Ok(fds) = std::fs::read_dir("/proc/self/fd") {
+        for fd in fds.flatten() {
+            if let Ok(link) = std::fs::read_link(fd.path()) {
+                let link = link.to_string_lossy().into_owned();
+                if link.starts_with("net:[") {
+                    seen.insert(link);
+                }
+            }
+        }
+    }
+    seen
+}
+
 /// Every live (not zombie) process of the host.
 pub(crate) fn processes() -> Vec<Proc> {
     let mut out = Vec::new();
@@ -586,8 +610,10 @@ pub(crate) fn run(target: Target, case: &str, body: CaseFn) {
         .enable_all()
         .build()
         .expect("a tokio runtime");
-    // The runtime's own descriptors belong to the baseline.
+    // The runtime's own descriptors belong to the baseline, and so do those of the
+    // egress gateways' process-wide runtime (started once, on first use).
     runtime.block_on(async { tokio::task::yield_now().await });
+    paddock_egress::start_runtime();
     let fds_before = open_fds();
     let (verdict, problems) = runtime.block_on(run_case(target, body));
     let extra_fds: Vec<String> = {
@@ -640,6 +666,7 @@ async fn run_case(target: Target, body: CaseFn) -> (Check, Vec<String>) {
         .map(|d| d.subsec_nanos() % 1_000_000)
         .unwrap_or(0);
     let audit = Arc::new(Mutex::new(HashMap::new()));
+    let namespaces_before = network_namespaces();
     let paddock = match start(target, config_for(target, &root), audit.clone()) {
         Ok(p) => p,
         Err(e) => return (Err(Stop::Fail(format!("Paddock::start: {e}"))), vec![]),
@@ -690,6 +717,18 @@ async fn run_case(target: Target, body: CaseFn) -> (Check, Vec<String>) {
     if !left.is_empty() {
         problems.push(format!("cgroups or mounts outlived shutdown: {left:?}"));
     }
+    // A sandbox's network namespace (an allowlist's gateway's included) lives while a
+    // process is in it or a descriptor holds it: none may be left.
+    let left = settle(Duration::from_secs(5), || {
+        network_namespaces()
+            .into_iter()
+            .filter(|n| !namespaces_before.contains(n))
+            .collect::<Vec<_>>()
+    })
+    .await;
+    if !left.is_empty() {
+        problems.push(format!("network namespaces outlived shutdown: {left:?}"));
+    }
     drop(dir);
     (verdict, problems)
 }
@@ -712,9 +751,14 @@ async fn pool_problems(h: &H) -> Vec<String> {
                     p.push(format!("{} sandbox sessions still open", stats.sandboxes));
                 }
                 for pool in &stats.pools {
-                    // Pools of executions' own disk quotas are not prewarmed.
+                    // Pools of executions' own disk quotas, and of networks other
+                    // than `none`, are not prewarmed.
                     let own_disk = pool.disk_bytes.is_some() || pool.disk_files.is_some();
-                    let min_idle = if own_disk { 0 } else { min_idle };
+                    let min_idle = if own_disk || pool.network != "none" {
+                        0
+                    } else {
+                        min_idle
+                    };
                     let healthy = pool.busy == 0
                         && pool.waiting == 0
                         && pool.creating == 0

@@ -98,6 +98,7 @@ adversarial! {
     outside::symlink_escape,
     outside::secrets_in_environment,
     outside::network_under_none,
+    outside::network_under_allowlist,
     handlers::malformed_frames,
     handlers::handler_never_answers,
     handlers::handler_crashes_mid_frame,

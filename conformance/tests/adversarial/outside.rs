@@ -315,9 +315,27 @@ impl Drop for TestNet {
     }
 }
 
+/// A child process killed (and waited for) when dropped, however the case ends.
+struct KillOnDrop(Child);
+
+impl KillOnDrop {
+    fn stop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
 /// A listener inside the test namespace that prints `accepted` per connection.
-fn veth_listener(net: &TestNet) -> Result<(Child, BufReader<std::process::ChildStdout>), String> {
-    let mut child = Command::new("ip")
+fn veth_listener(
+    net: &TestNet,
+) -> Result<(KillOnDrop, BufReader<std::process::ChildStdout>), String> {
+    let mut child = KillOnDrop(Command::new("ip")
         .args([
             "netns",
             "exec",
@@ -328,12 +346,11 @@ fn veth_listener(net: &TestNet) -> Result<(Child, BufReader<std::process::ChildS
         ])
         .stdout(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("the listener: {e}"))?;
-    let mut out = BufReader::new(child.stdout.take().ok_or("no stdout")?);
+        .map_err(|e| format!("the listener: {e}"))?);
+    let mut out = BufReader::new(child.0.stdout.take().ok_or("no stdout")?);
     let mut line = String::new();
     out.read_line(&mut line).map_err(|e| e.to_string())?;
     if line.trim() != "ready" {
-        let _ = child.kill();
         return Err(format!("the listener said {line:?}"));
     }
     Ok((child, out))
@@ -426,8 +443,7 @@ pub(crate) async fn network_under_none(h: Arc<H>) -> Check {
         "the loopback listener accepted a connection from the sandbox"
     );
     if let Some((mut child, out)) = veth.take() {
-        let _ = child.kill();
-        let _ = child.wait();
+        child.stop();
         let accepted = out
             .lines()
             .map_while(Result::ok)
@@ -436,6 +452,134 @@ pub(crate) async fn network_under_none(h: Arc<H>) -> Check {
         ensure!(
             accepted == 1,
             "the veth listener accepted {accepted} connections; only the host's own probe was expected"
+        );
+    }
+    drop(net);
+    still_works(&h).await
+}
+
+/// Tries the host's loopback listener, the veth listener and the cloud metadata
+/// address; then, where the program may (root in its namespace), flushes the
+/// namespace's firewall and tries them all again.
+const ALLOWLIST_PROBE: &str = "import socket, subprocess, sys
+targets = [(sys.argv[1], int(sys.argv[2])), ('10.203.9.2', 18432), ('169.254.169.254', 80)]
+def probe(tag):
+    for host, port in targets:
+        # A connection the gateway takes in is refused (reset) once it has looked:
+        # reaching a target means the target's own answer (its data, or its close).
+        try:
+            c = socket.create_connection((host, port), timeout=2)
+            c.sendall(b'x')
+            c.recv(1)
+            print('reached', tag, host)
+        except OSError as e:
+            print('refused', tag, host, e.errno)
+probe('ruled')
+try:
+    flushed = subprocess.run(['nft', 'flush', 'ruleset'], capture_output=True).returncode == 0
+except OSError:
+    flushed = False
+print('flushed', flushed)
+if flushed:
+    probe('unruled')";
+
+pub(crate) async fn network_under_allowlist(h: Arc<H>) -> Check {
+    if h.target.lang() == Lang::Js {
+        skip!("a script in an isolate has no network API at all (network_under_none checks that)");
+    }
+    let spec = paddock_core::SandboxSpec {
+        network: paddock_core::NetworkPolicy::Allowlist {
+            hosts: vec!["allowed.invalid".into()],
+            ports: vec![],
+        },
+        ..paddock_core::SandboxSpec::default()
+    };
+    let sandbox = match h
+        .paddock()
+        .open_sandbox(spec, Some(h.target.engine()))
+        .await
+    {
+        Ok(s) => s,
+        Err(e) if e.code == ErrorCode::CapabilityNotSupported => {
+            skip!("the engine does not enforce allowlists here: {e}")
+        }
+        Err(e) => fail!("open_sandbox with an allowlist: {e}"),
+    };
+    let loopback = std::net::TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| Stop::Fail(format!("binding a loopback listener: {e}")))?;
+    loopback
+        .set_nonblocking(true)
+        .map_err(|e| Stop::Fail(e.to_string()))?;
+    let port = loopback
+        .local_addr()
+        .map_err(|e| Stop::Fail(e.to_string()))?
+        .port();
+    let net = TestNet::create(std::process::id() % 10_000);
+    let mut veth = match &net {
+        Ok(net) => Some(veth_listener(net).map_err(Stop::Fail)?),
+        Err(why) => {
+            println!("network_under_allowlist: no veth namespace ({why}); loopback only");
+            None
+        }
+    };
+    let mut request = h.program(
+        "",
+        &format!("import sys\nsys.argv = ['probe', '127.0.0.1', '{port}']\n{ALLOWLIST_PROBE}"),
+        "",
+    );
+    if h.target.lang() == Lang::Shell {
+        request.program = paddock_core::Program::command([
+            "python3",
+            "-c",
+            ALLOWLIST_PROBE,
+            "127.0.0.1",
+            &port.to_string(),
+        ]);
+    }
+    let r = sandbox
+        .exec(request)
+        .await
+        .map_err(|e| Stop::Fail(format!("the probe: {e}")))?;
+    let _ = sandbox.destroy().await;
+    ensure!(r.is_success(), "the probe failed: {r:?}");
+    ensure!(
+        !r.stdout.contains("reached"),
+        "a program under an allowlist reached what it does not name: {}",
+        r.stdout
+    );
+    let tried = r
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("refused"))
+        .count();
+    let flushed = r.stdout.contains("flushed True");
+    ensure!(
+        tried == if flushed { 6 } else { 3 },
+        "the probe did not try every target: {}",
+        r.stdout
+    );
+    let egress = r
+        .egress
+        .as_ref()
+        .ok_or_else(|| Stop::Fail(format!("the result lists no egress: {r:?}")))?;
+    ensure!(
+        egress.allowed == 0,
+        "the gateway admitted a connection: {egress:?}"
+    );
+    ensure!(
+        loopback.accept().is_err(),
+        "the loopback listener accepted a connection from the sandbox"
+    );
+    if let Some((mut child, out)) = veth.take() {
+        child.stop();
+        let accepted = out
+            .lines()
+            .map_while(Result::ok)
+            .filter(|l| l == "accepted")
+            .count();
+        ensure!(
+            accepted == 0,
+            "the veth listener accepted {accepted} connections from the sandbox"
         );
     }
     drop(net);
