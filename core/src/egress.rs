@@ -43,7 +43,13 @@ pub enum HostRule {
         /// The prefix length.
         prefix: u8,
     },
+    /// Every name (network `unrestricted` through the gateway: see
+    /// [`EgressRules::unrestricted`]).
+    Any,
 }
+
+/// The one rule of [`EgressRules::unrestricted`].
+static ANY: HostRule = HostRule::Any;
 
 impl HostRule {
     /// Whether this rule admits `name` (lower case, no trailing dot).
@@ -52,6 +58,7 @@ impl HostRule {
             HostRule::Exact(n) => n == name,
             HostRule::Below(suffix) => name.len() > suffix.len() && name.ends_with(suffix.as_str()),
             HostRule::Range { .. } => false,
+            HostRule::Any => true,
         }
     }
 
@@ -70,6 +77,7 @@ impl fmt::Display for HostRule {
             HostRule::Exact(n) => f.write_str(n),
             HostRule::Below(s) => write!(f, "*{s}"),
             HostRule::Range { net, prefix } => write!(f, "{net}/{prefix}"),
+            HostRule::Any => f.write_str("unrestricted"),
         }
     }
 }
@@ -79,6 +87,8 @@ impl fmt::Display for HostRule {
 pub struct EgressRules {
     hosts: Vec<HostRule>,
     ports: Vec<u16>,
+    /// Every name and port ([`EgressRules::unrestricted`]).
+    any: bool,
 }
 
 /// Why an address is refused.
@@ -300,7 +310,27 @@ impl EgressRules {
         Ok(EgressRules {
             hosts: rules,
             ports,
+            any: false,
         })
+    }
+
+    /// The rules of network `unrestricted` on an engine whose sandboxes reach the
+    /// network only through the gateway (the container engine): every name, every
+    /// port, and every address but the host's own and the link-local ones (the
+    /// gateway dials from the host, where loopback is the host's own services and
+    /// 169.254.169.254 its cloud metadata). Private and shared ranges are admitted,
+    /// as the host reaches them.
+    pub fn unrestricted() -> EgressRules {
+        EgressRules {
+            hosts: vec![HostRule::Any],
+            ports: Vec::new(),
+            any: true,
+        }
+    }
+
+    /// Whether these are [`EgressRules::unrestricted`]'s.
+    pub fn is_unrestricted(&self) -> bool {
+        self.any
     }
 
     /// The host rules.
@@ -308,14 +338,15 @@ impl EgressRules {
         &self.hosts
     }
 
-    /// The ports admitted, sorted.
+    /// The ports admitted, sorted (empty for [`EgressRules::unrestricted`], which
+    /// admits all).
     pub fn ports(&self) -> &[u16] {
         &self.ports
     }
 
     /// Whether `port` is admitted.
     pub fn port_allowed(&self, port: u16) -> bool {
-        self.ports.binary_search(&port).is_ok()
+        self.any || self.ports.binary_search(&port).is_ok()
     }
 
     /// The rule that admits host name `name` (any case, a trailing dot allowed), if
@@ -330,19 +361,30 @@ impl EgressRules {
             return self.rule_for_addr(addr);
         }
         let name = normalize_name(name)?;
+        if self.any {
+            return Some(&ANY);
+        }
         self.hosts.iter().find(|r| r.admits_name(&name))
     }
 
-    /// The address rule that covers `addr`, if one does.
+    /// The address rule that covers `addr`, if one does. Under
+    /// [`EgressRules::unrestricted`], every address [`EgressRules::check_resolved`]
+    /// admits.
     pub fn rule_for_addr(&self, addr: IpAddr) -> Option<&HostRule> {
+        if self.any {
+            return self.check_resolved(addr).is_ok().then_some(&ANY);
+        }
         self.hosts.iter().find(|r| r.covers(addr))
     }
 
     /// Whether a connection to `addr` may be made for a name this allowlist admits:
     /// refused with the range's name when `addr` lies in a special range that no
-    /// address rule covers.
+    /// address rule covers. Under [`EgressRules::unrestricted`], only the private
+    /// and shared ranges are open.
     pub fn check_resolved(&self, addr: IpAddr) -> std::result::Result<(), SpecialRange> {
         match SpecialRange::of(addr) {
+            Some(SpecialRange::Private | SpecialRange::Shared) if self.any => Ok(()),
+            Some(range) if self.any => Err(range),
             Some(range) if self.rule_for_addr(addr).is_none() => Err(range),
             _ => Ok(()),
         }
@@ -514,6 +556,42 @@ mod tests {
         assert_eq!(r.check_resolved("198.51.100.7".parse().unwrap()), Ok(()));
         assert_eq!(r.check_resolved("2001:db8::1".parse().unwrap()), Ok(()));
         assert_eq!(r.check_resolved("172.32.0.1".parse().unwrap()), Ok(()));
+    }
+
+    #[test]
+    fn unrestricted_admits_every_name_and_port_but_not_the_hosts_own_or_link_local_addresses() {
+        let r = EgressRules::unrestricted();
+        assert!(r.is_unrestricted());
+        assert!(!rules(&["a.org"]).is_unrestricted());
+        assert_eq!(
+            r.rule_for_name("anything.example").map(ToString::to_string),
+            Some("unrestricted".to_string())
+        );
+        assert!(r.rule_for_name("not a name").is_none());
+        assert!(r.port_allowed(22) && r.port_allowed(65535));
+        for open in [
+            "198.51.100.7",
+            "10.2.0.1",
+            "192.168.1.1",
+            "100.64.0.1",
+            "2001:db8::1",
+        ] {
+            let ip = open.parse().unwrap();
+            assert_eq!(r.check_resolved(ip), Ok(()), "{open}");
+            assert!(r.rule_for_addr(ip).is_some(), "{open}");
+        }
+        for (closed, range) in [
+            ("127.0.0.1", SpecialRange::Loopback),
+            ("169.254.169.254", SpecialRange::LinkLocal),
+            ("::ffff:127.0.0.1", SpecialRange::Loopback),
+            ("0.0.0.0", SpecialRange::Unspecified),
+            ("224.0.0.1", SpecialRange::Multicast),
+        ] {
+            let ip = closed.parse().unwrap();
+            assert_eq!(r.check_resolved(ip), Err(range), "{closed}");
+            assert!(r.rule_for_addr(ip).is_none(), "{closed}");
+            assert!(r.rule_for_name(closed).is_none(), "{closed}");
+        }
     }
 
     #[test]

@@ -120,6 +120,17 @@ impl GatewayConfig {
     }
 }
 
+/// Brings `lo` up in the calling thread's network namespace: for a thread that has
+/// just made an empty namespace of its own (network `none`).
+pub fn loopback_up() -> io::Result<()> {
+    sys::set_flags_up(&sys::datagram_socket()?, b"lo")
+}
+
+/// An fd of the calling thread's network namespace, which keeps it alive.
+pub fn thread_netns() -> io::Result<OwnedFd> {
+    sys::thread_netns()
+}
+
 /// `nft` on PATH, or in the system directories PATH often lacks.
 pub fn find_nft() -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
@@ -283,6 +294,26 @@ impl Gateway {
     /// bytes are counted.
     pub async fn events_since(&self, mark: u64) -> (Vec<EgressEvent>, u64) {
         self.gate.log.since(mark, Duration::from_millis(200)).await
+    }
+
+    /// Runs `work` (an execution), then sets its result's `egress` to the decisions
+    /// made while it ran. The caller makes sure that nothing else runs in the
+    /// sandbox meanwhile (a background process's decisions fall to it too).
+    pub async fn recording<F>(
+        gateway: Option<Arc<Gateway>>,
+        work: F,
+    ) -> paddock_core::Result<paddock_core::ExecResult>
+    where
+        F: std::future::Future<Output = paddock_core::Result<paddock_core::ExecResult>>,
+    {
+        let Some(g) = gateway else {
+            return work.await;
+        };
+        let mark = g.mark();
+        let mut result = work.await?;
+        let (events, lost) = g.events_since(mark).await;
+        result.egress = Some(paddock_core::egress::EgressReport::of(events, lost));
+        Ok(result)
     }
 
     /// Decisions since the gateway opened: allowed, denied, failed.

@@ -178,11 +178,17 @@ async fn dial(
     if let Some(f) = failed {
         return Err(Refusal::failed(f));
     }
-    let (ip, range) = refused.expect("an address was refused or failed");
-    Err(Refusal::denied(format!(
-        "{ip} is a {} address, which no address rule of the allowlist covers",
-        range.as_str()
-    )))
+    match refused {
+        Some((ip, range)) if gate.rules.is_unrestricted() => Err(Refusal::denied(format!(
+            "{ip} is a {} address, which network `unrestricted` does not reach",
+            range.as_str()
+        ))),
+        Some((ip, range)) => Err(Refusal::denied(format!(
+            "{ip} is a {} address, which no address rule of the allowlist covers",
+            range.as_str()
+        ))),
+        None => Err(Refusal::failed("the name has no address".to_string())),
+    }
 }
 
 /// Copies both ways between the sandbox's `client` and `upstream`, counting bytes;
@@ -526,13 +532,35 @@ async fn transparent_one(mut stream: TcpStream, gate: &Gate) {
     }
     let by_range = gate.rules.rule_for_addr(orig.ip()).map(|r| r.to_string());
     let given_for = gate.book.lock().name_of(orig.ip()).map(str::to_string);
-    if by_range.is_none() && given_for.is_none() {
-        let reason = format!(
-            "{} was not given out by this sandbox's resolver for an allowed name, and no address rule covers it",
-            orig.ip()
-        );
-        return deny(stream, &host_of, reason);
+    if gate.rules.is_unrestricted() {
+        // Any address but the special ranges the rules keep closed, dialled at once
+        // (a protocol in which the server speaks first must not wait for a sniff),
+        // named in the record by the resolver's answer where there was one.
+        let Some(rule) = by_range else {
+            let range = gate
+                .rules
+                .check_resolved(orig.ip())
+                .err()
+                .map_or("special", |r| r.as_str());
+            let reason = format!(
+                "{} is a {range} address, which network `unrestricted` does not reach",
+                orig.ip()
+            );
+            return deny(stream, &host_of, reason);
+        };
+        let host = given_for.unwrap_or(host_of);
+        return connect_and_pump(gate, stream, orig, host, rule, Vec::new(), permit).await;
     }
+    let (by_range, given_for) = match (by_range, given_for) {
+        (None, None) => {
+            let reason = format!(
+                "{} was not given out by this sandbox's resolver for an allowed name, and no address rule covers it",
+                orig.ip()
+            );
+            return deny(stream, &host_of, reason);
+        }
+        known => known,
+    };
     // What the connection's first bytes say it is for.
     let mut buf = Vec::with_capacity(2048);
     let sniffed = tokio::time::timeout(gate.limits.sniff_timeout, async {
@@ -570,22 +598,39 @@ async fn transparent_one(mut stream: TcpStream, gate: &Gate) {
                 return deny(stream, &host_of, reason);
             }
         },
-        Sniffed::Unknown | Sniffed::NeedMore => match (&by_range, &given_for) {
-            (Some(rule), _) => (host_of.clone(), rule.clone()),
+        Sniffed::Unknown | Sniffed::NeedMore => match (by_range, given_for) {
+            (Some(rule), _) => (host_of.clone(), rule),
             (None, Some(name)) => {
                 let rule = gate
                     .rules
-                    .rule_for_name(name)
+                    .rule_for_name(&name)
                     .map(|r| r.to_string())
                     .unwrap_or_default();
-                (
-                    name.clone(),
-                    format!("{rule} (the address the resolver gave for `{name}`)"),
-                )
+                let rule = format!("{rule} (the address the resolver gave for `{name}`)");
+                (name, rule)
             }
-            (None, None) => unreachable!("checked above"),
+            (None, None) => {
+                // Refused above; kept as a denial should that check ever move.
+                let reason = format!("{} is admitted by no rule", orig.ip());
+                return deny(stream, &host_of, reason);
+            }
         },
     };
+    connect_and_pump(gate, stream, orig, host, rule, buf, permit).await;
+}
+
+/// Dials a transparent connection's original destination `orig` for `host` under
+/// `rule`, records the decision, and relays until either side ends (`first`: the
+/// client's bytes read while sniffing).
+async fn connect_and_pump(
+    gate: &Gate,
+    stream: TcpStream,
+    orig: SocketAddr,
+    host: String,
+    rule: String,
+    first: Vec<u8>,
+    permit: OwnedSemaphorePermit,
+) {
     let dialled = dial(gate, vec![orig.ip()], orig.port(), rule).await;
     let (upstream, addr, rule) = match dialled {
         Ok(ok) => ok,
@@ -616,7 +661,7 @@ async fn transparent_one(mut stream: TcpStream, gate: &Gate) {
         ),
         Some(counters.clone()),
     );
-    pump(stream, upstream, buf, counters).await;
+    pump(stream, upstream, first, counters).await;
     drop(permit);
 }
 

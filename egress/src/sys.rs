@@ -54,18 +54,7 @@ pub(crate) fn make_namespace(
             let dns_udp = std::net::UdpSocket::bind(lo(ports.dns))?;
             let dns_tcp = std::net::TcpListener::bind(lo(ports.dns))?;
             load_rules(&nft, &ruleset)?;
-            // SAFETY: open with a static C string.
-            let fd = unsafe {
-                libc::open(
-                    c"/proc/thread-self/ns/net".as_ptr(),
-                    libc::O_RDONLY | libc::O_CLOEXEC,
-                )
-            };
-            if fd == -1 {
-                return Err(io::Error::last_os_error());
-            }
-            // SAFETY: a fresh fd we own.
-            let netns = unsafe { OwnedFd::from_raw_fd(fd) };
+            let netns = thread_netns()?;
             for s in [&proxy, &transparent, &dns_tcp] {
                 s.set_nonblocking(true)?;
             }
@@ -107,7 +96,23 @@ fn load_rules(nft: &Path, ruleset: &str) -> io::Result<()> {
     Ok(())
 }
 
-fn datagram_socket() -> io::Result<OwnedFd> {
+/// An fd of the calling thread's network namespace, which keeps it alive.
+pub(crate) fn thread_netns() -> io::Result<OwnedFd> {
+    // SAFETY: open with a static C string.
+    let fd = unsafe {
+        libc::open(
+            c"/proc/thread-self/ns/net".as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        )
+    };
+    if fd == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh fd we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+pub(crate) fn datagram_socket() -> io::Result<OwnedFd> {
     // SAFETY: a datagram socket for the interface ioctls.
     let sock = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
     if sock == -1 {
@@ -144,7 +149,7 @@ fn sockaddr_v4(addr: Ipv4Addr) -> libc::sockaddr {
     unsafe { std::mem::transmute::<libc::sockaddr_in, libc::sockaddr>(sin) }
 }
 
-fn set_flags_up(sock: &OwnedFd, name: &[u8]) -> io::Result<()> {
+pub(crate) fn set_flags_up(sock: &OwnedFd, name: &[u8]) -> io::Result<()> {
     let mut req = ifreq(name);
     // SAFETY: SIOCGIFFLAGS/SIOCSIFFLAGS read and write the ifreq we pass.
     unsafe {

@@ -113,18 +113,11 @@ impl ContainerSandbox {
         let _run = self.run_lock.lock().await;
         // An allowlist's decisions from here to the end are this execution's.
         let gateway = self.egress.lock().clone();
-        let mark = gateway.as_ref().map(|g| g.mark());
-        let result = self
-            .run_held(request, limits, sink, cancel, queued_at_ms)
-            .await;
-        match (result, gateway, mark) {
-            (Ok(mut r), Some(g), Some(mark)) => {
-                let (events, lost) = g.events_since(mark).await;
-                r.egress = Some(paddock_core::egress::EgressReport::of(events, lost));
-                Ok(r)
-            }
-            (result, ..) => result,
-        }
+        paddock_egress::Gateway::recording(
+            gateway,
+            self.run_held(request, limits, sink, cancel, queued_at_ms),
+        )
+        .await
     }
 
     /// [`run`](Self::run), with the sandbox's run lock held.

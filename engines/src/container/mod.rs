@@ -4,7 +4,9 @@
 //! root (by default the host's `/usr` and `/etc` bound read-only, with `bin`, `lib`,
 //! `lib64` and `sbin` links, a tmpfs `/tmp` and the sandbox workdir at
 //! `/workspace`), new pid, mount, ipc, uts, cgroup and network namespaces (the
-//! network one holds only `lo`), cgroup memory (swap equal to memory), pids and CPU
+//! network one holds only `lo`; under network `allowlist` or `unrestricted` it is
+//! the sandbox's egress gateway's, which reaches out only through Paddock's proxy:
+//! see `paddock-egress`), cgroup memory (swap equal to memory), pids and CPU
 //! quota limits, a seccomp profile, `no_new_privs`, three capabilities and masked
 //! `/proc` paths. The runtime is started without forking the host; a deadline,
 //! cancel or destroy kills every process of the container through its cgroup (the
@@ -578,8 +580,8 @@ impl ContainerEngine {
                 paddock_core::interactive::FEATURE_TCP,
             ]);
         }
-        // Allowlists: a gateway's namespace joined by path. Not on gVisor, whose own
-        // network stack would not reach the gateway's listeners.
+        // Allowlists and `unrestricted`: a gateway's namespace joined by path. Not on
+        // gVisor, whose own network stack would not reach the gateway's listeners.
         inner.egress = if inner.runtime.kind.user_space_kernel() {
             Err("gVisor (runsc) runs its own network stack, which does not reach the egress gateway".into())
         } else {
@@ -587,7 +589,7 @@ impl ContainerEngine {
         };
         let mut network = vec!["none"];
         if inner.egress.is_ok() {
-            network.push("allowlist");
+            network.extend(["allowlist", "unrestricted"]);
         }
         inner.caps = Capabilities::new(IsolationLevel::Strict, &programs, &network, &features)
             .with_limits(&[

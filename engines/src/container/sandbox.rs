@@ -77,15 +77,24 @@ impl ContainerSandbox {
             paddock_core::engine::check_home("home", home)?;
         }
         let home = spec.home.clone().unwrap_or_else(|| WORKSPACE.to_string());
-        let egress = match spec.network.rules("network")? {
+        // `unrestricted` reaches the network through the gateway as well: the
+        // containers never share the host's namespace.
+        let rules = match spec.network {
+            paddock_core::NetworkPolicy::Unrestricted => {
+                Some(paddock_core::egress::EgressRules::unrestricted())
+            }
+            ref other => other.rules("network")?,
+        };
+        let egress = match rules {
             Some(rules) => match &engine.egress {
                 Ok(cfg) => Some((rules, cfg.clone())),
                 Err(why) => {
                     return Err(Error::new(
                         ErrorCode::CapabilityNotSupported,
                         format!(
-                            "the {} engine cannot enforce an allowlist here: {why}",
-                            engine.name
+                            "the {} engine cannot offer network `{}` here: {why}",
+                            engine.name,
+                            spec.network.name()
                         ),
                     ))
                 }
@@ -191,14 +200,11 @@ impl ContainerSandbox {
         self.spec.home.as_deref().unwrap_or(WORKSPACE)
     }
 
-    /// The network namespace its containers join, as a path the runtime opens: an
-    /// allowlist's gateway's (`None`: a new, empty one). Without its gateway (torn
-    /// down) an allowlist sandbox starts nothing (fail closed).
+    /// The network namespace its containers join, as a path the runtime opens: the
+    /// gateway's of an allowlist or of `unrestricted` (`None`: a new, empty one).
+    /// Without its gateway (torn down) such a sandbox starts nothing (fail closed).
     pub(super) fn netns_path(&self) -> Result<Option<String>> {
-        if !matches!(
-            self.spec.network,
-            paddock_core::NetworkPolicy::Allowlist { .. }
-        ) {
+        if matches!(self.spec.network, paddock_core::NetworkPolicy::None) {
             return Ok(None);
         }
         use std::os::fd::AsRawFd;

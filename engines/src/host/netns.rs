@@ -20,19 +20,8 @@ pub fn create_empty() -> io::Result<OwnedFd> {
             if unsafe { libc::unshare(libc::CLONE_NEWNET) } == -1 {
                 return Err(io::Error::last_os_error());
             }
-            loopback_up()?;
-            // SAFETY: open with a static C string.
-            let fd = unsafe {
-                libc::open(
-                    c"/proc/thread-self/ns/net".as_ptr(),
-                    libc::O_RDONLY | libc::O_CLOEXEC,
-                )
-            };
-            if fd == -1 {
-                return Err(io::Error::last_os_error());
-            }
-            // SAFETY: a fresh fd we own.
-            Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+            paddock_egress::loopback_up()?;
+            paddock_egress::thread_netns()
         })?
         .join()
         .map_err(|_| io::Error::other("the namespace thread panicked"))?
@@ -205,34 +194,6 @@ pub fn private_home(workdir: &std::path::Path, home: &str) -> io::Result<OwnedFd
         })?
         .join()
         .map_err(|_| io::Error::other("the namespace thread panicked"))?
-}
-
-/// Brings `lo` up in the calling thread's network namespace.
-fn loopback_up() -> io::Result<()> {
-    // SAFETY: a datagram socket for the interface ioctls, closed below.
-    let sock = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if sock == -1 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a fresh descriptor we own.
-    let sock = unsafe { OwnedFd::from_raw_fd(sock) };
-    // SAFETY: ifreq is plain data; the name is NUL-terminated within IFNAMSIZ.
-    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
-        *dst = *src as libc::c_char;
-    }
-    use std::os::fd::AsRawFd;
-    // SAFETY: SIOCGIFFLAGS/SIOCSIFFLAGS read and write the ifreq we pass.
-    unsafe {
-        if libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) == -1 {
-            return Err(io::Error::last_os_error());
-        }
-        req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
-        if libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) == -1 {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    Ok(())
 }
 
 /// Connects to `addr` from inside the network namespace `netns` (an fd of

@@ -439,3 +439,127 @@ async fn on_the_container_engine(runtime: paddock_core::OciRuntime, tag: &str) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unrestricted_on_the_container_engine_goes_through_the_gateway_to_any_host_but_not_link_local(
+) {
+    let Some(net) = internet("u") else {
+        return;
+    };
+    let config = paddock_core::ContainerConfig {
+        runtime: paddock_core::OciRuntime::Crun,
+        egress: EgressConfig {
+            resolvers: vec![net.resolver().to_string()],
+            ..EgressConfig::default()
+        },
+        ..paddock_core::ContainerConfig::default()
+    };
+    let engine = match paddock_engines::container::ContainerEngine::new(&config) {
+        Ok(e) => e,
+        Err(e) => {
+            assert!(!required(), "the container engine must start here: {e}");
+            eprintln!("skipped: {e}");
+            return;
+        }
+    };
+    assert!(
+        engine.capabilities().network.contains("unrestricted"),
+        "{:?}",
+        engine.capabilities()
+    );
+    let sb: Arc<dyn Sandbox> = engine
+        .create(&SandboxSpec {
+            network: NetworkPolicy::Unrestricted,
+            ..SandboxSpec::default()
+        })
+        .await
+        .expect("an unrestricted sandbox opens");
+    sb.write_file("ca.crt", &std::fs::read(net.ca()).unwrap())
+        .await
+        .unwrap();
+    for cold in [false, true] {
+        let run = |argv: &[&str]| {
+            let mut req = ExecRequest::new(Program::Command {
+                argv: argv.iter().map(|s| s.to_string()).collect(),
+            });
+            req.limits.timeout_ms = Some(20_000);
+            if cold {
+                req.limits.cpu_ms = Some(10_000);
+            }
+            let sb = sb.clone();
+            async move {
+                sb.exec(req, &DiscardSink, CancelToken::new())
+                    .await
+                    .expect("the execution runs")
+            }
+        };
+        // No proxy is set: every connection is carried transparently.
+        let r = run(&["sh", "-c", "env | grep -ci _proxy || true"]).await;
+        assert_eq!(r.stdout.trim(), "0", "cold {cold}: {r:?}");
+        // Any name, any port, by name or by address.
+        let r = run(&["curl", "-sS", "--max-time", "5", "http://denied.test/"]).await;
+        assert_eq!(
+            r.stdout, "hello from 198.51.100.3 for denied.test\n",
+            "cold {cold}: {r:?}"
+        );
+        let report = r.egress.expect("the result lists its egress");
+        assert!(
+            report.events.iter().any(|e| e.via == EgressVia::Transparent
+                && e.host == "denied.test"
+                && e.port == 80
+                && e.verdict == EgressVerdict::Allowed
+                && e.reason == "unrestricted"
+                && e.bytes_in > 0),
+            "cold {cold}: {report:#?}"
+        );
+        let r = run(&[
+            "curl",
+            "-sS",
+            "--max-time",
+            "5",
+            "--cacert",
+            "ca.crt",
+            "https://allowed.test/",
+        ])
+        .await;
+        assert_eq!(
+            r.stdout, "hello from 198.51.100.2 for allowed.test\n",
+            "cold {cold}: {r:?}"
+        );
+        let url = format!("http://{}:8080/", internet::DENIED);
+        let r = run(&["curl", "-sS", "--max-time", "5", &url]).await;
+        assert_eq!(
+            r.stdout,
+            format!("hello from 198.51.100.3 for {}:8080\n", internet::DENIED),
+            "cold {cold}: {r:?}"
+        );
+        // Never the metadata address, by address or by a name that resolves there,
+        // and fast.
+        let r = run(&["python3", "-c", PY_CONNECT, "169.254.169.254", "80"]).await;
+        assert!(r.stdout.starts_with("refused"), "cold {cold}: {r:?}");
+        assert!(r.usage.wall_ms < 1_000, "cold {cold}: {r:?}");
+        let r = run(&["curl", "-sS", "--max-time", "5", "http://metadata.test/"]).await;
+        assert_ne!(r.exit_code(), Some(0), "cold {cold}: {r:?}");
+        let report = r.egress.expect("the result lists its egress");
+        assert!(
+            report
+                .events
+                .iter()
+                .any(|e| e.host == "metadata.test" && e.verdict == EgressVerdict::Denied),
+            "cold {cold}: {report:#?}"
+        );
+        // UDP other than DNS is not carried.
+        let r = run(&[
+            "python3",
+            "-c",
+            "import socket\ntry:\n    socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'x', ('198.51.100.2', 9999)); print('sent')\nexcept OSError as e: print('refused', type(e).__name__)",
+        ])
+        .await;
+        assert_eq!(
+            r.stdout.trim(),
+            "refused PermissionError",
+            "cold {cold}: {r:?}"
+        );
+    }
+    sb.destroy().await.unwrap();
+}
