@@ -39,7 +39,7 @@ pub(crate) async fn doctor(args: DoctorArgs) -> Result<i32, crate::run::UsageErr
             (
                 lang.to_string(),
                 match found {
-                    Ok(path) => path.display().to_string(),
+                    Ok(interp) => interp.path().display().to_string(),
                     Err(why) => format!("missing: {why}"),
                 },
             )

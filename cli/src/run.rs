@@ -53,6 +53,16 @@ pub(crate) enum LangArg {
     Shell,
 }
 
+impl EngineArg {
+    fn name(self) -> EngineName {
+        match self {
+            EngineArg::Subprocess => EngineName::SUBPROCESS,
+            EngineArg::Isolate => EngineName::ISOLATE,
+            EngineArg::Container => EngineName::CONTAINER,
+        }
+    }
+}
+
 impl From<LangArg> for Language {
     fn from(l: LangArg) -> Language {
         match l {
@@ -214,12 +224,29 @@ pub(crate) async fn run(args: RunArgs) -> Result<i32, UsageError> {
     };
 
     let mut config = config;
-    // A one-shot run needs no instance kept warm ahead of it.
+    // A one-shot run needs no instance kept warm ahead of it, and only its own
+    // engine, probed for what this one execution can use: no allowlists or disk
+    // quotas (unless the configuration sets one for every execution), no homes,
+    // and an interpreter found only when the program is code in its language. A
+    // warm worker would start an interpreter and then send it the code: slower than
+    // running it cold.
     config.pool.min_idle = 0;
+    let mut startup = paddock_core::config::Startup::minimal();
+    // A configuration that gives every execution a disk quota needs the backend.
+    let d = &config.limits.defaults;
+    startup.disks = d.disk_bytes.is_some() || d.disk_files.is_some();
+    config.subprocess.startup = startup;
+    config.subprocess.warm.enabled = false;
+    let chosen = args.engine.name();
     let mut builder = Paddock::builder().config(config);
-    if args.engine != EngineArg::Container {
-        // Its start runs a probe container: not worth it for one execution elsewhere.
-        builder = builder.without_container();
+    for other in [
+        EngineName::SUBPROCESS,
+        EngineName::ISOLATE,
+        EngineName::CONTAINER,
+    ] {
+        if other != chosen {
+            builder = builder.without(other);
+        }
     }
     let paddock = match builder.start() {
         Ok(p) => p,
@@ -246,11 +273,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<i32, UsageError> {
         return Err(UsageError(e.message));
     }
     let id = request.id.clone();
-    let mut msg = Execute::new(request).on(match args.engine {
-        EngineArg::Subprocess => EngineName::SUBPROCESS,
-        EngineArg::Isolate => EngineName::ISOLATE,
-        EngineArg::Container => EngineName::CONTAINER,
-    });
+    let mut msg = Execute::new(request).on(chosen);
     msg.network = match args.network {
         NetworkArg::None => NetworkPolicy::None,
         NetworkArg::Host => NetworkPolicy::Unrestricted,

@@ -982,6 +982,51 @@ pub struct SubprocessConfig {
     /// when Paddock makes it (not a setting of `[subprocess]`).
     #[serde(skip)]
     pub egress: EgressConfig,
+    /// What the engine probes and prepares when it starts (not a setting of the
+    /// file: an embedder, or the one-shot `paddock run`, narrows it to what it will
+    /// use).
+    #[serde(skip)]
+    pub startup: Startup,
+}
+
+/// What the subprocess engine probes and prepares when it starts. Everything by
+/// default; a feature left out is not offered (absent from the capabilities, and
+/// refused like any feature the host lacks), and costs nothing at start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Startup {
+    /// Network allowlists: one egress namespace made and its rules loaded (`nft`).
+    pub egress: bool,
+    /// Disk quotas (`limits.disk_bytes`, `limits.disk_files`): the backend tried.
+    pub disks: bool,
+    /// Sandbox homes: one mount namespace made.
+    pub home: bool,
+    /// Interpreters behind version-manager launchers (pyenv's shims) found at
+    /// start, in a thread of their own, rather than at their first use.
+    pub interpreters: bool,
+}
+
+impl Default for Startup {
+    fn default() -> Self {
+        Startup {
+            egress: true,
+            disks: true,
+            home: true,
+            interpreters: true,
+        }
+    }
+}
+
+impl Startup {
+    /// Nothing probed ahead: only what a one-shot execution of a command or a
+    /// snippet needs.
+    pub const fn minimal() -> Startup {
+        Startup {
+            egress: false,
+            disks: false,
+            home: false,
+            interpreters: false,
+        }
+    }
 }
 
 /// One json-stdio handler (`[subprocess.handlers.NAME]`).
@@ -1041,6 +1086,7 @@ impl Default for SubprocessConfig {
             warm: WarmConfig::default(),
             handlers: BTreeMap::new(),
             egress: EgressConfig::default(),
+            startup: Startup::default(),
         }
     }
 }

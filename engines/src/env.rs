@@ -91,6 +91,76 @@ pub fn resolve_program(
         .find(|p| executable(p))
 }
 
+/// An interpreter found on `PATH`, and the binary behind it, found once, on first
+/// use ([`Interpreter::path`]) or ahead of it ([`Interpreter::resolve_in_background`]).
+#[derive(Clone)]
+pub struct Interpreter {
+    found: std::path::PathBuf,
+    language: paddock_core::Language,
+    env: std::sync::Arc<std::collections::BTreeMap<String, String>>,
+    real: std::sync::Arc<std::sync::OnceLock<std::path::PathBuf>>,
+}
+
+impl std::fmt::Debug for Interpreter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Interpreter")
+            .field("found", &self.found)
+            .field("real", &self.real.get())
+            .finish()
+    }
+}
+
+impl PartialEq for Interpreter {
+    fn eq(&self, other: &Self) -> bool {
+        self.found == other.found && self.language == other.language
+    }
+}
+
+impl Eq for Interpreter {}
+
+impl Interpreter {
+    /// `found` on `PATH` for `language`; `env` is what the launcher runs with when it
+    /// is asked for the binary behind it.
+    pub fn new(
+        found: std::path::PathBuf,
+        language: paddock_core::Language,
+        env: std::sync::Arc<std::collections::BTreeMap<String, String>>,
+    ) -> Interpreter {
+        Interpreter {
+            found,
+            language,
+            env,
+            real: Default::default(),
+        }
+    }
+
+    /// What `PATH` gave (a launcher, or the binary itself).
+    pub fn found(&self) -> &std::path::Path {
+        &self.found
+    }
+
+    /// The binary to run: [`real_interpreter`] of what was found, asked once (the
+    /// first call may start the launcher, and blocks for it).
+    pub fn path(&self) -> &std::path::Path {
+        self.real
+            .get_or_init(|| real_interpreter(self.found.clone(), self.language, &self.env))
+    }
+
+    /// Finds the binary now, in a thread of its own, so that the first execution
+    /// does not wait for it.
+    pub fn resolve_in_background(&self) {
+        if self.real.get().is_some() {
+            return;
+        }
+        let me = self.clone();
+        let _ = std::thread::Builder::new()
+            .name("paddock-interp".into())
+            .spawn(move || {
+                me.path();
+            });
+    }
+}
+
 /// The binary behind an interpreter found on `PATH`.
 ///
 /// Version managers put launcher scripts on `PATH` (pyenv's `python3` is a bash script

@@ -7,6 +7,7 @@ mod container;
 mod disk;
 mod e2b;
 mod egress;
+mod first;
 mod fleet;
 mod http;
 mod isolate;
@@ -156,6 +157,18 @@ enum Scenario {
     },
     /// Python `Code` on a warm worker vs. a cold interpreter start, and the
     /// throughput of a warm pool of two.
+    /// Time to a fresh sandbox's first result: open, first Python, first
+    /// JavaScript, one at a time and in bursts, per engine; and a one-shot
+    /// `paddock run` as a whole process vs. `/bin/true`, `python3 -c` and the
+    /// container runtime's own `run`.
+    First {
+        /// Sandboxes opened at once, per series (comma-separated).
+        #[arg(long, default_value = "1,8,64", value_delimiter = ',')]
+        bursts: Vec<usize>,
+        /// Samples per series (at least one round of each burst).
+        #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        samples: u32,
+    },
     Warm {
         /// Measured executions per series.
         #[arg(long, default_value_t = 200)]
@@ -332,6 +345,14 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32, crate::run::UsageError
             ));
             task.await
                 .map_err(|e| crate::run::UsageError(format!("the benchmark task failed: {e}")))?
+        }
+        Scenario::First { bursts, samples } => {
+            if bursts.iter().any(|b| *b == 0 || *b > 1024) {
+                return Err(crate::run::UsageError(
+                    "--bursts: each burst is 1 to 1024 sandboxes".into(),
+                ));
+            }
+            first::first(bursts, samples as usize, args.json).await
         }
         Scenario::Warm {
             iterations,

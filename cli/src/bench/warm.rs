@@ -82,7 +82,7 @@ pub(super) async fn warm(
     };
     for language in [Language::Python, Language::Javascript] {
         let interpreter = match engine.host_support().interpreters.get(&language) {
-            Some(Ok(p)) => p.clone(),
+            Some(Ok(p)) => p.path().to_path_buf(),
             _ => {
                 report(
                     &json!({"scenario": "warm", "language": language.as_str(), "skipped": "no interpreter on this host"}),

@@ -165,6 +165,22 @@ impl Disks {
         disks
     }
 
+    /// Disks that were not probed (`why`): no backend, nothing made on the host.
+    pub fn unprobed(parent: &Path, why: &str) -> Disks {
+        Disks {
+            backend: None,
+            notes: vec![why.to_string()],
+            dir: parent.join(format!(
+                "paddock-disk-unprobed-{}-{}",
+                std::process::id(),
+                NEXT_DISKS.fetch_add(1, Ordering::Relaxed)
+            )),
+            tag: String::new(),
+            templates: parking_lot::Mutex::new(VecDeque::new()),
+            next: AtomicU64::new(0),
+        }
+    }
+
     /// `loop`, `tmpfs`, or `None` when no backend works here.
     pub fn backend(&self) -> Option<&'static str> {
         self.backend.as_ref().map(backend_name)
@@ -681,6 +697,12 @@ fn mount_loop(image: &Path, at: &Path) -> io::Result<()> {
         .write(true)
         .open("/dev/loop-control")
         .map_err(context("opening /dev/loop-control".to_string()))?;
+    // One attach at a time in this process: threads that asked for a free device
+    // together would all get the same one, and all but one would have to try
+    // again, as many rounds as there are threads. Other processes can still take a
+    // device first; that is retried, a bounded number of times.
+    static ATTACH: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+    let _one = ATTACH.lock();
     let mut tries = 0;
     let (dev_path, dev) = loop {
         // SAFETY: an ioctl without argument on the loop-control fd.
@@ -701,12 +723,14 @@ fn mount_loop(image: &Path, at: &Path) -> io::Result<()> {
         // SAFETY: LOOP_CONFIGURE reads one LoopConfig, which outlives the call.
         let r = unsafe { libc::ioctl(dev.as_raw_fd(), LOOP_CONFIGURE as _, &config) };
         if r == 0 {
+            drop(_one);
             break (dev_path, dev);
         }
         let e = io::Error::last_os_error();
         // Another process took the free device first.
-        if e.raw_os_error() == Some(libc::EBUSY) && tries < 32 {
+        if e.raw_os_error() == Some(libc::EBUSY) && tries < 64 {
             tries += 1;
+            std::thread::sleep(std::time::Duration::from_micros(200 * tries));
             continue;
         }
         return Err(context(format!(
@@ -1058,17 +1082,20 @@ mod tests {
             files: 32,
         };
         // More at once than a fresh machine has loop device nodes (16), from
-        // several threads, as parallel sandboxes make them.
+        // as many threads as a burst of 64 sandboxes opened at once uses (which
+        // once ran out of retries: every thread was handed the same free device).
+        let start = std::sync::Barrier::new(64);
         let volumes: Vec<(PathBuf, Volume)> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..6)
+            let handles: Vec<_> = (0..64)
                 .map(|th| {
-                    let disks = &disks;
+                    let (disks, start) = (&disks, &start);
                     let base = t.path().to_path_buf();
                     s.spawn(move || {
-                        (0..5)
+                        (0..1)
                             .map(|i| {
                                 let at = base.join(format!("v{th}-{i}"));
                                 std::fs::create_dir(&at).unwrap();
+                                start.wait();
                                 let v = disks
                                     .mount(&at, quota)
                                     .unwrap_or_else(|e| panic!("volume {th}-{i}: {e}"));
@@ -1083,7 +1110,7 @@ mod tests {
                 .flat_map(|h| h.join().unwrap())
                 .collect()
         });
-        assert_eq!(volumes.len(), 30);
+        assert_eq!(volumes.len(), 64);
         for (at, v) in &volumes {
             std::fs::write(at.join("x"), b"own").unwrap();
             assert_eq!(v.exhausted(), None);

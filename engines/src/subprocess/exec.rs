@@ -282,7 +282,7 @@ impl SubprocessSandbox {
             Program::Command { argv } => argv.clone(),
             Program::Code { language, source } => {
                 let interp = match engine.support.interpreters.get(language) {
-                    Some(Ok(p)) => p.to_string_lossy().into_owned(),
+                    Some(Ok(p)) => p.path().to_string_lossy().into_owned(),
                     _ => return Err(super::missing_interpreter(engine, *language)),
                 };
                 let flag = match language {

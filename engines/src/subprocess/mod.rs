@@ -51,7 +51,7 @@ pub struct HostSupport {
     /// sandbox); otherwise why not.
     pub egress: std::result::Result<(), String>,
     /// Interpreters found, by language; the error says which binary is missing.
-    pub interpreters: BTreeMap<Language, std::result::Result<PathBuf, String>>,
+    pub interpreters: BTreeMap<Language, std::result::Result<env::Interpreter, String>>,
     /// The disk-quota backend (`loop` or `tmpfs`), or why none works.
     pub disk: std::result::Result<&'static str, String>,
     /// Whether sandboxes can see their workdir at a home of their own (a mount
@@ -138,14 +138,18 @@ impl SubprocessEngine {
 
         let root_dir = std::path::Path::new("/");
         let mut interpreters = BTreeMap::new();
+        let launcher_env = Arc::new(base_env.clone());
         for (lang, program) in [
             (Language::Python, &config.python),
             (Language::Javascript, &config.node),
             (Language::Shell, &config.shell),
         ] {
             let found = env::resolve_program(program, &path, root_dir)
-                .map(|p| env::real_interpreter(p, lang, &base_env))
+                .map(|p| env::Interpreter::new(p, lang, launcher_env.clone()))
                 .ok_or_else(|| format!("`{program}` was not found on PATH ({path})"));
+            if let (Ok(interp), true) = (&found, config.startup.interpreters) {
+                interp.resolve_in_background();
+            }
             interpreters.insert(lang, found);
         }
 
@@ -170,7 +174,8 @@ impl SubprocessEngine {
             network.push("none");
         }
         let egress = match &netns {
-            Ok(()) => crate::host::egress::gateway_config(&config.egress)?,
+            Ok(()) if config.startup.egress => crate::host::egress::gateway_config(&config.egress)?,
+            Ok(()) => Err("not probed: this engine was started without allowlists".to_string()),
             Err(why) => Err(why.clone()),
         };
         if egress.is_ok() {
@@ -212,7 +217,14 @@ impl SubprocessEngine {
             .workdir_root
             .clone()
             .unwrap_or_else(std::env::temp_dir);
-        let disks = crate::host::volume::Disks::new(&parent);
+        let disks = if config.startup.disks {
+            crate::host::volume::Disks::new(&parent)
+        } else {
+            crate::host::volume::Disks::unprobed(
+                &parent,
+                "not probed: this engine was started without disk quotas",
+            )
+        };
         if disks.backend().is_some() {
             limits.extend(["disk_bytes", "disk_files"]);
         }
@@ -234,7 +246,11 @@ impl SubprocessEngine {
         let warm = runner::WarmSetup::prepare(&config.warm, &config.handlers, &workdir_root)?;
         // A home needs a mount namespace per sandbox: tried once here, so that the
         // feature is offered only where it works.
-        let home = probe_home(&workdir_root);
+        let home = if config.startup.home {
+            probe_home(&workdir_root)
+        } else {
+            Err("not probed: this engine was started without homes".to_string())
+        };
         let caps = if home.is_ok() {
             features.push(paddock_core::engine::FEATURE_HOME);
             Capabilities::new(IsolationLevel::None, &programs, &network, &features)

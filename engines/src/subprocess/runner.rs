@@ -218,7 +218,7 @@ impl SubprocessSandbox {
                     )
                 })?;
                 let interp = match self.engine.support.interpreters.get(lang) {
-                    Some(Ok(p)) => p.clone(),
+                    Some(Ok(p)) => p.path().to_path_buf(),
                     _ => return Err(super::missing_interpreter(&self.engine, *lang)),
                 };
                 (

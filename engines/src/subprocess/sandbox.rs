@@ -306,8 +306,9 @@ fn check_home_hides_nothing(engine: &super::EngineInner, home: &str) -> Result<(
         .support
         .interpreters
         .values()
-        .filter_map(|i| i.as_ref().ok());
-    let mut needed = std::iter::once(&engine.workdir_root).chain(interpreters);
+        .filter_map(|i| i.as_ref().ok())
+        .map(|i| i.path());
+    let mut needed = std::iter::once(engine.workdir_root.as_path()).chain(interpreters);
     if let Some(hidden) = needed.find(|p| p.starts_with(&top)) {
         return Err(Error::new(
             paddock_core::ErrorCode::CapabilityNotSupported,

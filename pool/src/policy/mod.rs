@@ -30,7 +30,10 @@
 //!
 //! # Cost
 //!
-//! Regexes are compiled once in [`Policy::new`]. A check runs one [`RegexSet`] pass
+//! Custom rules are compiled in [`Policy::new`], which is where a bad one is
+//! reported; the built-in ones (which a test compiles) and each scope's set are
+//! compiled once, on the first check that needs them, so that a process that never
+//! checks JavaScript never pays for them. A check runs one [`RegexSet`] pass
 //! over the text for the program's scope; only a rule that matched runs its own regex
 //! again, to find the line for the message. On a clean 2 KB JavaScript snippet a check
 //! takes about 5 µs in a release build (see the `check_cost_on_a_2k_snippet` test).
@@ -41,6 +44,8 @@ use std::borrow::Cow;
 use std::fmt;
 
 use paddock_core::{Error, ErrorCode, Language, Program};
+use std::sync::{Arc, OnceLock};
+
 use regex::{Regex, RegexBuilder, RegexSet, RegexSetBuilder};
 
 pub use builtin::builtin_rules;
@@ -86,18 +91,38 @@ impl From<PolicyRefusal> for Error {
     }
 }
 
-/// The rules that read one kind of text, as one set.
-#[derive(Debug, Clone)]
+/// The rules that read one kind of text, as one set (compiled on first use).
+#[derive(Debug)]
 struct Scope {
-    set: RegexSet,
+    set: OnceLock<Result<RegexSet, String>>,
     /// Indices into [`Policy::rules`], in set order.
     rules: Vec<usize>,
 }
 
-#[derive(Debug, Clone)]
+impl Scope {
+    fn set(&self, all: &[CompiledRule]) -> &Result<RegexSet, String> {
+        self.set.get_or_init(|| {
+            RegexSetBuilder::new(self.rules.iter().map(|&i| all[i].rule.pattern.as_str()))
+                .size_limit(SET_SIZE_LIMIT)
+                .build()
+                .map_err(|e| e.to_string())
+        })
+    }
+}
+
+#[derive(Debug)]
 struct CompiledRule {
     rule: Rule,
-    regex: Regex,
+    /// Compiled on first use (a custom rule's in [`Policy::new`]).
+    regex: OnceLock<Option<Regex>>,
+}
+
+impl CompiledRule {
+    fn regex(&self) -> Option<&Regex> {
+        self.regex
+            .get_or_init(|| compile(&self.rule.pattern).ok())
+            .as_ref()
+    }
 }
 
 /// Scope slots: one per language, then commands.
@@ -132,8 +157,8 @@ fn language_scope(language: Language) -> usize {
 #[derive(Debug, Clone)]
 pub struct Policy {
     max_code_length: usize,
-    rules: Vec<CompiledRule>,
-    scopes: Vec<Scope>,
+    rules: Arc<[CompiledRule]>,
+    scopes: Arc<[Scope]>,
 }
 
 impl Default for Policy {
@@ -177,11 +202,12 @@ impl Policy {
             if config.disable.contains(&rule.name) {
                 continue;
             }
-            let regex = compile(&rule.pattern).map_err(|e| {
-                Error::invalid_config("policy", format!("built-in rule `{}`: {e}", rule.name))
-            })?;
-            rules.push(CompiledRule { rule, regex });
+            rules.push(CompiledRule {
+                rule,
+                regex: OnceLock::new(),
+            });
         }
+        let custom = !config.custom_rules.is_empty();
         for (i, rule) in config.custom_rules.into_iter().enumerate() {
             let field = format!("policy.custom_rules[{i}]");
             validate_custom(&rule, &rules)
@@ -189,34 +215,37 @@ impl Policy {
             let regex = compile(&rule.pattern).map_err(|e| {
                 Error::invalid_config(&field, format!("rule `{}`: pattern: {e}", rule.name))
             })?;
-            rules.push(CompiledRule { rule, regex });
+            rules.push(CompiledRule {
+                rule,
+                regex: OnceLock::from(Some(regex)),
+            });
         }
-        let mut scopes = Vec::with_capacity(SCOPES);
-        for slot in 0..SCOPES {
-            let members: Vec<usize> = rules
-                .iter()
-                .enumerate()
-                .filter(|(_, c)| applies(&c.rule, slot))
-                .map(|(i, _)| i)
-                .collect();
-            let set = RegexSetBuilder::new(members.iter().map(|&i| rules[i].rule.pattern.as_str()))
-                .size_limit(SET_SIZE_LIMIT)
-                .build()
-                .map_err(|e| {
-                    Error::invalid_config(
+        let scopes: Vec<Scope> = (0..SCOPES)
+            .map(|slot| Scope {
+                set: OnceLock::new(),
+                rules: rules
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, c)| applies(&c.rule, slot))
+                    .map(|(i, _)| i)
+                    .collect(),
+            })
+            .collect();
+        if custom {
+            // Custom rules may together be too large: said now, not at a check.
+            for scope in &scopes {
+                if let Err(e) = scope.set(&rules) {
+                    return Err(Error::invalid_config(
                         "policy.custom_rules",
                         format!("the rules together are too large to compile: {e}"),
-                    )
-                })?;
-            scopes.push(Scope {
-                set,
-                rules: members,
-            });
+                    ));
+                }
+            }
         }
         Ok(Policy {
             max_code_length: config.max_code_length,
-            rules,
-            scopes,
+            rules: rules.into(),
+            scopes: scopes.into(),
         })
     }
 
@@ -263,7 +292,21 @@ impl Policy {
             Program::Command { argv } => Cow::Owned(argv.join(" ")),
             Program::Invoke { .. } | Program::Resume { .. } => unreachable!("returned above"),
         };
-        let hits = scope.set.matches(&text);
+        let set = match scope.set(&self.rules) {
+            Ok(set) => set,
+            Err(e) => {
+                // Only built-in rules are compiled here, and a test compiles them;
+                // should that ever fail, the program is refused, not let through.
+                return Err(PolicyRefusal {
+                    rule: "policy".to_owned(),
+                    error: Error::new(
+                        ErrorCode::CodeBlocked,
+                        format!("the policy's rules did not compile: {e}"),
+                    ),
+                });
+            }
+        };
+        let hits = set.matches(&text);
         if !hits.matched_any() {
             return Ok(Vec::new());
         }
@@ -272,8 +315,8 @@ impl Policy {
             let compiled = &self.rules[scope.rules[hit]];
             let rule = &compiled.rule;
             let at = compiled
-                .regex
-                .find(&text)
+                .regex()
+                .and_then(|r| r.find(&text))
                 .map(|m| line_of(&text, m.end().saturating_sub(1)))
                 .map(|line| format!(" (line {line})"))
                 .unwrap_or_default();
@@ -353,4 +396,26 @@ fn line_of(text: &str, at: usize) -> usize {
         .filter(|&&b| b == b'\n')
         .count()
         + 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the lazy compilation relies on: every built-in pattern compiles, alone
+    /// and as each scope's set.
+    #[test]
+    fn every_builtin_rule_and_scope_compiles() {
+        let policy = Policy::default();
+        for rule in policy.rules.iter() {
+            assert!(rule.regex().is_some(), "{}", rule.rule.name);
+            assert!(compile(&rule.rule.pattern).is_ok(), "{}", rule.rule.name);
+        }
+        for scope in policy.scopes.iter() {
+            assert!(scope.set(&policy.rules).is_ok());
+        }
+        assert!(!policy.scopes[language_scope(Language::Javascript)]
+            .rules
+            .is_empty());
+    }
 }

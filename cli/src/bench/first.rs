@@ -1,0 +1,280 @@
+//! `paddock bench first`: time to a sandbox's first result, and what a one-shot
+//! `paddock run` costs as a whole process, each against its baseline in the same run.
+//!
+//! - `first_open`: through the facade with the configuration's defaults (what
+//!   `paddock serve` does), `N` sandboxes of `N` tenants opened at once (one at a
+//!   time, then 8 and 64 by default), then each one's first Python `print(1)`, then
+//!   each one's first JavaScript `console.log(1)`, all `N` at once. Reported: open,
+//!   first Python, open + first Python, and first JavaScript, p50/p99/max in ms; per
+//!   engine (subprocess, and the container engine where it starts).
+//! - `first_cli`: `paddock run -- /bin/true` and `paddock run --lang python --code
+//!   'print(1)'` as whole processes (this binary), against `/bin/true`, `python3 -c
+//!   'print(1)'` and the container runtime's own `run` of `/bin/true`, interleaved.
+
+use std::time::{Duration, Instant};
+
+use paddock_core::{EngineName, ExecRequest, Language, PaddockConfig, Program, SandboxSpec};
+use paddock_pool::Paddock;
+use serde_json::json;
+
+use crate::run::UsageError;
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// p50, p99 and max of `v` in ms, rounded.
+fn spread(mut v: Vec<Duration>) -> serde_json::Value {
+    if v.is_empty() {
+        return serde_json::Value::Null;
+    }
+    v.sort();
+    let at = |q: f64| ms(v[((v.len() as f64 - 1.0) * q).round() as usize]);
+    json!({
+        "p50_ms": super::round3(at(0.5)),
+        "p99_ms": super::round3(at(0.99)),
+        "max_ms": super::round3(ms(*v.last().unwrap())),
+        "n": v.len(),
+    })
+}
+
+fn code(language: Language, source: &str) -> ExecRequest {
+    ExecRequest::new(Program::code(language, source))
+}
+
+/// One round: `n` sandboxes of `n` tenants opened at once, then each one's first
+/// Python, then each one's first JavaScript, at once. Pushes each sandbox's times.
+async fn round(
+    paddock: &Paddock,
+    engine: &EngineName,
+    n: usize,
+    round: usize,
+    into: &mut [Vec<Duration>; 4],
+) -> Result<(), String> {
+    let opens = (0..n).map(|i| {
+        let paddock = paddock.clone();
+        let engine = engine.clone();
+        async move {
+            let spec = SandboxSpec {
+                tenant: Some(format!("first-{round}-{i}")),
+                ..SandboxSpec::default()
+            };
+            let t = Instant::now();
+            let sandbox = paddock.open_sandbox(spec, Some(engine)).await;
+            (sandbox, t.elapsed())
+        }
+    });
+    let opened = futures_util::future::join_all(opens).await;
+    let mut sandboxes = Vec::with_capacity(n);
+    let mut failure = None;
+    for (sandbox, took) in opened {
+        match sandbox {
+            Ok(s) => {
+                into[0].push(took);
+                sandboxes.push((s, took));
+            }
+            Err(e) => failure = Some(format!("opening a sandbox failed: {e}")),
+        }
+    }
+    let first = |language: Language, source: &'static str, want: &'static str| {
+        let sandboxes = &sandboxes;
+        async move {
+            let runs = sandboxes.iter().map(|(s, _)| async move {
+                let t = Instant::now();
+                let r = s.exec(code(language, source)).await;
+                (r, t.elapsed())
+            });
+            futures_util::future::join_all(runs)
+                .await
+                .into_iter()
+                .map(move |(r, took)| match r {
+                    Ok(r) if r.exit_code() == Some(0) && r.stdout == want => Ok(took),
+                    Ok(r) => Err(format!("{language} gave {:?} / {:?}", r.outcome, r.stdout)),
+                    Err(e) => Err(format!("{language} failed: {e}")),
+                })
+        }
+    };
+    if failure.is_none() {
+        let python: Vec<_> = first(Language::Python, "print(1)", "1\n").await.collect();
+        for ((_, open), took) in sandboxes.iter().zip(python) {
+            match took {
+                Ok(t) => {
+                    into[1].push(t);
+                    into[2].push(*open + t);
+                }
+                Err(e) => failure = Some(e),
+            }
+        }
+    }
+    if failure.is_none() {
+        for took in first(Language::Javascript, "console.log(1)", "1\n").await {
+            match took {
+                Ok(t) => into[3].push(t),
+                Err(e) => failure = Some(e),
+            }
+        }
+    }
+    for (s, _) in sandboxes {
+        let _ = s.destroy().await;
+    }
+    failure.map_or(Ok(()), Err)
+}
+
+async fn first_open(
+    engine: EngineName,
+    bursts: &[usize],
+    samples: usize,
+    as_json: bool,
+) -> Result<bool, UsageError> {
+    let most = bursts.iter().copied().max().unwrap_or(1);
+    let mut config = PaddockConfig::default();
+    // Room for the largest burst (the limiter's per-tenant caps are per tenant, and
+    // every sandbox here is a tenant's own).
+    config.pool.max_size = config.pool.max_size.max(most + 1);
+    let mut builder = Paddock::builder().config(config);
+    if engine != EngineName::CONTAINER {
+        builder = builder.without_container();
+    }
+    let paddock = builder
+        .start()
+        .map_err(|e| UsageError(format!("paddock did not start: {e}")))?;
+    if !paddock.engines().contains(&engine) {
+        report(
+            &json!({"scenario": "first_open", "engine": engine.as_str(), "skipped": "the engine does not run here"}),
+            as_json,
+        );
+        let _ = paddock.shutdown(Duration::from_secs(5)).await;
+        return Ok(true);
+    }
+    let mut ok = true;
+    for &n in bursts {
+        // Samples per series: at least `samples`, and at least one round.
+        let rounds = samples.div_ceil(n).max(1);
+        let mut series: [Vec<Duration>; 4] = Default::default();
+        let mut error = None;
+        for r in 0..rounds {
+            // The pool refills between rounds, as it would between bursts.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            if let Err(e) = round(&paddock, &engine, n, r, &mut series).await {
+                error = Some(e);
+                break;
+            }
+        }
+        let [open, python, open_python, js] = series;
+        let mut line = json!({
+            "scenario": "first_open",
+            "engine": engine.as_str(),
+            "at_once": n,
+            "open": spread(open),
+            "first_python": spread(python),
+            "open_and_first_python": spread(open_python),
+            "first_javascript": spread(js),
+        });
+        if let Some(e) = error {
+            ok = false;
+            line["error"] = json!(e);
+        }
+        report(&line, as_json);
+    }
+    let _ = paddock.shutdown(Duration::from_secs(10)).await;
+    Ok(ok)
+}
+
+/// Runs `argv` to its end, output discarded; its wall time, or why it failed.
+fn whole(argv: &[&str]) -> Result<Duration, String> {
+    let t = Instant::now();
+    let status = std::process::Command::new(argv[0])
+        .args(&argv[1..])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .map_err(|e| format!("{}: {e}", argv[0]))?;
+    let took = t.elapsed();
+    if !status.success() {
+        return Err(format!("{argv:?} exited with {status}"));
+    }
+    Ok(took)
+}
+
+fn first_cli(samples: usize, as_json: bool) -> Result<bool, UsageError> {
+    let me = std::env::current_exe()
+        .map_err(|e| UsageError(format!("cannot find this program: {e}")))?;
+    let me = me.to_string_lossy().into_owned();
+    let runs: [(&str, Vec<&str>); 4] = [
+        ("paddock_run_true", vec![&me, "run", "--", "/bin/true"]),
+        ("true", vec!["/bin/true"]),
+        (
+            "paddock_run_python",
+            vec![&me, "run", "--lang", "python", "--code", "print(1)"],
+        ),
+        ("python3", vec!["python3", "-c", "print(1)"]),
+    ];
+    // The runtime's own `run` of `/bin/true`, where the container engine starts.
+    let runtime =
+        paddock_engines::container::ContainerEngine::new(&paddock_core::ContainerConfig {
+            warm: false,
+            ..paddock_core::ContainerConfig::default()
+        })
+        .ok();
+    let mut series: Vec<Vec<Duration>> = vec![Vec::new(); runs.len() + 1];
+    for i in 0..samples + 2 {
+        for (k, (name, argv)) in runs.iter().enumerate() {
+            let took = whole(argv).map_err(|e| UsageError(format!("{name}: {e}")))?;
+            // The first two rounds warm the page cache.
+            if i >= 2 {
+                series[k].push(took);
+            }
+        }
+        if let Some(engine) = &runtime {
+            if let Ok((Some(0), took)) = engine.run_raw(&["/bin/true".to_string()]) {
+                if i >= 2 {
+                    series[runs.len()].push(took);
+                }
+            }
+        }
+    }
+    let median = |v: &[Duration]| {
+        let mut v = v.to_vec();
+        v.sort();
+        v.get(v.len() / 2).copied().map(ms)
+    };
+    let ratio = |a: usize, b: usize| match (median(&series[a]), median(&series[b])) {
+        (Some(a), Some(b)) if b > 0.0 => json!(super::round(a / b)),
+        _ => serde_json::Value::Null,
+    };
+    let mut line = json!({
+        "scenario": "first_cli",
+        "samples": samples,
+        "ratio_run_true_vs_true": ratio(0, 1),
+        "ratio_run_python_vs_python3": ratio(2, 3),
+    });
+    for (k, (name, _)) in runs.iter().enumerate() {
+        line[*name] = spread(series[k].clone());
+    }
+    if let Some(engine) = &runtime {
+        line[format!("{}_run_true", engine.runtime_info().kind.as_str())] =
+            spread(series[runs.len()].clone());
+    }
+    report(&line, as_json);
+    Ok(true)
+}
+
+fn report(v: &serde_json::Value, as_json: bool) {
+    super::report(v, as_json)
+}
+
+/// Runs the scenario: `first_cli`, then `first_open` per engine.
+pub(super) async fn first(
+    bursts: Vec<usize>,
+    samples: usize,
+    as_json: bool,
+) -> Result<i32, UsageError> {
+    let mut ok = tokio::task::spawn_blocking(move || first_cli(samples, as_json))
+        .await
+        .map_err(|e| UsageError(format!("the benchmark task failed: {e}")))??;
+    for engine in [EngineName::SUBPROCESS, EngineName::CONTAINER] {
+        ok &= first_open(engine, &bursts, samples, as_json).await?;
+    }
+    Ok(if ok { 0 } else { 1 })
+}
