@@ -85,6 +85,7 @@ impl SubprocessSandbox {
         self.active.fetch_add(1, Ordering::AcqRel);
         let _active = ActiveGuard(self);
         let _run = self.run_lock.lock().await;
+        self.touched_by(Some(&request.tenant));
 
         // An allowlist's decisions from here to the end are this execution's (one
         // runs at a time; a background process's fall in the window too).

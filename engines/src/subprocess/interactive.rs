@@ -71,6 +71,7 @@ impl SubprocessSandbox {
         let _op = self.enter()?;
         spec.validate()?;
         let place = self.processes.reserve("p")?;
+        self.touched_by(None);
         let id = place.id.clone();
         let limits = self.process_limits();
         let cgroup = self.process_cgroup(&id, &limits).await?;
@@ -104,6 +105,7 @@ impl SubprocessSandbox {
         let _op = self.enter()?;
         spec.validate()?;
         let place = self.processes.reserve("t")?;
+        self.touched_by(None);
         let id = place.id.clone();
         let limits = self.process_limits();
         let cgroup = self.process_cgroup(&id, &limits).await?;

@@ -8,7 +8,10 @@
 //! runner's whole life). Anything else runs cold.
 //!
 //! A worker belongs to one tenant: a request of another tenant replaces it first, so
-//! untrusted code never shares an interpreter across tenants. It is also replaced after
+//! untrusted code never shares an interpreter across tenants. The one exception is a
+//! runner a pooled sandbox started for no tenant, which nothing has reached yet: the
+//! first tenant to run code there takes it (see `untouched`), so that a freshly
+//! opened sandbox's first snippet is warm too. It is also replaced after
 //! `max_turns` turns, past `max_age_ms`, when its resident memory passed
 //! `max_rss_bytes`, and after any turn that did not complete with exit code 0 (an
 //! exception, a timeout, a cancel, a limit, a protocol fault). Processes a snippet
@@ -155,6 +158,9 @@ struct WarmTurn {
 pub(crate) struct Slot {
     pub(crate) worker: Worker,
     pub(crate) tenant: Option<String>,
+    /// How many executions and processes the sandbox had started when the worker
+    /// started.
+    pub(crate) born: u64,
 }
 
 impl SubprocessSandbox {
@@ -257,15 +263,36 @@ impl SubprocessSandbox {
                 format!("starting the warm {key} failed: {e}"),
             )
         })?;
-        Ok(Slot { worker, tenant })
+        Ok(Slot {
+            worker,
+            tenant,
+            born: self.touch.lock().runs,
+        })
     }
 
-    /// Whether the slot may serve `tenant` now.
+    /// Whether the slot may serve `tenant` now: its own tenant's, or one that no
+    /// code has reached (see [`Self::untouched`]).
     fn fit(&self, slot: &Slot, tenant: &Option<String>, config: &WarmConfig) -> bool {
         slot.worker.pid().is_some()
-            && slot.tenant == *tenant
+            && (slot.tenant == *tenant || self.untouched(slot, tenant))
             && slot.worker.turns < config.max_turns
             && slot.worker.started.elapsed().as_millis() < u128::from(config.max_age_ms)
+    }
+
+    /// Whether `tenant` may take a runner that the sandbox started for no tenant
+    /// when it opened (a pooled sandbox's): it has taken no turn, and only `tenant`
+    /// has run code in the sandbox since it opened (the execution asking now is
+    /// counted before it gets here). A runner started for a tenant, one that served
+    /// a turn, or one beside whose idle process another tenant's program ran (which
+    /// could have reached into it as the same user), or a process of a tenant not
+    /// known here, is replaced for `tenant` instead.
+    fn untouched(&self, slot: &Slot, tenant: &Option<String>) -> bool {
+        let touch = self.touch.lock();
+        slot.tenant.is_none()
+            && slot.worker.turns == 0
+            && slot.born == 0
+            && !touch.mixed
+            && touch.first.as_ref() == Some(tenant)
     }
 
     /// Runs `request` on its warm worker (see [`Self::warm_target`]).
@@ -386,6 +413,8 @@ impl SubprocessSandbox {
             }
             _ => self.start_worker(&key, tenant.clone())?,
         };
+        // Its tenant's from this turn on (an untouched runner is adopted).
+        slot.tenant = tenant.clone();
         if let Some(g) = &self.warm_cgroup {
             g.set_limits(&limits).map_err(|e| {
                 crate::host::cgroup::limits_error(e, limits.memory_bytes, "setting cgroup limits")

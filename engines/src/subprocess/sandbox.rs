@@ -39,6 +39,9 @@ pub struct SubprocessSandbox {
     pub(super) run_lock: Mutex<()>,
     /// Executions admitted and not yet returned (waiting or running).
     pub(super) active: AtomicUsize,
+    /// Who has run code in the sandbox so far (whether a runner started ahead of
+    /// need is untouched by others: see `runner`).
+    pub(super) touch: parking_lot::Mutex<Touch>,
     /// Live → destroying → destroyed; admits operations and runs the teardown once.
     pub(super) lifecycle: Lifecycle,
     /// Woken when destroy starts, so running executions kill their programs.
@@ -56,6 +59,17 @@ pub struct SubprocessSandbox {
     pub(super) warm_cgroup: Option<Arc<Cgroup>>,
     /// Background processes and terminals.
     pub(super) processes: crate::interactive::Processes,
+}
+
+/// Who has run code in a sandbox so far.
+#[derive(Debug, Default)]
+pub(crate) struct Touch {
+    /// Executions and processes started.
+    pub(crate) runs: u64,
+    /// The tenant of the first of them.
+    pub(crate) first: Option<Option<String>>,
+    /// Whether any other tenant (or code of a tenant not known) ran since.
+    pub(crate) mixed: bool,
 }
 
 impl SubprocessSandbox {
@@ -189,6 +203,7 @@ impl SubprocessSandbox {
             mntns: parking_lot::Mutex::new(mntns),
             run_lock: Mutex::new(()),
             active: AtomicUsize::new(0),
+            touch: Default::default(),
             lifecycle: Lifecycle::new(),
             destroy_signal: Notify::new(),
             warm: parking_lot::Mutex::new(Default::default()),
@@ -214,6 +229,18 @@ impl SubprocessSandbox {
             }
         }
         Ok(sandbox)
+    }
+
+    /// Notes that code of `tenant` (`None`: of a tenant not known here, such as a
+    /// process's) starts running in the sandbox.
+    pub(super) fn touched_by(&self, tenant: Option<&Option<String>>) {
+        let mut t = self.touch.lock();
+        t.runs += 1;
+        match (tenant, &t.first) {
+            (Some(who), None) => t.first = Some(who.clone()),
+            (Some(who), Some(first)) if who == first => {}
+            _ => t.mixed = true,
+        }
     }
 
     /// Admits an operation while the sandbox is live; destroy waits for it.

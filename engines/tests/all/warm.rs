@@ -304,6 +304,74 @@ async fn destroy_during_a_warm_turn_ends_it() {
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
 }
 
+/// The age in seconds of the process that runs the snippet: its start time
+/// (`/proc/self/stat` field 22, in clock ticks of 1/100 s) against the uptime.
+const PY_AGE: &str = "import os\nst = open('/proc/self/stat').read().rsplit(')', 1)[1].split()\nup = float(open('/proc/uptime').read().split()[0])\nround(up - int(st[19]) / os.sysconf('SC_CLK_TCK'), 3)";
+const JS_AGE: &str = "const fs = require('fs'); const st = fs.readFileSync('/proc/self/stat', 'utf8').split(')').pop().trim().split(' '); (parseFloat(fs.readFileSync('/proc/uptime', 'utf8')) - parseInt(st[19]) / 100).toFixed(3)";
+
+fn age(r: &ExecResult) -> f64 {
+    match &r.value {
+        Some(serde_json::Value::Number(n)) => n.as_f64().unwrap(),
+        Some(serde_json::Value::String(s)) => s.parse().unwrap(),
+        other => panic!("no age in {other:?}: {r:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_sandboxs_runners_serve_its_first_tenant_and_no_other() {
+    let as_tenant = |mut req: ExecRequest, t: &str| {
+        req.tenant = Some(t.into());
+        req
+    };
+    // Opened for no tenant, as the pool opens its idle sandboxes: its runners start
+    // now, and are older than any execution below by the wait.
+    const WAIT: f64 = 0.5;
+    let pause = || tokio::time::sleep(Duration::from_secs_f64(WAIT));
+
+    // The first tenant to run code takes both runners: a command of its own does
+    // not spoil them, nor does its own Python for its JavaScript.
+    let sb = sandbox().await;
+    pause().await;
+    let mut cmd = ExecRequest::new(Program::Command {
+        argv: vec!["/bin/true".into()],
+    });
+    cmd.tenant = Some("a".into());
+    run(&*sb, cmd).await;
+    let r = run(&*sb, as_tenant(py(PY_AGE), "a")).await;
+    assert!(age(&r) >= WAIT, "tenant a's first Python ran warm: {r:?}");
+    let r = run(&*sb, as_tenant(js(JS_AGE), "a")).await;
+    assert!(
+        age(&r) >= WAIT,
+        "tenant a's first JavaScript ran warm: {r:?}"
+    );
+    // Another tenant never gets them: fresh interpreters, started for it.
+    let r = run(&*sb, as_tenant(py(PY_AGE), "b")).await;
+    assert!(age(&r) < WAIT, "tenant b got a fresh Python: {r:?}");
+    let r = run(&*sb, as_tenant(js(JS_AGE), "b")).await;
+    assert!(age(&r) < WAIT, "tenant b got a fresh node: {r:?}");
+    sb.destroy().await.unwrap();
+
+    // Once another tenant has run anything beside them, nobody adopts them.
+    let sb = sandbox().await;
+    pause().await;
+    run(&*sb, as_tenant(py("1"), "a")).await;
+    let r = run(&*sb, as_tenant(js(JS_AGE), "b")).await;
+    assert!(age(&r) < WAIT, "node ran beside tenant a's code: {r:?}");
+    sb.destroy().await.unwrap();
+
+    // Nor after a process, whose tenant the engine does not know.
+    let sb = sandbox().await;
+    pause().await;
+    let p = sb
+        .start_process(paddock_core::interactive::ProcessSpec::new(["/bin/true"]))
+        .await
+        .expect("a process starts");
+    drop(p);
+    let r = run(&*sb, as_tenant(py(PY_AGE), "a")).await;
+    assert!(age(&r) < WAIT, "a process ran beside the runner: {r:?}");
+    sb.destroy().await.unwrap();
+}
+
 fn js(source: &str) -> ExecRequest {
     ExecRequest::new(Program::code(Language::Javascript, source)).with_timeout_ms(20_000)
 }
