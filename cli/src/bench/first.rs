@@ -10,6 +10,10 @@
 //! - `first_cli`: `paddock run -- /bin/true` and `paddock run --lang python --code
 //!   'print(1)'` as whole processes (this binary), against `/bin/true`, `python3 -c
 //!   'print(1)'` and the container runtime's own `run` of `/bin/true`, interleaved.
+//! - `first_density` (with `--density N`): `N` sandboxes of `N` tenants opened and
+//!   kept open (8 opens at a time), per engine: open p50/p99, the host memory each
+//!   costs (`MemAvailable` before and after, each read once it holds still), and a Python `print(1)` in 20
+//!   of them spread over the `N`, which must all answer.
 
 use std::time::{Duration, Instant};
 
@@ -264,17 +268,150 @@ fn report(v: &serde_json::Value, as_json: bool) {
     super::report(v, as_json)
 }
 
+/// `MemAvailable` once it holds still: two reads 500 ms apart within 4 MiB of each
+/// other (memory freed by what ran before is still coming back), at most 15 s.
+async fn settled_mem_available() -> u64 {
+    let mut last = mem_available();
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = mem_available();
+        if now.abs_diff(last) < 4 << 20 {
+            return now;
+        }
+        last = now;
+    }
+    last
+}
+
+/// How many processes the host runs.
+fn processes() -> usize {
+    std::fs::read_dir("/proc").map_or(0, |d| {
+        d.flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .bytes()
+                    .all(|b| b.is_ascii_digit())
+            })
+            .count()
+    })
+}
+
+/// `MemAvailable` of `/proc/meminfo`, in bytes.
+fn mem_available() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("MemAvailable:"))
+                .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<u64>().ok())
+        })
+        .unwrap_or(0)
+        * 1024
+}
+
+async fn first_density(engine: EngineName, n: usize, as_json: bool) -> Result<bool, UsageError> {
+    let mut config = PaddockConfig::default();
+    config.pool.max_size = n + 8;
+    let mut builder = Paddock::builder().config(config);
+    if engine != EngineName::CONTAINER {
+        builder = builder.without_container();
+    }
+    let paddock = builder
+        .start()
+        .map_err(|e| UsageError(format!("paddock did not start: {e}")))?;
+    if !paddock.engines().contains(&engine) {
+        let _ = paddock.shutdown(Duration::from_secs(5)).await;
+        return Ok(true);
+    }
+    let before = settled_mem_available().await;
+    let mut open = Vec::with_capacity(n);
+    let mut sandboxes = Vec::with_capacity(n);
+    let mut error = None;
+    for chunk in (0..n).collect::<Vec<_>>().chunks(8) {
+        let opens = chunk.iter().map(|i| {
+            let paddock = paddock.clone();
+            let engine = engine.clone();
+            async move {
+                let spec = SandboxSpec {
+                    tenant: Some(format!("dense-{i}")),
+                    ..SandboxSpec::default()
+                };
+                let t = Instant::now();
+                let s = paddock.open_sandbox(spec, Some(engine)).await;
+                (s, t.elapsed())
+            }
+        });
+        for (s, took) in futures_util::future::join_all(opens).await {
+            match s {
+                Ok(s) => {
+                    open.push(took);
+                    sandboxes.push(s);
+                }
+                Err(e) => error = Some(format!("opening sandbox {} failed: {e}", open.len())),
+            }
+        }
+        if error.is_some() {
+            break;
+        }
+    }
+    let after = settled_mem_available().await;
+    let per = before.saturating_sub(after) as f64 / sandboxes.len().max(1) as f64;
+    let step = (sandboxes.len() / 20).max(1);
+    let mut answered = 0;
+    let mut asked = 0;
+    let mut exec = Vec::new();
+    for s in sandboxes.iter().step_by(step) {
+        asked += 1;
+        let t = Instant::now();
+        match s.exec(code(Language::Python, "print(1)")).await {
+            Ok(r) if r.stdout == "1\n" => {
+                answered += 1;
+                exec.push(t.elapsed());
+            }
+            Ok(r) => error = Some(format!("a sandbox answered {:?}", r.stdout)),
+            Err(e) => error = Some(format!("a sandbox's Python failed: {e}")),
+        }
+    }
+    let mut line = json!({
+        "scenario": "first_density",
+        "engine": engine.as_str(),
+        "sandboxes": sandboxes.len(),
+        "open": spread(open),
+        "host_mib_per_sandbox": super::round(per / (1 << 20) as f64),
+        "mem_available_mib": [before >> 20, after >> 20],
+        "processes": processes(),
+        "python_asked": asked,
+        "python_answered": answered,
+        "python_exec": spread(exec),
+    });
+    let ok = error.is_none() && answered == asked;
+    if let Some(e) = error {
+        line["error"] = json!(e);
+    }
+    report(&line, as_json);
+    for s in sandboxes {
+        let _ = s.destroy().await;
+    }
+    let _ = paddock.shutdown(Duration::from_secs(30)).await;
+    Ok(ok)
+}
+
 /// Runs the scenario: `first_cli`, then `first_open` per engine.
 pub(super) async fn first(
     bursts: Vec<usize>,
     samples: usize,
+    density: usize,
     as_json: bool,
 ) -> Result<i32, UsageError> {
     let mut ok = tokio::task::spawn_blocking(move || first_cli(samples, as_json))
         .await
         .map_err(|e| UsageError(format!("the benchmark task failed: {e}")))??;
     for engine in [EngineName::SUBPROCESS, EngineName::CONTAINER] {
-        ok &= first_open(engine, &bursts, samples, as_json).await?;
+        ok &= first_open(engine.clone(), &bursts, samples, as_json).await?;
+        if density > 0 {
+            ok &= first_density(engine, density, as_json).await?;
+        }
     }
     Ok(if ok { 0 } else { 1 })
 }

@@ -168,6 +168,10 @@ enum Scenario {
         /// Samples per series (at least one round of each burst).
         #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
         samples: u32,
+        /// Also open this many sandboxes and keep them open, per engine: host
+        /// memory per idle sandbox (0: skipped; 1000 takes minutes and gigabytes).
+        #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=4096))]
+        density: u32,
     },
     Warm {
         /// Measured executions per series.
@@ -346,13 +350,17 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32, crate::run::UsageError
             task.await
                 .map_err(|e| crate::run::UsageError(format!("the benchmark task failed: {e}")))?
         }
-        Scenario::First { bursts, samples } => {
+        Scenario::First {
+            bursts,
+            samples,
+            density,
+        } => {
             if bursts.iter().any(|b| *b == 0 || *b > 1024) {
                 return Err(crate::run::UsageError(
                     "--bursts: each burst is 1 to 1024 sandboxes".into(),
                 ));
             }
-            first::first(bursts, samples as usize, args.json).await
+            first::first(bursts, samples as usize, density as usize, args.json).await
         }
         Scenario::Warm {
             iterations,
