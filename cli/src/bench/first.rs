@@ -46,6 +46,30 @@ fn code(language: Language, source: &str) -> ExecRequest {
     ExecRequest::new(Program::code(language, source))
 }
 
+/// Opens one sandbox per tenant of `tenants`, all at once: each one's result and
+/// how long it took.
+async fn open_all(
+    paddock: &Paddock,
+    engine: &EngineName,
+    tenants: Vec<String>,
+) -> Vec<(
+    Result<paddock_pool::SandboxHandle, paddock_core::Error>,
+    Duration,
+)> {
+    let opens = tenants.into_iter().map(|tenant| {
+        let spec = SandboxSpec {
+            tenant: Some(tenant),
+            ..SandboxSpec::default()
+        };
+        async move {
+            let t = Instant::now();
+            let sandbox = paddock.open_sandbox(spec, Some(engine.clone())).await;
+            (sandbox, t.elapsed())
+        }
+    });
+    futures_util::future::join_all(opens).await
+}
+
 /// One round: `n` sandboxes of `n` tenants opened at once, then each one's first
 /// Python, then each one's first JavaScript, at once. Pushes each sandbox's times.
 async fn round(
@@ -55,20 +79,8 @@ async fn round(
     round: usize,
     into: &mut [Vec<Duration>; 4],
 ) -> Result<(), String> {
-    let opens = (0..n).map(|i| {
-        let paddock = paddock.clone();
-        let engine = engine.clone();
-        async move {
-            let spec = SandboxSpec {
-                tenant: Some(format!("first-{round}-{i}")),
-                ..SandboxSpec::default()
-            };
-            let t = Instant::now();
-            let sandbox = paddock.open_sandbox(spec, Some(engine)).await;
-            (sandbox, t.elapsed())
-        }
-    });
-    let opened = futures_util::future::join_all(opens).await;
+    let tenants: Vec<String> = (0..n).map(|i| format!("first-{round}-{i}")).collect();
+    let opened = open_all(paddock, engine, tenants).await;
     let mut sandboxes = Vec::with_capacity(n);
     let mut failure = None;
     for (sandbox, took) in opened {
@@ -329,20 +341,8 @@ async fn first_density(engine: EngineName, n: usize, as_json: bool) -> Result<bo
     let mut sandboxes = Vec::with_capacity(n);
     let mut error = None;
     for chunk in (0..n).collect::<Vec<_>>().chunks(8) {
-        let opens = chunk.iter().map(|i| {
-            let paddock = paddock.clone();
-            let engine = engine.clone();
-            async move {
-                let spec = SandboxSpec {
-                    tenant: Some(format!("dense-{i}")),
-                    ..SandboxSpec::default()
-                };
-                let t = Instant::now();
-                let s = paddock.open_sandbox(spec, Some(engine)).await;
-                (s, t.elapsed())
-            }
-        });
-        for (s, took) in futures_util::future::join_all(opens).await {
+        let tenants = chunk.iter().map(|i| format!("dense-{i}")).collect();
+        for (s, took) in open_all(&paddock, &engine, tenants).await {
             match s {
                 Ok(s) => {
                     open.push(took);

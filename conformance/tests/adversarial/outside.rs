@@ -356,9 +356,20 @@ fn veth_listener(
     Ok((child, out))
 }
 
-const PROBE: &str = "import socket, sys\nfor host, port in [(sys.argv[1], int(sys.argv[2])), ('10.203.9.2', 18432)]:\n    try:\n        socket.create_connection((host, port), timeout=2).close()\n        print('reached', host)\n    except OSError as e:\n        print('refused', host, e.errno)";
-
-pub(crate) async fn network_under_none(h: Arc<H>) -> Check {
+/// A non-blocking listener on the host's loopback and its port, and, where a veth
+/// namespace can be made, that namespace (drop it last) and a listener in it.
+#[allow(clippy::type_complexity)]
+fn outside_listeners(
+    case: &str,
+) -> Result<
+    (
+        std::net::TcpListener,
+        u16,
+        Result<TestNet, String>,
+        Option<(KillOnDrop, BufReader<std::process::ChildStdout>)>,
+    ),
+    Stop,
+> {
     let loopback = std::net::TcpListener::bind("127.0.0.1:0")
         .map_err(|e| Stop::Fail(format!("binding a loopback listener: {e}")))?;
     loopback
@@ -369,13 +380,20 @@ pub(crate) async fn network_under_none(h: Arc<H>) -> Check {
         .map_err(|e| Stop::Fail(e.to_string()))?
         .port();
     let net = TestNet::create(std::process::id() % 10_000);
-    let mut veth = match &net {
+    let veth = match &net {
         Ok(net) => Some(veth_listener(net).map_err(Stop::Fail)?),
         Err(why) => {
-            println!("network_under_none: no veth namespace ({why}); loopback only");
+            println!("{case}: no veth namespace ({why}); loopback only");
             None
         }
     };
+    Ok((loopback, port, net, veth))
+}
+
+const PROBE: &str = "import socket, sys\nfor host, port in [(sys.argv[1], int(sys.argv[2])), ('10.203.9.2', 18432)]:\n    try:\n        socket.create_connection((host, port), timeout=2).close()\n        print('reached', host)\n    except OSError as e:\n        print('refused', host, e.errno)";
+
+pub(crate) async fn network_under_none(h: Arc<H>) -> Check {
+    let (loopback, port, net, mut veth) = outside_listeners("network_under_none")?;
     if veth.is_some() {
         // The host reaches the veth listener: a refusal from inside means something.
         let from_host = Command::new("python3")
@@ -505,23 +523,7 @@ pub(crate) async fn network_under_allowlist(h: Arc<H>) -> Check {
         }
         Err(e) => fail!("open_sandbox with an allowlist: {e}"),
     };
-    let loopback = std::net::TcpListener::bind("127.0.0.1:0")
-        .map_err(|e| Stop::Fail(format!("binding a loopback listener: {e}")))?;
-    loopback
-        .set_nonblocking(true)
-        .map_err(|e| Stop::Fail(e.to_string()))?;
-    let port = loopback
-        .local_addr()
-        .map_err(|e| Stop::Fail(e.to_string()))?
-        .port();
-    let net = TestNet::create(std::process::id() % 10_000);
-    let mut veth = match &net {
-        Ok(net) => Some(veth_listener(net).map_err(Stop::Fail)?),
-        Err(why) => {
-            println!("network_under_allowlist: no veth namespace ({why}); loopback only");
-            None
-        }
-    };
+    let (loopback, port, net, mut veth) = outside_listeners("network_under_allowlist")?;
     let mut request = h.program(
         "",
         &format!("import sys\nsys.argv = ['probe', '127.0.0.1', '{port}']\n{ALLOWLIST_PROBE}"),
