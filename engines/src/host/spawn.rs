@@ -190,6 +190,11 @@ fn watchdog() {
                         };
                         if sent == 0 {
                             s.killed.store(true, Ordering::Release);
+                            // The kill lands when the child runs next: out of the
+                            // sandbox's limits, so that it does run.
+                            if let Some(pid) = pidfd_pid(fd) {
+                                crate::host::cgroup::return_to_own_groups(pid);
+                            }
                         }
                     }
                 }
@@ -198,6 +203,15 @@ fn watchdog() {
             tracing::warn!(error = %e, "the spawn watchdog could not start; a child that stalls before exec is not killed");
         }
     });
+}
+
+/// The pid a pidfd of this process refers to (`/proc/self/fdinfo`).
+fn pidfd_pid(fd: RawFd) -> Option<libc::pid_t> {
+    let info = crate::host::sys::read_small(format!("/proc/self/fdinfo/{fd}")).ok()?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("Pid:"))
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|pid: &libc::pid_t| *pid > 0)
 }
 
 /// Starts the program described by `spec`.
@@ -311,6 +325,38 @@ pub(crate) fn spawn(spec: &SpawnSpec) -> Result<SpawnedChild, SpawnError> {
         });
     }
     Ok(SpawnedChild { pid, pidfd })
+}
+
+/// [`spawn`] on a thread of the runtime's blocking pool; `spec` is dropped there
+/// once the child has exec'd, so the caller's copies of the child's ends are gone
+/// when this returns.
+///
+/// Engine methods run on the actor thread that every sandbox of the node shares.
+/// `spawn` suspends its thread until the child execs, and a child in a sandbox at
+/// its memory or CPU limit can take until [`START_LIMIT`] to get there: on the actor
+/// thread that would stall every other request meanwhile.
+///
+/// A caller that stops waiting (its future dropped) leaves no program behind: the
+/// child's process group is killed and reaped on that thread.
+pub(crate) async fn spawn_async(spec: SpawnSpec) -> Result<SpawnedChild, SpawnError> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let task = tokio::task::spawn_blocking(move || {
+        let child = spawn(&spec);
+        drop(spec);
+        if let Err(Ok(orphan)) = tx.send(child) {
+            // SAFETY: a plain system call; the group is the orphan's own (setsid).
+            unsafe { libc::kill(-orphan.pid, libc::SIGKILL) };
+            let _ = crate::host::sys::pidfd_send_signal(&orphan.pidfd, libc::SIGKILL);
+            let _ = crate::host::sys::reap(orphan.pid);
+        }
+    });
+    drop(task);
+    rx.await.unwrap_or_else(|_| {
+        Err(SpawnError {
+            stage: None,
+            error: io::Error::other("the spawning thread ended without an answer"),
+        })
+    })
 }
 
 /// The child side. Runs on the private stack, sharing the parent's memory.
@@ -514,5 +560,87 @@ mod tests {
         assert_eq!(e.error.kind(), io::ErrorKind::TimedOut);
         assert!(took >= START_LIMIT, "killed after {took:?}");
         assert!(took < START_LIMIT * 3, "killed only after {took:?}");
+    }
+
+    /// A spawn whose child stalls before exec waits on a blocking thread, not on the
+    /// caller's: a current-thread runtime (like the actor thread every sandbox
+    /// shares) keeps serving other spawns meanwhile. And the watchdog's kill lands
+    /// even where SIGKILL alone cannot end the child: in a v1 freezer group a killed
+    /// task stays frozen (as one in a sandbox whose CPU quota is used up is never
+    /// scheduled), so the child is moved back into Paddock's own groups, where it
+    /// runs and dies. Needs root and a freezer (v1 preferred; a host without one
+    /// skips).
+    #[test]
+    fn a_stalled_spawn_holds_a_blocking_thread_only_and_its_kill_lands_in_a_frozen_v1_group() {
+        let root = match crate::host::cgroup::CgroupRoot::create() {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("skipped: no cgroups here ({e})");
+                return;
+            }
+        };
+        let group = root
+            .create_group(&format!("stall-async-{}", std::process::id()))
+            .expect("a group");
+        let (v1, dir) = match (group.v1_freezer_dir(), group.v2_dir()) {
+            (Some(d), _) => (true, d.to_path_buf()),
+            (None, Some(d)) => (false, d.to_path_buf()),
+            (None, None) => {
+                eprintln!("skipped: no freezer to stall a child in");
+                let _ = group.remove();
+                return;
+            }
+        };
+        let freeze = |frozen: bool| {
+            if v1 {
+                crate::host::cgroup::set_frozen(&dir, frozen)
+            } else {
+                crate::host::cgroup::set_frozen_v2(&dir, frozen)
+            }
+        };
+        freeze(true).expect("freezing the group");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        let (stalled, took, others) = rt.block_on(async {
+            let started = std::time::Instant::now();
+            let stalled = tokio::spawn(spawn_async(spec(group.procs_files().to_vec())));
+            // Meanwhile, on the same thread: plain spawns, one after another.
+            let mut others = 0u32;
+            while !stalled.is_finished() && started.elapsed() < START_LIMIT * 4 {
+                let child = spawn_async(spec(Vec::new())).await.expect("a plain spawn");
+                let _ = crate::host::sys::reap(child.pid);
+                others += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            let took = started.elapsed();
+            let landed = stalled.is_finished();
+            if !landed {
+                // Thawed, the killed child dies, and the spawn returns.
+                let _ = freeze(false);
+            }
+            let got = stalled.await.expect("the spawn task");
+            assert!(
+                landed,
+                "the kill did not land in {took:?} (v1 freezer: {v1})"
+            );
+            (got, took, others)
+        });
+        let _ = freeze(false);
+        let _ = group.kill_all();
+        let _ = group.remove();
+        let e = stalled.expect_err("a child frozen before exec does not start");
+        assert_eq!(e.stage, Some(SpawnStage::Stalled), "{:?}", e.error);
+        assert!(took >= START_LIMIT, "killed after {took:?}");
+        assert!(
+            took < START_LIMIT * 3,
+            "killed only after {took:?} (v1 freezer: {v1})"
+        );
+        // About one plain spawn each 100 ms for the 10 s of the stall.
+        assert!(
+            others >= 20,
+            "only {others} other spawns ran while one stalled"
+        );
     }
 }

@@ -14,7 +14,7 @@ use super::sandbox::SubprocessSandbox;
 use crate::capture::{pump, Captured};
 use crate::child::{Ending, StopOnDrop, Watched};
 use crate::env::resolve_program;
-use crate::host::spawn::{spawn, SpawnSpec, SpawnedChild};
+use crate::host::spawn::{spawn_async, SpawnSpec, SpawnedChild};
 use crate::host::sys::{self, cstring, ExitStatus};
 use crate::task::feed_stdin;
 
@@ -147,7 +147,8 @@ impl SubprocessSandbox {
             })?;
         }
 
-        let child = spawn(&spec).map_err(|e| {
+        // Off the actor thread; the spec (our copies of the child's ends) goes there.
+        let child = spawn_async(spec).await.map_err(|e| {
             let stage = e.stage.map_or("starting the program", |s| s.describe());
             Error::new(
                 ErrorCode::SpawnFailed,
@@ -159,7 +160,6 @@ impl SubprocessSandbox {
         })?;
         let started = Instant::now();
         let started_at_ms = unix_ms();
-        drop(spec);
         let mut guard = ChildGuard {
             child: Some(child),
             reaped: std::sync::atomic::AtomicBool::new(false),

@@ -18,7 +18,7 @@ use paddock_core::{
 use super::sandbox::SubprocessSandbox;
 use crate::host::cgroup::Cgroup;
 use crate::host::pty;
-use crate::host::spawn::spawn;
+use crate::host::spawn::spawn_async;
 use crate::interactive::{adopt, pipes, Wiring};
 use crate::task::blocking;
 
@@ -75,7 +75,7 @@ impl SubprocessSandbox {
         let id = place.id.clone();
         let limits = self.process_limits();
         let cgroup = self.process_cgroup(&id, &limits).await?;
-        let started = (|| -> Result<_> {
+        let started = async {
             let (ends, wiring) = pipes(spec.stdin)?;
             let spawn_spec = self.spawn_spec(
                 spec.argv.clone(),
@@ -85,11 +85,14 @@ impl SubprocessSandbox {
                 ends,
                 cgroup.as_deref(),
             )?;
-            let child = spawn(&spawn_spec).map_err(|e| spawn_failed(&spec.argv[0], e))?;
-            // Our copies of the child's ends go, so EOF means the child closed them.
-            drop(spawn_spec);
-            Ok((child, wiring))
-        })();
+            // Our copies of the child's ends go with the spec, so EOF means the
+            // child closed them.
+            let child = spawn_async(spawn_spec)
+                .await
+                .map_err(|e| spawn_failed(&spec.argv[0], e))?;
+            Ok::<_, Error>((child, wiring))
+        }
+        .await;
         let (child, wiring) = match started {
             Ok(s) => s,
             Err(e) => {
@@ -109,7 +112,7 @@ impl SubprocessSandbox {
         let id = place.id.clone();
         let limits = self.process_limits();
         let cgroup = self.process_cgroup(&id, &limits).await?;
-        let started = (|| -> Result<_> {
+        let started = async {
             let (master, slave) =
                 pty::open(spec.size).map_err(|e| Error::engine_io("opening a terminal", e))?;
             let dup = |fd: &OwnedFd| {
@@ -130,12 +133,14 @@ impl SubprocessSandbox {
                 cgroup.as_deref(),
             )?;
             spawn_spec.controlling_tty = true;
-            let child = spawn(&spawn_spec).map_err(|e| spawn_failed(&argv[0], e))?;
-            // The slave's last copy on this side goes: when the command and all it
-            // started have closed theirs, the master reads the end.
-            drop(spawn_spec);
-            Ok((child, Wiring::Pty(master)))
-        })();
+            // The slave's last copy on this side goes with the spec: when the command
+            // and all it started have closed theirs, the master reads the end.
+            let child = spawn_async(spawn_spec)
+                .await
+                .map_err(|e| spawn_failed(&argv[0], e))?;
+            Ok::<_, Error>((child, Wiring::Pty(master)))
+        }
+        .await;
         let (child, wiring) = match started {
             Ok(s) => s,
             Err(e) => {

@@ -209,7 +209,11 @@ impl SubprocessSandbox {
     }
 
     /// Starts the worker for `key` serving `tenant`.
-    pub(super) fn start_worker(&self, key: &WorkerKey, tenant: Option<String>) -> Result<Slot> {
+    pub(super) async fn start_worker(
+        &self,
+        key: &WorkerKey,
+        tenant: Option<String>,
+    ) -> Result<Slot> {
         let setup = self
             .engine
             .warm
@@ -257,7 +261,7 @@ impl SubprocessSandbox {
             stdio,
             self.warm_cgroup.as_deref(),
         )?;
-        let worker = Worker::start(spec, frames_on).map_err(|e| {
+        let worker = Worker::start_async(spec, frames_on).await.map_err(|e| {
             Error::new(
                 ErrorCode::SpawnFailed,
                 format!("starting the warm {key} failed: {e}"),
@@ -406,12 +410,12 @@ impl SubprocessSandbox {
                     .await
                     .is_some()
                 {
-                    self.start_worker(&key, tenant.clone())?
+                    self.start_worker(&key, tenant.clone()).await?
                 } else {
                     slot
                 }
             }
-            _ => self.start_worker(&key, tenant.clone())?,
+            _ => self.start_worker(&key, tenant.clone()).await?,
         };
         // Its tenant's from this turn on (an untouched runner is adopted).
         slot.tenant = tenant.clone();
@@ -604,7 +608,7 @@ impl SubprocessSandbox {
         } else {
             drop(slot);
             // Start the replacement now, off the next request's path.
-            if let Ok(fresh) = self.start_worker(&key, tenant.clone()) {
+            if let Ok(fresh) = self.start_worker(&key, tenant.clone()).await {
                 self.warm.lock().insert(key, fresh);
             }
         }

@@ -214,7 +214,7 @@ impl SubprocessSandbox {
         // Interpreters start now, ahead of the first execution.
         if let Some(setup) = &sandbox.engine.warm {
             for key in setup.keys() {
-                match sandbox.start_worker(&key, spec.tenant.clone()) {
+                match sandbox.start_worker(&key, spec.tenant.clone()).await {
                     Ok(slot) => {
                         sandbox.warm.lock().insert(key, slot);
                     }

@@ -28,7 +28,7 @@ use tokio::net::unix::pipe;
 use tokio::time::Instant;
 
 use crate::capture::Captured;
-use crate::host::spawn::{spawn, SpawnSpec, SpawnedChild};
+use crate::host::spawn::{spawn, spawn_async, SpawnSpec, SpawnedChild};
 use crate::host::sys;
 use crate::task::sleep_until_opt;
 
@@ -146,9 +146,51 @@ pub(crate) struct Worker {
     pub(crate) started: std::time::Instant,
 }
 
+/// Our ends of a worker's pipes.
+struct Ends {
+    input: OwnedFd,
+    frames: OwnedFd,
+    stdout: Option<OwnedFd>,
+    stderr: OwnedFd,
+}
+
+fn worker_failed(e: crate::host::spawn::SpawnError) -> std::io::Error {
+    std::io::Error::new(
+        e.error.kind(),
+        format!(
+            "{} failed: {}",
+            e.stage.map_or("starting the worker", |s| s.describe()),
+            e.error
+        ),
+    )
+}
+
 impl Worker {
-    /// Starts `spec` (its stdio is replaced) with frames on `frames_on`.
-    pub(crate) fn start(mut spec: SpawnSpec, frames_on: FramesOn) -> std::io::Result<Worker> {
+    /// Starts `spec` (its stdio is replaced) with frames on `frames_on`, on this
+    /// thread: for programs that exec at once (an OCI runtime), not for a program
+    /// that joins a sandbox's cgroups first (see [`Worker::start_async`]).
+    pub(crate) fn start(spec: SpawnSpec, frames_on: FramesOn) -> std::io::Result<Worker> {
+        let (spec, ends) = Self::wire(spec, frames_on)?;
+        let child = spawn(&spec).map_err(worker_failed)?;
+        // Our copies of the child's ends go now, so EOF means the worker closed them.
+        drop(spec);
+        Self::assemble(child, ends, frames_on)
+    }
+
+    /// [`Worker::start`] with the spawn on the blocking pool (`spawn_async`): a
+    /// worker in a sandbox at its limits may take seconds to exec, and the thread
+    /// that waits for it is not the actor thread.
+    pub(crate) async fn start_async(
+        spec: SpawnSpec,
+        frames_on: FramesOn,
+    ) -> std::io::Result<Worker> {
+        let (spec, ends) = Self::wire(spec, frames_on)?;
+        let child = spawn_async(spec).await.map_err(worker_failed)?;
+        Self::assemble(child, ends, frames_on)
+    }
+
+    /// The worker's pipes: `spec` gets the child's ends, the rest are ours.
+    fn wire(mut spec: SpawnSpec, frames_on: FramesOn) -> std::io::Result<(SpawnSpec, Ends)> {
         let (in_r, in_w) = sys::pipe()?;
         let (out_r, out_w) = sys::pipe()?;
         let (err_r, err_w) = sys::pipe()?;
@@ -161,27 +203,28 @@ impl Worker {
             }
         };
         spec.stdio = [in_r, out_w, err_w];
-        let child = spawn(&spec).map_err(|e| {
-            std::io::Error::new(
-                e.error.kind(),
-                format!(
-                    "{} failed: {}",
-                    e.stage.map_or("starting the worker", |s| s.describe()),
-                    e.error
-                ),
-            )
-        })?;
-        // Our copies of the child's ends go now, so EOF means the worker closed them.
-        drop(spec);
+        Ok((
+            spec,
+            Ends {
+                input: in_w,
+                frames: frames_r,
+                stdout,
+                stderr: err_r,
+            },
+        ))
+    }
+
+    /// The worker around its started child and our ends of its pipes.
+    fn assemble(child: SpawnedChild, ends: Ends, frames_on: FramesOn) -> std::io::Result<Worker> {
         // The AsyncFd owns its own clone of the pidfd.
         let exited = sys::async_fd(child.pidfd.try_clone()?, Interest::READABLE)?;
         Ok(Worker {
             child: Some(child),
             exited,
-            input: pipe::Sender::from_owned_fd(in_w)?,
-            frames: pipe::Receiver::from_owned_fd(frames_r)?,
-            stdout: stdout.map(pipe::Receiver::from_owned_fd).transpose()?,
-            stderr: pipe::Receiver::from_owned_fd(err_r)?,
+            input: pipe::Sender::from_owned_fd(ends.input)?,
+            frames: pipe::Receiver::from_owned_fd(ends.frames)?,
+            stdout: ends.stdout.map(pipe::Receiver::from_owned_fd).transpose()?,
+            stderr: pipe::Receiver::from_owned_fd(ends.stderr)?,
             decoder: FrameDecoder::new(),
             interrupt_on_cancel: frames_on == FramesOn::Fd3,
             bufs: Vec::new(),

@@ -576,6 +576,11 @@ impl Cgroup {
         self.v2.as_ref().map(|v| v.dir.as_path())
     }
 
+    /// The group's v1 freezer directory, when the host mounts that hierarchy.
+    pub fn v1_freezer_dir(&self) -> Option<&Path> {
+        self.v1.as_ref().and_then(|v| v.freezer.as_deref())
+    }
+
     /// The directory whose `cgroup.procs` lists the group's own processes.
     fn members_dir(&self) -> Option<&Path> {
         match (&self.v1, &self.v2) {
@@ -906,6 +911,48 @@ pub fn own_path(controller: &str) -> Option<String> {
             .any(|c| c == controller)
             .then(|| path.to_string())
     })
+}
+
+/// Moves `pid` into this process's own groups, in every hierarchy with
+/// controllers (and the v2 one): out of a sandbox's CPU and memory limits.
+///
+/// For a child that was killed before it could exec (see `spawn::START_LIMIT`): a
+/// task dies only once it is scheduled, and in a sandbox whose CPU quota its other
+/// processes use up, or whose memory they keep at the limit, it may not run for
+/// minutes. It runs no code of its own after the kill, so it may run where Paddock
+/// does. Returns how many hierarchies it was moved in.
+pub(crate) fn return_to_own_groups(pid: libc::pid_t) -> usize {
+    let Ok(own) = crate::host::sys::read_small("/proc/self/cgroup") else {
+        return 0;
+    };
+    let mounted = hierarchies();
+    let mut moved = 0;
+    for line in own.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        let wanted: Vec<&str> = controllers.split(',').filter(|c| !c.is_empty()).collect();
+        // Named v1 hierarchies (`name=systemd`) limit nothing.
+        if wanted.iter().any(|c| c.contains('=')) {
+            continue;
+        }
+        let found = mounted.iter().find(|h| {
+            if wanted.is_empty() {
+                h.controllers.is_empty() && h.mount_point.join("cgroup.controllers").exists()
+            } else {
+                wanted
+                    .iter()
+                    .all(|c| h.controllers.iter().any(|have| have == c))
+            }
+        });
+        let Some(h) = found else { continue };
+        if std::fs::write(h.dir(path).join("cgroup.procs"), pid.to_string()).is_ok() {
+            moved += 1;
+        }
+    }
+    moved
 }
 
 /// How long a pause waits for the kernel to freeze every task. A task in an
