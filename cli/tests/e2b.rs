@@ -39,6 +39,7 @@ const CHECKS: &[&str] = &[
     "code_interpreter",
     "ports",
     "watch",
+    "network",
 ];
 
 fn sdk_python() -> Option<String> {
@@ -221,6 +222,7 @@ fn run(engine: &str, extra: &str, only: &[&str], tiny: bool, domain: bool) {
             r#"
 [server]
 allowed_levels = ["none", "context-isolated", "strict"]
+allowed_networks = ["none", "allowlist", "unrestricted"]
 {extra}
 [[server.api_keys]]
 key = "{ALICE}"
@@ -243,6 +245,9 @@ engine = "{engine}"
 engine = "{engine}"
 code_interpreter = true
 warm_pool = 2
+[templates.open]
+engine = "{engine}"
+network = "unrestricted"
 {tiny_sections}{tls_section}"#
         ),
     )

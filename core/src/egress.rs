@@ -377,6 +377,36 @@ impl EgressRules {
         self.hosts.iter().find(|r| r.covers(addr))
     }
 
+    /// Whether everything `rule` admits, these rules admit too: a name these admit,
+    /// a wildcard inside one of these wildcards, a range inside one of these
+    /// ranges (for narrowing one policy by another).
+    pub fn admits_rule(&self, rule: &HostRule) -> bool {
+        if self.any {
+            return true;
+        }
+        match rule {
+            HostRule::Exact(name) => self.hosts.iter().any(|h| h.admits_name(name)),
+            HostRule::Below(suffix) => self.hosts.iter().any(|h| match h {
+                HostRule::Below(outer) => suffix.ends_with(outer.as_str()),
+                HostRule::Any => true,
+                _ => false,
+            }),
+            HostRule::Range { net, prefix } => self.hosts.iter().any(|h| match *h {
+                HostRule::Range {
+                    net: outer,
+                    prefix: outer_prefix,
+                } => {
+                    net.is_ipv4() == outer.is_ipv4()
+                        && outer_prefix <= *prefix
+                        && in_range(*net, outer, outer_prefix)
+                }
+                HostRule::Any => true,
+                _ => false,
+            }),
+            HostRule::Any => false,
+        }
+    }
+
     /// Whether a connection to `addr` may be made for a name this allowlist admits:
     /// refused with the range's name when `addr` lies in a special range that no
     /// address rule covers. Under [`EgressRules::unrestricted`], only the private

@@ -77,6 +77,45 @@ impl NetworkPolicy {
         }
     }
 
+    /// This policy narrowed to `hosts` (names, `*.` wildcards, addresses or ranges):
+    /// what both admit. `none` stays `none`; `unrestricted` becomes an allowlist of
+    /// `hosts` on the default ports; an allowlist keeps those of `hosts` that it
+    /// admits whole, on its own ports, and becomes `none` when it admits none of
+    /// them. A bad entry of `hosts` is `INVALID_OPTIONS` under `field`.
+    pub fn narrowed_to(&self, hosts: &[String], field: &str) -> Result<NetworkPolicy> {
+        if hosts.is_empty() {
+            return Ok(NetworkPolicy::None);
+        }
+        let wanted = crate::egress::EgressRules::compile(field, hosts, &[])?;
+        match self {
+            NetworkPolicy::None => Ok(NetworkPolicy::None),
+            NetworkPolicy::Unrestricted => Ok(NetworkPolicy::Allowlist {
+                hosts: hosts.to_vec(),
+                ports: Vec::new(),
+            }),
+            NetworkPolicy::Allowlist {
+                hosts: outer,
+                ports,
+            } => {
+                let outer = crate::egress::EgressRules::compile(field, outer, ports)?;
+                let kept: Vec<String> = wanted
+                    .hosts()
+                    .iter()
+                    .filter(|rule| outer.admits_rule(rule))
+                    .map(ToString::to_string)
+                    .collect();
+                Ok(if kept.is_empty() {
+                    NetworkPolicy::None
+                } else {
+                    NetworkPolicy::Allowlist {
+                        hosts: kept,
+                        ports: ports.clone(),
+                    }
+                })
+            }
+        }
+    }
+
     /// A short name for messages and capability checks.
     pub const fn name(&self) -> &'static str {
         match self {
@@ -513,6 +552,72 @@ mod tests {
         assert_eq!(
             serde_json::to_string(&IsolationLevel::ContextIsolated).unwrap(),
             "\"context-isolated\""
+        );
+    }
+
+    #[test]
+    fn narrowing_a_policy_keeps_only_what_both_admit() {
+        let hosts = |h: &[&str]| h.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let allow = |h: &[&str], ports: Vec<u16>| NetworkPolicy::Allowlist {
+            hosts: hosts(h),
+            ports,
+        };
+        let f = "network.allowOut";
+        assert_eq!(
+            NetworkPolicy::None
+                .narrowed_to(&hosts(&["pypi.org"]), f)
+                .unwrap(),
+            NetworkPolicy::None
+        );
+        assert_eq!(
+            NetworkPolicy::Unrestricted
+                .narrowed_to(&hosts(&["pypi.org", "10.0.0.0/8"]), f)
+                .unwrap(),
+            allow(&["pypi.org", "10.0.0.0/8"], vec![])
+        );
+        assert_eq!(
+            NetworkPolicy::Unrestricted.narrowed_to(&[], f).unwrap(),
+            NetworkPolicy::None
+        );
+        let outer = allow(&["*.example.org", "pypi.org", "198.51.100.0/24"], vec![443]);
+        assert_eq!(
+            outer
+                .narrowed_to(
+                    &hosts(&[
+                        "api.example.org",
+                        "*.cdn.example.org",
+                        "example.org",
+                        "*.org",
+                        "PyPI.org",
+                        "198.51.100.7",
+                        "198.51.100.128/25",
+                        "198.51.0.0/16",
+                        "evil.test",
+                    ]),
+                    f
+                )
+                .unwrap(),
+            allow(
+                &[
+                    "api.example.org",
+                    "*.cdn.example.org",
+                    "pypi.org",
+                    "198.51.100.7/32",
+                    "198.51.100.128/25"
+                ],
+                vec![443]
+            )
+        );
+        assert_eq!(
+            outer.narrowed_to(&hosts(&["evil.test"]), f).unwrap(),
+            NetworkPolicy::None
+        );
+        let e = outer.narrowed_to(&hosts(&["not a host"]), f).unwrap_err();
+        assert_eq!(e.code, crate::ErrorCode::InvalidOptions);
+        assert!(
+            e.message.contains("network.allowOut.hosts[0]"),
+            "{}",
+            e.message
         );
     }
 }

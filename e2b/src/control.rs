@@ -113,7 +113,7 @@ fn parse<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Result<T, Api
 }
 
 /// `POST /sandboxes` and `/v2/sandboxes`. Fields Paddock has no use for
-/// (`autoPause`, `mcp`, `network`, …) are accepted and ignored.
+/// (`autoPause`, `mcp`, …) are accepted and ignored.
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct NewSandbox {
@@ -124,6 +124,63 @@ struct NewSandbox {
     metadata: Option<BTreeMap<String, String>>,
     #[serde(default)]
     env_vars: Option<BTreeMap<String, String>>,
+    /// `false`: no internet (E2B: the same as `network.denyOut = ["0.0.0.0/0"]`).
+    #[serde(default, rename = "allow_internet_access")]
+    allow_internet_access: Option<bool>,
+    #[serde(default)]
+    network: Option<NewNetwork>,
+}
+
+/// The `network` of a new sandbox: egress rules. (Its other fields, such as
+/// `allowPublicTraffic` or `rules`, are accepted and ignored.)
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct NewNetwork {
+    /// Destinations admitted even where `denyOut` denies them.
+    #[serde(default)]
+    allow_out: Option<Vec<String>>,
+    /// Address ranges denied.
+    #[serde(default)]
+    deny_out: Option<Vec<String>>,
+}
+
+/// Whether a `denyOut` entry denies every address.
+fn denies_all(entry: &str) -> bool {
+    matches!(entry.trim(), "0.0.0.0/0" | "::/0")
+}
+
+/// The template's network policy, narrowed by what the request asks: E2B's
+/// egress rules are a denylist (`denyOut`) with exceptions (`allowOut`). Paddock
+/// enforces allowlists, so a request that denies everything becomes an allowlist
+/// of its `allowOut` (or `none`) inside the template's policy; one that denies
+/// only some ranges is refused (it cannot be enforced as asked), unless the
+/// template has no network to deny anyway. Nothing a request says widens the
+/// template's policy.
+fn requested_network(
+    template: &paddock_core::NetworkPolicy,
+    allow_internet_access: Option<bool>,
+    network: Option<&NewNetwork>,
+) -> Result<paddock_core::NetworkPolicy, ApiError> {
+    let (allow, deny) = match network {
+        Some(n) => (
+            n.allow_out.clone().unwrap_or_default(),
+            n.deny_out.clone().unwrap_or_default(),
+        ),
+        None => (Vec::new(), Vec::new()),
+    };
+    let deny_all = allow_internet_access == Some(false) || deny.iter().any(|d| denies_all(d));
+    if !deny_all {
+        if !deny.is_empty() && *template != paddock_core::NetworkPolicy::None {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "network.denyOut denies only some ranges, which Paddock cannot enforce (it admits by allowlist): deny everything with \"0.0.0.0/0\" and list what may be reached in network.allowOut",
+            ));
+        }
+        return Ok(template.clone());
+    }
+    template
+        .narrowed_to(&allow, "network.allowOut")
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.message))
 }
 
 pub(crate) async fn create(
@@ -162,6 +219,11 @@ async fn create_inner(inner: &Arc<Inner>, req: &HttpRequest, body: &[u8]) -> Ans
             ),
         )
     })?;
+    let network = requested_network(
+        &template.network,
+        new.allow_internet_access,
+        new.network.as_ref(),
+    )?;
     let metadata = new.metadata.unwrap_or_default();
     check_metadata(&metadata)?;
     let env_vars = new.env_vars.unwrap_or_default();
@@ -200,7 +262,7 @@ async fn create_inner(inner: &Arc<Inner>, req: &HttpRequest, body: &[u8]) -> Ans
         .unwrap_or_else(|| default_engine(inner));
     let spec = SandboxSpec {
         level: template.level,
-        network: template.network.clone(),
+        network,
         limits: template.limits.clone(),
         tenant: tenant_of(&caller).map(String::from),
         home: Some(template.home.clone()),
@@ -569,4 +631,112 @@ pub(crate) async fn unknown(req: HttpRequest) -> HttpResponse {
         ),
     )
     .response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use paddock_core::NetworkPolicy;
+
+    fn body(json: &str) -> NewSandbox {
+        parse(json.as_bytes()).expect("a body")
+    }
+
+    fn network(template: &NetworkPolicy, json: &str) -> Result<NetworkPolicy, ApiError> {
+        let new = body(json);
+        requested_network(template, new.allow_internet_access, new.network.as_ref())
+    }
+
+    #[test]
+    fn a_request_narrows_the_templates_network_and_never_widens_it() {
+        let open = NetworkPolicy::Unrestricted;
+        let listed = NetworkPolicy::Allowlist {
+            hosts: vec!["*.example.org".into()],
+            ports: vec![443],
+        };
+        // Nothing asked, or internet allowed: the template's policy.
+        for t in [&open, &listed, &NetworkPolicy::None] {
+            assert_eq!(&network(t, "{}").unwrap(), t);
+            assert_eq!(
+                &network(t, r#"{"allow_internet_access": true}"#).unwrap(),
+                t
+            );
+            // allowOut alone grants nothing beyond the template.
+            assert_eq!(
+                &network(t, r#"{"network": {"allowOut": ["evil.test"]}}"#).unwrap(),
+                t
+            );
+        }
+        // No internet: none, whatever the template.
+        for t in [&open, &listed] {
+            assert_eq!(
+                network(t, r#"{"allow_internet_access": false}"#).unwrap(),
+                NetworkPolicy::None
+            );
+            assert_eq!(
+                network(t, r#"{"network": {"denyOut": ["0.0.0.0/0"]}}"#).unwrap(),
+                NetworkPolicy::None
+            );
+        }
+        // Deny all but some: an allowlist inside the template's.
+        let some = r#"{"network": {"denyOut": ["0.0.0.0/0"], "allowOut": ["api.example.org", "evil.test"]}}"#;
+        assert_eq!(
+            network(&open, some).unwrap(),
+            NetworkPolicy::Allowlist {
+                hosts: vec!["api.example.org".into(), "evil.test".into()],
+                ports: vec![],
+            }
+        );
+        assert_eq!(
+            network(&listed, some).unwrap(),
+            NetworkPolicy::Allowlist {
+                hosts: vec!["api.example.org".into()],
+                ports: vec![443],
+            }
+        );
+        assert_eq!(
+            network(
+                &open,
+                r#"{"allow_internet_access": false, "network": {"allowOut": ["pypi.org"]}}"#
+            )
+            .unwrap(),
+            NetworkPolicy::Allowlist {
+                hosts: vec!["pypi.org".into()],
+                ports: vec![],
+            }
+        );
+        assert_eq!(
+            network(&NetworkPolicy::None, some).unwrap(),
+            NetworkPolicy::None
+        );
+    }
+
+    #[test]
+    fn a_partial_deny_list_or_a_bad_entry_is_refused_with_what_to_send() {
+        let e = network(
+            &NetworkPolicy::Unrestricted,
+            r#"{"network": {"denyOut": ["10.0.0.0/8"]}}"#,
+        )
+        .unwrap_err();
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert!(e.message.contains("0.0.0.0/0"), "{}", e.message);
+        // Nothing to deny in a sandbox without network: accepted as it is.
+        assert_eq!(
+            network(
+                &NetworkPolicy::None,
+                r#"{"network": {"denyOut": ["10.0.0.0/8"]}}"#
+            )
+            .unwrap(),
+            NetworkPolicy::None
+        );
+        let e = network(
+            &NetworkPolicy::Unrestricted,
+            r#"{"network": {"denyOut": ["0.0.0.0/0"], "allowOut": ["not a host"]}}"#,
+        )
+        .unwrap_err();
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert!(e.message.contains("network.allowOut"), "{}", e.message);
+        // A malformed network is a malformed body.
+        assert!(parse::<NewSandbox>(br#"{"network": {"allowOut": "x"}}"#).is_err());
+    }
 }

@@ -10,6 +10,9 @@
 //! - `first_cli`: `paddock run -- /bin/true` and `paddock run --lang python --code
 //!   'print(1)'` as whole processes (this binary), against `/bin/true`, `python3 -c
 //!   'print(1)'` and the container runtime's own `run` of `/bin/true`, interleaved.
+//! - `first_repeat`: a repeated Python `print(1)` in one warm container, against the
+//!   runtime's own `exec` of `python3 -c 'print(1)'` into that container and against
+//!   the subprocess engine's warm mode, interleaved; p50/p99/max in ms.
 //! - `first_density` (with `--density N`): `N` sandboxes of `N` tenants opened and
 //!   kept open (8 opens at a time), per engine: open p50/p99, the host memory each
 //!   costs (`MemAvailable` before and after, each read once it holds still), and a Python `print(1)` in 20
@@ -397,7 +400,135 @@ async fn first_density(engine: EngineName, n: usize, as_json: bool) -> Result<bo
     Ok(ok)
 }
 
-/// Runs the scenario: `first_cli`, then `first_open` per engine.
+/// One Python `print(1)` through `sandbox`, checked.
+async fn python_once(sandbox: &dyn paddock_core::Sandbox) -> Result<Duration, String> {
+    let t = Instant::now();
+    let r = sandbox
+        .exec(
+            code(Language::Python, "print(1)"),
+            &paddock_core::DiscardSink,
+            paddock_core::CancelToken::new(),
+        )
+        .await
+        .map_err(|e| format!("python failed: {e}"))?;
+    let took = t.elapsed();
+    if r.exit_code() != Some(0) || r.stdout != "1\n" {
+        return Err(format!("python gave {:?} / {:?}", r.outcome, r.stdout));
+    }
+    Ok(took)
+}
+
+/// `first_repeat`: a repeated Python `print(1)` in one warm container (the engine's
+/// execution, through its agent), against `<runtime> exec` of `python3 -c
+/// 'print(1)'` into that same running container, and against the subprocess
+/// engine's warm mode; interleaved in blocks of 20 after one block each to warm up.
+async fn first_repeat(samples: usize, as_json: bool) -> Result<bool, UsageError> {
+    use paddock_core::{ContainerConfig, Engine, Sandbox, SubprocessConfig};
+    use paddock_engines::container::ContainerEngine;
+    use paddock_engines::subprocess::SubprocessEngine;
+    let skip = |why: String| {
+        report(
+            &json!({"scenario": "first_repeat", "skipped": why}),
+            as_json,
+        );
+        Ok(true)
+    };
+    let container = match ContainerEngine::new(&ContainerConfig::default()) {
+        Ok(e) => e,
+        Err(e) => return skip(format!("the container engine does not start: {e}")),
+    };
+    let mut sub_config = SubprocessConfig::default();
+    sub_config.warm.enabled = true;
+    let subprocess = SubprocessEngine::new(&sub_config)
+        .map_err(|e| UsageError(format!("the subprocess engine did not start: {e}")))?;
+    let warm_container = container
+        .open(&SandboxSpec::default())
+        .await
+        .map_err(|e| UsageError(format!("opening a container sandbox failed: {e}")))?;
+    let Some(id) = warm_container.warm_container_id() else {
+        let _ = warm_container.destroy().await;
+        return skip("the container engine has no warm container here (no agent)".into());
+    };
+    let warm_sub = subprocess
+        .create(&SandboxSpec::default())
+        .await
+        .map_err(|e| UsageError(format!("opening a subprocess sandbox failed: {e}")))?;
+    const BLOCK: usize = 20;
+    let blocks = samples.max(BLOCK).div_ceil(BLOCK) + 1;
+    let mut series: [Vec<Duration>; 3] = Default::default();
+    let mut error = None;
+    'blocks: for b in 0..blocks {
+        for _ in 0..BLOCK {
+            match python_once(&warm_container).await {
+                Ok(t) if b > 0 => series[0].push(t),
+                Ok(_) => {}
+                Err(e) => {
+                    error = Some(format!("container: {e}"));
+                    break 'blocks;
+                }
+            }
+        }
+        for _ in 0..BLOCK {
+            let (e, id) = (container.clone(), id.clone());
+            let got = tokio::task::spawn_blocking(move || {
+                e.exec_raw(&id, &["python3", "-c", "print(1)"])
+            })
+            .await
+            .map_err(|e| UsageError(format!("the baseline task failed: {e}")))?;
+            match got {
+                Ok((Some(0), t)) if b > 0 => series[1].push(t),
+                Ok((Some(0), _)) => {}
+                other => {
+                    error = Some(format!("the runtime's exec gave {other:?}"));
+                    break 'blocks;
+                }
+            }
+        }
+        for _ in 0..BLOCK {
+            match python_once(&*warm_sub).await {
+                Ok(t) if b > 0 => series[2].push(t),
+                Ok(_) => {}
+                Err(e) => {
+                    error = Some(format!("subprocess: {e}"));
+                    break 'blocks;
+                }
+            }
+        }
+    }
+    let _ = warm_container.destroy().await;
+    let _ = warm_sub.destroy().await;
+    let median = |v: &[Duration]| {
+        let mut v = v.to_vec();
+        v.sort();
+        v.get(v.len() / 2).map(|d| ms(*d))
+    };
+    let ratio = |a: &[Duration], b: &[Duration]| {
+        median(a)
+            .zip(median(b))
+            .map(|(a, b)| super::round3(a / b.max(0.000_001)))
+    };
+    let runtime = container.runtime_info().kind.as_str();
+    let [ours, exec, sub] = series;
+    let mut line = json!({
+        "scenario": "first_repeat",
+        "program": "python print(1)",
+        "runtime": runtime,
+        "container_warm": spread(ours.clone()),
+        format!("{runtime}_exec"): spread(exec.clone()),
+        "subprocess_warm": spread(sub.clone()),
+        "container_over_exec_p50": ratio(&ours, &exec),
+        "container_over_subprocess_p50": ratio(&ours, &sub),
+    });
+    let ok = error.is_none();
+    if let Some(e) = error {
+        line["error"] = json!(e);
+    }
+    report(&line, as_json);
+    Ok(ok)
+}
+
+/// Runs the scenario: `first_cli`, `first_repeat`, then `first_open` (and
+/// `first_density`) per engine.
 pub(super) async fn first(
     bursts: Vec<usize>,
     samples: usize,
@@ -407,6 +538,7 @@ pub(super) async fn first(
     let mut ok = tokio::task::spawn_blocking(move || first_cli(samples, as_json))
         .await
         .map_err(|e| UsageError(format!("the benchmark task failed: {e}")))??;
+    ok &= first_repeat(samples, as_json).await?;
     for engine in [EngineName::SUBPROCESS, EngineName::CONTAINER] {
         ok &= first_open(engine.clone(), &bursts, samples, as_json).await?;
         if density > 0 {

@@ -865,7 +865,59 @@ def ws_caps():
         sbx.kill()
 
 
-CHECKS = [the_issue_snippet, commands, files, pty, lifecycle, bad_input, tenants, code_interpreter, ports, watch]
+def network():
+    """`allow_internet_access` and `network.denyOut`/`allowOut` narrow the template's
+    network (template `open`: unrestricted) and never widen it."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    port = listener.getsockname()[1]
+    probe = (
+        "python3 -c \"import socket; socket.create_connection(('127.0.0.1', %d), timeout=3)\"" % port
+    )
+
+    def reaches(sbx):
+        try:
+            return sbx.commands.run(probe, timeout=20).exit_code == 0
+        except CommandExitException:
+            return False
+
+    try:
+        # A partial deny list cannot be enforced as asked: refused, with what to send.
+        try:
+            Sandbox.create("open", api_key=ALICE, network={"deny_out": ["10.0.0.0/8"]}).kill()
+            raise AssertionError("a partial denyOut was accepted")
+        except AssertionError:
+            raise
+        except Exception as e:
+            check("0.0.0.0/0" in str(e), f"the refusal says what to send: {e}")
+        if ENGINE != "subprocess":
+            # An unrestricted container reaches the network through the gateway,
+            # which never dials the host's own loopback: nothing to tell apart here.
+            return
+        sbx = Sandbox.create("open", api_key=ALICE)
+        try:
+            check(reaches(sbx), "the template's unrestricted network reaches the listener")
+        finally:
+            sbx.kill()
+        for opts in (
+            {"allow_internet_access": False},
+            {"network": {"deny_out": ["0.0.0.0/0"]}},
+            # Denied but for a name: an allowlist, on which the listener's port is not.
+            {"network": {"deny_out": ["0.0.0.0/0"], "allow_out": ["127.0.0.1"]}},
+        ):
+            sbx = Sandbox.create("open", api_key=ALICE, **opts)
+            try:
+                check(not reaches(sbx), f"{opts}: the listener is out of reach")
+            finally:
+                sbx.kill()
+    finally:
+        listener.close()
+
+
+CHECKS = [the_issue_snippet, commands, files, pty, lifecycle, bad_input, tenants, code_interpreter, ports, watch, network]
 
 if __name__ == "__main__":
     wanted = sys.argv[1:]
