@@ -377,6 +377,37 @@ impl EgressRules {
         self.hosts.iter().find(|r| r.covers(addr))
     }
 
+    /// The special range that address rule `rule` overlaps and that
+    /// [`EgressRules::unrestricted`] never reaches (unspecified, loopback,
+    /// link-local, multicast, reserved), if any; `None` for other rules.
+    pub fn closed_range_overlapped(rule: &HostRule) -> Option<SpecialRange> {
+        const CLOSED_V4: [([u8; 4], u8, SpecialRange); 6] = [
+            ([0, 0, 0, 0], 8, SpecialRange::Unspecified),
+            ([127, 0, 0, 0], 8, SpecialRange::Loopback),
+            ([169, 254, 0, 0], 16, SpecialRange::LinkLocal),
+            ([224, 0, 0, 0], 4, SpecialRange::Multicast),
+            ([240, 0, 0, 0], 4, SpecialRange::Reserved),
+            ([192, 0, 0, 0], 24, SpecialRange::Reserved),
+        ];
+        const CLOSED_V6: [(u128, u8, SpecialRange); 4] = [
+            (0, 128, SpecialRange::Unspecified),
+            (1, 128, SpecialRange::Loopback),
+            (0xfe80 << 112, 10, SpecialRange::LinkLocal),
+            (0xff00 << 112, 8, SpecialRange::Multicast),
+        ];
+        let HostRule::Range { net, prefix } = *rule else {
+            return None;
+        };
+        // Two ranges overlap when they agree on the shorter prefix's bits.
+        let v4 = CLOSED_V4.iter().map(|(n, p, r)| (IpAddr::from(*n), *p, *r));
+        let v6 = CLOSED_V6
+            .iter()
+            .map(|(n, p, r)| (IpAddr::from(Ipv6Addr::from(*n)), *p, *r));
+        v4.chain(v6)
+            .find(|(closed, closed_prefix, _)| in_range(net, *closed, prefix.min(*closed_prefix)))
+            .map(|(_, _, r)| r)
+    }
+
     /// Whether everything `rule` admits, these rules admit too: a name these admit,
     /// a wildcard inside one of these wildcards, a range inside one of these
     /// ranges (for narrowing one policy by another).

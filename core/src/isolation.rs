@@ -89,10 +89,35 @@ impl NetworkPolicy {
         let wanted = crate::egress::EgressRules::compile(field, hosts, &[])?;
         match self {
             NetworkPolicy::None => Ok(NetworkPolicy::None),
-            NetworkPolicy::Unrestricted => Ok(NetworkPolicy::Allowlist {
-                hosts: hosts.to_vec(),
-                ports: Vec::new(),
-            }),
+            NetworkPolicy::Unrestricted => {
+                // What `unrestricted` never reaches stays out of reach: an address
+                // rule may not open the host's loopback or the metadata address.
+                for (i, host) in hosts.iter().enumerate() {
+                    let one = crate::egress::EgressRules::compile(
+                        field,
+                        std::slice::from_ref(host),
+                        &[],
+                    )?;
+                    if let Some(range) = one
+                        .hosts()
+                        .iter()
+                        .find_map(crate::egress::EgressRules::closed_range_overlapped)
+                    {
+                        return Err(Error::invalid_options(
+                            &format!("{field}.hosts[{i}]"),
+                            format!(
+                                "`{}` reaches into the {} range, which this sandbox's network does not reach; list public addresses or names",
+                                host.escape_debug(),
+                                range.as_str()
+                            ),
+                        ));
+                    }
+                }
+                Ok(NetworkPolicy::Allowlist {
+                    hosts: hosts.to_vec(),
+                    ports: Vec::new(),
+                })
+            }
             NetworkPolicy::Allowlist {
                 hosts: outer,
                 ports,
@@ -579,6 +604,26 @@ mod tests {
             NetworkPolicy::Unrestricted.narrowed_to(&[], f).unwrap(),
             NetworkPolicy::None
         );
+        // What unrestricted never reaches, an address rule does not open.
+        for closed in [
+            "0.0.0.0/0",
+            "127.0.0.1",
+            "169.254.169.254",
+            "169.0.0.0/8",
+            "::/0",
+            "::1",
+            "fe80::1",
+            "224.0.0.1",
+        ] {
+            let e = NetworkPolicy::Unrestricted
+                .narrowed_to(&hosts(&["pypi.org", closed]), f)
+                .unwrap_err();
+            assert_eq!(e.code, crate::ErrorCode::InvalidOptions, "{closed}");
+            assert!(e.message.contains("hosts[1]"), "{closed}: {}", e.message);
+        }
+        assert!(NetworkPolicy::Unrestricted
+            .narrowed_to(&hosts(&["8.8.8.0/24", "2001:db8::/32", "10.0.0.0/8"]), f)
+            .is_ok());
         let outer = allow(&["*.example.org", "pypi.org", "198.51.100.0/24"], vec![443]);
         assert_eq!(
             outer

@@ -449,10 +449,15 @@ async fn first_repeat(samples: usize, as_json: bool) -> Result<bool, UsageError>
         let _ = warm_container.destroy().await;
         return skip("the container engine has no warm container here (no agent)".into());
     };
-    let warm_sub = subprocess
-        .create(&SandboxSpec::default())
-        .await
-        .map_err(|e| UsageError(format!("opening a subprocess sandbox failed: {e}")))?;
+    let warm_sub = match subprocess.create(&SandboxSpec::default()).await {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = warm_container.destroy().await;
+            return Err(UsageError(format!(
+                "opening a subprocess sandbox failed: {e}"
+            )));
+        }
+    };
     const BLOCK: usize = 20;
     let blocks = samples.max(BLOCK).div_ceil(BLOCK) + 1;
     let mut series: [Vec<Duration>; 3] = Default::default();
@@ -473,11 +478,10 @@ async fn first_repeat(samples: usize, as_json: bool) -> Result<bool, UsageError>
             let got = tokio::task::spawn_blocking(move || {
                 e.exec_raw(&id, &["python3", "-c", "print(1)"])
             })
-            .await
-            .map_err(|e| UsageError(format!("the baseline task failed: {e}")))?;
+            .await;
             match got {
-                Ok((Some(0), t)) if b > 0 => series[1].push(t),
-                Ok((Some(0), _)) => {}
+                Ok(Ok((Some(0), t))) if b > 0 => series[1].push(t),
+                Ok(Ok((Some(0), _))) => {}
                 other => {
                     error = Some(format!("the runtime's exec gave {other:?}"));
                     break 'blocks;

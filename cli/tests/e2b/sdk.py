@@ -893,6 +893,16 @@ def network():
             raise
         except Exception as e:
             check("0.0.0.0/0" in str(e), f"the refusal says what to send: {e}")
+        # Nor may an exception open what the template's network never reaches.
+        try:
+            Sandbox.create(
+                "open", api_key=ALICE, network={"deny_out": ["0.0.0.0/0"], "allow_out": ["169.254.169.254"]}
+            ).kill()
+            raise AssertionError("an allowOut of the metadata address was accepted")
+        except AssertionError:
+            raise
+        except Exception as e:
+            check("link-local" in str(e), f"the refusal names the range: {e}")
         if ENGINE != "subprocess":
             # An unrestricted container reaches the network through the gateway,
             # which never dials the host's own loopback: nothing to tell apart here.
@@ -905,8 +915,8 @@ def network():
         for opts in (
             {"allow_internet_access": False},
             {"network": {"deny_out": ["0.0.0.0/0"]}},
-            # Denied but for a name: an allowlist, on which the listener's port is not.
-            {"network": {"deny_out": ["0.0.0.0/0"], "allow_out": ["127.0.0.1"]}},
+            # Denied but for a name: an allowlist that does not list the listener.
+            {"network": {"deny_out": ["0.0.0.0/0"], "allow_out": ["example.test"]}},
         ):
             sbx = Sandbox.create("open", api_key=ALICE, **opts)
             try:

@@ -303,7 +303,10 @@ pub(crate) fn spawn(spec: &SpawnSpec) -> Result<SpawnedChild, SpawnError> {
 
     if stalled && ctx.fail_stage.load(Ordering::Acquire) == 0 {
         // Killed before it exec'd (or in the moment it did): killed again through
-        // the fd now owned here, so that the reap cannot wait on a live program.
+        // the fd now owned here, with its group (what it may have started in that
+        // moment), so that the reap cannot wait on a live program.
+        // SAFETY: a plain system call; the group is the child's own (setsid).
+        unsafe { libc::kill(-pid, libc::SIGKILL) };
         let _ = crate::host::sys::pidfd_send_signal(&pidfd, libc::SIGKILL);
         let _ = crate::host::sys::reap(pid);
         return Err(SpawnError {
@@ -338,25 +341,60 @@ pub(crate) fn spawn(spec: &SpawnSpec) -> Result<SpawnedChild, SpawnError> {
 ///
 /// A caller that stops waiting (its future dropped) leaves no program behind: the
 /// child's process group is killed and reaped on that thread.
-pub(crate) async fn spawn_async(spec: SpawnSpec) -> Result<SpawnedChild, SpawnError> {
+pub(crate) async fn spawn_async(mut spec: SpawnSpec) -> Result<SpawnedChild, SpawnError> {
+    // The namespaces the spec names are borrowed from the sandbox; the spawning
+    // thread may outlive a caller that stops waiting (and the sandbox with it), so
+    // it holds copies of its own, or the child could enter whatever namespace (of
+    // another sandbox) reused the number.
+    let mut held = Vec::new();
+    for fd in [&mut spec.netns, &mut spec.mntns].into_iter().flatten() {
+        // SAFETY: the caller holds the descriptor open for the call (the spec borrows
+        // it); the copy is owned here.
+        let copy = unsafe { std::os::fd::BorrowedFd::borrow_raw(*fd) }
+            .try_clone_to_owned()
+            .map_err(|error| SpawnError { stage: None, error })?;
+        *fd = copy.as_raw_fd();
+        held.push(copy);
+    }
     let (tx, rx) = tokio::sync::oneshot::channel();
     let task = tokio::task::spawn_blocking(move || {
-        let child = spawn(&spec);
+        let child = spawn(&spec).map(|c| Delivered(Some(c)));
         drop(spec);
-        if let Err(Ok(orphan)) = tx.send(child) {
-            // SAFETY: a plain system call; the group is the orphan's own (setsid).
-            unsafe { libc::kill(-orphan.pid, libc::SIGKILL) };
-            let _ = crate::host::sys::pidfd_send_signal(&orphan.pidfd, libc::SIGKILL);
-            let _ = crate::host::sys::reap(orphan.pid);
-        }
+        drop(held);
+        // A caller that is gone drops the answer, and with it the child.
+        let _ = tx.send(child);
     });
     drop(task);
-    rx.await.unwrap_or_else(|_| {
-        Err(SpawnError {
+    match rx.await {
+        Ok(Ok(mut delivered)) => Ok(delivered.0.take().expect("delivered once")),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(SpawnError {
             stage: None,
             error: io::Error::other("the spawning thread ended without an answer"),
-        })
-    })
+        }),
+    }
+}
+
+/// A started child on its way to the caller of [`spawn_async`]: killed and reaped
+/// (off the dropping thread) if nobody takes it.
+struct Delivered(Option<SpawnedChild>);
+
+impl Drop for Delivered {
+    fn drop(&mut self) {
+        let Some(orphan) = self.0.take() else {
+            return;
+        };
+        // SAFETY: a plain system call; the group is the orphan's own (setsid).
+        unsafe { libc::kill(-orphan.pid, libc::SIGKILL) };
+        let _ = crate::host::sys::pidfd_send_signal(&orphan.pidfd, libc::SIGKILL);
+        // The reap may wait for a throttled task to die: not on this thread.
+        let _ = std::thread::Builder::new()
+            .name("paddock-reap".into())
+            .spawn(move || {
+                let _ = crate::host::sys::reap(orphan.pid);
+                drop(orphan);
+            });
+    }
 }
 
 /// The child side. Runs on the private stack, sharing the parent's memory.
@@ -642,5 +680,27 @@ mod tests {
             others >= 20,
             "only {others} other spawns ran while one stalled"
         );
+    }
+
+    /// A child nobody takes from `spawn_async` (its caller stopped waiting) is
+    /// killed and reaped, not left running.
+    #[test]
+    fn a_child_nobody_takes_is_killed_and_reaped() {
+        let mut spec = spec(Vec::new());
+        spec.path = CString::new("/bin/sleep").unwrap();
+        spec.argv = vec![CString::new("sleep").unwrap(), CString::new("30").unwrap()];
+        let child = spawn(&spec).expect("sleep starts");
+        let pid = child.pid;
+        drop(Delivered(Some(child)));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        // Gone once reaped: no such process (a zombie would still answer).
+        // SAFETY: signal 0 only checks that the pid exists.
+        while unsafe { libc::kill(pid, 0) } == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the child {pid} still runs"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
     }
 }

@@ -938,19 +938,32 @@ pub(crate) fn return_to_own_groups(pid: libc::pid_t) -> usize {
         if wanted.iter().any(|c| c.contains('=')) {
             continue;
         }
-        let found = mounted.iter().find(|h| {
-            if wanted.is_empty() {
-                h.controllers.is_empty() && h.mount_point.join("cgroup.controllers").exists()
-            } else {
-                wanted
-                    .iter()
-                    .all(|c| h.controllers.iter().any(|have| have == c))
-            }
-        });
-        let Some(h) = found else { continue };
-        if std::fs::write(h.dir(path).join("cgroup.procs"), pid.to_string()).is_ok() {
+        // Every mount of the hierarchy, whole ones first: the first that takes it.
+        let mut candidates: Vec<&Hierarchy> = mounted
+            .iter()
+            .filter(|h| {
+                if wanted.is_empty() {
+                    h.controllers.is_empty() && h.mount_point.join("cgroup.controllers").exists()
+                } else {
+                    wanted
+                        .iter()
+                        .all(|c| h.controllers.iter().any(|have| have == c))
+                }
+            })
+            .collect();
+        candidates.sort_by_key(|h| h.mount_root != "/");
+        if candidates
+            .iter()
+            .any(|h| std::fs::write(h.dir(path).join("cgroup.procs"), pid.to_string()).is_ok())
+        {
             moved += 1;
         }
+    }
+    if moved == 0 {
+        tracing::warn!(
+            pid,
+            "a killed child could not be moved out of its sandbox's cgroups"
+        );
     }
     moved
 }
