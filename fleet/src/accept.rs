@@ -574,11 +574,19 @@ async fn refuse(inner: &Inner, id: &ExecutionId, held_key: Option<&str>, e: Erro
     e
 }
 
-/// Whether a node that is up (or late) has room for `engine`'s work at all.
+/// Whether a node that is up (or late), or this one, has room for `engine`'s work at all.
 fn served(inner: &Inner, engine: &paddock_core::EngineName) -> bool {
     let registry = inner.registry.read();
     registry.values().any(|s| {
-        crate::registry::health(inner, &s.card).0 != paddock_pool::federation::NodeHealth::Down
+        // This node is alive (it runs this), whatever its card's age says: while
+        // the registry's stream has no leader its card cannot be published and
+        // goes stale, and its work is not orphaned for that.
+        let alive = if s.card.id == inner.node {
+            !s.card.leaving
+        } else {
+            crate::registry::health(inner, &s.card).0 != paddock_pool::federation::NodeHealth::Down
+        };
+        alive
             && s.card
                 .engines
                 .iter()
