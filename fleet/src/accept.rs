@@ -627,6 +627,7 @@ async fn fence_off(
         node: inner.node.clone(),
         incarnation: inner.incarnation.clone(),
         attempts: 0,
+        write: inner.next_write(),
         lease_until_ms: 0,
         accepted_by: inner.node.clone(),
         accepted_at_ms: 0,

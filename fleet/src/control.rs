@@ -100,6 +100,7 @@ pub(crate) async fn cancel_here(
         node: inner.node.clone(),
         incarnation: inner.incarnation.clone(),
         attempts: 0,
+        write: 0, // drawn when it is written
         lease_until_ms: 0,
         accepted_by: inner.node.clone(),
         accepted_at_ms: 0,
@@ -149,6 +150,7 @@ pub(crate) async fn cancel_recorded(
         record.phase = Phase::Done;
         record.node = inner.node.clone();
         record.incarnation = inner.incarnation.clone();
+        record.write = inner.next_write();
         record.lease_until_ms = 0;
         record.forgotten = forget;
         record.attempts = current.as_ref().map_or(0, |(r, _)| r.attempts);

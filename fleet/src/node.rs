@@ -125,6 +125,8 @@ pub(crate) struct Inner {
     /// When this node's card was last written: ms since `clock` (a monotonic
     /// clock, so that a step of the wall clock neither fences nor unfences).
     pub(crate) card_written: AtomicU64,
+    /// The last write token drawn ([`Inner::next_write`]).
+    pub(crate) writes: AtomicU64,
     pub(crate) clock: std::time::Instant,
     /// Per-tenant holds (`P_shares`).
     pub(crate) shares: kv::Store,
@@ -136,6 +138,12 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
+    /// A fresh write token for a record this incarnation writes: one per take of
+    /// an order, and one per fence, never 0 (what a record without one reads as).
+    pub(crate) fn next_write(&self) -> u64 {
+        self.writes.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
     pub(crate) fn ack_wait(&self) -> Duration {
         Duration::from_millis(self.config.ack_wait_ms)
     }
@@ -435,6 +443,7 @@ impl Fleet {
             own: DashMap::new(),
             fenced: DashMap::new(),
             card_written: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
             clock: std::time::Instant::now(),
             shares,
             share_caps: parking_lot::Mutex::new(crate::shares::ShareCaps::default()),

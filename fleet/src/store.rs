@@ -210,22 +210,123 @@ impl Records {
 }
 
 /// Whether `now` is an earlier state of the run `ours` belongs to: the same holder,
-/// incarnation and attempt, still running.
+/// incarnation, attempt and take, still running.
 fn ours_before(now: &Record, ours: &Record) -> bool {
     now.node == ours.node
         && now.incarnation == ours.incarnation
         && now.attempts == ours.attempts
+        && now.write == ours.write
         && now.phase == Phase::Running
 }
 
-/// Whether `now` is a record `ours` wrote: the same holder, incarnation, attempt and
-/// phase. The lease's end is left out: a renewal whose answer was lost (a timeout)
+/// Whether `now` is a record `ours` wrote: the same holder, incarnation, attempt,
+/// take and phase. (Without the take, a second delivery of an order to the node
+/// running it read the first's record as its own write, and ran it a second time.) The lease's end is left out: a renewal whose answer was lost (a timeout)
 /// may have been written, and the next renewal, refused for its stale revision,
 /// must find the record still ours rather than fence its own holder off.
 fn same_write(now: &Record, ours: &Record) -> bool {
     now.node == ours.node
         && now.incarnation == ours.incarnation
         && now.attempts == ours.attempts
+        && now.write == ours.write
         && now.phase == ours.phase
         && now.forgotten == ours.forgotten
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use paddock_core::EngineName;
+
+    fn record(id: &ExecutionId, write: u64) -> Record {
+        Record {
+            id: id.clone(),
+            tenant: None,
+            engine: EngineName::new("subprocess").unwrap(),
+            phase: Phase::Running,
+            node: "n1".into(),
+            incarnation: "i1".into(),
+            attempts: 1,
+            write,
+            lease_until_ms: paddock_core::unix_ms() + 1_500,
+            accepted_by: "n1".into(),
+            accepted_at_ms: 0,
+            forgotten: false,
+            code_hash: String::new(),
+            done_at_ms: 0,
+            answer: None,
+        }
+    }
+
+    /// Two deliveries of one order, taken by the same node: the second's create
+    /// must find the first's record someone else's, not its own write (which made
+    /// that node run the execution twice, the second run refused as "already
+    /// running"); a retry of one's own write is still read as written.
+    #[test]
+    fn a_second_take_on_the_same_node_does_not_read_the_first_ones_record_as_its_own() {
+        let Some(server) = crate::local::find_server() else {
+            assert_ne!(
+                std::env::var("PADDOCK_REQUIRE_NATS").as_deref(),
+                Ok("1"),
+                "PADDOCK_REQUIRE_NATS=1 but no nats-server is installed"
+            );
+            eprintln!("skipped: no nats-server");
+            return;
+        };
+        let cluster = crate::local::LocalCluster::start(&server, 3).expect("three NATS servers");
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let client = async_nats::connect(cluster.urls()[0].as_str())
+                .await
+                .unwrap();
+            let js = async_nats::jetstream::new(client);
+            // The server's JetStream is up once it has elected itself its leader.
+            let patience = Patience {
+                total: Duration::from_secs(30),
+                step: Duration::from_secs(5),
+                pause: Duration::from_millis(100),
+                max_pause: Duration::from_secs(1),
+            };
+            let kv = retry("creating the bucket", patience, || {
+                js.create_key_value(kv::Config {
+                    bucket: "records".into(),
+                    history: 1,
+                    ..Default::default()
+                })
+            })
+            .await
+            .expect("a bucket");
+            let records = Records { kv };
+            let id = ExecutionId::new();
+            let first = record(&id, 1);
+            let rev = match records.create(&first).await.unwrap() {
+                Cas::Written(rev) => rev,
+                other => panic!("the first create: {other:?}"),
+            };
+            // The second delivery's create.
+            match records.create(&record(&id, 2)).await.unwrap() {
+                Cas::Lost(Some(now)) => assert_eq!(now.0.write, 1),
+                other => panic!("a second take's create must lose, not {other:?}"),
+            }
+            // The first delivery's own create, retried (its answer lost): written.
+            match records.create(&first).await.unwrap() {
+                Cas::Written(r) => assert_eq!(r, rev),
+                other => panic!("a retried create of one's own record: {other:?}"),
+            }
+            // The first renews its lease; the second, writing at a stale revision,
+            // must not take it for an earlier state of its own run.
+            let mut renewed = first.clone();
+            renewed.lease_until_ms += 200;
+            let rev2 = match records.update(&renewed, rev).await.unwrap() {
+                Cas::Written(r) => r,
+                other => panic!("a renewal: {other:?}"),
+            };
+            let mut second = record(&id, 2);
+            second.phase = Phase::Done;
+            match records.update(&second, rev).await.unwrap() {
+                Cas::Lost(Some(now)) => assert_eq!(now.1, rev2),
+                other => panic!("a second take's update must lose, not {other:?}"),
+            }
+        });
+    }
 }

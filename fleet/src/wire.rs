@@ -61,6 +61,14 @@ pub(crate) struct Record {
     pub(crate) incarnation: String,
     /// Runs started so far.
     pub(crate) attempts: u32,
+    /// Which of its writer's takes (or fences) of the work wrote it: a number drawn
+    /// once per take from the node's incarnation ([`Inner::next_write`]). Two
+    /// deliveries of one order taken by the same node are told apart by it: a
+    /// create that finds a record must not read the other delivery's as its own.
+    ///
+    /// [`Inner::next_write`]: crate::node::Inner::next_write
+    #[serde(default)]
+    pub(crate) write: u64,
     /// The lease holds until then (Unix ms), unless renewed.
     pub(crate) lease_until_ms: u64,
     pub(crate) accepted_by: String,

@@ -135,7 +135,7 @@ impl Worker {
     }
 }
 
-fn running_record(inner: &Inner, order: &Order, attempts: u32) -> Record {
+fn running_record(inner: &Inner, order: &Order, attempts: u32, write: u64) -> Record {
     Record {
         id: order.request.id.clone(),
         tenant: order.request.tenant.clone(),
@@ -144,6 +144,7 @@ fn running_record(inner: &Inner, order: &Order, attempts: u32) -> Record {
         node: inner.node.clone(),
         incarnation: inner.incarnation.clone(),
         attempts,
+        write,
         lease_until_ms: unix_ms() + inner.config.ack_wait_ms,
         accepted_by: order.accepted_by.clone(),
         accepted_at_ms: order.accepted_at_ms,
@@ -166,6 +167,9 @@ async fn take(inner: &Arc<Inner>, msg: jetstream::Message, permit: OwnedSemaphor
         }
     };
     let id = order.request.id.clone();
+    // This delivery's own mark on what it writes: another delivery of the same
+    // order on this node writes a record that is not this one's.
+    let write = inner.next_write();
     // Most deliveries are the first: the record is created straight away (a create
     // that finds one reads it, and the loop goes on from there).
     let mut current: Option<(Record, u64)> = None;
@@ -174,11 +178,11 @@ async fn take(inner: &Arc<Inner>, msg: jetstream::Message, permit: OwnedSemaphor
         let now = unix_ms();
         let step = match &current {
             None if now > order.start_by_ms => {
-                let r = done_record(inner, &order, 0, not_started(inner, &order));
+                let r = done_record(inner, &order, 0, write, not_started(inner, &order));
                 inner.records.create(&r).await.map(|c| (c, r))
             }
             None => {
-                let r = running_record(inner, &order, 1);
+                let r = running_record(inner, &order, 1, write);
                 inner.records.create(&r).await.map(|c| (c, r))
             }
             Some((rec, rev)) => match rec.phase {
@@ -197,11 +201,17 @@ async fn take(inner: &Arc<Inner>, msg: jetstream::Message, permit: OwnedSemaphor
                     return;
                 }
                 Phase::Released if now > order.start_by_ms => {
-                    let r = done_record(inner, &order, rec.attempts, not_started(inner, &order));
+                    let r = done_record(
+                        inner,
+                        &order,
+                        rec.attempts,
+                        write,
+                        not_started(inner, &order),
+                    );
                     inner.records.update(&r, *rev).await.map(|c| (c, r))
                 }
                 Phase::Released => {
-                    let r = running_record(inner, &order, rec.attempts.max(1));
+                    let r = running_record(inner, &order, rec.attempts.max(1), write);
                     inner.records.update(&r, *rev).await.map(|c| (c, r))
                 }
                 Phase::Running => {
@@ -224,12 +234,13 @@ async fn take(inner: &Arc<Inner>, msg: jetstream::Message, permit: OwnedSemaphor
                         && rec.attempts < inner.config.max_attempts;
                     tracing::info!(%id, holder = %rec.node, attempts = rec.attempts, retry, "work of a lost node");
                     let r = if retry {
-                        running_record(inner, &order, rec.attempts + 1)
+                        running_record(inner, &order, rec.attempts + 1, write)
                     } else {
                         done_record(
                             inner,
                             &order,
                             rec.attempts,
+                            write,
                             Err(node_lost(&rec.node, rec.attempts)),
                         )
                     };
@@ -285,8 +296,8 @@ fn not_started(inner: &Inner, order: &Order) -> Answer {
     Ok(r)
 }
 
-fn done_record(inner: &Inner, order: &Order, attempts: u32, answer: Answer) -> Record {
-    let mut r = running_record(inner, order, attempts);
+fn done_record(inner: &Inner, order: &Order, attempts: u32, write: u64, answer: Answer) -> Record {
+    let mut r = running_record(inner, order, attempts, write);
     r.phase = Phase::Done;
     r.lease_until_ms = 0;
     r.done_at_ms = unix_ms();
