@@ -1059,6 +1059,12 @@ pub struct WarmConfig {
     /// Resident memory after a turn past which the worker is replaced, in bytes.
     /// Default 256 MiB.
     pub max_rss_bytes: u64,
+    /// Fork Python runners from one interpreter per engine that has the runner
+    /// loaded and never runs a snippet (a fork server), instead of starting an
+    /// interpreter per runner: a fresh sandbox's Python is warm at once, and its
+    /// runners share the server's memory copy-on-write. Subprocess engine only; a
+    /// server that cannot start falls back to starting interpreters. Default `true`.
+    pub fork_server: bool,
 }
 
 impl Default for WarmConfig {
@@ -1069,6 +1075,7 @@ impl Default for WarmConfig {
             max_turns: 1_000,
             max_age_ms: 600_000,
             max_rss_bytes: 256 << 20,
+            fork_server: true,
         }
     }
 }
@@ -1269,6 +1276,12 @@ pub struct ContainerConfig {
     /// executions in it as a frame round trip. Default `true` (when the agent binary
     /// is found).
     pub warm: bool,
+    /// Warm Python and JavaScript interpreters inside each warm container, started
+    /// by its agent on a sandbox's first snippet of the language and kept for the
+    /// snippets that follow (the subprocess engine's runners and rules: one tenant
+    /// per runner, `max_turns`, `max_age_ms`, `max_rss_bytes`). Default: on, for
+    /// `["python", "javascript"]`. Not with `runtime = "runsc"`.
+    pub runners: WarmConfig,
     /// The `paddock-agent` binary. Default: beside the running executable (or one
     /// directory up), else on `PATH`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -1308,6 +1321,7 @@ impl Default for ContainerConfig {
             seccomp: true,
             env_passthrough: Vec::new(),
             warm: true,
+            runners: WarmConfig::default(),
             agent_path: None,
             user_namespace: true,
             userns_first_id: 2_000_000_000,

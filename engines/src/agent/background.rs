@@ -3,7 +3,7 @@
 //! killed, reaped, the host told) when they exit.
 
 use std::collections::BTreeMap;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::process::Command;
 
 use super::control::ControlMessage;
@@ -17,20 +17,23 @@ pub(super) struct Background {
     /// Its pid, which is also its session and process group id.
     pub(super) pid: libc::pid_t,
     pub(super) pidfd: Option<OwnedFd>,
+    /// A warm runner: a sweep spares it, but not the rest of its session.
+    pub(super) runner: bool,
 }
 
 impl Agent {
     /// Starts background process `id` for a `spawn` message, on the three descriptors
-    /// that came with it or on a terminal opened here, and answers `started` (with the
-    /// terminal's master) or `failed`.
+    /// that came with it (four for a runner: the last is its fd 3) or on a terminal
+    /// opened here, and answers `started` (with the terminal's master, or the
+    /// runner's pidfd) or `failed`.
     pub(super) fn spawn_background(
         &mut self,
         id: String,
         argv: Vec<String>,
         env: BTreeMap<String, String>,
         cwd: String,
-        tty: Option<(u16, u16)>,
-        fds: Vec<OwnedFd>,
+        (tty, runner): (Option<(u16, u16)>, bool),
+        mut fds: Vec<OwnedFd>,
     ) {
         let failed = |agent: &Agent, message: String| {
             agent.answer(
@@ -44,6 +47,11 @@ impl Agent {
         if argv.is_empty() || self.background.iter().any(|b| b.id == id) {
             return failed(self, "spawn needs a fresh id and a non-empty argv".into());
         }
+        if runner && (tty.is_some() || fds.len() != 4) {
+            return failed(self, "a runner needs four descriptors and no tty".into());
+        }
+        // A runner's frames: its fd 3, kept open here until the spawn is done.
+        let frames = if runner { fds.pop() } else { None };
         let mut cmd = Command::new(&argv[0]);
         cmd.args(&argv[1..])
             .env_clear()
@@ -73,21 +81,35 @@ impl Agent {
             },
         };
         spawn::in_new_session(&mut cmd, master.is_some());
+        if let Some(fd) = &frames {
+            spawn::onto_fd3(&mut cmd, fd.as_raw_fd());
+        }
         let spawned = spawn_unblocked(&mut cmd);
         // The child's copies of the descriptors go with the command.
         drop(cmd);
+        drop(frames);
         match spawned {
             Ok(child) => {
                 let pid = child.id() as libc::pid_t;
-                self.background.push(Background {
-                    id: id.clone(),
-                    pid,
-                    pidfd: sys::pidfd_open(pid).ok(),
-                });
+                let pidfd = sys::pidfd_open(pid).ok();
+                let attached = if runner {
+                    pidfd.as_ref().map(|p| p.as_fd())
+                } else {
+                    master.as_ref().map(|m| m.as_fd())
+                };
                 self.answer(
-                    &ControlMessage::Started { id, pid },
-                    master.as_ref().map(|m| m.as_fd()),
+                    &ControlMessage::Started {
+                        id: id.clone(),
+                        pid,
+                    },
+                    attached,
                 );
+                self.background.push(Background {
+                    id,
+                    pid,
+                    pidfd,
+                    runner,
+                });
             }
             Err(e) => failed(self, format!("starting `{}` failed: {e}", argv[0])),
         }

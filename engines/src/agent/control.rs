@@ -53,7 +53,8 @@ impl ControlFrame {
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub(crate) enum ControlMessage {
     /// Host → agent: start a background process. Without `tty` three descriptors
-    /// (stdin, stdout, stderr) come with the message.
+    /// (stdin, stdout, stderr) come with the message; a `runner` gets a fourth, its
+    /// fd 3 (the frames a warm runner writes).
     Spawn {
         id: String,
         argv: Vec<String>,
@@ -61,12 +62,22 @@ pub(crate) enum ControlMessage {
         cwd: String,
         /// (rows, cols) of a terminal the agent opens for it.
         tty: Option<(u16, u16)>,
+        /// A warm runner (`docs/protocol.md`, section 13): `started` carries its
+        /// pidfd, and a `sweep` spares it but not the rest of its session.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        runner: bool,
     },
+    /// Host → agent: kill what a runner's turn left behind: every process of the
+    /// container but the agent, the runners themselves and the sessions of the
+    /// other background processes. Answered with `swept`.
+    Sweep { id: String },
     /// Host → agent: signal the process group of a background process.
     Signal { id: String, signal: i32 },
-    /// Agent → host: it runs as `pid` (in the container); a terminal's master comes
-    /// with the message.
+    /// Agent → host: it runs as `pid` (in the container); a terminal's master, or a
+    /// runner's pidfd, comes with the message.
     Started { id: String, pid: libc::pid_t },
+    /// Agent → host: the sweep `id` is done; `killed` processes were found.
+    Swept { id: String, killed: u32 },
     /// Agent → host: it could not start.
     Failed { id: String, message: String },
     /// Agent → host: it ended (and what it left in its session was killed).
@@ -99,7 +110,12 @@ impl Agent {
                 env,
                 cwd,
                 tty,
-            }) => self.spawn_background(id, argv, env, cwd, tty, fds),
+                runner,
+            }) => self.spawn_background(id, argv, env, cwd, (tty, runner), fds),
+            Ok(ControlMessage::Sweep { id }) => {
+                let killed = self.sweep();
+                self.answer(&ControlMessage::Swept { id, killed }, None);
+            }
             Ok(ControlMessage::Signal { id, signal }) => {
                 if let Some(b) = self.background.iter().find(|b| b.id == id) {
                     // The group of a process not yet reaped.
@@ -137,6 +153,7 @@ mod tests {
             env: BTreeMap::from([("A".into(), "1".into())]),
             cwd: "/workspace".into(),
             tty: Some((24, 80)),
+            runner: false,
         };
         let bytes = ControlFrame::encode(&spawn);
         let text = String::from_utf8(bytes.clone()).unwrap();
@@ -145,6 +162,26 @@ mod tests {
             "{text}"
         );
         assert_eq!(ControlFrame::decode(&bytes).unwrap(), spawn);
+        assert!(
+            !text.contains("runner"),
+            "a plain spawn says nothing of runners: {text}"
+        );
+        let runner = ControlMessage::Spawn {
+            id: "r1".into(),
+            argv: vec!["python3".into(), "/tmp/.paddock-runners/python.py".into()],
+            env: BTreeMap::new(),
+            cwd: "/workspace".into(),
+            tty: None,
+            runner: true,
+        };
+        assert_eq!(
+            ControlFrame::decode(&ControlFrame::encode(&runner)).unwrap(),
+            runner
+        );
+        assert_eq!(
+            ControlFrame::decode(br#"{"v":1,"kind":"sweep","id":"s1"}"#).unwrap(),
+            ControlMessage::Sweep { id: "s1".into() }
+        );
         let exited = br#"{"v":1,"kind":"exited","id":"p1","exit_code":137,"signal":9}"#;
         assert_eq!(
             ControlFrame::decode(exited).unwrap(),

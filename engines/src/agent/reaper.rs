@@ -57,40 +57,75 @@ impl Agent {
                 sys::kill_group(b.pid, libc::SIGKILL);
             }
         }
+        let sessions: Vec<libc::pid_t> = if all {
+            Vec::new()
+        } else {
+            self.background.iter().map(|b| b.pid).collect()
+        };
+        self.kill_others(&sessions, &[]);
+    }
+
+    /// What a runner's turn left behind dies: every process but the agent, the
+    /// runners themselves (the rest of their sessions is not spared) and the
+    /// sessions of the other background processes. How many were killed.
+    pub(super) fn sweep(&mut self) -> u32 {
+        let sessions: Vec<libc::pid_t> = self
+            .background
+            .iter()
+            .filter(|b| !b.runner)
+            .map(|b| b.pid)
+            .collect();
+        let runners: Vec<libc::pid_t> = self
+            .background
+            .iter()
+            .filter(|b| b.runner)
+            .map(|b| b.pid)
+            .collect();
+        self.kill_others(&sessions, &runners)
+    }
+
+    /// Kills every process but pid 1, those of `sessions` and the `pids`, reaping
+    /// as it goes, until none is left or a second has passed; how many it found.
+    /// Zombies are left to their parents (a spared runner reaps its own).
+    fn kill_others(&mut self, sessions: &[libc::pid_t], pids: &[libc::pid_t]) -> u32 {
+        if std::process::id() != 1 {
+            self.reap();
+            return 0;
+        }
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        let mut killed = 0;
         loop {
             // Every process of the namespace descends from pid 1 (nothing enters the
             // container from outside), and orphans are handed to it: no child left
             // means no process left, and the usual turn ends with this one call.
             if matches!(self.reap(), Some(libc::ECHILD)) {
-                return;
+                return killed;
             }
-            let spared: Vec<libc::pid_t> = if all {
-                Vec::new()
-            } else {
-                self.background.iter().map(|b| b.pid).collect()
-            };
             let Ok(entries) = std::fs::read_dir("/proc") else {
-                return;
+                return killed;
             };
             let mut others = 0;
             for e in entries.flatten() {
                 let Ok(pid) = e.file_name().to_string_lossy().parse::<libc::pid_t>() else {
                     continue;
                 };
-                if pid == 1
-                    || (!spared.is_empty() && session_of(pid).is_some_and(|s| spared.contains(&s)))
-                {
+                if pid == 1 || pids.contains(&pid) {
                     continue;
                 }
-                // A pid read from this namespace's /proc (a zombie ignores it;
-                // reaping removes it).
+                let Some((state, session)) = state_and_session(pid) else {
+                    continue;
+                };
+                if state == 'Z' || sessions.contains(&session) {
+                    continue;
+                }
+                // A pid read from this namespace's /proc (reaping removes it).
                 sys::kill_pid(pid, libc::SIGKILL);
                 others += 1;
             }
+            killed += others;
             self.reap();
             if others == 0 || std::time::Instant::now() >= deadline {
-                return;
+                return killed;
             }
             std::thread::sleep(std::time::Duration::from_micros(100));
         }
@@ -105,15 +140,21 @@ pub(super) fn drain(fd: &OwnedFd) {
 
 /// The session id of `pid`, from `/proc/<pid>/stat`.
 pub(super) fn session_of(pid: libc::pid_t) -> Option<libc::pid_t> {
-    session_field(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+    state_and_session(pid).map(|(_, s)| s)
 }
 
-/// The session field of a `/proc/<pid>/stat` line: `pid (comm) state ppid pgrp session …`,
-/// where comm may hold spaces and parentheses. A process outside any session (started
-/// by a kernel thread or some container inits) reads 0.
-fn session_field(stat: &str) -> Option<libc::pid_t> {
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(3)?.parse().ok()
+/// The state (`R`, `S`, `Z`, …) and session id of `pid`, from `/proc/<pid>/stat`.
+fn state_and_session(pid: libc::pid_t) -> Option<(char, libc::pid_t)> {
+    stat_fields(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// The state and session fields of a `/proc/<pid>/stat` line: `pid (comm) state ppid
+/// pgrp session …`, where comm may hold spaces and parentheses. A process outside
+/// any session (started by a kernel thread or some container inits) reads 0.
+fn stat_fields(stat: &str) -> Option<(char, libc::pid_t)> {
+    let mut rest = stat[stat.rfind(')')? + 1..].split_whitespace();
+    let state = rest.next()?.chars().next()?;
+    Some((state, rest.nth(2)?.parse().ok()?))
 }
 
 #[cfg(test)]
@@ -121,11 +162,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn session_field_skips_a_command_name_with_parentheses_and_spaces() {
-        assert_eq!(session_field("42 (a) b (c) S 1 40 41 0 -1"), Some(41));
-        assert_eq!(session_field("7 (init) S 0 0 0 0 -1"), Some(0));
-        assert_eq!(session_field("7 (init) S 0"), None);
-        assert_eq!(session_field("no parenthesis"), None);
+    fn stat_fields_skip_a_command_name_with_parentheses_and_spaces() {
+        assert_eq!(stat_fields("42 (a) b (c) S 1 40 41 0 -1"), Some(('S', 41)));
+        assert_eq!(stat_fields("7 (init) Z 0 0 0 0 -1"), Some(('Z', 0)));
+        assert_eq!(stat_fields("7 (init) S 0"), None);
+        assert_eq!(stat_fields("no parenthesis"), None);
     }
 
     #[test]

@@ -39,6 +39,7 @@ type StartReply = std::result::Result<(libc::pid_t, Option<OwnedFd>), String>;
 struct Routes {
     starting: HashMap<String, oneshot::Sender<StartReply>>,
     running: HashMap<String, oneshot::Sender<ProcessExit>>,
+    sweeping: HashMap<String, oneshot::Sender<u32>>,
     closed: bool,
 }
 
@@ -103,6 +104,7 @@ impl AgentControl {
             env,
             cwd,
             tty,
+            runner: fds.len() == 4,
         };
         let bytes = ControlFrame::encode(&message);
         if bytes.len() > CONTROL_MESSAGE_MAX {
@@ -157,6 +159,63 @@ impl AgentControl {
                 // so nothing starts that no handle tracks.
                 self.signal(id, libc::SIGKILL);
                 Err(unresponsive())
+            }
+        }
+    }
+
+    /// Starts a warm runner in the container: `fds` are its stdin, stdout, stderr
+    /// and fd 3. Its pidfd comes back (as `master`), for the host to watch and
+    /// signal it; the agent reaps it.
+    pub(crate) async fn spawn_runner(
+        &self,
+        id: &str,
+        argv: Vec<String>,
+        env: std::collections::BTreeMap<String, String>,
+        cwd: String,
+        fds: &[BorrowedFd<'_>; 4],
+    ) -> Result<OwnedFd> {
+        let started = self.spawn(id, argv, env, cwd, None, fds).await?;
+        match started.master {
+            Some(pidfd) => Ok(pidfd),
+            None => {
+                self.signal(id, libc::SIGKILL);
+                Err(Error::new(
+                    ErrorCode::SpawnFailed,
+                    "the container's agent started the runner but sent no pidfd for it",
+                ))
+            }
+        }
+    }
+
+    /// Asks the agent to kill what a runner's turn left behind (see
+    /// `ControlMessage::Sweep`) and waits until it has; how many processes it
+    /// killed.
+    pub(crate) async fn sweep(&self, id: &str) -> Result<u32> {
+        let sock = self.socket()?;
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut routes = self.routes.lock();
+            if routes.closed {
+                return Err(gone());
+            }
+            routes.sweeping.insert(id.to_string(), tx);
+        }
+        let bytes = ControlFrame::encode(&ControlMessage::Sweep { id: id.to_string() });
+        let asked = tokio::time::timeout(SPAWN_PATIENCE, async {
+            send(&sock, &bytes, &[]).await?;
+            rx.await.map_err(|_| gone())
+        })
+        .await;
+        match asked {
+            Ok(answer) => answer,
+            Err(_) => {
+                self.routes.lock().sweeping.remove(id);
+                Err(Error::new(
+                    ErrorCode::EngineFailed,
+                    format!(
+                        "the container's agent did not finish a sweep within {SPAWN_PATIENCE:?}"
+                    ),
+                ))
             }
         }
     }
@@ -272,6 +331,11 @@ async fn read_answers(sock: Arc<AsyncFd<OwnedFd>>, routes: Arc<parking_lot::Mute
                     let _ = tx.send(ProcessExit { exit_code, signal });
                 }
             }
+            ControlMessage::Swept { id, killed } => {
+                if let Some(tx) = r.sweeping.remove(&id) {
+                    let _ = tx.send(killed);
+                }
+            }
             other => {
                 tracing::warn!(message = ?other, "a container agent sent a host-side control message");
             }
@@ -283,6 +347,7 @@ async fn read_answers(sock: Arc<AsyncFd<OwnedFd>>, routes: Arc<parking_lot::Mute
     r.closed = true;
     r.starting.clear();
     r.running.clear();
+    r.sweeping.clear();
 }
 
 /// Signals a process in a container through its agent.

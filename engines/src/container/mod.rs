@@ -34,6 +34,7 @@ mod bundle;
 mod control;
 mod exec;
 mod interactive;
+mod runner;
 mod runtime;
 mod sandbox;
 mod userns;
@@ -122,6 +123,8 @@ pub(crate) struct EngineInner {
     pub(crate) interpreters: BTreeMap<Language, String>,
     /// The `paddock-agent` binary for warm containers, or why there are none.
     pub(crate) agent: std::result::Result<PathBuf, String>,
+    /// Warm interpreters inside warm containers (`container.runners`), when on.
+    pub(crate) runners: Option<runner::RunnerSetup>,
     pub(crate) next_sandbox: AtomicU64,
     /// The sandboxes' own filesystems (the disk quota), mounted below
     /// `sandboxes/`, or why there are none.
@@ -424,6 +427,7 @@ impl ContainerEngine {
             } else {
                 Err("disabled by configuration (`container.warm = false`)".into())
             },
+            runners: None,
             next_sandbox: AtomicU64::new(0),
             disks,
             userns: None,
@@ -573,6 +577,8 @@ impl ContainerEngine {
             v1_has("cpu")
         };
         if inner.agent.is_ok() && !inner.runtime.kind.user_space_kernel() {
+            // Warm interpreters in the warm container, started by its agent.
+            inner.runners = runner::RunnerSetup::prepare(&config.runners, &root.join("runners"))?;
             // In the warm container, through its agent.
             features.extend([
                 paddock_core::interactive::FEATURE_PROCESS,

@@ -54,6 +54,11 @@ pub(crate) struct WarmContainer {
     counters: Option<Counters>,
     /// The agent's control channel (background processes and terminals).
     pub(crate) control: Arc<super::control::AgentControl>,
+    /// Warm interpreters the agent started in it, by language (see `runner.rs`).
+    pub(crate) runners:
+        std::collections::BTreeMap<paddock_core::Language, super::runner::ContainerRunner>,
+    /// Runners started in it so far (their ids).
+    pub(crate) next_runner: u64,
 }
 
 /// A warm container's cgroup counters, opened once.
@@ -156,10 +161,13 @@ impl WarmContainer {
         std::fs::create_dir(&dir).map_err(|e| Error::engine_io("creating the bundle", e))?;
         let args = vec![AGENT_INSIDE.to_string()];
         let env = vec![format!("PATH={CONTAINER_PATH}")];
-        let files = vec![(
+        let mut files = vec![(
             agent.to_string_lossy().into_owned(),
             AGENT_INSIDE.to_string(),
         )];
+        if let Some(runners) = &engine.runners {
+            files.extend(runners.mounts());
+        }
         let config = bundle::config(&BundleSpec {
             args: &args,
             env: &env,
@@ -225,6 +233,8 @@ impl WarmContainer {
                 pids_max_seen: 0,
                 counters: None,
                 control: super::control::AgentControl::new(control),
+                runners: Default::default(),
+                next_runner: 0,
             }),
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&dir);
@@ -302,6 +312,39 @@ impl WarmContainer {
     /// The container cgroup's directory for `controller`.
     pub(crate) fn dir(&self, controller: &str) -> Option<PathBuf> {
         self.engine.cgroup_dir(controller, &self.cgroup)
+    }
+
+    /// Writes `limits`' memory and pids limits to the container's cgroup when they
+    /// differ from the last written, and resets its peak memory (so that the next
+    /// reading is the turn's own).
+    pub(crate) fn apply_limits(&mut self, limits: &Limits) -> std::io::Result<()> {
+        let memory = self.dir("memory");
+        let wanted = (limits.memory_bytes, limits.pids);
+        if self.applied == Some(wanted) {
+            self.counters().reset_peak();
+            return Ok(());
+        }
+        if self.engine.v2 {
+            // v2: the one group holds the memory and pids limits.
+            if let Some(dir) = &memory {
+                crate::host::cgroup::write_v2_limits(dir, limits.memory_bytes, limits.pids)?;
+            }
+            self.applied = Some(wanted);
+            self.counters().reset_peak();
+            return Ok(());
+        }
+        if let Some(dir) = &memory {
+            crate::host::cgroup::write_memory_limit(dir, limits.memory_bytes)?;
+            let _ = std::fs::write(dir.join("memory.max_usage_in_bytes"), "0");
+        }
+        if let Some(dir) = self.dir("pids") {
+            let value = limits
+                .pids
+                .map_or_else(|| "max".to_string(), |p| p.to_string());
+            std::fs::write(dir.join("pids.max"), value)?;
+        }
+        self.applied = Some(wanted);
+        Ok(())
     }
 }
 
@@ -435,65 +478,44 @@ impl ContainerSandbox {
                 ),
             ));
         }
-        let memory = wc.dir("memory");
-        let wanted = (limits.memory_bytes, limits.pids);
-        if wc.applied != Some(wanted) && self.engine.v2 {
-            // v2: the one group holds the memory and pids limits.
-            let set = match &memory {
-                Some(dir) => {
-                    crate::host::cgroup::write_v2_limits(dir, limits.memory_bytes, limits.pids)
-                }
-                None => Ok(()),
-            };
-            if let Err(e) = set {
-                self.replace_warm(wc).await;
-                return Err(Error::new(
-                    ErrorCode::LimitsExceeded,
-                    format!("setting the warm container's limits failed ({e}); the container was replaced, retry"),
-                ));
-            }
-            wc.applied = Some(wanted);
-            wc.counters().reset_peak();
-        } else if wc.applied != Some(wanted) {
-            let set = (|| -> std::io::Result<()> {
-                if let Some(dir) = &memory {
-                    crate::host::cgroup::write_memory_limit(dir, limits.memory_bytes)?;
-                    // The peak is the turn's own.
-                    let _ = std::fs::write(dir.join("memory.max_usage_in_bytes"), "0");
-                }
-                if let Some(dir) = wc.dir("pids") {
-                    let value = limits
-                        .pids
-                        .map_or_else(|| "max".to_string(), |p| p.to_string());
-                    std::fs::write(dir.join("pids.max"), value)?;
-                }
-                Ok(())
-            })();
-            if let Err(e) = set {
-                // A limit below what the container holds (its /tmp, say) cannot be
-                // set: this container goes, a fresh one takes its place.
-                self.replace_warm(wc).await;
-                return Err(Error::new(
-                    ErrorCode::LimitsExceeded,
-                    format!("setting the warm container's limits failed ({e}); the container was replaced, retry"),
-                ));
-            }
-            wc.applied = Some(wanted);
-        } else {
-            // The peak is the turn's own.
-            wc.counters().reset_peak();
+        let mut applied = wc.apply_limits(limits);
+        if applied.is_err() && !wc.runners.is_empty() {
+            // Idle runners hold memory the new limit may not leave room for: they
+            // go (killed through their pidfds), and the limit is tried again.
+            wc.runners.clear();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            applied = wc.apply_limits(limits);
+        }
+        if let Err(e) = applied {
+            // A limit below what the container holds (its /tmp, say) cannot be
+            // set: this container goes, a fresh one takes its place.
+            self.replace_warm(wc).await;
+            return Err(Error::new(
+                ErrorCode::LimitsExceeded,
+                format!("setting the warm container's limits failed ({e}); the container was replaced, retry"),
+            ));
         }
         let cpu_before = wc.counters().cpu_ns();
         let ooms_before = wc.ooms_seen;
         wc.used = true;
 
-        let input = serde_json::json!({
-            "argv": argv,
-            "env": vars,
-            "cwd": cwd,
-            "stdin": request.stdin,
-            "max_output_bytes": limits.max_output_bytes,
-        });
+        // A snippet runs on the warm runner of its language when one can run it
+        // exactly; the agent starts it on first use. Anything else (or a runner
+        // that would not start) runs as a program, through the agent.
+        let target = self.runner_target(&request);
+        let mut runner = None;
+        if let Some((lang, _)) = &target {
+            match self
+                .take_runner(&mut wc, *lang, &request.tenant, (&cwd, &vars))
+                .await
+            {
+                Ok(r) => runner = Some((*lang, r)),
+                Err(e) => {
+                    tracing::debug!(sandbox = %self.id, error = %e, "no warm runner; the snippet runs as a program")
+                }
+            }
+        }
+        let mark = runner.as_ref().map(|(_, r)| r.worker.usage_mark());
         let started = Instant::now();
         let started_at_ms = unix_ms();
         let timeout = limits.timeout().unwrap_or(Duration::from_secs(30));
@@ -501,18 +523,47 @@ impl ContainerSandbox {
             usize::try_from(limits.max_output_bytes.unwrap_or(u64::MAX)).unwrap_or(usize::MAX);
         // The agent is asked to cancel first; past the grace the worker is killed.
         let abort: std::pin::Pin<&mut (dyn std::future::Future<Output = ()> + Send)> = destroyed;
-        let (_, turn) = wc
-            .worker
-            .invoke(
-                request.id.to_string(),
-                input,
-                sink,
-                &cancel,
-                started + timeout,
-                cap,
-                abort,
-            )
-            .await;
+        let (_, turn) = match (&mut runner, target) {
+            (Some((_, r)), Some((_, source))) => {
+                r.worker
+                    .invoke(
+                        request.id.to_string(),
+                        serde_json::json!({ "code": source }),
+                        sink,
+                        &cancel,
+                        started + timeout,
+                        cap,
+                        abort,
+                    )
+                    .await
+            }
+            _ => {
+                let input = serde_json::json!({
+                    "argv": argv,
+                    "env": vars,
+                    "cwd": cwd,
+                    "stdin": request.stdin,
+                    "max_output_bytes": limits.max_output_bytes,
+                });
+                wc.worker
+                    .invoke(
+                        request.id.to_string(),
+                        input,
+                        sink,
+                        &cancel,
+                        started + timeout,
+                        cap,
+                        abort,
+                    )
+                    .await
+            }
+        };
+        let who = if runner.is_some() {
+            "the container's warm runner"
+        } else {
+            "the container agent"
+        };
+        let mut value = None;
         let wall_ms = started.elapsed().as_millis() as u64;
         let counters = wc.counters();
         let (ooms, peak, cpu_ns) = (counters.ooms(), counters.peak(), counters.cpu_ns());
@@ -530,6 +581,11 @@ impl ContainerSandbox {
             Ok(TurnEnd::Output(out)) => {
                 let code = out.get("exit_code").and_then(|c| c.as_i64()).unwrap_or(-1) as i32;
                 let signal = out.get("signal").and_then(|s| s.as_i64()).map(|s| s as i32);
+                // A runner answers with the snippet's value, as the subprocess
+                // engine's do.
+                if runner.is_some() && code == 0 && !oom {
+                    value = out.get("value").cloned();
+                }
                 if oom {
                     Outcome::LimitExceeded {
                         limit: LimitKind::Memory,
@@ -542,18 +598,18 @@ impl ContainerSandbox {
                 }
             }
             Ok(TurnEnd::Error(e)) if e.code == "CANCELLED" => Outcome::Cancelled,
-            Ok(TurnEnd::Error(e)) if e.code == "SPAWN_FAILED" => {
+            Ok(TurnEnd::Error(e)) if e.code == "SPAWN_FAILED" && runner.is_none() => {
                 // The container is fine; the program could not start.
                 *self.warm.lock() = Some(wc);
                 return Err(Error::new(ErrorCode::SpawnFailed, e.message));
             }
             Ok(TurnEnd::Error(e)) => failed(
                 ErrorCode::WorkerFailed,
-                format!("the container agent answered {}: {}", e.code, e.message),
+                format!("{who} answered {}: {}", e.code, e.message),
             ),
             Ok(TurnEnd::Suspend(_)) => failed(
                 ErrorCode::ProtocolError,
-                "the container agent suspended, which it never does".into(),
+                format!("{who} suspended, which it never does"),
             ),
             Err(TurnFault::TimedOut) => Outcome::TimedOut,
             Err(TurnFault::Cancelled) => Outcome::Cancelled,
@@ -568,7 +624,40 @@ impl ContainerSandbox {
         };
         // A container whose turn did not end cleanly (or whose memory ran out) is
         // replaced; the new one starts now, off the next execution's path.
-        let clean = matches!(outcome, Outcome::Completed { .. });
+        let mut clean = matches!(outcome, Outcome::Completed { .. });
+        if let (Some((lang, r)), Some(mark)) = (runner, mark) {
+            // A runner stays after a turn that completed with code 0 and left its
+            // memory below `max_rss_bytes`; otherwise it goes (killed through its
+            // pidfd; the agent reaps it and kills the rest of its session).
+            let max_rss = self
+                .engine
+                .runners
+                .as_ref()
+                .map_or(0, |s| s.config.max_rss_bytes);
+            let mut healthy = matches!(outcome, Outcome::Completed { exit_code: 0, .. })
+                && r.worker.usage_since(mark).rss_bytes <= max_rss;
+            // What the snippet left running dies with its turn, and the runner with
+            // it first (its children, zombies included, are the agent's then): the
+            // agent's sweep kills the rest, sparing the other runners and the
+            // sandbox's background processes.
+            let left = self.left_running(&wc, &r);
+            healthy &= !left;
+            if healthy {
+                wc.runners.insert(lang, r);
+            } else if left {
+                // Dead before the sweep, which then reaps it and its children.
+                let mut r = r;
+                r.worker.kill_and_wait(Duration::from_secs(1)).await;
+            } else {
+                drop(r);
+            }
+            if left && clean {
+                if let Err(e) = wc.control.sweep("turn").await {
+                    tracing::warn!(sandbox = %self.id, error = %e, "what a snippet left running could not be killed; the warm container is replaced");
+                    clean = false;
+                }
+            }
+        }
         // Background processes live in this container: it stays while they run and
         // it is alive (the agent killed what the turn left behind).
         let keep = clean
@@ -593,7 +682,7 @@ impl ContainerSandbox {
             stderr_truncated: turn.stderr.truncated,
             stdout: turn.stdout.into_string(),
             stderr: turn.stderr.into_string(),
-            value: None,
+            value,
             usage: Usage {
                 cpu_ms,
                 wall_ms,

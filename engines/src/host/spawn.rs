@@ -51,6 +51,22 @@ pub(crate) struct SpawnSpec {
     pub(crate) controlling_tty: bool,
 }
 
+impl SpawnSpec {
+    /// Copies of the network and mount namespaces the spec names (it only borrows
+    /// them from the sandbox), for a child started elsewhere than here.
+    pub(crate) fn namespace_copies(&self) -> io::Result<(Option<OwnedFd>, Option<OwnedFd>)> {
+        let copy = |fd: Option<RawFd>| -> io::Result<Option<OwnedFd>> {
+            fd.map(|fd| {
+                // SAFETY: the spec's owner holds the descriptor open while the spec
+                // lives; the copy is ours.
+                unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }.try_clone_to_owned()
+            })
+            .transpose()
+        };
+        Ok((copy(self.netns)?, copy(self.mntns)?))
+    }
+}
+
 /// A started child: its pid (also its process group and session id) and a pidfd.
 #[derive(Debug)]
 pub(crate) struct SpawnedChild {
@@ -206,7 +222,7 @@ fn watchdog() {
 }
 
 /// The pid a pidfd of this process refers to (`/proc/self/fdinfo`).
-fn pidfd_pid(fd: RawFd) -> Option<libc::pid_t> {
+pub(crate) fn pidfd_pid(fd: RawFd) -> Option<libc::pid_t> {
     let info = crate::host::sys::read_small(format!("/proc/self/fdinfo/{fd}")).ok()?;
     info.lines()
         .find_map(|l| l.strip_prefix("Pid:"))
@@ -525,6 +541,28 @@ pub(crate) fn in_new_session(cmd: &mut std::process::Command, controlling_tty: b
                 return Err(io::Error::last_os_error());
             }
             if controlling_tty && libc::ioctl(0, libc::TIOCSCTTY, 0) == -1 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Makes `fd` the child's fd 3 (open across exec), for programs started with
+/// `std::process::Command` (a warm runner in a container writes its frames there).
+/// `fd` must stay open until the spawn returns.
+pub(crate) fn onto_fd3(cmd: &mut std::process::Command, fd: std::os::fd::RawFd) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec and makes only
+    // async-signal-safe calls (dup2, fcntl); it neither allocates nor locks.
+    unsafe {
+        cmd.pre_exec(move || {
+            if fd == 3 {
+                // dup2 onto itself would keep close-on-exec.
+                if libc::fcntl(3, libc::F_SETFD, 0) == -1 {
+                    return Err(io::Error::last_os_error());
+                }
+            } else if libc::dup2(fd, 3) == -1 {
                 return Err(io::Error::last_os_error());
             }
             Ok(())

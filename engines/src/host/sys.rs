@@ -448,7 +448,7 @@ pub(crate) fn take_inherited_control_socket() -> Option<OwnedFd> {
 }
 
 /// Most descriptors one control message carries.
-pub(crate) const MAX_PASSED_FDS: usize = 4;
+pub(crate) const MAX_PASSED_FDS: usize = 12;
 
 /// Room for one `SCM_RIGHTS` message of [`MAX_PASSED_FDS`] descriptors.
 const FD_SPACE: usize = rustix::cmsg_space!(ScmRights(MAX_PASSED_FDS));

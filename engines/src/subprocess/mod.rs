@@ -11,9 +11,10 @@
 
 mod exec;
 mod interactive;
-mod runner;
+pub(crate) mod runner;
 mod sandbox;
 pub(crate) mod warm;
+mod zygote;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -80,6 +81,8 @@ pub(crate) struct EngineInner {
     pub(crate) egress: std::result::Result<paddock_egress::GatewayConfig, String>,
     /// Warm mode's runners, when `[subprocess.warm]` is enabled.
     pub(crate) warm: Option<runner::WarmSetup>,
+    /// The Python fork server (`warm.fork_server`), started on first use.
+    pub(crate) zygote: zygote::Zygote,
 }
 
 impl Drop for EngineInner {
@@ -262,6 +265,7 @@ impl SubprocessEngine {
         Ok(SubprocessEngine {
             inner: Arc::new(EngineInner {
                 warm,
+                zygote: Default::default(),
                 caps,
                 defaults,
                 base_env,

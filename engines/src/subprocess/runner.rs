@@ -29,11 +29,31 @@ use serde_json::json;
 
 use super::sandbox::SubprocessSandbox;
 use super::warm::{FramesOn, TurnEnd, TurnFault, Worker};
+use super::zygote::ForkRequest;
+use crate::host::spawn::SpawnSpec;
+
+/// A spawn spec's program and arguments, as paths.
+fn argv_of(spec: &SpawnSpec) -> Vec<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    spec.argv
+        .iter()
+        .map(|a| PathBuf::from(std::ffi::OsStr::from_bytes(a.as_bytes())))
+        .collect()
+}
 
 /// The Python runner, written next to the engine's workdirs when warm mode is on.
 const PYTHON_RUNNER: &str = include_str!("runners/python.py");
 /// The Node runner, likewise.
 const NODE_RUNNER: &str = include_str!("runners/node.js");
+
+/// The built-in runner of `lang`: its file name and text.
+pub(crate) fn runner_script(lang: Language) -> Option<(&'static str, &'static str)> {
+    match lang {
+        Language::Python => Some(("python.py", PYTHON_RUNNER)),
+        Language::Javascript => Some(("node.js", NODE_RUNNER)),
+        _ => None,
+    }
+}
 
 /// What the engine prepared for warm mode.
 #[derive(Debug)]
@@ -80,15 +100,11 @@ impl WarmSetup {
             std::fs::create_dir_all(&dir)
                 .map_err(|e| Error::engine_io("creating the runner directory", e))?;
             for lang in &config.languages {
-                let (name, text) = match lang {
-                    Language::Python => ("python.py", PYTHON_RUNNER),
-                    Language::Javascript => ("node.js", NODE_RUNNER),
-                    other => {
-                        return Err(Error::invalid_config(
-                            "subprocess.warm.languages",
-                            format!("there is no built-in warm runner for {other}"),
-                        ))
-                    }
+                let Some((name, text)) = runner_script(*lang) else {
+                    return Err(Error::invalid_config(
+                        "subprocess.warm.languages",
+                        format!("there is no built-in warm runner for {lang}"),
+                    ));
                 };
                 let path = dir.join(name);
                 std::fs::write(&path, text)
@@ -261,6 +277,20 @@ impl SubprocessSandbox {
             stdio,
             self.warm_cgroup.as_deref(),
         )?;
+        if let (WorkerKey::Runner(Language::Python), true) = (key, setup.config.fork_server) {
+            match self.fork_runner(&spec, &argv_of(&spec)).await {
+                Ok(worker) => {
+                    return Ok(Slot {
+                        worker,
+                        tenant,
+                        born: self.touch.lock().runs,
+                    })
+                }
+                Err(e) => {
+                    tracing::warn!(sandbox = %self.id, error = %e, "the Python fork server gave no runner; starting an interpreter instead");
+                }
+            }
+        }
         let worker = Worker::start_async(spec, frames_on).await.map_err(|e| {
             Error::new(
                 ErrorCode::SpawnFailed,
@@ -272,6 +302,43 @@ impl SubprocessSandbox {
             tenant,
             born: self.touch.lock().runs,
         })
+    }
+
+    /// A Python runner forked from the engine's fork server (see `zygote.rs`) into
+    /// what `spec` describes: the same cgroups, namespaces, rlimits, working
+    /// directory and environment a spawned runner gets.
+    async fn fork_runner(&self, spec: &SpawnSpec, argv: &[PathBuf]) -> std::io::Result<Worker> {
+        let [interp, script] = argv else {
+            return Err(std::io::Error::other(
+                "a runner's argv is its interpreter and script",
+            ));
+        };
+        let (child, ours) = Worker::runner_pipes()?;
+        let [stdin, stdout, stderr] = child.stdio;
+        let request = ForkRequest::from_spec(spec, [stdin, stdout, stderr, child.fd3])?;
+        let engine = self.engine.clone();
+        let (interp, script) = (interp.clone(), script.clone());
+        let pidfd = tokio::task::spawn_blocking(move || {
+            let mut env: Vec<std::ffi::CString> = Vec::new();
+            let dir = script.parent().unwrap_or(std::path::Path::new("/"));
+            // The zygote's own HOME is the runners' directory: nothing of the host
+            // user's (`~/.local`) reaches the interpreter its children share.
+            for (k, v) in engine
+                .base_env
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.clone()))
+                .chain([
+                    ("HOME", dir.to_string_lossy().into_owned()),
+                    ("PWD", dir.to_string_lossy().into_owned()),
+                ])
+            {
+                env.push(crate::host::sys::cstring(format!("{k}={v}"))?);
+            }
+            engine.zygote.fork(&interp, &script, &env, request)
+        })
+        .await
+        .map_err(std::io::Error::other)??;
+        Worker::adopt(pidfd, ours)
     }
 
     /// Whether the slot may serve `tenant` now: its own tenant's, or one that no

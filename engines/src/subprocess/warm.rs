@@ -144,10 +144,22 @@ pub(crate) struct Worker {
     pub(crate) turns: u32,
     /// When the worker started.
     pub(crate) started: std::time::Instant,
+    /// Whether another process reaps it (a container's agent, whose child it is):
+    /// it is then watched and killed through its pidfd only.
+    reaped_elsewhere: bool,
+}
+
+/// The child's ends of a worker's pipes, for a worker another process starts (see
+/// [`Worker::adopt`]): its stdin, stdout, stderr and fd 3.
+#[derive(Debug)]
+pub(crate) struct ChildEnds {
+    pub(crate) stdio: [OwnedFd; 3],
+    pub(crate) fd3: OwnedFd,
 }
 
 /// Our ends of a worker's pipes.
-struct Ends {
+#[derive(Debug)]
+pub(crate) struct Ends {
     input: OwnedFd,
     frames: OwnedFd,
     stdout: Option<OwnedFd>,
@@ -214,6 +226,44 @@ impl Worker {
         ))
     }
 
+    /// Pipes for a built-in runner (frames on fd 3) that another process starts:
+    /// the child's ends to pass along, and ours for [`Worker::adopt`].
+    pub(crate) fn runner_pipes() -> std::io::Result<(ChildEnds, Ends)> {
+        let (in_r, in_w) = sys::pipe()?;
+        let (out_r, out_w) = sys::pipe()?;
+        let (err_r, err_w) = sys::pipe()?;
+        let (frames_r, frames_w) = sys::pipe()?;
+        Ok((
+            ChildEnds {
+                stdio: [in_r, out_w, err_w],
+                fd3: frames_w,
+            },
+            Ends {
+                input: in_w,
+                frames: frames_r,
+                stdout: Some(out_r),
+                stderr: err_r,
+            },
+        ))
+    }
+
+    /// A built-in runner that another process started and reaps (a container's
+    /// agent), on our `ends` of [`Worker::runner_pipes`]: watched, interrupted and
+    /// killed through `pidfd`. The child's ends must be closed here by now, so that
+    /// EOF means the runner closed them.
+    pub(crate) fn adopt(pidfd: OwnedFd, ends: Ends) -> std::io::Result<Worker> {
+        use std::os::fd::AsRawFd;
+        let pid = crate::host::spawn::pidfd_pid(pidfd.as_raw_fd()).ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "the runner's pidfd names no process (it has exited)",
+            )
+        })?;
+        let mut worker = Self::assemble(SpawnedChild { pid, pidfd }, ends, FramesOn::Fd3)?;
+        worker.reaped_elsewhere = true;
+        Ok(worker)
+    }
+
     /// The worker around its started child and our ends of its pipes.
     fn assemble(child: SpawnedChild, ends: Ends, frames_on: FramesOn) -> std::io::Result<Worker> {
         // The AsyncFd owns its own clone of the pidfd.
@@ -230,6 +280,7 @@ impl Worker {
             bufs: Vec::new(),
             turns: 0,
             started: std::time::Instant::now(),
+            reaped_elsewhere: false,
         })
     }
 
@@ -495,8 +546,9 @@ impl Worker {
     }
 
     /// Waits up to `within` for the worker to exit by itself (a one-shot handler exits
-    /// with code 42 after `suspend`); its exit code when it did. The worker is then
-    /// reaped and no longer usable.
+    /// with code 42 after `suspend`); its exit code when it did (-1 for a worker
+    /// reaped elsewhere, whose code is not known here). The worker is then reaped and
+    /// no longer usable.
     pub(crate) async fn exited_within(&mut self, within: Duration) -> Option<i32> {
         if within.is_zero() {
             // Without a timer: tokio's would round zero up to its next millisecond tick.
@@ -510,15 +562,34 @@ impl Worker {
                 .ok()?;
         }
         let child = self.child.take()?;
+        if self.reaped_elsewhere {
+            return Some(-1);
+        }
         let status = sys::reap(child.pid).ok();
         drop(child);
         status.and_then(|s| s.code)
+    }
+
+    /// Kills the worker and waits up to `within` until it has exited (for a worker
+    /// reaped elsewhere: until the process that reaps it can), then as
+    /// [`Worker::kill`].
+    pub(crate) async fn kill_and_wait(&mut self, within: Duration) {
+        if let Some(child) = &self.child {
+            let _ = sys::pidfd_send_signal(&child.pidfd, libc::SIGKILL);
+            let _ = tokio::time::timeout(within, self.exited.readable()).await;
+        }
+        self.kill();
     }
 
     /// Kills the worker's process group and reaps it in the background.
     pub(crate) fn kill(&mut self) {
         if let Some(child) = self.child.take() {
             let _ = sys::pidfd_send_signal(&child.pidfd, libc::SIGKILL);
+            if self.reaped_elsewhere {
+                // Only through the pidfd: the pid may be reaped and reused by now.
+                // The process that reaps it kills the rest of its session then.
+                return;
+            }
             sys::kill_group(child.pid, libc::SIGKILL);
             std::thread::spawn(move || {
                 let _ = sys::reap(child.pid);

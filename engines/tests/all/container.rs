@@ -551,6 +551,124 @@ async fn executions_share_the_warm_container_until_it_is_replaced() {
     sb.destroy().await.unwrap();
 }
 
+/// A snippet's interpreter in a warm container: its pid (from inside), and what it
+/// printed after it.
+fn py(tenant: &str, source: &str) -> ExecRequest {
+    let mut r = ExecRequest::new(Program::code(
+        Language::Python,
+        format!("import os\nprint(os.getpid())\n{source}"),
+    ))
+    .with_timeout_ms(20_000);
+    r.tenant = Some(tenant.into());
+    r
+}
+
+fn pid_and_rest(r: &ExecResult) -> (String, String) {
+    let (pid, rest) = r.stdout.split_once('\n').unwrap_or((&r.stdout, ""));
+    (pid.to_string(), rest.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snippets_run_on_a_warm_runner_inside_the_warm_container() {
+    let Some(engine) = engine_with(OciRuntime::Auto) else {
+        return;
+    };
+    if let Err(why) = engine.agent() {
+        assert!(
+            std::env::var_os("PADDOCK_REQUIRE_CONTAINERS").is_none(),
+            "the agent must be found here: {why}"
+        );
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let sb = sandbox(&engine).await;
+    // The first snippet starts the runner; the next runs on the same interpreter,
+    // with its state (one tenant's), and a notebook-style value.
+    let first = run(&*sb, py("a", "import sys\nsys.paddock_mark = 41")).await;
+    assert_eq!(first.outcome, exit(0), "{first:?}");
+    let (runner, _) = pid_and_rest(&first);
+    let r = run(&*sb, py("a", "import sys\nsys.paddock_mark + 1")).await;
+    assert_eq!(pid_and_rest(&r).0, runner, "the same interpreter: {r:?}");
+    assert_eq!(r.value, Some(serde_json::json!(42)), "{r:?}");
+    // It sees what a program sees: the same environment and working directory.
+    let env_of_snippet =
+        "import json\nprint(json.dumps(dict(os.environ), sort_keys=True))\nprint(os.getcwd())";
+    let on_runner = run(&*sb, py("a", env_of_snippet)).await;
+    assert_eq!(pid_and_rest(&on_runner).0, runner);
+    let mut program = ExecRequest::new(Program::command([
+        "python3",
+        "-c",
+        &format!("import os\nprint(0)\n{env_of_snippet}"),
+    ]));
+    program.tenant = Some("a".into());
+    let as_program = run(&*sb, program).await;
+    assert_eq!(
+        pid_and_rest(&on_runner).1,
+        pid_and_rest(&as_program).1,
+        "a runner's environment is a program's"
+    );
+    // What a snippet leaves running dies with its turn (a child, and one in a
+    // session of its own), and so does its runner.
+    let r = run(
+        &*sb,
+        py(
+            "a",
+            "import subprocess\nkids = [subprocess.Popen(['sleep', '300']), subprocess.Popen(['sleep', '300'], start_new_session=True)]\nprint(' '.join(str(k.pid) for k in kids))",
+        ),
+    )
+    .await;
+    let (pid, kids) = pid_and_rest(&r);
+    assert_eq!(pid, runner, "{r:?}");
+    let check = format!(
+        "def state(p):\n    try:\n        return open('/proc/%d/stat' % p).read().rsplit(')', 1)[1].split()[0]\n    except FileNotFoundError:\n        return 'gone'\nprint(' '.join(state(int(p)) for p in '{}'.split()))",
+        kids.trim()
+    );
+    let r = run(&*sb, py("a", &check)).await;
+    let (pid, states) = pid_and_rest(&r);
+    assert_ne!(
+        pid, runner,
+        "a runner whose snippet left processes is replaced: {r:?}"
+    );
+    assert_eq!(
+        states, "gone gone\n",
+        "the leftovers are dead and reaped: {r:?}"
+    );
+    let runner = pid;
+    // A program's turn through the agent leaves the runner alone.
+    assert_eq!(run(&*sb, sh("echo hi")).await.stdout, "hi\n");
+    let r = run(&*sb, py("a", "")).await;
+    assert_eq!(pid_and_rest(&r).0, runner);
+    // Another tenant never gets this interpreter; nor does anyone after a turn that
+    // failed.
+    let b = run(
+        &*sb,
+        py("b", "import sys\nprint(hasattr(sys, 'paddock_mark'))"),
+    )
+    .await;
+    let (b_runner, mark) = pid_and_rest(&b);
+    assert_ne!(b_runner, runner, "{b:?}");
+    assert_eq!(mark, "False\n");
+    let failed = run(&*sb, py("b", "raise ValueError('no')")).await;
+    assert_eq!(failed.outcome, exit(1), "{failed:?}");
+    assert!(failed.stderr.contains("ValueError: no"), "{failed:?}");
+    let after = run(&*sb, py("b", "")).await;
+    assert_ne!(pid_and_rest(&after).0, b_runner, "{after:?}");
+    // A cancelled snippet ends as cancelled, and the next one runs.
+    let cancel = CancelToken::new();
+    let stop = cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        stop.cancel();
+    });
+    let r = sb
+        .exec(py("b", "while True: pass"), &DiscardSink, cancel)
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::Cancelled, "{r:?}");
+    assert_eq!(run(&*sb, py("b", "print('ok')")).await.outcome, exit(0));
+    sb.destroy().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_warm_mode_every_execution_gets_a_container() {
     let config = ContainerConfig {

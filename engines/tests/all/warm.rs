@@ -633,3 +633,103 @@ async fn a_resume_reaches_the_worker_that_suspended_even_past_max_turns() {
     assert!(matches!(r.outcome, Outcome::Suspended { .. }), "{r:?}");
     sb.destroy().await.unwrap();
 }
+
+/// What a Python snippet reports of its process: its parent's command line, its
+/// descriptors, and what a program of the sandbox would share with it.
+const PY_SELF: &str = r#"
+import json, os, resource, sys
+ppid = os.getppid()
+parent = open('/proc/%d/cmdline' % ppid).read().split('\0')
+fds = [f for f in sorted(int(f) for f in os.listdir('/proc/self/fd')) if os.path.exists('/proc/self/fd/%d' % f)]
+print(json.dumps({
+    'ppid': ppid,
+    'exe': sys.executable,
+    'parent': parent,
+    'fds': fds,
+    'same': {
+        'env': dict(os.environ),
+        'cwd': os.getcwd(),
+        'net': os.readlink('/proc/self/ns/net'),
+        'mnt': os.readlink('/proc/self/ns/mnt'),
+        'rlimits': [resource.getrlimit(r) for r in range(16)],
+        'session_leader': os.getsid(0) == os.getpid(),
+    },
+    'cgroup': open('/proc/self/cgroup').read(),
+    'parent_cgroup': open('/proc/%d/cgroup' % ppid).read(),
+}))
+"#;
+
+fn report(r: &ExecResult) -> serde_json::Value {
+    assert_eq!(r.outcome, exit(0), "{r:?}");
+    serde_json::from_str(r.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {r:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_runners_are_forked_into_their_sandbox_from_one_server() {
+    let engine = warm_engine();
+    let a = engine.create(&SandboxSpec::default()).await.unwrap();
+    let b = engine.create(&SandboxSpec::default()).await.unwrap();
+    let mut as_a = py(PY_SELF);
+    as_a.tenant = Some("a".into());
+    let ra = report(&run(&*a, as_a).await);
+    // Forked from the engine's fork server, which is no sandbox's.
+    let parent = ra["parent"].as_array().unwrap();
+    assert!(
+        parent.iter().any(|p| p == "--zygote"),
+        "the runner's parent is the fork server: {ra}"
+    );
+    assert_ne!(ra["ppid"], json!(std::process::id()), "{ra}");
+    assert_ne!(
+        ra["cgroup"], ra["parent_cgroup"],
+        "the runner left the server's cgroup: {ra}"
+    );
+    // Nothing of the server's descriptors: stdin, stdout, stderr and the frames.
+    assert_eq!(ra["fds"], json!([0, 1, 2, 3]), "{ra}");
+    // It has what a program started in the sandbox has: environment, working
+    // directory, network and mount namespaces, rlimits, a session of its own.
+    // (The interpreter itself: a launcher such as pyenv's shim would change PATH.)
+    let exe = ra["exe"].as_str().unwrap();
+    let mut cold = ExecRequest::new(Program::command([exe, "-c", PY_SELF]));
+    cold.tenant = Some("a".into());
+    let rc = report(&run(&*a, cold).await);
+    for (key, forked) in ra["same"].as_object().unwrap() {
+        let program = &rc["same"][key];
+        if let (Some(f), Some(p)) = (forked.as_object(), program.as_object()) {
+            let differ: Vec<_> = f
+                .keys()
+                .chain(p.keys())
+                .filter(|k| f.get(*k) != p.get(*k))
+                .map(|k| (k, f.get(k), p.get(k)))
+                .collect();
+            assert!(differ.is_empty(), "{key} differs: {differ:?}");
+        }
+        assert_eq!(forked, program, "a forked runner's {key} is a program's");
+    }
+    // One server for the engine; each sandbox's runner is its own process, set up
+    // for its own sandbox, and shares no interpreter state with another tenant's.
+    let mut mark = py("import sys\nsys.paddock_mark = 'a'\nprint(1)");
+    mark.tenant = Some("a".into());
+    assert_eq!(run(&*a, mark).await.stdout, "1\n");
+    let mut as_b = py(&format!(
+        "{PY_SELF}\nimport sys\nprint(hasattr(sys, 'paddock_mark'))"
+    ));
+    as_b.tenant = Some("b".into());
+    let r = run(&*b, as_b).await;
+    let (json_line, marked) = r.stdout.trim().split_once('\n').unwrap();
+    assert_eq!(marked, "False", "{r:?}");
+    let rb: serde_json::Value = serde_json::from_str(json_line).unwrap();
+    assert_eq!(rb["ppid"], ra["ppid"], "one fork server per engine");
+    assert_ne!(rb["same"]["cwd"], ra["same"]["cwd"]);
+    assert_ne!(rb["same"]["net"], ra["same"]["net"]);
+    a.destroy().await.unwrap();
+    b.destroy().await.unwrap();
+
+    // Without the fork server, the engine starts the interpreter itself.
+    let mut config = SubprocessConfig::default();
+    config.warm.fork_server = false;
+    let engine = SubprocessEngine::new(&config).unwrap();
+    let sb = engine.create(&SandboxSpec::default()).await.unwrap();
+    let r = report(&run(&*sb, py(PY_SELF)).await);
+    assert_eq!(r["ppid"], json!(std::process::id()), "{r}");
+    sb.destroy().await.unwrap();
+}

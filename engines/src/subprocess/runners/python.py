@@ -25,15 +25,18 @@ import json
 import os
 import sys
 
-FRAMES = os.fdopen(3, "w", buffering=1, encoding="utf-8", newline="\n")
 _current = {"id": None}
+# The frames out, on fd 3: opened by main(), not at import (a zygote has no fd 3).
+_frames = []
 
 
 def send(frame):
     frame = dict({"v": 1}, **frame)
     line = json.dumps(frame, separators=(",", ":"), ensure_ascii=False, default=str)
-    FRAMES.write(line + "\n")
-    FRAMES.flush()
+    if not _frames:
+        _frames.append(os.fdopen(3, "w", buffering=1, encoding="utf-8", newline="\n"))
+    _frames[0].write(line + "\n")
+    _frames[0].flush()
 
 
 def flush_std():
@@ -181,5 +184,157 @@ def main():
             pass
 
 
+# --- Zygote mode -------------------------------------------------------------------
+#
+# `python3 python.py --zygote` is a fork server: an interpreter with this runner
+# loaded, started once per engine outside every sandbox, which never runs a snippet.
+# For each request it forks a child, which joins the sandbox (its cgroups, network and
+# mount namespaces, rlimits, stdio, working directory and environment), closes
+# every other descriptor, and only then serves frames as a runner started for the
+# sandbox would. The host's socket is fd 0 (SOCK_SEQPACKET); a request is one
+# message of JSON with descriptors attached:
+#   {"fds": ["stdin", "stdout", "stderr", "frames", "netns"?, "mntns"?, "cgroup"*],
+#    "cwd": "...", "env": {...}, "rlimits": [[resource, soft, hard], ...]}
+# and the answer is {"pid": n} with the child's pidfd attached, or {"error": "..."}.
+# Children are reaped here; the host watches and signals them through their pidfds.
+
+_ZYGOTE_SETUP_FAILED = 121
+
+
+def _enter(fd, nstype):
+    setns = getattr(os, "setns", None)
+    if setns is not None:
+        setns(fd, nstype)
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(fd, nstype) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def _become(request, fds, script):
+    """In the forked child: join the sandbox, then serve as its runner. Never returns."""
+    import resource
+    import signal
+
+    stage = "starting"
+    try:
+        stage = "resetting signals"
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        stage = "starting a new session"
+        os.setsid()
+        roles = request["fds"]
+        by_role = {}
+        for role, fd in zip(roles, fds):
+            if role == "cgroup":
+                stage = "joining the sandbox cgroup"
+                os.write(fd, b"0")
+                os.close(fd)
+            else:
+                by_role[role] = fd
+        if "netns" in by_role:
+            stage = "entering the sandbox's network namespace"
+            _enter(by_role.pop("netns"), 0x40000000)  # CLONE_NEWNET
+        if "mntns" in by_role:
+            stage = "entering the sandbox's mount namespace"
+            _enter(by_role.pop("mntns"), 0x00020000)  # CLONE_NEWNS
+        stage = "setting resource limits"
+        for res, soft, hard in request.get("rlimits", []):
+            resource.setrlimit(res, (soft, hard))
+        stage = "wiring stdin/stdout/stderr"
+        # Above every target first, so that no dup2 overwrites a source.
+        high = [os.dup(by_role[r]) for r in ("stdin", "stdout", "stderr", "frames")]
+        for target, fd in enumerate(high):
+            os.dup2(fd, target, inheritable=True)
+        os.closerange(4, resource.getrlimit(resource.RLIMIT_NOFILE)[0] or 1024)
+        stage = "changing to the working directory"
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        sys.argv = [script]
+    except BaseException as exc:
+        try:
+            os.write(2, ("paddock zygote: %s failed: %s\n" % (stage, exc)).encode())
+        finally:
+            os._exit(_ZYGOTE_SETUP_FAILED)
+    try:
+        main()
+    finally:
+        flush_std()
+        os._exit(0)
+
+
+def _reap():
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def zygote(script):
+    import gc
+    import signal
+    import socket
+    import traceback  # noqa: F401  (loaded here, shared by every child)
+
+    ctl = socket.socket(fileno=0)
+    signal.signal(signal.SIGCHLD, lambda *_: _reap())
+    # What no tenant touched, kept out of the collector's way so that the children
+    # share it copy-on-write for as long as they leave it alone.
+    gc.freeze()
+    while True:
+        try:
+            message, fds, _, _ = socket.recv_fds(ctl, 1 << 20, 64)
+        except InterruptedError:
+            continue
+        if not message:
+            return
+        try:
+            request = json.loads(message)
+            if len(request.get("fds", ())) != len(fds):
+                raise ValueError("the request names %d descriptors and brought %d"
+                                 % (len(request.get("fds", ())), len(fds)))
+            for role in ("stdin", "stdout", "stderr", "frames"):
+                if role not in request["fds"]:
+                    raise ValueError("the request brought no %s" % role)
+        except (ValueError, TypeError, AttributeError) as exc:
+            for fd in fds:
+                os.close(fd)
+            ctl.send(json.dumps({"error": "bad request: %s" % exc}).encode())
+            continue
+        # SIGCHLD waits until the child's pidfd is open: it names this child, not
+        # a reaped pid's successor.
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
+        try:
+            pid = os.fork()
+            if pid == 0:
+                ctl.detach()
+                _become(request, fds, script)
+            pidfd = os.pidfd_open(pid)
+        except OSError as exc:
+            answer, pidfd = {"error": "fork failed: %s" % exc}, None
+        else:
+            answer = {"pid": pid}
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
+        for fd in fds:
+            os.close(fd)
+        if pidfd is None:
+            ctl.send(json.dumps(answer).encode())
+        else:
+            socket.send_fds(ctl, [json.dumps(answer).encode()], [pidfd])
+            os.close(pidfd)
+        _reap()
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["--zygote"]:
+        zygote(sys.argv[0])
+    else:
+        main()

@@ -1,0 +1,234 @@
+//! Warm interpreters inside a warm container: the subprocess engine's built-in
+//! Python and Node runners, started by the container's agent on first use and kept
+//! for the snippets that follow, so that a snippet in a warm container costs a
+//! frame round trip instead of an interpreter start.
+//!
+//! The agent starts a runner as a background process of its own kind
+//! (`docs/protocol.md`, section 13): its stdin, stdout, stderr and fd 3 are pipes
+//! whose other ends the host holds, so the host speaks the runner protocol to it
+//! directly, as the subprocess engine's warm mode does; nothing of a turn passes
+//! through the agent. The agent sends the runner's pidfd back: the host watches and
+//! interrupts the runner through it, and the agent reaps it.
+//!
+//! The rules are the subprocess engine's (`crate::subprocess::runner`):
+//! - A request runs on a runner only when it would get exactly what `python3 -c` or
+//!   `node -e` gives it there: no stdin, no environment or working directory of its
+//!   own (the runner was started with the sandbox's), on top of what the warm
+//!   container itself requires (`ContainerSandbox::warm_fits`).
+//! - A runner serves the tenant it was started for and no other: a request of
+//!   another tenant replaces it first.
+//! - It is replaced after `max_turns` turns, past `max_age_ms`, when its resident
+//!   memory passed `max_rss_bytes`, and after any turn that did not complete with
+//!   exit code 0.
+//! - What a snippet left running (a child, a daemon that left its session) is killed
+//!   when its turn ends; the runners and the sandbox's background processes are
+//!   spared (the agent's `sweep`).
+
+use std::collections::BTreeMap;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+
+use paddock_core::{Error, ErrorCode, ExecRequest, Language, Program, Result, WarmConfig};
+
+use super::sandbox::{ContainerSandbox, FileMount};
+use super::warm::WarmContainer;
+use crate::subprocess::warm::Worker;
+
+/// Where the runner scripts are bound inside a warm container.
+const RUNNERS_INSIDE: &str = "/tmp/.paddock-runners";
+
+/// The runner scripts the engine bound into its warm containers, and the rules
+/// its runners follow.
+#[derive(Debug)]
+pub(crate) struct RunnerSetup {
+    pub(crate) config: WarmConfig,
+    /// (language, the script on the host, its path inside).
+    scripts: Vec<(Language, PathBuf, String)>,
+}
+
+impl RunnerSetup {
+    /// Writes the scripts of `config.languages` under `dir` (readable by a
+    /// container's root of any user namespace); `None` when runners are off.
+    pub(crate) fn prepare(config: &WarmConfig, dir: &Path) -> Result<Option<RunnerSetup>> {
+        if !config.enabled || config.languages.is_empty() {
+            return Ok(None);
+        }
+        use std::os::unix::fs::PermissionsExt;
+        let write = || -> std::io::Result<Vec<(Language, PathBuf, String)>> {
+            std::fs::create_dir_all(dir)?;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+            let mut scripts = Vec::new();
+            for lang in &config.languages {
+                let Some((name, text)) = crate::subprocess::runner::runner_script(*lang) else {
+                    continue;
+                };
+                let path = dir.join(name);
+                std::fs::write(&path, text)?;
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))?;
+                scripts.push((*lang, path, format!("{RUNNERS_INSIDE}/{name}")));
+            }
+            Ok(scripts)
+        };
+        for lang in &config.languages {
+            if crate::subprocess::runner::runner_script(*lang).is_none() {
+                return Err(Error::invalid_config(
+                    "container.runners.languages",
+                    format!("there is no built-in warm runner for {lang}"),
+                ));
+            }
+        }
+        let scripts = write().map_err(|e| Error::engine_io("writing the warm runners", e))?;
+        Ok(Some(RunnerSetup {
+            config: config.clone(),
+            scripts,
+        }))
+    }
+
+    /// The scripts to bind into a warm container.
+    pub(crate) fn mounts(&self) -> Vec<FileMount> {
+        self.scripts
+            .iter()
+            .map(|(_, host, inside)| (host.to_string_lossy().into_owned(), inside.clone()))
+            .collect()
+    }
+
+    fn script(&self, lang: Language) -> Option<&str> {
+        self.scripts
+            .iter()
+            .find(|(l, _, _)| *l == lang)
+            .map(|(_, _, inside)| inside.as_str())
+    }
+}
+
+/// A runner inside a warm container, and the tenant it serves.
+#[derive(Debug)]
+pub(crate) struct ContainerRunner {
+    pub(crate) worker: Worker,
+    pub(crate) tenant: Option<String>,
+}
+
+impl ContainerSandbox {
+    /// The language and source of `request` when a runner can run it exactly (see
+    /// the module's rules); the warm container must fit it too.
+    pub(super) fn runner_target(&self, request: &ExecRequest) -> Option<(Language, String)> {
+        let setup = self.engine.runners.as_ref()?;
+        // runsc passes the agent no control channel: it starts no runner.
+        if self.engine.runtime.kind.user_space_kernel() {
+            return None;
+        }
+        if request.stdin.is_some() || !request.env.is_empty() || request.cwd.is_some() {
+            return None;
+        }
+        match &request.program {
+            Program::Code { language, source }
+                if setup.script(*language).is_some()
+                    && self.engine.interpreters.contains_key(language) =>
+            {
+                Some((*language, source.clone()))
+            }
+            _ => None,
+        }
+    }
+
+    /// The runner of `lang` in `wc` for `tenant`: the one kept there when it may
+    /// serve `tenant` still, else a fresh one (whatever was kept is killed).
+    pub(super) async fn take_runner(
+        &self,
+        wc: &mut WarmContainer,
+        lang: Language,
+        tenant: &Option<String>,
+        (cwd, vars): (&str, &BTreeMap<String, String>),
+    ) -> Result<ContainerRunner> {
+        let setup = self
+            .engine
+            .runners
+            .as_ref()
+            .ok_or_else(|| Error::new(ErrorCode::EngineFailed, "warm runners are off"))?;
+        if let Some(mut kept) = wc.runners.remove(&lang) {
+            let fits = kept.tenant == *tenant
+                && kept.worker.turns < setup.config.max_turns
+                && kept.worker.started.elapsed().as_millis() < u128::from(setup.config.max_age_ms)
+                && kept
+                    .worker
+                    .exited_within(std::time::Duration::ZERO)
+                    .await
+                    .is_none();
+            if fits {
+                return Ok(kept);
+            }
+            // Dropped: killed through its pidfd; the agent reaps it and kills the
+            // rest of its session.
+        }
+        let script = setup.script(lang).ok_or_else(|| {
+            Error::new(
+                ErrorCode::CapabilityNotSupported,
+                format!("no warm runner for {lang}"),
+            )
+        })?;
+        let interp = self.engine.interpreters.get(&lang).ok_or_else(|| {
+            Error::new(
+                ErrorCode::CapabilityNotSupported,
+                format!("no {lang} interpreter in this container root"),
+            )
+        })?;
+        let (child, ours) = Worker::runner_pipes()
+            .map_err(|e| Error::engine_io("making a warm runner's pipes", e))?;
+        wc.next_runner += 1;
+        let id = format!("runner-{lang}-{}", wc.next_runner);
+        let fds = [
+            child.stdio[0].as_fd(),
+            child.stdio[1].as_fd(),
+            child.stdio[2].as_fd(),
+            child.fd3.as_fd(),
+        ];
+        let pidfd = wc
+            .control
+            .spawn_runner(
+                &id,
+                vec![interp.clone(), script.to_string()],
+                vars.clone(),
+                cwd.to_string(),
+                &fds,
+            )
+            .await?;
+        // The agent's child holds its ends now; ours go, so that EOF is the runner's.
+        drop(child);
+        let worker = Worker::adopt(pidfd, ours).map_err(|e| {
+            Error::new(
+                ErrorCode::SpawnFailed,
+                format!("the warm {lang} runner in the container did not start: {e}"),
+            )
+        })?;
+        Ok(ContainerRunner {
+            worker,
+            tenant: tenant.clone(),
+        })
+    }
+
+    /// Whether a runner's turn left anything running in `wc`: a process of the
+    /// container other than its init (the agent) and the runners, `runner` (the
+    /// one that ran the turn) included. Read from the container's process list, so
+    /// that the usual turn, which leaves nothing, costs no round trip to the agent.
+    /// (The sandbox's background processes count as leftovers here: the agent's
+    /// sweep spares them.)
+    pub(super) fn left_running(&self, wc: &WarmContainer, runner: &ContainerRunner) -> bool {
+        let Some(dir) = wc.dir("pids").or_else(|| wc.dir("memory")) else {
+            return false;
+        };
+        let init = std::fs::read_to_string(wc.pid_file())
+            .ok()
+            .and_then(|s| s.trim().parse::<libc::pid_t>().ok());
+        let mut keep: Vec<libc::pid_t> = wc
+            .runners
+            .values()
+            .chain(std::iter::once(runner))
+            .filter_map(|r| r.worker.pid())
+            .collect();
+        keep.extend(init);
+        let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+        procs
+            .lines()
+            .filter_map(|l| l.trim().parse::<libc::pid_t>().ok())
+            .any(|pid| !keep.contains(&pid))
+    }
+}
