@@ -808,8 +808,15 @@ impl ServerConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PoolConfig {
-    /// Instances kept ready ahead of need. Default 1.
+    /// Instances kept ready ahead of need. Default 1. With 0 the pool keeps none,
+    /// whatever `burst_idle_max` says.
     pub min_idle: usize,
+    /// Most instances kept ready for the next burst: after a burst of `k`
+    /// acquisitions within one second, the pool keeps up to `k` instances idle
+    /// (created in the background, in parallel) until `idle_timeout_ms` passes
+    /// without a burst as large; `min_idle` is the floor. Default 8; 0 keeps only
+    /// `min_idle`.
+    pub burst_idle_max: usize,
     /// Most instances at once. Default 8.
     pub max_size: usize,
     /// Most callers queued for an instance; beyond it `POOL_EXHAUSTED` at once.
@@ -863,6 +870,7 @@ impl Default for PoolConfig {
     fn default() -> Self {
         PoolConfig {
             min_idle: 1,
+            burst_idle_max: 8,
             max_size: 8,
             max_waiting: 1024,
             acquire_timeout_ms: 5_000,
@@ -1065,6 +1073,32 @@ pub struct WarmConfig {
     /// runners share the server's memory copy-on-write. Subprocess engine only; a
     /// server that cannot start falls back to starting interpreters. Default `true`.
     pub fork_server: bool,
+    /// Runners a sandbox started ahead of need (before its lease) that have served
+    /// no turn this long after the pool handed the sandbox out are retired, so that
+    /// an open sandbox left idle holds no interpreter; its next snippet of the
+    /// language starts (or forks) one. Runners in the pool's idle sandboxes are kept.
+    /// Subprocess engine only. Default 10,000 ms.
+    pub unused_ms: u64,
+}
+
+impl WarmConfig {
+    /// `INVALID_CONFIG` (naming `field`) for a worker that could never serve a turn
+    /// or a language without a built-in runner.
+    pub fn validate(&self, field: &str) -> Result<()> {
+        if self.max_turns == 0 || self.max_age_ms == 0 || self.max_rss_bytes < (16 << 20) {
+            return Err(Error::invalid_config(
+                field,
+                "max_turns and max_age_ms must be at least 1 and max_rss_bytes at least 16 MiB",
+            ));
+        }
+        if let Some(lang) = self.languages.iter().find(|l| **l == Language::Shell) {
+            return Err(Error::invalid_config(
+                &format!("{field}.languages"),
+                format!("there is no built-in warm runner for {lang}; the runners are: python, javascript"),
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Default for WarmConfig {
@@ -1076,6 +1110,7 @@ impl Default for WarmConfig {
             max_age_ms: 600_000,
             max_rss_bytes: 256 << 20,
             fork_server: true,
+            unused_ms: 10_000,
         }
     }
 }
@@ -1336,6 +1371,7 @@ impl ContainerConfig {
     /// Checks paths, ranges and variable names.
     pub fn validate(&self) -> Result<()> {
         check_env_names("container.env_passthrough", &self.env_passthrough)?;
+        self.runners.validate("container.runners")?;
         if let Some(own) = self
             .env_passthrough
             .iter()
@@ -1488,19 +1524,7 @@ impl PaddockConfig {
                 ));
             }
         }
-        let w = &s.warm;
-        if w.max_turns == 0 || w.max_age_ms == 0 || w.max_rss_bytes < (16 << 20) {
-            return Err(Error::invalid_config(
-                "subprocess.warm",
-                "max_turns and max_age_ms must be at least 1 and max_rss_bytes at least 16 MiB",
-            ));
-        }
-        if let Some(lang) = w.languages.iter().find(|l| **l == Language::Shell) {
-            return Err(Error::invalid_config(
-                "subprocess.warm.languages",
-                format!("there is no built-in warm runner for {lang}; the runners are: python, javascript"),
-            ));
-        }
+        s.warm.validate("subprocess.warm")?;
         for (name, h) in &s.handlers {
             let bad_name = name.is_empty()
                 || name.len() > 128
@@ -1569,6 +1593,14 @@ mod tests {
                 "subprocess.warm.languages",
             ),
             ("[subprocess.warm]\nmax_turns = 0\n", "subprocess.warm"),
+            (
+                "[container.runners]\nlanguages = [\"shell\"]\n",
+                "container.runners.languages",
+            ),
+            (
+                "[container.runners]\nmax_rss_bytes = 1\n",
+                "container.runners",
+            ),
         ] {
             let e = PaddockConfig::from_toml_str(doc).unwrap_err();
             assert_eq!(e.code, ErrorCode::InvalidConfig, "{doc}");

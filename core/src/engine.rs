@@ -251,6 +251,12 @@ pub trait Sandbox: Send + Sync + fmt::Debug {
     /// Resets the sandbox for reuse by another lease, or fails if it cannot be reused.
     async fn recycle(&self) -> Result<()>;
 
+    /// The pool hands the sandbox out: a lease begins (it ends with
+    /// [`recycle`](Sandbox::recycle) or [`destroy`](Sandbox::destroy)). An engine may
+    /// retire, some time into the lease, what it prepared ahead of need that the
+    /// lease has not used. The default does nothing.
+    fn leased(&self) {}
+
     /// Kills everything the sandbox runs and frees its resources. Idempotent, and safe
     /// to call concurrently.
     async fn destroy(&self) -> Result<()>;

@@ -141,6 +141,54 @@ pub(crate) struct EnginePool {
     create_failures_total: std::sync::atomic::AtomicU64,
     /// When the scheduler last routed work to it.
     touched: parking_lot::Mutex<std::time::Instant>,
+    /// Recent demand, which sets how many instances are kept idle.
+    demand: parking_lot::Mutex<Demand>,
+}
+
+/// Acquisitions per second, and the largest such burst lately: the pool keeps as
+/// many instances idle as that burst took (up to `burst_idle_max`), so that the next
+/// burst like it finds them ready.
+#[derive(Debug)]
+struct Demand {
+    second_started: Instant,
+    this_second: usize,
+    peak: usize,
+    peak_at: Instant,
+}
+
+impl Demand {
+    fn new() -> Demand {
+        let now = Instant::now();
+        Demand {
+            second_started: now,
+            this_second: 0,
+            peak: 0,
+            peak_at: now,
+        }
+    }
+
+    /// Counts one acquisition now.
+    fn note(&mut self, window: Duration) {
+        let now = Instant::now();
+        if now.duration_since(self.second_started) >= Duration::from_secs(1) {
+            self.second_started = now;
+            self.this_second = 0;
+        }
+        self.this_second += 1;
+        if self.this_second >= self.peak || now.duration_since(self.peak_at) >= window {
+            self.peak = self.this_second;
+            self.peak_at = now;
+        }
+    }
+
+    /// The largest burst within `window`, 0 if none.
+    fn recent_peak(&self, window: Duration) -> usize {
+        if self.peak_at.elapsed() < window {
+            self.peak
+        } else {
+            0
+        }
+    }
 }
 
 /// A leased instance. Dropping a lease without [`EnginePool::release`] retires the
@@ -209,7 +257,21 @@ impl EnginePool {
             destroying: Default::default(),
             create_failures_total: Default::default(),
             touched: parking_lot::Mutex::new(std::time::Instant::now()),
+            demand: parking_lot::Mutex::new(Demand::new()),
         })
+    }
+
+    /// How many instances the pool keeps idle now: `min_idle`, or as many as the
+    /// largest burst of acquisitions within one second took lately (within
+    /// `idle_timeout_ms`), up to `burst_idle_max`. Nothing with `min_idle = 0`.
+    fn idle_target(&self) -> usize {
+        let min = self.config.min_idle;
+        if min == 0 {
+            return 0;
+        }
+        let window = Duration::from_millis(self.config.idle_timeout_ms);
+        let burst = self.demand.lock().recent_peak(window);
+        min.max(burst.min(self.config.burst_idle_max))
     }
 
     /// Notes that work was routed to the pool now.
@@ -360,6 +422,9 @@ impl EnginePool {
 
     async fn acquire_inner(self: &Arc<Self>, cancel: &CancelToken) -> Result<Lease, Error> {
         self.check_breaker()?;
+        self.demand
+            .lock()
+            .note(Duration::from_millis(self.config.idle_timeout_ms));
         let max_age = Duration::from_millis(self.config.max_age_ms);
         let mut retired = Vec::new();
         let step = self
@@ -369,7 +434,11 @@ impl EnginePool {
             self.destroy(inst);
         }
         let instance = match step {
-            Acquire::Ready(inst) => inst,
+            Acquire::Ready(inst) => {
+                // Its place is refilled now, not at the next maintenance tick.
+                self.prewarm();
+                inst
+            }
             Acquire::Create => {
                 let guard = CreateGuard {
                     pool: self,
@@ -425,6 +494,7 @@ impl EnginePool {
                 )));
             }
         };
+        instance.sandbox.leased();
         Ok(Lease {
             pool: self.clone(),
             instance: Some(instance),
@@ -525,9 +595,11 @@ impl EnginePool {
         });
     }
 
-    /// Creates instances in the background until `min_idle` are idle or being created.
+    /// Creates instances in the background until the idle target (`min_idle`, or
+    /// the last burst's size: see `idle_target`) are idle or being created.
     pub(crate) fn prewarm(self: &Arc<Self>) {
-        while self.check_breaker().is_ok() && self.slots.reserve_prewarm(self.config.min_idle) {
+        let target = self.idle_target();
+        while self.check_breaker().is_ok() && self.slots.reserve_prewarm(target) {
             let pool = self.clone();
             actix::spawn(async move {
                 match pool.create_instance().await {
@@ -545,12 +617,12 @@ impl EnginePool {
         }
     }
 
-    /// Reaps idle instances past `idle_timeout` (down to `min_idle`) or `max_age`,
-    /// then tops the pool back up to `min_idle`.
+    /// Reaps idle instances past `idle_timeout` (down to the idle target) or
+    /// `max_age`, then tops the pool back up to the target.
     pub(crate) fn maintain(self: &Arc<Self>) {
         let idle_timeout = Duration::from_millis(self.config.idle_timeout_ms);
         let max_age = Duration::from_millis(self.config.max_age_ms);
-        let reaped = self.slots.reap_idle(self.config.min_idle, |i| {
+        let reaped = self.slots.reap_idle(self.idle_target(), |i| {
             i.last_used.elapsed() >= idle_timeout || i.created.elapsed() >= max_age
         });
         for inst in reaped {

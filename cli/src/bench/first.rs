@@ -6,7 +6,9 @@
 //!   time, then 8 and 64 by default), then each one's first Python `print(1)`, then
 //!   each one's first JavaScript `console.log(1)`, all `N` at once. Reported: open,
 //!   first Python, open + first Python, and first JavaScript, p50/p99/max in ms; per
-//!   engine (subprocess, and the container engine where it starts).
+//!   engine (subprocess, and the container engine where it starts). The subprocess
+//!   engine runs again without its Python fork server (`warm.fork_server = false`),
+//!   for bursts up to 8, as the baseline.
 //! - `first_cli`: `paddock run -- /bin/true` and `paddock run --lang python --code
 //!   'print(1)'` as whole processes (this binary), against `/bin/true`, `python3 -c
 //!   'print(1)'` and the container runtime's own `run` of `/bin/true`, interleaved.
@@ -15,8 +17,10 @@
 //!   the subprocess engine's warm mode, interleaved; p50/p99/max in ms.
 //! - `first_density` (with `--density N`): `N` sandboxes of `N` tenants opened and
 //!   kept open (8 opens at a time), per engine: open p50/p99, the host memory each
-//!   costs (`MemAvailable` before and after, each read once it holds still), and a Python `print(1)` in 20
-//!   of them spread over the `N`, which must all answer.
+//!   costs right after the opens and once idle (`subprocess.warm.unused_ms` later):
+//!   `MemAvailable` before and after, each read once it holds still, and the
+//!   growth of the host's processes' proportional set size), and a Python
+//!   `print(1)` in every one of them, which must all answer.
 
 use std::time::{Duration, Instant};
 
@@ -143,10 +147,12 @@ async fn first_open(
     engine: EngineName,
     bursts: &[usize],
     samples: usize,
+    fork_server: bool,
     as_json: bool,
 ) -> Result<bool, UsageError> {
     let most = bursts.iter().copied().max().unwrap_or(1);
     let mut config = PaddockConfig::default();
+    config.subprocess.warm.fork_server = fork_server;
     // Room for the largest burst (the limiter's per-tenant caps are per tenant, and
     // every sandbox here is a tenant's own).
     config.pool.max_size = config.pool.max_size.max(most + 1);
@@ -184,6 +190,7 @@ async fn first_open(
             "scenario": "first_open",
             "engine": engine.as_str(),
             "at_once": n,
+            "fork_server": fork_server && engine == EngineName::SUBPROCESS,
             "open": spread(open),
             "first_python": spread(python),
             "open_and_first_python": spread(open_python),
@@ -312,6 +319,28 @@ fn processes() -> usize {
     })
 }
 
+/// The proportional set size of every process of the host, in bytes: each page
+/// shared by `k` processes counts `1/k` in each (`/proc/<pid>/smaps_rollup`).
+fn total_pss() -> u64 {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    dir.flatten()
+        .filter_map(|e| {
+            let name = e.file_name();
+            let pid = name.to_str()?;
+            if !pid.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+            text.lines()
+                .find_map(|l| l.strip_prefix("Pss:"))
+                .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<u64>().ok())
+        })
+        .sum::<u64>()
+        * 1024
+}
+
 /// `MemAvailable` of `/proc/meminfo`, in bytes.
 fn mem_available() -> u64 {
     std::fs::read_to_string("/proc/meminfo")
@@ -327,7 +356,8 @@ fn mem_available() -> u64 {
 
 async fn first_density(engine: EngineName, n: usize, as_json: bool) -> Result<bool, UsageError> {
     let mut config = PaddockConfig::default();
-    config.pool.max_size = n + 8;
+    // As the scenario has it: a pool of 1,024 for 1,000 sandboxes.
+    config.pool.max_size = n + 24;
     let mut builder = Paddock::builder().config(config);
     if engine != EngineName::CONTAINER {
         builder = builder.without_container();
@@ -340,6 +370,7 @@ async fn first_density(engine: EngineName, n: usize, as_json: bool) -> Result<bo
         return Ok(true);
     }
     let before = settled_mem_available().await;
+    let pss_before = total_pss();
     let mut open = Vec::with_capacity(n);
     let mut sandboxes = Vec::with_capacity(n);
     let mut error = None;
@@ -358,13 +389,22 @@ async fn first_density(engine: EngineName, n: usize, as_json: bool) -> Result<bo
             break;
         }
     }
+    let count = sandboxes.len().max(1) as f64;
+    let opened = settled_mem_available().await;
+    let opened_per = before.saturating_sub(opened) as f64 / count;
+    // Idle: past the time a lease has to use the runners started ahead of need
+    // (`subprocess.warm.unused_ms`), after which they are retired.
+    let unused = Duration::from_millis(PaddockConfig::default().subprocess.warm.unused_ms);
+    tokio::time::sleep(unused + Duration::from_secs(2)).await;
     let after = settled_mem_available().await;
-    let per = before.saturating_sub(after) as f64 / sandboxes.len().max(1) as f64;
-    let step = (sandboxes.len() / 20).max(1);
+    let pss_after = total_pss();
+    let per = before.saturating_sub(after) as f64 / count;
+    let pss_per = pss_after.saturating_sub(pss_before) as f64 / count;
     let mut answered = 0;
     let mut asked = 0;
     let mut exec = Vec::new();
-    for s in sandboxes.iter().step_by(step) {
+    // Every one of them answers a Python `print(1)`, one after another.
+    for s in sandboxes.iter() {
         asked += 1;
         let t = Instant::now();
         match s.exec(code(Language::Python, "print(1)")).await {
@@ -381,8 +421,10 @@ async fn first_density(engine: EngineName, n: usize, as_json: bool) -> Result<bo
         "engine": engine.as_str(),
         "sandboxes": sandboxes.len(),
         "open": spread(open),
+        "host_mib_per_sandbox_opened": super::round(opened_per / (1 << 20) as f64),
         "host_mib_per_sandbox": super::round(per / (1 << 20) as f64),
-        "mem_available_mib": [before >> 20, after >> 20],
+        "pss_mib_per_sandbox": super::round(pss_per / (1 << 20) as f64),
+        "mem_available_mib": [before >> 20, opened >> 20, after >> 20],
         "processes": processes(),
         "python_asked": asked,
         "python_answered": answered,
@@ -544,7 +586,12 @@ pub(super) async fn first(
         .map_err(|e| UsageError(format!("the benchmark task failed: {e}")))??;
     ok &= first_repeat(samples, as_json).await?;
     for engine in [EngineName::SUBPROCESS, EngineName::CONTAINER] {
-        ok &= first_open(engine.clone(), &bursts, samples, as_json).await?;
+        ok &= first_open(engine.clone(), &bursts, samples, true, as_json).await?;
+        if engine == EngineName::SUBPROCESS {
+            // The baseline: Python runners started as interpreters, bursts up to 8.
+            let small: Vec<usize> = bursts.iter().copied().filter(|n| *n <= 8).collect();
+            ok &= first_open(engine.clone(), &small, samples, false, as_json).await?;
+        }
         if density > 0 {
             ok &= first_density(engine, density, as_json).await?;
         }

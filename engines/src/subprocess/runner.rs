@@ -136,6 +136,28 @@ impl WarmSetup {
     }
 }
 
+/// A sandbox's warm workers by key (a worker is taken out while it serves a turn),
+/// shared with the engine's record of runners started ahead of need.
+pub(crate) type WarmSlots = parking_lot::Mutex<BTreeMap<WorkerKey, Slot>>;
+
+/// Retires the runners in `slots` that were started ahead of need and served no
+/// turn (a runner started for a tenant, or one that served a turn, stays).
+pub(crate) fn retire_unused(slots: &WarmSlots) {
+    let retired: Vec<Slot> = {
+        let mut slots = slots.lock();
+        let unused: Vec<WorkerKey> = slots
+            .iter()
+            .filter(|(k, s)| {
+                matches!(k, WorkerKey::Runner(_)) && s.tenant.is_none() && s.worker.turns == 0
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        unused.iter().filter_map(|k| slots.remove(k)).collect()
+    };
+    // Killed through their pidfds, outside the lock.
+    drop(retired);
+}
+
 /// Suspended invocations one sandbox keeps at most.
 const MAX_SUSPENDED: usize = 1024;
 /// How long after a `suspend` frame a one-shot handler has to exit with code 42.

@@ -48,9 +48,7 @@ pub struct SubprocessSandbox {
     pub(super) destroy_signal: Notify,
     /// The teardown's error, for destroy calls that followed the one that ran it.
     /// Warm workers by language (taken out while they serve a turn).
-    pub(super) warm: parking_lot::Mutex<
-        std::collections::BTreeMap<super::runner::WorkerKey, super::runner::Slot>,
-    >,
+    pub(super) warm: Arc<super::runner::WarmSlots>,
     /// Invocations suspended on a token, by token.
     pub(super) suspended:
         parking_lot::Mutex<std::collections::HashMap<String, super::runner::Suspension>>,
@@ -59,6 +57,9 @@ pub struct SubprocessSandbox {
     pub(super) warm_cgroup: Option<Arc<Cgroup>>,
     /// Background processes and terminals.
     pub(super) processes: crate::interactive::Processes,
+    /// Leases so far: a retirement of unused runners planned in one lease does
+    /// nothing in the next (see `leased`).
+    pub(super) leases: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Who has run code in a sandbox so far.
@@ -206,10 +207,11 @@ impl SubprocessSandbox {
             touch: Default::default(),
             lifecycle: Lifecycle::new(),
             destroy_signal: Notify::new(),
-            warm: parking_lot::Mutex::new(Default::default()),
+            warm: Arc::default(),
             suspended: parking_lot::Mutex::new(Default::default()),
             warm_cgroup: warm_cgroup.map(Arc::new),
             processes: Default::default(),
+            leases: Arc::default(),
         };
         // Interpreters start now, ahead of the first execution.
         if let Some(setup) = &sandbox.engine.warm {
@@ -421,7 +423,30 @@ impl Sandbox for SubprocessSandbox {
             .await
     }
 
+    fn leased(&self) {
+        let Some(setup) = &self.engine.warm else {
+            return;
+        };
+        let lease = self.leases.fetch_add(1, Ordering::AcqRel) + 1;
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (leases, slots) = (self.leases.clone(), Arc::downgrade(&self.warm));
+        let after = std::time::Duration::from_millis(setup.config.unused_ms);
+        runtime.spawn(async move {
+            tokio::time::sleep(after).await;
+            // Still this lease (not recycled since), and the sandbox still there.
+            if leases.load(Ordering::Acquire) == lease {
+                if let Some(slots) = slots.upgrade() {
+                    super::runner::retire_unused(&slots);
+                }
+            }
+        });
+    }
+
     async fn recycle(&self) -> Result<()> {
+        // The lease ends: its planned retirement of unused runners is off.
+        self.leases.fetch_add(1, Ordering::AcqRel);
         let _op = self.enter()?;
         let _guard = self.run_lock.lock().await;
         if self.destroying() {

@@ -733,3 +733,55 @@ async fn python_runners_are_forked_into_their_sandbox_from_one_server() {
     assert_eq!(r["ppid"], json!(std::process::id()), "{r}");
     sb.destroy().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runners_a_lease_leaves_unused_are_retired() {
+    // Runners older than WAIT were started ahead of need; younger ones were started
+    // for the snippet that reports their age.
+    const WAIT: f64 = 0.5;
+    let mut config = SubprocessConfig::default();
+    config.warm.unused_ms = 300;
+    let engine = SubprocessEngine::new(&config).unwrap();
+    let mut sbs = Vec::new();
+    for _ in 0..4 {
+        sbs.push(engine.create(&SandboxSpec::default()).await.unwrap());
+    }
+    let [idle, unused, used, recycled] = &sbs[..] else {
+        unreachable!()
+    };
+    tokio::time::sleep(Duration::from_secs_f64(WAIT)).await;
+    unused.leased();
+    used.leased();
+    recycled.leased();
+    // A lease's own use keeps a runner: it is its tenant's now.
+    let js_used = run(&**used, js(JS_AGE)).await;
+    assert!(age(&js_used) >= WAIT, "warm at first: {js_used:?}");
+    recycled.recycle().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+
+    // Unused through the lease's first unused_ms: both retired, started afresh
+    // (Python forked) for the snippets that follow.
+    let r = run(&**unused, js(JS_AGE)).await;
+    assert!(age(&r) < WAIT, "the unused node was retired: {r:?}");
+    let r = run(&**unused, py(PY_AGE)).await;
+    assert!(age(&r) < WAIT, "the unused Python was retired: {r:?}");
+    // The used node stays; the Python beside it, unused, went.
+    let r = run(&**used, js(JS_AGE)).await;
+    assert!(
+        age(&r) >= age(&js_used),
+        "the same node: {js_used:?} then {r:?}"
+    );
+    let r = run(&**used, py(PY_AGE)).await;
+    assert!(age(&r) < WAIT, "{r:?}");
+    // A sandbox the pool holds (never leased, or recycled before the retirement
+    // came due) keeps its runners for its next lease.
+    for sb in [idle, recycled] {
+        let r = run(&**sb, js(JS_AGE)).await;
+        assert!(age(&r) >= WAIT + 0.8, "{r:?}");
+        let r = run(&**sb, py(PY_AGE)).await;
+        assert!(age(&r) >= WAIT + 0.8, "{r:?}");
+    }
+    for sb in sbs {
+        sb.destroy().await.unwrap();
+    }
+}

@@ -420,6 +420,67 @@ async fn idle_instances_are_reaped_down_to_min_idle() {
     paddock.shutdown(Duration::from_secs(5)).await.unwrap();
 }
 
+/// Opens `n` sandboxes of the subprocess engine at once, and keeps them.
+async fn open_burst(paddock: &Paddock, n: usize) -> Vec<paddock_pool::SandboxHandle> {
+    let opens = (0..n).map(|i| {
+        let spec = SandboxSpec {
+            tenant: Some(format!("burst-{i}")),
+            ..SandboxSpec::default()
+        };
+        paddock.open_sandbox(spec, Some(EngineName::SUBPROCESS))
+    });
+    futures_util::future::join_all(opens)
+        .await
+        .into_iter()
+        .map(|s| s.expect("a sandbox opens"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_burst_the_pool_keeps_as_many_ready_for_the_next() {
+    for (min_idle, burst_idle_max, want) in [(1, 8, 4), (1, 2, 2), (0, 8, 0)] {
+        let mut config = PaddockConfig::default();
+        config.pool.min_idle = min_idle;
+        config.pool.burst_idle_max = burst_idle_max;
+        config.pool.max_size = 16;
+        config.pool.idle_timeout_ms = 1_000;
+        let paddock = Paddock::builder()
+            .config(config)
+            .without_container()
+            .start()
+            .unwrap();
+        let held = open_burst(&paddock, 4).await;
+        // The pool refills behind the burst: as many as it took, up to the cap.
+        let refilled = eventually(Duration::from_secs(10), || async {
+            pool_stats(&paddock, EngineName::SUBPROCESS).await.idle == want
+        })
+        .await;
+        let p = pool_stats(&paddock, EngineName::SUBPROCESS).await;
+        assert!(
+            refilled,
+            "min_idle {min_idle}, burst_idle_max {burst_idle_max}: {p:?}"
+        );
+        assert_eq!(p.busy, 4, "{p:?}");
+        // No more than that, for a while.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let p = pool_stats(&paddock, EngineName::SUBPROCESS).await;
+        assert_eq!(p.idle, want, "{p:?}");
+        for s in held {
+            s.destroy().await.unwrap();
+        }
+        if min_idle > 0 {
+            // Once no burst as large came within idle_timeout, back to min_idle.
+            let shrunk = eventually(Duration::from_secs(10), || async {
+                pool_stats(&paddock, EngineName::SUBPROCESS).await.idle == min_idle
+            })
+            .await;
+            let p = pool_stats(&paddock, EngineName::SUBPROCESS).await;
+            assert!(shrunk, "{p:?}");
+        }
+        paddock.shutdown(Duration::from_secs(5)).await.unwrap();
+    }
+}
+
 // ---------------------------------------------------------------------------------
 // 5. Taint on timeout and cancel
 // ---------------------------------------------------------------------------------
