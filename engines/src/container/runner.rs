@@ -100,6 +100,55 @@ impl RunnerSetup {
     }
 }
 
+impl ContainerSandbox {
+    /// Starts the warm container's runners ahead of need, for no tenant, so that the
+    /// first snippet of a freshly opened sandbox runs on one (see `take_runner`).
+    /// A runner that does not start is left to start on first use.
+    pub(super) async fn runners_ahead(&self) {
+        let Some(setup) = &self.engine.runners else {
+            return;
+        };
+        if self.engine.runtime.kind.user_space_kernel() {
+            return;
+        }
+        let Some(mut wc) = self.warm.lock().take() else {
+            return;
+        };
+        if wc.wait_ready().await.is_ok() {
+            if let Ok((cwd, vars)) = self.guest_env(None, &BTreeMap::new()) {
+                let langs: Vec<Language> = setup.scripts.iter().map(|(l, _, _)| *l).collect();
+                for lang in langs {
+                    if !self.engine.interpreters.contains_key(&lang)
+                        || wc.runners.contains_key(&lang)
+                    {
+                        continue;
+                    }
+                    match self
+                        .take_runner(&mut wc, lang, (&None, true), (&cwd, &vars))
+                        .await
+                    {
+                        Ok(r) => {
+                            wc.runners.insert(lang, r);
+                        }
+                        Err(e) => {
+                            tracing::debug!(sandbox = %self.id, error = %e, "a runner did not start ahead of need");
+                        }
+                    }
+                }
+            }
+        }
+        let mut slot = self.warm.lock();
+        if slot.is_none() {
+            *slot = Some(wc);
+        } else {
+            // Another took its place meanwhile (it never does: creation and recycle
+            // are not concurrent with executions); this one goes.
+            drop(slot);
+            let _ = std::thread::spawn(move || wc.close());
+        }
+    }
+}
+
 /// A runner inside a warm container, and the tenant it serves.
 #[derive(Debug)]
 pub(crate) struct ContainerRunner {
@@ -131,12 +180,16 @@ impl ContainerSandbox {
     }
 
     /// The runner of `lang` in `wc` for `tenant`: the one kept there when it may
-    /// serve `tenant` still, else a fresh one (whatever was kept is killed).
+    /// serve `tenant` still, else a fresh one (whatever was kept is killed). A
+    /// runner started ahead of need (for no tenant) that has served no turn may be
+    /// taken by the first tenant to run code in the container when no other tenant
+    /// (nor a process) ran anything there (`fresh`): it holds nothing but the
+    /// runner.
     pub(super) async fn take_runner(
         &self,
         wc: &mut WarmContainer,
         lang: Language,
-        tenant: &Option<String>,
+        (tenant, fresh): (&Option<String>, bool),
         (cwd, vars): (&str, &BTreeMap<String, String>),
     ) -> Result<ContainerRunner> {
         let setup = self
@@ -145,7 +198,8 @@ impl ContainerSandbox {
             .as_ref()
             .ok_or_else(|| Error::new(ErrorCode::EngineFailed, "warm runners are off"))?;
         if let Some(mut kept) = wc.runners.remove(&lang) {
-            let fits = kept.tenant == *tenant
+            let untouched = kept.tenant.is_none() && kept.worker.turns == 0 && fresh;
+            let fits = (kept.tenant == *tenant || untouched)
                 && kept.worker.turns < setup.config.max_turns
                 && kept.worker.started.elapsed().as_millis() < u128::from(setup.config.max_age_ms)
                 && kept
@@ -154,6 +208,7 @@ impl ContainerSandbox {
                     .await
                     .is_none();
             if fits {
+                kept.tenant = tenant.clone();
                 return Ok(kept);
             }
             // Dropped: killed through its pidfd; the agent reaps it and kills the

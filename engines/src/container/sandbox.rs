@@ -48,7 +48,10 @@ pub struct ContainerSandbox {
     pub(super) destroy_signal: Notify,
     pub(super) next_container: AtomicU64,
     /// The warm container (taken out while it serves a turn).
-    pub(super) warm: parking_lot::Mutex<Option<WarmContainer>>,
+    pub(super) warm: Arc<parking_lot::Mutex<Option<WarmContainer>>>,
+    /// Leases so far: a retirement of unused runners planned in one lease does
+    /// nothing in the next (see `leased`).
+    pub(super) leases: Arc<AtomicU64>,
     /// Whether the sandbox is paused (its containers frozen).
     pub(super) paused: std::sync::atomic::AtomicBool,
     /// Background processes and terminals (in the warm container).
@@ -171,7 +174,7 @@ impl ContainerSandbox {
                 format!("sandbox setup failed: {e}"),
             )
         })??;
-        Ok(ContainerSandbox {
+        let sandbox = ContainerSandbox {
             id,
             engine,
             spec: spec.clone(),
@@ -182,7 +185,8 @@ impl ContainerSandbox {
             lifecycle: Lifecycle::new(),
             destroy_signal: Notify::new(),
             next_container: AtomicU64::new(0),
-            warm: parking_lot::Mutex::new(None),
+            warm: Arc::default(),
+            leases: Arc::default(),
             paused: std::sync::atomic::AtomicBool::new(false),
             processes: Default::default(),
             guest: parking_lot::Mutex::new(None),
@@ -190,8 +194,10 @@ impl ContainerSandbox {
             id_range,
             removing: parking_lot::Mutex::new(Vec::new()),
             egress: parking_lot::Mutex::new(gateway),
-        })
-        .inspect(|sandbox| sandbox.prewarm())
+        };
+        sandbox.prewarm();
+        sandbox.runners_ahead().await;
+        Ok(sandbox)
     }
 
     /// Where the workdir is mounted in its containers: the spec's home, else
@@ -496,7 +502,39 @@ impl Sandbox for ContainerSandbox {
         self.file_op(move |w| w.list_files(&path)).await
     }
 
+    fn leased(&self) {
+        let Some(setup) = &self.engine.runners else {
+            return;
+        };
+        let lease = self.leases.fetch_add(1, Ordering::AcqRel) + 1;
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (leases, warm) = (self.leases.clone(), Arc::downgrade(&self.warm));
+        let after = Duration::from_millis(setup.config.unused_ms);
+        runtime.spawn(async move {
+            tokio::time::sleep(after).await;
+            // Still this lease (not recycled since), and the sandbox still there; a
+            // warm container serving a turn is not in the slot, and keeps them.
+            if leases.load(Ordering::Acquire) != lease {
+                return;
+            }
+            let Some(warm) = warm.upgrade() else {
+                return;
+            };
+            let retired = warm
+                .lock()
+                .as_mut()
+                .map(|wc| wc.retire_unused_runners())
+                .unwrap_or_default();
+            // Killed through their pidfds, outside the lock.
+            drop(retired);
+        });
+    }
+
     async fn recycle(&self) -> Result<()> {
+        // The lease ends: its planned retirement of unused runners is off.
+        self.leases.fetch_add(1, Ordering::AcqRel);
         let _op = self.enter()?;
         let _guard = self.run_lock.lock().await;
         if self.destroying() {
@@ -523,6 +561,9 @@ impl Sandbox for ContainerSandbox {
             }
             self.prewarm();
         }
+        // The next lease's first snippet is warm too: runners a fresh container
+        // lacks, or that this lease left unused and saw retired, start now.
+        self.runners_ahead().await;
         // Closing the container ended its processes; their watchers finish now.
         self.processes.kill_all(false).await;
         let workdir = self.workdir.clone();

@@ -59,6 +59,9 @@ pub(crate) struct WarmContainer {
         std::collections::BTreeMap<paddock_core::Language, super::runner::ContainerRunner>,
     /// Runners started in it so far (their ids).
     pub(crate) next_runner: u64,
+    /// The tenant of the first execution in it, and whether another ran since.
+    pub(crate) first_tenant: Option<Option<String>>,
+    pub(crate) mixed: bool,
 }
 
 /// A warm container's cgroup counters, opened once.
@@ -235,6 +238,8 @@ impl WarmContainer {
                 control: super::control::AgentControl::new(control),
                 runners: Default::default(),
                 next_runner: 0,
+                first_tenant: None,
+                mixed: false,
             }),
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&dir);
@@ -312,6 +317,21 @@ impl WarmContainer {
     /// The container cgroup's directory for `controller`.
     pub(crate) fn dir(&self, controller: &str) -> Option<PathBuf> {
         self.engine.cgroup_dir(controller, &self.cgroup)
+    }
+
+    /// Takes out the runners started ahead of need that served no turn (for the
+    /// caller to drop, which kills them).
+    pub(crate) fn retire_unused_runners(&mut self) -> Vec<super::runner::ContainerRunner> {
+        let unused: Vec<paddock_core::Language> = self
+            .runners
+            .iter()
+            .filter(|(_, r)| r.tenant.is_none() && r.worker.turns == 0)
+            .map(|(l, _)| *l)
+            .collect();
+        unused
+            .iter()
+            .filter_map(|l| self.runners.remove(l))
+            .collect()
     }
 
     /// Writes `limits`' memory and pids limits to the container's cgroup when they
@@ -497,6 +517,22 @@ impl ContainerSandbox {
         }
         let cpu_before = wc.counters().cpu_ns();
         let ooms_before = wc.ooms_seen;
+        // Only this turn's tenant ran code in the container so far (and no
+        // process, whose tenant is not known here): a runner started there ahead of
+        // need may serve it (see `runner.rs`).
+        let fresh = !wc.mixed
+            && !self
+                .interactive_used
+                .load(std::sync::atomic::Ordering::Acquire)
+            && wc
+                .first_tenant
+                .as_ref()
+                .is_none_or(|t| *t == request.tenant);
+        match &wc.first_tenant {
+            None => wc.first_tenant = Some(request.tenant.clone()),
+            Some(t) if *t != request.tenant => wc.mixed = true,
+            Some(_) => {}
+        }
         wc.used = true;
 
         // A snippet runs on the warm runner of its language when one can run it
@@ -506,7 +542,7 @@ impl ContainerSandbox {
         let mut runner = None;
         if let Some((lang, _)) = &target {
             match self
-                .take_runner(&mut wc, *lang, &request.tenant, (&cwd, &vars))
+                .take_runner(&mut wc, *lang, (&request.tenant, fresh), (&cwd, &vars))
                 .await
             {
                 Ok(r) => runner = Some((*lang, r)),

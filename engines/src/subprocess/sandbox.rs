@@ -214,23 +214,34 @@ impl SubprocessSandbox {
             leases: Arc::default(),
         };
         // Interpreters start now, ahead of the first execution.
-        if let Some(setup) = &sandbox.engine.warm {
-            for key in setup.keys() {
-                match sandbox.start_worker(&key, spec.tenant.clone()).await {
-                    Ok(slot) => {
-                        sandbox.warm.lock().insert(key, slot);
-                    }
-                    // A runner that cannot start is a broken engine; a handler may
-                    // need a file the caller has not written yet: it starts on its
-                    // first invocation instead.
-                    Err(e) if matches!(key, super::runner::WorkerKey::Runner(_)) => return Err(e),
-                    Err(e) => {
-                        tracing::debug!(error = %e, "a handler did not start ahead of need");
-                    }
+        sandbox.runners_ahead(&spec.tenant).await?;
+        Ok(sandbox)
+    }
+
+    /// Starts the warm workers the sandbox lacks, for `tenant`, ahead of need: at
+    /// creation, and on recycle while no code has run in the sandbox (its runners
+    /// may have been retired unused: see `leased`). A runner that cannot start is
+    /// a broken engine; a handler may need a file the caller has not written yet,
+    /// and starts on its first invocation instead.
+    async fn runners_ahead(&self, tenant: &Option<String>) -> Result<()> {
+        let Some(setup) = &self.engine.warm else {
+            return Ok(());
+        };
+        for key in setup.keys() {
+            if self.warm.lock().contains_key(&key) {
+                continue;
+            }
+            match self.start_worker(&key, tenant.clone()).await {
+                Ok(slot) => {
+                    self.warm.lock().insert(key, slot);
+                }
+                Err(e) if matches!(key, super::runner::WorkerKey::Runner(_)) => return Err(e),
+                Err(e) => {
+                    tracing::debug!(error = %e, "a handler did not start ahead of need");
                 }
             }
         }
-        Ok(sandbox)
+        Ok(())
     }
 
     /// Notes that code of `tenant` (`None`: of a tenant not known here, such as a
@@ -454,7 +465,13 @@ impl Sandbox for SubprocessSandbox {
         }
         // The next lease starts without this one's processes and terminals.
         self.processes.kill_all(false).await;
-        self.sweep(false).await
+        self.sweep(false).await?;
+        // Nothing ran here yet: the next lease's first snippet is warm too, on
+        // runners started for no tenant (this lease's may have been retired).
+        if self.touch.lock().runs == 0 {
+            self.runners_ahead(&self.spec.tenant).await?;
+        }
+        Ok(())
     }
 
     async fn start_process(
