@@ -83,6 +83,8 @@ pub(crate) struct EngineInner {
     pub(crate) warm: Option<runner::WarmSetup>,
     /// The Python fork server (`warm.fork_server`), started on first use.
     pub(crate) zygote: zygote::Zygote,
+    /// Sandboxes being opened right now (see `SubprocessSandbox::create`).
+    pub(crate) opening: std::sync::atomic::AtomicUsize,
 }
 
 impl Drop for EngineInner {
@@ -266,6 +268,7 @@ impl SubprocessEngine {
             inner: Arc::new(EngineInner {
                 warm,
                 zygote: Default::default(),
+                opening: Default::default(),
                 caps,
                 defaults,
                 base_env,

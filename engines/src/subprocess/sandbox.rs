@@ -62,6 +62,27 @@ pub struct SubprocessSandbox {
     pub(super) leases: Arc<std::sync::atomic::AtomicU64>,
 }
 
+/// One sandbox being opened, counted while it lives (also when its future is
+/// dropped midway).
+struct Opening<'a> {
+    count: &'a AtomicUsize,
+    /// How many others were being opened when it began.
+    others: usize,
+}
+
+impl<'a> Opening<'a> {
+    fn enter(count: &'a AtomicUsize) -> Self {
+        let others = count.fetch_add(1, Ordering::AcqRel);
+        Opening { count, others }
+    }
+}
+
+impl Drop for Opening<'_> {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// Who has run code in a sandbox so far.
 #[derive(Debug, Default)]
 pub(crate) struct Touch {
@@ -213,22 +234,34 @@ impl SubprocessSandbox {
             processes: Default::default(),
             leases: Arc::default(),
         };
-        // Interpreters start now, ahead of the first execution.
-        sandbox.runners_ahead(&spec.tenant).await?;
+        // Interpreters start now, ahead of the first execution. In a burst of opens
+        // (another sandbox of the engine is being opened too) only the forked ones:
+        // the CPU goes to the sandboxes being opened, and an interpreter that has to
+        // start from nothing starts on first use instead.
+        let opening = Opening::enter(&sandbox.engine.opening);
+        sandbox
+            .runners_ahead(&spec.tenant, opening.others > 0)
+            .await?;
+        drop(opening);
         Ok(sandbox)
     }
 
-    /// Starts the warm workers the sandbox lacks, for `tenant`, ahead of need: at
+    /// Starts the warm workers the sandbox lacks, for `tenant`, ahead of need (with
+    /// `forked_only`, of the runners only those the fork server forks): at
     /// creation, and on recycle while no code has run in the sandbox (its runners
     /// may have been retired unused: see `leased`). A runner that cannot start is
     /// a broken engine; a handler may need a file the caller has not written yet,
     /// and starts on its first invocation instead.
-    async fn runners_ahead(&self, tenant: &Option<String>) -> Result<()> {
+    async fn runners_ahead(&self, tenant: &Option<String>, forked_only: bool) -> Result<()> {
         let Some(setup) = &self.engine.warm else {
             return Ok(());
         };
         for key in setup.keys() {
-            if self.warm.lock().contains_key(&key) {
+            let forked = setup.config.fork_server
+                && key == super::runner::WorkerKey::Runner(paddock_core::Language::Python);
+            if self.warm.lock().contains_key(&key)
+                || (forked_only && !forked && matches!(key, super::runner::WorkerKey::Runner(_)))
+            {
                 continue;
             }
             match self.start_worker(&key, tenant.clone()).await {
@@ -469,7 +502,7 @@ impl Sandbox for SubprocessSandbox {
         // Nothing ran here yet: the next lease's first snippet is warm too, on
         // runners started for no tenant (this lease's may have been retired).
         if self.touch.lock().runs == 0 {
-            self.runners_ahead(&self.spec.tenant).await?;
+            self.runners_ahead(&self.spec.tenant, false).await?;
         }
         Ok(())
     }

@@ -47,15 +47,26 @@ function printError(err) {
   try { process.stderr.write(text + '\n'); } catch (_) { /* stderr gone */ }
 }
 
-async function runCode(source) {
+function makeContext() {
   const proc = Object.create(process, {
     exit: { value: (code) => { throw new ExitRequest(code === undefined ? 0 : code); } },
   });
-  const context = vm.createContext({
+  return vm.createContext({
     console, require, process: proc, Buffer, URL, TextEncoder, TextDecoder,
     setTimeout, clearTimeout, setInterval, clearInterval, setImmediate, clearImmediate,
     queueMicrotask, structuredClone,
   });
+}
+
+// The next snippet's context, made while the runner waits (no snippet has seen it).
+let spare = null;
+function prepare() {
+  if (!spare) spare = makeContext();
+}
+
+async function runCode(source) {
+  const context = spare || makeContext();
+  spare = null;
   const script = new vm.Script(source, { filename: '<snippet>' });
   let value = script.runInContext(context, { breakOnSigint: true });
   if (value && typeof value.then === 'function') {
@@ -91,7 +102,21 @@ async function handle(frame) {
     cancelTurn = null;
   }
   send(reply);
+  setImmediate(prepare);
 }
+
+// What a turn goes through for the first time (the output streams, a context, a
+// script run with a SIGINT watchdog) is done once here, before any snippet, so that
+// the first one costs what the others do.
+// Nothing is written: output before a turn would be taken for the turn's.
+process.stdout;
+process.stderr;
+new vm.Script('undefined', { filename: '<warm-up>' }).runInContext(vm.createContext({}), { breakOnSigint: true });
+new console.Console(new (require('stream').Writable)({ write(chunk, encoding, done) { done(); } })).log('%s %j', 1, { a: 1 });
+JSON.parse(JSON.stringify({ v: 1, kind: 'output', id: '', output: { exit_code: 0 } }));
+toJson(1);
+Promise.race([Promise.resolve()]);
+prepare();
 
 const lines = readline.createInterface({ input: fs.createReadStream(null, { fd: 0 }), crlfDelay: Infinity });
 let chain = Promise.resolve();
