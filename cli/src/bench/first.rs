@@ -5,7 +5,9 @@
 //!   `paddock serve` does), `N` sandboxes of `N` tenants opened at once (one at a
 //!   time, then 8 and 64 by default), then each one's first Python `print(1)`, then
 //!   each one's first JavaScript `console.log(1)`, all `N` at once. Reported: open,
-//!   first Python, open + first Python, and first JavaScript, p50/p99/max in ms; per
+//!   first Python, open + first Python, and first JavaScript, p50/p99/max in ms
+//!   (and open + first Python over the rounds after the first, which meet a pool
+//!   that has seen such a burst); per
 //!   engine (subprocess, and the container engine where it starts). The subprocess
 //!   engine runs again without its Python fork server (`warm.fork_server = false`),
 //!   for bursts up to 8, as the baseline.
@@ -186,6 +188,10 @@ async fn first_open(
             }
         }
         let [open, python, open_python, js] = series;
+        // The first round meets the pool as a burst of this size finds it the first
+        // time (`min_idle` ready); later rounds, as it finds it once it has seen one
+        // (it keeps as many ready: `pool.burst_idle_max`).
+        let later = spread(open_python.get(n.min(open_python.len())..).unwrap_or_default().to_vec());
         let mut line = json!({
             "scenario": "first_open",
             "engine": engine.as_str(),
@@ -193,7 +199,9 @@ async fn first_open(
             "fork_server": fork_server && engine == EngineName::SUBPROCESS,
             "open": spread(open),
             "first_python": spread(python),
+            "rounds": rounds,
             "open_and_first_python": spread(open_python),
+            "open_and_first_python_later_rounds": later,
             "first_javascript": spread(js),
         });
         if let Some(e) = error {
@@ -319,26 +327,33 @@ fn processes() -> usize {
     })
 }
 
-/// The proportional set size of every process of the host, in bytes: each page
-/// shared by `k` processes counts `1/k` in each (`/proc/<pid>/smaps_rollup`).
-fn total_pss() -> u64 {
+/// The proportional set size of every process of the host, by pid, in bytes: each
+/// page shared by `k` processes counts `1/k` in each (`/proc/<pid>/smaps_rollup`).
+fn pss_by_pid() -> std::collections::HashMap<u32, u64> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
-        return 0;
+        return Default::default();
     };
     dir.flatten()
         .filter_map(|e| {
-            let name = e.file_name();
-            let pid = name.to_str()?;
-            if !pid.bytes().all(|b| b.is_ascii_digit()) {
-                return None;
-            }
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
             let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
-            text.lines()
+            let kib = text
+                .lines()
                 .find_map(|l| l.strip_prefix("Pss:"))
-                .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<u64>().ok())
+                .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<u64>().ok())?;
+            Some((pid, kib * 1024))
         })
-        .sum::<u64>()
-        * 1024
+        .collect()
+}
+
+/// What the host's processes grew by since `before`: the PSS of every process
+/// that is new, and the growth of those that were there (the bench's own among
+/// them); processes that ended count nothing.
+fn pss_growth(before: &std::collections::HashMap<u32, u64>) -> u64 {
+    pss_by_pid()
+        .into_iter()
+        .map(|(pid, now)| now.saturating_sub(before.get(&pid).copied().unwrap_or(0)))
+        .sum()
 }
 
 /// `MemAvailable` of `/proc/meminfo`, in bytes.
@@ -370,7 +385,7 @@ async fn first_density(engine: EngineName, n: usize, as_json: bool) -> Result<bo
         return Ok(true);
     }
     let before = settled_mem_available().await;
-    let pss_before = total_pss();
+    let pss_before = pss_by_pid();
     let mut open = Vec::with_capacity(n);
     let mut sandboxes = Vec::with_capacity(n);
     let mut error = None;
@@ -397,9 +412,9 @@ async fn first_density(engine: EngineName, n: usize, as_json: bool) -> Result<bo
     let unused = Duration::from_millis(PaddockConfig::default().subprocess.warm.unused_ms);
     tokio::time::sleep(unused + Duration::from_secs(2)).await;
     let after = settled_mem_available().await;
-    let pss_after = total_pss();
+    let pss_grown = pss_growth(&pss_before);
     let per = before.saturating_sub(after) as f64 / count;
-    let pss_per = pss_after.saturating_sub(pss_before) as f64 / count;
+    let pss_per = pss_grown as f64 / count;
     let mut answered = 0;
     let mut asked = 0;
     let mut exec = Vec::new();
