@@ -35,6 +35,7 @@ pub mod env;
 mod host;
 mod interactive;
 pub mod isolate;
+mod lease;
 pub mod noop;
 pub mod subprocess;
 mod task;

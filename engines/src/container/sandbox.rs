@@ -49,9 +49,9 @@ pub struct ContainerSandbox {
     pub(super) next_container: AtomicU64,
     /// The warm container (taken out while it serves a turn).
     pub(super) warm: Arc<parking_lot::Mutex<Option<WarmContainer>>>,
-    /// Leases so far: a retirement of unused runners planned in one lease does
-    /// nothing in the next (see `leased`).
-    pub(super) leases: Arc<AtomicU64>,
+    /// Its leases: runners started ahead of need that a lease leaves unused are
+    /// retired (see `leased`).
+    pub(super) leases: Arc<crate::lease::LeaseClock>,
     /// Whether the sandbox is paused (its containers frozen).
     pub(super) paused: std::sync::atomic::AtomicBool,
     /// Background processes and terminals (in the warm container).
@@ -506,35 +506,26 @@ impl Sandbox for ContainerSandbox {
         let Some(setup) = &self.engine.runners else {
             return;
         };
-        let lease = self.leases.fetch_add(1, Ordering::AcqRel) + 1;
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let (leases, warm) = (self.leases.clone(), Arc::downgrade(&self.warm));
-        let after = Duration::from_millis(setup.config.unused_ms);
-        runtime.spawn(async move {
-            tokio::time::sleep(after).await;
-            // Still this lease (not recycled since), and the sandbox still there; a
-            // warm container serving a turn is not in the slot, and keeps them.
-            if leases.load(Ordering::Acquire) != lease {
-                return;
-            }
-            let Some(warm) = warm.upgrade() else {
-                return;
-            };
-            let retired = warm
-                .lock()
-                .as_mut()
-                .map(|wc| wc.retire_unused_runners())
-                .unwrap_or_default();
-            // Killed through their pidfds, outside the lock.
-            drop(retired);
-        });
+        let warm = Arc::downgrade(&self.warm);
+        self.leases
+            .leased(Duration::from_millis(setup.config.unused_ms), move || {
+                // A warm container serving a turn is not in the slot, and keeps them.
+                let Some(warm) = warm.upgrade() else {
+                    return;
+                };
+                let retired = warm
+                    .lock()
+                    .as_mut()
+                    .map(|wc| wc.retire_unused_runners())
+                    .unwrap_or_default();
+                // Killed through their pidfds, outside the lock.
+                drop(retired);
+            });
     }
 
     async fn recycle(&self) -> Result<()> {
         // The lease ends: its planned retirement of unused runners is off.
-        self.leases.fetch_add(1, Ordering::AcqRel);
+        self.leases.ended();
         let _op = self.enter()?;
         let _guard = self.run_lock.lock().await;
         if self.destroying() {

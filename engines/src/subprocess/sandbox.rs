@@ -57,9 +57,9 @@ pub struct SubprocessSandbox {
     pub(super) warm_cgroup: Option<Arc<Cgroup>>,
     /// Background processes and terminals.
     pub(super) processes: crate::interactive::Processes,
-    /// Leases so far: a retirement of unused runners planned in one lease does
-    /// nothing in the next (see `leased`).
-    pub(super) leases: Arc<std::sync::atomic::AtomicU64>,
+    /// Its leases: runners started ahead of need that a lease leaves unused are
+    /// retired (see `leased`).
+    pub(super) leases: Arc<crate::lease::LeaseClock>,
 }
 
 /// One sandbox being opened, counted while it lives (also when its future is
@@ -471,26 +471,20 @@ impl Sandbox for SubprocessSandbox {
         let Some(setup) = &self.engine.warm else {
             return;
         };
-        let lease = self.leases.fetch_add(1, Ordering::AcqRel) + 1;
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let (leases, slots) = (self.leases.clone(), Arc::downgrade(&self.warm));
-        let after = std::time::Duration::from_millis(setup.config.unused_ms);
-        runtime.spawn(async move {
-            tokio::time::sleep(after).await;
-            // Still this lease (not recycled since), and the sandbox still there.
-            if leases.load(Ordering::Acquire) == lease {
+        let slots = Arc::downgrade(&self.warm);
+        self.leases.leased(
+            std::time::Duration::from_millis(setup.config.unused_ms),
+            move || {
                 if let Some(slots) = slots.upgrade() {
                     super::runner::retire_unused(&slots);
                 }
-            }
-        });
+            },
+        );
     }
 
     async fn recycle(&self) -> Result<()> {
         // The lease ends: its planned retirement of unused runners is off.
-        self.leases.fetch_add(1, Ordering::AcqRel);
+        self.leases.ended();
         let _op = self.enter()?;
         let _guard = self.run_lock.lock().await;
         if self.destroying() {

@@ -43,8 +43,20 @@ const MAX_REQUEST: usize = 1 << 20;
 /// The engine's Python fork server.
 #[derive(Debug, Default)]
 pub(crate) struct Zygote {
-    live: parking_lot::Mutex<Option<Live>>,
+    live: parking_lot::Mutex<State>,
 }
+
+/// The server, and when one that broke may be tried again.
+#[derive(Debug, Default)]
+struct State {
+    live: Option<Live>,
+    /// A server that could not start, or broke right after it started, is not
+    /// tried again before this (runners are spawned meanwhile).
+    resting_until: Option<std::time::Instant>,
+}
+
+/// How long a server that broke rests before it is started again.
+const REST: Duration = Duration::from_secs(60);
 
 /// A running zygote.
 #[derive(Debug)]
@@ -112,29 +124,43 @@ impl Zygote {
         request: ForkRequest,
     ) -> std::io::Result<OwnedFd> {
         let (message, fds) = encode(request)?;
-        let mut live = self.live.lock();
-        for attempt in 0..2 {
-            let fresh = !matches!(&*live, Some(l) if l.interp == interp && l.script == script && !sys::pidfd_exited(&l.child.pidfd));
-            if fresh {
-                *live = None;
-                *live = Some(start(interp, script, base_env)?);
+        let mut state = self.live.lock();
+        if let Some(until) = state.resting_until {
+            if std::time::Instant::now() < until {
+                return Err(std::io::Error::other(
+                    "the Python fork server broke a moment ago and rests",
+                ));
             }
-            let z = live.as_ref().expect("started above");
-            match ask(z, &message, &fds) {
-                Ok(pidfd) => return Ok(pidfd),
-                // The zygote answered: the request itself failed.
-                Err(Fault::Refused(e)) => return Err(e),
-                // The zygote is gone or stuck: a fresh one, once.
-                Err(Fault::Broken(e)) => {
-                    *live = None;
-                    if attempt == 1 || fresh {
-                        return Err(e);
-                    }
-                    tracing::info!(error = %e, "the Python fork server stopped answering; starting it again");
+            state.resting_until = None;
+        }
+        let fresh = !matches!(&state.live, Some(l) if l.interp == interp && l.script == script && !sys::pidfd_exited(&l.child.pidfd));
+        if fresh {
+            state.live = None;
+            match start(interp, script, base_env) {
+                Ok(l) => state.live = Some(l),
+                Err(e) => {
+                    state.resting_until = Some(std::time::Instant::now() + REST);
+                    return Err(e);
                 }
             }
         }
-        unreachable!("the loop returns on its second attempt")
+        let z = state.live.as_ref().expect("started above");
+        match ask(z, &message, &fds) {
+            Ok(pidfd) => Ok(pidfd),
+            // The server answered: the request itself failed.
+            Err(Fault::Refused(e)) => Err(e),
+            // The server is gone or stuck. It is not asked again with these pipes
+            // (a child it may have forked holds them, and sees them end when the
+            // caller drops its own); the next request starts a new server, unless
+            // this one broke at once.
+            Err(Fault::Broken(e)) => {
+                state.live = None;
+                if fresh {
+                    state.resting_until = Some(std::time::Instant::now() + REST);
+                }
+                Err(e)
+            }
+        }
     }
 }
 

@@ -724,6 +724,40 @@ async fn python_runners_are_forked_into_their_sandbox_from_one_server() {
     a.destroy().await.unwrap();
     b.destroy().await.unwrap();
 
+    // A sandbox's open-files limit holds for its runner too, set after the runner's
+    // descriptors are in place.
+    let mut spec = SandboxSpec::default();
+    spec.limits.open_files = Some(16);
+    let c = engine.create(&spec).await.unwrap();
+    let rf = report(&run(&*c, py(PY_SELF)).await);
+    assert!(
+        rf["parent"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p == "--zygote"),
+        "{rf}"
+    );
+    assert_eq!(rf["fds"], json!([0, 1, 2, 3]), "{rf}");
+    let exe = rf["exe"].as_str().unwrap();
+    let cold = report(
+        &run(
+            &*c,
+            ExecRequest::new(Program::command([exe, "-c", PY_SELF])),
+        )
+        .await,
+    );
+    assert_eq!(
+        rf["same"]["rlimits"], cold["same"]["rlimits"],
+        "{rf} {cold}"
+    );
+    assert_eq!(
+        rf["same"]["rlimits"][7],
+        json!([16, 16]),
+        "RLIMIT_NOFILE: {rf}"
+    );
+    c.destroy().await.unwrap();
+
     // Without the fork server, the engine starts the interpreter itself.
     let mut config = SubprocessConfig::default();
     config.warm.fork_server = false;

@@ -241,20 +241,24 @@ def _become(request, fds, script):
         if "mntns" in by_role:
             stage = "entering the sandbox's mount namespace"
             _enter(by_role.pop("mntns"), 0x00020000)  # CLONE_NEWNS
-        stage = "setting resource limits"
-        for res, soft, hard in request.get("rlimits", []):
-            resource.setrlimit(res, (soft, hard))
         stage = "wiring stdin/stdout/stderr"
         # Above every target first, so that no dup2 overwrites a source.
         high = [os.dup(by_role[r]) for r in ("stdin", "stdout", "stderr", "frames")]
         for target, fd in enumerate(high):
             os.dup2(fd, target, inheritable=True)
-        os.closerange(4, resource.getrlimit(resource.RLIMIT_NOFILE)[0] or 1024)
+        # Every other descriptor goes: the server's socket, what was passed, the
+        # copies above.
+        top = max(int(fd) for fd in os.listdir("/proc/self/fd"))
+        os.closerange(4, top + 1)
         stage = "changing to the working directory"
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
         sys.argv = [script]
+        # Last: an open-files limit below the numbers used above must not stop them.
+        stage = "setting resource limits"
+        for res, soft, hard in request.get("rlimits", []):
+            resource.setrlimit(res, (soft, hard))
     except BaseException as exc:
         try:
             os.write(2, ("paddock zygote: %s failed: %s\n" % (stage, exc)).encode())
