@@ -50,6 +50,8 @@ pub(crate) struct AgentControl {
     fd: parking_lot::Mutex<Option<OwnedFd>>,
     live: OnceLock<Arc<AsyncFd<OwnedFd>>>,
     routes: Arc<parking_lot::Mutex<Routes>>,
+    /// The runtime its socket is watched on, from first use.
+    runtime: OnceLock<Arc<ControlRuntime>>,
 }
 
 impl AgentControl {
@@ -59,6 +61,7 @@ impl AgentControl {
             fd: parking_lot::Mutex::new(Some(fd)),
             live: OnceLock::new(),
             routes: Default::default(),
+            runtime: OnceLock::new(),
         })
     }
 
@@ -76,13 +79,14 @@ impl AgentControl {
         // The socket is watched, and its answers routed, on the channels' own
         // runtime: a caller's runtime may be an HTTP worker's or an actor's, busy or
         // gone when the agent answers.
-        let rt = control_runtime();
-        let _in = rt.enter();
+        let rt = self.runtime.get_or_init(control_runtime).clone();
+        let handle = rt.handle();
+        let _in = handle.enter();
         let sock = Arc::new(
             sys::async_fd(raw, Interest::READABLE | Interest::WRITABLE)
                 .map_err(|e| Error::engine_io("watching the agent's control channel", e))?,
         );
-        rt.spawn(read_answers(sock.clone(), self.routes.clone()));
+        handle.spawn(read_answers(sock.clone(), self.routes.clone()));
         let _ = self.live.set(sock.clone());
         Ok(sock)
     }
@@ -234,7 +238,10 @@ impl AgentControl {
         match sys::send_with_fds(sock.get_ref(), &bytes, &[]) {
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 let sock = sock.clone();
-                control_runtime().spawn(async move {
+                let Some(rt) = self.runtime.get() else {
+                    return;
+                };
+                rt.handle().spawn(async move {
                     let _ = tokio::time::timeout(SPAWN_PATIENCE, send(&sock, &bytes, &[])).await;
                 });
             }
@@ -244,17 +251,46 @@ impl AgentControl {
     }
 }
 
-/// The runtime every agent's control channel is watched on: one thread of its own.
-fn control_runtime() -> &'static tokio::runtime::Runtime {
-    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RT.get_or_init(|| {
+/// The runtime the agents' control channels are watched on: one thread of its own,
+/// shared by every channel in use, and shut down when the last of them goes (so that
+/// an embedder that stops Paddock keeps no thread or descriptor of it).
+#[derive(Debug)]
+struct ControlRuntime(Option<tokio::runtime::Runtime>);
+
+impl ControlRuntime {
+    fn handle(&self) -> &tokio::runtime::Handle {
+        self.0.as_ref().expect("held until dropped").handle()
+    }
+}
+
+impl Drop for ControlRuntime {
+    fn drop(&mut self) {
+        // Its tasks (the channels' readers) are dropped with it; the last channel
+        // may go inside an async context, where only this way of stopping is allowed.
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// The shared control runtime, started when no channel holds it.
+fn control_runtime() -> Arc<ControlRuntime> {
+    static RT: parking_lot::Mutex<std::sync::Weak<ControlRuntime>> =
+        parking_lot::Mutex::new(std::sync::Weak::new());
+    let mut shared = RT.lock();
+    if let Some(rt) = shared.upgrade() {
+        return rt;
+    }
+    let rt = Arc::new(ControlRuntime(Some(
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("paddock-agent-control")
             .enable_all()
             .build()
-            .expect("the agent control runtime starts")
-    })
+            .expect("the agent control runtime starts"),
+    )));
+    *shared = Arc::downgrade(&rt);
+    rt
 }
 
 fn unresponsive() -> Error {

@@ -178,6 +178,7 @@ async fn phase(
 pub(super) async fn soak(args: SoakArgs, as_json: bool) -> Result<i32, crate::run::UsageError> {
     let run_started = Instant::now();
     let fds_before_start = open_fds();
+    let fd_targets_before = probe::fd_targets();
     let mut config = PaddockConfig::default();
     config.pool.min_idle = args.min_idle;
     config.pool.max_size = args.max_size;
@@ -337,6 +338,12 @@ pub(super) async fn soak(args: SoakArgs, as_json: bool) -> Result<i32, crate::ru
         procs_after = descendants();
     }
     let fds_after_shutdown = steady_fds().await;
+    // What is open now that was not before the start: named in the summary.
+    let fds_left: Vec<String> = probe::fd_targets()
+        .into_iter()
+        .filter(|(fd, target)| fd_targets_before.get(fd) != Some(target))
+        .map(|(fd, target)| format!("{fd} -> {target}"))
+        .collect();
     let (dirs_after_shutdown, _) = engine_dirs();
 
     let issued = ledger.issued.load(Ordering::Relaxed);
@@ -470,6 +477,7 @@ pub(super) async fn soak(args: SoakArgs, as_json: bool) -> Result<i32, crate::ru
             "fds_baseline": base.fds,
             "fds_end": end.fds,
             "fds_after_shutdown": fds_after_shutdown,
+            "fds_left_after_shutdown": fds_left,
             "threads_baseline": base.threads,
             "threads_end": end.threads,
             "engine_dir_entries_baseline": base.dir_entries,

@@ -58,6 +58,22 @@ pub(super) fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count().saturating_sub(1))
 }
 
+/// What each open descriptor of this process refers to, by number.
+pub(super) fn fd_targets() -> std::collections::BTreeMap<u32, String> {
+    std::fs::read_dir("/proc/self/fd").map_or_else(
+        |_| Default::default(),
+        |d| {
+            d.flatten()
+                .filter_map(|e| {
+                    let fd = e.file_name().to_str()?.parse().ok()?;
+                    let target = std::fs::read_link(e.path()).ok()?;
+                    Some((fd, target.to_string_lossy().into_owned()))
+                })
+                .collect()
+        },
+    )
+}
+
 /// The processes below this one (children, their children, …): command name and
 /// state letter of each.
 pub(super) fn descendants() -> Vec<(String, char)> {
