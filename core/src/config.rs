@@ -811,11 +811,11 @@ pub struct PoolConfig {
     /// Instances kept ready ahead of need. Default 1. With 0 the pool keeps none,
     /// whatever `burst_idle_max` says.
     pub min_idle: usize,
-    /// Most instances kept ready for the next burst: after a burst of `k`
-    /// acquisitions within one second, the pool keeps up to `k` instances idle
-    /// (created in the background, in parallel) until `idle_timeout_ms` passes
-    /// without a burst as large; `min_idle` is the floor. Default 8; 0 keeps only
-    /// `min_idle`.
+    /// Most instances kept ready for the next burst: after `k` instances were in use
+    /// at once (a burst of `k` opens, say; callers one after another need one or
+    /// two), the pool keeps up to `k` idle (created in the background, in parallel)
+    /// until `idle_timeout_ms` passes without as many in use; `min_idle` is the
+    /// floor. Default 8; 0 keeps only `min_idle`.
     pub burst_idle_max: usize,
     /// Most instances at once. Default 8.
     pub max_size: usize,
@@ -1077,7 +1077,7 @@ pub struct WarmConfig {
     /// no turn this long after the pool handed the sandbox out are retired, so that
     /// an open sandbox left idle holds no interpreter; its next snippet of the
     /// language starts (or forks) one. Runners in the pool's idle sandboxes are kept.
-    /// Subprocess engine only. Default 10,000 ms.
+    /// The subprocess engine's and `container.runners`. Default 10,000 ms.
     pub unused_ms: u64,
 }
 

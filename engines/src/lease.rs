@@ -52,6 +52,12 @@ impl LeaseClock {
         }
         let clock = self.clone();
         runtime.spawn(async move {
+            // A task dropped while it waits (its runtime shut down) lets the next
+            // lease start another.
+            let mut guard = Waiting {
+                clock: clock.clone(),
+                armed: true,
+            };
             loop {
                 let (lease, due) = {
                     let mut s = clock.state.lock();
@@ -59,6 +65,7 @@ impl LeaseClock {
                         Some(since) => (s.lease, since + after),
                         None => {
                             s.waiting = false;
+                            guard.armed = false;
                             return;
                         }
                     }
@@ -74,6 +81,7 @@ impl LeaseClock {
                     if s.lease == lease {
                         // Nothing began since: done until the next lease.
                         s.waiting = false;
+                        guard.armed = false;
                         return;
                     }
                 }
@@ -85,6 +93,21 @@ impl LeaseClock {
     /// The lease ends (the sandbox is recycled): its retirement is off.
     pub(crate) fn ended(&self) {
         self.state.lock().since = None;
+    }
+}
+
+/// Clears `waiting` when the waiting task is dropped before it ends by itself (its
+/// runtime shut down); an ending task clears it under the lock it decided under.
+struct Waiting {
+    clock: Arc<LeaseClock>,
+    armed: bool,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if self.armed {
+            self.clock.state.lock().waiting = false;
+        }
     }
 }
 

@@ -145,38 +145,29 @@ pub(crate) struct EnginePool {
     demand: parking_lot::Mutex<Demand>,
 }
 
-/// Acquisitions per second, and the largest such burst lately: the pool keeps as
-/// many instances idle as that burst took (up to `burst_idle_max`), so that the next
-/// burst like it finds them ready.
+/// How many instances were in use at once lately: the pool keeps as many idle (up to
+/// `burst_idle_max`), so that the next burst like the last finds them ready.
 #[derive(Debug)]
 struct Demand {
-    second_started: Instant,
-    this_second: usize,
     peak: usize,
     peak_at: Instant,
 }
 
 impl Demand {
     fn new() -> Demand {
-        let now = Instant::now();
         Demand {
-            second_started: now,
-            this_second: 0,
             peak: 0,
-            peak_at: now,
+            peak_at: Instant::now(),
         }
     }
 
-    /// Counts one acquisition now.
-    fn note(&mut self, window: Duration) {
+    /// Notes a lease granted while `in_use` instances (its own included) were
+    /// leased. Callers one after another need one or two (one serving, one being
+    /// recycled); a burst of `k`, `k`.
+    fn note(&mut self, in_use: usize, window: Duration) {
         let now = Instant::now();
-        if now.duration_since(self.second_started) >= Duration::from_secs(1) {
-            self.second_started = now;
-            self.this_second = 0;
-        }
-        self.this_second += 1;
-        if self.this_second >= self.peak || now.duration_since(self.peak_at) >= window {
-            self.peak = self.this_second;
+        if in_use >= self.peak || now.duration_since(self.peak_at) >= window {
+            self.peak = in_use;
             self.peak_at = now;
         }
     }
@@ -261,9 +252,9 @@ impl EnginePool {
         })
     }
 
-    /// How many instances the pool keeps idle now: `min_idle`, or as many as the
-    /// largest burst of acquisitions within one second took lately (within
-    /// `idle_timeout_ms`), up to `burst_idle_max`. Nothing with `min_idle = 0`.
+    /// How many instances the pool keeps idle now: `min_idle`, or as many as were in
+    /// use at once lately (within `idle_timeout_ms`), up to `burst_idle_max`.
+    /// Nothing with `min_idle = 0`.
     fn idle_target(&self) -> usize {
         let min = self.config.min_idle;
         if min == 0 {
@@ -422,9 +413,7 @@ impl EnginePool {
 
     async fn acquire_inner(self: &Arc<Self>, cancel: &CancelToken) -> Result<Lease, Error> {
         self.check_breaker()?;
-        self.demand
-            .lock()
-            .note(Duration::from_millis(self.config.idle_timeout_ms));
+
         let max_age = Duration::from_millis(self.config.max_age_ms);
         let mut retired = Vec::new();
         let step = self
@@ -434,11 +423,7 @@ impl EnginePool {
             self.destroy(inst);
         }
         let instance = match step {
-            Acquire::Ready(inst) => {
-                // Its place is refilled now, not at the next maintenance tick.
-                self.prewarm();
-                inst
-            }
+            Acquire::Ready(inst) => inst,
             Acquire::Create => {
                 let guard = CreateGuard {
                     pool: self,
@@ -494,6 +479,13 @@ impl EnginePool {
                 )));
             }
         };
+        // How many are leased now, this one included: the pool keeps as many ready
+        // for the next burst, and refills now, not at the next maintenance tick.
+        let busy = self.slots.counts().busy;
+        self.demand
+            .lock()
+            .note(busy, Duration::from_millis(self.config.idle_timeout_ms));
+        self.prewarm();
         instance.sandbox.leased();
         Ok(Lease {
             pool: self.clone(),

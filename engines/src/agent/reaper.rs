@@ -57,12 +57,25 @@ impl Agent {
                 sys::kill_group(b.pid, libc::SIGKILL);
             }
         }
-        let sessions: Vec<libc::pid_t> = if all {
-            Vec::new()
+        // The sessions of background processes are spared; of a runner only the
+        // runner itself (a turn may have planted a process in its session).
+        let (sessions, runners): (Vec<libc::pid_t>, Vec<libc::pid_t>) = if all {
+            (Vec::new(), Vec::new())
         } else {
-            self.background.iter().map(|b| b.pid).collect()
+            (
+                self.background
+                    .iter()
+                    .filter(|b| !b.runner)
+                    .map(|b| b.pid)
+                    .collect(),
+                self.background
+                    .iter()
+                    .filter(|b| b.runner)
+                    .map(|b| b.pid)
+                    .collect(),
+            )
         };
-        self.kill_others(&sessions, &[]);
+        self.kill_others(&sessions, &runners);
     }
 
     /// What a runner's turn left behind dies: every process but the agent, the

@@ -266,9 +266,11 @@ impl ContainerSandbox {
     /// that the usual turn, which leaves nothing, costs no round trip to the agent.
     /// (The sandbox's background processes count as leftovers here: the agent's
     /// sweep spares them.)
+    /// When the process list cannot be read, anything may be left: `true` (the
+    /// agent's sweep then decides).
     pub(super) fn left_running(&self, wc: &WarmContainer, runner: &ContainerRunner) -> bool {
         let Some(dir) = wc.dir("pids").or_else(|| wc.dir("memory")) else {
-            return false;
+            return true;
         };
         let init = std::fs::read_to_string(wc.pid_file())
             .ok()
@@ -280,7 +282,9 @@ impl ContainerSandbox {
             .filter_map(|r| r.worker.pid())
             .collect();
         keep.extend(init);
-        let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+        let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) else {
+            return true;
+        };
         procs
             .lines()
             .filter_map(|l| l.trim().parse::<libc::pid_t>().ok())

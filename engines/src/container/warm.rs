@@ -661,6 +661,7 @@ impl ContainerSandbox {
         // A container whose turn did not end cleanly (or whose memory ran out) is
         // replaced; the new one starts now, off the next execution's path.
         let mut clean = matches!(outcome, Outcome::Completed { .. });
+        let mut unswept = false;
         if let (Some((lang, r)), Some(mark)) = (runner, mark) {
             // A runner stays after a turn that completed with code 0 and left its
             // memory below `max_rss_bytes`; otherwise it goes (killed through its
@@ -687,17 +688,22 @@ impl ContainerSandbox {
             } else {
                 drop(r);
             }
-            if left && clean {
+            // Whatever the turn's outcome: a container kept for its background
+            // processes must not keep what the snippet started too.
+            if left {
                 if let Err(e) = wc.control.sweep("turn").await {
                     tracing::warn!(sandbox = %self.id, error = %e, "what a snippet left running could not be killed; the warm container is replaced");
                     clean = false;
+                    unswept = true;
                 }
             }
         }
         // Background processes live in this container: it stays while they run and
-        // it is alive (the agent killed what the turn left behind).
+        // it is alive (the agent killed what the turn left behind), unless what a
+        // snippet left could not be killed.
         let keep = clean
-            || (self.processes.has_live()
+            || (!unswept
+                && self.processes.has_live()
                 && wc
                     .worker
                     .exited_within(std::time::Duration::ZERO)

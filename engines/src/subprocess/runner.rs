@@ -308,6 +308,8 @@ impl SubprocessSandbox {
                         born: self.touch.lock().runs,
                     })
                 }
+                // Resting after it broke: said once, when it broke.
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                 Err(e) => {
                     tracing::warn!(sandbox = %self.id, error = %e, "the Python fork server gave no runner; starting an interpreter instead");
                 }

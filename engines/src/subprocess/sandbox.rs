@@ -537,7 +537,8 @@ impl Teardown for SubprocessSandbox {
         // Processes and terminals: killed, and waited for, so that their exits are
         // known when destroy returns.
         self.processes.kill_all(true).await;
-        // Warm workers go first: dropping one kills its process group.
+        // Warm workers go first: dropping one kills its process group (a forked
+        // runner's, through the fork server, which kills its session as it reaps it).
         self.warm.lock().clear();
         if let Some(g) = self.warm_cgroup.clone() {
             let _ = blocking(move || {

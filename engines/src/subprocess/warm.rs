@@ -587,7 +587,8 @@ impl Worker {
             let _ = sys::pidfd_send_signal(&child.pidfd, libc::SIGKILL);
             if self.reaped_elsewhere {
                 // Only through the pidfd: the pid may be reaped and reused by now.
-                // The process that reaps it kills the rest of its session then.
+                // The process that reaps it (a container's agent, the fork server)
+                // kills the rest of its session then.
                 return;
             }
             sys::kill_group(child.pid, libc::SIGKILL);

@@ -127,7 +127,8 @@ impl Zygote {
         let mut state = self.live.lock();
         if let Some(until) = state.resting_until {
             if std::time::Instant::now() < until {
-                return Err(std::io::Error::other(
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::WouldBlock,
                     "the Python fork server broke a moment ago and rests",
                 ));
             }

@@ -1516,3 +1516,47 @@ async fn a_fresh_container_sandboxs_first_snippets_run_on_runners_started_ahead(
     assert!(age_of(&r) >= WAIT, "started again at the recycle: {r:?}");
     sb.destroy().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_turn_that_times_out_beside_a_background_process_leaves_nothing_of_the_snippet() {
+    let Some(engine) = engine_with(OciRuntime::Auto) else {
+        return;
+    };
+    if let Err(why) = engine.agent() {
+        assert!(
+            std::env::var_os("PADDOCK_REQUIRE_CONTAINERS").is_none(),
+            "{why}"
+        );
+        return;
+    }
+    let sb = sandbox(&engine).await;
+    // The background process keeps the container through a failed turn.
+    let bg = sb
+        .start_process(paddock_core::ProcessSpec::new(["sleep", "600"]))
+        .await
+        .unwrap();
+    // A turn that does not complete (a timeout), after starting a daemon.
+    let r = run(
+        &*sb,
+        py(
+            "a",
+            "import subprocess, sys, time\nprint(subprocess.Popen(['sleep', '300'], start_new_session=True).pid)\nsys.stdout.flush()\ntime.sleep(30)",
+        )
+        .with_timeout_ms(1_500),
+    )
+    .await;
+    assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
+    let (_, daemon) = pid_and_rest(&r);
+    let check = format!(
+        "import os\nprint(os.path.exists('/proc/{}'))\nprint(sorted(open('/proc/%s/cmdline' % p).read().split(chr(0))[0] for p in os.listdir('/proc') if p.isdigit() and open('/proc/%s/cmdline' % p).read().startswith('sleep')))",
+        daemon.trim()
+    );
+    let r = run(&*sb, py("a", &check)).await;
+    let (_, rest) = pid_and_rest(&r);
+    assert_eq!(
+        rest, "False\n['sleep']\n",
+        "the snippet's daemon died, the background process lives: {r:?}"
+    );
+    bg.kill().unwrap();
+    sb.destroy().await.unwrap();
+}

@@ -819,3 +819,35 @@ async fn runners_a_lease_leaves_unused_are_retired() {
         sb.destroy().await.unwrap();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forked_runner_that_is_replaced_takes_its_session_with_it_even_without_cgroups() {
+    let config = SubprocessConfig {
+        cgroup: paddock_core::CgroupMode::Off,
+        ..Default::default()
+    };
+    let engine = SubprocessEngine::new(&config).unwrap();
+    let sb = engine.create(&SandboxSpec::default()).await.unwrap();
+    // A child in the runner's session, then a failed turn: the runner is replaced.
+    let r = run(
+        &*sb,
+        py("import os, subprocess\nprint(os.getppid())\nprint(subprocess.Popen(['sleep', '300']).pid)\nraise SystemExit(1)"),
+    )
+    .await;
+    assert_eq!(r.outcome, exit(1), "{r:?}");
+    let mut lines = r.stdout.lines();
+    let server = lines.next().unwrap().to_string();
+    let child: u32 = lines.next().unwrap().parse().unwrap();
+    // The fork server reaped the runner and killed the rest of its session.
+    let gone = format!(
+        "import os, time\nfor _ in range(200):\n    try:\n        st = open('/proc/{child}/stat').read().rsplit(')', 1)[1].split()[0]\n    except FileNotFoundError:\n        break\n    if st == 'Z':\n        break\n    time.sleep(0.01)\nelse:\n    raise SystemExit('still running')\nprint(os.getppid())"
+    );
+    let r = run(&*sb, py(&gone)).await;
+    assert_eq!(r.outcome, exit(0), "the runner's child outlived it: {r:?}");
+    assert_eq!(
+        r.stdout.trim(),
+        server,
+        "forked from the same server: {r:?}"
+    );
+    sb.destroy().await.unwrap();
+}

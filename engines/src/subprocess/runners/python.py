@@ -220,6 +220,9 @@ def _become(request, fds, script):
     import signal
 
     stage = "starting"
+    # Setup errors go to the runner's stderr pipe once it came (the server's is
+    # /dev/null).
+    err_fd = 2
     try:
         stage = "resetting signals"
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -227,6 +230,9 @@ def _become(request, fds, script):
         stage = "starting a new session"
         os.setsid()
         roles = request["fds"]
+        # The highest descriptor this process holds, read before any namespace
+        # changes (a mount namespace may show another /proc).
+        top = max(int(fd) for fd in os.listdir("/proc/self/fd"))
         by_role = {}
         for role, fd in zip(roles, fds):
             if role == "cgroup":
@@ -235,6 +241,7 @@ def _become(request, fds, script):
                 os.close(fd)
             else:
                 by_role[role] = fd
+        err_fd = by_role.get("stderr", 2)
         if "netns" in by_role:
             stage = "entering the sandbox's network namespace"
             _enter(by_role.pop("netns"), 0x40000000)  # CLONE_NEWNET
@@ -247,9 +254,8 @@ def _become(request, fds, script):
         for target, fd in enumerate(high):
             os.dup2(fd, target, inheritable=True)
         # Every other descriptor goes: the server's socket, what was passed, the
-        # copies above.
-        top = max(int(fd) for fd in os.listdir("/proc/self/fd"))
-        os.closerange(4, top + 1)
+        # copies above (above `top` by at most four).
+        os.closerange(4, top + 5)
         stage = "changing to the working directory"
         os.chdir(request["cwd"])
         os.environ.clear()
@@ -261,7 +267,7 @@ def _become(request, fds, script):
             resource.setrlimit(res, (soft, hard))
     except BaseException as exc:
         try:
-            os.write(2, ("paddock zygote: %s failed: %s\n" % (stage, exc)).encode())
+            os.write(err_fd, ("paddock zygote: %s failed: %s\n" % (stage, exc)).encode())
         finally:
             os._exit(_ZYGOTE_SETUP_FAILED)
     try:
@@ -272,13 +278,25 @@ def _become(request, fds, script):
 
 
 def _reap():
+    """Reaps the runners that ended, each after killing what is left of its session
+    (the runner led it, and its pid, held until the reap, names it)."""
+    import signal
+
     while True:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
             return
-        if pid == 0:
+        if info is None or info.si_pid == 0:
             return
+        try:
+            os.killpg(info.si_pid, signal.SIGKILL)
+        except OSError:
+            pass
+        try:
+            os.waitpid(info.si_pid, 0)
+        except ChildProcessError:
+            pass
 
 
 def zygote(script):
@@ -287,6 +305,9 @@ def zygote(script):
     import socket
     import traceback  # noqa: F401  (loaded here, shared by every child)
 
+    if not hasattr(os, "pidfd_open") or not hasattr(socket, "recv_fds"):
+        sys.stderr.write("paddock zygote: this Python has no os.pidfd_open or socket.recv_fds (3.9+)\n")
+        sys.exit(3)
     ctl = socket.socket(fileno=0)
     signal.signal(signal.SIGCHLD, lambda *_: _reap())
     # What no tenant touched, kept out of the collector's way so that the children
@@ -320,7 +341,12 @@ def zygote(script):
             if pid == 0:
                 ctl.detach()
                 _become(request, fds, script)
-            pidfd = os.pidfd_open(pid)
+            try:
+                pidfd = os.pidfd_open(pid)
+            except OSError:
+                # Not reaped yet (SIGCHLD waits): the pid is still this child's.
+                os.kill(pid, signal.SIGKILL)
+                raise
         except OSError as exc:
             answer, pidfd = {"error": "fork failed: %s" % exc}, None
         else:

@@ -449,6 +449,16 @@ async fn after_a_burst_the_pool_keeps_as_many_ready_for_the_next() {
             .without_container()
             .start()
             .unwrap();
+        if min_idle == 1 && burst_idle_max == 8 {
+            // Callers one after another, however many a second, are no burst: at
+            // most one serving and one being recycled were in use at once.
+            for _ in 0..12 {
+                assert!(paddock.execute(sh("true")).await.unwrap().is_success());
+            }
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            let p = pool_stats(&paddock, EngineName::SUBPROCESS).await;
+            assert!(p.size <= 3, "sequential callers grew the pool: {p:?}");
+        }
         let held = open_burst(&paddock, 4).await;
         // The pool refills behind the burst: as many as it took, up to the cap.
         let refilled = eventually(Duration::from_secs(10), || async {
