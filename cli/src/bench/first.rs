@@ -191,12 +191,7 @@ async fn first_open(
         // The first round meets the pool as a burst of this size finds it the first
         // time (`min_idle` ready); later rounds, as it finds it once it has seen one
         // (it keeps as many ready: `pool.burst_idle_max`).
-        let later = spread(
-            open_python
-                .get(n.min(open_python.len())..)
-                .unwrap_or_default()
-                .to_vec(),
-        );
+        let later = spread(open_python[n.min(open_python.len())..].to_vec());
         let mut line = json!({
             "scenario": "first_open",
             "engine": engine.as_str(),

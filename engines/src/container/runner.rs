@@ -53,31 +53,19 @@ impl RunnerSetup {
         if !config.enabled || config.languages.is_empty() {
             return Ok(None);
         }
-        use std::os::unix::fs::PermissionsExt;
-        let write = || -> std::io::Result<Vec<(Language, PathBuf, String)>> {
-            std::fs::create_dir_all(dir)?;
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
-            let mut scripts = Vec::new();
-            for lang in &config.languages {
-                let Some((name, text)) = crate::subprocess::runner::runner_script(*lang) else {
-                    continue;
-                };
-                let path = dir.join(name);
-                std::fs::write(&path, text)?;
-                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))?;
-                scripts.push((*lang, path, format!("{RUNNERS_INSIDE}/{name}")));
-            }
-            Ok(scripts)
-        };
-        for lang in &config.languages {
-            if crate::subprocess::runner::runner_script(*lang).is_none() {
-                return Err(Error::invalid_config(
-                    "container.runners.languages",
-                    format!("there is no built-in warm runner for {lang}"),
-                ));
-            }
-        }
-        let scripts = write().map_err(|e| Error::engine_io("writing the warm runners", e))?;
+        let written = crate::subprocess::runner::write_runners(
+            &config.languages,
+            dir,
+            "container.runners.languages",
+        )?;
+        let scripts = written
+            .into_iter()
+            .map(|(lang, path)| {
+                let name = path.file_name().unwrap_or_default().to_string_lossy();
+                let inside = format!("{RUNNERS_INSIDE}/{name}");
+                (lang, path, inside)
+            })
+            .collect();
         Ok(Some(RunnerSetup {
             config: config.clone(),
             scripts,
@@ -105,12 +93,10 @@ impl ContainerSandbox {
     /// first snippet of a freshly opened sandbox runs on one (see `take_runner`).
     /// A runner that does not start is left to start on first use.
     pub(super) async fn runners_ahead(&self) {
+        // (None under runsc, whose agent has no control channel: see `mod.rs`.)
         let Some(setup) = &self.engine.runners else {
             return;
         };
-        if self.engine.runtime.kind.user_space_kernel() {
-            return;
-        }
         let Some(mut wc) = self.warm.lock().take() else {
             return;
         };
@@ -160,11 +146,8 @@ impl ContainerSandbox {
     /// The language and source of `request` when a runner can run it exactly (see
     /// the module's rules); the warm container must fit it too.
     pub(super) fn runner_target(&self, request: &ExecRequest) -> Option<(Language, String)> {
+        // (None under runsc, whose agent has no control channel: see `mod.rs`.)
         let setup = self.engine.runners.as_ref()?;
-        // runsc passes the agent no control channel: it starts no runner.
-        if self.engine.runtime.kind.user_space_kernel() {
-            return None;
-        }
         if request.stdin.is_some() || !request.env.is_empty() || request.cwd.is_some() {
             return None;
         }

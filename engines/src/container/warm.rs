@@ -559,41 +559,32 @@ impl ContainerSandbox {
             usize::try_from(limits.max_output_bytes.unwrap_or(u64::MAX)).unwrap_or(usize::MAX);
         // The agent is asked to cancel first; past the grace the worker is killed.
         let abort: std::pin::Pin<&mut (dyn std::future::Future<Output = ()> + Send)> = destroyed;
-        let (_, turn) = match (&mut runner, target) {
+        let (worker, input) = match (&mut runner, target) {
             (Some((_, r)), Some((_, source))) => {
-                r.worker
-                    .invoke(
-                        request.id.to_string(),
-                        serde_json::json!({ "code": source }),
-                        sink,
-                        &cancel,
-                        started + timeout,
-                        cap,
-                        abort,
-                    )
-                    .await
+                (&mut r.worker, serde_json::json!({ "code": source }))
             }
-            _ => {
-                let input = serde_json::json!({
+            _ => (
+                &mut wc.worker,
+                serde_json::json!({
                     "argv": argv,
                     "env": vars,
                     "cwd": cwd,
                     "stdin": request.stdin,
                     "max_output_bytes": limits.max_output_bytes,
-                });
-                wc.worker
-                    .invoke(
-                        request.id.to_string(),
-                        input,
-                        sink,
-                        &cancel,
-                        started + timeout,
-                        cap,
-                        abort,
-                    )
-                    .await
-            }
+                }),
+            ),
         };
+        let (_, turn) = worker
+            .invoke(
+                request.id.to_string(),
+                input,
+                sink,
+                &cancel,
+                started + timeout,
+                cap,
+                abort,
+            )
+            .await;
         let who = if runner.is_some() {
             "the container's warm runner"
         } else {

@@ -32,27 +32,54 @@ use super::warm::{FramesOn, TurnEnd, TurnFault, Worker};
 use super::zygote::ForkRequest;
 use crate::host::spawn::SpawnSpec;
 
-/// A spawn spec's program and arguments, as paths.
-fn argv_of(spec: &SpawnSpec) -> Vec<PathBuf> {
-    use std::os::unix::ffi::OsStrExt;
-    spec.argv
-        .iter()
-        .map(|a| PathBuf::from(std::ffi::OsStr::from_bytes(a.as_bytes())))
-        .collect()
-}
-
 /// The Python runner, written next to the engine's workdirs when warm mode is on.
 const PYTHON_RUNNER: &str = include_str!("runners/python.py");
 /// The Node runner, likewise.
 const NODE_RUNNER: &str = include_str!("runners/node.js");
 
 /// The built-in runner of `lang`: its file name and text.
-pub(crate) fn runner_script(lang: Language) -> Option<(&'static str, &'static str)> {
+fn runner_script(lang: Language) -> Option<(&'static str, &'static str)> {
     match lang {
         Language::Python => Some(("python.py", PYTHON_RUNNER)),
         Language::Javascript => Some(("node.js", NODE_RUNNER)),
         _ => None,
     }
+}
+
+/// Writes the built-in runners of `languages` under `dir`, readable by everyone (a
+/// container's root of any user namespace reads them through a bind): each
+/// language and its script's path. `INVALID_CONFIG` naming `field` for a language
+/// without one.
+pub(crate) fn write_runners(
+    languages: &[Language],
+    dir: &std::path::Path,
+    field: &str,
+) -> Result<Vec<(Language, PathBuf)>> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut scripts = Vec::new();
+    for lang in languages {
+        let Some((name, text)) = runner_script(*lang) else {
+            return Err(Error::invalid_config(
+                field,
+                format!("there is no built-in warm runner for {lang}"),
+            ));
+        };
+        scripts.push((*lang, name, text));
+    }
+    let write = || -> std::io::Result<Vec<(Language, PathBuf)>> {
+        std::fs::create_dir_all(dir)?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+        scripts
+            .iter()
+            .map(|(lang, name, text)| {
+                let path = dir.join(name);
+                std::fs::write(&path, text)?;
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))?;
+                Ok((*lang, path))
+            })
+            .collect()
+    };
+    write().map_err(|e| Error::engine_io("writing the warm runners", e))
 }
 
 /// What the engine prepared for warm mode.
@@ -94,24 +121,15 @@ impl WarmSetup {
         if !config.enabled && handlers.is_empty() {
             return Ok(None);
         }
-        let mut runners = Vec::new();
-        if config.enabled {
-            let dir = dir.join("runners");
-            std::fs::create_dir_all(&dir)
-                .map_err(|e| Error::engine_io("creating the runner directory", e))?;
-            for lang in &config.languages {
-                let Some((name, text)) = runner_script(*lang) else {
-                    return Err(Error::invalid_config(
-                        "subprocess.warm.languages",
-                        format!("there is no built-in warm runner for {lang}"),
-                    ));
-                };
-                let path = dir.join(name);
-                std::fs::write(&path, text)
-                    .map_err(|e| Error::engine_io("writing a warm runner", e))?;
-                runners.push((*lang, path));
-            }
-        }
+        let runners = if config.enabled {
+            write_runners(
+                &config.languages,
+                &dir.join("runners"),
+                "subprocess.warm.languages",
+            )?
+        } else {
+            Vec::new()
+        };
         Ok(Some(WarmSetup {
             config: config.clone(),
             runners,
@@ -257,6 +275,8 @@ impl SubprocessSandbox {
             .warm
             .as_ref()
             .ok_or_else(|| Error::new(ErrorCode::EngineFailed, "warm mode is off"))?;
+        // A Python runner the fork server can give: its interpreter and script.
+        let mut forkable = None;
         let (argv, frames_on) = match key {
             WorkerKey::Runner(lang) => {
                 let script = setup.runner(*lang).ok_or_else(|| {
@@ -269,6 +289,9 @@ impl SubprocessSandbox {
                     Some(Ok(p)) => p.path().to_path_buf(),
                     _ => return Err(super::missing_interpreter(&self.engine, *lang)),
                 };
+                if *lang == Language::Python && setup.config.fork_server {
+                    forkable = Some((interp.clone(), script.clone()));
+                }
                 (
                     vec![
                         interp.to_string_lossy().into_owned(),
@@ -299,8 +322,8 @@ impl SubprocessSandbox {
             stdio,
             self.warm_cgroup.as_deref(),
         )?;
-        if let (WorkerKey::Runner(Language::Python), true) = (key, setup.config.fork_server) {
-            match self.fork_runner(&spec, &argv_of(&spec)).await {
+        if let Some((interp, script)) = forkable {
+            match self.fork_runner(&spec, interp, script).await {
                 Ok(worker) => {
                     return Ok(Slot {
                         worker,
@@ -331,34 +354,20 @@ impl SubprocessSandbox {
     /// A Python runner forked from the engine's fork server (see `zygote.rs`) into
     /// what `spec` describes: the same cgroups, namespaces, rlimits, working
     /// directory and environment a spawned runner gets.
-    async fn fork_runner(&self, spec: &SpawnSpec, argv: &[PathBuf]) -> std::io::Result<Worker> {
-        let [interp, script] = argv else {
-            return Err(std::io::Error::other(
-                "a runner's argv is its interpreter and script",
-            ));
-        };
+    async fn fork_runner(
+        &self,
+        spec: &SpawnSpec,
+        interp: PathBuf,
+        script: PathBuf,
+    ) -> std::io::Result<Worker> {
         let (child, ours) = Worker::runner_pipes()?;
         let [stdin, stdout, stderr] = child.stdio;
         let request = ForkRequest::from_spec(spec, [stdin, stdout, stderr, child.fd3])?;
         let engine = self.engine.clone();
-        let (interp, script) = (interp.clone(), script.clone());
         let pidfd = tokio::task::spawn_blocking(move || {
-            let mut env: Vec<std::ffi::CString> = Vec::new();
-            let dir = script.parent().unwrap_or(std::path::Path::new("/"));
-            // The zygote's own HOME is the runners' directory: nothing of the host
-            // user's (`~/.local`) reaches the interpreter its children share.
-            for (k, v) in engine
-                .base_env
-                .iter()
-                .map(|(k, v)| (k.as_str(), v.clone()))
-                .chain([
-                    ("HOME", dir.to_string_lossy().into_owned()),
-                    ("PWD", dir.to_string_lossy().into_owned()),
-                ])
-            {
-                env.push(crate::host::sys::cstring(format!("{k}={v}"))?);
-            }
-            engine.zygote.fork(&interp, &script, &env, request)
+            engine
+                .zygote
+                .fork(&interp, &script, &engine.base_env, request)
         })
         .await
         .map_err(std::io::Error::other)??;

@@ -120,7 +120,7 @@ impl Zygote {
         &self,
         interp: &Path,
         script: &Path,
-        base_env: &[CString],
+        base_env: &std::collections::BTreeMap<String, String>,
         request: ForkRequest,
     ) -> std::io::Result<OwnedFd> {
         let (message, fds) = encode(request)?;
@@ -239,12 +239,26 @@ fn rlim(v: u64) -> i64 {
 }
 
 /// Starts a zygote: `interp script --zygote`, its fd 0 the control socket, outside
-/// every sandbox, with the engine's base environment.
-fn start(interp: &Path, script: &Path, base_env: &[CString]) -> std::io::Result<Live> {
+/// every sandbox, with the engine's base environment. Its own `HOME` is the runners'
+/// directory: nothing of the host user's (`~/.local`) reaches the interpreter its
+/// children share.
+fn start(
+    interp: &Path,
+    script: &Path,
+    base_env: &std::collections::BTreeMap<String, String>,
+) -> std::io::Result<Live> {
     let (ours, theirs) = sys::seqpacket_pair()?;
     let null = || -> std::io::Result<OwnedFd> { Ok(std::fs::File::open("/dev/null")?.into()) };
     let path = sys::cstring(interp.as_os_str().as_encoded_bytes())?;
     let dir = script.parent().unwrap_or(Path::new("/"));
+    let mut vars = base_env.clone();
+    for key in ["HOME", "PWD"] {
+        vars.insert(key.into(), dir.to_string_lossy().into_owned());
+    }
+    let env = vars
+        .iter()
+        .map(|(k, v)| sys::cstring(format!("{k}={v}")))
+        .collect::<std::io::Result<Vec<CString>>>()?;
     let spec = SpawnSpec {
         path: path.clone(),
         argv: vec![
@@ -252,7 +266,7 @@ fn start(interp: &Path, script: &Path, base_env: &[CString]) -> std::io::Result<
             sys::cstring(script.as_os_str().as_encoded_bytes())?,
             sys::cstring("--zygote")?,
         ],
-        env: base_env.to_vec(),
+        env,
         cwd: sys::cstring(dir.as_os_str().as_encoded_bytes())?,
         stdio: [theirs, null()?, null()?],
         fd3: None,

@@ -15,11 +15,29 @@ use paddock_core::{
 use paddock_engines::container::{ContainerEngine, RuntimeKind};
 
 fn engine_with(runtime: OciRuntime) -> Option<ContainerEngine> {
-    let config = ContainerConfig {
+    engine_of(&ContainerConfig {
         runtime,
         ..ContainerConfig::default()
-    };
-    match ContainerEngine::new(&config) {
+    })
+}
+
+/// The engine of `config` with its warm containers' agent, or `None` (the test
+/// skips) where the host cannot give them.
+fn engine_with_agent(config: &ContainerConfig) -> Option<ContainerEngine> {
+    let engine = engine_of(config)?;
+    if let Err(why) = engine.agent() {
+        assert!(
+            std::env::var_os("PADDOCK_REQUIRE_CONTAINERS").is_none(),
+            "the agent must be found here: {why}"
+        );
+        eprintln!("skipped: {why}");
+        return None;
+    }
+    Some(engine)
+}
+
+fn engine_of(config: &ContainerConfig) -> Option<ContainerEngine> {
+    match ContainerEngine::new(config) {
         Ok(e) => Some(e),
         Err(e) if std::env::var_os("PADDOCK_REQUIRE_CONTAINERS").is_some() => {
             panic!("the container engine must start here: {e}")
@@ -489,17 +507,9 @@ async fn no_network_reaches_a_listener_outside_the_container() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn executions_share_the_warm_container_until_it_is_replaced() {
-    let Some(engine) = engine_with(OciRuntime::Auto) else {
+    let Some(engine) = engine_with_agent(&ContainerConfig::default()) else {
         return;
     };
-    if let Err(why) = engine.agent() {
-        assert!(
-            std::env::var_os("PADDOCK_REQUIRE_CONTAINERS").is_none(),
-            "the agent must be found here: {why}"
-        );
-        eprintln!("skipped: {why}");
-        return;
-    }
     let sb = sandbox(&engine).await;
     let marker = "test -e /tmp/marker && echo same || echo fresh";
     let r = run(
@@ -572,17 +582,9 @@ fn pid_and_rest(r: &ExecResult) -> (String, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snippets_run_on_a_warm_runner_inside_the_warm_container() {
-    let Some(engine) = engine_with(OciRuntime::Auto) else {
+    let Some(engine) = engine_with_agent(&ContainerConfig::default()) else {
         return;
     };
-    if let Err(why) = engine.agent() {
-        assert!(
-            std::env::var_os("PADDOCK_REQUIRE_CONTAINERS").is_none(),
-            "the agent must be found here: {why}"
-        );
-        eprintln!("skipped: {why}");
-        return;
-    }
     let sb = sandbox(&engine).await;
     // The first snippet starts the runner; the next runs on the same interpreter,
     // with its state (one tenant's), and a notebook-style value.
@@ -1413,17 +1415,7 @@ async fn a_named_container_engine_runs_beside_the_built_in_one() {
     b.destroy().await.unwrap();
 }
 
-/// A snippet that answers its interpreter's age in seconds.
-const PY_AGE: &str = "import os\nst = open('/proc/self/stat').read().rsplit(')', 1)[1].split()\nup = float(open('/proc/uptime').read().split()[0])\nround(up - int(st[19]) / os.sysconf('SC_CLK_TCK'), 3)";
-const JS_AGE: &str = "const fs = require('fs'); const st = fs.readFileSync('/proc/self/stat', 'utf8').split(')').pop().trim().split(' '); (parseFloat(fs.readFileSync('/proc/uptime', 'utf8')) - parseInt(st[19]) / 100).toFixed(3)";
-
-fn age_of(r: &ExecResult) -> f64 {
-    match &r.value {
-        Some(serde_json::Value::Number(n)) => n.as_f64().unwrap(),
-        Some(serde_json::Value::String(s)) => s.parse().unwrap(),
-        other => panic!("no age in {other:?}: {r:?}"),
-    }
-}
+use super::warm::{age as age_of, JS_AGE, PY_AGE};
 
 fn as_tenant(mut r: ExecRequest, tenant: &str) -> ExecRequest {
     r.tenant = Some(tenant.into());
@@ -1440,23 +1432,9 @@ async fn a_fresh_container_sandboxs_first_snippets_run_on_runners_started_ahead(
         },
         ..ContainerConfig::default()
     };
-    let engine = match ContainerEngine::new(&config) {
-        Ok(e) => e,
-        Err(e) => {
-            assert!(
-                std::env::var_os("PADDOCK_REQUIRE_CONTAINERS").is_none(),
-                "{e}"
-            );
-            return;
-        }
-    };
-    if let Err(why) = engine.agent() {
-        assert!(
-            std::env::var_os("PADDOCK_REQUIRE_CONTAINERS").is_none(),
-            "{why}"
-        );
+    let Some(engine) = engine_with_agent(&config) else {
         return;
-    }
+    };
     let py = |t: &str| as_tenant(ExecRequest::new(Program::code(Language::Python, PY_AGE)), t);
     let js = |t: &str| {
         as_tenant(
@@ -1519,16 +1497,9 @@ async fn a_fresh_container_sandboxs_first_snippets_run_on_runners_started_ahead(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runner_turn_that_times_out_beside_a_background_process_leaves_nothing_of_the_snippet() {
-    let Some(engine) = engine_with(OciRuntime::Auto) else {
+    let Some(engine) = engine_with_agent(&ContainerConfig::default()) else {
         return;
     };
-    if let Err(why) = engine.agent() {
-        assert!(
-            std::env::var_os("PADDOCK_REQUIRE_CONTAINERS").is_none(),
-            "{why}"
-        );
-        return;
-    }
     let sb = sandbox(&engine).await;
     // The background process keeps the container through a failed turn.
     let bg = sb

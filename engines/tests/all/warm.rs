@@ -306,10 +306,11 @@ async fn destroy_during_a_warm_turn_ends_it() {
 
 /// The age in seconds of the process that runs the snippet: its start time
 /// (`/proc/self/stat` field 22, in clock ticks of 1/100 s) against the uptime.
-const PY_AGE: &str = "import os\nst = open('/proc/self/stat').read().rsplit(')', 1)[1].split()\nup = float(open('/proc/uptime').read().split()[0])\nround(up - int(st[19]) / os.sysconf('SC_CLK_TCK'), 3)";
-const JS_AGE: &str = "const fs = require('fs'); const st = fs.readFileSync('/proc/self/stat', 'utf8').split(')').pop().trim().split(' '); (parseFloat(fs.readFileSync('/proc/uptime', 'utf8')) - parseInt(st[19]) / 100).toFixed(3)";
+/// A snippet that answers its interpreter's age in seconds (Python, then Node).
+pub(super) const PY_AGE: &str = "import os\nst = open('/proc/self/stat').read().rsplit(')', 1)[1].split()\nup = float(open('/proc/uptime').read().split()[0])\nround(up - int(st[19]) / os.sysconf('SC_CLK_TCK'), 3)";
+pub(super) const JS_AGE: &str = "const fs = require('fs'); const st = fs.readFileSync('/proc/self/stat', 'utf8').split(')').pop().trim().split(' '); (parseFloat(fs.readFileSync('/proc/uptime', 'utf8')) - parseInt(st[19]) / 100).toFixed(3)";
 
-fn age(r: &ExecResult) -> f64 {
+pub(super) fn age(r: &ExecResult) -> f64 {
     match &r.value {
         Some(serde_json::Value::Number(n)) => n.as_f64().unwrap(),
         Some(serde_json::Value::String(s)) => s.parse().unwrap(),
