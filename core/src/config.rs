@@ -808,7 +808,9 @@ impl ServerConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PoolConfig {
-    /// Instances kept ready ahead of need. Default 1. With 0 the pool keeps none,
+    /// Instances kept ready ahead of need, at most `max_size`. Default 8: a burst of
+    /// eight opens that comes after a quiet time finds them ready (each costs a few
+    /// MiB of host memory; see `docs/configuration.md`). With 0 the pool keeps none,
     /// whatever `burst_idle_max` says.
     pub min_idle: usize,
     /// Most instances kept ready for the next burst: after `k` instances were in use
@@ -869,7 +871,7 @@ pub struct PoolConfig {
 impl Default for PoolConfig {
     fn default() -> Self {
         PoolConfig {
-            min_idle: 1,
+            min_idle: 8,
             burst_idle_max: 8,
             max_size: 8,
             max_waiting: 1024,
@@ -901,10 +903,10 @@ impl PoolConfig {
                 "must be in 1..=100000",
             ));
         }
-        if self.min_idle > self.max_size {
+        if self.min_idle > 100_000 {
             return Err(Error::invalid_config(
                 &field("min_idle"),
-                format!("{} exceeds max_size {}", self.min_idle, self.max_size),
+                "must be at most 100000 (the pool keeps at most max_size ready)",
             ));
         }
         if self.max_waiting > 1_000_000 {
@@ -1657,8 +1659,12 @@ mod tests {
     fn pool_values_are_checked() {
         let e = PaddockConfig::from_toml_str("[pool]\nmax_size = 0\n").unwrap_err();
         assert!(e.message.contains("pool.max_size"), "{}", e.message);
-        let e = PaddockConfig::from_toml_str("[pool]\nmin_idle = 9\nmax_size = 2\n").unwrap_err();
+        let e = PaddockConfig::from_toml_str("[pool]\nmin_idle = 100001\n").unwrap_err();
         assert!(e.message.contains("pool.min_idle"), "{}", e.message);
+        // Above max_size is allowed (the default 8 with a smaller pool): the pool
+        // keeps max_size ready.
+        let c = PaddockConfig::from_toml_str("[pool]\nmin_idle = 9\nmax_size = 2\n").unwrap();
+        assert_eq!(c.pool.min_idle, 9);
         let c = PaddockConfig::from_toml_str("[pool]\nmax_size = 2\nmin_idle = 0\n").unwrap();
         assert_eq!(c.pool.max_size, 2);
     }

@@ -253,8 +253,8 @@ impl EnginePool {
     }
 
     /// How many instances the pool keeps idle now: `min_idle`, or as many as were in
-    /// use at once lately (within `idle_timeout_ms`), up to `burst_idle_max`.
-    /// Nothing with `min_idle = 0`.
+    /// use at once lately (within `idle_timeout_ms`), up to `burst_idle_max`; never
+    /// more than `max_size`. Nothing with `min_idle = 0`.
     fn idle_target(&self) -> usize {
         let min = self.config.min_idle;
         if min == 0 {
@@ -263,6 +263,7 @@ impl EnginePool {
         let window = Duration::from_millis(self.config.idle_timeout_ms);
         let burst = self.demand.lock().recent_peak(window);
         min.max(burst.min(self.config.burst_idle_max))
+            .min(self.slots.max_size())
     }
 
     /// Notes that work was routed to the pool now.

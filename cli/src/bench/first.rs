@@ -145,19 +145,49 @@ async fn round(
     failure.map_or(Ok(()), Err)
 }
 
+/// Waits (at most 60 s) until the default pool of `engine` holds `target` ready
+/// instances and creates none: its idle count, and how long that took.
+async fn pool_ready(paddock: &Paddock, engine: &EngineName, target: usize) -> (usize, Duration) {
+    let t = Instant::now();
+    let mut idle = 0;
+    while t.elapsed() < Duration::from_secs(60) {
+        if let Ok(stats) = paddock.stats().await {
+            let pool = stats
+                .pools
+                .iter()
+                .find(|p| &p.engine == engine && p.network == "none" && p.disk_bytes.is_none());
+            if let Some(p) = pool {
+                idle = p.idle;
+                if p.idle >= target && p.creating == 0 {
+                    break;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (idle, t.elapsed())
+}
+
 async fn first_open(
     engine: EngineName,
     bursts: &[usize],
     samples: usize,
     fork_server: bool,
+    min_idle: Option<usize>,
     as_json: bool,
 ) -> Result<bool, UsageError> {
     let most = bursts.iter().copied().max().unwrap_or(1);
     let mut config = PaddockConfig::default();
     config.subprocess.warm.fork_server = fork_server;
+    if let Some(n) = min_idle {
+        config.pool.min_idle = n;
+    }
     // Room for the largest burst (the limiter's per-tenant caps are per tenant, and
     // every sandbox here is a tenant's own).
     config.pool.max_size = config.pool.max_size.max(most + 1);
+    let ready_target = config.pool.min_idle.min(config.pool.max_size);
+    let mem_before = settled_mem_available().await;
+    let pss_before = pss_by_pid();
     let mut builder = Paddock::builder().config(config);
     if engine != EngineName::CONTAINER {
         builder = builder.without_container();
@@ -173,6 +203,17 @@ async fn first_open(
         let _ = paddock.shutdown(Duration::from_secs(5)).await;
         return Ok(true);
     }
+    // The first burst meets the pools as a server that has been up a while and
+    // quiet finds them: ready (`pool.min_idle`). What that costs: the host memory
+    // of the whole Paddock (every engine it started), from before its start.
+    let (ready, waited) = pool_ready(&paddock, &engine, ready_target).await;
+    let mem_ready = settled_mem_available().await;
+    let ready_line = json!({
+        "idle": ready,
+        "waited_ms": super::round(ms(waited)),
+        "host_mib": super::round(mem_before.saturating_sub(mem_ready) as f64 / (1 << 20) as f64),
+        "pss_mib": super::round(pss_growth(&pss_before) as f64 / (1 << 20) as f64),
+    });
     let mut ok = true;
     for &n in bursts {
         // Samples per series: at least `samples`, and at least one round.
@@ -181,7 +222,9 @@ async fn first_open(
         let mut error = None;
         for r in 0..rounds {
             // The pool refills between rounds, as it would between bursts.
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            if r > 0 {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
             if let Err(e) = round(&paddock, &engine, n, r, &mut series).await {
                 error = Some(e);
                 break;
@@ -189,14 +232,16 @@ async fn first_open(
         }
         let [open, python, open_python, js] = series;
         // The first round meets the pool as a burst of this size finds it the first
-        // time (`min_idle` ready); later rounds, as it finds it once it has seen one
-        // (it keeps as many ready: `pool.burst_idle_max`).
+        // time (`min_idle` ready, for the first series); later rounds, as it finds it
+        // once it has seen one (it keeps as many ready, up to `pool.burst_idle_max`).
         let later = spread(open_python[n.min(open_python.len())..].to_vec());
         let mut line = json!({
             "scenario": "first_open",
             "engine": engine.as_str(),
             "at_once": n,
             "fork_server": fork_server && engine == EngineName::SUBPROCESS,
+            "min_idle": ready_target,
+            "ready_before_first_burst": ready_line,
             "open": spread(open),
             "first_python": spread(python),
             "rounds": rounds,
@@ -594,6 +639,7 @@ pub(super) async fn first(
     bursts: Vec<usize>,
     samples: usize,
     density: usize,
+    min_idle: Option<usize>,
     as_json: bool,
 ) -> Result<i32, UsageError> {
     let mut ok = tokio::task::spawn_blocking(move || first_cli(samples, as_json))
@@ -601,11 +647,11 @@ pub(super) async fn first(
         .map_err(|e| UsageError(format!("the benchmark task failed: {e}")))??;
     ok &= first_repeat(samples, as_json).await?;
     for engine in [EngineName::SUBPROCESS, EngineName::CONTAINER] {
-        ok &= first_open(engine.clone(), &bursts, samples, true, as_json).await?;
+        ok &= first_open(engine.clone(), &bursts, samples, true, min_idle, as_json).await?;
         if engine == EngineName::SUBPROCESS {
             // The baseline: Python runners started as interpreters, bursts up to 8.
             let small: Vec<usize> = bursts.iter().copied().filter(|n| *n <= 8).collect();
-            ok &= first_open(engine.clone(), &small, samples, false, as_json).await?;
+            ok &= first_open(engine.clone(), &small, samples, false, min_idle, as_json).await?;
         }
         if density > 0 {
             ok &= first_density(engine, density, as_json).await?;

@@ -172,6 +172,10 @@ enum Scenario {
         /// memory per idle sandbox (0: skipped; 1000 takes minutes and gigabytes).
         #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=4096))]
         density: u32,
+        /// The pools' `min_idle` for the bursts (default: the configuration's
+        /// default), to compare what a first burst meets and what it costs.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(0..=1024))]
+        min_idle: Option<u32>,
     },
     Warm {
         /// Measured executions per series.
@@ -354,13 +358,21 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32, crate::run::UsageError
             bursts,
             samples,
             density,
+            min_idle,
         } => {
             if bursts.iter().any(|b| *b == 0 || *b > 1024) {
                 return Err(crate::run::UsageError(
                     "--bursts: each burst is 1 to 1024 sandboxes".into(),
                 ));
             }
-            first::first(bursts, samples as usize, density as usize, args.json).await
+            first::first(
+                bursts,
+                samples as usize,
+                density as usize,
+                min_idle.map(|n| n as usize),
+                args.json,
+            )
+            .await
         }
         Scenario::Warm {
             iterations,

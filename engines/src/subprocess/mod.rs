@@ -84,7 +84,7 @@ pub(crate) struct EngineInner {
     /// The Python fork server (`warm.fork_server`), started on first use.
     pub(crate) zygote: zygote::Zygote,
     /// Sandboxes being opened right now (see `SubprocessSandbox::create`).
-    pub(crate) opening: std::sync::atomic::AtomicUsize,
+    pub(crate) opening: sandbox::Openings,
 }
 
 impl Drop for EngineInner {
@@ -314,7 +314,9 @@ impl Engine for SubprocessEngine {
     }
 
     async fn create(&self, spec: &SandboxSpec) -> Result<Arc<dyn Sandbox>> {
-        Ok(Arc::new(self.open(spec).await?))
+        let sandbox = Arc::new(self.open(spec).await?);
+        sandbox.warm_after_burst();
+        Ok(sandbox)
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::os::fd::OwnedFd;
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -46,9 +46,11 @@ pub struct SubprocessSandbox {
     pub(super) lifecycle: Lifecycle,
     /// Woken when destroy starts, so running executions kill their programs.
     pub(super) destroy_signal: Notify,
-    /// The teardown's error, for destroy calls that followed the one that ran it.
     /// Warm workers by language (taken out while they serve a turn).
     pub(super) warm: Arc<super::runner::WarmSlots>,
+    /// Set when it was opened in a burst, which left the runners the fork server
+    /// does not give to start after the burst (see `warm_after_burst`).
+    pub(super) warm_later: AtomicBool,
     /// Invocations suspended on a token, by token.
     pub(super) suspended:
         parking_lot::Mutex<std::collections::HashMap<String, super::runner::Suspension>>,
@@ -62,24 +64,51 @@ pub struct SubprocessSandbox {
     pub(super) leases: Arc<crate::lease::LeaseClock>,
 }
 
+/// The sandboxes of an engine being opened right now, and a signal for the end of
+/// a burst of opens (none left).
+#[derive(Debug, Default)]
+pub(crate) struct Openings {
+    count: AtomicUsize,
+    none_left: Notify,
+}
+
+impl Openings {
+    /// Returns once no sandbox of the engine is being opened.
+    async fn none_left(&self) {
+        loop {
+            let notified = self.none_left.notified();
+            tokio::pin!(notified);
+            // Registered before the count is read, so a last open that ends in
+            // between is not missed.
+            notified.as_mut().enable();
+            if self.count.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
 /// One sandbox being opened, counted while it lives (also when its future is
 /// dropped midway).
 struct Opening<'a> {
-    count: &'a AtomicUsize,
+    openings: &'a Openings,
     /// How many others were being opened when it began.
     others: usize,
 }
 
 impl<'a> Opening<'a> {
-    fn enter(count: &'a AtomicUsize) -> Self {
-        let others = count.fetch_add(1, Ordering::AcqRel);
-        Opening { count, others }
+    fn enter(openings: &'a Openings) -> Self {
+        let others = openings.count.fetch_add(1, Ordering::AcqRel);
+        Opening { openings, others }
     }
 }
 
 impl Drop for Opening<'_> {
     fn drop(&mut self) {
-        self.count.fetch_sub(1, Ordering::AcqRel);
+        if self.openings.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.openings.none_left.notify_waiters();
+        }
     }
 }
 
@@ -229,6 +258,7 @@ impl SubprocessSandbox {
             lifecycle: Lifecycle::new(),
             destroy_signal: Notify::new(),
             warm: Arc::default(),
+            warm_later: AtomicBool::new(false),
             suspended: parking_lot::Mutex::new(Default::default()),
             warm_cgroup: warm_cgroup.map(Arc::new),
             processes: Default::default(),
@@ -236,14 +266,71 @@ impl SubprocessSandbox {
         };
         // Interpreters start now, ahead of the first execution. In a burst of opens
         // (another sandbox of the engine is being opened too) only the forked ones:
-        // the CPU goes to the sandboxes being opened, and an interpreter that has to
-        // start from nothing starts on first use instead.
+        // the CPU goes to the sandboxes being opened. Those that have to start from
+        // nothing start once the burst is over (`warm_after_burst`), or on first use
+        // if that comes first.
         let opening = Opening::enter(&sandbox.engine.opening);
-        sandbox
-            .runners_ahead(&spec.tenant, opening.others > 0)
-            .await?;
+        let burst = opening.others > 0;
+        sandbox.runners_ahead(&spec.tenant, burst).await?;
         drop(opening);
+        sandbox.warm_later.store(burst, Ordering::Release);
         Ok(sandbox)
+    }
+
+    /// For a sandbox opened in a burst: once no sandbox of the engine is being
+    /// opened, starts the runners the burst left out, for the spec's tenant, while
+    /// no code has run in the sandbox (after that, a snippet starts what it needs).
+    /// A pool's ready instances, made in bursts of their own, are warm in full this
+    /// way.
+    pub(super) fn warm_after_burst(self: &Arc<Self>) {
+        if !self.warm_later.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let sandbox = Arc::downgrade(self);
+        let engine = self.engine.clone();
+        tokio::spawn(async move {
+            engine.opening.none_left().await;
+            drop(engine);
+            if let Some(sandbox) = sandbox.upgrade() {
+                sandbox.start_left_runners().await;
+            }
+        });
+    }
+
+    /// See `warm_after_burst`. A runner started here that a snippet's own start
+    /// overtook, or that code running meanwhile made stale, is dropped (killed).
+    async fn start_left_runners(&self) {
+        let Some(setup) = &self.engine.warm else {
+            return;
+        };
+        let Ok(_op) = self.enter() else {
+            return;
+        };
+        let untouched = || self.touch.lock().runs == 0;
+        for key in setup.keys() {
+            if !matches!(key, super::runner::WorkerKey::Runner(_)) {
+                continue;
+            }
+            if !untouched() || self.destroying() {
+                return;
+            }
+            if self.warm.lock().contains_key(&key) {
+                continue;
+            }
+            match self.start_worker(&key, self.spec.tenant.clone()).await {
+                Ok(slot) => {
+                    let still = untouched() && !self.destroying();
+                    let mut warm = self.warm.lock();
+                    if still && !warm.contains_key(&key) {
+                        warm.insert(key, slot);
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(sandbox = %self.id, error = %e, "a runner did not start after a burst of opens");
+                    return;
+                }
+            }
+        }
     }
 
     /// Starts the warm workers the sandbox lacks, for `tenant`, ahead of need (with

@@ -822,6 +822,42 @@ async fn runners_a_lease_leaves_unused_are_retired() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandboxes_made_in_a_burst_start_node_once_the_burst_is_over() {
+    let engine = SubprocessEngine::new(&SubprocessConfig::default()).unwrap();
+    // Four at once: those made while others were being made fork Python only, and
+    // leave Node for after the burst.
+    let spec = SandboxSpec::default();
+    let made = tokio::join!(
+        engine.create(&spec),
+        engine.create(&spec),
+        engine.create(&spec),
+        engine.create(&spec)
+    );
+    let burst_over = Instant::now();
+    let sbs = [made.0, made.1, made.2, made.3].map(Result::unwrap);
+    // A snippet that comes first in one of them starts what it needs (and the
+    // runner started after the burst, stale then, does not replace it).
+    let first = run(&*sbs[0], js(JS_AGE)).await;
+    assert_eq!(first.exit_code(), Some(0), "{first:?}");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for (i, sb) in sbs.iter().enumerate() {
+        let r = run(&**sb, js(JS_AGE)).await;
+        let waited = burst_over.elapsed().as_secs_f64();
+        // Started ahead of the snippet, and after the burst began.
+        assert!(
+            age(&r) >= 1.0 && age(&r) <= waited + 0.5,
+            "sandbox {i}: Node {} s old, {waited} s after the burst: {r:?}",
+            age(&r)
+        );
+        let r = run(&**sb, py(PY_AGE)).await;
+        assert!(age(&r) >= 1.0, "sandbox {i}: {r:?}");
+    }
+    for sb in sbs {
+        sb.destroy().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forked_runner_that_is_replaced_takes_its_session_with_it_even_without_cgroups() {
     let config = SubprocessConfig {
         cgroup: paddock_core::CgroupMode::Off,

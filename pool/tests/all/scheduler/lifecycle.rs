@@ -491,6 +491,42 @@ async fn after_a_burst_the_pool_keeps_as_many_ready_for_the_next() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_default_a_burst_of_eight_finds_them_ready_and_a_smaller_pool_keeps_itself_full() {
+    // The default max_size (8), and a smaller one.
+    for (max_size, want) in [(8, 8), (3, 3)] {
+        let mut config = PaddockConfig::default();
+        config.pool.max_size = max_size;
+        let paddock = Paddock::builder()
+            .config(config)
+            .without_container()
+            .start()
+            .unwrap();
+        // Made from the start, before anything is asked of the pool.
+        let ready = eventually(Duration::from_secs(20), || async {
+            let p = pool_stats(&paddock, EngineName::SUBPROCESS).await;
+            p.idle == want && p.creating == 0
+        })
+        .await;
+        let p = pool_stats(&paddock, EngineName::SUBPROCESS).await;
+        assert!(ready, "max_size {max_size}: {p:?}");
+        assert_eq!(p.size, want, "no more than that: {p:?}");
+        if want == 8 {
+            // The burst takes them: none was made for it (nor could one be: the
+            // pool is at its size).
+            let created = p.created_total;
+            let held = open_burst(&paddock, 8).await;
+            let p = pool_stats(&paddock, EngineName::SUBPROCESS).await;
+            assert_eq!(p.busy, 8, "{p:?}");
+            assert_eq!(p.created_total, created, "{p:?}");
+            for s in held {
+                s.destroy().await.unwrap();
+            }
+        }
+        paddock.shutdown(Duration::from_secs(5)).await.unwrap();
+    }
+}
+
 // ---------------------------------------------------------------------------------
 // 5. Taint on timeout and cancel
 // ---------------------------------------------------------------------------------
