@@ -7,7 +7,10 @@
 //!   each one's first JavaScript `console.log(1)`, all `N` at once. Reported: open,
 //!   first Python, open + first Python, and first JavaScript, p50/p99/max in ms
 //!   (and open + first Python over the rounds after the first, which meet a pool
-//!   that has seen such a burst); per
+//!   that has seen such a burst). The first round comes once the pool holds its
+//!   `min_idle` ready (`--min-idle` sets it), as after a quiet time; what that
+//!   costs is reported too (the whole Paddock's host memory and PSS growth from
+//!   before its start); per
 //!   engine (subprocess, and the container engine where it starts). The subprocess
 //!   engine runs again without its Python fork server (`warm.fork_server = false`),
 //!   for bursts up to 8, as the baseline.
@@ -221,8 +224,12 @@ async fn first_open(
         let mut series: [Vec<Duration>; 4] = Default::default();
         let mut error = None;
         for r in 0..rounds {
-            // The pool refills between rounds, as it would between bursts.
-            if r > 0 {
+            if r == 0 {
+                // Each series' first burst meets the pool ready, as after a quiet
+                // time.
+                pool_ready(&paddock, &engine, ready_target).await;
+            } else {
+                // The pool refills between rounds, as it would between bursts.
                 tokio::time::sleep(Duration::from_millis(300)).await;
             }
             if let Err(e) = round(&paddock, &engine, n, r, &mut series).await {

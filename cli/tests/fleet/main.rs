@@ -118,7 +118,11 @@ fn a_fleet_runs_streams_cancels_and_replays_through_any_node() {
     let alice = bearer(ALICE);
     let bob = bearer(BOB);
     let admin = bearer(ADMIN);
-    wait_up(&http, &gateway, 3, &alice);
+    // Each node's view: a node learns of the others from their heartbeats, which
+    // may reach one node before another on a loaded machine.
+    for node in [&gateway, &w1, &w2] {
+        wait_up(&http, node, 3, &alice);
+    }
 
     // GET /v1/fleet: every node with its room; addresses for operators only.
     let (_, fleet) = http.get(
