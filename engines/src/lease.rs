@@ -94,6 +94,11 @@ impl LeaseClock {
     pub(crate) fn ended(&self) {
         self.state.lock().since = None;
     }
+
+    /// Whether a lease is on now.
+    pub(crate) fn in_lease(&self) -> bool {
+        self.state.lock().since.is_some()
+    }
 }
 
 /// Clears `waiting` when the waiting task is dropped before it ends by itself (its

@@ -9,8 +9,8 @@
 //!   (and open + first Python over the rounds after the first, which meet a pool
 //!   that has seen such a burst). The first round comes once the pool holds its
 //!   `min_idle` ready (`--min-idle` sets it), as after a quiet time; what that
-//!   costs is reported too (the whole Paddock's host memory and PSS growth from
-//!   before its start); per
+//!   costs is reported too (the growth of the host's PSS from before the
+//!   Paddock's start); per
 //!   engine (subprocess, and the container engine where it starts). The subprocess
 //!   engine runs again without its Python fork server (`warm.fork_server = false`),
 //!   for bursts up to 8, as the baseline.
@@ -189,7 +189,6 @@ async fn first_open(
     // every sandbox here is a tenant's own).
     config.pool.max_size = config.pool.max_size.max(most + 1);
     let ready_target = config.pool.min_idle.min(config.pool.max_size);
-    let mem_before = settled_mem_available().await;
     let pss_before = pss_by_pid();
     let mut builder = Paddock::builder().config(config);
     if engine != EngineName::CONTAINER {
@@ -207,14 +206,16 @@ async fn first_open(
         return Ok(true);
     }
     // The first burst meets the pools as a server that has been up a while and
-    // quiet finds them: ready (`pool.min_idle`). What that costs: the host memory
-    // of the whole Paddock (every engine it started), from before its start.
+    // quiet finds them: ready (`pool.min_idle`). What that costs: the growth of the
+    // host's processes' PSS (the whole Paddock, every engine it started, from
+    // before its start), 1 s after the pool is ready (once the runners its burst
+    // of creations left for later have started). `MemAvailable` moves by more than
+    // that between runs here, so it is not used.
     let (ready, waited) = pool_ready(&paddock, &engine, ready_target).await;
-    let mem_ready = settled_mem_available().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let ready_line = json!({
         "idle": ready,
         "waited_ms": super::round(ms(waited)),
-        "host_mib": super::round(mem_before.saturating_sub(mem_ready) as f64 / (1 << 20) as f64),
         "pss_mib": super::round(pss_growth(&pss_before) as f64 / (1 << 20) as f64),
     });
     let mut ok = true;

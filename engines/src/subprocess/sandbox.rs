@@ -69,10 +69,30 @@ pub struct SubprocessSandbox {
 #[derive(Debug, Default)]
 pub(crate) struct Openings {
     count: AtomicUsize,
+    /// Opens begun so far.
+    begun: std::sync::atomic::AtomicU64,
     none_left: Notify,
 }
 
+/// How long no sandbox of the engine may have been opened before the runners a
+/// burst left for later start: bursts of opens that follow each other closely
+/// (sandboxes opened eight at a time, one batch after another) are one burst.
+const QUIET: std::time::Duration = std::time::Duration::from_millis(250);
+
 impl Openings {
+    /// Returns once no sandbox of the engine has been opened for `quiet`.
+    async fn quiet_for(&self, quiet: std::time::Duration) {
+        loop {
+            self.none_left().await;
+            let mark = self.begun.load(Ordering::Acquire);
+            tokio::time::sleep(quiet).await;
+            if self.begun.load(Ordering::Acquire) == mark && self.count.load(Ordering::Acquire) == 0
+            {
+                return;
+            }
+        }
+    }
+
     /// Returns once no sandbox of the engine is being opened.
     async fn none_left(&self) {
         loop {
@@ -99,6 +119,7 @@ struct Opening<'a> {
 
 impl<'a> Opening<'a> {
     fn enter(openings: &'a Openings) -> Self {
+        openings.begun.fetch_add(1, Ordering::AcqRel);
         let others = openings.count.fetch_add(1, Ordering::AcqRel);
         Opening { openings, others }
     }
@@ -277,11 +298,12 @@ impl SubprocessSandbox {
         Ok(sandbox)
     }
 
-    /// For a sandbox opened in a burst: once no sandbox of the engine is being
-    /// opened, starts the runners the burst left out, for the spec's tenant, while
-    /// no code has run in the sandbox (after that, a snippet starts what it needs).
-    /// A pool's ready instances, made in bursts of their own, are warm in full this
-    /// way.
+    /// For a sandbox opened in a burst: once no sandbox of the engine has been
+    /// opened for a while (`QUIET`), starts the runners the burst left out, for the
+    /// spec's tenant, while no code has run in the sandbox and no lease holds it (a
+    /// leased sandbox starts what its snippets need; one recycled unused starts
+    /// them all again). A pool's ready instances, made in bursts of their own, are
+    /// warm in full this way, without taking the CPU from the bursts.
     pub(super) fn warm_after_burst(self: &Arc<Self>) {
         if !self.warm_later.swap(false, Ordering::AcqRel) {
             return;
@@ -289,7 +311,7 @@ impl SubprocessSandbox {
         let sandbox = Arc::downgrade(self);
         let engine = self.engine.clone();
         tokio::spawn(async move {
-            engine.opening.none_left().await;
+            engine.opening.quiet_for(QUIET).await;
             drop(engine);
             if let Some(sandbox) = sandbox.upgrade() {
                 sandbox.start_left_runners().await;
@@ -311,7 +333,7 @@ impl SubprocessSandbox {
             if !matches!(key, super::runner::WorkerKey::Runner(_)) {
                 continue;
             }
-            if !untouched() || self.destroying() {
+            if !untouched() || self.destroying() || self.leases.in_lease() {
                 return;
             }
             if self.warm.lock().contains_key(&key) {
