@@ -809,9 +809,10 @@ impl ServerConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct PoolConfig {
     /// Instances kept ready ahead of need, at most `max_size`. Default 8: a burst of
-    /// eight opens that comes after a quiet time finds them ready (each costs a few
-    /// MiB of host memory; see `docs/configuration.md`). With 0 the pool keeps none,
-    /// whatever `burst_idle_max` says.
+    /// eight opens that comes after a quiet time finds them ready (each holds its
+    /// warm interpreters, about 11–12 MiB of PSS on the subprocess and container
+    /// engines; see `docs/configuration.md`). With 0 the pool keeps none, whatever
+    /// `burst_idle_max` says.
     pub min_idle: usize,
     /// Most instances kept ready for the next burst: after `k` instances were in use
     /// at once (a burst of `k` opens, say; callers one after another need one or

@@ -148,27 +148,36 @@ async fn round(
     failure.map_or(Ok(()), Err)
 }
 
-/// Waits (at most 60 s) until the default pool of `engine` holds `target` ready
-/// instances and creates none: its idle count, and how long that took.
-async fn pool_ready(paddock: &Paddock, engine: &EngineName, target: usize) -> (usize, Duration) {
+/// Waits (at most 60 s) until every engine's default pool holds `target` ready
+/// instances (at most its size) and creates none: the idle count of `engine`'s,
+/// how long that took, and whether they all got there.
+async fn pool_ready(
+    paddock: &Paddock,
+    engine: &EngineName,
+    target: usize,
+) -> (usize, Duration, bool) {
     let t = Instant::now();
     let mut idle = 0;
     while t.elapsed() < Duration::from_secs(60) {
         if let Ok(stats) = paddock.stats().await {
-            let pool = stats
+            let defaults: Vec<_> = stats
                 .pools
                 .iter()
-                .find(|p| &p.engine == engine && p.network == "none" && p.disk_bytes.is_none());
-            if let Some(p) = pool {
+                .filter(|p| p.network == "none" && p.disk_bytes.is_none())
+                .collect();
+            if let Some(p) = defaults.iter().find(|p| &p.engine == engine) {
                 idle = p.idle;
-                if p.idle >= target && p.creating == 0 {
-                    break;
+                let ready = defaults
+                    .iter()
+                    .all(|p| p.idle >= target.min(p.max_size) && p.creating == 0);
+                if ready {
+                    return (idle, t.elapsed(), true);
                 }
             }
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    (idle, t.elapsed())
+    (idle, t.elapsed(), false)
 }
 
 async fn first_open(
@@ -208,11 +217,11 @@ async fn first_open(
     // The first burst meets the pools as a server that has been up a while and
     // quiet finds them: ready (`pool.min_idle`). What that costs: the growth of the
     // host's processes' PSS (the whole Paddock, every engine it started, from
-    // before its start), 1 s after the pool is ready (once the runners its burst
-    // of creations left for later have started). `MemAvailable` moves by more than
+    // before its start), 2 s after the pools are ready (once the runners their
+    // bursts of creations left for later have started). `MemAvailable` moves by more than
     // that between runs here, so it is not used.
-    let (ready, waited) = pool_ready(&paddock, &engine, ready_target).await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (ready, waited, mut all_ready) = pool_ready(&paddock, &engine, ready_target).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
     let ready_line = json!({
         "idle": ready,
         "waited_ms": super::round(ms(waited)),
@@ -228,7 +237,7 @@ async fn first_open(
             if r == 0 {
                 // Each series' first burst meets the pool ready, as after a quiet
                 // time.
-                pool_ready(&paddock, &engine, ready_target).await;
+                all_ready &= pool_ready(&paddock, &engine, ready_target).await.2;
             } else {
                 // The pool refills between rounds, as it would between bursts.
                 tokio::time::sleep(Duration::from_millis(300)).await;
@@ -257,6 +266,11 @@ async fn first_open(
             "open_and_first_python_later_rounds": later,
             "first_javascript": spread(js),
         });
+        if !all_ready && error.is_none() {
+            error = Some(format!(
+                "the pools did not hold {ready_target} ready within 60 s before a first burst"
+            ));
+        }
         if let Some(e) = error {
             ok = false;
             line["error"] = json!(e);

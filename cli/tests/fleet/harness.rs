@@ -92,8 +92,16 @@ impl Node {
     pub fn start(dir: &Path, id: &str, urls: &[String], fleet: &str, extra: &str) -> Node {
         let config = dir.join(format!("{id}.toml"));
         let urls_toml: Vec<String> = urls.iter().map(|u| format!("\"{u}\"")).collect();
+        // One ready sandbox per pool unless the test sets its own `[pool]`: nodes
+        // keeping the default eight would make dozens at start on two cores, which
+        // these tests do not use.
+        let pool = if extra.contains("[pool]") {
+            ""
+        } else {
+            "[pool]\nmin_idle = 1\n"
+        };
         let text = format!(
-            "[fleet]\nurls = [{}]\nnode_id = \"{id}\"\n{fleet}\n{extra}\n",
+            "[fleet]\nurls = [{}]\nnode_id = \"{id}\"\n{fleet}\n{extra}\n{pool}",
             urls_toml.join(", ")
         );
         std::fs::write(&config, text).expect("writing a node config");

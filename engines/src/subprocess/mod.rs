@@ -297,7 +297,9 @@ impl SubprocessEngine {
         &self.inner.support
     }
 
-    /// Opens a sandbox with its concrete type (the trait's `create` boxes it).
+    /// Opens a sandbox with its concrete type (the trait's `create` boxes it). A
+    /// sandbox opened here in a burst of opens starts the runners the burst left
+    /// out on first use; through `create`, also once the burst is over.
     pub async fn open(&self, spec: &SandboxSpec) -> Result<SubprocessSandbox> {
         SubprocessSandbox::create(self.inner.clone(), spec).await
     }

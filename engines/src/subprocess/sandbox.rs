@@ -64,14 +64,12 @@ pub struct SubprocessSandbox {
     pub(super) leases: Arc<crate::lease::LeaseClock>,
 }
 
-/// The sandboxes of an engine being opened right now, and a signal for the end of
-/// a burst of opens (none left).
+/// The sandboxes of an engine being opened right now, and how many were begun.
 #[derive(Debug, Default)]
 pub(crate) struct Openings {
     count: AtomicUsize,
     /// Opens begun so far.
     begun: std::sync::atomic::AtomicU64,
-    none_left: Notify,
 }
 
 /// How long no sandbox of the engine may have been opened before the runners a
@@ -80,32 +78,11 @@ pub(crate) struct Openings {
 const QUIET: std::time::Duration = std::time::Duration::from_millis(250);
 
 impl Openings {
-    /// Returns once no sandbox of the engine has been opened for `quiet`.
-    async fn quiet_for(&self, quiet: std::time::Duration) {
-        loop {
-            self.none_left().await;
-            let mark = self.begun.load(Ordering::Acquire);
-            tokio::time::sleep(quiet).await;
-            if self.begun.load(Ordering::Acquire) == mark && self.count.load(Ordering::Acquire) == 0
-            {
-                return;
-            }
-        }
-    }
-
-    /// Returns once no sandbox of the engine is being opened.
-    async fn none_left(&self) {
-        loop {
-            let notified = self.none_left.notified();
-            tokio::pin!(notified);
-            // Registered before the count is read, so a last open that ends in
-            // between is not missed.
-            notified.as_mut().enable();
-            if self.count.load(Ordering::Acquire) == 0 {
-                return;
-            }
-            notified.await;
-        }
+    /// A mark to compare with later: opens begun so far, or `None` while one is
+    /// under way.
+    fn mark(&self) -> Option<u64> {
+        let begun = self.begun.load(Ordering::Acquire);
+        (self.count.load(Ordering::Acquire) == 0).then_some(begun)
     }
 }
 
@@ -119,17 +96,15 @@ struct Opening<'a> {
 
 impl<'a> Opening<'a> {
     fn enter(openings: &'a Openings) -> Self {
-        openings.begun.fetch_add(1, Ordering::AcqRel);
         let others = openings.count.fetch_add(1, Ordering::AcqRel);
+        openings.begun.fetch_add(1, Ordering::AcqRel);
         Opening { openings, others }
     }
 }
 
 impl Drop for Opening<'_> {
     fn drop(&mut self) {
-        if self.openings.count.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.openings.none_left.notify_waiters();
-        }
+        self.openings.count.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -169,6 +144,9 @@ impl SubprocessSandbox {
             None => None,
         };
 
+        // Counted from here: a sandbox being set up is part of a burst too.
+        let openings = engine.clone();
+        let opening = Opening::enter(&openings.opening);
         let n = engine.next_sandbox.fetch_add(1, Ordering::Relaxed);
         let id = format!("sp-{}-{n}", uuid::Uuid::now_v7().simple());
         let eng = engine.clone();
@@ -290,7 +268,6 @@ impl SubprocessSandbox {
         // the CPU goes to the sandboxes being opened. Those that have to start from
         // nothing start once the burst is over (`warm_after_burst`), or on first use
         // if that comes first.
-        let opening = Opening::enter(&sandbox.engine.opening);
         let burst = opening.others > 0;
         sandbox.runners_ahead(&spec.tenant, burst).await?;
         drop(opening);
@@ -300,27 +277,47 @@ impl SubprocessSandbox {
 
     /// For a sandbox opened in a burst: once no sandbox of the engine has been
     /// opened for a while (`QUIET`), starts the runners the burst left out, for the
-    /// spec's tenant, while no code has run in the sandbox and no lease holds it (a
+    /// spec's tenant, if no code has run in the sandbox and no lease holds it (a
     /// leased sandbox starts what its snippets need; one recycled unused starts
     /// them all again). A pool's ready instances, made in bursts of their own, are
-    /// warm in full this way, without taking the CPU from the bursts.
+    /// warm in full this way, without taking the CPU from the bursts. The task
+    /// looks every `QUIET` and ends as soon as the sandbox is gone, leased or used,
+    /// so that no more of them wait than there are sandboxes idle in a pool. Needs
+    /// a tokio runtime; without one the runners start on first use.
     pub(super) fn warm_after_burst(self: &Arc<Self>) {
         if !self.warm_later.swap(false, Ordering::AcqRel) {
             return;
         }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
         let sandbox = Arc::downgrade(self);
-        let engine = self.engine.clone();
-        tokio::spawn(async move {
-            engine.opening.quiet_for(QUIET).await;
-            drop(engine);
-            if let Some(sandbox) = sandbox.upgrade() {
-                sandbox.start_left_runners().await;
+        runtime.spawn(async move {
+            loop {
+                let mark = match sandbox.upgrade() {
+                    Some(s) if s.may_warm_later() => s.engine.opening.mark(),
+                    _ => return,
+                };
+                tokio::time::sleep(QUIET).await;
+                let Some(s) = sandbox.upgrade() else {
+                    return;
+                };
+                if mark.is_some() && s.engine.opening.mark() == mark {
+                    s.start_left_runners().await;
+                    return;
+                }
             }
         });
     }
 
+    /// Whether runners a burst left out may still start ahead of need.
+    fn may_warm_later(&self) -> bool {
+        self.touch.lock().runs == 0 && !self.destroying() && !self.leases.in_lease()
+    }
+
     /// See `warm_after_burst`. A runner started here that a snippet's own start
-    /// overtook, or that code running meanwhile made stale, is dropped (killed).
+    /// overtook, or that code running meanwhile made stale, is dropped (killed); one
+    /// that a lease begun meanwhile finds is its first code's to take.
     async fn start_left_runners(&self) {
         let Some(setup) = &self.engine.warm else {
             return;
@@ -333,7 +330,7 @@ impl SubprocessSandbox {
             if !matches!(key, super::runner::WorkerKey::Runner(_)) {
                 continue;
             }
-            if !untouched() || self.destroying() || self.leases.in_lease() {
+            if !self.may_warm_later() {
                 return;
             }
             if self.warm.lock().contains_key(&key) {

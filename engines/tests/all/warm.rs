@@ -835,12 +835,12 @@ async fn sandboxes_made_in_a_burst_start_node_once_the_burst_is_over() {
     );
     let burst_over = Instant::now();
     let sbs = [made.0, made.1, made.2, made.3].map(Result::unwrap);
+    // A leased one starts what its snippets need, when they need it.
+    sbs[1].leased();
     // A snippet that comes first in one of them starts what it needs (and the
     // runner started after the burst, stale then, does not replace it).
     let first = run(&*sbs[0], js(JS_AGE)).await;
     assert_eq!(first.exit_code(), Some(0), "{first:?}");
-    // A leased one starts what its snippets need, when they need it.
-    sbs[1].leased();
     tokio::time::sleep(Duration::from_millis(2500)).await;
     for (i, sb) in sbs.iter().enumerate() {
         let r = run(&**sb, js(JS_AGE)).await;
@@ -849,9 +849,10 @@ async fn sandboxes_made_in_a_burst_start_node_once_the_burst_is_over() {
             assert!(age(&r) < 1.0, "leased: Node started for its snippet: {r:?}");
             continue;
         }
-        // Started ahead of the snippet, and after the burst began.
+        // Started ahead of the snippet, and not long before the burst ended (the
+        // one made first, before the others began, started its own at once).
         assert!(
-            age(&r) >= 1.0 && age(&r) <= waited + 0.5,
+            age(&r) >= 1.0 && age(&r) <= waited + 1.5,
             "sandbox {i}: Node {} s old, {waited} s after the burst: {r:?}",
             age(&r)
         );

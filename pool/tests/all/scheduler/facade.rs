@@ -550,7 +550,12 @@ async fn a_named_engine_is_chosen_only_by_its_name() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_embedder_keeps_a_pool_of_its_own_sandboxes_warm() {
+    // One ready in the default pool, so that its count cannot pass for the one
+    // asked for.
+    let mut config = PaddockConfig::default();
+    config.pool.min_idle = 1;
     let paddock = Paddock::builder()
+        .config(config)
         .without_container()
         .without_isolate()
         .start()
@@ -563,7 +568,7 @@ async fn an_embedder_keeps_a_pool_of_its_own_sandboxes_warm() {
         .warm_pool(EngineName::SUBPROCESS, spec.clone(), 3)
         .await
         .unwrap();
-    // The default pool keeps `pool.min_idle` (1); the one asked for, three.
+    // The default pool keeps `pool.min_idle` (1 here); the one asked for, three.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
         let stats = paddock.stats().await.unwrap();
