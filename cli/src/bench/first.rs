@@ -236,8 +236,10 @@ async fn first_open(
         for r in 0..rounds {
             if r == 0 {
                 // Each series' first burst meets the pool ready, as after a quiet
-                // time.
+                // time: a quiet second, 250 ms into which the runners that the
+                // pool's bursts of creations left for later start.
                 all_ready &= pool_ready(&paddock, &engine, ready_target).await.2;
+                tokio::time::sleep(Duration::from_secs(1)).await;
             } else {
                 // The pool refills between rounds, as it would between bursts.
                 tokio::time::sleep(Duration::from_millis(300)).await;
