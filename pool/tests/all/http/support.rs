@@ -28,7 +28,12 @@ pub struct TestServer {
 impl TestServer {
     /// Defaults everywhere.
     pub fn start() -> TestServer {
-        TestServer::start_with(Paddock::builder(), server_config())
+        // One ready sandbox per pool: the default eight of every engine, made at
+        // each test server's start, would crowd two cores for tests that do not
+        // use them.
+        let mut config = PaddockConfig::default();
+        config.pool.min_idle = 1;
+        TestServer::start_with(Paddock::builder().config(config), server_config())
     }
 
     /// A Paddock built from `builder`, served with `server`.
