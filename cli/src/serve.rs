@@ -232,6 +232,9 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<i32, UsageError> {
             eprintln!("paddock serve: warning: {warning}");
         }
     }
+    if let Some(warning) = descriptor_warning(&server_config, open_files_limit()) {
+        eprintln!("paddock serve: warning: {warning}");
+    }
     if let Some(at) = server.metrics_addr() {
         eprintln!("paddock serve: /metrics on http://{at}");
     }
@@ -282,6 +285,29 @@ fn exposure_warning(
          claims any tenant with X-Paddock-Tenant; set [[server.api_keys]] or PADDOCK_API_KEYS \
          (docs/security.md)"
     ))
+}
+
+/// This process's open-files limit (soft), from `/proc/self/limits`.
+fn open_files_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
+}
+
+/// What to warn about when the connections the server lets clients without a key
+/// hold (two descriptors each: the socket and the server's copy of it) would take
+/// more than half of the process's open-files `limit`: the cap would then not keep
+/// descriptors for authenticated work.
+fn descriptor_warning(config: &paddock_core::ServerConfig, limit: Option<u64>) -> Option<String> {
+    let limit = limit?;
+    let held = u64::from(config.max_unauthenticated_connections) * 2;
+    (held > limit / 2).then(|| {
+        format!(
+            "server.max_unauthenticated_connections = {} lets clients without a key hold {held} of \
+             this process's {limit} open files: lower it, or raise the open-files limit (ulimit -n)",
+            config.max_unauthenticated_connections
+        )
+    })
 }
 
 /// Arguments of `paddock config`.
@@ -352,5 +378,19 @@ mod tests {
             .api_keys
             .push(ApiKey::new("0123456789abcdef", "alice"));
         assert!(exposure_warning(&keyed, "0.0.0.0:7878".parse().unwrap()).is_none());
+    }
+
+    #[test]
+    fn warns_when_unauthenticated_connections_could_take_half_the_descriptors() {
+        let config = ServerConfig::default();
+        // 4096 connections, two descriptors each.
+        let w = super::descriptor_warning(&config, Some(1024)).unwrap();
+        assert!(
+            w.contains("server.max_unauthenticated_connections = 4096"),
+            "{w}"
+        );
+        assert!(super::descriptor_warning(&config, Some(20_000)).is_none());
+        assert!(super::descriptor_warning(&config, None).is_none());
+        assert!(super::open_files_limit().is_some_and(|n| n > 0));
     }
 }

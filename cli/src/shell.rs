@@ -206,7 +206,7 @@ async fn session(
                     Ok(0) | Err(_) => {
                         // Input ended (not a terminal): the remote side reads end of
                         // file too.
-                        let _ = terminal.shared().control().close_stdin().await;
+                        let _ = terminal.write(b"\x04").await;
                         return;
                     }
                     Ok(n) => {

@@ -229,6 +229,15 @@ pub struct EgressConfig {
     pub max_connections: u32,
     /// How long a dial of an admitted host may take, in milliseconds. Default 5 000.
     pub connect_timeout_ms: u64,
+    /// Whether sandboxes reach private and shared address ranges (`10.0.0.0/8`,
+    /// `172.16.0.0/12`, `192.168.0.0/16`, `100.64.0.0/10`, `fc00::/7`): the
+    /// operator's own network. When allowed, an allowlist may name them (an API
+    /// key's `allow_private` decides for its tenant) and `unrestricted` reaches
+    /// them. Default: allowed on a server without API keys, refused with them.
+    /// Loopback, link-local (the cloud metadata address), multicast, reserved
+    /// ranges and the host's own addresses are never reached, whatever this says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_private: Option<bool>,
 }
 
 impl Default for EgressConfig {
@@ -238,6 +247,7 @@ impl Default for EgressConfig {
             resolve_timeout_ms: 3_000,
             max_connections: 64,
             connect_timeout_ms: 5_000,
+            allow_private: None,
         }
     }
 }
@@ -329,7 +339,30 @@ pub struct LimiterConfig {
     pub max_tenants: usize,
     /// The `retry_after_ms` hint given for a concurrency refusal. Default 100.
     pub busy_retry_after_ms: u64,
+    /// Bytes of output a tenant's running executions keep at once, across all of
+    /// them (their stdout and stderr, held for their results). Past it, further
+    /// output of that tenant's executions is cut as at the output cap (truncation
+    /// marker, `stdout_truncated`/`stderr_truncated`, a warning); other tenants are
+    /// not affected. Default 134217728 (128 MiB: one execution at the default
+    /// 64 MiB ceiling on both streams); at most 2^50.
+    pub max_output_bytes_per_tenant: u64,
+    /// Bytes of input that may wait for one background process or terminal: written
+    /// by callers (E2B `SendInput`, `write_stdin`, an attach socket), not yet read by
+    /// it. A write that finds no room waits up to `input_wait_ms`, then is refused
+    /// with `RATE_LIMITED`. Default 1048576 (1 MiB); 1 to 1073741824.
+    pub max_input_bytes_per_process: u64,
+    /// Bytes of input that may wait for all of a tenant's processes together,
+    /// counting writes still waiting for room; a write past it is refused at once
+    /// with `RATE_LIMITED`. Default 16777216 (16 MiB); at least
+    /// `max_input_bytes_per_process`, at most 2^50.
+    pub max_input_bytes_per_tenant: u64,
+    /// How long a write waits for room in a process's input buffer, in milliseconds.
+    /// Default 5000; 0 (refused at once) to 600000.
+    pub input_wait_ms: u64,
 }
+
+/// Default `limiter.max_output_bytes_per_tenant`.
+pub const DEFAULT_MAX_OUTPUT_BYTES_PER_TENANT: u64 = 128 << 20;
 
 impl Default for LimiterConfig {
     fn default() -> Self {
@@ -342,6 +375,10 @@ impl Default for LimiterConfig {
             max_slots_per_tenant: None,
             max_tenants: 100_000,
             busy_retry_after_ms: 100,
+            max_output_bytes_per_tenant: DEFAULT_MAX_OUTPUT_BYTES_PER_TENANT,
+            max_input_bytes_per_process: crate::input::DEFAULT_INPUT_BUFFER as u64,
+            max_input_bytes_per_tenant: 16 << 20,
+            input_wait_ms: crate::input::DEFAULT_INPUT_WAIT.as_millis() as u64,
         }
     }
 }
@@ -396,7 +433,56 @@ impl LimiterConfig {
                 "must be at least 1",
             ));
         }
+        self.validate_memory()
+    }
+
+    /// The memory budgets: output and input per tenant, input per process.
+    fn validate_memory(&self) -> Result<()> {
+        use crate::budget::MAX_BUDGET_BYTES;
+        let per_process = self.max_input_bytes_per_process;
+        for (field, v, min, max) in [
+            (
+                "limiter.max_output_bytes_per_tenant",
+                self.max_output_bytes_per_tenant,
+                1,
+                MAX_BUDGET_BYTES,
+            ),
+            (
+                "limiter.max_input_bytes_per_process",
+                per_process,
+                1,
+                1 << 30,
+            ),
+            (
+                "limiter.max_input_bytes_per_tenant",
+                self.max_input_bytes_per_tenant,
+                per_process,
+                MAX_BUDGET_BYTES,
+            ),
+            ("limiter.input_wait_ms", self.input_wait_ms, 0, 600_000),
+        ] {
+            if !(min..=max).contains(&v) {
+                return Err(Error::invalid_config(
+                    field,
+                    format!("{v} is out of range {min}..={max}"),
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// The input limits of a process of `tenant`, whose budget is drawn from
+    /// `budgets` (made with [`max_input_bytes_per_tenant`](Self::max_input_bytes_per_tenant)).
+    pub fn input_limits(
+        &self,
+        budgets: &crate::budget::TenantBudgets,
+        tenant: Option<&str>,
+    ) -> crate::input::InputLimits {
+        crate::input::InputLimits {
+            buffer_bytes: usize::try_from(self.max_input_bytes_per_process).unwrap_or(usize::MAX),
+            wait: std::time::Duration::from_millis(self.input_wait_ms),
+            tenant: Some(budgets.for_tenant(tenant)),
+        }
     }
 }
 
@@ -538,6 +624,27 @@ pub struct ServerConfig {
     /// clients that upload large files slowly and do not send `Expect: 100-continue`.
     /// At most 60000.
     pub close_linger_ms: u64,
+    /// How long a new connection has to send its first request's head (request line
+    /// and headers), in milliseconds; past it the server answers 408 and closes the
+    /// connection. Default 5000; 1 to 600000. (Later requests on a kept-alive
+    /// connection are bounded by the keep-alive timer until their first byte, and, on
+    /// a connection that has presented no credential, by
+    /// `max_unauthenticated_connections`.)
+    pub header_read_timeout_ms: u64,
+    /// How long a request body may go without a byte arriving while the server reads
+    /// it, in milliseconds; past it the request is answered 408 `TIMEOUT` and its
+    /// connection closed. Default 30000; 1 to 3600000. WebSockets and E2B Connect
+    /// client streams (`process.Process/StreamInput`) are long-lived by design and
+    /// not bounded by it.
+    pub body_read_timeout_ms: u64,
+    /// Connections that have not yet presented a valid credential (an API key, or a
+    /// sandbox's access token; without API keys, any request), across all clients;
+    /// past it the oldest such connection is closed to make room. Default 4096.
+    pub max_unauthenticated_connections: u32,
+    /// Connections without a valid credential from one client address (one IPv6
+    /// /64); past it that address's oldest such connection is closed. Default 256; at
+    /// most `max_unauthenticated_connections`.
+    pub max_unauthenticated_connections_per_address: u32,
     /// Where `/metrics` is served: `"api"` (the default) on the API's address to
     /// anyone, `"operator"` on the API's address to operator keys only, or an
     /// `ADDR:PORT` of its own (then not on the API's address at all).
@@ -587,6 +694,10 @@ pub struct ApiKey {
     /// `allowed_networks`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allowed_networks: Option<Vec<NetworkKind>>,
+    /// Whether this key's allowlists may name private and shared address ranges;
+    /// default `[egress] allow_private`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_private: Option<bool>,
 }
 
 impl ApiKey {
@@ -598,6 +709,7 @@ impl ApiKey {
             admin: false,
             allowed_levels: None,
             allowed_networks: None,
+            allow_private: None,
         }
     }
 }
@@ -629,6 +741,10 @@ impl Default for ServerConfig {
             max_requests_per_tenant: 256,
             max_websockets_per_tenant: 64,
             close_linger_ms: 100,
+            header_read_timeout_ms: 5_000,
+            body_read_timeout_ms: 30_000,
+            max_unauthenticated_connections: 4096,
+            max_unauthenticated_connections_per_address: 256,
             metrics: "api".into(),
             drain_ms: 10_000,
             workers: 2,
@@ -650,18 +766,24 @@ impl ServerConfig {
         let default = Allowed {
             levels: self.allowed_levels.clone(),
             networks: self.allowed_networks.clone(),
+            private: None,
         }
         .or(&base);
         let tenants = self
             .api_keys
             .iter()
-            .filter(|k| k.allowed_levels.is_some() || k.allowed_networks.is_some())
+            .filter(|k| {
+                k.allowed_levels.is_some()
+                    || k.allowed_networks.is_some()
+                    || k.allow_private.is_some()
+            })
             .map(|k| {
                 (
                     k.tenant.clone(),
                     Allowed {
                         levels: k.allowed_levels.clone(),
                         networks: k.allowed_networks.clone(),
+                        private: k.allow_private,
                     },
                 )
             })
@@ -769,6 +891,14 @@ impl ServerConfig {
                 self.max_websockets_per_tenant as usize,
             ),
             ("server.workers", self.workers),
+            (
+                "server.max_unauthenticated_connections",
+                self.max_unauthenticated_connections as usize,
+            ),
+            (
+                "server.max_unauthenticated_connections_per_address",
+                self.max_unauthenticated_connections_per_address as usize,
+            ),
         ] {
             if v == 0 {
                 return Err(Error::invalid_config(name, "must be greater than 0"));
@@ -780,6 +910,34 @@ impl ServerConfig {
                 format!(
                     "{} ms is too long: at most 60000 (a minute)",
                     self.close_linger_ms
+                ),
+            ));
+        }
+        for (name, v, max) in [
+            (
+                "server.header_read_timeout_ms",
+                self.header_read_timeout_ms,
+                600_000,
+            ),
+            (
+                "server.body_read_timeout_ms",
+                self.body_read_timeout_ms,
+                3_600_000,
+            ),
+        ] {
+            if v == 0 || v > max {
+                return Err(Error::invalid_config(
+                    name,
+                    format!("{v} ms: give 1 to {max} ms"),
+                ));
+            }
+        }
+        if self.max_unauthenticated_connections_per_address > self.max_unauthenticated_connections {
+            return Err(Error::invalid_config(
+                "server.max_unauthenticated_connections_per_address",
+                format!(
+                    "must be at most server.max_unauthenticated_connections ({})",
+                    self.max_unauthenticated_connections
                 ),
             ));
         }
@@ -1439,6 +1597,25 @@ impl ContainerConfig {
 }
 
 impl PaddockConfig {
+    /// What each tenant may use: [`ServerConfig::access_rules`], with
+    /// `[egress] allow_private` as every key's default for private ranges.
+    pub fn access_rules(&self) -> AccessRules {
+        let mut rules = self.server.access_rules();
+        if let Some(private) = self.egress.allow_private {
+            // (A key's own `allow_private` still decides for its tenant.)
+            rules.default.private = Some(private);
+        }
+        rules
+    }
+
+    /// Whether sandboxes may reach private ranges under `unrestricted`:
+    /// `[egress] allow_private`, or when unset, whether the server has no API keys.
+    pub fn egress_private(&self) -> bool {
+        self.egress
+            .allow_private
+            .unwrap_or(self.server.api_keys.is_empty())
+    }
+
     /// Parses a TOML document and validates it.
     pub fn from_toml_str(text: &str) -> Result<PaddockConfig> {
         let config: PaddockConfig = toml::from_str(text).map_err(|e| {
@@ -1633,6 +1810,35 @@ mod tests {
             "{}",
             e.message
         );
+    }
+
+    #[test]
+    fn read_timeouts_and_unauthenticated_connection_caps_are_bounded() {
+        let c = PaddockConfig::from_toml_str(
+            "[server]\nbody_read_timeout_ms = 500\nheader_read_timeout_ms = 2000\n\
+             max_unauthenticated_connections = 10\n\
+             max_unauthenticated_connections_per_address = 10\n",
+        )
+        .unwrap();
+        assert_eq!(c.server.body_read_timeout_ms, 500);
+        assert_eq!(c.server.header_read_timeout_ms, 2000);
+        for (toml, field) in [
+            ("body_read_timeout_ms = 0", "server.body_read_timeout_ms"),
+            ("body_read_timeout_ms = 3600001", "server.body_read_timeout_ms"),
+            ("header_read_timeout_ms = 0", "server.header_read_timeout_ms"),
+            (
+                "max_unauthenticated_connections = 0",
+                "server.max_unauthenticated_connections",
+            ),
+            (
+                "max_unauthenticated_connections = 8\nmax_unauthenticated_connections_per_address = 9",
+                "server.max_unauthenticated_connections_per_address",
+            ),
+        ] {
+            let e = PaddockConfig::from_toml_str(&format!("[server]\n{toml}\n")).unwrap_err();
+            assert_eq!(e.code, ErrorCode::InvalidConfig);
+            assert!(e.message.contains(field), "{toml}: {}", e.message);
+        }
     }
 
     #[test]

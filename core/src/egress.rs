@@ -7,11 +7,22 @@
 //! `a.b.pythonhosted.org`, not `pythonhosted.org` itself), and an address or range
 //! (`198.51.100.7`, `10.0.0.0/8`). Ports default to 80 and 443.
 //!
-//! Addresses in the special ranges (loopback, link-local and so the cloud metadata
-//! address 169.254.169.254, private, shared, multicast, reserved, and their IPv6
-//! counterparts) are refused even for an allowed name, unless an address rule of the
-//! policy covers them: a name that resolves there is the classic server-side request
-//! forgery, and only an explicit range says the operator meant it.
+//! Two kinds of special addresses are kept apart:
+//! - **closed** ranges (unspecified, loopback, link-local and so the cloud metadata
+//!   address 169.254.169.254, multicast, reserved, and their IPv6 counterparts,
+//!   IPv4 addresses embedded in IPv6 ones judged as themselves) are never reached,
+//!   by any policy: an address rule that overlaps one is refused when the policy is
+//!   compiled, and a name that resolves into one is refused when it is dialled (the
+//!   classic server-side request forgery). `unrestricted` does not reach them
+//!   either. The gateway adds the host's own addresses to them (see
+//!   `paddock-egress`).
+//! - **private** ranges (private and shared) are reached only through an address
+//!   rule that covers them, or under `unrestricted` when the operator allows
+//!   private ranges ([`EgressRules::unrestricted`]); whether a caller may write such
+//!   a rule is the operator's choice (`allow_private`, checked at admission).
+//!
+//! Address entries are read in any notation a resolver library accepts for IPv4
+//! (`2130706433`, `0x7f.1`, `0177.0.0.1`), so that no spelling slips past as a name.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -89,6 +100,8 @@ pub struct EgressRules {
     ports: Vec<u16>,
     /// Every name and port ([`EgressRules::unrestricted`]).
     any: bool,
+    /// Under `any`: whether private and shared addresses are reached.
+    private: bool,
 }
 
 /// Why an address is refused.
@@ -125,17 +138,41 @@ impl SpecialRange {
         }
     }
 
-    /// The special range `addr` lies in, if any. An IPv4-mapped IPv6 address is
-    /// judged as its IPv4 address.
+    /// The special range `addr` lies in, if any. An IPv6 address that carries an
+    /// IPv4 one (IPv4-mapped, NAT64 `64:ff9b::/96`, 6to4 `2002::/16`) is judged as
+    /// that IPv4 address; the deprecated IPv4-compatible ones (`::a.b.c.d`) are
+    /// reserved.
     pub fn of(addr: IpAddr) -> Option<SpecialRange> {
         match addr {
             IpAddr::V4(a) => special_v4(a),
-            IpAddr::V6(a) => match a.to_ipv4_mapped() {
+            IpAddr::V6(a) => match embedded_v4(a) {
                 Some(v4) => special_v4(v4),
                 None => special_v6(a),
             },
         }
     }
+
+    /// Whether no policy reaches this range (all but private and shared).
+    pub const fn is_closed(self) -> bool {
+        !matches!(self, SpecialRange::Private | SpecialRange::Shared)
+    }
+}
+
+/// The IPv4 address an IPv6 address carries and is routed to: IPv4-mapped
+/// (`::ffff:a.b.c.d`), NAT64 (`64:ff9b::a.b.c.d`) and 6to4 (`2002:AABB:CCDD::`).
+fn embedded_v4(a: Ipv6Addr) -> Option<Ipv4Addr> {
+    if let Some(v4) = a.to_ipv4_mapped() {
+        return Some(v4);
+    }
+    let s = a.segments();
+    let o = a.octets();
+    if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+        return Some(Ipv4Addr::new(o[12], o[13], o[14], o[15]));
+    }
+    if s[0] == 0x2002 {
+        return Some(Ipv4Addr::new(o[2], o[3], o[4], o[5]));
+    }
+    None
 }
 
 fn special_v4(a: Ipv4Addr) -> Option<SpecialRange> {
@@ -161,8 +198,14 @@ fn special_v6(a: Ipv6Addr) -> Option<SpecialRange> {
         Some(SpecialRange::Unspecified)
     } else if a.is_loopback() {
         Some(SpecialRange::Loopback)
+    } else if s[..6] == [0; 6] {
+        // IPv4-compatible (deprecated by RFC 4291).
+        Some(SpecialRange::Reserved)
     } else if s[0] & 0xffc0 == 0xfe80 {
         Some(SpecialRange::LinkLocal)
+    } else if s[0] & 0xffc0 == 0xfec0 {
+        // Site-local (deprecated by RFC 3879).
+        Some(SpecialRange::Reserved)
     } else if s[0] & 0xfe00 == 0xfc00 {
         Some(SpecialRange::Private)
     } else if s[0] & 0xff00 == 0xff00 {
@@ -170,6 +213,54 @@ fn special_v6(a: Ipv6Addr) -> Option<SpecialRange> {
     } else {
         None
     }
+}
+
+/// The special ranges, as prefixes: closed ones first. IPv4-mapped IPv6 rules are
+/// judged by the IPv4 rows (see [`in_range`]).
+const SPECIAL_V4: [([u8; 4], u8, SpecialRange); 10] = [
+    ([0, 0, 0, 0], 8, SpecialRange::Unspecified),
+    ([127, 0, 0, 0], 8, SpecialRange::Loopback),
+    ([169, 254, 0, 0], 16, SpecialRange::LinkLocal),
+    ([224, 0, 0, 0], 4, SpecialRange::Multicast),
+    ([240, 0, 0, 0], 4, SpecialRange::Reserved),
+    ([192, 0, 0, 0], 24, SpecialRange::Reserved),
+    ([10, 0, 0, 0], 8, SpecialRange::Private),
+    ([172, 16, 0, 0], 12, SpecialRange::Private),
+    ([192, 168, 0, 0], 16, SpecialRange::Private),
+    ([100, 64, 0, 0], 10, SpecialRange::Shared),
+];
+const SPECIAL_V6: [(u128, u8, SpecialRange); 9] = [
+    (0, 128, SpecialRange::Unspecified),
+    (1, 128, SpecialRange::Loopback),
+    // IPv4-compatible (and with it `::` and `::1`).
+    (0, 96, SpecialRange::Reserved),
+    (0xfe80 << 112, 10, SpecialRange::LinkLocal),
+    (0xfec0 << 112, 10, SpecialRange::Reserved),
+    (0xff00 << 112, 8, SpecialRange::Multicast),
+    // NAT64 and 6to4 carry IPv4 addresses, any of them.
+    (0x0064_ff9b << 96, 96, SpecialRange::Reserved),
+    (0x2002 << 112, 16, SpecialRange::Reserved),
+    (0xfc00 << 112, 7, SpecialRange::Private),
+];
+
+/// The special ranges address rule `rule` overlaps, closed ones first.
+fn overlapped(rule: &HostRule) -> impl Iterator<Item = SpecialRange> + '_ {
+    let v4 = SPECIAL_V4
+        .iter()
+        .map(|(n, p, r)| (IpAddr::from(*n), *p, *r));
+    let v6 = SPECIAL_V6
+        .iter()
+        .map(|(n, p, r)| (IpAddr::from(Ipv6Addr::from(*n)), *p, *r));
+    let range = match *rule {
+        HostRule::Range { net, prefix } => Some((net, prefix)),
+        _ => None,
+    };
+    v4.chain(v6)
+        .filter_map(move |(special, special_prefix, r)| {
+            let (net, prefix) = range?;
+            // Two ranges overlap when they agree on the shorter prefix's bits.
+            in_range(net, special, prefix.min(special_prefix)).then_some(r)
+        })
 }
 
 fn in_range(addr: IpAddr, net: IpAddr, prefix: u8) -> bool {
@@ -213,16 +304,68 @@ pub fn normalize_name(name: &str) -> Option<String> {
     Some(name.to_ascii_lowercase())
 }
 
+/// An IPv4 address in any notation the classic resolver libraries accept
+/// (`inet_aton`): one to four parts, each decimal, octal (a leading `0`) or
+/// hexadecimal (`0x`), the last filling the bytes left (`127.1`, `2130706433`,
+/// `0x7f.0.0.1`, `0177.0.0.1`). Programs pass such names to `connect` as addresses.
+fn parse_ipv4_loose(text: &str) -> Option<Ipv4Addr> {
+    let parts: Vec<&str> = text.split('.').collect();
+    if parts.is_empty() || parts.len() > 4 {
+        return None;
+    }
+    let mut values = Vec::with_capacity(parts.len());
+    for part in &parts {
+        let (digits, radix) =
+            if let Some(hex) = part.strip_prefix("0x").or_else(|| part.strip_prefix("0X")) {
+                (hex, 16)
+            } else if part.len() > 1 && part.starts_with('0') {
+                (&part[1..], 8)
+            } else {
+                (*part, 10)
+            };
+        if digits.is_empty() && radix != 16 || !digits.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        // `0x` alone is 0, as inet_aton reads it.
+        let value = if digits.is_empty() {
+            0
+        } else {
+            u64::from_str_radix(digits, radix).ok()?
+        };
+        values.push(value);
+    }
+    let (last, head) = values.split_last()?;
+    if head.iter().any(|v| *v > 255) {
+        return None;
+    }
+    let room = 8 * (4 - head.len() as u32);
+    if *last >= 1u64 << room {
+        return None;
+    }
+    let mut addr: u32 = 0;
+    for (i, v) in head.iter().enumerate() {
+        addr |= (*v as u32) << (24 - 8 * i as u32);
+    }
+    Some(Ipv4Addr::from(addr | *last as u32))
+}
+
+/// `text` as an address, when it is one in any notation: IPv6 (with or without
+/// brackets), or IPv4 as [`parse_ipv4_loose`] reads it. A host name that is not an
+/// address is `None`.
+pub fn parse_addr(text: &str) -> Option<IpAddr> {
+    let bare = text.trim_start_matches('[').trim_end_matches(']');
+    if let Ok(addr) = bare.parse::<IpAddr>() {
+        return Some(addr);
+    }
+    parse_ipv4_loose(text.strip_suffix('.').unwrap_or(text)).map(IpAddr::V4)
+}
+
 fn parse_range(text: &str) -> Option<HostRule> {
     let (addr, prefix) = match text.split_once('/') {
         Some((a, p)) => (a, Some(p)),
         None => (text, None),
     };
-    let addr: IpAddr = addr
-        .trim_start_matches('[')
-        .trim_end_matches(']')
-        .parse()
-        .ok()?;
+    let addr = parse_addr(addr)?;
     let max = if addr.is_ipv4() { 32 } else { 128 };
     let prefix = match prefix {
         Some(p) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => {
@@ -290,6 +433,16 @@ impl EgressRules {
                     ),
                 ));
             };
+            if let Some(range) = EgressRules::closed_range_overlapped(&rule) {
+                return Err(Error::invalid_options(
+                    &format!("{field}.hosts[{i}]"),
+                    format!(
+                        "`{}` reaches into the {} range, which no sandbox reaches (not even under network `unrestricted`); list public addresses or names",
+                        host.escape_debug(),
+                        range.as_str()
+                    ),
+                ));
+            }
             if !rules.contains(&rule) {
                 rules.push(rule);
             }
@@ -311,20 +464,22 @@ impl EgressRules {
             hosts: rules,
             ports,
             any: false,
+            private: false,
         })
     }
 
     /// The rules of network `unrestricted` on an engine whose sandboxes reach the
     /// network only through the gateway (the container engine): every name, every
-    /// port, and every address but the host's own and the link-local ones (the
-    /// gateway dials from the host, where loopback is the host's own services and
-    /// 169.254.169.254 its cloud metadata). Private and shared ranges are admitted,
-    /// as the host reaches them.
-    pub fn unrestricted() -> EgressRules {
+    /// port, and every address but the closed ranges (the gateway dials from the
+    /// host, where loopback is the host's own services and 169.254.169.254 its cloud
+    /// metadata; the gateway adds the host's own addresses). Private and shared
+    /// ranges are admitted when `private` says so (`[egress] allow_private`).
+    pub fn unrestricted(private: bool) -> EgressRules {
         EgressRules {
             hosts: vec![HostRule::Any],
             ports: Vec::new(),
             any: true,
+            private,
         }
     }
 
@@ -353,11 +508,7 @@ impl EgressRules {
     /// one does. A name that is an address literal is judged by
     /// [`EgressRules::rule_for_addr`] instead.
     pub fn rule_for_name(&self, name: &str) -> Option<&HostRule> {
-        if let Ok(addr) = name
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .parse::<IpAddr>()
-        {
+        if let Some(addr) = parse_addr(name) {
             return self.rule_for_addr(addr);
         }
         let name = normalize_name(name)?;
@@ -377,35 +528,18 @@ impl EgressRules {
         self.hosts.iter().find(|r| r.covers(addr))
     }
 
-    /// The special range that address rule `rule` overlaps and that
-    /// [`EgressRules::unrestricted`] never reaches (unspecified, loopback,
-    /// link-local, multicast, reserved), if any; `None` for other rules.
+    /// The special range that address rule `rule` overlaps and that no policy
+    /// reaches ([`SpecialRange::is_closed`]: unspecified, loopback, link-local,
+    /// multicast, reserved, and the IPv6 ranges that carry IPv4 addresses), if any;
+    /// `None` for other rules. [`EgressRules::compile`] refuses such a rule.
     pub fn closed_range_overlapped(rule: &HostRule) -> Option<SpecialRange> {
-        const CLOSED_V4: [([u8; 4], u8, SpecialRange); 6] = [
-            ([0, 0, 0, 0], 8, SpecialRange::Unspecified),
-            ([127, 0, 0, 0], 8, SpecialRange::Loopback),
-            ([169, 254, 0, 0], 16, SpecialRange::LinkLocal),
-            ([224, 0, 0, 0], 4, SpecialRange::Multicast),
-            ([240, 0, 0, 0], 4, SpecialRange::Reserved),
-            ([192, 0, 0, 0], 24, SpecialRange::Reserved),
-        ];
-        const CLOSED_V6: [(u128, u8, SpecialRange); 4] = [
-            (0, 128, SpecialRange::Unspecified),
-            (1, 128, SpecialRange::Loopback),
-            (0xfe80 << 112, 10, SpecialRange::LinkLocal),
-            (0xff00 << 112, 8, SpecialRange::Multicast),
-        ];
-        let HostRule::Range { net, prefix } = *rule else {
-            return None;
-        };
-        // Two ranges overlap when they agree on the shorter prefix's bits.
-        let v4 = CLOSED_V4.iter().map(|(n, p, r)| (IpAddr::from(*n), *p, *r));
-        let v6 = CLOSED_V6
-            .iter()
-            .map(|(n, p, r)| (IpAddr::from(Ipv6Addr::from(*n)), *p, *r));
-        v4.chain(v6)
-            .find(|(closed, closed_prefix, _)| in_range(net, *closed, prefix.min(*closed_prefix)))
-            .map(|(_, _, r)| r)
+        overlapped(rule).find(|r| r.is_closed())
+    }
+
+    /// The private or shared range that address rule `rule` overlaps, if any: what
+    /// only a caller the operator allows private ranges may list.
+    pub fn private_range_overlapped(rule: &HostRule) -> Option<SpecialRange> {
+        overlapped(rule).find(|r| !r.is_closed())
     }
 
     /// Whether everything `rule` admits, these rules admit too: a name these admit,
@@ -439,15 +573,23 @@ impl EgressRules {
     }
 
     /// Whether a connection to `addr` may be made for a name this allowlist admits:
-    /// refused with the range's name when `addr` lies in a special range that no
-    /// address rule covers. Under [`EgressRules::unrestricted`], only the private
-    /// and shared ranges are open.
+    /// refused with the range's name when `addr` lies in a closed range (whatever
+    /// the rules say), or in a private or shared one that no address rule covers.
+    /// Under [`EgressRules::unrestricted`], private and shared ranges are open when
+    /// it was made so.
     pub fn check_resolved(&self, addr: IpAddr) -> std::result::Result<(), SpecialRange> {
         match SpecialRange::of(addr) {
-            Some(SpecialRange::Private | SpecialRange::Shared) if self.any => Ok(()),
-            Some(range) if self.any => Err(range),
-            Some(range) if self.rule_for_addr(addr).is_none() => Err(range),
-            _ => Ok(()),
+            None => Ok(()),
+            Some(range) if range.is_closed() => Err(range),
+            Some(range) if self.any => {
+                if self.private {
+                    Ok(())
+                } else {
+                    Err(range)
+                }
+            }
+            Some(_) if self.hosts.iter().any(|r| r.covers(addr)) => Ok(()),
+            Some(range) => Err(range),
         }
     }
 }
@@ -563,7 +705,12 @@ mod tests {
 
     #[test]
     fn names_wildcards_and_ranges_admit_what_they_say() {
-        let r = rules(&["PyPI.org.", "*.pythonhosted.org", "198.51.100.0/24", "::1"]);
+        let r = rules(&[
+            "PyPI.org.",
+            "*.pythonhosted.org",
+            "198.51.100.0/24",
+            "2001:db8::1",
+        ]);
         assert_eq!(r.ports(), &[80, 443]);
         assert_eq!(r.rule_for_name("pypi.org").unwrap().to_string(), "pypi.org");
         assert_eq!(
@@ -582,7 +729,13 @@ mod tests {
             "198.51.100.0/24"
         );
         assert!(r.rule_for_name("198.51.101.9").is_none());
-        assert!(r.rule_for_name("[::1]").is_some());
+        assert!(r.rule_for_name("[2001:db8::1]").is_some());
+        // Addresses in other notations are addresses, not names.
+        assert_eq!(
+            r.rule_for_name("3325256711").unwrap().to_string(),
+            "198.51.100.0/24"
+        );
+        assert!(r.rule_for_name("0xc6.51.100.7").is_some());
         assert!(r
             .rule_for_addr("::ffff:198.51.100.3".parse().unwrap())
             .is_some());
@@ -621,7 +774,7 @@ mod tests {
 
     #[test]
     fn unrestricted_admits_every_name_and_port_but_not_the_hosts_own_or_link_local_addresses() {
-        let r = EgressRules::unrestricted();
+        let r = EgressRules::unrestricted(true);
         assert!(r.is_unrestricted());
         assert!(!rules(&["a.org"]).is_unrestricted());
         assert_eq!(
@@ -653,6 +806,178 @@ mod tests {
             assert!(r.rule_for_addr(ip).is_none(), "{closed}");
             assert!(r.rule_for_name(closed).is_none(), "{closed}");
         }
+    }
+
+    #[test]
+    fn unrestricted_without_private_ranges_reaches_public_addresses_only() {
+        let r = EgressRules::unrestricted(false);
+        for closed in ["10.2.0.1", "192.168.1.1", "100.64.0.1", "fd00::1"] {
+            assert!(
+                r.check_resolved(closed.parse().unwrap()).is_err(),
+                "{closed}"
+            );
+        }
+        assert_eq!(r.check_resolved("198.51.100.7".parse().unwrap()), Ok(()));
+    }
+
+    /// Every spelling of a closed address, as an entry: refused when compiled,
+    /// naming the entry and the range.
+    #[test]
+    fn address_rules_never_open_a_closed_range() {
+        for (entry, range) in [
+            ("127.0.0.1", "loopback"),
+            ("127.0.0.0/8", "loopback"),
+            ("127.1", "loopback"),
+            ("2130706433", "loopback"),
+            ("0x7f000001", "loopback"),
+            ("0x7f.0.0.1", "loopback"),
+            ("0177.0.0.1", "loopback"),
+            ("017700000001", "loopback"),
+            ("169.254.169.254", "link-local"),
+            ("169.254.0.0/16", "link-local"),
+            ("169.0.0.0/8", "link-local"),
+            ("2852039166", "link-local"),
+            ("0.0.0.0", "unspecified"),
+            ("0.0.0.0/0", "unspecified"),
+            ("0", "unspecified"),
+            ("224.0.0.1", "multicast"),
+            ("255.255.255.255", "reserved"),
+            ("::", "unspecified"),
+            ("::/0", "unspecified"),
+            ("::1", "loopback"),
+            ("[::1]", "loopback"),
+            ("::ffff:127.0.0.1", "loopback"),
+            ("::ffff:169.254.169.254", "link-local"),
+            ("::ffff:0:0/96", "unspecified"),
+            ("::127.0.0.1", "reserved"),
+            ("64:ff9b::7f00:1", "reserved"),
+            ("2002:7f00:1::", "reserved"),
+            ("2002::/16", "reserved"),
+            ("fe80::1", "link-local"),
+            ("fec0::1", "reserved"),
+            ("ff02::1", "multicast"),
+        ] {
+            let e = EgressRules::compile(
+                "network.allowlist",
+                &["ok.org".to_string(), entry.to_string()],
+                &[],
+            )
+            .unwrap_err();
+            assert_eq!(e.code, crate::ErrorCode::InvalidOptions, "{entry}");
+            assert!(
+                e.message.contains("network.allowlist.hosts[1]") && e.message.contains(range),
+                "{entry}: {}",
+                e.message
+            );
+        }
+        // Private and public ranges compile; admission decides on private ones.
+        for ok in ["10.0.0.0/8", "198.51.100.0/24", "8.8.8.8", "2001:db8::/32"] {
+            assert!(
+                EgressRules::compile("n", &[ok.to_string()], &[]).is_ok(),
+                "{ok}"
+            );
+        }
+    }
+
+    /// A name that resolves into a closed range is refused when dialled, whatever
+    /// the allowlist (the gateway's check), and an address in an embedded form is
+    /// judged as the IPv4 address it carries.
+    #[test]
+    fn resolved_addresses_in_closed_ranges_are_refused_under_every_policy() {
+        let wide = rules(&["*.example.org", "198.51.100.0/24", "10.0.0.0/8"]);
+        for policy in [wide, EgressRules::unrestricted(true)] {
+            for addr in [
+                "127.0.0.1",
+                "127.255.0.9",
+                "169.254.169.254",
+                "0.0.0.0",
+                "224.0.0.251",
+                "255.255.255.255",
+                "::1",
+                "::",
+                "::ffff:127.0.0.1",
+                "64:ff9b::a9fe:a9fe",
+                "2002:7f00:1::1",
+                "::7f00:1",
+                "fe80::1",
+                "fec0::1",
+            ] {
+                let ip: IpAddr = addr.parse().unwrap();
+                let range = policy.check_resolved(ip).unwrap_err();
+                assert!(range.is_closed(), "{addr}: {range:?}");
+            }
+        }
+        assert_eq!(
+            SpecialRange::of("2002:0808:0808::1".parse().unwrap()),
+            None,
+            "6to4 of a public address"
+        );
+    }
+
+    #[test]
+    fn private_rules_are_told_apart_from_closed_ones() {
+        let rule = |text: &str| parse_range(text).unwrap();
+        assert_eq!(
+            EgressRules::private_range_overlapped(&rule("10.1.0.0/16")),
+            Some(SpecialRange::Private)
+        );
+        assert_eq!(
+            EgressRules::private_range_overlapped(&rule("100.64.0.0/10")),
+            Some(SpecialRange::Shared)
+        );
+        assert_eq!(
+            EgressRules::private_range_overlapped(&rule("fd00::/8")),
+            Some(SpecialRange::Private)
+        );
+        assert_eq!(
+            EgressRules::private_range_overlapped(&rule("8.0.0.0/7")),
+            None
+        );
+        assert_eq!(
+            EgressRules::closed_range_overlapped(&rule("10.0.0.0/8")),
+            None
+        );
+    }
+
+    #[test]
+    fn loose_ipv4_notations_read_as_inet_aton_does() {
+        for (text, addr) in [
+            ("127.1", "127.0.0.1"),
+            ("2130706433", "127.0.0.1"),
+            ("0x7f.1", "127.0.0.1"),
+            ("0177.0.0.1", "127.0.0.1"),
+            ("10.0x10.1", "10.16.0.1"),
+            ("0", "0.0.0.0"),
+            ("1.2.3.4", "1.2.3.4"),
+        ] {
+            assert_eq!(
+                parse_ipv4_loose(text),
+                Some(addr.parse().unwrap()),
+                "{text}"
+            );
+        }
+        for not in [
+            "",
+            "1.2.3.4.5",
+            "256.1",
+            "1.2.3.256",
+            "08",
+            "0x",
+            "a.b",
+            "1..2",
+            "4294967296",
+        ] {
+            // (`0x` alone reads as 0 in inet_aton; it is not a name either.)
+            if not == "0x" {
+                continue;
+            }
+            assert_eq!(parse_ipv4_loose(not), None, "{not}");
+        }
+        assert_eq!(
+            parse_addr("[2001:db8::1]"),
+            Some("2001:db8::1".parse().unwrap())
+        );
+        assert_eq!(parse_addr("pypi.org"), None);
     }
 
     #[test]

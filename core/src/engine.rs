@@ -128,6 +128,14 @@ pub trait OutputSink: Send + Sync {
     /// Delivers a chunk. An error means the receiver is gone; the engine then keeps
     /// capturing for the result but stops delivering.
     async fn chunk(&self, chunk: OutputChunk) -> Result<()>;
+
+    /// The execution's share of its tenant's budget of retained output, when the
+    /// caller has one: engines take from it before they keep more output for the
+    /// result, and cut the output (as at the output cap) when it grants less.
+    /// Default: none (only the output cap bounds what is kept).
+    fn allowance(&self) -> Option<Arc<crate::budget::OutputAllowance>> {
+        None
+    }
 }
 
 /// A sink that drops every chunk (the result still carries the captured output).

@@ -93,6 +93,8 @@ error_codes! {
     /// The fleet's NATS cluster did not answer in time (a leader election, or this
     /// node is cut off from it).
     FleetUnavailable => "FLEET_UNAVAILABLE", "retry after the indicated delay; the fleet's NATS cluster is electing a leader or out of reach";
+    /// The request carries no API key, or one the server does not know (HTTP 401).
+    Unauthorized => "UNAUTHORIZED", "send one of the server's API keys (`Authorization: Bearer <key>`, or `X-API-Key` on the E2B API)";
 }
 
 impl fmt::Display for ErrorCode {
@@ -186,7 +188,7 @@ mod tests {
                 .chars()
                 .all(|c| c.is_ascii_uppercase() || c == '_'));
         }
-        assert_eq!(ErrorCode::ALL.len(), 25);
+        assert_eq!(ErrorCode::ALL.len(), 26);
         assert_eq!(ErrorCode::from_wire("pool_exhausted"), None);
     }
 

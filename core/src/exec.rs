@@ -11,15 +11,17 @@ use crate::isolation::EngineName;
 use crate::limits::{LimitKind, Limits};
 use crate::program::Program;
 
-/// A globally unique execution id (UUIDv7, so ids sort by creation time).
+/// A globally unique execution id: a UUIDv4 for the ids Paddock makes (122 random
+/// bits, see [`crate::ids`]), so that one id tells nothing of another. Ids do not
+/// sort by creation time: order executions by their timings instead.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct ExecutionId(String);
 
 impl ExecutionId {
-    /// A fresh UUIDv7 id.
+    /// A fresh random (UUIDv4) id.
     pub fn new() -> ExecutionId {
-        ExecutionId(uuid::Uuid::now_v7().to_string())
+        ExecutionId(crate::ids::random_uuid().to_string())
     }
 
     /// Parses an id received from a caller; it must be a UUID.
@@ -58,7 +60,7 @@ impl schemars::JsonSchema for ExecutionId {
         schemars::json_schema!({
             "type": "string",
             "format": "uuid",
-            "description": "An execution id: a UUID (v7 for the ids Paddock makes, so they sort by creation time).",
+            "description": "An execution id: a UUID (v4, 122 random bits, for the ids Paddock makes; they do not sort by creation time).",
         })
     }
 }
@@ -363,6 +365,25 @@ impl ExecResult {
         v
     }
 
+    /// A copy without its stdout and stderr (both empty), made without copying them.
+    pub fn without_output(&self) -> ExecResult {
+        ExecResult {
+            id: self.id.clone(),
+            outcome: self.outcome.clone(),
+            stdout: String::new(),
+            stderr: String::new(),
+            stdout_truncated: self.stdout_truncated,
+            stderr_truncated: self.stderr_truncated,
+            value: self.value.clone(),
+            usage: self.usage,
+            engine: self.engine.clone(),
+            instance_id: self.instance_id.clone(),
+            timings: self.timings,
+            warnings: self.warnings.clone(),
+            egress: self.egress.clone(),
+        }
+    }
+
     /// The exit code, when the program completed.
     pub fn exit_code(&self) -> Option<i32> {
         match self.outcome {
@@ -379,11 +400,26 @@ impl ExecResult {
 pub struct WireResult<'a>(pub &'a ExecResult);
 
 impl Serialize for WireResult<'_> {
+    /// The wire form of everything but the output, with stdout and stderr written
+    /// from the result itself: a large output is not copied on its way out.
     fn serialize<S: serde::Serializer>(
         &self,
         serializer: S,
     ) -> std::result::Result<S::Ok, S::Error> {
-        self.0.to_wire_json().serialize(serializer)
+        use serde::ser::SerializeMap;
+        let shell = self.0.without_output().to_wire_json();
+        let serde_json::Value::Object(fields) = shell else {
+            return shell.serialize(serializer);
+        };
+        let mut map = serializer.serialize_map(Some(fields.len()))?;
+        for (key, value) in &fields {
+            match key.as_str() {
+                "stdout" => map.serialize_entry(key, &self.0.stdout)?,
+                "stderr" => map.serialize_entry(key, &self.0.stderr)?,
+                _ => map.serialize_entry(key, value)?,
+            }
+        }
+        map.end()
     }
 }
 

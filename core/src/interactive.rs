@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, ErrorCode, Result};
 use crate::exec::OutputChunk;
+use crate::input::{InputBuffer, InputLimits, InputWait};
 use crate::stream_buffer::{StreamBuffer, SubscriberId};
 
 /// The feature of engines that run background processes.
@@ -346,6 +347,13 @@ pub trait ProcessControl: Send + Sync + fmt::Debug {
     /// Closes stdin: the process reads end of file. Closing twice is a no-op.
     async fn close_stdin(&self) -> Result<()>;
 
+    /// Whether stdin is open for writes: `false` for a process started without
+    /// stdin, and once it was closed or broke. Writes are refused at once then,
+    /// before they are buffered.
+    fn input_open(&self) -> bool {
+        true
+    }
+
     /// Sends `signal` to the process (its whole process group). A process that has
     /// exited ignores it.
     fn signal(&self, signal: i32) -> Result<()>;
@@ -368,6 +376,7 @@ pub struct ProcessShared {
     output: StreamBuffer,
     exit: tokio::sync::watch::Sender<Option<ProcessExit>>,
     control: Arc<dyn ProcessControl>,
+    input: InputBuffer,
 }
 
 impl ProcessShared {
@@ -387,7 +396,32 @@ impl ProcessShared {
             output: StreamBuffer::new(buffer_bytes),
             exit: tokio::sync::watch::channel(None).0,
             control,
+            input: InputBuffer::default(),
         })
+    }
+
+    /// Bounds the process's input buffer (see [`crate::input`]): the first call wins,
+    /// and only before the first write; until then the defaults hold.
+    pub fn limit_input(&self, limits: InputLimits) {
+        self.input.limit(limits);
+    }
+
+    /// Writes to stdin (a terminal's input) through the process's bounded input
+    /// buffer: answered once `data` is buffered, written out in order behind the
+    /// input before it. `RATE_LIMITED` when there is no room for it (within the
+    /// buffer's wait, for [`InputWait::Bounded`]); `STREAM_CLOSED` once stdin is
+    /// closed or the process has exited.
+    pub async fn send_input(&self, data: Vec<u8>, wait: InputWait) -> Result<()> {
+        if self.exit().is_some() {
+            return Err(crate::input::stdin_closed());
+        }
+        self.input.send(&self.control, data, wait).await
+    }
+
+    /// Closes stdin once the input buffered before is written; later writes are
+    /// refused. Closing twice is a no-op.
+    pub fn close_input(&self) {
+        self.input.close(&self.control);
     }
 
     /// The process's id in its sandbox.
@@ -508,15 +542,24 @@ impl ProcessHandle {
         self.shared.output()
     }
 
-    /// Writes to its stdin (`STREAM_CLOSED` when it was started without stdin, after
-    /// [`close_stdin`](Self::close_stdin), or once it exited).
+    /// Writes to its stdin: answered once `data` is in the process's bounded input
+    /// buffer, written out in order (see [`crate::input`]). `STREAM_CLOSED` when it
+    /// was started without stdin, after [`close_stdin`](Self::close_stdin), or once
+    /// it exited; `RATE_LIMITED` when the buffer (or the tenant's budget) stays full.
     pub async fn write_stdin(&self, data: &[u8]) -> Result<()> {
-        self.shared.control.write(data).await
+        self.send_stdin(data.to_vec()).await
     }
 
-    /// Closes its stdin.
+    /// [`write_stdin`](Self::write_stdin) of a buffer the caller gives up, without
+    /// a copy.
+    pub async fn send_stdin(&self, data: Vec<u8>) -> Result<()> {
+        self.shared.send_input(data, InputWait::Bounded).await
+    }
+
+    /// Closes its stdin once the input already written has been delivered.
     pub async fn close_stdin(&self) -> Result<()> {
-        self.shared.control.close_stdin().await
+        self.shared.close_input();
+        Ok(())
     }
 
     /// Sends a signal (1..=64) to its process group.
@@ -574,9 +617,15 @@ impl TerminalHandle {
         self.shared.output()
     }
 
-    /// Types into the terminal.
+    /// Types into the terminal, through its bounded input buffer (as
+    /// [`ProcessHandle::write_stdin`]).
     pub async fn write(&self, data: &[u8]) -> Result<()> {
-        self.shared.control.write(data).await
+        self.send(data.to_vec()).await
+    }
+
+    /// [`write`](Self::write) of a buffer the caller gives up, without a copy.
+    pub async fn send(&self, data: Vec<u8>) -> Result<()> {
+        self.shared.send_input(data, InputWait::Bounded).await
     }
 
     /// Resizes it (the command gets SIGWINCH).

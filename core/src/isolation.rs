@@ -78,67 +78,58 @@ impl NetworkPolicy {
     }
 
     /// This policy narrowed to `hosts` (names, `*.` wildcards, addresses or ranges):
-    /// what both admit. `none` stays `none`; `unrestricted` becomes an allowlist of
-    /// `hosts` on the default ports; an allowlist keeps those of `hosts` that it
-    /// admits whole, on its own ports, and becomes `none` when it admits none of
-    /// them. A bad entry of `hosts` is `INVALID_OPTIONS` under `field`.
+    /// what both admit. `unrestricted` becomes an allowlist of `hosts` on the
+    /// default ports; an allowlist, an allowlist of `hosts` on its own ports. An
+    /// entry of `hosts` this policy does not admit whole (any entry, under `none`)
+    /// is `INVALID_OPTIONS` naming it, as is a bad entry: a request is never
+    /// silently given less than it listed. No `hosts` at all is `none`.
     pub fn narrowed_to(&self, hosts: &[String], field: &str) -> Result<NetworkPolicy> {
         if hosts.is_empty() {
             return Ok(NetworkPolicy::None);
         }
+        // (What no sandbox reaches, no entry opens: the compile refuses it.)
         let wanted = crate::egress::EgressRules::compile(field, hosts, &[])?;
-        match self {
-            NetworkPolicy::None => Ok(NetworkPolicy::None),
+        let (outer, ports) = match self {
             NetworkPolicy::Unrestricted => {
-                // What `unrestricted` never reaches stays out of reach: an address
-                // rule may not open the host's loopback or the metadata address.
-                for (i, host) in hosts.iter().enumerate() {
-                    let one = crate::egress::EgressRules::compile(
-                        field,
-                        std::slice::from_ref(host),
-                        &[],
-                    )?;
-                    if let Some(range) = one
-                        .hosts()
-                        .iter()
-                        .find_map(crate::egress::EgressRules::closed_range_overlapped)
-                    {
-                        return Err(Error::invalid_options(
-                            &format!("{field}.hosts[{i}]"),
-                            format!(
-                                "`{}` reaches into the {} range, which this sandbox's network does not reach; list public addresses or names",
-                                host.escape_debug(),
-                                range.as_str()
-                            ),
-                        ));
-                    }
-                }
-                Ok(NetworkPolicy::Allowlist {
+                return Ok(NetworkPolicy::Allowlist {
                     hosts: hosts.to_vec(),
                     ports: Vec::new(),
                 })
             }
+            NetworkPolicy::None => (None, Vec::new()),
             NetworkPolicy::Allowlist {
                 hosts: outer,
                 ports,
-            } => {
-                let outer = crate::egress::EgressRules::compile(field, outer, ports)?;
-                let kept: Vec<String> = wanted
-                    .hosts()
-                    .iter()
-                    .filter(|rule| outer.admits_rule(rule))
-                    .map(ToString::to_string)
-                    .collect();
-                Ok(if kept.is_empty() {
-                    NetworkPolicy::None
-                } else {
-                    NetworkPolicy::Allowlist {
-                        hosts: kept,
-                        ports: ports.clone(),
-                    }
-                })
+            } => (
+                Some(crate::egress::EgressRules::compile(field, outer, ports)?),
+                ports.clone(),
+            ),
+        };
+        for (i, rule) in wanted.hosts().iter().enumerate() {
+            if !outer.as_ref().is_some_and(|o| o.admits_rule(rule)) {
+                let reach = match &outer {
+                    None => "no network".to_string(),
+                    Some(o) => format!(
+                        "an allowlist of {}",
+                        o.hosts()
+                            .iter()
+                            .map(ToString::to_string)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                };
+                return Err(Error::invalid_options(
+                    &format!("{field}[{i}]"),
+                    format!(
+                        "`{rule}` is beyond what this sandbox may reach ({reach}); list only what that admits, or use another template"
+                    ),
+                ));
             }
         }
+        Ok(NetworkPolicy::Allowlist {
+            hosts: wanted.hosts().iter().map(ToString::to_string).collect(),
+            ports,
+        })
     }
 
     /// A short name for messages and capability checks.
@@ -589,9 +580,7 @@ mod tests {
         };
         let f = "network.allowOut";
         assert_eq!(
-            NetworkPolicy::None
-                .narrowed_to(&hosts(&["pypi.org"]), f)
-                .unwrap(),
+            NetworkPolicy::None.narrowed_to(&[], f).unwrap(),
             NetworkPolicy::None
         );
         assert_eq!(
@@ -631,13 +620,9 @@ mod tests {
                     &hosts(&[
                         "api.example.org",
                         "*.cdn.example.org",
-                        "example.org",
-                        "*.org",
                         "PyPI.org",
                         "198.51.100.7",
                         "198.51.100.128/25",
-                        "198.51.0.0/16",
-                        "evil.test",
                     ]),
                     f
                 )
@@ -653,10 +638,26 @@ mod tests {
                 vec![443]
             )
         );
-        assert_eq!(
-            outer.narrowed_to(&hosts(&["evil.test"]), f).unwrap(),
-            NetworkPolicy::None
-        );
+        // What the policy does not admit whole is refused, naming the entry: never
+        // dropped in silence.
+        for (i, beyond) in ["example.org", "*.org", "198.51.0.0/16", "evil.test"]
+            .into_iter()
+            .enumerate()
+        {
+            let e = outer
+                .narrowed_to(&hosts(&["pypi.org", beyond]), f)
+                .unwrap_err();
+            assert_eq!(e.code, crate::ErrorCode::InvalidOptions, "{i}");
+            assert!(
+                e.message.contains("network.allowOut[1]") && e.message.contains("beyond"),
+                "{beyond}: {}",
+                e.message
+            );
+        }
+        let e = NetworkPolicy::None
+            .narrowed_to(&hosts(&["*.test"]), f)
+            .unwrap_err();
+        assert!(e.message.contains("no network"), "{}", e.message);
         let e = outer.narrowed_to(&hosts(&["not a host"]), f).unwrap_err();
         assert_eq!(e.code, crate::ErrorCode::InvalidOptions);
         assert!(

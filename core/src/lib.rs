@@ -22,6 +22,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod budget;
 pub mod cancel;
 pub mod config;
 pub mod e2b;
@@ -37,6 +38,9 @@ pub mod fleet;
 #[doc(hidden)]
 pub mod fuzzing;
 mod hash;
+pub mod host;
+pub mod ids;
+pub mod input;
 pub mod interactive;
 pub mod isolation;
 pub mod lifecycle;

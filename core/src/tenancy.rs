@@ -41,6 +41,30 @@ pub const DEFAULT_MAX_DISK_CEILING: u64 = 64 << 30;
 /// inode tables a filesystem is made with grow with it).
 pub const DEFAULT_MAX_DISK_FILES_CEILING: u64 = 16 << 20;
 
+/// The ceiling of `timeout_ms` when `[limits.max]` sets none: one hour. An
+/// execution holds a pool slot and its tenant's places for as long as it runs.
+pub const DEFAULT_MAX_TIMEOUT_CEILING: u64 = 3_600_000;
+
+/// The built-in ceilings that derive from the host (when `[limits.max]` does not
+/// set them): `memory_bytes` a quarter of the host's memory (at least 512 MiB),
+/// `pids` a quarter of the kernel's task limit (256 to 32,768), `disk_bytes` a
+/// quarter of the filesystem sandboxes' disks are made on (1 GiB to
+/// [`DEFAULT_MAX_DISK_CEILING`]). A fact the host does not give falls back to
+/// 16 GiB of memory, 4,096 pids and [`DEFAULT_MAX_DISK_CEILING`].
+pub fn host_ceilings(host: &crate::host::HostFacts) -> Limits {
+    Limits {
+        memory_bytes: Some(
+            host.memory_bytes
+                .map_or(16 << 30, |m| (m / 4).max(512 << 20)),
+        ),
+        pids: Some(host.tasks.map_or(4096, |t| (t / 4).clamp(256, 32_768))),
+        disk_bytes: Some(host.disk_bytes.map_or(DEFAULT_MAX_DISK_CEILING, |d| {
+            (d / 4).clamp(1 << 30, DEFAULT_MAX_DISK_CEILING)
+        })),
+        ..Limits::default()
+    }
+}
+
 /// `[limits]`: defaults and ceilings.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "Map<String, Value>", into = "Map<String, Value>")]
@@ -82,17 +106,48 @@ impl From<LimitsConfig> for Map<String, Value> {
 }
 
 impl LimitsConfig {
-    /// The ceilings in force: `max`, with [`DEFAULT_MAX_OUTPUT_CEILING`],
-    /// [`DEFAULT_MAX_DISK_CEILING`] and [`DEFAULT_MAX_DISK_FILES_CEILING`] for
-    /// `max_output_bytes`, `disk_bytes` and `disk_files` when they are unset.
+    /// The ceilings in force on this host: [`LimitsConfig::ceilings_on`] with
+    /// [`HostFacts::this_host`](crate::host::HostFacts::this_host).
     pub fn ceilings(&self) -> Limits {
+        self.ceilings_on(&crate::host::HostFacts::this_host())
+    }
+
+    /// The ceilings in force on a host with `host`'s sizes: `max`, and where it
+    /// sets none, the built-in ones: [`DEFAULT_MAX_OUTPUT_CEILING`],
+    /// [`DEFAULT_MAX_DISK_FILES_CEILING`], [`DEFAULT_MAX_TIMEOUT_CEILING`], and
+    /// [`host_ceilings`] for memory, pids and disk. A built-in ceiling is never
+    /// below the operator's default for the same limit (`[limits]`), so that
+    /// configuring a larger default is enough; an operator raises one with
+    /// `[limits.max]`.
+    pub fn ceilings_on(&self, host: &crate::host::HostFacts) -> Limits {
+        let derived = host_ceilings(host);
+        let built_in = |c: Option<u64>, default: Option<u64>| match (c, default) {
+            (Some(c), Some(d)) => Some(c.max(d)),
+            (c, _) => c,
+        };
+        let d = &self.defaults;
         Limits {
-            max_output_bytes: self
+            max_output_bytes: self.max.max_output_bytes.or(built_in(
+                Some(DEFAULT_MAX_OUTPUT_CEILING),
+                d.max_output_bytes,
+            )),
+            disk_bytes: self
                 .max
-                .max_output_bytes
-                .or(Some(DEFAULT_MAX_OUTPUT_CEILING)),
-            disk_bytes: self.max.disk_bytes.or(Some(DEFAULT_MAX_DISK_CEILING)),
-            disk_files: self.max.disk_files.or(Some(DEFAULT_MAX_DISK_FILES_CEILING)),
+                .disk_bytes
+                .or(built_in(derived.disk_bytes, d.disk_bytes)),
+            disk_files: self
+                .max
+                .disk_files
+                .or(built_in(Some(DEFAULT_MAX_DISK_FILES_CEILING), d.disk_files)),
+            timeout_ms: self
+                .max
+                .timeout_ms
+                .or(built_in(Some(DEFAULT_MAX_TIMEOUT_CEILING), d.timeout_ms)),
+            memory_bytes: self
+                .max
+                .memory_bytes
+                .or(built_in(derived.memory_bytes, d.memory_bytes)),
+            pids: self.max.pids.or(built_in(derived.pids, d.pids)),
             ..self.max.clone()
         }
     }
@@ -139,6 +194,31 @@ impl LimitsConfig {
     pub fn check_ceilings(&self, asked: &Limits, prefix: &str) -> Result<()> {
         check_ceilings(&self.ceilings(), asked, prefix)
     }
+}
+
+/// Refuses the limits `asked` of an execution in a sandbox opened with `sandbox`
+/// (its own limits, or its template's) when one is above the sandbox's: a
+/// sandbox's limits are the ceiling of everything that runs in it.
+/// `INVALID_OPTIONS` names `{prefix}.{field}` and the sandbox's value. Its
+/// `timeout_ms` is its executions' default deadline, not a ceiling (a sandbox's
+/// lifetime is bounded on its own).
+pub fn check_within_sandbox(sandbox: &Limits, asked: &Limits, prefix: &str) -> Result<()> {
+    for (field, value, bound) in pairs(asked, sandbox) {
+        if field == "timeout_ms" {
+            continue;
+        }
+        if let (Some(v), Some(b)) = (value, bound) {
+            if v > b {
+                return Err(Error::invalid_options(
+                    &format!("{prefix}.{field}"),
+                    format!(
+                        "{v} is above this sandbox's own limit {b}: an execution in a sandbox gets at most what the sandbox was opened with (or its template gives); ask for at most {b}, or open a sandbox with more"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Refuses `asked` when a field is above its ceiling in `max`, with `INVALID_OPTIONS`
@@ -217,6 +297,11 @@ pub struct Allowed {
     /// The network policies they may ask for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub networks: Option<Vec<NetworkKind>>,
+    /// Whether their allowlists may name private and shared address ranges
+    /// (`10.0.0.0/8`, `192.168.1.7`, `fd00::/8`, …): `[egress] allow_private` or
+    /// the key's `allow_private`. `None` allows them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub private: Option<bool>,
 }
 
 impl Allowed {
@@ -227,7 +312,8 @@ impl Allowed {
 
     /// What a server with API keys allows when its operator said nothing: every level
     /// but `none` (a host process as Paddock's user is no boundary between tenants),
-    /// every network policy but `unrestricted`.
+    /// every network policy but `unrestricted`, and allowlists of public addresses
+    /// only (the private ranges are the operator's own network).
     pub fn multi_tenant_default() -> Allowed {
         Allowed {
             levels: Some(vec![
@@ -235,7 +321,13 @@ impl Allowed {
                 IsolationLevel::Strict,
             ]),
             networks: Some(vec![NetworkKind::None, NetworkKind::Allowlist]),
+            private: Some(false),
         }
+    }
+
+    /// Whether allowlists may name private and shared ranges.
+    pub fn allows_private(&self) -> bool {
+        self.private != Some(false)
     }
 
     /// Whether `level` is allowed.
@@ -255,13 +347,36 @@ impl Allowed {
         Allowed {
             levels: self.levels.clone().or_else(|| base.levels.clone()),
             networks: self.networks.clone().or_else(|| base.networks.clone()),
+            private: self.private.or(base.private),
         }
     }
 
     /// Checks `network` for `tenant`: `INVALID_OPTIONS` naming `network` when the
-    /// operator does not allow it.
+    /// operator does not allow it, or naming the entry of an allowlist that is not
+    /// a well-formed rule, that reaches into a closed range (loopback, link-local,
+    /// …: never allowed), or into a private range `tenant` may not reach. Every
+    /// surface's sandboxes and executions pass here.
     pub fn check_network(&self, network: &NetworkPolicy, tenant: Option<&str>) -> Result<()> {
         if self.allows_network(network) {
+            if let NetworkPolicy::Allowlist { hosts, ports } = network {
+                let rules = crate::egress::EgressRules::compile("network.allowlist", hosts, ports)?;
+                if !self.allows_private() {
+                    let private = rules.hosts().iter().enumerate().find_map(|(i, rule)| {
+                        crate::egress::EgressRules::private_range_overlapped(rule)
+                            .map(|range| (i, rule, range))
+                    });
+                    if let Some((i, rule, range)) = private {
+                        return Err(Error::invalid_options(
+                            &format!("network.allowlist.hosts[{i}]"),
+                            format!(
+                                "`{rule}` reaches into the {} range, which {} may not reach (the operator allows it with [egress] allow_private, or allow_private on the API key); list public addresses or names",
+                                range.as_str(),
+                                who(tenant),
+                            ),
+                        ));
+                    }
+                }
+            }
             return Ok(());
         }
         Err(Error::invalid_options(
@@ -311,6 +426,23 @@ impl AccessRules {
     /// Everything allowed for everyone.
     pub fn open() -> AccessRules {
         AccessRules::default()
+    }
+
+    /// These rules with every `private` unset: what a server's `[server]` section
+    /// alone decides (`[egress] allow_private` lives beside it).
+    pub fn without_private(&self) -> AccessRules {
+        let strip = |a: &Allowed| Allowed {
+            private: None,
+            ..a.clone()
+        };
+        AccessRules {
+            default: strip(&self.default),
+            tenants: self
+                .tenants
+                .iter()
+                .map(|(t, a)| (t.clone(), strip(a)))
+                .collect(),
+        }
     }
 
     /// What `tenant` may use.
@@ -408,10 +540,103 @@ mod tests {
     }
 
     #[test]
+    fn built_in_ceilings_derive_from_the_host_and_yield_to_the_operator() {
+        let host = crate::host::HostFacts {
+            memory_bytes: Some(24 << 30),
+            tasks: Some(32_768),
+            disk_bytes: Some(100 << 30),
+        };
+        let c = LimitsConfig::default();
+        let ceil = c.ceilings_on(&host);
+        assert_eq!(ceil.memory_bytes, Some(6 << 30));
+        assert_eq!(ceil.pids, Some(8192));
+        assert_eq!(ceil.disk_bytes, Some(25 << 30));
+        assert_eq!(ceil.timeout_ms, Some(DEFAULT_MAX_TIMEOUT_CEILING));
+        // The probe's request: 64 GiB of memory and disk, 4 M pids, 24 h.
+        let asked = Limits {
+            memory_bytes: Some(64 << 30),
+            disk_bytes: Some(64 << 30),
+            pids: Some(4 << 20),
+            timeout_ms: Some(86_400_000),
+            ..Limits::default()
+        };
+        for field in ["memory_bytes", "disk_bytes", "pids", "timeout_ms"] {
+            let mut one = Limits::default();
+            for (slot, (name, v)) in one.fields_mut().into_iter().zip(asked.fields()) {
+                if name == field {
+                    *slot = v;
+                }
+            }
+            let e = check_ceilings(&ceil, &one, "limits").unwrap_err();
+            assert!(
+                e.message.contains(&format!("limits.{field}")),
+                "{}",
+                e.message
+            );
+        }
+        // Unknown facts: fixed fallbacks; tiny hosts: the floors.
+        let none = c.ceilings_on(&crate::host::HostFacts::default());
+        assert_eq!(none.memory_bytes, Some(16 << 30));
+        assert_eq!(none.pids, Some(4096));
+        assert_eq!(none.disk_bytes, Some(DEFAULT_MAX_DISK_CEILING));
+        let tiny = crate::host::HostFacts {
+            memory_bytes: Some(1 << 30),
+            tasks: Some(512),
+            disk_bytes: Some(1 << 30),
+        };
+        let t = c.ceilings_on(&tiny);
+        assert_eq!(
+            (t.memory_bytes, t.pids, t.disk_bytes),
+            (Some(512 << 20), Some(256), Some(1 << 30))
+        );
+        // The operator raises one, and a larger default raises its built-in one.
+        let raised: LimitsConfig = toml::from_str(
+            "pids = 20000
+[max]
+memory_bytes = 68719476736
+",
+        )
+        .unwrap();
+        let r = raised.ceilings_on(&host);
+        assert_eq!(r.memory_bytes, Some(64 << 30));
+        assert_eq!(r.pids, Some(20_000));
+        raised.validate().unwrap();
+    }
+
+    #[test]
     fn a_default_above_its_ceiling_is_refused() {
         let c: LimitsConfig = toml::from_str("pids = 100\n[max]\npids = 50\n").unwrap();
         let e = c.validate().unwrap_err();
         assert!(e.message.contains("limits.pids"), "{}", e.message);
+    }
+
+    #[test]
+    fn a_sandboxs_limits_are_the_ceiling_of_its_executions() {
+        let sandbox = Limits {
+            memory_bytes: Some(512 << 20),
+            pids: Some(64),
+            timeout_ms: Some(1_000),
+            ..Limits::default()
+        };
+        let asked = Limits {
+            memory_bytes: Some(4 << 30),
+            ..Limits::default()
+        };
+        let e = check_within_sandbox(&sandbox, &asked, "limits").unwrap_err();
+        assert!(
+            e.message.contains("limits.memory_bytes") && e.message.contains("536870912"),
+            "{}",
+            e.message
+        );
+        let within = Limits {
+            memory_bytes: Some(256 << 20),
+            pids: Some(64),
+            // A deadline past the sandbox's default one, and a limit it left unset.
+            timeout_ms: Some(60_000),
+            cpu_millicores: Some(500),
+            ..Limits::default()
+        };
+        assert!(check_within_sandbox(&sandbox, &within, "limits").is_ok());
     }
 
     #[test]
@@ -463,10 +688,24 @@ mod tests {
         let per_key = Allowed {
             levels: Some(vec![IsolationLevel::None]),
             networks: None,
+            private: Some(true),
         };
         let merged = per_key.or(&a);
         assert!(merged.allows_level(IsolationLevel::None));
         assert!(!merged.allows_level(IsolationLevel::Strict));
         assert!(!merged.allows_network(&NetworkPolicy::Unrestricted));
+        // Private ranges: refused by the multi-tenant default, allowed per key.
+        let private = NetworkPolicy::Allowlist {
+            hosts: vec!["pypi.org".into(), "10.1.0.0/16".into()],
+            ports: vec![],
+        };
+        let e = a.check_network(&private, Some("bob")).unwrap_err();
+        assert!(
+            e.message.contains("network.allowlist.hosts[1]") && e.message.contains("allow_private"),
+            "{}",
+            e.message
+        );
+        assert!(merged.check_network(&private, Some("bob")).is_ok());
+        assert!(Allowed::all().check_network(&private, None).is_ok());
     }
 }

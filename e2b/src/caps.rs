@@ -3,9 +3,13 @@
 //! its answer's body has ended (a stream holds its place while it streams). A tenant
 //! at its cap is answered 429 while the others go on.
 //!
-//! The tenant of a control-plane request is its `X-API-Key`'s; that of a sandbox's
-//! request, the sandbox's owner. Requests naming no open sandbox, or with no valid
-//! key, are not counted (they are answered at once).
+//! The tenant of a control-plane request is its `X-API-Key`'s; that of a sandbox
+//! agent's request with the sandbox's token, the sandbox's owner; requests to a
+//! sandbox's own ports count per sandbox. Who may reach which port is
+//! [`crate::access`]'s answer, on the port parsed once, as the routing sees it.
+//! Requests naming no open sandbox or no port, without the credential their port
+//! takes, or with no valid key, are not counted (they are answered at once, the
+//! same whether the sandbox exists or not).
 
 use std::sync::Arc;
 
@@ -16,6 +20,7 @@ use actix_web::middleware::Next;
 use actix_web::web;
 use dashmap::DashMap;
 
+use crate::access::Access;
 use crate::registry::{tenant_of, Inner};
 
 /// Whom a request is counted for.
@@ -75,23 +80,12 @@ fn enter(inner: &Arc<Inner>, tenant: Who) -> Option<Held> {
 /// Whom a request is counted for, when it is counted.
 fn tenant(inner: &Inner, req: &ServiceRequest) -> Option<Who> {
     if let Some((id, port)) = crate::routing::target(req.head(), inner.config.domain.as_deref()) {
-        let s = inner.sandboxes.get(&id)?;
-        let header = |name: &str| {
-            req.headers()
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("")
+        let s = crate::access::live(inner, &id)?;
+        return match crate::access::access(&s, port?, req.headers()) {
+            Access::Agent => Some(Who::Tenant(tenant_of(&s.caller).map(String::from))),
+            Access::Ports => Some(Who::Public(id)),
+            Access::Refused => None,
         };
-        let agent = port == crate::ENVD_PORT.to_string()
-            || port == crate::CODE_INTERPRETER_PORT.to_string();
-        let tokened = agent
-            && (s.token_matches(header("x-access-token"))
-                || s.traffic_token_matches(header("e2b-traffic-access-token")));
-        return Some(if tokened {
-            Who::Tenant(tenant_of(&s.caller).map(String::from))
-        } else {
-            Who::Public(id)
-        });
     }
     let key = req.headers().get("x-api-key").and_then(|v| v.to_str().ok());
     let caller = inner.caller_for_key(key)?;
@@ -112,7 +106,13 @@ pub(crate) async fn limit(
             .await
             .map(ServiceResponse::map_into_boxed_body);
     };
-    let held = match tenant(&inner, &req) {
+    let who = tenant(&inner, &req);
+    if matches!(who, Some(Who::Tenant(_))) {
+        // A valid key or sandbox token: the connection leaves the count of those
+        // without a credential (`server.max_unauthenticated_connections`).
+        paddock_pool::http::authenticated(req.request());
+    }
+    let held = match who {
         Some(t) => match enter(&inner, t) {
             Some(h) => Some(h),
             None => {

@@ -34,7 +34,6 @@ pub(crate) enum Code {
     Unimplemented,
     Internal,
     Unavailable,
-    Unauthenticated,
 }
 
 impl Code {
@@ -51,7 +50,6 @@ impl Code {
             Code::Unimplemented => "unimplemented",
             Code::Internal => "internal",
             Code::Unavailable => "unavailable",
-            Code::Unauthenticated => "unauthenticated",
         }
     }
 
@@ -67,7 +65,6 @@ impl Code {
             Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
             Code::Internal => StatusCode::INTERNAL_SERVER_ERROR,
             Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-            Code::Unauthenticated => StatusCode::UNAUTHORIZED,
         }
     }
 }

@@ -70,6 +70,7 @@ impl From<Error> for ApiError {
             | ErrorCode::PathEscape => StatusCode::BAD_REQUEST,
             ErrorCode::SandboxPaused => StatusCode::CONFLICT,
             ErrorCode::NodeLost | ErrorCode::FleetUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError::new(status, format!("{}: {}", e.code.as_str(), e.message))
@@ -79,14 +80,39 @@ impl From<Error> for ApiError {
 type Answer = Result<HttpResponse, ApiError>;
 
 /// The caller of a control-plane request, from its `X-API-Key`.
+/// (`admission::require_key` checked it already on the control plane's routes.)
 fn caller(inner: &Inner, req: &HttpRequest) -> Result<Caller, ApiError> {
+    if let Some(caller) = crate::admission::checked_caller(req) {
+        return Ok(caller);
+    }
     let key = req.headers().get("x-api-key").and_then(|v| v.to_str().ok());
-    inner.caller_for_key(key).ok_or_else(|| {
-        ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "missing or wrong API key: send one of the server's API keys in X-API-Key (E2B_API_KEY)",
-        )
-    })
+    inner
+        .caller_for_key(key)
+        .ok_or_else(crate::admission::unauthorized)
+}
+
+/// Reads a control-plane body, at most `MAX_BODY` bytes (413 beyond; 408 for one
+/// that stalls past `server.body_read_timeout_ms`). Called once the key is checked.
+async fn read_body(mut payload: web::Payload) -> Result<Vec<u8>, ApiError> {
+    use futures_util::StreamExt;
+    let mut body = Vec::new();
+    while let Some(piece) = payload.next().await {
+        let piece = piece.map_err(|e| {
+            if paddock_pool::http::is_body_timeout(&e) {
+                ApiError::new(StatusCode::REQUEST_TIMEOUT, e.to_string())
+            } else {
+                ApiError::new(StatusCode::BAD_REQUEST, format!("reading the body: {e}"))
+            }
+        })?;
+        if body.len() + piece.len() > MAX_BODY {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("the body has more than {MAX_BODY} bytes"),
+            ));
+        }
+        body.extend_from_slice(&piece);
+    }
+    Ok(body)
 }
 
 /// Sandbox `id` when the caller of `req` may see it; another tenant's is answered as
@@ -131,11 +157,16 @@ struct NewSandbox {
     network: Option<NewNetwork>,
 }
 
-/// The `network` of a new sandbox: egress rules. (Its other fields, such as
-/// `allowPublicTraffic` or `rules`, are accepted and ignored.)
+/// The `network` of a new sandbox: egress rules and who may reach its ports. (Its
+/// other fields, such as `rules`, are accepted and ignored.)
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct NewNetwork {
+    /// `true`: the sandbox's own ports (not 49983 or 49999) answer without a token.
+    /// Otherwise (omitted too) they take its `trafficAccessToken` in
+    /// `E2B-Traffic-Access-Token`.
+    #[serde(default)]
+    allow_public_traffic: Option<bool>,
     /// Destinations admitted even where `denyOut` denies them.
     #[serde(default)]
     allow_out: Option<Vec<String>>,
@@ -186,11 +217,15 @@ fn requested_network(
 pub(crate) async fn create(
     inner: web::Data<Arc<Inner>>,
     req: HttpRequest,
-    body: web::Bytes,
+    payload: web::Payload,
 ) -> HttpResponse {
-    create_inner(&inner, &req, &body)
-        .await
-        .unwrap_or_else(|e| e.response())
+    let run = async {
+        // The key first: the body of a request without one is never read.
+        caller(&inner, &req)?;
+        let body = read_body(payload).await?;
+        create_inner(&inner, &req, &body).await
+    };
+    run.await.unwrap_or_else(|e: ApiError| e.response())
 }
 
 async fn create_inner(inner: &Arc<Inner>, req: &HttpRequest, body: &[u8]) -> Answer {
@@ -224,6 +259,8 @@ async fn create_inner(inner: &Arc<Inner>, req: &HttpRequest, body: &[u8]) -> Ans
         new.allow_internet_access,
         new.network.as_ref(),
     )?;
+    let ingress =
+        crate::access::Ingress::asked(new.network.as_ref().and_then(|n| n.allow_public_traffic));
     let metadata = new.metadata.unwrap_or_default();
     check_metadata(&metadata)?;
     let env_vars = new.env_vars.unwrap_or_default();
@@ -283,7 +320,10 @@ async fn create_inner(inner: &Arc<Inner>, req: &HttpRequest, body: &[u8]) -> Ans
             caller,
             handle,
             token: new_token(),
-            traffic_token: template.code_interpreter.then(new_token),
+            traffic_token: ingress
+                .needs_traffic_token(template.code_interpreter)
+                .then(new_token),
+            ingress,
             code_interpreter: template.code_interpreter,
             contexts: Default::default(),
             watchers: Default::default(),
@@ -450,11 +490,11 @@ pub(crate) async fn set_timeout(
     inner: web::Data<Arc<Inner>>,
     req: HttpRequest,
     id: web::Path<String>,
-    body: web::Bytes,
+    payload: web::Payload,
 ) -> HttpResponse {
-    let run = || -> Answer {
+    let run = async {
         let s = mine(&inner, &req, &id)?;
-        let t: Timeout = parse(&body)?;
+        let t: Timeout = parse(&read_body(payload).await?)?;
         let Some(secs) = t.timeout else {
             return Err(ApiError::new(
                 StatusCode::BAD_REQUEST,
@@ -464,7 +504,7 @@ pub(crate) async fn set_timeout(
         *s.end_at.lock() = inner.ends(Some(secs));
         Ok(HttpResponse::NoContent().finish())
     };
-    run().unwrap_or_else(|e| e.response())
+    run.await.unwrap_or_else(|e: ApiError| e.response())
 }
 
 pub(crate) async fn pause(
@@ -496,11 +536,11 @@ pub(crate) async fn connect(
     inner: web::Data<Arc<Inner>>,
     req: HttpRequest,
     id: web::Path<String>,
-    body: web::Bytes,
+    payload: web::Payload,
 ) -> HttpResponse {
     let run = async {
         let s = mine(&inner, &req, &id)?;
-        let t: Timeout = parse(&body)?;
+        let t: Timeout = parse(&read_body(payload).await?)?;
         let resumed = if s.paused.load(Ordering::Acquire) {
             s.handle.unpause().await?;
             s.paused.store(false, Ordering::Release);
@@ -594,10 +634,18 @@ pub(crate) async fn list(inner: web::Data<Arc<Inner>>, req: HttpRequest) -> Http
                     .all(|(k, v)| s.metadata.get(k).is_some_and(|have| have == v))
             })
             .collect();
-        // Ids begin with a time-ordered UUID: their order is the order of opening.
-        mine.sort_by(|a, b| a.id.cmp(&b.id));
+        // Ids are random: the order of opening is that of the start times (ties
+        // broken by id), and a page's token names the place of its last sandbox in
+        // that order, which holds even once that sandbox has ended.
+        mine.sort_by_cached_key(|s| page_key(s));
         if let Some(after) = &after {
-            mine.retain(|s| s.id.as_str() > after.as_str());
+            let Some(after) = parse_page_token(after) else {
+                return Err(ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    format!("nextToken {after:?}: give the X-Next-Token of the previous page"),
+                ));
+            };
+            mine.retain(|s| page_key(s) > after);
         }
         let more = mine.len() > limit;
         mine.truncate(limit);
@@ -605,12 +653,28 @@ pub(crate) async fn list(inner: web::Data<Arc<Inner>>, req: HttpRequest) -> Http
         let mut answer = HttpResponse::Ok();
         if more {
             if let Some(last) = mine.last() {
-                answer.insert_header(("X-Next-Token", last.id.clone()));
+                let (nanos, id) = page_key(last);
+                answer.insert_header(("X-Next-Token", format!("{nanos}.{id}")));
             }
         }
         Ok(answer.json(page))
     };
     run().unwrap_or_else(|e| e.response())
+}
+
+/// A sandbox's place in the list: its start (ns since the Unix epoch), then its id.
+fn page_key(s: &Sbx) -> (u128, String) {
+    let nanos = s
+        .started_at
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    (nanos, s.id.clone())
+}
+
+/// The place a `nextToken` (`{nanos}.{id}`, from [`page_key`]) names.
+fn parse_page_token(token: &str) -> Option<(u128, String)> {
+    let (nanos, id) = token.split_once('.')?;
+    Some((nanos.parse().ok()?, id.to_string()))
 }
 
 /// Percent-decodes what the SDK quoted before it URL-encoded the pairs.
@@ -687,8 +751,17 @@ mod tests {
                 ports: vec![],
             }
         );
+        // An exception beyond the template's allowlist is refused, not dropped.
+        let e = network(&listed, some).unwrap_err();
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert!(
+            e.message.contains("network.allowOut[1]") && e.message.contains("evil.test"),
+            "{}",
+            e.message
+        );
+        let inside = r#"{"network": {"denyOut": ["0.0.0.0/0"], "allowOut": ["api.example.org"]}}"#;
         assert_eq!(
-            network(&listed, some).unwrap(),
+            network(&listed, inside).unwrap(),
             NetworkPolicy::Allowlist {
                 hosts: vec!["api.example.org".into()],
                 ports: vec![443],
@@ -705,10 +778,30 @@ mod tests {
                 ports: vec![],
             }
         );
+        // A template without network grants no exception: refused, not `none`.
+        let e = network(&NetworkPolicy::None, some).unwrap_err();
+        assert!(e.message.contains("no network"), "{}", e.message);
         assert_eq!(
-            network(&NetworkPolicy::None, some).unwrap(),
+            network(
+                &NetworkPolicy::None,
+                r#"{"network": {"denyOut": ["0.0.0.0/0"]}}"#
+            )
+            .unwrap(),
             NetworkPolicy::None
         );
+    }
+
+    #[test]
+    fn a_page_token_names_a_place_in_the_order_of_starts() {
+        assert_eq!(
+            parse_page_token("1733380000123456789.sp-0123"),
+            Some((1_733_380_000_123_456_789, "sp-0123".to_string()))
+        );
+        // Ids hold no dot: the first one ends the time.
+        assert_eq!(parse_page_token("5.a.b"), Some((5, "a.b".to_string())));
+        for bad in ["", "sp-0123", "x.sp-0123", "-1.sp", ".sp"] {
+            assert_eq!(parse_page_token(bad), None, "{bad:?}");
+        }
     }
 
     #[test]

@@ -2,8 +2,12 @@
 //! `E2b-Sandbox-Port` header): forwarded as HTTP/1.1 to that port on the guest's
 //! loopback, over the session's TCP-into-guest path, and the answer streamed back.
 //!
-//! Like E2B's own, these ports are reachable by anyone who knows the sandbox's id (a
-//! URL one shares), without the sandbox's token.
+//! As on E2B, these ports take the sandbox's traffic token (`E2B-Traffic-Access-Token`)
+//! unless the sandbox was created with `network.allowPublicTraffic: true`, when whoever
+//! has its address reaches them (see [`crate::access`]; the routing has checked it
+//! before a request comes here). The egress gateway's ports in a sandbox with a
+//! network (its proxy 3128, transparent path 15001 and DNS 53) are never forwarded:
+//! the engines refuse a stream to them, and the answer is 403.
 //!
 //! A WebSocket upgrade is forwarded as such: the upgrade request goes to the
 //! sandbox's server, and when it answers `101 Switching Protocols` the two
@@ -102,6 +106,10 @@ pub(crate) async fn forward(
     {
         Ok(c) => c,
         Err(e) if e.code == paddock_core::ErrorCode::NotFound => return not_open(),
+        // The egress gateway's ports (the engine names the port in its message).
+        Err(e) if e.code == paddock_core::ErrorCode::InvalidOptions => {
+            return http_error(StatusCode::FORBIDDEN, e.message)
+        }
         Err(e) => {
             tracing::debug!(error = %e, port, "connecting into the sandbox failed");
             return not_open();

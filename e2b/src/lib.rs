@@ -34,6 +34,8 @@
 #![deny(unused_must_use, unsafe_op_in_unsafe_fn)]
 #![forbid(unsafe_code)]
 
+mod access;
+mod admission;
 mod caps;
 mod connect;
 mod control;

@@ -6,7 +6,9 @@
 //! of the sandbox's session, so the policy checks and the audit of every process
 //! hold here too. E2B addresses processes by a `pid` (and an optional `tag`); the
 //! pids are this API's own, counted per sandbox from 1000, since the pid inside a
-//! container is not the host's.
+//! container is not the host's. Unlike ids they need not be unguessable: E2B's
+//! protocol carries a pid as a `uint32`, and a pid names a process only inside its
+//! own sandbox, on routes that take that sandbox's access token.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -27,8 +29,12 @@ use crate::registry::Sbx;
 
 /// The first pid handed out in a sandbox.
 const FIRST_PID: u32 = 1000;
-/// Most bytes of one request message (a stdin chunk is base64 inside it).
-pub(crate) const MAX_MESSAGE: usize = 4 << 20;
+/// Most bytes of one request message (a stdin chunk is base64 inside it: 768 KiB of
+/// input at most). Every agent call's body is read whole before it is handled, so
+/// this, times a tenant's concurrent requests (`server.max_requests_per_tenant`),
+/// bounds the memory its calls take while they are read; 1 MiB, as the native API's
+/// JSON bodies and WebSocket messages.
+pub(crate) const MAX_MESSAGE: usize = 1 << 20;
 /// The keepalive interval when the client asks for none.
 const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(50);
 
@@ -179,20 +185,22 @@ struct SelectRequest {
     process: Option<SelectorJson>,
 }
 
+/// Input for a process: base64, borrowed from the request where it holds no JSON
+/// escapes (so a large chunk is not copied before it is decoded).
 #[derive(Debug, Default, Deserialize)]
-struct InputJson {
-    #[serde(default)]
-    stdin: Option<String>,
-    #[serde(default)]
-    pty: Option<String>,
+struct InputJson<'a> {
+    #[serde(default, borrow)]
+    stdin: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default, borrow)]
+    pty: Option<std::borrow::Cow<'a, str>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct SendInputRequest {
+struct SendInputRequest<'a> {
     #[serde(default)]
     process: Option<SelectorJson>,
-    #[serde(default)]
-    input: Option<InputJson>,
+    #[serde(default, borrow)]
+    input: Option<InputJson<'a>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -262,7 +270,7 @@ pub(crate) async fn unary(
             Ok(json!({ "processes": running }))
         }
         "SendInput" => {
-            let r: SendInputRequest = connect::parse(body)?;
+            let r: SendInputRequest = parse_borrowed(body)?;
             let p = find(sbx, &selector(r.process)?)?;
             let input = r.input.unwrap_or_default();
             write_input(&p, input).await?;
@@ -327,21 +335,22 @@ pub(crate) async fn unary(
     }
 }
 
-/// How long one input write may wait for a process that does not read its input.
-const INPUT_WAIT: Duration = Duration::from_secs(60);
-
-async fn write_input(p: &Proc, input: InputJson) -> Result<(), ConnectError> {
-    tokio::time::timeout(INPUT_WAIT, write_input_now(p, input))
-        .await
-        .map_err(|_| {
-            ConnectError::new(
-                Code::DeadlineExceeded,
-                "the process read none of its input for 60 s; its input pipe is full",
-            )
-        })?
+/// [`connect::parse`] for a request that borrows from its body.
+fn parse_borrowed<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ConnectError> {
+    let body = if body.iter().all(u8::is_ascii_whitespace) {
+        &b"{}"[..]
+    } else {
+        body
+    };
+    serde_json::from_slice(body)
+        .map_err(|e| ConnectError::invalid(format!("malformed request: {e}")))
 }
 
-async fn write_input_now(p: &Proc, input: InputJson) -> Result<(), ConnectError> {
+/// Writes input to a process through its bounded input buffer: answered once the
+/// bytes are buffered, `resource_exhausted` (`RATE_LIMITED`) when the process has
+/// not read what it was sent within the buffer's wait, or the tenant's processes
+/// hold their budget of unread input (see `limiter.max_input_bytes_per_process`).
+async fn write_input(p: &Proc, input: InputJson<'_>) -> Result<(), ConnectError> {
     let (data, to_pty) = match (input.stdin, input.pty) {
         (Some(d), None) => (decode_bytes("input.stdin", &d)?, false),
         (None, Some(d)) => (decode_bytes("input.pty", &d)?, true),
@@ -352,8 +361,8 @@ async fn write_input_now(p: &Proc, input: InputJson) -> Result<(), ConnectError>
         }
     };
     match (&p.handle, to_pty) {
-        (Attachable::Process(h), false) => h.write_stdin(&data).await?,
-        (Attachable::Terminal(t), true) => t.write(&data).await?,
+        (Attachable::Process(h), false) => h.send_stdin(data).await?,
+        (Attachable::Terminal(t), true) => t.send(data).await?,
         (Attachable::Process(_), true) => {
             return Err(ConnectError::invalid(
                 "the process has no pty; send `stdin`",
@@ -644,8 +653,7 @@ pub(crate) async fn stream_input(
                 })?;
                 let input: InputJson = data
                     .get("input")
-                    .cloned()
-                    .map(serde_json::from_value)
+                    .map(InputJson::deserialize)
                     .transpose()
                     .map_err(|e| ConnectError::invalid(format!("data.input: {e}")))?
                     .unwrap_or_default();

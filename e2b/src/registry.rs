@@ -35,8 +35,12 @@ pub(crate) struct Sbx {
     pub(crate) token: String,
     /// Taken instead of `token` by the code interpreter's routes, in
     /// `E2B-Traffic-Access-Token` (the SDK sends `X-Access-Token` only with
-    /// `/execute`, and this one with every call).
+    /// `/execute`, and this one with every call), and required by the sandbox's own
+    /// ports unless it is public. Made for a code interpreter and for every sandbox
+    /// whose ports are not public.
     pub(crate) traffic_token: Option<String>,
+    /// Who may reach its own ports (`network.allowPublicTraffic`).
+    pub(crate) ingress: crate::access::Ingress,
     /// Whether the sandbox serves the code interpreter (port 49999).
     pub(crate) code_interpreter: bool,
     pub(crate) contexts: parking_lot::Mutex<crate::interpreter::Contexts>,
@@ -283,7 +287,8 @@ pub(crate) fn spawn_reaper(inner: &Arc<Inner>) {
     });
 }
 
-/// A fresh access token: 32 random bytes, hex.
+/// A fresh access token: two UUIDv4s, 64 hex digits holding 244 random bits (from
+/// the OS's random source), compared in constant time.
 pub(crate) fn new_token() -> String {
     format!(
         "{}{}",

@@ -4,7 +4,8 @@
 //! `E2b-Sandbox-Port` headers (one URL for everything, `E2B_SANDBOX_URL`), or a
 //! `{port}-{sandboxID}.{domain}` host name (`E2B_DOMAIN`); it is routed by them,
 //! whatever its path. Everything else with a control-plane path goes to the control
-//! plane; the rest is left to the native API.
+//! plane; the rest is left to the native API. Who may reach which port is decided in
+//! [`crate::access`], for the routing and the per-tenant count alike.
 
 use std::sync::Arc;
 
@@ -13,20 +14,22 @@ use actix_web::http::StatusCode;
 use actix_web::{guard, web, HttpRequest, HttpResponse};
 use futures_util::StreamExt;
 
+use crate::access::{parse_port, Access};
 use crate::connect::{self, Code, ConnectError};
 use crate::files::http_error;
 use crate::registry::{Inner, Sbx};
 use crate::{control, files, process, CODE_INTERPRETER_PORT, ENVD_PORT};
 
-/// The sandbox and port a request addresses, if it is a sandbox request.
-pub(crate) fn target(head: &RequestHead, domain: Option<&str>) -> Option<(String, String)> {
+/// The sandbox and port a request addresses, if it is a sandbox request. The port
+/// is parsed here, once, for the routing and the count alike: `None` when it is not
+/// a port number as [`parse_port`] takes it (answered 400, and not counted).
+pub(crate) fn target(head: &RequestHead, domain: Option<&str>) -> Option<(String, Option<u16>)> {
     let headers = &head.headers;
     if let Some(id) = headers.get("e2b-sandbox-id").and_then(|v| v.to_str().ok()) {
         let port = headers
             .get("e2b-sandbox-port")
             .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_string();
+            .and_then(parse_port);
         return Some((id.to_string(), port));
     }
     let domain = domain?;
@@ -41,7 +44,7 @@ pub(crate) fn target(head: &RequestHead, domain: Option<&str>) -> Option<(String
     let label = host.strip_suffix(domain)?.strip_suffix('.')?;
     let (port, id) = label.split_once('-')?;
     (!port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) && !id.is_empty())
-        .then(|| (id.to_string(), port.to_string()))
+        .then(|| (id.to_string(), parse_port(port)))
 }
 
 pub(crate) fn configure(inner: &Arc<Inner>, cfg: &mut web::ServiceConfig) {
@@ -55,10 +58,14 @@ pub(crate) fn configure(inner: &Arc<Inner>, cfg: &mut web::ServiceConfig) {
             }))
             .app_data(data)
             .wrap(actix_web::middleware::from_fn(crate::caps::limit))
+            .wrap(actix_web::middleware::from_fn(
+                crate::admission::untime_client_streams,
+            ))
             .default_service(web::to(sandbox_entry)),
     );
     // The control plane, in a scope of its own paths only (a scope answers every
-    // path it takes, so it must take no other).
+    // path it takes, so it must take no other). Its key is checked first, before
+    // anything reads a body (`admission::require_key`, the outermost middleware).
     cfg.service(
         web::scope("")
             .guard(guard::fn_guard(|ctx| {
@@ -69,6 +76,9 @@ pub(crate) fn configure(inner: &Arc<Inner>, cfg: &mut web::ServiceConfig) {
                     || p.starts_with("/v2/sandboxes/")
             }))
             .wrap(actix_web::middleware::from_fn(crate::caps::limit))
+            .wrap(actix_web::middleware::from_fn(
+                crate::admission::require_key,
+            ))
             .route("/sandboxes", web::post().to(control::create))
             .route("/v2/sandboxes", web::post().to(control::create))
             .route("/sandboxes", web::get().to(control::list))
@@ -101,58 +111,33 @@ async fn sandbox_entry(
     let Some((id, port)) = target(req.head(), inner.config.domain.as_deref()) else {
         return http_error(StatusCode::BAD_REQUEST, "no sandbox is addressed");
     };
-    let port: u16 = match port.parse() {
-        Ok(p) => p,
-        Err(_) => {
-            return http_error(
-                StatusCode::BAD_REQUEST,
-                format!("E2b-Sandbox-Port {port:?} is not a port number"),
-            )
-        }
+    let Some(port) = port else {
+        return http_error(
+            StatusCode::BAD_REQUEST,
+            "the sandbox's port (E2b-Sandbox-Port, or the `{port}-` of the host name) is not a port number: give 1 to 65535 in decimal, without a sign or leading zeros",
+        );
     };
     let connect_rpc = req.path().starts_with("/process.Process/")
         || req.path().starts_with("/filesystem.Filesystem/");
-    // A sandbox that is not open here, or not the token's: the same answer, as the
-    // proxy in front of E2B's agents gives it.
+    // A sandbox that is not open here, and one the request has no credential for
+    // (whether it runs, is paused or has ended): the same answer, as the proxy in
+    // front of E2B's agents gives it for a sandbox it does not know, so that an id
+    // alone tells nothing.
     let not_found = || {
-        let message = format!("The sandbox {id} was not found");
+        let message = format!(
+            "The sandbox {id} was not found, or this request lacks the token its port {port} takes (X-Access-Token on {ENVD_PORT}; E2B-Traffic-Access-Token on the sandbox's other ports, unless it was created with network.allowPublicTraffic)"
+        );
         if connect_rpc {
             ConnectError::new(Code::Unavailable, message).unary_with(StatusCode::BAD_GATEWAY)
         } else {
             http_error(StatusCode::BAD_GATEWAY, message)
         }
     };
-    let Some(sbx) = inner.sandboxes.get(&id).map(|s| s.clone()) else {
+    let Some(sbx) = crate::access::live(&inner, &id) else {
         return not_found();
     };
-    // Past its lifetime, it is gone whether or not the reaper has ended it yet.
-    if *sbx.end_at.lock() <= std::time::SystemTime::now() {
+    if crate::access::access(&sbx, port, req.headers()) == Access::Refused {
         return not_found();
-    }
-    let presented = req
-        .headers()
-        .get("x-access-token")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    // The code interpreter's routes take the traffic token instead (the SDK sends
-    // the access token only with `/execute`, the traffic token with every call).
-    let traffic = req
-        .headers()
-        .get("e2b-traffic-access-token")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    let admitted = sbx.token_matches(presented)
-        || (port == CODE_INTERPRETER_PORT && sbx.traffic_token_matches(traffic));
-    // The sandbox's own servers (other ports) are public, as E2B's are: whoever
-    // has the sandbox's address reaches them.
-    let agent_port = port == ENVD_PORT || port == CODE_INTERPRETER_PORT;
-    if agent_port && !admitted {
-        let message = "missing or wrong X-Access-Token: send the envdAccessToken this sandbox was created with";
-        return if connect_rpc {
-            ConnectError::new(Code::Unauthenticated, message).unary()
-        } else {
-            http_error(StatusCode::UNAUTHORIZED, message)
-        };
     }
     if sbx.paused.load(std::sync::atomic::Ordering::Acquire) {
         let message = format!("sandbox {id} is paused; resume it with connect");
@@ -330,11 +315,11 @@ mod tests {
     #[test]
     fn sandboxes_are_addressed_by_header_or_host() {
         let h = head(&[("e2b-sandbox-id", "sp-1"), ("e2b-sandbox-port", "49983")]);
-        assert_eq!(target(&h, None), Some(("sp-1".into(), "49983".into())));
+        assert_eq!(target(&h, None), Some(("sp-1".into(), Some(49983))));
         let h = head(&[("host", "49999-sp-01ab-2.e2b.test:3000")]);
         assert_eq!(
             target(&h, Some("e2b.test")),
-            Some(("sp-01ab-2".into(), "49999".into()))
+            Some(("sp-01ab-2".into(), Some(49999)))
         );
         assert_eq!(target(&h, None), None, "host names need a domain");
         for host in [
@@ -347,6 +332,30 @@ mod tests {
             assert_eq!(
                 target(&head(&[("host", host)]), Some("e2b.test")),
                 None,
+                "{host}"
+            );
+        }
+    }
+
+    /// Another spelling of a port is no port: such a request is a sandbox's (so it
+    /// never reaches the native API), with no port, which the entry answers 400 and
+    /// the count does not count, by header and by host name alike.
+    #[test]
+    fn a_port_spelled_otherwise_addresses_no_port() {
+        for port in ["049983", "+49983", "0", "65536", "", "49983 x"] {
+            let h = head(&[("e2b-sandbox-id", "sp-1"), ("e2b-sandbox-port", port)]);
+            assert_eq!(target(&h, None), Some(("sp-1".into(), None)), "{port:?}");
+        }
+        let h = head(&[("e2b-sandbox-id", "sp-1")]);
+        assert_eq!(target(&h, None), Some(("sp-1".into(), None)));
+        for host in [
+            "049983-sp-1.e2b.test",
+            "0049999-sp-1.e2b.test",
+            "0-sp-1.e2b.test",
+        ] {
+            assert_eq!(
+                target(&head(&[("host", host)]), Some("e2b.test")),
+                Some(("sp-1".into(), None)),
                 "{host}"
             );
         }

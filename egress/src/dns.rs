@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
-use paddock_core::egress::{normalize_name, EgressRules, SpecialRange};
+use paddock_core::egress::{normalize_name, EgressRules};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The most bytes of a DNS message over UDP that the stub reads or sends.
@@ -284,30 +284,28 @@ pub async fn answer(query: &[u8], rules: &EgressRules, upstream: &Upstream) -> D
         };
     }
     // An address literal is its own answer (under an address rule).
-    let resolved = match name.parse::<Ipv4Addr>() {
-        Ok(a) => Ok(Resolved::Addrs(vec![a], MAX_TTL)),
-        Err(_) => upstream.resolve(&name).await,
+    let resolved = match paddock_core::egress::parse_addr(&name) {
+        Some(IpAddr::V4(a)) => Ok(Resolved::Addrs(vec![a], MAX_TTL)),
+        _ => upstream.resolve(&name).await,
     };
     match resolved {
         Ok(Resolved::Addrs(addrs, ttl)) => {
             let mut given = Vec::new();
-            let mut refused: Option<SpecialRange> = None;
+            let mut refused: Option<String> = None;
             for a in addrs {
-                match rules.check_resolved(IpAddr::V4(a)) {
-                    Ok(()) => given.push(a),
-                    Err(range) => refused = Some(range),
+                match crate::proxy::refusal(rules, IpAddr::V4(a)) {
+                    None => given.push(a),
+                    Some(why) => refused = Some(why),
                 }
             }
             if given.is_empty() {
-                let range = refused.map_or("special", SpecialRange::as_str);
+                let why = refused.unwrap_or_else(|| "no address".to_string());
                 return Decision::Answer {
                     reply: encode(&reply),
                     name: Some(name),
                     allowed: false,
                     addrs: Vec::new(),
-                    reason: format!(
-                        "resolves only to {range} addresses, which no address rule of the allowlist covers"
-                    ),
+                    reason: format!("resolves only to refused addresses ({why})"),
                 };
             }
             for a in &given {

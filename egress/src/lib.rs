@@ -25,6 +25,7 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
 pub mod dns;
+pub mod host;
 pub mod log;
 mod proxy;
 pub mod sniff;
@@ -79,6 +80,9 @@ pub struct GatewayConfig {
     pub nft: PathBuf,
     /// Told of every decision (telemetry).
     pub observer: Option<Observer>,
+    /// Whether network `unrestricted` reaches private and shared ranges (an
+    /// allowlist reaches them only through an address rule that covers them).
+    pub allow_private: bool,
 }
 
 impl std::fmt::Debug for GatewayConfig {
@@ -88,6 +92,7 @@ impl std::fmt::Debug for GatewayConfig {
             .field("limits", &self.limits)
             .field("max_events", &self.max_events)
             .field("nft", &self.nft)
+            .field("allow_private", &self.allow_private)
             .finish_non_exhaustive()
     }
 }
@@ -108,6 +113,7 @@ impl GatewayConfig {
             max_events: DEFAULT_MAX_EVENTS,
             nft,
             observer: None,
+            allow_private: true,
         })
     }
 

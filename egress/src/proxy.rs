@@ -133,9 +133,9 @@ async fn admit(
             "host `{host}` matches no rule of the allowlist"
         )));
     };
-    let addrs: Vec<IpAddr> = match host.parse::<IpAddr>() {
-        Ok(ip) => vec![ip],
-        Err(_) => match gate.upstream.resolve(host).await {
+    let addrs: Vec<IpAddr> = match paddock_core::egress::parse_addr(host) {
+        Some(ip) => vec![ip],
+        None => match gate.upstream.resolve(host).await {
             Ok(Resolved::Addrs(a, _)) => a.into_iter().map(IpAddr::V4).collect(),
             Ok(Resolved::NoSuchName) => {
                 return Err(Refusal::failed(format!("`{host}` does not resolve")))
@@ -146,7 +146,31 @@ async fn admit(
     dial(gate, addrs, port, rule).await
 }
 
-/// Dials the first of `addrs` not in a special range the allowlist leaves closed.
+/// Why `ip` may not be dialled under `rules`, if it may not: a closed range, a
+/// private one the rules do not open, or an address of the host itself.
+pub(crate) fn refusal(rules: &EgressRules, ip: IpAddr) -> Option<String> {
+    let policy = if rules.is_unrestricted() {
+        "network `unrestricted` does not reach"
+    } else {
+        "no address rule of the allowlist covers"
+    };
+    match rules.check_resolved(ip) {
+        Err(range) if range.is_closed() => Some(format!(
+            "{ip} is a {} address, which no sandbox reaches",
+            range.as_str()
+        )),
+        Err(range) => Some(format!(
+            "{ip} is a {} address, which {policy}",
+            range.as_str()
+        )),
+        Ok(()) if crate::host::is_own(ip) => Some(format!(
+            "{ip} is an address of this host, which no sandbox reaches"
+        )),
+        Ok(()) => None,
+    }
+}
+
+/// Dials the first of `addrs` that [`refusal`] lets through.
 async fn dial(
     gate: &Gate,
     addrs: Vec<IpAddr>,
@@ -156,8 +180,8 @@ async fn dial(
     let mut refused = None;
     let mut failed = None;
     for ip in addrs {
-        if let Err(range) = gate.rules.check_resolved(ip) {
-            refused = Some((ip, range));
+        if let Some(why) = refusal(&gate.rules, ip) {
+            refused = Some(why);
             continue;
         }
         let to = SocketAddr::new(ip, port);
@@ -179,14 +203,7 @@ async fn dial(
         return Err(Refusal::failed(f));
     }
     match refused {
-        Some((ip, range)) if gate.rules.is_unrestricted() => Err(Refusal::denied(format!(
-            "{ip} is a {} address, which network `unrestricted` does not reach",
-            range.as_str()
-        ))),
-        Some((ip, range)) => Err(Refusal::denied(format!(
-            "{ip} is a {} address, which no address rule of the allowlist covers",
-            range.as_str()
-        ))),
+        Some(why) => Err(Refusal::denied(why)),
         None => Err(Refusal::failed("the name has no address".to_string())),
     }
 }
@@ -537,15 +554,8 @@ async fn transparent_one(mut stream: TcpStream, gate: &Gate) {
         // (a protocol in which the server speaks first must not wait for a sniff),
         // named in the record by the resolver's answer where there was one.
         let Some(rule) = by_range else {
-            let range = gate
-                .rules
-                .check_resolved(orig.ip())
-                .err()
-                .map_or("special", |r| r.as_str());
-            let reason = format!(
-                "{} is a {range} address, which network `unrestricted` does not reach",
-                orig.ip()
-            );
+            let reason = refusal(&gate.rules, orig.ip())
+                .unwrap_or_else(|| format!("{} is admitted by no rule", orig.ip()));
             return deny(stream, &host_of, reason);
         };
         let host = given_for.unwrap_or(host_of);

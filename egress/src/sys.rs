@@ -265,3 +265,43 @@ pub(crate) fn shutdown_write(fd: RawFd) {
     // SAFETY: shutdown on a descriptor the caller holds open.
     unsafe { libc::shutdown(fd, libc::SHUT_WR) };
 }
+
+/// Every address of the calling thread's network namespace's interfaces
+/// (`getifaddrs`), IPv4 and IPv6, up or down.
+pub(crate) fn interface_addrs() -> io::Result<Vec<std::net::IpAddr>> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: `head` is a valid out-pointer; on success the list is freed below.
+    if unsafe { libc::getifaddrs(&mut head) } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut out = Vec::new();
+    let mut at = head;
+    while !at.is_null() {
+        // SAFETY: `at` is a node of the list getifaddrs returned, alive until
+        // freeifaddrs; `ifa_addr` is null or points at a sockaddr of its family.
+        unsafe {
+            let sa = (*at).ifa_addr;
+            if !sa.is_null() {
+                match i32::from((*sa).sa_family) {
+                    libc::AF_INET => {
+                        let sin = &*(sa as *const libc::sockaddr_in);
+                        out.push(std::net::IpAddr::V4(Ipv4Addr::from(u32::from_be(
+                            sin.sin_addr.s_addr,
+                        ))));
+                    }
+                    libc::AF_INET6 => {
+                        let sin6 = &*(sa as *const libc::sockaddr_in6);
+                        out.push(std::net::IpAddr::V6(std::net::Ipv6Addr::from(
+                            sin6.sin6_addr.s6_addr,
+                        )));
+                    }
+                    _ => {}
+                }
+            }
+            at = (*at).ifa_next;
+        }
+    }
+    // SAFETY: `head` came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(head) };
+    Ok(out)
+}

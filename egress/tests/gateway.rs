@@ -284,18 +284,22 @@ fn an_allowlist_lets_through_what_it_names_and_nothing_else() {
         assert!(r.took < Duration::from_secs(1), "{addr}: {:?}", r.took);
     }
     // Names that resolve to private or link-local addresses.
-    for name in ["private.test", "metadata.test"] {
+    for (name, why) in [
+        (
+            "private.test",
+            "private address, which no address rule of the allowlist covers",
+        ),
+        (
+            "metadata.test",
+            "link-local address, which no sandbox reaches",
+        ),
+    ] {
         let r = run_in(
             ns,
             &["curl", "-sS", "--max-time", "5", &format!("http://{name}/")],
             true,
         );
-        assert!(
-            r.stdout
-                .contains("which no address rule of the allowlist covers"),
-            "{name}: {}",
-            r.stdout
-        );
+        assert!(r.stdout.contains(why), "{name}: {}", r.stdout);
         let r = run_in(ns, &["python3", "-c", PY_RESOLVE, name], false);
         assert!(r.stdout.starts_with("gaierror"), "{name}: {}", r.stdout);
     }
@@ -403,4 +407,101 @@ for i in range(3):
         "{}",
         r.stderr
     );
+}
+
+const PY_CONNECT_STATUS: &str = "import socket,sys
+s = socket.create_connection(('127.0.0.1', 3128), timeout=5)
+s.sendall(b'CONNECT ' + sys.argv[1].encode() + b' HTTP/1.1\\r\\nHost: ' + sys.argv[1].encode() + b'\\r\\n\\r\\n')
+print(s.recv(300).split(b'\\r\\n')[0].decode())
+";
+
+/// What `unrestricted` never reaches, no allowlist reaches either: the host's
+/// loopback in every spelling, and the host's own addresses (here its end of the
+/// test's veth), named directly or through a name that resolves to them. Neither
+/// the proxy nor the transparent path dials them, under an allowlist whose range
+/// holds the host's address or under `unrestricted`; the host's listeners see no
+/// connection.
+#[test]
+fn no_policy_reaches_the_host_itself() {
+    if let Some(why) = skip() {
+        assert!(!required(), "the egress test must run: {why}");
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let net = internet::Internet::start("h").expect("the test's internet");
+    let loopback = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let own = std::net::TcpListener::bind((internet::HOST_SIDE, 0)).unwrap();
+    loopback.set_nonblocking(true).unwrap();
+    own.set_nonblocking(true).unwrap();
+    let (lo_port, own_port) = (
+        loopback.local_addr().unwrap().port(),
+        own.local_addr().unwrap().port(),
+    );
+    let mut cfg = GatewayConfig::detect().unwrap();
+    cfg.resolvers = vec![net.resolver()];
+    let hosts: Vec<String> = ["198.51.100.0/24", "loopback.test", "host.test", "localhost"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let listed =
+        EgressRules::compile("network.allowlist", &hosts, &[80, lo_port, own_port]).unwrap();
+    for (what, rules) in [
+        ("an allowlist", listed),
+        ("unrestricted", EgressRules::unrestricted(true)),
+    ] {
+        let gw = Gateway::open(rules, &cfg).expect("a gateway");
+        let ns = gw.netns();
+        // The range is open: its other addresses are reached.
+        let r = run_in(
+            ns,
+            &["python3", "-c", PY_CONNECT_STATUS, "198.51.100.2:80"],
+            false,
+        );
+        assert_eq!(
+            r.stdout.trim(),
+            "HTTP/1.1 200 Connection established",
+            "{what}: {}",
+            r.stderr
+        );
+        for target in [
+            format!("127.0.0.1:{lo_port}"),
+            format!("127.1:{lo_port}"),
+            format!("2130706433:{lo_port}"),
+            format!("0x7f.0.0.1:{lo_port}"),
+            format!("0177.0.0.1:{lo_port}"),
+            format!("[::ffff:127.0.0.1]:{lo_port}"),
+            format!("[::1]:{lo_port}"),
+            format!("loopback.test:{lo_port}"),
+            format!("localhost:{lo_port}"),
+            format!("{}:{own_port}", internet::HOST_SIDE),
+            format!("host.test:{own_port}"),
+        ] {
+            let r = run_in(ns, &["python3", "-c", PY_CONNECT_STATUS, &target], false);
+            let status = r.stdout.trim();
+            assert!(
+                status.starts_with("HTTP/1.1 4") || status.starts_with("HTTP/1.1 5"),
+                "{what}, {target}: {status:?} {}",
+                r.stderr
+            );
+        }
+        // Transparently: a program that ignores the proxy.
+        let r = run_in(
+            ns,
+            &[
+                "python3",
+                "-c",
+                PY_CONNECT_ONLY,
+                internet::HOST_SIDE,
+                &own_port.to_string(),
+            ],
+            false,
+        );
+        assert!(r.stdout.starts_with("refused"), "{what}: {}", r.stdout);
+    }
+    for (name, l) in [("loopback", &loopback), ("own", &own)] {
+        match l.accept() {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            other => panic!("the host's {name} listener was reached: {other:?}"),
+        }
+    }
 }

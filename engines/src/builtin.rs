@@ -43,6 +43,7 @@ pub fn builtin(config: &PaddockConfig, wanted: impl Fn(&EngineName) -> bool) -> 
     if config.subprocess.enabled && wanted(&EngineName::SUBPROCESS) {
         let mut settings = config.subprocess.clone();
         settings.egress = config.egress.clone();
+        settings.egress.allow_private = Some(config.egress_private());
         let engine = SubprocessEngine::with_defaults(&settings, defaults.clone())?;
         made.engines.push(Arc::new(engine));
     }
@@ -56,6 +57,7 @@ pub fn builtin(config: &PaddockConfig, wanted: impl Fn(&EngineName) -> bool) -> 
     if config.container.enabled && wanted(&EngineName::CONTAINER) {
         let mut settings = config.container.clone();
         settings.egress = config.egress.clone();
+        settings.egress.allow_private = Some(config.egress_private());
         match ContainerEngine::with_defaults(&settings, defaults.clone()) {
             Ok(engine) => made.engines.push(Arc::new(engine)),
             Err(e) if e.code == ErrorCode::EngineFailed => {
@@ -78,6 +80,7 @@ pub fn builtin(config: &PaddockConfig, wanted: impl Fn(&EngineName) -> bool) -> 
             EngineKind::Container => {
                 let mut settings = def.container_config(&config.container);
                 settings.egress = config.egress.clone();
+                settings.egress.allow_private = Some(config.egress_private());
                 match ContainerEngine::named(name.clone(), &settings, defaults.clone()) {
                     Ok(engine) => made.engines.push(Arc::new(engine)),
                     Err(e) if e.code == ErrorCode::EngineFailed => {

@@ -3,7 +3,9 @@
 //! host never holds more than the cap.
 
 use std::os::fd::OwnedFd;
+use std::sync::Arc;
 
+use paddock_core::budget::OutputAllowance;
 use paddock_core::{OutputChunk, OutputSink, StreamKind};
 use tokio::io::AsyncReadExt;
 use tokio::sync::watch;
@@ -23,12 +25,25 @@ pub struct Captured {
     pub truncated: bool,
     /// Every byte the program wrote, kept or not.
     pub total: u64,
+    /// The execution's share of its tenant's budget of retained output, if any.
+    allowance: Option<Arc<OutputAllowance>>,
 }
 
 impl Captured {
-    /// Counts `bytes`, keeps what fits under `cap` (adding the truncation marker at
-    /// the first byte past it) and returns what to stream: the kept bytes, plus the
-    /// marker when this piece crossed the cap; nothing once output is truncated.
+    /// A capture that also keeps within `allowance` (the tenant's budget of retained
+    /// output, [`OutputSink::allowance`]): past what it grants, output is cut as at
+    /// the cap.
+    pub fn within(allowance: Option<Arc<OutputAllowance>>) -> Captured {
+        Captured {
+            allowance,
+            ..Captured::default()
+        }
+    }
+
+    /// Counts `bytes`, keeps what fits under `cap` and the allowance (adding the
+    /// truncation marker at the first byte past either) and returns what to stream:
+    /// the kept bytes, plus the marker when this piece crossed the cap; nothing once
+    /// output is truncated.
     pub fn keep(&mut self, bytes: &[u8], cap: u64) -> Vec<u8> {
         self.total += bytes.len() as u64;
         if self.truncated {
@@ -36,12 +51,20 @@ impl Captured {
         }
         let room =
             usize::try_from(cap.saturating_sub(self.data.len() as u64)).unwrap_or(usize::MAX);
-        let take = bytes.len().min(room);
+        let mut take = bytes.len().min(room);
+        let mut cut_at = cap;
+        if let Some(a) = &self.allowance {
+            let granted = a.take(take as u64) as usize;
+            if granted < take {
+                take = granted;
+                cut_at = (self.data.len() + granted) as u64;
+            }
+        }
         let mut deliver = bytes[..take].to_vec();
         self.data.extend_from_slice(&bytes[..take]);
         if take < bytes.len() {
             self.truncated = true;
-            let marker = truncation_marker(cap);
+            let marker = truncation_marker(cut_at);
             self.data.extend_from_slice(marker.as_bytes());
             deliver.extend_from_slice(marker.as_bytes());
         }
@@ -78,7 +101,7 @@ pub async fn pump(
     mut stop: watch::Receiver<Option<Instant>>,
 ) -> std::io::Result<Captured> {
     let mut pipe = tokio::net::unix::pipe::Receiver::from_owned_fd(fd)?;
-    let mut out = Captured::default();
+    let mut out = Captured::within(sink.allowance());
     let mut sink_open = true;
     let mut buf = vec![0u8; READ_SIZE];
     loop {
@@ -210,6 +233,33 @@ mod tests {
             .unwrap();
         assert_eq!(got.total, 0);
         drop(w);
+    }
+
+    #[test]
+    fn kept_output_stops_where_the_tenants_budget_runs_out() {
+        use paddock_core::budget::{OutputAllowance, TenantBudget};
+        let tenant = TenantBudget::alone(10);
+        let first = Arc::new(OutputAllowance::new(tenant.clone()));
+        let mut a = Captured::within(Some(first.clone()));
+        assert_eq!(a.keep(b"12345678", 100), b"12345678");
+        let second = Arc::new(OutputAllowance::new(tenant.clone()));
+        let mut b = Captured::within(Some(second.clone()));
+        let streamed = b.keep(b"abcdef", 100);
+        assert!(b.truncated, "the budget cut it");
+        assert!(second.cut());
+        assert!(streamed.starts_with(b"ab\n[output truncated at 2 bytes]"));
+        assert!(
+            b.keep(b"more", 100).is_empty(),
+            "nothing is kept past the cut"
+        );
+        assert_eq!(b.total, 10, "every byte is counted");
+        assert!(!a.truncated);
+        drop((a, b, first, second));
+        assert_eq!(
+            tenant.available(),
+            10,
+            "an ended execution gives its bytes back"
+        );
     }
 
     #[test]

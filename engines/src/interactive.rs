@@ -49,7 +49,6 @@ pub(crate) struct Processes {
 
 #[derive(Debug, Default)]
 struct Inner {
-    next: u64,
     live: Vec<Owned>,
     /// Ids handed out for processes still being started.
     pending: usize,
@@ -58,7 +57,8 @@ struct Inner {
 }
 
 impl Processes {
-    /// A place and a fresh id (`p1`, `t2`, …) for one more process, or
+    /// A place and a fresh random id (`p-{32 hex digits}` for a process, `t-…` for a
+    /// terminal: see [`paddock_core::ids`]) for one more process, or
     /// `LIMITS_EXCEEDED` when the sandbox already runs (or is starting)
     /// [`MAX_PROCESSES`]. The place is given back if the reservation is dropped
     /// unused.
@@ -81,10 +81,9 @@ impl Processes {
                 ),
             ));
         }
-        s.next += 1;
         s.pending += 1;
         Ok(Reservation {
-            id: format!("{prefix}{}", s.next),
+            id: paddock_core::ids::tagged(prefix),
             processes: self,
             used: false,
         })
@@ -269,6 +268,8 @@ impl Signaller for Leader {
 #[derive(Debug)]
 struct PipeControl {
     stdin: tokio::sync::Mutex<Option<pipe::Sender>>,
+    /// Whether `stdin` still holds the pipe (readable without waiting for a writer).
+    open: std::sync::atomic::AtomicBool,
     leader: Arc<dyn Signaller>,
 }
 
@@ -289,14 +290,20 @@ impl ProcessControl for PipeControl {
         };
         if pipe.write_all(data).await.is_err() {
             *stdin = None;
+            self.open.store(false, std::sync::atomic::Ordering::Release);
             return Err(stdin_closed());
         }
         Ok(())
     }
 
     async fn close_stdin(&self) -> Result<()> {
+        self.open.store(false, std::sync::atomic::Ordering::Release);
         self.stdin.lock().await.take();
         Ok(())
+    }
+
+    fn input_open(&self) -> bool {
+        self.open.load(std::sync::atomic::Ordering::Acquire)
     }
 
     fn signal(&self, signal: i32) -> Result<()> {
@@ -487,6 +494,7 @@ fn adopt_with(
             ];
             (
                 Arc::new(PipeControl {
+                    open: std::sync::atomic::AtomicBool::new(stdin.is_some()),
                     stdin: tokio::sync::Mutex::new(stdin),
                     leader: signaller,
                 }),
@@ -610,6 +618,24 @@ async fn pump_all(shared: &ProcessShared, sources: &[Source]) {
         }
         _ => unreachable!("a process has at most two output sources"),
     }
+}
+
+/// Refuses a stream to one of the egress gateway's ports (its proxy, transparent
+/// path and DNS stub, [`paddock_egress::PORTS`]) in a sandbox that has a gateway:
+/// they are Paddock's, not servers of the sandbox, and a stream from outside would
+/// use the sandbox's allowlist as its own. `INVALID_OPTIONS`, naming the port.
+pub(crate) fn refuse_gateway_port(target: &paddock_core::TcpTarget, gateway: bool) -> Result<()> {
+    let ports = paddock_egress::PORTS;
+    if gateway && [ports.proxy, ports.transparent, ports.dns].contains(&target.port) {
+        return Err(Error::new(
+            ErrorCode::InvalidOptions,
+            format!(
+                "port {} of this sandbox is its egress gateway's, not a server of the sandbox's (ports {}, {} and {} are the gateway's in a sandbox with a network); listen on another port",
+                target.port, ports.proxy, ports.transparent, ports.dns
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// A TCP stream to `addr` inside `netns` (or the host's own loopback without one),

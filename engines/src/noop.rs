@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -15,8 +15,6 @@ use paddock_core::{
     FileEntry, IsolationLevel, OutputSink, ProgramKind, Result, Sandbox, SandboxSpec,
     SandboxStatus,
 };
-
-static NEXT: AtomicU64 = AtomicU64::new(0);
 
 /// The no-op engine.
 #[derive(Debug, Clone)]
@@ -56,7 +54,7 @@ impl NoopEngine {
     /// Opens a sandbox with its concrete type.
     pub fn open(&self) -> NoopSandbox {
         NoopSandbox {
-            id: format!("noop-{}", NEXT.fetch_add(1, Ordering::Relaxed)),
+            id: paddock_core::ids::tagged("noop"),
             root: PathBuf::from("/noop"),
             files: parking_lot::Mutex::new(BTreeMap::new()),
             destroyed: AtomicBool::new(false),

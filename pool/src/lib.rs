@@ -56,6 +56,7 @@ pub mod engine_actor;
 mod engine_pool;
 pub mod federation;
 pub mod http;
+mod memory;
 pub mod messages;
 mod paddock;
 mod parking;

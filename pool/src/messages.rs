@@ -423,7 +423,8 @@ impl Attachable {
 /// What the supervisor reports about a session's process or terminal.
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct ProcessInfo {
-    /// Its id in the sandbox (`p1`, `t2`, …).
+    /// Its id in the sandbox: `p-` (a process) or `t-` (a terminal) and 32 random
+    /// hex digits.
     pub id: String,
     /// `process` or `terminal`.
     #[schemars(extend("enum" = ["process", "terminal"]))]

@@ -132,8 +132,9 @@ impl Pipeline {
         Ok(())
     }
 
-    /// The request is well formed, within the operator's ceilings, and asks for no
-    /// limit the engine cannot enforce. (The engine checks the rest of what only it
+    /// The request is well formed, within the operator's ceilings (and, in a
+    /// sandbox, within the sandbox's own limits), and asks for no limit the engine
+    /// cannot enforce. (The engine checks the rest of what only it
     /// knows, and limits merged with its own defaults.)
     fn validate(
         &self,
@@ -143,6 +144,13 @@ impl Pipeline {
     ) -> Result<(), Error> {
         request.validate()?;
         paddock_core::tenancy::check_ceilings(&self.ceilings, &request.limits, "limits")?;
+        if let Target::Session(session) = target {
+            paddock_core::tenancy::check_within_sandbox(
+                &session.limits,
+                &request.limits,
+                "limits",
+            )?;
+        }
         let caps = match target {
             Target::Pool(pool) => Some(pool.engine().capabilities()),
             Target::Session(session) => Some(session.lease.engine().capabilities()),
@@ -289,10 +297,25 @@ impl Pipeline {
             Ok(Err(e)) => return Err(e),
             Err(e) => return Err(mailbox_error("streamer", e)),
         };
-        let tee: Arc<dyn OutputSink> = Arc::new(Tee {
-            buffer: BufferSink(buffer),
-            extra: sink,
+        // The output it keeps while it runs counts against its tenant's budget.
+        let allowance = self
+            .shares
+            .borrow()
+            .memory
+            .output_allowance(request.tenant.as_deref());
+        let tee: Arc<dyn OutputSink> = Arc::new(crate::memory::Budgeted {
+            inner: Arc::new(Tee {
+                buffer: BufferSink(buffer),
+                extra: sink,
+            }),
+            allowance: allowance.clone(),
         });
+        let noted = |mut result: Result<ExecResult, Error>| {
+            if let Ok(r) = &mut result {
+                crate::memory::note_cut(r, &allowance);
+            }
+            result
+        };
         let from = match target {
             Target::Session(session) => {
                 let _busy = Busy::new(session.clone());
@@ -300,7 +323,7 @@ impl Pipeline {
                 request.limits = request.limits.or(&session.limits);
                 let limits = request.limits.clone().or(&self.defaults);
                 let grace = Duration::from_millis(session.lease.pool_config().watchdog_grace_ms);
-                return run_on(&session.lease, request, tee, token, &limits, grace).await;
+                return noted(run_on(&session.lease, request, tee, token, &limits, grace).await);
             }
             Target::Pool(pool) => Some(pool),
             Target::Parked => None,
@@ -313,7 +336,7 @@ impl Pipeline {
         let limits = request.limits.clone().or(&self.defaults);
         let grace = Duration::from_millis(pool.config.watchdog_grace_ms);
         let tenant = request.tenant.clone();
-        let mut result = run_on(&lease, request, tee, token, &limits, grace).await;
+        let mut result = noted(run_on(&lease, request, tee, token, &limits, grace).await);
         self.settle(pool, lease, tenant, &mut result);
         result
     }

@@ -16,6 +16,8 @@ pub(crate) struct Shares {
     pub(crate) max_slots: Option<u32>,
     pub(crate) sandboxes: HashMap<Option<String>, u32>,
     pub(crate) slots: HashMap<Option<String>, u32>,
+    /// Per-tenant memory budgets (output kept, input waiting).
+    pub(crate) memory: std::sync::Arc<crate::memory::Memory>,
 }
 
 /// How long a tenant at its sandbox cap is told to wait before trying again.
@@ -28,6 +30,7 @@ impl Shares {
         Shares {
             max_sandboxes: config.max_sandboxes_per_tenant,
             max_slots: config.max_slots_per_tenant,
+            memory: std::sync::Arc::new(crate::memory::Memory::new(config)),
             ..Shares::default()
         }
     }

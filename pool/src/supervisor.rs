@@ -29,18 +29,37 @@ use paddock_telemetry::Telemetry;
 /// How many destroyed session ids are remembered, so a repeated destroy is Ok.
 const REMEMBERED_DESTROYED: usize = 10_000;
 
-/// Most pools of executions' own disk quotas or allowlists kept at once (each of
-/// their instances holds a filesystem of that size, or an egress gateway; they are
-/// made on demand and not prewarmed).
+/// Most pools of executions' own disk quotas or allowlists one tenant keeps at once
+/// (each of their instances holds a filesystem of that size, or an egress gateway;
+/// they are made on demand and not prewarmed). Each tenant has its own: one
+/// tenant's pools never take another's place.
 const MAX_DISK_POOLS: usize = 16;
+
+/// Most pools of executions' own disk quotas or allowlists kept at once, all tenants
+/// together.
+const MAX_OWN_POOLS_TOTAL: usize = 256;
 
 /// How long a pool of an execution's own disk quota is kept after work was last
 /// routed to it, even with no instance, before another quota may replace it.
 const DISK_POOL_GRACE: Duration = Duration::from_secs(60);
 
 /// What a pool's instances are made with: engine, network policy, disk quota and
-/// home ([`SandboxSpec::home`](paddock_core::SandboxSpec::home)).
-type PoolKey = (EngineName, NetworkPolicy, DiskKey, Option<Arc<str>>);
+/// home ([`SandboxSpec::home`](paddock_core::SandboxSpec::home)), and for a pool of
+/// a tenant's own disk quota or allowlist, the tenant (`None` for the pools every
+/// tenant shares, and for those the operator keeps warm).
+type PoolKey = (
+    EngineName,
+    NetworkPolicy,
+    DiskKey,
+    Option<Arc<str>>,
+    Option<Arc<str>>,
+);
+
+/// Whether a pool of this network and disk is one made for one kind of request
+/// (its own disk quota, its own allowlist): bounded in number per tenant.
+fn own_kind(network: &NetworkPolicy, disk: &DiskKey) -> bool {
+    !disk.is_default() || matches!(network, NetworkPolicy::Allowlist { .. })
+}
 
 /// An accepted execution not yet finished.
 #[derive(Debug, Clone)]
@@ -206,23 +225,33 @@ impl Supervisor {
     ) -> Result<Arc<EnginePool>, Error> {
         let kind = self.choose(engine, level, tenant);
         let home: Option<Arc<str>> = home.map(Arc::from);
-        let key = (kind.clone(), network.clone(), disk, home.clone());
-        if let Some(p) = self.pools.get(&key) {
+        let shared = (kind.clone(), network.clone(), disk, home.clone(), None);
+        if let Some(p) = self.pools.get(&shared) {
             p.touch();
             return Ok(p.clone());
         }
         // Pools made for one kind of request (its own disk quota, its own
-        // allowlist) are bounded in number: the least recently used unused one
-        // makes room.
-        let own_kind = |network: &NetworkPolicy, disk: &DiskKey| {
-            !disk.is_default() || matches!(network, NetworkPolicy::Allowlist { .. })
+        // allowlist) are the tenant's own, and bounded in number per tenant: the
+        // least recently used unused one of the tenant's makes room.
+        let owner: Option<Arc<str>> = if own_kind(network, &disk) {
+            tenant.map(Arc::from)
+        } else {
+            None
         };
+        let key = (
+            kind.clone(),
+            network.clone(),
+            disk,
+            home.clone(),
+            owner.clone(),
+        );
+        if let Some(p) = self.pools.get(&key) {
+            p.touch();
+            return Ok(p.clone());
+        }
         if own_kind(network, &disk) {
-            let own = self
-                .pools
-                .keys()
-                .filter(|(_, n, d, _)| own_kind(n, d))
-                .count();
+            let mine = |(_, n, d, _, o): &PoolKey| own_kind(n, d) && *o == owner;
+            let own = self.pools.keys().filter(|k| mine(k)).count();
             if own >= MAX_DISK_POOLS {
                 // The one routed to longest ago among those with no instance and no
                 // waiter, and not routed to within DISK_POOL_GRACE (an execution
@@ -230,16 +259,53 @@ impl Supervisor {
                 let unused = self
                     .pools
                     .iter()
-                    .filter(|((_, n, d, _), p)| {
+                    .filter(|(k, p)| mine(k) && p.is_unused() && p.idle_for() >= DISK_POOL_GRACE)
+                    .max_by_key(|(_, p)| p.idle_for())
+                    .map(|(k, _)| k.clone());
+                let Some(unused) = unused else {
+                    let who = match tenant {
+                        Some(t) => format!("tenant `{t}` has"),
+                        None => "callers without a tenant have".to_string(),
+                    };
+                    return Err(Error::new(
+                        ErrorCode::PoolExhausted,
+                        format!(
+                            "{who} {MAX_DISK_POOLS} pools of executions' own disk quotas or allowlists in use, the most one tenant keeps; retry later, leave limits.disk_bytes and limits.disk_files unset, or reuse an allowlist already in use"
+                        ),
+                    ));
+                };
+                if let Some(p) = self.pools.remove(&unused) {
+                    p.close();
+                }
+            }
+            // All tenants' together are bounded too (tenants without API keys are
+            // callers' own claims): at the bound, an unused pool of the tenant that
+            // holds the most gives way, as results do in the server's store.
+            let all: Vec<&PoolKey> = self
+                .pools
+                .keys()
+                .filter(|(_, n, d, _, _)| own_kind(n, d))
+                .collect();
+            if all.len() >= MAX_OWN_POOLS_TOTAL {
+                let mut held: HashMap<Option<Arc<str>>, usize> = HashMap::new();
+                for (_, _, _, _, o) in &all {
+                    *held.entry(o.clone()).or_default() += 1;
+                }
+                let unused = self
+                    .pools
+                    .iter()
+                    .filter(|((_, n, d, _, _), p)| {
                         own_kind(n, d) && p.is_unused() && p.idle_for() >= DISK_POOL_GRACE
                     })
-                    .max_by_key(|(_, p)| p.idle_for())
+                    .max_by_key(|((_, _, _, _, o), p)| {
+                        (held.get(o).copied().unwrap_or(0), p.idle_for())
+                    })
                     .map(|(k, _)| k.clone());
                 let Some(unused) = unused else {
                     return Err(Error::new(
                         ErrorCode::PoolExhausted,
                         format!(
-                            "{MAX_DISK_POOLS} pools of executions' own disk quotas or allowlists are in use; retry later, leave limits.disk_bytes and limits.disk_files unset, or run allowlisted work in a sandbox of its own"
+                            "{MAX_OWN_POOLS_TOTAL} pools of executions' own disk quotas or allowlists are in use, the most the server keeps; retry later"
                         ),
                     ));
                 };
@@ -710,6 +776,7 @@ impl Handler<WarmPool> for Supervisor {
             msg.spec.network.clone(),
             DiskKey::of(&msg.spec.limits),
             home,
+            None,
         );
         let n = self.warm_sizes.entry(key.clone()).or_insert(0);
         *n = (*n).max(msg.min_idle);

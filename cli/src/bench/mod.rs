@@ -217,15 +217,32 @@ enum Scenario {
         #[arg(long, default_value_t = 50_000)]
         executions: usize,
     },
-    /// What the server holds for large outputs and for slow readers of a large file,
-    /// against its RSS at rest, through the HTTP API in this process.
+    /// What the server holds under one tenant's worst case — concurrent large E2B
+    /// `SendInput` calls to a process that never reads, concurrent executions at the
+    /// output ceiling, slow readers of a large file — against its RSS at rest,
+    /// through the HTTP APIs in this process.
     Memory {
+        /// Concurrent `SendInput` calls of `--input-kib` each.
+        #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=256))]
+        inputs: u64,
+        /// KiB of each `SendInput` call's message (1024: the largest the agent takes;
+        /// larger ones are refused for their size, after they are read).
+        #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=8192))]
+        input_kib: u64,
         /// Concurrent executions that each print `--output-mib`.
-        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=32))]
+        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=32))]
         outputs: u64,
         /// MiB each execution prints (1 to 64, the default output ceiling).
-        #[arg(long, default_value_t = 48)]
+        #[arg(long, default_value_t = 64)]
         output_mib: u64,
+        /// Runs of the stdin and outputs phases (medians are reported).
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=20))]
+        runs: u64,
+        /// Raise the per-process and per-tenant memory budgets (`limiter.max_input_*`,
+        /// `max_output_bytes_per_tenant`, `input_wait_ms`) to their maxima: the same
+        /// load without the bounds, for comparison.
+        #[arg(long)]
+        unbounded: bool,
         /// Concurrent slow readers of one file.
         #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u64).range(1..=256))]
         readers: u64,
@@ -459,21 +476,28 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32, crate::run::UsageError
             executions,
         } => http::http(callers.max(1), executions.max(callers), args.json).await,
         Scenario::Memory {
+            inputs,
+            input_kib,
             outputs,
             output_mib,
+            runs,
+            unbounded,
             readers,
             file_mib,
             read_secs,
         } => {
-            memory::memory(
-                outputs as usize,
+            let settings = memory::MemoryArgs {
+                inputs: inputs as usize,
+                input_kib,
+                outputs: outputs as usize,
                 output_mib,
-                readers as usize,
+                readers: readers as usize,
                 file_mib,
                 read_secs,
-                args.json,
-            )
-            .await
+                runs: runs as usize,
+                unbounded,
+            };
+            memory::memory(settings, args.json).await
         }
         Scenario::Load {
             executions,

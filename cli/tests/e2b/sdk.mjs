@@ -188,8 +188,13 @@ async function ports() {
     let text = "";
     const deadline = Date.now() + 15000;
     while (Date.now() < deadline) {
+      // A private sandbox (the default): its ports take its traffic token.
       const r = await fetch(`${URL_}/i.txt`, {
-        headers: { "E2b-Sandbox-Id": sbx.sandboxId, "E2b-Sandbox-Port": "8001" },
+        headers: {
+          "E2b-Sandbox-Id": sbx.sandboxId,
+          "E2b-Sandbox-Port": "8001",
+          "E2B-Traffic-Access-Token": sbx.trafficAccessToken,
+        },
       });
       if (r.status === 200) {
         text = await r.text();
@@ -198,6 +203,10 @@ async function ports() {
       await sleep(200);
     }
     check(host === `8001-${sbx.sandboxId}.e2b.test` && text === "from js", `ports: ${host} ${text}`);
+    const stranger = await fetch(`${URL_}/i.txt`, {
+      headers: { "E2b-Sandbox-Id": sbx.sandboxId, "E2b-Sandbox-Port": "8001" },
+    });
+    check(stranger.status === 502, `without the traffic token: ${stranger.status}`);
   } finally {
     await sbx.kill();
   }

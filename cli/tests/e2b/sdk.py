@@ -190,7 +190,8 @@ def lifecycle():
         found = Sandbox.list(api_key=ALICE, query=SandboxQuery(metadata={"n": "1"})).next_items()
         check([s.sandbox_id for s in found] == [a.sandbox_id], f"metadata filter: {found}")
         both = Sandbox.list(api_key=ALICE, query=SandboxQuery(metadata={"suite": "e2b"})).next_items()
-        check({s.sandbox_id for s in both} == {a.sandbox_id, b.sandbox_id}, f"both: {both}")
+        # Oldest first (ids are random: the order is that of their starts).
+        check([s.sandbox_id for s in both] == [a.sandbox_id, b.sandbox_id], f"both, oldest first: {both}")
         check(found[0].metadata == {"suite": "e2b", "n": "1"}, f"metadata: {found[0].metadata}")
         # paging, one at a time
         pager = Sandbox.list(api_key=ALICE, limit=1, query=SandboxQuery(metadata={"suite": "e2b"}))
@@ -198,6 +199,7 @@ def lifecycle():
         check(len(first) == 1 and pager.has_next, "a page of one, and more")
         second = pager.next_items()
         check(len(second) == 1 and first[0].sandbox_id != second[0].sandbox_id, "the next page")
+        check([first[0].sandbox_id, second[0].sandbox_id] == [a.sandbox_id, b.sandbox_id], "pages, oldest first")
         # set_timeout: the sandbox ends when it passes
         b.set_timeout(1)
         deadline = time.time() + 10
@@ -259,13 +261,24 @@ def bad_input():
     try:
         base = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "49983"}
         token = sbx._envd_access_token
-        # A wrong access token.
+        # A wrong access token: answered as a sandbox that does not exist (the id
+        # alone tells a stranger nothing).
         r = httpx.post(
             f"{URL}/process.Process/List",
             headers={**base, "X-Access-Token": "wrong", "Content-Type": "application/json"},
             content=b"{}",
         )
-        check(r.status_code == 401 and r.json()["code"] == "unauthenticated", f"token: {r.status_code} {r.text}")
+        ghost = "sp-" + os.urandom(16).hex()
+        g = httpx.post(
+            f"{URL}/process.Process/List",
+            headers={**base, "E2b-Sandbox-Id": ghost, "X-Access-Token": "wrong", "Content-Type": "application/json"},
+            content=b"{}",
+        )
+        check(r.status_code == 502 and r.json()["code"] == "unavailable", f"token: {r.status_code} {r.text}")
+        check(
+            (g.status_code, g.text.replace(ghost, "<id>")) == (r.status_code, r.text.replace(sbx.sandbox_id, "<id>")),
+            f"a wrong token and an unknown sandbox: {r.text} {g.text}",
+        )
         ok = {**base, "X-Access-Token": token}
         # Malformed Connect frames, each answered with a Connect error, never a 5xx.
         for body in [b"\x00\x00", envelope(0, b"{not json"), envelope(1, b"{}"), envelope(0, b"x" * 10)[:8]]:
@@ -347,7 +360,7 @@ def tenants():
             },
             content=b"{}",
         )
-        check(r.status_code == 401, f"bob's token on alice's sandbox: {r.status_code}")
+        check(r.status_code == 502 and "was not found" in r.text, f"bob's token on alice's sandbox: {r.status_code}")
         check(mine.commands.run("echo still").stdout == "still\n", "alice's sandbox is untouched")
     finally:
         mine.kill()
@@ -450,7 +463,7 @@ def code_interpreter():
             },
             json={"code": "x"},
         )
-        check(r.status_code == 401, f"bob's tokens on alice's interpreter: {r.status_code}")
+        check(r.status_code == 502 and "was not found" in r.text, f"bob's tokens on alice's interpreter: {r.status_code}")
         # The base template serves no interpreter.
         base = Sandbox.create(api_key=ALICE)
         try:
@@ -468,7 +481,12 @@ def code_interpreter():
 
 
 def ports():
+    """A sandbox's own ports: private by default (its traffic token opens them, and
+    without it the answer is that of a sandbox that does not exist); open to anyone
+    with `allow_public_traffic`, whose agent still takes its token."""
     sbx = Sandbox.create(api_key=ALICE)
+    check(sbx.traffic_access_token, "a private sandbox has a traffic token")
+    token = traffic_header(sbx)
     try:
         sbx.files.write("/home/user/site/hello.txt", "served from the sandbox")
         server = sbx.commands.run(
@@ -479,8 +497,8 @@ def ports():
         check(host == f"8000-{sbx.sandbox_id}.e2b.test", f"get_host: {host}")
         deadline = time.time() + 15
         while True:
-            # By host name, as get_host builds it...
-            r = httpx.get(f"{URL}/hello.txt", headers={"Host": host})
+            # By host name, as get_host builds it, with the traffic token...
+            r = httpx.get(f"{URL}/hello.txt", headers={"Host": host, **token})
             if r.status_code == 200 or time.time() > deadline:
                 break
             check(r.status_code == 502 and "not open" in r.text, f"before the server: {r.status_code} {r.text}")
@@ -489,12 +507,20 @@ def ports():
         # ...and by the headers, with a body and a query.
         r = httpx.post(
             f"{URL}/nothing-here?x=1",
-            headers={"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "8000"},
+            headers={"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "8000", **token},
             content=b"abc",
         )
         check(r.status_code == 501, f"the server's own answer comes back: {r.status_code}")
-        r = httpx.get(f"{URL}/", headers={"Host": f"8001-{sbx.sandbox_id}.e2b.test"})
+        r = httpx.get(f"{URL}/", headers={"Host": f"8001-{sbx.sandbox_id}.e2b.test", **token})
         check(r.status_code == 502 and "not open" in r.text, f"a closed port: {r.status_code} {r.text}")
+        # Without the traffic token (or with the access token alone): the answer of
+        # a sandbox that does not exist.
+        ghost = "sp-" + os.urandom(16).hex()
+        g = httpx.get(f"{URL}/hello.txt", headers={"Host": f"8000-{ghost}.e2b.test"})
+        for headers in [{}, {"X-Access-Token": sbx._envd_access_token}, {"E2B-Traffic-Access-Token": "wrong"}]:
+            r = httpx.get(f"{URL}/hello.txt", headers={"Host": host, **headers})
+            check(r.status_code == 502 and "was not found" in r.text, f"without the token: {r.status_code} {r.text}")
+            check(r.text.replace(sbx.sandbox_id, "<id>") == g.text.replace(ghost, "<id>"), f"{r.text} {g.text}")
         # The agent by host name too.
         r = httpx.get(f"{URL}/health", headers={"Host": f"49983-{sbx.sandbox_id}.e2b.test", "X-Access-Token": sbx._envd_access_token})
         check(r.status_code == 204, f"agent by host: {r.status_code}")
@@ -502,8 +528,28 @@ def ports():
         websocket(sbx)
     finally:
         sbx.kill()
-    r = httpx.get(f"{URL}/hello.txt", headers={"Host": host})
+    r = httpx.get(f"{URL}/hello.txt", headers={"Host": host, **token})
     check(r.status_code == 502 and "was not found" in r.text, f"after kill: {r.status_code} {r.text}")
+    # A public sandbox: its ports need no token, its agent still does.
+    pub = Sandbox.create(api_key=ALICE, network={"allow_public_traffic": True})
+    try:
+        check(pub.traffic_access_token is None, f"a public sandbox's traffic token: {pub.traffic_access_token}")
+        pub.files.write("/home/user/site/hello.txt", "public")
+        pub.commands.run(
+            "exec python3 -m http.server 8000 --bind 127.0.0.1 --directory /home/user/site",
+            background=True,
+        )
+        deadline = time.time() + 15
+        while True:
+            r = httpx.get(f"{URL}/hello.txt", headers={"Host": pub.get_host(8000)})
+            if r.status_code == 200 or time.time() > deadline:
+                break
+            time.sleep(0.2)
+        check(r.status_code == 200 and r.text == "public", f"a public port: {r.status_code} {r.text}")
+        r = httpx.get(f"{URL}/health", headers={"Host": f"49983-{pub.sandbox_id}.e2b.test"})
+        check(r.status_code == 502, f"a public sandbox's agent without its token: {r.status_code}")
+    finally:
+        pub.kill()
 
 
 # A WebSocket server in the sandbox: the handshake by the RFC 6455 rules, then every
@@ -536,6 +582,12 @@ while True:
 """
 
 
+def traffic_header(sbx):
+    """The header a private sandbox's own ports take (none for a public one)."""
+    t = sbx.traffic_access_token
+    return {"E2B-Traffic-Access-Token": t} if t else {}
+
+
 def ws_frame(opcode, data):
     """A masked client frame (payload under 126 bytes)."""
     import os as _os
@@ -551,8 +603,9 @@ def ws_open(sbx, key, patience=15):
     from urllib.parse import urlparse
 
     u = urlparse(URL)
+    traffic = f"E2B-Traffic-Access-Token: {sbx.traffic_access_token}\r\n" if sbx.traffic_access_token else ""
     request = (
-        f"GET /chat HTTP/1.1\r\nHost: {sbx.get_host(8765)}\r\nUpgrade: websocket\r\n"
+        f"GET /chat HTTP/1.1\r\nHost: {sbx.get_host(8765)}\r\nUpgrade: websocket\r\n{traffic}"
         f"Connection: Upgrade\r\nSec-WebSocket-Key: {key.decode()}\r\nSec-WebSocket-Version: 13\r\n\r\n"
     ).encode()
     deadline = time.time() + patience
@@ -610,7 +663,7 @@ def websocket(sbx):
     f.close()
     c.close()
     # Another upgrade than WebSocket is refused.
-    r = httpx.get(f"{URL}/", headers={"Host": sbx.get_host(8765), "Upgrade": "h2c", "Connection": "Upgrade"})
+    r = httpx.get(f"{URL}/", headers={"Host": sbx.get_host(8765), "Upgrade": "h2c", "Connection": "Upgrade", **traffic_header(sbx)})
     check(r.status_code == 501, f"an h2c upgrade: {r.status_code}")
     server.kill()
 
@@ -806,7 +859,7 @@ def domain_mode():
         deadline = time.time() + 15
         with httpx.Client(proxy=proxy) as client:
             while True:
-                r = client.get(f"https://{host}/index.html")
+                r = client.get(f"https://{host}/index.html", headers=traffic_header(sbx))
                 if r.status_code == 200 or time.time() > deadline:
                     break
                 time.sleep(0.2)

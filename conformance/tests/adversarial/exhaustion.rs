@@ -431,3 +431,68 @@ pub(crate) async fn file_count_cap(h: Arc<H>) -> Check {
     );
     still_works(&h).await
 }
+
+/// An execution in a sandbox asks for more than the sandbox was opened with
+/// (memory, pids, output): refused, naming the field and the sandbox's value,
+/// before anything runs; within them, it runs.
+pub(crate) async fn more_than_the_sandbox(h: Arc<H>) -> Check {
+    let sandbox = h
+        .sandbox_with(paddock_core::SandboxSpec {
+            limits: paddock_core::Limits {
+                memory_bytes: Some(128 << 20),
+                pids: Some(64),
+                max_output_bytes: Some(64 << 10),
+                ..paddock_core::Limits::default()
+            },
+            ..paddock_core::SandboxSpec::default()
+        })
+        .await?;
+    let asks = [
+        (
+            "memory_bytes",
+            paddock_core::Limits {
+                memory_bytes: Some(4 << 30),
+                ..paddock_core::Limits::default()
+            },
+        ),
+        (
+            "pids",
+            paddock_core::Limits {
+                pids: Some(4096),
+                ..paddock_core::Limits::default()
+            },
+        ),
+        (
+            "max_output_bytes",
+            paddock_core::Limits {
+                max_output_bytes: Some(32 << 20),
+                ..paddock_core::Limits::default()
+            },
+        ),
+    ];
+    for (field, limits) in asks {
+        let mut request = h.program("echo ran", "print('ran')", "console.log('ran')");
+        request.limits = limits;
+        match sandbox.exec(request).await {
+            Ok(r) => {
+                let _ = sandbox.destroy().await;
+                fail!("an execution asking for more {field} than its sandbox ran: {r:?}")
+            }
+            Err(e) => ensure!(
+                e.code == ErrorCode::InvalidOptions
+                    && e.message.contains(&format!("limits.{field}"))
+                    && e.message.contains("this sandbox's own limit"),
+                "{field}: {e}"
+            ),
+        }
+    }
+    let mut within = h.program("echo ran", "print('ran')", "console.log('ran')");
+    within.limits.memory_bytes = Some(96 << 20);
+    let r = sandbox
+        .exec(within)
+        .await
+        .map_err(|e| Stop::Fail(format!("an execution within the sandbox's limits: {e}")))?;
+    let _ = sandbox.destroy().await;
+    ensure!(r.is_success() && r.stdout == "ran\n", "{r:?}");
+    still_works(&h).await
+}

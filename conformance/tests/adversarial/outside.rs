@@ -587,3 +587,44 @@ pub(crate) async fn network_under_allowlist(h: Arc<H>) -> Check {
     drop(net);
     still_works(&h).await
 }
+
+/// An allowlist that names the host itself: its loopback and metadata addresses, in
+/// the spellings a resolver library reads as addresses, and the ranges that hold
+/// them. Each is refused before any sandbox is made, naming the entry; no engine is
+/// asked (what `unrestricted` never reaches, no allowlist reaches).
+pub(crate) async fn allowlist_naming_the_host(h: Arc<H>) -> Check {
+    for entry in [
+        "127.0.0.1",
+        "2130706433",
+        "0x7f.0.0.1",
+        "127.1",
+        "[::1]",
+        "::ffff:127.0.0.1",
+        "169.254.169.254",
+        "0.0.0.0/0",
+        "::/0",
+    ] {
+        let spec = paddock_core::SandboxSpec {
+            network: paddock_core::NetworkPolicy::Allowlist {
+                hosts: vec!["allowed.invalid".into(), entry.into()],
+                ports: vec![80],
+            },
+            ..paddock_core::SandboxSpec::default()
+        };
+        match h
+            .paddock()
+            .open_sandbox(spec, Some(h.target.engine()))
+            .await
+        {
+            Ok(sb) => {
+                let _ = sb.destroy().await;
+                fail!("an allowlist naming `{entry}` was accepted")
+            }
+            Err(e) => ensure!(
+                e.code == ErrorCode::InvalidOptions && e.message.contains("hosts[1]"),
+                "`{entry}`: {e}"
+            ),
+        }
+    }
+    still_works(&h).await
+}

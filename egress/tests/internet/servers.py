@@ -18,6 +18,9 @@ NAMES = {
     "denied.test": DENIED,
     "private.test": "10.200.0.1",
     "metadata.test": "169.254.169.254",
+    # The host's own: its loopback, and its end of the test's veth (HOST_SIDE).
+    "loopback.test": "127.0.0.1",
+    "host.test": "198.51.100.1",
 }
 
 

@@ -176,8 +176,10 @@ pub(crate) fn config(spec: &BundleSpec<'_>) -> Value {
     let mut mounts = vec![
         json!({"destination": "/proc", "type": "proc", "source": "proc",
                "options": ["nosuid", "noexec", "nodev"]}),
+        // The standard devices and links take no data: 1 MiB bounds what a program
+        // can store there (charged to its memory cgroup like any tmpfs page).
         json!({"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
-               "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]}),
+               "options": ["nosuid", "strictatime", "mode=755", "size=1024k"]}),
         json!({"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
                "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]}),
         json!({"destination": "/dev/pts", "type": "devpts", "source": "devpts",

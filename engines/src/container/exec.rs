@@ -389,7 +389,7 @@ pub(super) fn run_once(
     argv: &[String],
     tag: &str,
 ) -> std::io::Result<(super::runtime::Finished, Duration)> {
-    let id = format!("{tag}-{}", uuid::Uuid::now_v7().simple());
+    let id = paddock_core::ids::tagged(tag);
     let dir = engine.root.join("bundles").join(&id);
     std::fs::create_dir(&dir)?;
     let _remove = RemoveOnDrop(dir.clone());

@@ -146,6 +146,7 @@ impl ContainerSandbox {
         let _op = self.enter()?;
         self.refuse_if_paused()?;
         target.loopback_addr()?;
+        crate::interactive::refuse_gateway_port(&target, self.egress.lock().is_some())?;
         let guest = self.guest()?;
         // The container's network namespace, through its init process.
         let pid_file = guest.pid_file.clone();

@@ -125,7 +125,6 @@ pub(crate) struct EngineInner {
     pub(crate) agent: std::result::Result<PathBuf, String>,
     /// Warm interpreters inside warm containers (`container.runners`), when on.
     pub(crate) runners: Option<runner::RunnerSetup>,
-    pub(crate) next_sandbox: AtomicU64,
     /// The sandboxes' own filesystems (the disk quota), mounted below
     /// `sandboxes/`, or why there are none.
     pub(crate) disks: std::result::Result<crate::host::volume::Disks, String>,
@@ -428,7 +427,6 @@ impl ContainerEngine {
                 Err("disabled by configuration (`container.warm = false`)".into())
             },
             runners: None,
-            next_sandbox: AtomicU64::new(0),
             disks,
             userns: None,
             egress: Err("not checked yet".into()),

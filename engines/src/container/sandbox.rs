@@ -84,7 +84,9 @@ impl ContainerSandbox {
         // containers never share the host's namespace.
         let rules = match spec.network {
             paddock_core::NetworkPolicy::Unrestricted => {
-                Some(paddock_core::egress::EgressRules::unrestricted())
+                Some(paddock_core::egress::EgressRules::unrestricted(
+                    engine.egress.as_ref().is_ok_and(|c| c.allow_private),
+                ))
             }
             ref other => other.rules("network")?,
         };
@@ -104,11 +106,10 @@ impl ContainerSandbox {
             },
             None => None,
         };
-        let n = engine.next_sandbox.fetch_add(1, Ordering::Relaxed);
-        let id = format!(
-            "ct-{}-{n}",
-            &uuid::Uuid::now_v7().simple().to_string()[..20]
-        );
+        // 35 characters: the container ids made from it (`{id}-{k}`, `{id}-w{k}`)
+        // stay far below what the runtimes take (runsc's control socket name is
+        // the tightest, at about 90).
+        let id = paddock_core::ids::tagged("ct");
         let cgroup = format!("{}/{id}", engine.cgroup_base);
         let id_range = match &engine.userns {
             Some(ranges) => Some(ranges.allocate()?),

@@ -26,5 +26,6 @@ pub(crate) fn gateway_config(
     cfg.resolve_timeout = Duration::from_millis(config.resolve_timeout_ms);
     cfg.limits.max_connections = config.max_connections as usize;
     cfg.limits.connect_timeout = Duration::from_millis(config.connect_timeout_ms);
+    cfg.allow_private = config.allow_private.unwrap_or(true);
     Ok(cfg.probe().map(|()| cfg))
 }

@@ -58,6 +58,9 @@ pub struct IsolateSandbox {
     spin: Spin,
 }
 
+/// Where an isolate sandbox's workdir is seen, by its scripts and the files API.
+pub(crate) const SHOWN_ROOT: &str = "/workspace";
+
 impl IsolateSandbox {
     pub(super) async fn create(engine: Arc<EngineInner>, spec: &SandboxSpec) -> Result<Self> {
         let caps = &engine.caps;
@@ -68,7 +71,8 @@ impl IsolateSandbox {
         }
         spec.limits.validate("limits", false)?;
         let n = engine.next_sandbox.fetch_add(1, Ordering::Relaxed);
-        let id = format!("iso-{}-{n}", uuid::Uuid::now_v7().simple());
+        // The counter names the thread only; the id is random through and through.
+        let id = paddock_core::ids::tagged("iso");
         let quota = crate::host::volume::Quota::of(&spec.limits.or(&engine.defaults));
         // Making a filesystem (a copy, a loop device, mounts) blocks: off the runtime.
         let (eng, id2) = (engine.clone(), id.clone());
@@ -76,7 +80,11 @@ impl IsolateSandbox {
             let disk = quota
                 .filter(|_| eng.disks.backend().is_some())
                 .map(|q| (&eng.disks, q));
+            // Scripts and the files API see the workdir at /workspace, as in a
+            // container: where it is on the host (and the server's pid in the
+            // directory's name) is not theirs to know.
             Workdir::create_on(&eng.workdir_root, &id2, disk)
+                .map(|w| w.shown_at(std::path::Path::new(SHOWN_ROOT)))
                 .map_err(crate::host::volume::workdir_error)
         })
         .await?;
@@ -401,6 +409,10 @@ impl Sandbox for IsolateSandbox {
     }
 
     fn root_dir(&self) -> &std::path::Path {
+        self.workdir.shown_root()
+    }
+
+    fn host_dir(&self) -> &std::path::Path {
         self.workdir.root()
     }
 

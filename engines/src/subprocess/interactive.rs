@@ -160,6 +160,7 @@ impl SubprocessSandbox {
         // own services, which is not what the caller was given.
         // An allowlist's namespace is its gateway's (held while the stream opens).
         let gateway = self.egress.lock().clone();
+        crate::interactive::refuse_gateway_port(&target, gateway.is_some())?;
         let netns = self
             .netns
             .as_ref()

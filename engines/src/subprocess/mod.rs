@@ -76,7 +76,6 @@ pub(crate) struct EngineInner {
     /// The sandboxes' own filesystems (the disk quota).
     pub(crate) disks: crate::host::volume::Disks,
     pub(crate) support: HostSupport,
-    pub(crate) next_sandbox: AtomicU64,
     /// How sandboxes' egress gateways are made, or why allowlists are not enforced.
     pub(crate) egress: std::result::Result<paddock_egress::GatewayConfig, String>,
     /// Warm mode's runners, when `[subprocess.warm]` is enabled.
@@ -287,7 +286,6 @@ impl SubprocessEngine {
                 },
                 disks,
                 egress,
-                next_sandbox: AtomicU64::new(0),
             }),
         })
     }

@@ -147,8 +147,7 @@ impl SubprocessSandbox {
         // Counted from here: a sandbox being set up is part of a burst too.
         let openings = engine.clone();
         let opening = Opening::enter(&openings.opening);
-        let n = engine.next_sandbox.fetch_add(1, Ordering::Relaxed);
-        let id = format!("sp-{}-{n}", uuid::Uuid::now_v7().simple());
+        let id = paddock_core::ids::tagged("sp");
         let eng = engine.clone();
         let id2 = id.clone();
         let network = spec.network.clone();

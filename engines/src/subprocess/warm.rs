@@ -384,8 +384,8 @@ impl Worker {
         let id = id.to_string();
         let mut turn = Turn {
             end: Err(TurnFault::Died(String::new())),
-            stdout: Captured::default(),
-            stderr: Captured::default(),
+            stdout: Captured::within(sink.allowance()),
+            stderr: Captured::within(sink.allowance()),
         };
         let mut delivering = true;
         let frame = encode(&first);

@@ -197,6 +197,14 @@ async fn the_container_is_isolated_and_read_only() {
     )
     .await;
     assert_eq!(r.stdout, "ro-usr\nro-root\nrw-tmp\n", "{r:?}");
+    // /dev holds the devices and at most 1 MiB of anything else.
+    let r = run(
+        &*sb,
+        sh("dd if=/dev/zero of=/dev/fill bs=1024 count=2048 2>/dev/null; wc -c < /dev/fill; rm -f /dev/fill"),
+    )
+    .await;
+    let stored: u64 = r.stdout.trim().parse().unwrap_or(u64::MAX);
+    assert!(stored <= 1 << 20, "{r:?}");
     // The seccomp profile and the dropped capabilities refuse namespace changes.
     let r = run(
         &*sb,

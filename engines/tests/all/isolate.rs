@@ -502,6 +502,19 @@ async fn sandbox_fs_is_confined_to_the_workdir() {
         sb.read_file("out/result.txt").await.unwrap(),
         b"FROM THE CALLER"
     );
+    // The workdir is seen at /workspace: no host path (nor the server's pid in it)
+    // reaches a script or a caller of the files API.
+    assert_eq!(sb.root_dir(), std::path::Path::new("/workspace"));
+    assert_ne!(sb.host_dir(), sb.root_dir());
+    let listed = sb.list_files("/workspace/out").await.unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].path, "/workspace/out/result.txt");
+    let r = run(
+        &*sb,
+        js("import { readFile } from 'sandbox:fs'; export default readFile('/workspace/out/result.txt');"),
+    )
+    .await;
+    assert_eq!(r.value, Some(json!("FROM THE CALLER")), "{r:?}");
     let r = run(
         &*sb,
         js("import { readFile } from 'sandbox:fs';

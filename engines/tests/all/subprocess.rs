@@ -390,12 +390,26 @@ async fn network_none_has_no_route_to_the_host() {
     )
     .await;
     assert_eq!(r.stdout.trim(), "connected", "{r:?}");
-    // An allowlist has a loopback of its own too, even one that names localhost:
-    // the host's listener is out of reach.
-    let listed = e
+    // An allowlist may not name the host's loopback as an address...
+    let refused = e
         .create(&SandboxSpec {
             network: NetworkPolicy::Allowlist {
                 hosts: vec!["localhost".into(), "127.0.0.1".into()],
+                ports: vec![port],
+            },
+            ..SandboxSpec::default()
+        })
+        .await
+        .map(drop)
+        .unwrap_err();
+    assert_eq!(refused.code, ErrorCode::InvalidOptions, "{refused}");
+    assert!(refused.message.contains("loopback"), "{refused}");
+    // ...and has a loopback of its own, even one that names localhost: the host's
+    // listener is out of reach.
+    let listed = e
+        .create(&SandboxSpec {
+            network: NetworkPolicy::Allowlist {
+                hosts: vec!["localhost".into()],
                 ports: vec![port],
             },
             ..SandboxSpec::default()

@@ -17,7 +17,8 @@ pub(super) struct StreamQuery {
     pub(super) stream: bool,
 }
 
-/// Reads a body up to `limit` bytes (413 beyond it).
+/// Reads a body up to `limit` bytes (413 beyond it; 408 `TIMEOUT` when it stalls past
+/// `server.body_read_timeout_ms`).
 pub(super) async fn read_body(
     mut payload: web::Payload,
     limit: usize,
@@ -26,7 +27,7 @@ pub(super) async fn read_body(
     use futures_util::StreamExt;
     let mut data = Vec::new();
     while let Some(chunk) = payload.next().await {
-        let chunk = chunk.map_err(|e| Error::invalid_options("body", e.to_string()))?;
+        let chunk = chunk.map_err(|e| payload_error(&e))?;
         if data.len() + chunk.len() > limit {
             return Err(ApiError::with_status(
                 StatusCode::PAYLOAD_TOO_LARGE,
@@ -37,6 +38,19 @@ pub(super) async fn read_body(
         data.extend_from_slice(&chunk);
     }
     Ok(data)
+}
+
+/// The answer to a body that could not be read: 408 `TIMEOUT` for one that stalled
+/// past `server.body_read_timeout_ms`, 400 `INVALID_OPTIONS` otherwise.
+pub(super) fn payload_error(e: &actix_web::error::PayloadError) -> ApiError {
+    if super::is_body_timeout(e) {
+        return ApiError::with_status(
+            StatusCode::REQUEST_TIMEOUT,
+            ErrorCode::Timeout,
+            e.to_string(),
+        );
+    }
+    ApiError::from(Error::invalid_options("body", e.to_string()))
 }
 
 pub(super) async fn parse_body<T: serde::de::DeserializeOwned>(

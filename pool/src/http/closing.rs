@@ -22,15 +22,20 @@ use bytes::Bytes;
 /// connection again `linger` (plus a little) later.
 pub fn wake_at_end(response: HttpResponse, linger: Duration) -> HttpResponse {
     response
-        .map_body(|_, body| {
-            WakeAtEnd {
-                body,
-                linger,
-                woken: false,
-            }
-            .boxed()
-        })
+        .map_body(|_, body| waking(body, linger))
         .map_into_boxed_body()
+}
+
+/// `body`, waking its connection again `linger` (plus a little) after it ends: for
+/// any answer after which actix lingers before closing (an upgrade's, or one given
+/// before the request's body was read).
+pub(super) fn waking(body: BoxBody, linger: Duration) -> BoxBody {
+    WakeAtEnd {
+        body,
+        linger,
+        woken: false,
+    }
+    .boxed()
 }
 
 struct WakeAtEnd {
@@ -71,8 +76,12 @@ impl MessageBody for WakeAtEnd {
 struct ClientSocket(std::sync::Arc<std::net::TcpStream>);
 
 /// Keeps a copy of every accepted connection's socket (plain or TLS) in its
-/// extensions, for [`client_gone`].
-pub(super) fn remember_socket(conn: &dyn std::any::Any, ext: &mut actix_web::dev::Extensions) {
+/// extensions, for [`client_gone`], and returns it (for shutting the connection down
+/// from elsewhere, see `connections`).
+pub(super) fn remember_socket(
+    conn: &dyn std::any::Any,
+    ext: &mut actix_web::dev::Extensions,
+) -> Option<std::sync::Arc<std::net::TcpStream>> {
     use actix_web::rt::net::TcpStream;
     use std::os::fd::AsFd;
     let tcp = conn.downcast_ref::<TcpStream>().or_else(|| {
@@ -80,9 +89,10 @@ pub(super) fn remember_socket(conn: &dyn std::any::Any, ext: &mut actix_web::dev
             .map(|tls| tls.get_ref().0)
     });
     // A copy of the descriptor (non-blocking already: the flag is the socket's).
-    if let Some(copy) = tcp.and_then(|t| t.as_fd().try_clone_to_owned().ok()) {
-        ext.insert(ClientSocket(std::sync::Arc::new(copy.into())));
-    }
+    let copy = tcp.and_then(|t| t.as_fd().try_clone_to_owned().ok())?;
+    let copy = std::sync::Arc::new(std::net::TcpStream::from(copy));
+    ext.insert(ClientSocket(copy.clone()));
+    Some(copy)
 }
 
 /// How often [`client_gone`] looks at the socket.

@@ -52,6 +52,7 @@ impl std::fmt::Display for ApiError {
 pub fn status_for(code: ErrorCode) -> StatusCode {
     match code {
         ErrorCode::NotFound => StatusCode::NOT_FOUND,
+        ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
         ErrorCode::EngineDisposed | ErrorCode::SandboxPaused => StatusCode::CONFLICT,
         ErrorCode::RateLimited => StatusCode::TOO_MANY_REQUESTS,
         ErrorCode::PoolExhausted | ErrorCode::FleetUnavailable => StatusCode::SERVICE_UNAVAILABLE,

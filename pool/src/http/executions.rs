@@ -17,7 +17,23 @@ use crate::{Execute, StreamEvent};
 
 pub(super) fn answer_json(state: &State, answer: &Answer) -> HttpResponse {
     match answer.as_ref() {
-        Ok(r) => HttpResponse::Ok().json(WireResult(r)),
+        Ok(r) => {
+            // Sized for the output up front: a body grown by doubling would copy a
+            // large output several times over on its way.
+            let mut body = Vec::with_capacity(r.stdout.len() + r.stderr.len() + 4096);
+            match serde_json::to_writer(&mut body, &WireResult(r)) {
+                Ok(()) => HttpResponse::Ok()
+                    .content_type("application/json")
+                    .body(body),
+                Err(e) => actix_web::ResponseError::error_response(&refusal(
+                    state,
+                    Error::new(
+                        ErrorCode::EngineFailed,
+                        format!("encoding the result failed: {e}"),
+                    ),
+                )),
+            }
+        }
         Err(e) => {
             let err = refusal(state, e.clone());
             actix_web::ResponseError::error_response(&err)
@@ -200,13 +216,7 @@ pub(super) fn stream_response(
                     }
                     let answer: Answer = Arc::new(*result);
                     let line = match answer.as_ref() {
-                        Ok(r) => {
-                            let mut v = r.to_wire_json();
-                            if let Some(o) = v.as_object_mut() {
-                                o.insert("type".into(), "result".into());
-                            }
-                            ndjson(&v)
-                        }
+                        Ok(r) => result_line(r),
                         Err(e) => ndjson(&serde_json::json!({"type": "error", "error": e})),
                     };
                     if let Some(tx) = tx.take() {
@@ -232,6 +242,28 @@ pub(super) fn stream_response(
     HttpResponse::Ok()
         .content_type("application/x-ndjson")
         .streaming(body.boxed_local())
+}
+
+/// The `result` line of a stream: the wire result with `"type": "result"`, written
+/// from the result without a copy of its output.
+fn result_line(r: &paddock_core::ExecResult) -> Bytes {
+    #[derive(serde::Serialize)]
+    struct Line<'a> {
+        #[serde(rename = "type")]
+        kind: &'static str,
+        #[serde(flatten)]
+        result: WireResult<'a>,
+    }
+    let mut line = Vec::with_capacity(r.stdout.len() + r.stderr.len() + 4096);
+    let _ = serde_json::to_writer(
+        &mut line,
+        &Line {
+            kind: "result",
+            result: WireResult(r),
+        },
+    );
+    line.push(b'\n');
+    Bytes::from(line)
 }
 
 pub(super) fn ndjson(v: &serde_json::Value) -> Bytes {

@@ -6,6 +6,7 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use actix_ws::{AggregatedMessage, CloseCode, CloseReason};
 use bytes::Bytes;
 use futures_util::StreamExt;
+use paddock_core::input::InputWait;
 use paddock_core::{Error, ProcessSpec, StreamKind, TcpTarget, TerminalSize, TerminalSpec};
 use serde::Deserialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -180,6 +181,7 @@ async fn relay_process(
     mut stream: actix_ws::AggregatedMessageStream,
 ) {
     let shared = started.handle.shared().clone();
+    let terminal = matches!(started.handle, crate::messages::Attachable::Terminal(_));
     let output = {
         let shared = shared.clone();
         let mut session = session.clone();
@@ -219,7 +221,9 @@ async fn relay_process(
     let mut replies = session;
     // Input waits here while the process is not reading, up to MAX_PENDING_INPUT
     // bytes; past that the socket is not read until it drains (the client's own
-    // socket buffer then holds it back). Signals and resizes are not queued.
+    // socket buffer then holds it back). Each chunk then waits for room in the
+    // process's input buffer and its tenant's budget, for as long as it takes: the
+    // socket is not read meanwhile. Signals and resizes are not queued.
     let mut pending: std::collections::VecDeque<Input> = std::collections::VecDeque::new();
     let mut pending_bytes = 0usize;
     let mut writing: Option<WriteFuture> = None;
@@ -228,13 +232,24 @@ async fn relay_process(
     loop {
         if writing.is_none() {
             if let Some(next) = pending.pop_front() {
-                let control = shared.control().clone();
+                let shared = shared.clone();
                 writing = Some(match next {
                     Input::Data(data) => {
                         pending_bytes -= data.len();
-                        Box::pin(async move { control.write(&data).await })
+                        Box::pin(async move {
+                            shared
+                                .send_input(Vec::from(data), InputWait::Unbounded)
+                                .await
+                        })
                     }
-                    Input::Close => Box::pin(async move { control.close_stdin().await }),
+                    // A terminal has no stdin to close: it gets Ctrl-D, in order.
+                    Input::Close if terminal => Box::pin(async move {
+                        shared.send_input(vec![0x04], InputWait::Unbounded).await
+                    }),
+                    Input::Close => Box::pin(async move {
+                        shared.close_input();
+                        Ok(())
+                    }),
                 });
             }
         }

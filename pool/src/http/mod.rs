@@ -8,6 +8,8 @@ mod answers;
 mod body;
 mod chunks;
 mod closing;
+mod connections;
+mod deadline;
 mod errors;
 mod executions;
 mod forward;
@@ -28,6 +30,8 @@ use paddock_core::{Error, ErrorCode};
 
 pub use body::{upload_source, UploadFeed};
 pub use closing::{client_gone, wake_at_end};
+pub use connections::authenticated;
+pub use deadline::{is_body_timeout, lift_body_timeout};
 pub use errors::{status_for, ApiError};
 pub use forward::FORWARDED_HEADER;
 pub use tenancy::held_until_body_ends;

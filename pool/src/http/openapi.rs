@@ -356,7 +356,9 @@ fn openapi_schema(_: &mut SchemaGenerator) -> Schema {
 }
 
 /// The statuses every route may answer with an error body.
-const ERROR_STATUSES: &[&str] = &["400", "401", "404", "409", "413", "429", "502", "503"];
+const ERROR_STATUSES: &[&str] = &[
+    "400", "401", "404", "408", "409", "413", "429", "502", "503",
+];
 
 /// Where the document's schemas live.
 const COMPONENTS: &str = "#/components/schemas/";

@@ -170,15 +170,20 @@ impl ResultStore {
     ) {
         let mut bytes = answer_bytes(&answer);
         let kept = if bytes > self.bounds.max_bytes_per_tenant {
-            let mut slim = (*answer).clone();
+            // Made without copying the output it leaves out.
+            let mut slim = match answer.as_ref() {
+                Ok(r) => {
+                    let mut r = r.without_output();
+                    r.value = None;
+                    Ok(r)
+                }
+                Err(e) => Err(e.clone()),
+            };
             if let Ok(r) = &mut slim {
                 r.warnings.push(format!(
                     "the output ({bytes} bytes with the rest) was not kept for later lookups: it exceeds server.max_result_bytes_per_tenant ({})",
                     self.bounds.max_bytes_per_tenant
                 ));
-                r.stdout = String::new();
-                r.stderr = String::new();
-                r.value = None;
             }
             bytes = answer_bytes(&slim);
             Arc::new(slim)

@@ -328,15 +328,24 @@ pub(super) async fn write_file(
                 // The writer stopped reading (done or refused): stop feeding it.
                 Ok(c) => {
                     if !feed.send(c).await {
-                        return;
+                        return None;
                     }
                 }
-                Err(e) => return feed.fail(std::io::Error::other(e.to_string())).await,
+                Err(e) => {
+                    // An upload that stalled is answered as such (408).
+                    let stalled = super::is_body_timeout(&e).then(|| payload_error(&e));
+                    feed.fail(std::io::Error::other(e.to_string())).await;
+                    return stalled;
+                }
             }
         }
         feed.finish().await;
+        None
     };
-    let (written, ()) = futures_util::join!(write, pump);
+    let (written, stalled) = futures_util::join!(write, pump);
+    if let Some(stalled) = stalled {
+        return Err(stalled);
+    }
     match written {
         Ok(_) => Ok(HttpResponse::NoContent().finish()),
         // The upload's own bound (a file-size limit of the sandbox is its own answer).

@@ -132,7 +132,8 @@ pub fn start_with(
     extensions: Vec<Extension>,
 ) -> Result<HttpServerHandle, Error> {
     config.validate()?;
-    if *paddock.access_rules() != config.access_rules() {
+    // (Private ranges are `[egress]`'s to allow, which this section does not hold.)
+    if paddock.access_rules().without_private() != config.access_rules().without_private() {
         return Err(Error::invalid_config(
             "server",
             "the Paddock handle enforces other allowed levels or networks than this server \
@@ -169,6 +170,14 @@ pub fn start_with(
                 // upload gets.
                 let close_linger =
                     std::time::Duration::from_millis(app_state.config.close_linger_ms);
+                // How long a new connection has to send its first request's head
+                // (actix answers 408 and closes past it).
+                let header_read_timeout =
+                    std::time::Duration::from_millis(app_state.config.header_read_timeout_ms);
+                let unauthenticated = super::connections::Gate::new(
+                    app_state.config.max_unauthenticated_connections,
+                    app_state.config.max_unauthenticated_connections_per_address,
+                );
                 let metrics = app_state.metrics.clone();
                 let data = web::Data::from(app_state);
                 let metrics_data = data.clone();
@@ -176,7 +185,9 @@ pub fn start_with(
                     let mut app = App::new()
                         .app_data(data.clone())
                         .wrap(actix_web::middleware::from_fn(forward::route_sessions))
-                        .wrap(actix_web::middleware::from_fn(tenancy::limit_requests));
+                        .wrap(actix_web::middleware::from_fn(tenancy::limit_requests))
+                        // Outermost: every body, whoever reads it, is read in time.
+                        .wrap(actix_web::middleware::from_fn(deadline::time_bodies));
                     for extension in &extensions {
                         app = app.configure(|cfg| extension(cfg));
                     }
@@ -187,8 +198,10 @@ pub fn start_with(
                 // (40 ms here) behind the one before it.
                 .tcp_nodelay(true)
                 // Each connection's socket, for noticing a client that went away
-                // while its answer is silent (`client_gone`).
-                .on_connect(super::closing::remember_socket)
+                // while its answer is silent (`client_gone`), and its place among
+                // the connections without a credential (`connections`).
+                .on_connect(super::connections::on_connect(unauthenticated))
+                .client_request_timeout(header_read_timeout)
                 .workers(workers)
                 .disable_signals()
                 .shutdown_timeout(30)

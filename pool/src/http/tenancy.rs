@@ -52,11 +52,10 @@ pub(super) fn caller(config: &ServerConfig, req: &HttpRequest) -> Result<Caller,
     match found {
         Some(k) if k.admin => Ok(Caller::Operator(k.tenant.clone())),
         Some(k) => Ok(Caller::tenant(k.tenant.clone())),
-        None => Err(ApiError::with_status(
-            StatusCode::UNAUTHORIZED,
-            ErrorCode::InvalidOptions,
+        None => Err(ApiError::from(Error::new(
+            ErrorCode::Unauthorized,
             "missing or wrong API key: send `Authorization: Bearer <key>`",
-        )),
+        ))),
     }
 }
 
@@ -149,7 +148,7 @@ impl Drop for Held {
 }
 
 /// A handler that takes a `Caller` gets the request's caller, as `caller` finds it:
-/// 401 `INVALID_OPTIONS` without a valid key when keys are configured.
+/// 401 `UNAUTHORIZED` without a valid key when keys are configured.
 impl actix_web::FromRequest for Caller {
     type Error = ApiError;
     type Future = std::future::Ready<Result<Caller, ApiError>>;
@@ -169,20 +168,24 @@ impl actix_web::FromRequest for Caller {
 /// Middleware: counts a request against its tenant's `max_requests_per_tenant` from
 /// its arrival until its response body has ended (a streamed answer or a download
 /// holds its place while it streams). A request without a valid key passes through
-/// to be answered 401 by its handler.
+/// to be answered 401 by its handler (before its body is read); one with a valid key
+/// marks its connection as authenticated (see `connections`).
 pub(super) async fn limit_requests(
     req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
 ) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
     let held = match req.app_data::<web::Data<State>>() {
         Some(state) => match caller(&state.config, req.request()) {
-            Ok(c) => match state.requests.enter(&c) {
-                Ok(h) => Some(h),
-                Err(e) => {
-                    let response = e.error_response();
-                    return Ok(req.into_response(response));
+            Ok(c) => {
+                super::authenticated(req.request());
+                match state.requests.enter(&c) {
+                    Ok(h) => Some(h),
+                    Err(e) => {
+                        let response = e.error_response();
+                        return Ok(req.into_response(response));
+                    }
                 }
-            },
+            }
             Err(_) => None,
         },
         None => None,

@@ -290,9 +290,7 @@ impl PaddockBuilder {
         let pool_config = self.config.pool.clone();
         let defaults = self.config.limits.effective_defaults();
         let ceilings = self.config.limits.ceilings();
-        let access = self
-            .access
-            .unwrap_or_else(|| self.config.server.access_rules());
+        let access = self.access.unwrap_or_else(|| self.config.access_rules());
         let parts_access = access.clone();
         let access = Arc::new(access);
 

@@ -91,6 +91,13 @@ impl Pipeline {
         })
     }
 
+    /// Bounds a new process's input by its tenant's budgets, before any caller can
+    /// write to it.
+    fn limit_input(&self, session: &Session, shared: &paddock_core::interactive::ProcessShared) {
+        let memory = self.shares.borrow().memory.clone();
+        memory.limit_input(shared, session.tenant.as_deref());
+    }
+
     /// Records the process's one audit entry when it ends.
     fn audit_on_exit(self: Rc<Self>, session: &Session, started: &Started) {
         let handle = started.handle.clone();
@@ -160,6 +167,7 @@ impl Handler<StartProcess> for Supervisor {
                     Box::pin(async move { sb.start_process(spec).await })
                 })
                 .await?;
+            pipeline.limit_input(&session, handle.shared());
             let s = started("process", Attachable::Process(handle), argv);
             pipeline.audit_on_exit(&session, &s);
             session.processes.borrow_mut().insert(s.clone());
@@ -196,6 +204,7 @@ impl Handler<OpenTerminal> for Supervisor {
                     Box::pin(async move { sb.open_terminal(spec).await })
                 })
                 .await?;
+            pipeline.limit_input(&session, handle.shared());
             let s = started("terminal", Attachable::Terminal(handle), argv);
             pipeline.audit_on_exit(&session, &s);
             session.processes.borrow_mut().insert(s.clone());

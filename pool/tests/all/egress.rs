@@ -120,3 +120,63 @@ async fn an_executions_audit_entry_lists_its_egress_and_telemetry_counts_it() {
     );
     sb.destroy().await.unwrap();
 }
+
+/// Pools of allowlists (and of executions' own disk quotas) are each tenant's own:
+/// bob filling all of his with distinct allowlists is refused the next, naming
+/// him, while alice still opens hers.
+#[actix_rt::test]
+async fn one_tenants_allowlist_pools_never_take_anothers_place() {
+    if let Some(why) = paddock_egress::find_nft()
+        .is_none()
+        .then(|| "no nft".to_string())
+        .or_else(internet::unavailable)
+    {
+        assert!(
+            std::env::var_os("PADDOCK_REQUIRE_CONTAINERS").is_none(),
+            "the egress tests must run: {why}"
+        );
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let mut config = PaddockConfig::default();
+    config.subprocess.warm.enabled = false;
+    config.pool.min_idle = 0;
+    let paddock = Paddock::builder()
+        .config(config)
+        .without_isolate()
+        .without_container()
+        .start()
+        .expect("Paddock starts");
+    let spec = |tenant: &str, i: usize| SandboxSpec {
+        tenant: Some(tenant.into()),
+        network: NetworkPolicy::Allowlist {
+            hosts: vec![format!("h{i}.example.org")],
+            ports: vec![],
+        },
+        ..SandboxSpec::default()
+    };
+    let mut held = Vec::new();
+    for i in 0..16 {
+        held.push(
+            paddock
+                .open_sandbox(spec("bob", i), None)
+                .await
+                .unwrap_or_else(|e| panic!("bob's allowlist {i}: {e}")),
+        );
+    }
+    let e = paddock
+        .open_sandbox(spec("bob", 16), None)
+        .await
+        .map(drop)
+        .unwrap_err();
+    assert_eq!(e.code, paddock_core::ErrorCode::PoolExhausted, "{e}");
+    assert!(e.message.contains("tenant `bob`"), "{e}");
+    let alice = paddock
+        .open_sandbox(spec("alice", 99), None)
+        .await
+        .expect("alice's allowlist sandbox opens beside bob's sixteen");
+    alice.destroy().await.unwrap();
+    for sb in held {
+        sb.destroy().await.unwrap();
+    }
+}

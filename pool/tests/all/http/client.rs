@@ -336,6 +336,15 @@ pub struct Partial {
 }
 
 impl Partial {
+    /// Reads the whole answer without sending the rest of the body.
+    pub async fn answer(self) -> Response {
+        self.request
+            .read_answer(self.stream)
+            .await
+            .into_response()
+            .await
+    }
+
     /// Sends the rest of the body and reads the whole answer.
     pub async fn finish(mut self) -> Response {
         let rest = &self.request.body[self.split..];

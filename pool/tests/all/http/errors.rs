@@ -102,7 +102,7 @@ async fn api_keys_are_required_and_name_the_tenant() {
     let body = sh("echo authed");
     let unauthorized = |r: Response| {
         let v = r.expect(401);
-        assert!(v["error"]["code"].is_string(), "{v}");
+        assert_eq!(v["error"]["code"], "UNAUTHORIZED", "{v}");
         let msg = v["error"]["message"].as_str().unwrap();
         assert!(msg.contains("Authorization: Bearer"), "{msg}");
     };

@@ -4,6 +4,8 @@
 mod client;
 mod support;
 
+mod admission;
+mod allowlists;
 mod concurrency;
 mod errors;
 mod executions;
@@ -13,5 +15,6 @@ mod malformed;
 mod openapi;
 mod operations;
 mod sandboxes;
+mod strangers;
 mod streaming;
 mod tenants;

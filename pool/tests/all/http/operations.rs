@@ -305,7 +305,7 @@ async fn engines_say_what_each_can_do_and_whether_the_caller_may_use_it() {
     Request::get("/v1/engines")
         .send(t.addr)
         .await
-        .expect_error(401, "INVALID_OPTIONS");
+        .expect_error(401, "UNAUTHORIZED");
     let r = Request::get("/v1/engines")
         .header("Authorization", &format!("Bearer {ALPHA}"))
         .send(t.addr)

@@ -62,6 +62,24 @@ impl TestServer {
         TestServer::start_with(Paddock::builder().config(config), server)
     }
 
+    /// A Paddock with this whole config (its `[server]` section, and the access
+    /// rules it implies with `[egress]`), served with its `[server]`.
+    pub fn start_whole(config: PaddockConfig) -> TestServer {
+        let server = config.server.clone();
+        let paddock = Paddock::builder()
+            .config(config)
+            .start()
+            .expect("Paddock starts");
+        let handle = paddock_pool::http::start(paddock.clone(), server).expect("server starts");
+        let addr = handle.local_addr();
+        assert!(addr.ip().is_loopback(), "{addr}");
+        TestServer {
+            paddock,
+            addr,
+            server: Some(handle),
+        }
+    }
+
     /// Where `/metrics` is served when `server.metrics` gives it an address of its own.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.server.as_ref().and_then(|s| s.metrics_addr())

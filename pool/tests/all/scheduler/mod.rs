@@ -5,6 +5,7 @@ mod actor_api;
 mod chaos;
 mod facade;
 mod lifecycle;
+mod memory;
 mod panics;
 mod suspend;
 mod tenancy;

@@ -256,6 +256,7 @@ async fn shares_ceilings_and_allowances_hold_through_the_facade() {
                 Allowed {
                     levels: Some(vec![IsolationLevel::None]),
                     networks: None,
+                    private: None,
                 },
             )]
             .into(),
