@@ -350,7 +350,8 @@ fn parse_ipv4_loose(text: &str) -> Option<Ipv4Addr> {
 }
 
 /// `text` as an address, when it is one in any notation: IPv6 (with or without
-/// brackets), or IPv4 as [`parse_ipv4_loose`] reads it. A host name that is not an
+/// brackets), or IPv4 in any notation `inet_aton` reads (`127.1`, `2130706433`,
+/// `0x7f.0.0.1`, `0177.0.0.1`). A host name that is not an
 /// address is `None`.
 pub fn parse_addr(text: &str) -> Option<IpAddr> {
     let bare = text.trim_start_matches('[').trim_end_matches(']');
