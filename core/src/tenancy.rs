@@ -359,21 +359,30 @@ impl Allowed {
     pub fn check_network(&self, network: &NetworkPolicy, tenant: Option<&str>) -> Result<()> {
         if self.allows_network(network) {
             if let NetworkPolicy::Allowlist { hosts, ports } = network {
-                let rules = crate::egress::EgressRules::compile("network.allowlist", hosts, ports)?;
+                crate::egress::EgressRules::compile("network.allowlist", hosts, ports)?;
                 if !self.allows_private() {
-                    let private = rules.hosts().iter().enumerate().find_map(|(i, rule)| {
-                        crate::egress::EgressRules::private_range_overlapped(rule)
-                            .map(|range| (i, rule, range))
-                    });
-                    if let Some((i, rule, range)) = private {
-                        return Err(Error::invalid_options(
-                            &format!("network.allowlist.hosts[{i}]"),
-                            format!(
-                                "`{rule}` reaches into the {} range, which {} may not reach (the operator allows it with [egress] allow_private, or allow_private on the API key); list public addresses or names",
-                                range.as_str(),
-                                who(tenant),
-                            ),
-                        ));
+                    // Entry by entry, so that the refusal names the one written.
+                    for (i, host) in hosts.iter().enumerate() {
+                        let one = crate::egress::EgressRules::compile(
+                            "network.allowlist",
+                            std::slice::from_ref(host),
+                            &[],
+                        )?;
+                        let range = one
+                            .hosts()
+                            .iter()
+                            .find_map(crate::egress::EgressRules::private_range_overlapped);
+                        if let Some(range) = range {
+                            return Err(Error::invalid_options(
+                                &format!("network.allowlist.hosts[{i}]"),
+                                format!(
+                                    "`{}` reaches into the {} range, which {} may not reach (the operator allows it with [egress] allow_private, or allow_private on the API key); list public addresses or names",
+                                    host.escape_debug(),
+                                    range.as_str(),
+                                    who(tenant),
+                                ),
+                            ));
+                        }
                     }
                 }
             }
@@ -706,6 +715,17 @@ memory_bytes = 68719476736
             e.message
         );
         assert!(merged.check_network(&private, Some("bob")).is_ok());
+        // The refusal names the entry as written, duplicates before it or not.
+        let dup = NetworkPolicy::Allowlist {
+            hosts: vec!["pypi.org".into(), "PyPI.org".into(), "10.0.0.1".into()],
+            ports: vec![],
+        };
+        let e = a.check_network(&dup, Some("bob")).unwrap_err();
+        assert!(
+            e.message.contains("hosts[2]") && e.message.contains("`10.0.0.1`"),
+            "{}",
+            e.message
+        );
         assert!(Allowed::all().check_network(&private, None).is_ok());
     }
 }

@@ -83,7 +83,19 @@ fn tenant(inner: &Inner, req: &ServiceRequest) -> Option<Who> {
         let s = crate::access::live(inner, &id)?;
         return match crate::access::access(&s, port?, req.headers()) {
             Access::Agent => Some(Who::Tenant(tenant_of(&s.caller).map(String::from))),
-            Access::Ports => Some(Who::Public(id)),
+            Access::Ports => {
+                // The sandbox's traffic token is a credential: its connection leaves
+                // the count of those without one, as a key's does.
+                let traffic = req
+                    .headers()
+                    .get("e2b-traffic-access-token")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("");
+                if s.traffic_token_matches(traffic) {
+                    paddock_pool::http::authenticated(req.request());
+                }
+                Some(Who::Public(id))
+            }
             Access::Refused => None,
         };
     }

@@ -145,11 +145,13 @@ impl Pipeline {
         request.validate()?;
         paddock_core::tenancy::check_ceilings(&self.ceilings, &request.limits, "limits")?;
         if let Target::Session(session) = target {
-            paddock_core::tenancy::check_within_sandbox(
-                &session.limits,
-                &request.limits,
-                "limits",
-            )?;
+            // What the sandbox runs with: its own limits, and where it set none of
+            // its memory, pids or CPU, the defaults its engine gave it.
+            let mut ceiling = session.limits.clone();
+            ceiling.memory_bytes = ceiling.memory_bytes.or(self.defaults.memory_bytes);
+            ceiling.pids = ceiling.pids.or(self.defaults.pids);
+            ceiling.cpu_millicores = ceiling.cpu_millicores.or(self.defaults.cpu_millicores);
+            paddock_core::tenancy::check_within_sandbox(&ceiling, &request.limits, "limits")?;
         }
         let caps = match target {
             Target::Pool(pool) => Some(pool.engine().capabilities()),

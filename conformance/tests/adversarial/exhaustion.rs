@@ -433,8 +433,9 @@ pub(crate) async fn file_count_cap(h: Arc<H>) -> Check {
 }
 
 /// An execution in a sandbox asks for more than the sandbox was opened with
-/// (memory, pids, output): refused, naming the field and the sandbox's value,
-/// before anything runs; within them, it runs.
+/// (memory, pids, output), or more memory than a sandbox opened without limits got
+/// by default: refused, naming the field and the sandbox's value, before anything
+/// runs; within them, it runs.
 pub(crate) async fn more_than_the_sandbox(h: Arc<H>) -> Check {
     let sandbox = h
         .sandbox_with(paddock_core::SandboxSpec {
@@ -494,5 +495,19 @@ pub(crate) async fn more_than_the_sandbox(h: Arc<H>) -> Check {
         .map_err(|e| Stop::Fail(format!("an execution within the sandbox's limits: {e}")))?;
     let _ = sandbox.destroy().await;
     ensure!(r.is_success() && r.stdout == "ran\n", "{r:?}");
+    // A sandbox opened without limits runs with the engine's defaults (512 MiB of
+    // memory): they are its ceiling too.
+    let plain = h.sandbox().await?;
+    let mut greedy = h.program("echo ran", "print('ran')", "console.log('ran')");
+    greedy.limits.memory_bytes = Some(4 << 30);
+    let answer = plain.exec(greedy).await;
+    let _ = plain.destroy().await;
+    match answer {
+        Ok(r) => fail!("4 GiB in a sandbox of the default 512 MiB ran: {r:?}"),
+        Err(e) => ensure!(
+            e.code == ErrorCode::InvalidOptions && e.message.contains("limits.memory_bytes"),
+            "{e}"
+        ),
+    }
     still_works(&h).await
 }
