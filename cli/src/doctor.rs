@@ -138,8 +138,16 @@ pub(crate) async fn doctor(args: DoctorArgs) -> Result<i32, crate::run::UsageErr
                 }
             );
             let agent = &info["warm_agent"];
-            match agent["path"].as_str() {
-                Some(path) => println!("  warm containers        : ok ({path})"),
+            let path = agent["path"].as_str().unwrap_or("?");
+            match agent["source"].as_str() {
+                Some("embedded") => println!(
+                    "  warm containers        : ok (the static agent built into this binary, {} KiB)",
+                    agent["bytes"].as_u64().unwrap_or(0) / 1024
+                ),
+                Some("configured") => {
+                    println!("  warm containers        : ok (container.agent_path {path})")
+                }
+                Some(_) => println!("  warm containers        : ok (found at {path})"),
                 None => println!(
                     "  warm containers        : {}",
                     agent["status"].as_str().unwrap_or("unavailable")
@@ -250,9 +258,14 @@ fn container_check(
             "fallback_reason": info.fallback_reason,
             "user_namespace": info.user_namespace,
             "platform": info.platform,
-            "warm_agent": match engine.agent() {
-                Ok(path) => serde_json::json!({"status": "ok", "path": path.display().to_string()}),
-                Err(why) => serde_json::json!({"status": format!("unavailable: {why}")}),
+            "warm_agent": match (engine.agent(), engine.agent_source()) {
+                (Ok(path), source) => serde_json::json!({
+                    "status": "ok",
+                    "path": path.display().to_string(),
+                    "source": source.map(|s| s.as_str()),
+                    "bytes": std::fs::metadata(path).map(|m| m.len()).ok(),
+                }),
+                (Err(why), _) => serde_json::json!({"status": format!("unavailable: {why}")}),
             },
         }),
         engine.capabilities().clone(),

@@ -137,6 +137,13 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<i32, UsageError> {
             return Ok(1);
         }
     };
+    // An enabled engine that cannot run here is said once, with its fix; requests
+    // and templates that need it are refused, never run on a weaker engine.
+    for (engine, why) in paddock.unavailable_engines() {
+        eprintln!(
+            "paddock serve: warning: the {engine} engine is not available: {why}; requests and templates that need it are refused (run `paddock doctor`; server.require_engines = true refuses to start instead)"
+        );
+    }
     // In a fleet, the server stands on the federated facade.
     let fleet = if fleet_config.enabled() {
         match paddock_fleet::Fleet::join(paddock.clone(), fleet_config).await {

@@ -138,6 +138,68 @@ fn bench_container_reports_runsc_beside_the_host_kernel() {
 }
 
 #[test]
+fn a_short_bench_egress_reports_its_three_scenarios_and_leaves_no_namespace() {
+    let child = Command::new(env!("CARGO_BIN_EXE_paddock"))
+        .args(["bench", "egress", "--json", "--samples", "10", "--mib", "8"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("paddock runs");
+    let pid = child.id();
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    let lines: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    // Without root, `ip` or `nft`, each scenario it cannot run says why.
+    if let Some(v) = lines.iter().find(|v| v["skipped"].is_string()) {
+        assert!(
+            std::env::var_os("PADDOCK_REQUIRE_CONTAINERS").is_none(),
+            "the egress bench must run here: {v}"
+        );
+        eprintln!("skipped: {v}");
+        return;
+    }
+    let scenarios: Vec<&str> = lines
+        .iter()
+        .map(|v| v["scenario"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        scenarios,
+        [
+            "egress_denied_connect",
+            "egress_connect",
+            "egress_throughput"
+        ],
+        "{stdout}"
+    );
+    assert_eq!(lines[0]["refused"], 10, "{}", lines[0]);
+    let positive = |v: &serde_json::Value, key: &str| {
+        assert!(v[key].as_f64().is_some_and(|x| x > 0.0), "{key}: {v}");
+    };
+    positive(&lines[0], "p50_us");
+    for key in ["direct_p50_us", "proxy_p50_us"] {
+        positive(&lines[1], key);
+    }
+    assert_eq!(lines[1]["samples"], 10, "{}", lines[1]);
+    for key in ["direct_mib_s", "proxy_mib_s", "ratio"] {
+        positive(&lines[2], key);
+    }
+    assert_eq!(lines[2]["runs"], 6, "{}", lines[2]);
+    // Its network namespace and veth went with it.
+    for left in [
+        format!("/run/netns/pdkbench-{pid}"),
+        format!("/sys/class/net/pdkb{}", pid % 100_000),
+    ] {
+        assert!(!std::path::Path::new(&left).exists(), "{left}");
+    }
+}
+
+#[test]
 fn a_short_soak_answers_every_execution_once_and_leaves_nothing() {
     // Five seconds of the mixed load; the RSS bound is loose because so short a run
     // measures the allocator's warm-up, not a leak.
@@ -185,6 +247,71 @@ fn a_short_soak_answers_every_execution_once_and_leaves_nothing() {
         engines.contains(&"subprocess".into()) && engines.contains(&"isolate".into()),
         "{v}"
     );
+}
+
+#[test]
+fn a_short_churn_destroys_every_sandbox_it_opened() {
+    let out = paddock(&[
+        "bench",
+        "churn",
+        "--json",
+        "--engines",
+        "subprocess",
+        "--duration",
+        "1s",
+        "--clients",
+        "2",
+        "--serial-duration",
+        "500ms",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let runs: Vec<&str> = lines.iter().map(|v| v["run"].as_str().unwrap()).collect();
+    assert_eq!(
+        runs,
+        ["concurrent", "serial", "serial_quiet", "serial_unpooled"],
+        "{stdout}"
+    );
+    for (v, clients) in lines.iter().zip([2, 1, 1, 1]) {
+        assert_eq!(v["scenario"], "churn", "{v}");
+        assert_eq!(v["engine"], "subprocess", "{v}");
+        assert_eq!(v["clients"], clients, "{v}");
+        // The quiet run waits for the pool between cycles: it has no rate.
+        if v["run"] != "serial_quiet" {
+            assert!(v["rate_per_s"].as_f64().unwrap() > 0.0, "{v}");
+        }
+        for step in [
+            "open",
+            "first_command",
+            "destroy",
+            "open_and_first",
+            "cycle",
+        ] {
+            let p50 = v[step]["p50_ms"].as_f64().unwrap();
+            let p99 = v[step]["p99_ms"].as_f64().unwrap();
+            assert!(p50 > 0.0 && p50 <= p99, "{step}: {v}");
+        }
+        // Every sandbox opened was destroyed, and none is left open.
+        assert!(v["opened"].as_u64().unwrap() > 0, "{v}");
+        assert_eq!(v["opened"], v["destroyed"], "{v}");
+        assert_eq!(v["left_open"], 0, "{v}");
+        for step in ["open", "first_command", "destroy"] {
+            assert_eq!(v["failures"][step], 0, "{v}");
+        }
+        assert!(
+            v["cpu"]["ms_per_sandbox"]["process"].as_f64().unwrap() > 0.0,
+            "{v}"
+        );
+    }
 }
 
 #[test]
@@ -406,8 +533,8 @@ fn a_command_runs_in_a_container() {
         "-c",
         "echo in-container; tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; exit 3",
     ]);
-    if String::from_utf8_lossy(&out.stderr).contains("engine is not configured") {
-        // No OCI runtime on this host: the engine was left out.
+    if String::from_utf8_lossy(&out.stderr).contains("container engine cannot start") {
+        // No OCI runtime on this host: the engine is refused with why.
         assert_eq!(out.status.code(), Some(2), "{out:?}");
         assert!(
             std::env::var_os("PADDOCK_REQUIRE_CONTAINERS").is_none(),
@@ -417,6 +544,42 @@ fn a_command_runs_in_a_container() {
     }
     assert_eq!(out.status.code(), Some(3), "{out:?}");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "in-container\nlo\n");
+}
+
+#[test]
+fn containers_run_with_a_private_temp_dir() {
+    use std::os::unix::fs::PermissionsExt;
+    // What `mktemp -d` and many service managers give: a directory only its owner
+    // may pass through, which the containers' mapped root cannot.
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_paddock"))
+        .args([
+            "run",
+            "--engine",
+            "container",
+            "--",
+            "sh",
+            "-c",
+            "echo in-container",
+        ])
+        .env("TMPDIR", tmp.path())
+        .stdin(Stdio::null())
+        .output()
+        .expect("paddock runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if stderr.contains("`runc` is not installed") && stderr.contains("`crun` is not installed") {
+        assert!(
+            std::env::var_os("PADDOCK_REQUIRE_CONTAINERS").is_none(),
+            "{out:?}"
+        );
+        return;
+    }
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "in-container\n");
+    // Nothing of the engine's was left in the private directory, or anywhere
+    // the containers could not reach.
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
 }
 
 #[test]
@@ -627,5 +790,169 @@ fn what_a_crashed_paddock_left_in_containers_is_swept_by_the_next() {
     assert_eq!(
         survivors, 0,
         "processes of the crashed engine's containers survive"
+    );
+}
+
+/// `PATH` without any directory that holds a `paddock-agent`.
+fn path_without_an_agent() -> String {
+    std::env::var("PATH")
+        .unwrap_or_default()
+        .split(':')
+        .filter(|d| !std::path::Path::new(d).join("paddock-agent").exists())
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// The `paddock` binary copied alone into a directory of its own: no
+/// `paddock-agent` beside it or one directory up.
+fn lone_paddock() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("alone").join("paddock");
+    std::fs::create_dir(bin.parent().unwrap()).unwrap();
+    std::fs::copy(env!("CARGO_BIN_EXE_paddock"), &bin).unwrap();
+    (dir, bin)
+}
+
+#[test]
+fn the_binary_alone_carries_its_agent_and_runs_warm_containers() {
+    let (_dir, bin) = lone_paddock();
+    let lone = |args: &[&str]| {
+        Command::new(&bin)
+            .args(args)
+            .env("PATH", path_without_an_agent())
+            .stdin(Stdio::null())
+            .output()
+            .expect("paddock runs")
+    };
+    let out = lone(&["doctor", "--json"]);
+    assert!(out.status.success(), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let container = &v["container"];
+    if container["status"] != "ok" {
+        assert!(
+            std::env::var_os("PADDOCK_REQUIRE_CONTAINERS").is_none(),
+            "the container engine must be available here: {v}"
+        );
+        return;
+    }
+    let agent = &container["runtime"]["warm_agent"];
+    assert_eq!(agent["status"], "ok", "{v}");
+    assert_eq!(agent["source"], "embedded", "{v}");
+    let text = lone(&["doctor"]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("warm containers        : ok (the static agent built into this binary"),
+        "{text}"
+    );
+    // An execution runs in the sandbox's warm container: its pid 1 is the agent.
+    let out = lone(&[
+        "run",
+        "--engine",
+        "container",
+        "--",
+        "cat",
+        "/proc/1/cmdline",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "/tmp/.paddock-agent\0",
+        "{out:?}"
+    );
+}
+
+#[test]
+fn the_carried_agent_runs_in_a_root_without_a_c_library() {
+    use std::os::unix::fs::PermissionsExt;
+    // A root with one static program and nothing else: no C library, no loader, no
+    // /etc (the engine adds its mount points). The program is also the root's
+    // `/bin/sh`, as which it only exits 0: the engine's probe container runs
+    // `sh -c 'exit 0'`, and a cold execution (run under the root's shell) would print
+    // nothing.
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir_all(root.join("bin")).unwrap();
+    let source = dir.path().join("pid1.c");
+    std::fs::write(
+        &source,
+        r#"#include <fcntl.h>
+#include <string.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    const char *name = strrchr(argv[0], '/');
+    if (strcmp(name ? name + 1 : argv[0], "sh") == 0) return 0;
+    char buf[256];
+    int fd = open("/proc/1/cmdline", O_RDONLY);
+    if (fd < 0) return 2;
+    ssize_t n = read(fd, buf, sizeof buf);
+    if (n <= 0) return 3;
+    write(1, "pid 1: ", 7);
+    write(1, buf, n);
+    return 0;
+}
+"#,
+    )
+    .unwrap();
+    let cc = Command::new("cc")
+        .args(["-static", "-Os", "-o"])
+        .arg(root.join("pid1"))
+        .arg(&source)
+        .output()
+        .expect("cc runs (it links Rust programs too)");
+    assert!(cc.status.success(), "{cc:?}");
+    std::fs::copy(root.join("pid1"), root.join("bin/sh")).unwrap();
+    // The containers' root is an unprivileged host user: it must pass through.
+    for d in [dir.path(), root.as_path(), root.join("bin").as_path()] {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let config = dir.path().join("paddock.toml");
+    std::fs::write(
+        &config,
+        format!("[container]\nrootfs = {:?}\n", root.to_str().unwrap()),
+    )
+    .unwrap();
+    let (_bin_dir, bin) = lone_paddock();
+    let out = Command::new(&bin)
+        .args(["run", "--config", config.to_str().unwrap()])
+        .args(["--engine", "container", "--", "/pid1"])
+        .env("PATH", path_without_an_agent())
+        .stdin(Stdio::null())
+        .output()
+        .expect("paddock runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if stderr.contains("`runc` is not installed") && stderr.contains("`crun` is not installed") {
+        assert!(
+            std::env::var_os("PADDOCK_REQUIRE_CONTAINERS").is_none(),
+            "{out:?}"
+        );
+        return;
+    }
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    // It ran through the agent, pid 1 of the warm container in that root.
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "pid 1: /tmp/.paddock-agent\0",
+        "{out:?}"
+    );
+    let mut left: Vec<String> = std::fs::read_dir(&root)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    // Nothing but the program and the engine's mount points: no C library came in.
+    let expected = [
+        "bin",
+        "dev",
+        "pid1",
+        "proc",
+        "run",
+        "sys",
+        "tmp",
+        "workspace",
+    ];
+    assert!(
+        left.iter().all(|n| expected.contains(&n.as_str())),
+        "{left:?}"
     );
 }

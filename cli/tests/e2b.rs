@@ -1,11 +1,12 @@
 //! The E2B-compatible API through E2B's own Python SDK (`cli/tests/e2b/sdk.py`),
 //! against a live `paddock serve --e2b`, on the subprocess and container engines.
 //!
-//! The Python SDKs live in a virtualenv that `.ci/run` makes (`e2b` and
-//! `e2b-code-interpreter`, pinned); `PADDOCK_E2B_PYTHON` names its interpreter. The
-//! JavaScript SDK (`e2b` from npm, pinned) is installed in the directory
-//! `PADDOCK_E2B_JS` names, and `cli/tests/e2b/sdk.mjs` runs through it with node.
-//! Without them the tests are skipped, unless `PADDOCK_REQUIRE_E2B` is set.
+//! The SDKs come from `paddock-testkit`: the Python ones (`e2b` and
+//! `e2b-code-interpreter`, pinned) from the interpreter `PADDOCK_E2B_PYTHON` names,
+//! else from the venv `target/e2b-venv` it makes on first use; the JavaScript one
+//! (`e2b` from npm, pinned) from the directory `PADDOCK_E2B_JS` names, else from
+//! `target/e2b-js`, and `cli/tests/e2b/sdk.mjs` runs through it with node. A test that
+//! cannot have them fails, unless `PADDOCK_SKIP` lists `e2b`.
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
@@ -41,33 +42,6 @@ const CHECKS: &[&str] = &[
     "watch",
     "network",
 ];
-
-fn sdk_python() -> Option<String> {
-    match std::env::var("PADDOCK_E2B_PYTHON") {
-        Ok(p) if !p.is_empty() => Some(p),
-        _ if std::env::var_os("PADDOCK_REQUIRE_E2B").is_some() => {
-            panic!("PADDOCK_REQUIRE_E2B is set but PADDOCK_E2B_PYTHON names no interpreter")
-        }
-        _ => {
-            eprintln!("skipped: set PADDOCK_E2B_PYTHON to a python with the e2b SDK");
-            None
-        }
-    }
-}
-
-/// The directory the JavaScript SDK is installed in (its `node_modules/e2b`).
-fn js_sdk() -> Option<String> {
-    match std::env::var("PADDOCK_E2B_JS") {
-        Ok(d) if !d.is_empty() => Some(d),
-        _ if std::env::var_os("PADDOCK_REQUIRE_E2B").is_some() => {
-            panic!("PADDOCK_REQUIRE_E2B is set but PADDOCK_E2B_JS names no directory with the npm e2b SDK")
-        }
-        _ => {
-            eprintln!("skipped the JavaScript SDK: set PADDOCK_E2B_JS");
-            None
-        }
-    }
-}
 
 fn has_oci_runtime() -> bool {
     let found = ["crun", "runc"].iter().any(|r| {
@@ -194,8 +168,14 @@ fn domain_certificate(dir: &std::path::Path) -> [std::path::PathBuf; 3] {
 /// runs only its `domain_mode` check, with `E2B_DOMAIN=e2b.test` and neither
 /// `E2B_API_URL` nor `E2B_SANDBOX_URL`: every call goes to `https://` names.
 fn run(engine: &str, extra: &str, only: &[&str], tiny: bool, domain: bool) {
-    let Some(python) = sdk_python() else {
+    let Some(python) = paddock_testkit::e2b_python() else {
         return;
+    };
+    // The directory the JavaScript SDK is installed in (its `node_modules/e2b`).
+    let js_sdk = if only.is_empty() && !domain {
+        paddock_testkit::e2b_js()
+    } else {
+        None
     };
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("paddock.toml");
@@ -312,7 +292,7 @@ network = "unrestricted"
         .env("PADDOCK_ENGINE", engine)
         .output()
         .expect("the SDK's python runs");
-    let js = js_sdk().filter(|_| only.is_empty() && !domain).map(|dir| {
+    let js = js_sdk.map(|dir| {
         Command::new("node")
             .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2b/sdk.mjs"))
             .arg(dir)

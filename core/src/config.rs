@@ -651,6 +651,12 @@ pub struct ServerConfig {
     pub metrics: String,
     /// How long a graceful shutdown lets running executions finish, in ms. Default 10000.
     pub drain_ms: u64,
+    /// Refuse to start when an enabled engine cannot run on this host (a container
+    /// engine without a usable OCI runtime, say), instead of serving without it.
+    /// Default `false`: the server starts, says which engine is missing and why,
+    /// and refuses requests and templates that need it (never running them on a
+    /// weaker engine).
+    pub require_engines: bool,
     /// HTTP worker threads. Default 2.
     pub workers: usize,
     /// A second listener that serves the same routes over TLS (`[server.tls]`), for
@@ -747,6 +753,7 @@ impl Default for ServerConfig {
             max_unauthenticated_connections_per_address: 256,
             metrics: "api".into(),
             drain_ms: 10_000,
+            require_engines: false,
             workers: 2,
             tls: None,
         }
@@ -978,7 +985,10 @@ pub struct PoolConfig {
     /// until `idle_timeout_ms` passes without as many in use; `min_idle` is the
     /// floor. Default 8; 0 keeps only `min_idle`.
     pub burst_idle_max: usize,
-    /// Most instances at once. Default 8.
+    /// Most instances of one pool at once (open sandboxes and running executions
+    /// each hold one). Default: from the host, the lower of its memory / 64 MiB and
+    /// its cores × 128, within 16..=4096 (256 on 2 cores and 24 GiB; see
+    /// [`crate::host::HostFacts::pool_max_size`]).
     pub max_size: usize,
     /// Most callers queued for an instance; beyond it `POOL_EXHAUSTED` at once.
     /// Default 1024.
@@ -1032,7 +1042,7 @@ impl Default for PoolConfig {
         PoolConfig {
             min_idle: 8,
             burst_idle_max: 8,
-            max_size: 8,
+            max_size: crate::host::HostFacts::this_host().pool_max_size(),
             max_waiting: 1024,
             acquire_timeout_ms: 5_000,
             max_executions_per_engine: 1_000,
@@ -1597,6 +1607,28 @@ impl ContainerConfig {
 }
 
 impl PaddockConfig {
+    /// The pool slots a tenant may hold at once on this node, and whether the
+    /// number is the fair share rather than set: `limiter.max_slots_per_tenant` when
+    /// set; else, under API keys, an equal split of `pool.max_size` among the keys'
+    /// tenants (at least 1 each), so that while one tenant holds all it may, every
+    /// other still finds room in each pool; else unlimited.
+    pub fn slots_per_tenant(&self) -> (Option<u32>, bool) {
+        if let Some(max) = self.limiter.max_slots_per_tenant {
+            return (Some(max), false);
+        }
+        let tenants: std::collections::BTreeSet<&str> = self
+            .server
+            .api_keys
+            .iter()
+            .map(|k| k.tenant.as_str())
+            .collect();
+        if tenants.is_empty() {
+            return (None, false);
+        }
+        let share = (self.pool.max_size / tenants.len()).max(1);
+        (Some(u32::try_from(share).unwrap_or(u32::MAX)), true)
+    }
+
     /// What each tenant may use: [`ServerConfig::access_rules`], with
     /// `[egress] allow_private` as every key's default for private ranges.
     pub fn access_rules(&self) -> AccessRules {

@@ -37,8 +37,12 @@ pub struct E2bConfig {
     pub default_timeout_s: u64,
     /// The longest lifetime a sandbox may be given (seconds).
     pub max_timeout_s: u64,
-    /// Most E2B sandboxes open at once, over every tenant.
-    pub max_sandboxes: usize,
+    /// Most E2B sandboxes open at once, over every tenant, as a cap of the E2B
+    /// surface's own on top of the pools'. Default unset: the pools decide alone
+    /// (`pool.max_size` per pool, and under API keys each tenant's fair share), so
+    /// that an E2B client is refused exactly when a native one would be.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_sandboxes: Option<usize>,
     /// Most processes an E2B sandbox keeps track of (running, and ended ones whose
     /// end may still be asked for).
     pub max_processes_per_sandbox: usize,
@@ -51,7 +55,7 @@ impl Default for E2bConfig {
             domain: None,
             default_timeout_s: 300,
             max_timeout_s: 86_400,
-            max_sandboxes: 1024,
+            max_sandboxes: None,
             max_processes_per_sandbox: 256,
         }
     }
@@ -82,7 +86,7 @@ impl E2bConfig {
                 format!("at most {MAX_TIMEOUT_S} s (30 days)"),
             ));
         }
-        if self.max_sandboxes == 0 || self.max_processes_per_sandbox == 0 {
+        if self.max_sandboxes == Some(0) || self.max_processes_per_sandbox == 0 {
             return Err(Error::invalid_config(
                 "e2b.max_sandboxes",
                 "caps are at least 1",

@@ -554,6 +554,7 @@ mod tests {
             memory_bytes: Some(24 << 30),
             tasks: Some(32_768),
             disk_bytes: Some(100 << 30),
+            cores: Some(2),
         };
         let c = LimitsConfig::default();
         let ceil = c.ceilings_on(&host);
@@ -592,6 +593,7 @@ mod tests {
             memory_bytes: Some(1 << 30),
             tasks: Some(512),
             disk_bytes: Some(1 << 30),
+            cores: Some(1),
         };
         let t = c.ceilings_on(&tiny);
         assert_eq!(

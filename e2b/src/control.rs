@@ -284,19 +284,20 @@ async fn create_inner(inner: &Arc<Inner>, req: &HttpRequest, body: &[u8]) -> Ans
     // The cap counts sandboxes open and being opened.
     let held = inner.opening.fetch_add(1, Ordering::AcqRel) + 1;
     let _opening = Opening(inner.clone());
-    if held + inner.sandboxes.len() > inner.config.max_sandboxes {
+    if let Some(max) = inner
+        .config
+        .max_sandboxes
+        .filter(|max| held + inner.sandboxes.len() > *max)
+    {
         return Err(ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
-            format!(
-                "e2b.max_sandboxes ({}) sandboxes are open; kill one or retry later",
-                inner.config.max_sandboxes
-            ),
+            format!("e2b.max_sandboxes ({max}) sandboxes are open; kill one or retry later"),
         ));
     }
-    let engine = template
-        .engine
-        .clone()
-        .unwrap_or_else(|| default_engine(inner));
+    let engine = match &template.engine {
+        Some(e) => e.clone(),
+        None => default_engine(inner, name)?,
+    };
     let spec = SandboxSpec {
         level: template.level,
         network,
@@ -365,8 +366,11 @@ impl Drop for Opening {
 }
 
 /// The engine of a template that names none: the container engine when it runs
-/// here, else the subprocess engine.
-pub(crate) fn default_engine(inner: &Inner) -> EngineName {
+/// here; the subprocess engine when the configuration disables containers; and when
+/// the container engine is enabled but cannot run on this host,
+/// `CAPABILITY_NOT_SUPPORTED` with why: a template never silently runs on a weaker
+/// engine than it would get on a host where containers work.
+pub(crate) fn default_engine(inner: &Inner, template: &str) -> Result<EngineName, Error> {
     let homes = |name: &EngineName| {
         inner
             .paddock
@@ -375,10 +379,22 @@ pub(crate) fn default_engine(inner: &Inner) -> EngineName {
             .any(|(n, c)| n == name && c.has_feature(paddock_core::engine::FEATURE_HOME))
     };
     if homes(&EngineName::CONTAINER) {
-        EngineName::CONTAINER
-    } else {
-        EngineName::SUBPROCESS
+        return Ok(EngineName::CONTAINER);
     }
+    if let Some((_, why)) = inner
+        .paddock
+        .unavailable_engines()
+        .iter()
+        .find(|(n, _)| *n == EngineName::CONTAINER)
+    {
+        return Err(Error::new(
+            paddock_core::ErrorCode::CapabilityNotSupported,
+            format!(
+                "template `{template}` runs on the container engine, and {why}; the server's operator can run `paddock doctor`, or set templates.{template}.engine"
+            ),
+        ));
+    }
+    Ok(EngineName::SUBPROCESS)
 }
 
 fn check_metadata(m: &BTreeMap<String, String>) -> Result<(), ApiError> {

@@ -103,10 +103,16 @@ impl E2bApi {
             .iter()
             .filter_map(|(name, t)| {
                 let n = t.warm_pool?;
-                let engine = t
-                    .engine
-                    .clone()
-                    .unwrap_or_else(|| control::default_engine(&inner));
+                let engine = match &t.engine {
+                    Some(e) => e.clone(),
+                    None => match control::default_engine(&inner, name) {
+                        Ok(e) => e,
+                        Err(e) => {
+                            tracing::warn!(template = %name, error = %e, "the template's pool is not kept warm");
+                            return None;
+                        }
+                    },
+                };
                 let spec = paddock_core::SandboxSpec {
                     level: t.level,
                     network: t.network.clone(),

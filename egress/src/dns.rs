@@ -5,8 +5,10 @@
 //! the upstream resolver gives them, minus those in special ranges no address rule
 //! covers; every other name is NXDOMAIN. AAAA and every other type are answered
 //! empty (the sandbox has no IPv6 route, so clients go straight to IPv4). Every
-//! address handed out is remembered ([`AddrBook`]): the transparent path admits
-//! connections only to those.
+//! address handed out is remembered ([`AddrBook`]), and admitted by the namespace's
+//! firewall before the answer leaves: the transparent path admits connections only
+//! to those (and to the allowlist's address ranges), and the firewall refuses every
+//! other connection at connect.
 
 use std::collections::HashMap;
 use std::io;
@@ -24,9 +26,9 @@ pub const MAX_UDP: usize = 1232;
 const MAX_TTL: u32 = 300;
 /// How long an address handed out stays admitted on the transparent path after its
 /// last answer, at least (clients cache past the TTL).
-const BOOK_KEEP: Duration = Duration::from_secs(600);
+pub(crate) const BOOK_KEEP: Duration = Duration::from_secs(600);
 /// The most addresses one sandbox's book holds.
-const BOOK_MAX: usize = 4096;
+pub(crate) const BOOK_MAX: usize = 4096;
 
 /// The resolvers the gateway asks, in order.
 #[derive(Debug, Clone)]
@@ -170,10 +172,23 @@ pub struct AddrBook {
     entries: HashMap<IpAddr, (String, Instant)>,
 }
 
+/// What [`AddrBook::note`] changed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Noted {
+    /// Whether the address was held (and not expired) already: its time restarts.
+    pub renewed: bool,
+    /// The live address let go to make room, if the book was full of them.
+    pub evicted: Option<IpAddr>,
+}
+
 impl AddrBook {
-    /// Remembers that `addr` was handed out for `name`.
-    pub fn note(&mut self, addr: IpAddr, name: &str) {
+    /// Remembers that `addr` was handed out for `name`, for ten minutes from now.
+    pub fn note(&mut self, addr: IpAddr, name: &str) -> Noted {
         let now = Instant::now();
+        let mut noted = Noted {
+            renewed: self.name_of(addr).is_some(),
+            evicted: None,
+        };
         if self.entries.len() >= BOOK_MAX && !self.entries.contains_key(&addr) {
             self.entries.retain(|_, (_, until)| *until > now);
             if self.entries.len() >= BOOK_MAX {
@@ -185,11 +200,13 @@ impl AddrBook {
                     .map(|(a, _)| *a)
                 {
                     self.entries.remove(&oldest);
+                    noted.evicted = Some(oldest);
                 }
             }
         }
         self.entries
             .insert(addr, (name.to_string(), now + BOOK_KEEP));
+        noted
     }
 
     /// The name `addr` was handed out for, if it still is.
@@ -508,11 +525,15 @@ mod tests {
         );
         let mut b = AddrBook::default();
         let a: IpAddr = "198.51.100.7".parse().unwrap();
-        b.note(a, "allowed.test");
+        assert_eq!(b.note(a, "allowed.test"), Noted::default());
         assert_eq!(b.name_of(a), Some("allowed.test"));
+        assert!(b.note(a, "allowed.test").renewed);
+        let mut evicted = 0;
         for i in 0..(BOOK_MAX as u32 + 10) {
-            b.note(IpAddr::V4(Ipv4Addr::from(i)), "x.test");
+            let n = b.note(IpAddr::V4(Ipv4Addr::from(i)), "x.test");
+            evicted += usize::from(n.evicted.is_some());
         }
         assert!(b.entries.len() <= BOOK_MAX);
+        assert_eq!(evicted, 11, "each note past the bound lets one address go");
     }
 }

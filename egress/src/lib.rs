@@ -7,13 +7,17 @@
 //! - an HTTP proxy (`CONNECT`, and plain requests in absolute form) at
 //!   `127.0.0.1:3128`, which programs reach through `HTTP_PROXY` and `HTTPS_PROXY`;
 //! - a transparent path at `127.0.0.1:15001`, to which the namespace's firewall
-//!   redirects every other outbound TCP connection; it reads the TLS server name or
-//!   the HTTP `Host` before it dials;
+//!   redirects every other outbound TCP connection it admits; it reads the TLS
+//!   server name or the HTTP `Host` before it dials;
 //! - a DNS stub at `127.0.0.1:53` (UDP and TCP), to which every DNS packet is
 //!   redirected, answering only names the allowlist admits.
 //!
-//! Everything else (UDP, ICMP, IPv6) is dropped by the namespace's `nftables` rules,
-//! so it fails at once. Nothing links the namespace to the host: no veth, no route,
+//! The firewall (`nftables`, see the `firewall` module) admits a TCP connection
+//! only to a port of the allowlist and an address the stub handed out for an
+//! admitted name or an address rule covers; it refuses every other one at connect
+//! (a reset: `ECONNREFUSED` at once) and logs it, and the gateway records the
+//! refusal as a denial. Everything else (UDP, ICMP, IPv6) is dropped, so it fails at
+//! once too. Nothing links the namespace to the host: no veth, no route,
 //! no address of the host's. A program that rewrote the rules (it would need
 //! `CAP_NET_ADMIN` over the namespace) would still find no way out but the
 //! gateway's sockets. The gateway dials from Paddock's own network namespace, after
@@ -25,8 +29,10 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
 pub mod dns;
+mod firewall;
 pub mod host;
 pub mod log;
+mod netlink;
 mod proxy;
 pub mod sniff;
 mod sys;
@@ -118,11 +124,20 @@ impl GatewayConfig {
     }
 
     /// Checks, once, that a gateway can be made here: a namespace with the rules
-    /// loaded.
+    /// loaded, its firewall's log bound, and addresses admitted to its set.
     pub fn probe(&self) -> Result<(), String> {
-        sys::make_namespace(&self.nft, &ruleset(PORTS), PORTS)
-            .map(drop)
-            .map_err(|e| format!("a sandbox's egress namespace could not be made: {e}"))
+        let hosts = ["probe.invalid".to_string(), "192.0.2.0/24".to_string()];
+        let rules =
+            EgressRules::compile("network.allowlist", &hosts, &[]).map_err(|e| e.to_string())?;
+        let ruleset = firewall::ruleset(&rules, PORTS, &firewall::own_v4());
+        let ns = sys::make_namespace(&self.nft, &ruleset, PORTS)
+            .map_err(|e| format!("a sandbox's egress namespace could not be made: {e}"))?;
+        let fw = firewall::Firewall::new(ns.control, ns.log)
+            .map_err(|e| format!("a sandbox's egress firewall could not be bound: {e}"))?;
+        let addr = [Ipv4Addr::new(203, 0, 113, 1)];
+        fw.admit(&addr, &[], Duration::from_secs(1))
+            .and_then(|()| fw.admit(&addr, &addr, Duration::from_secs(1)))
+            .map_err(|e| format!("a sandbox's egress firewall did not take an address: {e}"))
     }
 }
 
@@ -144,30 +159,6 @@ pub fn find_nft() -> Option<PathBuf> {
         .chain(["/usr/sbin".into(), "/sbin".into()])
         .map(|d: PathBuf| d.join("nft"))
         .find(|p| p.is_file())
-}
-
-/// The namespace's firewall: DNS to the stub, other TCP to the transparent path,
-/// loopback and the redirected connections' replies passed, everything else dropped
-/// (so that it fails at once, with `EPERM`).
-fn ruleset(ports: Ports) -> String {
-    format!(
-        "table inet paddock {{
-  chain nat_out {{
-    type nat hook output priority -100; policy accept;
-    meta l4proto {{ tcp, udp }} th dport 53 redirect to :{dns}
-    ip daddr != 127.0.0.0/8 meta l4proto tcp redirect to :{transparent}
-  }}
-  chain out {{
-    type filter hook output priority 0; policy drop;
-    ip daddr 127.0.0.0/8 accept
-    ip6 daddr ::1 accept
-    ct status dnat accept
-  }}
-}}
-",
-        dns = ports.dns,
-        transparent = ports.transparent,
-    )
 }
 
 /// Starts the runtime the gateways' servers run on now, rather than when the first
@@ -213,7 +204,10 @@ impl Gateway {
     /// Makes a namespace for `rules` and starts its servers. Blocking (a thread and
     /// an `nft` run): call it off the async threads.
     pub fn open(rules: EgressRules, cfg: &GatewayConfig) -> io::Result<Gateway> {
-        let ns = sys::make_namespace(&cfg.nft, &ruleset(PORTS), PORTS)?;
+        let ruleset = firewall::ruleset(&rules, PORTS, &firewall::own_v4());
+        let ns = sys::make_namespace(&cfg.nft, &ruleset, PORTS)?;
+        let firewall = firewall::Firewall::new(ns.control, ns.log)?;
+        let log_fd = firewall.log_fd()?;
         let lo = |port| SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port));
         let gate = Arc::new(proxy::Gate {
             rules,
@@ -226,6 +220,7 @@ impl Gateway {
             limits: cfg.limits.clone(),
             own: vec![lo(PORTS.proxy), lo(PORTS.transparent), lo(PORTS.dns)],
             observer: cfg.observer.clone(),
+            firewall,
         });
         let stop = tokio_util::sync::CancellationToken::new();
         let rt = runtime();
@@ -234,6 +229,7 @@ impl Gateway {
         let transparent_l = tokio::net::TcpListener::from_std(ns.transparent)?;
         let dns_udp = tokio::net::UdpSocket::from_std(ns.dns_udp)?;
         let dns_tcp = tokio::net::TcpListener::from_std(ns.dns_tcp)?;
+        let refusals = sys::watch_readable(log_fd)?;
         let spawn = |f: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>| {
             let stop = stop.clone();
             rt.spawn(async move {
@@ -254,6 +250,7 @@ impl Gateway {
             stop.clone(),
         )));
         spawn(Box::pin(proxy::serve_dns_udp(dns_udp, gate.clone())));
+        spawn(Box::pin(proxy::serve_refusals(refusals, gate.clone())));
         spawn(Box::pin(proxy::serve_dns_tcp(
             dns_tcp,
             gate.clone(),
@@ -297,8 +294,11 @@ impl Gateway {
 
     /// The decisions made since `mark`, and how many of them the bounded log lost.
     /// Waits up to 200 ms for the connections among them to end, so that their last
-    /// bytes are counted.
+    /// bytes are counted. Every connection refused at connect before the call is
+    /// among them.
     pub async fn events_since(&self, mark: u64) -> (Vec<EgressEvent>, u64) {
+        // The refusals the reader task has not taken yet.
+        let _ = self.gate.take_refusals();
         self.gate.log.since(mark, Duration::from_millis(200)).await
     }
 

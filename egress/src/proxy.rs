@@ -1,5 +1,6 @@
 //! The gateway's servers: the HTTP proxy (`CONNECT` and plain requests), the
-//! transparent TCP path, and the DNS stub. Each decision goes to the gateway's log.
+//! transparent TCP path, the DNS stub, and the reader of the connections the
+//! namespace's firewall refused at connect. Each decision goes to the gateway's log.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -59,6 +60,9 @@ pub(crate) struct Gate {
     /// The gateway's own listening addresses inside the namespace.
     pub(crate) own: Vec<SocketAddr>,
     pub(crate) observer: Option<Observer>,
+    /// The namespace's firewall: the addresses the stub hands out go to it, the
+    /// connections it refuses come from it.
+    pub(crate) firewall: crate::firewall::Firewall,
 }
 
 impl std::fmt::Debug for Gate {
@@ -92,6 +96,98 @@ impl Gate {
         let p: Vec<String> = self.rules.ports().iter().map(u16::to_string).collect();
         p.join(", ")
     }
+
+    /// Records the connections the firewall refused since the last call, as the
+    /// transparent path records a denial. The kernel queues each before the refused
+    /// `connect` returns, so a caller that runs this after a program ended sees
+    /// every refusal the program saw. Ends with `WouldBlock` once none is left.
+    pub(crate) fn take_refusals(&self) -> io::Result<()> {
+        self.firewall.read_log(|logged| match logged {
+            crate::firewall::Logged::Refused(to) => self.refused_at_connect(SocketAddr::V4(to)),
+            crate::firewall::Logged::Lost(n) => self.record(
+                event(
+                    EgressVia::Transparent,
+                    "",
+                    0,
+                    None,
+                    EgressVerdict::Denied,
+                    format!("{n} more connections were refused at connect but not recorded one by one (the firewall's log overflowed)"),
+                ),
+                None,
+            ),
+        })
+    }
+
+    /// Records the refusal at connect of a connection to `orig`, with the reason the
+    /// transparent path would have given.
+    fn refused_at_connect(&self, orig: SocketAddr) {
+        let reason = match screen(self, orig) {
+            Err(reason) => reason,
+            // Admitted by the rules, so refused for its address: the host's own, or
+            // one the firewall did not hold (its set full).
+            Ok(_) => refusal(&self.rules, orig.ip()).unwrap_or_else(|| {
+                format!(
+                    "{} was not among the addresses the sandbox's firewall admitted",
+                    orig.ip()
+                )
+            }),
+        };
+        self.record(
+            event(
+                EgressVia::Transparent,
+                &orig.ip().to_string(),
+                orig.port(),
+                Some(orig.to_string()),
+                EgressVerdict::Denied,
+                reason,
+            ),
+            None,
+        );
+    }
+}
+
+/// Reads the firewall's log of refused connections until the task is aborted.
+pub(crate) async fn serve_refusals(
+    log: tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>,
+    gate: Arc<Gate>,
+) {
+    loop {
+        let Ok(mut ready) = log.readable().await else {
+            return;
+        };
+        if let Ok(Err(e)) = ready.try_io(|_| gate.take_refusals()) {
+            tracing::warn!(error = %e, "reading the firewall's log failed");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// What the transparent path knows of a connection to `orig` before it reads a
+/// byte: the address rule that covers it and the name the stub handed its address
+/// out for, or why it is refused. The namespace's firewall refuses at connect what
+/// this refuses ([`crate::firewall`]), and the gateway records it with this reason.
+fn screen(gate: &Gate, orig: SocketAddr) -> Result<(Option<String>, Option<String>), String> {
+    if !gate.rules.port_allowed(orig.port()) {
+        return Err(format!(
+            "port {} is not among the allowlist's ports ({})",
+            orig.port(),
+            gate.ports_text()
+        ));
+    }
+    let by_range = gate.rules.rule_for_addr(orig.ip()).map(|r| r.to_string());
+    let given_for = gate.book.lock().name_of(orig.ip()).map(str::to_string);
+    if gate.rules.is_unrestricted() {
+        if by_range.is_none() {
+            return Err(refusal(&gate.rules, orig.ip())
+                .unwrap_or_else(|| format!("{} is admitted by no rule", orig.ip())));
+        }
+    } else if by_range.is_none() && given_for.is_none() {
+        return Err(format!(
+            "{} was not given out by this sandbox's resolver for an allowed name, and no address rule covers it",
+            orig.ip()
+        ));
+    }
+    Ok((by_range, given_for))
 }
 
 /// Why a target was not dialled.
@@ -539,38 +635,20 @@ async fn transparent_one(mut stream: TcpStream, gate: &Gate) {
         );
         return deny(stream, &host_of, reason);
     };
-    if !gate.rules.port_allowed(orig.port()) {
-        let reason = format!(
-            "port {} is not among the allowlist's ports ({})",
-            orig.port(),
-            gate.ports_text()
-        );
-        return deny(stream, &host_of, reason);
-    }
-    let by_range = gate.rules.rule_for_addr(orig.ip()).map(|r| r.to_string());
-    let given_for = gate.book.lock().name_of(orig.ip()).map(str::to_string);
+    // The firewall refused at connect what this refuses; checked again here, as the
+    // book may have let an address go since.
+    let (by_range, given_for) = match screen(gate, orig) {
+        Ok(known) => known,
+        Err(reason) => return deny(stream, &host_of, reason),
+    };
     if gate.rules.is_unrestricted() {
         // Any address but the special ranges the rules keep closed, dialled at once
         // (a protocol in which the server speaks first must not wait for a sniff),
         // named in the record by the resolver's answer where there was one.
-        let Some(rule) = by_range else {
-            let reason = refusal(&gate.rules, orig.ip())
-                .unwrap_or_else(|| format!("{} is admitted by no rule", orig.ip()));
-            return deny(stream, &host_of, reason);
-        };
+        let rule = by_range.unwrap_or_default();
         let host = given_for.unwrap_or(host_of);
         return connect_and_pump(gate, stream, orig, host, rule, Vec::new(), permit).await;
     }
-    let (by_range, given_for) = match (by_range, given_for) {
-        (None, None) => {
-            let reason = format!(
-                "{} was not given out by this sandbox's resolver for an allowed name, and no address rule covers it",
-                orig.ip()
-            );
-            return deny(stream, &host_of, reason);
-        }
-        known => known,
-    };
     // What the connection's first bytes say it is for.
     let mut buf = Vec::with_capacity(2048);
     let sniffed = tokio::time::timeout(gate.limits.sniff_timeout, async {
@@ -686,9 +764,25 @@ async fn answer_and_record(gate: &Gate, query: &[u8]) -> Option<Vec<u8>> {
             reason,
         } => {
             if allowed && !addrs.is_empty() {
-                let mut book = gate.book.lock();
-                for a in &addrs {
-                    book.note(IpAddr::V4(*a), name.as_deref().unwrap_or_default());
+                let mut held = Vec::new();
+                {
+                    let mut book = gate.book.lock();
+                    for a in &addrs {
+                        let noted = book.note(IpAddr::V4(*a), name.as_deref().unwrap_or_default());
+                        if noted.renewed {
+                            held.push(*a);
+                        }
+                        if let Some(IpAddr::V4(gone)) = noted.evicted {
+                            held.push(gone);
+                        }
+                    }
+                }
+                // Admitted at connect before the answer leaves. Under `unrestricted`
+                // the firewall admits every address the rules do.
+                if !gate.rules.is_unrestricted() {
+                    if let Err(e) = gate.firewall.admit(&addrs, &held, dns::BOOK_KEEP) {
+                        tracing::warn!(error = %e, name = name.as_deref().unwrap_or_default(), "the sandbox's firewall did not take the addresses handed out; connections to them will be refused");
+                    }
                 }
             }
             let verdict = if allowed {

@@ -1,8 +1,8 @@
 //! The system calls of the gateway: a network namespace set up from a thread of its
 //! own, and a redirected connection's original destination.
 
-// `unshare`, the interface and route ioctls and `getsockopt` are `unsafe` to call;
-// each is made here behind a safe function.
+// `unshare`, the interface and route ioctls, `getsockopt` and the netlink socket
+// calls are `unsafe` to call; each is made here behind a safe function.
 #![allow(unsafe_code)]
 
 use std::io::{self, Write};
@@ -23,11 +23,15 @@ pub(crate) struct Namespace {
     pub(crate) transparent: std::net::TcpListener,
     pub(crate) dns_udp: std::net::UdpSocket,
     pub(crate) dns_tcp: std::net::TcpListener,
+    /// A netfilter netlink socket of the namespace, for its firewall's sets.
+    pub(crate) control: OwnedFd,
+    /// Another, for its firewall's log of refused connections.
+    pub(crate) log: OwnedFd,
 }
 
 /// Makes a network namespace whose only device is its loopback, with a default route
 /// over it, the firewall `ruleset` loaded by `nft`, and the gateway's sockets bound in
-/// it. A short-lived thread does the work, so no thread of the host changes
+/// it (its listeners, and two netlink sockets to its firewall). A short-lived thread does the work, so no thread of the host changes
 /// namespace.
 pub(crate) fn make_namespace(
     nft: &Path,
@@ -53,6 +57,8 @@ pub(crate) fn make_namespace(
             let transparent = std::net::TcpListener::bind(lo(ports.transparent))?;
             let dns_udp = std::net::UdpSocket::bind(lo(ports.dns))?;
             let dns_tcp = std::net::TcpListener::bind(lo(ports.dns))?;
+            let control = netfilter_socket()?;
+            let log = netfilter_socket()?;
             load_rules(&nft, &ruleset)?;
             let netns = thread_netns()?;
             for s in [&proxy, &transparent, &dns_tcp] {
@@ -65,6 +71,8 @@ pub(crate) fn make_namespace(
                 transparent,
                 dns_udp,
                 dns_tcp,
+                control,
+                log,
             })
         })?
         .join()
@@ -264,6 +272,146 @@ pub(crate) fn splice(from: RawFd, to: RawFd, len: usize) -> io::Result<usize> {
 pub(crate) fn shutdown_write(fd: RawFd) {
     // SAFETY: shutdown on a descriptor the caller holds open.
     unsafe { libc::shutdown(fd, libc::SHUT_WR) };
+}
+
+/// A netfilter netlink socket (`NETLINK_NETFILTER`) of the calling thread's network
+/// namespace, bound with a port id the kernel picks. It stays in that namespace
+/// whichever thread uses it later.
+pub(crate) fn netfilter_socket() -> io::Result<OwnedFd> {
+    // SAFETY: a netlink socket; the descriptor is checked and owned below.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            libc::NETLINK_NETFILTER,
+        )
+    };
+    if fd == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: sockaddr_nl is plain data; all zeroes (port id 0: the kernel picks one)
+    // is a valid value.
+    let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+    sa.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+    // SAFETY: bind reads `sa`, of the length given.
+    let r = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&sa as *const libc::sockaddr_nl).cast(),
+            std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+        )
+    };
+    if r == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    // An error's answer carries the request's header only, not the whole request
+    // (which may be long: every address of a DNS answer).
+    set_socket_option(
+        &fd,
+        libc::SOL_NETLINK,
+        libc::NETLINK_CAP_ACK,
+        1 as libc::c_int,
+    )?;
+    Ok(fd)
+}
+
+fn set_socket_option<T>(
+    fd: &OwnedFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: T,
+) -> io::Result<()> {
+    // SAFETY: setsockopt reads `value`, of the length given.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            (&value as *const T).cast(),
+            std::mem::size_of::<T>() as libc::socklen_t,
+        )
+    };
+    if r == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Makes `recv` on `fd` give up (`WouldBlock`) after `timeout`.
+pub(crate) fn set_recv_timeout(fd: &OwnedFd, timeout: std::time::Duration) -> io::Result<()> {
+    let tv = libc::timeval {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_usec: timeout.subsec_micros() as libc::suseconds_t,
+    };
+    set_socket_option(fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, tv)
+}
+
+/// Grows `fd`'s receive buffer to `bytes`: past the host's `rmem_max` where Paddock
+/// may (`CAP_NET_ADMIN`), else as far as that allows.
+pub(crate) fn set_recv_buffer(fd: &OwnedFd, bytes: usize) -> io::Result<()> {
+    let bytes = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    set_socket_option(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, bytes)
+        .or_else(|_| set_socket_option(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, bytes))
+}
+
+/// Sends one datagram, all of `bytes`, on netlink socket `fd` (to the kernel).
+pub(crate) fn netlink_send(fd: RawFd, bytes: &[u8]) -> io::Result<()> {
+    loop {
+        // SAFETY: send reads `bytes`, of the length given, from a descriptor the caller
+        // holds open.
+        let n = unsafe { libc::send(fd, bytes.as_ptr().cast(), bytes.len(), 0) };
+        if n >= 0 {
+            if n as usize != bytes.len() {
+                return Err(io::Error::other(
+                    "the kernel took part of a netlink message",
+                ));
+            }
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Receives one datagram from netlink socket `fd` into `buf` (`MSG_DONTWAIT` when
+/// `nonblocking`); its length, which may exceed `buf`'s (the rest is lost).
+pub(crate) fn netlink_recv(fd: RawFd, buf: &mut [u8], nonblocking: bool) -> io::Result<usize> {
+    let flags = if nonblocking { libc::MSG_DONTWAIT } else { 0 } | libc::MSG_TRUNC;
+    loop {
+        // SAFETY: recv writes at most `buf.len()` bytes into `buf`, from a descriptor
+        // the caller holds open.
+        let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), flags) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Moves the calling thread into network namespace `netns` (for tests, from a thread
+/// of their own).
+#[cfg(test)]
+pub(crate) fn enter_netns(netns: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: setns changes the calling thread's namespace only.
+    if unsafe { libc::setns(netns.as_raw_fd(), libc::CLONE_NEWNET) } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `fd`, registered with the current tokio runtime's reactor for reading.
+pub(crate) fn watch_readable(fd: OwnedFd) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
+    // SAFETY: an `OwnedFd` is open, and refers to the same file description, for as
+    // long as it lives, and the `AsyncFd` owns it.
+    unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
+        .map_err(io::Error::from)
 }
 
 /// Every address of the calling thread's network namespace's interfaces

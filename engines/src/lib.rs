@@ -26,7 +26,6 @@
 // the only other `unsafe` is the isolate's allocator. Everything else is safe code.
 #![deny(unsafe_code)]
 
-pub mod agent;
 mod builtin;
 pub mod capture;
 mod child;

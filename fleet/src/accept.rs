@@ -113,7 +113,12 @@ impl Federated {
         let start_by_ms = accepted_at_ms + inner.config.queue_timeout_ms;
         let engine = inner
             .paddock
-            .choose_engine(msg.engine.clone(), msg.level, tenant.clone())
+            .choose_engine(
+                msg.engine.clone(),
+                msg.level,
+                Some(msg.request.program.kind()),
+                tenant.clone(),
+            )
             .await?;
         let fence = Fence {
             tenant: tenant.clone(),
@@ -446,7 +451,10 @@ impl Federated {
         };
         let poll = inner.heartbeat() * 2;
         let mut next_poll = tokio::time::Instant::now() + poll;
-        let answer = loop {
+        // The answer, with the audit entry to make sure of first when it was read
+        // from a record (and when that record was done). An answer on the inbox
+        // has its entry in the stream already: its sender published it first.
+        let (answer, recorded) = loop {
             // `Some(None)`: the channel closed (only the record is left to read).
             let got = match rx.as_mut() {
                 Some(rx) => {
@@ -467,7 +475,7 @@ impl Federated {
                     }
                     continue;
                 }
-                Some(Some(Inbound::Done(a))) => break *a,
+                Some(Some(Inbound::Done(a))) => break (*a, None),
                 Some(None) => {
                     rx = None;
                     continue;
@@ -479,10 +487,13 @@ impl Federated {
                 if let Some(h) = hold.take() {
                     h.keep();
                 }
-                break Err(Error::new(
-                    ErrorCode::EngineDisposed,
-                    format!("this node left the fleet while it waited for execution {id}; look it up by id on another node"),
-                ));
+                break (
+                    Err(Error::new(
+                        ErrorCode::EngineDisposed,
+                        format!("this node left the fleet while it waited for execution {id}; look it up by id on another node"),
+                    )),
+                    None,
+                );
             }
             // The inbox may have missed it: the record is the truth. Work that no
             // node will answer for any more is fenced off here, so that no wait
@@ -495,8 +506,11 @@ impl Federated {
             // never gives up) and answer for it itself.
             let orphan = !served(inner, &fence.engine);
             let fenced = match inner.records.get(&id).await {
-                Ok(Some((rec, _))) if rec.phase == Phase::Done => match rec.answer {
-                    Some(a) => break a,
+                Ok(Some((rec, _))) if rec.phase == Phase::Done => match &rec.answer {
+                    Some(a) => {
+                        let entry = crate::audit::of_record(&rec, a);
+                        break (a.clone(), Some((entry, rec.done_at_ms)));
+                    }
                     None => None,
                 },
                 Ok(Some((rec, rev)))
@@ -535,8 +549,8 @@ impl Federated {
                     None
                 }
             };
-            if let Some(a) = fenced {
-                break a;
+            if let Some((a, entry)) = fenced {
+                break (a, Some(entry));
             }
         };
         drop(guard);
@@ -548,6 +562,12 @@ impl Federated {
                 // A refusal worth retrying is not replayed for the key.
                 let _ = inner.idem.delete(k).await;
             }
+        }
+        // No answer without its audit entry in the stream. (Should the entry not
+        // get in, the key stays: the execution ran, and a retry with it answers
+        // its result once the entry is in.)
+        if let Some((entry, done_at_ms)) = recorded {
+            crate::audit::make_durable(inner, entry, done_at_ms).await?;
         }
         answer
     }
@@ -611,14 +631,15 @@ fn not_started(inner: &Inner, id: &ExecutionId, fence: &Fence) -> Answer {
 
 /// Records `answer` as the result of work no node will answer for: a compare-and-set
 /// on the record as it was read (`revision`; `None`: there was none), so that a node
-/// that took the work meanwhile wins. Its answer, or the winner's once done.
+/// that took the work meanwhile wins. Its answer, or the winner's once done, with
+/// the audit entry to make sure of before it is handed out and when it was done.
 async fn fence_off(
     inner: &Inner,
     id: &ExecutionId,
     fence: &Fence,
     revision: Option<u64>,
     answer: Answer,
-) -> Option<Answer> {
+) -> Option<(Answer, (AuditEntry, u64))> {
     let record = Record {
         id: id.clone(),
         tenant: fence.tenant.clone(),
@@ -642,20 +663,14 @@ async fn fence_off(
     };
     match written {
         Ok(Cas::Written(_)) => {
-            let failed;
-            let result = match &answer {
-                Ok(r) => r,
-                Err(e) => {
-                    failed = ExecResult::failed(id.clone(), fence.engine.clone(), e.clone());
-                    &failed
-                }
-            };
-            let entry =
-                AuditEntry::from_result(result, fence.tenant.as_deref(), fence.code_hash.clone());
-            crate::audit::publish(inner, &entry).await;
-            Some(answer)
+            let entry = crate::audit::of_record(&record, &answer);
+            Some((answer, (entry, record.done_at_ms)))
         }
-        Ok(Cas::Lost(Some(rec))) if rec.0.phase == Phase::Done => rec.0.answer,
+        Ok(Cas::Lost(Some(rec))) if rec.0.phase == Phase::Done => {
+            let answer = rec.0.answer.clone()?;
+            let entry = crate::audit::of_record(&rec.0, &answer);
+            Some((answer, (entry, rec.0.done_at_ms)))
+        }
         _ => None,
     }
 }
@@ -810,8 +825,13 @@ impl Federation for Federated {
                 if rec.forgotten || !caller.sees(rec.tenant.as_deref()) {
                     return Ok(None);
                 }
-                Ok(Some(match (rec.phase, rec.answer) {
-                    (Phase::Done, Some(a)) => Lookup::Finished(Arc::new(a)),
+                Ok(Some(match (rec.phase, &rec.answer) {
+                    (Phase::Done, Some(a)) => {
+                        // A result handed out has its audit entry in the stream.
+                        let entry = crate::audit::of_record(&rec, a);
+                        crate::audit::make_durable(inner, entry, rec.done_at_ms).await?;
+                        Lookup::Finished(Arc::new(a.clone()))
+                    }
                     _ => Lookup::Running,
                 }))
             }

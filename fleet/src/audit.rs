@@ -1,41 +1,92 @@
 //! The fleet's one audit stream: an entry per accepted execution, published with
 //! the execution id as its message id, so that the stream keeps exactly one however
 //! many deliveries of the work (on however many nodes) publish it.
+//!
+//! **Read your writes.** An answer reaches a caller only once its entry is in the
+//! stream (published and acknowledged): the node that records a result publishes
+//! the entry before it sends the result on, and a node that hands out a result it
+//! read from a record publishes the entry first ([`make_durable`]). A search reads
+//! up to the last entry the stream's leader holds when the search begins, so it
+//! finds every entry acknowledged before it.
 
 use std::time::Duration;
 
 use async_nats::jetstream::consumer;
 use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use futures_util::StreamExt;
-use paddock_core::{EngineName, Error, ExecRequest, ExecResult};
+use paddock_core::{unix_ms, EngineName, Error, ErrorCode, ExecRequest, ExecResult, ExecutionId};
 use paddock_pool::audit::{AuditEntry, AuditQuery, DEFAULT_SEARCH_LIMIT};
 use paddock_pool::Caller;
 
 use crate::node::Inner;
 use crate::store::unavailable;
-use crate::wire::Answer;
+use crate::wire::{Answer, Record};
+
+/// How long the node that recorded a result keeps publishing its entry through a
+/// failover before it gives up (and leaves it to the order's next delivery).
+pub(crate) const RECORDING_PATIENCE: Duration = Duration::from_secs(30);
+
+/// How long a node that is about to hand out a result keeps publishing its entry
+/// before it answers `FLEET_UNAVAILABLE` instead (a leader election takes 4–6 s).
+pub(crate) const ANSWER_PATIENCE: Duration = Duration::from_secs(15);
+
+/// How long one search may wait for the entries it must read.
+const READ_PATIENCE: Duration = Duration::from_secs(30);
 
 /// The entry of one execution.
 pub(crate) fn entry(request: &ExecRequest, engine: &EngineName, answer: &Answer) -> AuditEntry {
     let hash = paddock_core::code_hash(&request.program.audit_text());
-    let tenant = request.tenant.as_deref();
+    entry_of(&request.id, request.tenant.as_deref(), engine, hash, answer)
+}
+
+/// The entry of an execution from what its record keeps.
+pub(crate) fn of_record(record: &Record, answer: &Answer) -> AuditEntry {
+    entry_of(
+        &record.id,
+        record.tenant.as_deref(),
+        &record.engine,
+        record.code_hash.clone(),
+        answer,
+    )
+}
+
+fn entry_of(
+    id: &ExecutionId,
+    tenant: Option<&str>,
+    engine: &EngineName,
+    code_hash: String,
+    answer: &Answer,
+) -> AuditEntry {
     match answer {
-        Ok(r) => AuditEntry::from_result(r, tenant, hash),
+        Ok(r) => AuditEntry::from_result(r, tenant, code_hash),
         Err(e) => {
-            let failed = ExecResult::failed(request.id.clone(), engine.clone(), e.clone());
-            AuditEntry::from_result(&failed, tenant, hash)
+            let failed = ExecResult::failed(id.clone(), engine.clone(), e.clone());
+            AuditEntry::from_result(&failed, tenant, code_hash)
         }
     }
 }
 
-/// Publishes the entry of an execution, retrying through a failover (with the same
-/// message id, so a retry of a publish that went through adds nothing). Whether the
-/// stream has it.
-pub(crate) async fn publish(inner: &Inner, entry: &AuditEntry) -> bool {
+/// Whether a result recorded at `done_at_ms` may still have its entry published:
+/// within half the stream's duplicate window, a second publish is dropped as a
+/// duplicate; after it, one would be kept (and the entry was published long since,
+/// before the result was first handed out).
+pub(crate) fn recent(inner: &Inner, done_at_ms: u64) -> bool {
+    unix_ms().saturating_sub(done_at_ms) < inner.dedupe_ms / 2
+}
+
+/// Publishes the entry of an execution and waits for the stream to acknowledge it,
+/// retrying through a failover (with the same message id, so a retry of a publish
+/// that went through adds nothing) for up to `patience`. The last error otherwise.
+pub(crate) async fn publish(
+    inner: &Inner,
+    entry: &AuditEntry,
+    patience: Duration,
+) -> Result<(), String> {
     let payload = bytes::Bytes::from(serde_json::to_vec(entry).unwrap_or_default());
     let subject = inner.names.audit_subject(entry.tenant.as_deref());
     let id = &entry.id;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let deadline = tokio::time::Instant::now() + patience;
     let mut pause = Duration::from_millis(50);
     loop {
         let sent = inner
@@ -48,23 +99,69 @@ pub(crate) async fn publish(inner: &Inner, entry: &AuditEntry) -> bool {
             )
             .await;
         let acked = match sent {
-            Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
+            // A duplicate names the sequence of the entry kept under its id; one
+            // without (a 2.10 server answers so for a publish of the id still in
+            // flight, or lost with a leader) does not say it is kept: again.
+            Ok(ack) => match ack.await {
+                Ok(a) if a.duplicate && a.sequence == 0 => {
+                    Err("the stream holds the entry's id, but no entry under it yet".into())
+                }
+                Ok(_) => Ok(()),
+                Err(e) => Err(e.to_string()),
+            },
             Err(e) => Err(e.to_string()),
         };
         match acked {
-            Ok(()) => return true,
+            Ok(()) => return Ok(()),
             Err(e) if tokio::time::Instant::now() < deadline && !inner.stopping() => {
                 tracing::debug!(%id, error = %e, "publishing an audit entry; retrying");
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(1));
             }
             Err(e) => {
-                // The next delivery of the work (if any) publishes it again.
                 tracing::error!(%id, error = %e, "an audit entry could not be published");
-                return false;
+                return Err(e);
             }
         }
     }
+}
+
+/// Makes sure the entry of a recorded result is in the stream before the result is
+/// handed to a caller: publishes it (a duplicate of an entry already there is
+/// dropped) while the result is [`recent`]. Done in a task of its own, so that a
+/// caller that goes away midway does not cut the publish short.
+///
+/// When the stream does not acknowledge it in [`ANSWER_PATIENCE`], the result is
+/// withheld: `FLEET_UNAVAILABLE`, naming the execution, which ran and whose result
+/// is kept (a lookup by id, or a retry with the same idempotency key, answers it
+/// once the entry is in).
+pub(crate) async fn make_durable(
+    inner: &std::sync::Arc<Inner>,
+    entry: AuditEntry,
+    done_at_ms: u64,
+) -> Result<(), Error> {
+    if !recent(inner, done_at_ms) {
+        return Ok(());
+    }
+    let id = entry.id.clone();
+    let task = {
+        let inner = inner.clone();
+        tokio::spawn(async move { publish(&inner, &entry, ANSWER_PATIENCE).await })
+    };
+    let published = match task.await {
+        Ok(p) => p,
+        Err(e) => Err(e.to_string()),
+    };
+    published.map_err(|e| {
+        Error::new(
+            ErrorCode::FleetUnavailable,
+            format!(
+                "execution {id} finished, but the fleet's NATS cluster did not acknowledge its audit entry within {} s ({e}); its result is kept and withheld until the entry is in: look it up by id, or retry with the same idempotency key",
+                ANSWER_PATIENCE.as_secs()
+            ),
+        )
+        .with_retry_after_ms(1_000)
+    })
 }
 
 /// Most entries one search reads from the stream.
@@ -99,6 +196,9 @@ pub(crate) async fn search(
         .get_stream(inner.names.audit_stream())
         .await
         .map_err(|e| unavailable("opening the audit stream", e))?;
+    // What the stream's leader holds now (both requests are answered by the
+    // leader, which acknowledges a publish only once it holds it): the read goes
+    // up to there, whatever replica serves it.
     let state = stream
         .info()
         .await
@@ -108,49 +208,100 @@ pub(crate) async fn search(
     if state.messages == 0 {
         return Ok(Vec::new());
     }
-    let (first, last) = (state.first_sequence, state.last_sequence);
+    let first = state.first_sequence;
+    let last = if subject == inner.names.audit_all() {
+        state.last_sequence
+    } else {
+        match stream.get_last_raw_message_by_subject(&subject).await {
+            Ok(m) => m.sequence,
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(Vec::new()),
+            Err(e) => return Err(unavailable("reading the audit stream", e)),
+        }
+    };
+    let deadline = tokio::time::Instant::now() + READ_PATIENCE;
     let mut window = (limit as u64).saturating_mul(4).clamp(256, MAX_SCANNED);
     loop {
         let start = last.saturating_add(1).saturating_sub(window).max(first);
-        let consumer = stream
-            .create_consumer(consumer::pull::OrderedConfig {
-                filter_subject: subject.clone(),
-                deliver_policy: consumer::DeliverPolicy::ByStartSequence {
-                    start_sequence: start,
-                },
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| unavailable("reading the audit stream", e))?;
-        let mut messages = consumer
-            .messages()
-            .await
-            .map_err(|e| unavailable("reading the audit stream", e))?;
-        let mut found: Vec<(u64, AuditEntry)> = Vec::new();
-        loop {
-            let next = tokio::time::timeout(Duration::from_millis(500), messages.next()).await;
-            let Ok(Some(Ok(m))) = next else { break };
-            let (seq, pending) = match m.info() {
-                Ok(i) => (i.stream_sequence, i.pending),
-                Err(_) => break,
-            };
-            if seq > last {
-                break;
-            }
-            if let Ok(e) = serde_json::from_slice::<AuditEntry>(&m.payload) {
-                if query.matches(&e) {
-                    found.push((seq, e));
-                }
-            }
-            if pending == 0 || seq == last {
-                break;
-            }
-        }
+        let mut found = read(&stream, &subject, start, last, deadline, &query).await?;
         if found.len() >= limit || start == first || window >= MAX_SCANNED {
             found.sort_by_key(|e| std::cmp::Reverse(e.0));
             found.truncate(limit);
             return Ok(found.into_iter().map(|(_, e)| e).collect());
         }
         window = window.saturating_mul(4).min(MAX_SCANNED);
+    }
+}
+
+/// The entries of `subject` from sequence `start` up to `end` (an entry of
+/// `subject`) that match `query`, with their sequences.
+///
+/// Read through an ordered consumer, which the servers place on any replica of the
+/// stream: one a few writes behind the leader included, whose count of pending
+/// entries ends before `end`. So the read goes on until it has seen `end`, and
+/// fails rather than answer short.
+async fn read(
+    stream: &async_nats::jetstream::stream::Stream,
+    subject: &str,
+    start: u64,
+    end: u64,
+    deadline: tokio::time::Instant,
+    query: &AuditQuery,
+) -> Result<Vec<(u64, AuditEntry)>, Error> {
+    let consumer = stream
+        .create_consumer(consumer::pull::OrderedConfig {
+            filter_subject: subject.to_string(),
+            deliver_policy: consumer::DeliverPolicy::ByStartSequence {
+                start_sequence: start,
+            },
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| unavailable("reading the audit stream", e))?;
+    let mut messages = consumer
+        .messages()
+        .await
+        .map_err(|e| unavailable("reading the audit stream", e))?;
+    let mut found = Vec::new();
+    let mut seen = start.saturating_sub(1);
+    loop {
+        let m = match tokio::time::timeout_at(deadline, messages.next()).await {
+            Ok(Some(Ok(m))) => m,
+            Ok(Some(Err(e))) => {
+                // The ordered consumer makes itself again after a gap.
+                tracing::debug!(error = %e, "reading the audit stream; going on");
+                continue;
+            }
+            Ok(None) => {
+                return Err(unavailable(
+                    "reading the audit stream",
+                    format!("the read ended at entry {seen} of {end}"),
+                ))
+            }
+            Err(_) => {
+                return Err(unavailable(
+                    "reading the audit stream",
+                    format!(
+                        "entries up to {end} did not arrive in {} s (read up to {seen})",
+                        READ_PATIENCE.as_secs()
+                    ),
+                ))
+            }
+        };
+        let seq = m
+            .info()
+            .map_err(|e| unavailable("reading the audit stream", e))?
+            .stream_sequence;
+        if seq > end {
+            return Ok(found);
+        }
+        seen = seq;
+        if let Ok(e) = serde_json::from_slice::<AuditEntry>(&m.payload) {
+            if query.matches(&e) {
+                found.push((seq, e));
+            }
+        }
+        if seq == end {
+            return Ok(found);
+        }
     }
 }

@@ -162,23 +162,26 @@ pub(crate) async fn cancel_recorded(
         };
         match written {
             Ok(Cas::Written(_)) => {
-                // The accepting node's caller first (it may be this node); the audit
-                // entry after, without holding up the cancel's answer.
-                let answer: crate::wire::Answer = Ok(result.clone());
-                if let Some(w) = inner.waiters.get(&id).map(|w| w.clone()) {
-                    let _ = w.tx.try_send(Inbound::Done(Box::new(answer)));
-                } else {
-                    let to = inner.names.inbox(&record.accepted_by);
-                    crate::worker::reply(inner, &to, &id, &answer).await;
-                }
-                let entry = paddock_pool::audit::AuditEntry::from_result(
-                    &result,
-                    record.tenant.as_deref(),
-                    record.code_hash.clone(),
-                );
+                // The audit entry first, then the accepting node's caller (it may be
+                // this node), without holding up the cancel's answer. An entry the
+                // stream does not take leaves the caller to the record, which its
+                // node reads and audits itself before it answers.
+                let answer: crate::wire::Answer = Ok(result);
+                let entry = crate::audit::of_record(&record, &answer);
                 let inner = inner.clone();
                 tokio::spawn(async move {
-                    crate::audit::publish(&inner, &entry).await;
+                    let published =
+                        crate::audit::publish(&inner, &entry, crate::audit::RECORDING_PATIENCE)
+                            .await;
+                    if published.is_err() {
+                        return;
+                    }
+                    if let Some(w) = inner.waiters.get(&id).map(|w| w.clone()) {
+                        let _ = w.tx.try_send(Inbound::Done(Box::new(answer)));
+                    } else {
+                        let to = inner.names.inbox(&record.accepted_by);
+                        crate::worker::reply(&inner, &to, &id, &answer).await;
+                    }
                 });
                 return ControlReply {
                     known: true,

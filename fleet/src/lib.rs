@@ -38,6 +38,7 @@ mod registry;
 mod sessions;
 mod shares;
 mod store;
+mod version;
 mod wire;
 mod worker;
 

@@ -34,6 +34,19 @@ pub enum JoinError {
         /// What the client said.
         cause: String,
     },
+    /// The server connected to is older than the fleet supports (docs/fleet.md
+    /// says what older ones lack). Nothing was set up on it.
+    #[error("the fleet needs nats-server {needed} or newer, but server {server} ({urls}) runs nats-server {found}; upgrade the NATS servers (docs/fleet.md, \"Versions\")")]
+    ServerTooOld {
+        /// The oldest version the fleet supports.
+        needed: String,
+        /// The version the server gave.
+        found: String,
+        /// The name of the server connected to.
+        server: String,
+        /// The servers the node was given.
+        urls: String,
+    },
     /// The servers answered but JetStream refused a stream, bucket or consumer.
     #[error("setting up the fleet's {what} on NATS: {cause}")]
     Setup {
@@ -331,6 +344,14 @@ impl Fleet {
                 cause: e.to_string(),
             })?;
         let info = client.server_info();
+        if !crate::version::supported(&info.version) {
+            return Err(JoinError::ServerTooOld {
+                needed: crate::version::MINIMUM.to_string(),
+                found: info.version.clone(),
+                server: info.server_name.clone(),
+                urls,
+            });
+        }
         let servers = info.connect_urls.len().max(config.urls.len()).max(1);
         let replicas = match config.replicas {
             0 => {

@@ -153,7 +153,7 @@ pub(crate) async fn place(
         Some(e) => e.clone(),
         None => match inner
             .paddock
-            .choose_engine(None, spec.level, spec.tenant.clone())
+            .choose_engine(None, spec.level, None, spec.tenant.clone())
             .await
         {
             Ok(e) => e,

@@ -192,7 +192,7 @@ async fn take(inner: &Arc<Inner>, msg: jetstream::Message, permit: OwnedSemaphor
                     // node that recorded it, so they are sent again — the entry
                     // only while the stream's duplicate window still covers the
                     // first one, since after it a second would be kept.
-                    let recent = unix_ms().saturating_sub(rec.done_at_ms) < inner.dedupe_ms / 2;
+                    let recent = crate::audit::recent(inner, rec.done_at_ms);
                     if finish_done(inner, &order, rec, recent).await {
                         let _ = msg.ack().await;
                     } else {
@@ -340,20 +340,31 @@ fn fit(answer: Answer, max_payload: usize) -> Answer {
     Ok(r)
 }
 
-/// A recorded result: its answer to the accepting node and (with `audit`) its audit
-/// entry, deduplicated by id. Whether the entry is in the stream (or was not to be
-/// sent): the order is acked only then, so that a loss in between sends both again.
+/// A recorded result: (with `audit`) its audit entry, deduplicated by id, then its
+/// answer to the accepting node. Whether the entry is in the stream (or was not to
+/// be sent): the order is acked only then, so that a loss in between sends both
+/// again.
+///
+/// The entry goes first, and the answer only once the stream has acknowledged it:
+/// an answer that reaches a caller has its entry in the stream, even when this node
+/// dies right after sending it. An entry the stream does not take leaves the answer
+/// unsent: the accepting node reads the record and publishes the entry itself
+/// before it answers (or answers `FLEET_UNAVAILABLE`), and the order's next
+/// delivery tries again.
 async fn finish_done(inner: &Arc<Inner>, order: &Order, rec: &Record, audit: bool) -> bool {
     let Some(answer) = &rec.answer else {
         return true;
     };
-    // The caller first; the audit entry after.
-    reply(inner, &order.reply, &order.request.id, answer).await;
-    if !audit {
-        return true;
+    if audit {
+        let entry = crate::audit::entry(&order.request, &order.engine, answer);
+        let published =
+            crate::audit::publish(inner, &entry, crate::audit::RECORDING_PATIENCE).await;
+        if published.is_err() {
+            return false;
+        }
     }
-    let entry = crate::audit::entry(&order.request, &order.engine, answer);
-    crate::audit::publish(inner, &entry).await
+    reply(inner, &order.reply, &order.request.id, answer).await;
+    true
 }
 
 pub(crate) async fn reply(inner: &Inner, to: &str, id: &ExecutionId, answer: &Answer) {

@@ -280,14 +280,17 @@ pub struct DestroySandbox {
 }
 
 /// The engine an execution would run on: the named one, else the one the supervisor
-/// chooses for the level and tenant (what a fleet uses to pick the work queue).
+/// chooses for the level, program and tenant (what a fleet uses to pick the work
+/// queue); or why none can take it.
 #[derive(Debug, Message, Clone)]
-#[rtype(result = "EngineName")]
+#[rtype(result = "Result<EngineName, Error>")]
 pub struct ChooseEngine {
     /// The engine the request names, if any.
     pub engine: Option<EngineName>,
     /// The isolation level it requires.
     pub level: IsolationLevel,
+    /// The kind of program it runs; `None` for a sandbox.
+    pub program: Option<paddock_core::ProgramKind>,
     /// Its tenant (only engines whose level the tenant may use are chosen).
     pub tenant: Option<String>,
 }

@@ -47,6 +47,8 @@ pub struct Paddock {
     telemetry: Telemetry,
     access: Arc<paddock_core::AccessRules>,
     capabilities: Arc<[(EngineName, paddock_core::Capabilities)]>,
+    /// Engines the config enables that cannot run on this host, and why.
+    unavailable: Arc<[(EngineName, String)]>,
     /// Whether pools keep ready instances (`pool.min_idle` > 0).
     prewarms: bool,
     /// `pool.max_size`: the most instances of one pool.
@@ -99,6 +101,14 @@ impl Paddock {
         &self.capabilities
     }
 
+    /// The engines the configuration enables that cannot run on this host, each
+    /// with why (a container engine without a usable OCI runtime, say). A request
+    /// that names one is refused with `CAPABILITY_NOT_SUPPORTED` and that reason;
+    /// none is ever replaced by a weaker engine.
+    pub fn unavailable_engines(&self) -> &[(EngineName, String)] {
+        &self.unavailable
+    }
+
     /// Whether the engines' pools keep instances ready before they are asked for
     /// (`pool.min_idle` above 0).
     pub fn prewarms(&self) -> bool {
@@ -110,22 +120,25 @@ impl Paddock {
         self.max_pool_size
     }
 
-    /// The engine an execution would run on: `engine` when named, else the one
-    /// this node chooses for `level` and `tenant`.
+    /// The engine a request would run on: `engine` when named, else the one this
+    /// node chooses for `level`, the kind of program (`None`: a sandbox) and
+    /// `tenant`; or why no engine can take it.
     pub async fn choose_engine(
         &self,
         engine: Option<EngineName>,
         level: paddock_core::IsolationLevel,
+        program: Option<paddock_core::ProgramKind>,
         tenant: Option<String>,
     ) -> Result<EngineName, Error> {
         self.supervisor
             .send(ChooseEngine {
                 engine,
                 level,
+                program,
                 tenant,
             })
             .await
-            .map_err(gone)
+            .map_err(gone)?
     }
 
     /// The telemetry handle (metrics in Prometheus text with `render_prometheus`).

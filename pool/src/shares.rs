@@ -14,6 +14,8 @@ use paddock_core::{Error, ErrorCode};
 pub(crate) struct Shares {
     pub(crate) max_sandboxes: Option<u32>,
     pub(crate) max_slots: Option<u32>,
+    /// `max_slots` is the fair share under API keys, not a configured cap.
+    pub(crate) fair_slots: bool,
     pub(crate) sandboxes: HashMap<Option<String>, u32>,
     pub(crate) slots: HashMap<Option<String>, u32>,
     /// Per-tenant memory budgets (output kept, input waiting).
@@ -26,10 +28,14 @@ pub(crate) const SANDBOX_CAP_RETRY_MS: u64 = 1_000;
 pub(crate) const SLOT_CAP_RETRY_MS: u64 = 250;
 
 impl Shares {
-    pub(crate) fn new(config: &LimiterConfig) -> Shares {
+    /// The shares of `config`, with `fair_slots` as the slot cap when `config` sets
+    /// none: the fair share under API keys.
+    pub(crate) fn new(config: &LimiterConfig, fair_slots: Option<u32>) -> Shares {
+        let fair = config.max_slots_per_tenant.is_none() && fair_slots.is_some();
         Shares {
             max_sandboxes: config.max_sandboxes_per_tenant,
-            max_slots: config.max_slots_per_tenant,
+            max_slots: config.max_slots_per_tenant.or(fair_slots),
+            fair_slots: fair,
             memory: std::sync::Arc::new(crate::memory::Memory::new(config)),
             ..Shares::default()
         }
@@ -84,10 +90,15 @@ impl Share {
         if slot {
             let held = s.slots.get(tenant).copied().unwrap_or(0);
             if let Some(max) = s.max_slots.filter(|m| held >= *m) {
+                let cap = if s.fair_slots {
+                    format!("its fair share ({max}: pool.max_size split equally among the API keys' tenants; set limiter.max_slots_per_tenant to choose another)")
+                } else {
+                    format!("its cap (limiter.max_slots_per_tenant = {max})")
+                };
                 return Err(Error::new(
                     ErrorCode::PoolExhausted,
                     format!(
-                        "tenant `{who}` holds {held} pool slots (open sandboxes and pooled executions), its cap (limiter.max_slots_per_tenant = {max}); retry when one ends"
+                        "tenant `{who}` holds {held} pool slots (open sandboxes and pooled executions), {cap}; retry when one ends"
                     ),
                 )
                 .with_retry_after_ms(SLOT_CAP_RETRY_MS));

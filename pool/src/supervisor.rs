@@ -24,6 +24,7 @@ use crate::limiter::Limiter;
 use crate::messages::*;
 use crate::policy::Policy;
 use crate::streamer::Streamer;
+use choice::Runs;
 use paddock_telemetry::Telemetry;
 
 /// How many destroyed session ids are remembered, so a repeated destroy is Ok.
@@ -80,6 +81,7 @@ pub(crate) struct Shared {
     pub(crate) stopping: AtomicBool,
 }
 
+mod choice;
 mod files;
 mod interactive;
 mod observe;
@@ -100,6 +102,8 @@ pub struct Supervisor {
     /// Engines a request gets only by naming them (`[engines.NAME]`).
     by_name_only: std::collections::HashSet<EngineName>,
     default_engine: EngineName,
+    /// Engines the config enables that cannot run here, and why.
+    unavailable: Vec<(EngineName, String)>,
     /// By engine, network policy, disk quota and home: what an instance is made with.
     pools: HashMap<PoolKey, Arc<EnginePool>>,
     /// Pools an embedder asked to keep more (or fewer) instances ready in.
@@ -120,6 +124,7 @@ pub struct Supervisor {
 pub(crate) struct SupervisorParts {
     pub(crate) engines: Vec<Arc<dyn Engine>>,
     pub(crate) default_engine: EngineName,
+    pub(crate) unavailable: Vec<(EngineName, String)>,
     pub(crate) by_name_only: std::collections::HashSet<EngineName>,
     pub(crate) pool_config: PoolConfig,
     pub(crate) defaults: Limits,
@@ -145,6 +150,7 @@ impl Supervisor {
                 .collect(),
             engines: parts.engines.into_iter().map(|e| (e.name(), e)).collect(),
             default_engine: parts.default_engine,
+            unavailable: parts.unavailable,
             by_name_only: parts.by_name_only,
             pools: HashMap::new(),
             warm_sizes: HashMap::new(),
@@ -168,47 +174,6 @@ impl Supervisor {
         }
     }
 
-    /// The engine for a request that names `engine` (or none) and needs `level`: the
-    /// named engine, else the default engine when it provides the level, else the
-    /// configured engine with the weakest isolation that still provides it (on a tie,
-    /// the one registered first: the built-ins subprocess, isolate, container, then
-    /// the embedder's in the order added). A level no engine provides is left to the
-    /// capability check, which refuses it.
-    ///
-    /// Only engines whose level `tenant` may use are chosen when one is not named; a
-    /// named engine is taken as named, and the access check refuses it if need be.
-    /// Engines of `[engines.NAME]` are never chosen unless named (or made the
-    /// default engine by the embedder).
-    fn choose(
-        &self,
-        engine: Option<EngineName>,
-        level: IsolationLevel,
-        tenant: Option<&str>,
-    ) -> EngineName {
-        if let Some(kind) = engine {
-            return kind;
-        }
-        let allowed = self.pipeline.access.for_tenant(tenant);
-        let provides = |kind: &EngineName| {
-            (!self.by_name_only.contains(kind) || *kind == self.default_engine)
-                && self.engines.get(kind).is_some_and(|e| {
-                    let max = e.capabilities().max_level;
-                    max >= level && allowed.allows_level(max)
-                })
-        };
-        if provides(&self.default_engine) {
-            return self.default_engine.clone();
-        }
-        self.engines
-            .iter()
-            .filter(|(kind, _)| provides(kind))
-            .min_by_key(|(kind, e)| {
-                let place = self.registered.get(*kind).copied().unwrap_or(usize::MAX);
-                (e.capabilities().max_level, place)
-            })
-            .map_or_else(|| self.default_engine.clone(), |(kind, _)| kind.clone())
-    }
-
     /// The pool for an engine, network policy and disk quota, created (and
     /// prewarmed) on first use. Pools of executions' own disk quotas or allowlists are at most
     /// [`MAX_DISK_POOLS`]: a new one replaces one that holds no instance, or is
@@ -218,12 +183,13 @@ impl Supervisor {
         &mut self,
         engine: Option<EngineName>,
         level: IsolationLevel,
+        runs: Runs,
         network: &NetworkPolicy,
         disk: DiskKey,
         home: Option<&str>,
         tenant: Option<&str>,
     ) -> Result<Arc<EnginePool>, Error> {
-        let kind = self.choose(engine, level, tenant);
+        let kind = self.choose(engine, level, runs, tenant)?;
         let home: Option<Arc<str>> = home.map(Arc::from);
         let shared = (kind.clone(), network.clone(), disk, home.clone(), None);
         if let Some(p) = self.pools.get(&shared) {
@@ -367,6 +333,7 @@ impl Supervisor {
             if let Err(e) = self.pool(
                 Some(kind.clone()),
                 IsolationLevel::None,
+                Runs::Sandbox,
                 &NetworkPolicy::None,
                 DiskKey::default(),
                 None,
@@ -410,6 +377,7 @@ impl Supervisor {
         &mut self,
         engine: Option<EngineName>,
         level: IsolationLevel,
+        runs: Runs,
         network: &NetworkPolicy,
         disk: DiskKey,
         home: Option<&str>,
@@ -419,7 +387,7 @@ impl Supervisor {
         allowed.check_network(network, tenant)?;
         // An allowlist that does not parse is refused before any pool is made for it.
         network.rules("network")?;
-        let pool = self.pool(engine, level, network, disk, home, tenant)?;
+        let pool = self.pool(engine, level, runs, network, disk, home, tenant)?;
         let given = pool.engine().capabilities().max_level;
         allowed.check_level(given, pool.kind.as_str(), tenant)?;
         Ok(pool)
@@ -596,6 +564,7 @@ impl Handler<Execute> for Supervisor {
             .allowed_pool(
                 msg.engine,
                 msg.level,
+                Runs::Program(msg.request.program.kind()),
                 &msg.network,
                 disk,
                 None,
@@ -665,6 +634,7 @@ impl Handler<OpenSandbox> for Supervisor {
             .allowed_pool(
                 msg.engine,
                 msg.spec.level,
+                Runs::Sandbox,
                 &msg.spec.network,
                 // Its filesystem is made with the instance: one of this size.
                 DiskKey::of(&msg.spec.limits),
@@ -787,6 +757,7 @@ impl Handler<WarmPool> for Supervisor {
         self.pool(
             Some(msg.engine),
             msg.spec.level,
+            Runs::Sandbox,
             &msg.spec.network,
             DiskKey::of(&msg.spec.limits),
             msg.spec.home.as_deref(),

@@ -3,8 +3,9 @@
 //! `Sandbox.create()` + `commands.run("echo hi")` + `kill()`, a command in an open
 //! sandbox, and `run_code("1+1")` in a warm context.
 //!
-//! The SDK comes from the interpreter `PADDOCK_E2B_PYTHON` names (`.ci/run` makes
-//! one), else `python3`; without it the scenario says how to get one and fails.
+//! The SDK comes from the interpreter `PADDOCK_E2B_PYTHON` names (the tests make
+//! one, `target/e2b-venv/bin/python`), else `python3`; without it the scenario says
+//! how to get one and fails.
 
 use std::collections::BTreeMap;
 use std::io::Write;

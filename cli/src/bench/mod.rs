@@ -3,6 +3,7 @@
 //! Every scenario prints one JSON object per line with `--json`, and finishes within
 //! a minute with its defaults.
 
+mod churn;
 mod container;
 mod disk;
 mod e2b;
@@ -13,6 +14,7 @@ mod http;
 mod isolate;
 mod load;
 mod memory;
+pub(crate) mod netns;
 mod peers;
 mod pipeline;
 mod soak;
@@ -106,7 +108,10 @@ enum Scenario {
     },
     /// A sandbox's connections through its egress gateway (network `allowlist`,
     /// the proxy's CONNECT) vs. direct from one with network `unrestricted`:
-    /// connection setup p50/p99, and the throughput of one download.
+    /// connection setup p50/p99, the throughput of one download, and how fast a
+    /// connection the allowlist denies is refused at connect. The server listens
+    /// in a network namespace the bench makes (root, `ip` and `nft`; a scenario the
+    /// host cannot run is skipped, saying why).
     Egress {
         /// Connections measured per path.
         #[arg(long, default_value_t = 400, value_parser = clap::value_parser!(u64).range(10..=100_000))]
@@ -252,6 +257,53 @@ enum Scenario {
         /// How long each slow reader reads before it is cut off, in seconds.
         #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=60))]
         read_secs: u64,
+    },
+    /// Sandboxes opened, given a first command (`true`; JavaScript `0` on the
+    /// isolate engine) and destroyed, over and over, by concurrent clients, per
+    /// engine; then by one client, with the pool and without one (every open
+    /// creates): sandboxes per second and p50/p99 of each step, the pool's counts and
+    /// the CPU used.
+    Churn {
+        /// How long the concurrent clients run, per engine (the first fifth, at most
+        /// 2 s, is warm-up).
+        #[arg(long, default_value = "8s", value_parser = crate::units::parse_duration)]
+        duration: Duration,
+        /// Concurrent clients.
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=1024))]
+        clients: u32,
+        /// How long each of the two serial runs lasts, per engine.
+        #[arg(long, default_value = "2s", value_parser = crate::units::parse_duration)]
+        serial_duration: Duration,
+        /// Skip the serial runs.
+        #[arg(long)]
+        no_serial: bool,
+        /// The engines, comma-separated (one that does not run here is skipped; an
+        /// empty list runs only `--breakdown`).
+        #[arg(
+            long,
+            default_value = "subprocess,container,isolate",
+            value_delimiter = ','
+        )]
+        engines: Vec<String>,
+        /// The clients call the `Paddock` facade in this process (`facade`), or its
+        /// HTTP API served by this process on a loopback port (`http`).
+        #[arg(long, value_enum, default_value_t = churn::Via::Facade)]
+        via: churn::Via,
+        /// A configuration file for the scheduler (default: the defaults); the flags
+        /// below override its pool sizes, and its API keys are left out.
+        #[arg(long)]
+        config: Option<std::path::PathBuf>,
+        /// The pools' max_size.
+        #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
+        max_size: u32,
+        /// The pools' min_idle (default: the configuration's).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(0..=4096))]
+        min_idle: Option<u32>,
+        /// Also time the container engine's own create, first command and destroy,
+        /// this many rounds per variant (each leaves out one part: runners, user
+        /// namespace, warm container), with the disk quota's part (0: skipped).
+        #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=10_000))]
+        breakdown: u32,
     },
     /// Many short subprocess executions from many callers against a small pool.
     Load {
@@ -498,6 +550,58 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32, crate::run::UsageError
                 unbounded,
             };
             memory::memory(settings, args.json).await
+        }
+        Scenario::Churn {
+            duration,
+            clients,
+            serial_duration,
+            no_serial,
+            engines,
+            via,
+            config,
+            max_size,
+            min_idle,
+            breakdown,
+        } => {
+            let config = match config {
+                Some(path) => {
+                    let text = std::fs::read_to_string(&path).map_err(|e| {
+                        crate::run::UsageError(format!("reading `{}`: {e}", path.display()))
+                    })?;
+                    paddock_core::PaddockConfig::from_toml_str(&text)
+                        .map_err(|e| crate::run::UsageError(format!("{}: {e}", path.display())))?
+                }
+                None => paddock_core::PaddockConfig::default(),
+            };
+            let mut names = Vec::new();
+            for e in engines.iter().map(|e| e.trim()).filter(|e| !e.is_empty()) {
+                match e {
+                    "subprocess" | "container" | "isolate" => {
+                        names.push(paddock_core::EngineName::new(e).map_err(|e| {
+                            crate::run::UsageError(format!("--engines: {}", e.message))
+                        })?)
+                    }
+                    other => {
+                        return Err(crate::run::UsageError(format!(
+                            "--engines takes subprocess, container and isolate, comma-separated (or nothing, with --breakdown), not `{other}`"
+                        )))
+                    }
+                }
+            }
+            let settings = churn::ChurnArgs {
+                config,
+                duration,
+                clients: clients as usize,
+                serial_duration: (!no_serial).then_some(serial_duration),
+                engines: names,
+                via,
+                max_size: max_size as usize,
+                min_idle: min_idle.map(|n| n as usize),
+                breakdown: breakdown as usize,
+            };
+            let task = tokio::spawn(churn::churn(settings, args.json));
+            task.await
+                .map_err(|e| crate::run::UsageError(format!("the benchmark task failed: {e}")))?
         }
         Scenario::Load {
             executions,

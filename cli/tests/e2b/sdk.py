@@ -75,6 +75,21 @@ def commands():
         check(r.stdout == "/home/user/sub\n", f"cwd: {r.stdout!r}")
         r = sbx.commands.run("pwd", cwd="sub")
         check(r.stdout == "/home/user/sub\n", f"relative cwd: {r.stdout!r}")
+        if ENGINE == "container":
+            # A container's processes see the container: any directory of its
+            # root is a working directory.
+            r = sbx.commands.run("pwd", cwd="/tmp")
+            check(r.stdout == "/tmp\n", f"cwd /tmp: {r.stdout!r}")
+        else:
+            # The subprocess engine's processes see the host: a cwd outside the
+            # sandbox's workdir is refused.
+            try:
+                sbx.commands.run("pwd", cwd="/tmp")
+                raise AssertionError("cwd /tmp is refused on the subprocess engine")
+            except CommandExitException:
+                raise
+            except Exception as e:
+                check("PATH_ESCAPE" in str(e) or "outside" in str(e), f"cwd /tmp: {e}")
         # stdin: send, then close
         h = sbx.commands.run("cat", background=True, stdin=True)
         sbx.commands.send_stdin(h.pid, "abc\n")

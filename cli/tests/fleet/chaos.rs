@@ -178,6 +178,19 @@ fn no_accepted_execution_is_lost_or_doubled_when_a_node_and_a_leader_die() {
     for c in callers {
         c.join().expect("a caller");
     }
+    // The fleet's audit, read the moment the last answer is in (no wait, no
+    // retry): an answered execution is in it.
+    let (status, read_at_once) = http.get(&format!("{}/v1/audit?limit=10000", nodes[0].url), &[]);
+    assert_eq!(
+        status, 200,
+        "the audit right after the last answer: {read_at_once}"
+    );
+    let mut at_once: HashMap<String, usize> = HashMap::new();
+    for e in read_at_once.as_array().expect("a list of entries") {
+        *at_once
+            .entry(e["id"].as_str().unwrap_or("").to_string())
+            .or_insert(0) += 1;
+    }
 
     // Exactly one terminal answer per key, each its own execution.
     let ended = ended.take();
@@ -210,6 +223,17 @@ fn no_accepted_execution_is_lost_or_doubled_when_a_node_and_a_leader_die() {
             _ => unreachable!(),
         }
     }
+    // Every answered execution was in the audit read right after the last answer,
+    // once.
+    let missing: Vec<_> = ids
+        .iter()
+        .filter(|(id, _)| at_once.get(*id) != Some(&1))
+        .map(|(id, k)| (k, id, at_once.get(id).copied().unwrap_or(0)))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "answered executions not exactly once in the audit read right after the last answer (key, id, entries): {missing:?}"
+    );
     // Exactly one audit entry per execution, and none for anything else.
     let audit = look.audit_counts();
     for (id, k) in &ids {

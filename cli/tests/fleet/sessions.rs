@@ -146,7 +146,10 @@ fn a_sandbox_stays_on_its_node_and_answers_through_any_node() {
     let cluster = Cluster::start(&nats, 3);
     let urls = cluster.urls();
     let dir = cluster.dir().to_path_buf();
-    let extra = format!("[pool]\nmax_size = 2\nmin_idle = 0\n{KEYS}");
+    // Two slots a node, any tenant's to take (not the fair share of keys).
+    let extra = format!(
+        "[pool]\nmax_size = 2\nmin_idle = 0\n[limiter]\nmax_slots_per_tenant = 1000\n{KEYS}"
+    );
     let fleet = format!("{FAST}prefix = \"sess\"\n");
     let mut nodes: Vec<Node> = (1..=3)
         .map(|i| Node::start(&dir, &format!("s{i}"), &urls, &fleet, &extra))

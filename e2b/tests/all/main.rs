@@ -4,6 +4,7 @@
 //! port).
 
 mod admission;
+mod downgrade;
 mod ingress;
 mod input;
 mod live;

@@ -1,6 +1,6 @@
 //! The host's end of a warm container agent's control channel: background processes
-//! and terminals inside the container (see `crate::agent` for the agent's end and
-//! `docs/protocol.md` for the messages).
+//! and terminals inside the container (see the `paddock_agent` crate for the agent's
+//! end and `docs/protocol.md` for the messages).
 //!
 //! The channel is a `SOCK_SEQPACKET` pair; the agent gets its end as fd 3 through the
 //! runtime's `--preserve-fds`. One reader task per channel routes the agent's answers:
@@ -13,13 +13,13 @@ use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use paddock_agent::control::{ControlFrame, ControlMessage, CONTROL_MESSAGE_MAX};
 use paddock_core::interactive::ProcessExit;
 use paddock_core::{Error, ErrorCode, Result};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::sync::oneshot;
 
-use crate::agent::{ControlFrame, ControlMessage, CONTROL_MESSAGE_MAX};
 use crate::host::sys;
 use crate::interactive::Signaller;
 

@@ -30,6 +30,7 @@
 //! mount namespace without that mount, leaving the host untouched. When crun still
 //! cannot run a container, `auto` falls back to runc and says why.
 
+mod agent;
 mod bundle;
 mod control;
 mod exec;
@@ -51,6 +52,7 @@ use paddock_core::{
     Limits, OciRuntime, ProgramKind, Result, Sandbox, SandboxSpec,
 };
 
+pub use agent::{embedded_agent_size, AgentSource};
 pub use runtime::RuntimeKind;
 pub use sandbox::ContainerSandbox;
 
@@ -123,6 +125,8 @@ pub(crate) struct EngineInner {
     pub(crate) interpreters: BTreeMap<Language, String>,
     /// The `paddock-agent` binary for warm containers, or why there are none.
     pub(crate) agent: std::result::Result<PathBuf, String>,
+    /// Where `agent` came from, when there is one.
+    pub(crate) agent_source: Option<AgentSource>,
     /// Warm interpreters inside warm containers (`container.runners`), when on.
     pub(crate) runners: Option<runner::RunnerSetup>,
     /// The sandboxes' own filesystems (the disk quota), mounted below
@@ -274,10 +278,15 @@ impl ContainerEngine {
             format!("engines.{name}")
         };
 
-        let parent = config
-            .workdir_root
-            .clone()
-            .unwrap_or_else(std::env::temp_dir);
+        // gVisor's kernel stands between the program and the host instead.
+        let user_namespace = config.user_namespace && config.runtime != OciRuntime::Runsc;
+        let parent = match &config.workdir_root {
+            Some(p) => p.clone(),
+            None if user_namespace => {
+                userns::engine_parent(&std::env::temp_dir()).map_err(unavailable)?
+            }
+            None => std::env::temp_dir(),
+        };
         std::fs::create_dir_all(&parent).map_err(|e| {
             Error::invalid_config(
                 "container.workdir_root",
@@ -319,8 +328,15 @@ impl ContainerEngine {
             crate::host::owner::namespace_suffix()
         );
         let root = parent.join(&dir_name);
-        // gVisor's kernel stands between the program and the host instead.
-        let user_namespace = config.user_namespace && config.runtime != OciRuntime::Runsc;
+        if user_namespace {
+            if let Some(closed) = userns::closed_ancestor(&parent) {
+                return Err(unavailable(format!(
+                    "`{}` is closed to other users (mode without o+x), and the containers' mapped root must pass through it to `{}`; give it o+x, or set {section}.workdir_root to a directory whose every ancestor has it",
+                    closed.display(),
+                    parent.display()
+                )));
+            }
+        }
         let setup = || -> std::io::Result<()> {
             use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
             // Private: workdirs hold what containers wrote, set-uid files included,
@@ -421,16 +437,22 @@ impl ContainerEngine {
             cpu_quota_us: (config.cpus * 100_000.0).round() as u64,
             seccomp: config.seccomp,
             interpreters: BTreeMap::new(),
-            agent: if config.warm {
-                find_agent(config.agent_path.as_deref())
-            } else {
-                Err("disabled by configuration (`container.warm = false`)".into())
-            },
+            agent: Err("disabled by configuration (`container.warm = false`)".into()),
+            agent_source: None,
             runners: None,
             disks,
             userns: None,
             egress: Err("not checked yet".into()),
         };
+        if config.warm {
+            match agent::find(config.agent_path.as_deref(), &root) {
+                Ok((path, source)) => {
+                    inner.agent = Ok(path);
+                    inner.agent_source = Some(source);
+                }
+                Err(why) => inner.agent = Err(why),
+            }
+        }
         if user_namespace {
             match userns::IdRanges::new(
                 &userns::lock_parent(),
@@ -506,6 +528,8 @@ impl ContainerEngine {
         }
         let Some(info) = chosen else {
             drop(inner);
+            // One configured path is passed over once per runtime kind.
+            passed_over.dedup();
             let hint = if user_namespace {
                 " (containers get a user namespace: if the kernel or runtime cannot give one, set container.user_namespace = false)"
             } else {
@@ -637,6 +661,12 @@ impl ContainerEngine {
         self.inner.agent.as_deref().map_err(String::as_str)
     }
 
+    /// Where [`agent`](Self::agent) came from, when there is one: the configured
+    /// path, the static agent this build carries, or a file found on disk.
+    pub fn agent_source(&self) -> Option<AgentSource> {
+        self.inner.agent_source
+    }
+
     /// The baseline for benchmarks: writes a bundle equivalent to the one an
     /// execution of `argv` gets (same root, mounts, namespaces, limits, seccomp and
     /// cgroup placement), then runs `<runtime> run` on it once and returns the
@@ -686,36 +716,6 @@ impl Engine for ContainerEngine {
     async fn create(&self, spec: &SandboxSpec) -> Result<Arc<dyn Sandbox>> {
         Ok(Arc::new(self.open(spec).await?))
     }
-}
-
-/// Finds `paddock-agent`: the configured path, else beside the running executable
-/// or one directory up (a test binary in `target/*/deps`), else on `PATH`.
-fn find_agent(configured: Option<&Path>) -> std::result::Result<PathBuf, String> {
-    const NAME: &str = "paddock-agent";
-    if let Some(p) = configured {
-        return if p.is_file() {
-            Ok(p.to_path_buf())
-        } else {
-            Err(format!(
-                "container.agent_path `{}` is not a file",
-                p.display()
-            ))
-        };
-    }
-    if let Ok(exe) = std::env::current_exe() {
-        for dir in exe.ancestors().skip(1).take(2) {
-            let candidate = dir.join(NAME);
-            if candidate.is_file() {
-                return Ok(candidate);
-            }
-        }
-    }
-    let path = std::env::var("PATH").unwrap_or_default();
-    crate::env::resolve_program(NAME, &path, Path::new("/")).ok_or_else(|| {
-        format!(
-            "`{NAME}` was found neither beside this executable nor on PATH; build it (`cargo build -p paddock-engines --bin {NAME}`) or set container.agent_path"
-        )
-    })
 }
 
 /// The root's shell stands in as the container's init, so that the program is not

@@ -383,16 +383,30 @@ impl ContainerSandbox {
         Ok((cwd, vars))
     }
 
-    /// The container path of the working directory `cwd`: `/workspace/…` as the
-    /// program sees it, or a path relative to the workdir (or a host path inside
-    /// it). It is resolved on the host beneath the workdir (see
-    /// [`Workdir::resolve_dir`]): it must exist, and a symlink out of the workdir is
-    /// refused with `PATH_ESCAPE`, as the files API refuses it.
+    /// The container path of the working directory `cwd`.
+    ///
+    /// An absolute path outside the home is a directory of the container's own
+    /// root (`/tmp`, `/etc`): the container's processes see the container, not the
+    /// host, so any directory there is theirs to work in, and it is passed as is
+    /// (one that does not exist fails the program's start). The home (`/workspace/…`
+    /// as the program sees it), a path relative to it, or a host path inside the
+    /// workdir are resolved on the host beneath the workdir (see
+    /// [`Workdir::resolve_dir`]): they must exist, and a symlink out of the workdir
+    /// is refused with `PATH_ESCAPE`, as the files API refuses it.
     pub(super) fn guest_cwd(&self, cwd: &str) -> Result<String> {
         let home = self.home();
-        let inside = match cwd.strip_prefix(home) {
-            Some(rest) if rest.is_empty() || rest.starts_with('/') => rest.trim_start_matches('/'),
-            _ => cwd,
+        let under_home = cwd
+            .strip_prefix(home)
+            .filter(|rest| rest.is_empty() || rest.starts_with('/'));
+        if cwd.starts_with('/')
+            && under_home.is_none()
+            && !Path::new(cwd).starts_with(self.workdir.root())
+        {
+            return guest_dir(cwd);
+        }
+        let inside = match under_home {
+            Some(rest) => rest.trim_start_matches('/'),
+            None => cwd,
         };
         let dir = self.workdir.resolve_dir_as(inside, cwd)?;
         let rel = dir
@@ -675,5 +689,37 @@ impl Teardown for ContainerSandbox {
 impl Drop for ContainerSandbox {
     fn drop(&mut self) {
         self.lifecycle.teardown_unless_destroyed(self);
+    }
+}
+
+/// The most bytes of a working directory given as a container path.
+const MAX_GUEST_DIR: usize = 4096;
+
+/// `path`, an absolute directory of the container's root, as the container's
+/// processes will `chdir` to it: `INVALID_OPTIONS` for a NUL byte or a path longer
+/// than `PATH_MAX`.
+fn guest_dir(path: &str) -> Result<String> {
+    if path.contains('\0') || path.len() >= MAX_GUEST_DIR {
+        return Err(paddock_core::Error::invalid_options(
+            "cwd",
+            format!(
+                "`{}` is not a directory path: no NUL bytes, under {MAX_GUEST_DIR} bytes",
+                path.escape_debug()
+            ),
+        ));
+    }
+    Ok(path.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::guest_dir;
+
+    #[test]
+    fn a_directory_of_the_container_root_is_passed_as_is() {
+        assert_eq!(guest_dir("/tmp").unwrap(), "/tmp");
+        assert_eq!(guest_dir("/var/../tmp").unwrap(), "/var/../tmp");
+        assert!(guest_dir("/tmp/\0x").is_err());
+        assert!(guest_dir(&format!("/{}", "a".repeat(5000))).is_err());
     }
 }

@@ -35,6 +35,52 @@ pub(crate) fn lock_parent() -> PathBuf {
     }
 }
 
+/// The first directory of `path` and its ancestors that other users cannot pass
+/// through (no `x` bit for others), or `None` when the whole path is traversable.
+/// A container's root in a user namespace is another host user: the runtime, acting
+/// as it, must pass through every ancestor of the bundle, root filesystem and
+/// workdirs.
+pub(crate) fn closed_ancestor(path: &Path) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut p = Some(path);
+    while let Some(dir) = p {
+        if let Ok(m) = std::fs::metadata(dir) {
+            if m.permissions().mode() & 0o001 == 0 {
+                return Some(dir.to_path_buf());
+            }
+        }
+        p = dir.parent();
+    }
+    None
+}
+
+/// Where the engine keeps its directory when `container.workdir_root` is unset:
+/// the temp dir when the containers' users can pass through it, else the first of
+/// `/var/tmp` and `/tmp` they can (a private `TMPDIR`, mode 0700, as `mktemp -d` or
+/// a service manager gives, must not turn containers off). `Err` names the closed
+/// directory when none can.
+pub(crate) fn engine_parent(temp: &Path) -> std::result::Result<PathBuf, String> {
+    let Some(closed) = closed_ancestor(temp) else {
+        return Ok(temp.to_path_buf());
+    };
+    for other in ["/var/tmp", "/tmp"] {
+        let other = Path::new(other);
+        if other.is_dir() && closed_ancestor(other).is_none() {
+            tracing::info!(
+                temp = %temp.display(),
+                closed = %closed.display(),
+                instead = %other.display(),
+                "the temp dir is closed to other users (the containers' mapped root among them); the container engine keeps its directory in another"
+            );
+            return Ok(other.to_path_buf());
+        }
+    }
+    Err(format!(
+        "`{}` is closed to other users (mode without o+x), and the containers' mapped root must pass through it; set container.workdir_root to a directory whose every ancestor has o+x, or TMPDIR to one",
+        closed.display()
+    ))
+}
+
 /// The slots an engine allocates from.
 #[derive(Debug)]
 pub(crate) struct IdRanges {
@@ -127,6 +173,27 @@ impl IdRanges {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_closed_temp_dir_is_found_and_passed_over() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let private = dir.path().join("private");
+        let inner = private.join("inner");
+        std::fs::create_dir_all(&inner).unwrap();
+        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(closed_ancestor(&inner), Some(private.clone()));
+        assert_eq!(
+            closed_ancestor(dir.path()),
+            closed_ancestor(dir.path().parent().unwrap())
+        );
+        let chosen = engine_parent(&inner).unwrap();
+        assert_ne!(chosen, inner);
+        assert_eq!(closed_ancestor(&chosen), None, "{}", chosen.display());
+        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o711)).unwrap();
+        assert_eq!(closed_ancestor(&inner), closed_ancestor(dir.path()));
+    }
 
     #[test]
     fn ranges_are_disjoint_while_held_and_free_again_when_dropped() {

@@ -1,8 +1,9 @@
 //! Warm containers: one long-lived container per sandbox whose pid 1 is
 //! `paddock-agent`, so that an execution costs a frame round trip instead of a
-//! container start (see `crate::agent` for the agent's side). Here: starting and
-//! closing one, and a warm execution (`ContainerSandbox::run_warm`); the cold path is
-//! in `exec.rs`, the sandbox's life in `sandbox.rs`.
+//! container start (see the `paddock_agent` crate for the agent's side, and
+//! `agent.rs` for where its binary comes from). Here: starting and closing one, and a
+//! warm execution (`ContainerSandbox::run_warm`); the cold path is in `exec.rs`, the
+//! sandbox's life in `sandbox.rs`.
 
 use std::path::PathBuf;
 use std::sync::Arc;

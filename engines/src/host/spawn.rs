@@ -527,49 +527,6 @@ fn fail(ctx: &ChildCtx, stage: SpawnStage) -> libc::c_int {
     unsafe { libc::_exit(127) }
 }
 
-/// Makes `cmd`'s child start a new session (so it leads its own process group) and,
-/// with `controlling_tty`, take the terminal on its stdin as its controlling
-/// terminal, before it executes the program. For programs started with
-/// `std::process::Command` (the container agent's background processes).
-pub(crate) fn in_new_session(cmd: &mut std::process::Command, controlling_tty: bool) {
-    use std::os::unix::process::CommandExt;
-    // SAFETY: the closure runs in the forked child before exec and makes only
-    // async-signal-safe calls (setsid, ioctl); it neither allocates nor locks.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::setsid() == -1 {
-                return Err(io::Error::last_os_error());
-            }
-            if controlling_tty && libc::ioctl(0, libc::TIOCSCTTY, 0) == -1 {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-}
-
-/// Makes `fd` the child's fd 3 (open across exec), for programs started with
-/// `std::process::Command` (a warm runner in a container writes its frames there).
-/// `fd` must stay open until the spawn returns.
-pub(crate) fn onto_fd3(cmd: &mut std::process::Command, fd: std::os::fd::RawFd) {
-    use std::os::unix::process::CommandExt;
-    // SAFETY: the closure runs in the forked child before exec and makes only
-    // async-signal-safe calls (dup2, fcntl); it neither allocates nor locks.
-    unsafe {
-        cmd.pre_exec(move || {
-            if fd == 3 {
-                // dup2 onto itself would keep close-on-exec.
-                if libc::fcntl(3, libc::F_SETFD, 0) == -1 {
-                    return Err(io::Error::last_os_error());
-                }
-            } else if libc::dup2(fd, 3) == -1 {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,17 +9,14 @@
 #![allow(unsafe_code)]
 
 use std::ffi::CString;
-use std::io::{self, IoSlice, IoSliceMut};
-use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
-use rustix::io::Errno;
-use rustix::net::{
-    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer,
-    SendAncillaryMessage, SendFlags,
-};
+/// Messages with descriptors attached, on a `SOCK_SEQPACKET` socket: the container
+/// agent's control channel and the subprocess engine's zygote both speak through
+/// these (they live with the agent, which is built on its own; see `paddock_agent`).
+pub(crate) use paddock_agent::control::{recv_with_fds, send_with_fds, MAX_PASSED_FDS};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
@@ -143,70 +140,6 @@ pub(crate) fn reap(pid: libc::pid_t) -> io::Result<ExitStatus> {
         cpu_ms: tv_ms(usage.ru_utime) + tv_ms(usage.ru_stime),
         max_rss_bytes: usage.ru_maxrss.max(0) as u64 * 1024,
     })
-}
-
-/// A child of this process that has exited, left waitable (`waitid` with
-/// `WNOWAIT`): `Ok(None)` while every child still runs, `ECHILD` when there is no
-/// child at all.
-pub(crate) fn exited_child() -> io::Result<Option<libc::pid_t>> {
-    loop {
-        // SAFETY: siginfo_t is plain data; zeroed is a valid value.
-        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        // SAFETY: waitid with a valid out pointer; WNOWAIT only peeks.
-        let r = unsafe {
-            libc::waitid(
-                libc::P_ALL,
-                0,
-                &mut info,
-                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
-            )
-        };
-        if r == -1 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        // SAFETY: si_pid is valid for the child-state info waitid fills (and 0 in the
-        // zeroed info when no child has changed state).
-        let pid = unsafe { info.si_pid() };
-        return Ok((pid != 0).then_some(pid));
-    }
-}
-
-/// Whether child `pid` has exited (and waits to be reaped), without reaping it.
-pub(crate) fn has_exited(pid: libc::pid_t) -> bool {
-    loop {
-        // SAFETY: siginfo_t is plain data; zeroed is a valid value.
-        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        // SAFETY: waitid with a valid out pointer; WNOWAIT only peeks.
-        let r = unsafe {
-            libc::waitid(
-                libc::P_PID,
-                pid as libc::id_t,
-                &mut info,
-                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
-            )
-        };
-        if r == -1 {
-            if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            // Not a child (any more): nothing to wait for.
-            return true;
-        }
-        // SAFETY: si_pid is valid for the child-state info waitid fills (0 when the
-        // child has not changed state).
-        return unsafe { info.si_pid() } != 0;
-    }
-}
-
-/// Reaps `pid` if it has exited, without waiting, and forgets how it ended.
-pub(crate) fn discard_exited(pid: libc::pid_t) {
-    let mut status = 0;
-    // SAFETY: waitpid with a valid pointer to a local.
-    unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
 }
 
 /// Current soft and hard limits of a resource.
@@ -369,165 +302,6 @@ pub(crate) fn thread_cpu_time() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
-/// Blocks `signal` in the calling thread and answers a non-blocking, close-on-exec
-/// descriptor that reads it instead (`signalfd(2)`).
-pub(crate) fn signal_fd(signal: libc::c_int) -> io::Result<OwnedFd> {
-    let set = signal_set(signal);
-    // SAFETY: pthread_sigmask reads the local set; no old mask is asked for.
-    let r = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
-    if r != 0 {
-        return Err(io::Error::from_raw_os_error(r));
-    }
-    // SAFETY: signalfd(-1, …) makes a new descriptor from the local set.
-    let fd = unsafe { libc::signalfd(-1, &set, libc::SFD_NONBLOCK | libc::SFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a fresh descriptor nobody else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// Runs `f` with `signal` unblocked in the calling thread, then blocks it again.
-pub(crate) fn with_signal_unblocked<T>(signal: libc::c_int, f: impl FnOnce() -> T) -> T {
-    let set = signal_set(signal);
-    // SAFETY: pthread_sigmask reads the local set; no old mask is asked for.
-    unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut()) };
-    let out = f();
-    // SAFETY: as above.
-    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
-    out
-}
-
-/// A signal set holding `signal` alone.
-fn signal_set(signal: libc::c_int) -> libc::sigset_t {
-    // SAFETY: sigset_t is plain data; sigemptyset and sigaddset fill the local.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, signal);
-        set
-    }
-}
-
-/// The descriptor a warm container's agent gets its control channel on.
-const INHERITED_CONTROL_FD: RawFd = 3;
-/// Whether [`take_inherited_control_socket`] has taken it.
-static CONTROL_FD_TAKEN: AtomicBool = AtomicBool::new(false);
-
-/// Descriptor 3, when this process was started with a `SOCK_SEQPACKET` socket there
-/// (the container agent's control channel), owned from now on and close-on-exec, so
-/// that no command the process starts inherits it. Meant for the start of a process
-/// that was handed the socket across `exec`; only the first call can take it, later
-/// ones answer `None`, so it never has two owners.
-pub(crate) fn take_inherited_control_socket() -> Option<OwnedFd> {
-    let fd = INHERITED_CONTROL_FD;
-    let mut kind: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: getsockopt into a local int; fails harmlessly when fd 3 is no socket.
-    let r = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_TYPE,
-            (&mut kind as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    };
-    if r != 0 || kind != libc::SOCK_SEQPACKET {
-        return None;
-    }
-    if CONTROL_FD_TAKEN.swap(true, Ordering::AcqRel) {
-        return None;
-    }
-    // SAFETY: fd 3 is open (getsockopt succeeded); it was inherited across exec, and
-    // the flag above makes this the only place that ever takes ownership of it.
-    unsafe {
-        libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
-        Some(OwnedFd::from_raw_fd(fd))
-    }
-}
-
-/// Most descriptors one control message carries.
-pub(crate) const MAX_PASSED_FDS: usize = 12;
-
-/// Room for one `SCM_RIGHTS` message of [`MAX_PASSED_FDS`] descriptors.
-const FD_SPACE: usize = rustix::cmsg_space!(ScmRights(MAX_PASSED_FDS));
-
-/// Sends one message on a `SOCK_SEQPACKET` socket with `fds` attached.
-pub(crate) fn send_with_fds(
-    sock: impl AsFd,
-    data: &[u8],
-    fds: &[BorrowedFd<'_>],
-) -> io::Result<()> {
-    assert!(
-        fds.len() <= MAX_PASSED_FDS,
-        "at most {MAX_PASSED_FDS} descriptors"
-    );
-    let mut space = [MaybeUninit::<u8>::uninit(); FD_SPACE];
-    let mut control = SendAncillaryBuffer::new(&mut space);
-    if !fds.is_empty() {
-        let fits = control.push(SendAncillaryMessage::ScmRights(fds));
-        debug_assert!(fits, "the buffer holds {MAX_PASSED_FDS} descriptors");
-    }
-    loop {
-        match rustix::net::sendmsg(
-            &sock,
-            &[IoSlice::new(data)],
-            &mut control,
-            SendFlags::NOSIGNAL,
-        ) {
-            Ok(_) => return Ok(()),
-            Err(Errno::INTR) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
-}
-
-/// Receives one message from a `SOCK_SEQPACKET` socket into `buf`, with the
-/// descriptors attached to it (close-on-exec). `Ok((0, _))` at the end. A message
-/// cut to fit, its data or its descriptors (more than [`MAX_PASSED_FDS`]; the kernel
-/// drops those that do not fit), is an `InvalidData` error, and the descriptors that
-/// did arrive with it are closed.
-pub(crate) fn recv_with_fds(sock: impl AsFd, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
-    let mut space = [MaybeUninit::<u8>::uninit(); FD_SPACE];
-    let mut control = RecvAncillaryBuffer::new(&mut space);
-    let received = loop {
-        match rustix::net::recvmsg(
-            &sock,
-            &mut [IoSliceMut::new(&mut *buf)],
-            &mut control,
-            RecvFlags::CMSG_CLOEXEC,
-        ) {
-            Ok(r) => break r,
-            Err(Errno::INTR) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    };
-    let mut fds = Vec::new();
-    for message in control.drain() {
-        if let RecvAncillaryMessage::ScmRights(passed) = message {
-            fds.extend(passed);
-        }
-    }
-    if received.flags.contains(ReturnFlags::TRUNC) {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "a control message larger than the buffer was cut",
-        ));
-    }
-    if received.flags.contains(ReturnFlags::CTRUNC) {
-        // `fds` goes with the error: what arrived is closed, not half-delivered.
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!(
-                "a control message carried more descriptors than the {MAX_PASSED_FDS} it may; \
-                 those past the room were lost, and the message is refused"
-            ),
-        ));
-    }
-    Ok((received.bytes, fds))
-}
-
 /// A connected pair of `SOCK_SEQPACKET` unix sockets, close-on-exec.
 pub(crate) fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0 as RawFd; 2];
@@ -557,84 +331,5 @@ mod read_small_tests {
                 .kind(),
             std::io::ErrorKind::NotFound
         );
-    }
-}
-
-#[cfg(test)]
-mod fd_passing_tests {
-    use super::*;
-    use std::io::{Read, Write};
-
-    #[test]
-    fn descriptors_travel_with_their_message() {
-        let (a, b) = seqpacket_pair().unwrap();
-        let (r, w) = pipe().unwrap();
-        send_with_fds(&a, b"first", &[w.as_fd()]).unwrap();
-        drop(w);
-        send_with_fds(&a, b"second", &[]).unwrap();
-        let mut buf = [0u8; 64];
-        let (n, fds) = recv_with_fds(&b, &mut buf).unwrap();
-        assert_eq!(&buf[..n], b"first");
-        assert_eq!(fds.len(), 1);
-        // The received descriptor is the pipe's write end.
-        let mut writer = std::fs::File::from(fds.into_iter().next().unwrap());
-        writer.write_all(b"through").unwrap();
-        drop(writer);
-        let mut got = String::new();
-        std::fs::File::from(r).read_to_string(&mut got).unwrap();
-        assert_eq!(got, "through");
-        let (n, fds) = recv_with_fds(&b, &mut buf).unwrap();
-        assert_eq!((&buf[..n], fds.len()), (&b"second"[..], 0));
-        drop(a);
-        assert_eq!(recv_with_fds(&b, &mut buf).unwrap().0, 0);
-    }
-
-    #[test]
-    fn more_descriptors_than_the_buffer_holds_are_an_error_and_none_stays_open() {
-        let (a, b) = seqpacket_pair().unwrap();
-        let (r, w) = pipe().unwrap();
-        {
-            // Four times what a message may carry, past the receiver's room: the kernel
-            // installs what fits and drops the rest.
-            let many = vec![w.as_fd(); 4 * MAX_PASSED_FDS];
-            let mut space =
-                vec![MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(many.len()))];
-            let mut control = SendAncillaryBuffer::new(&mut space);
-            assert!(control.push(SendAncillaryMessage::ScmRights(&many)));
-            rustix::net::sendmsg(
-                &a,
-                &[IoSlice::new(b"many")],
-                &mut control,
-                SendFlags::empty(),
-            )
-            .unwrap();
-        }
-        drop(w);
-        let mut buf = [0u8; 64];
-        let e = recv_with_fds(&b, &mut buf).unwrap_err();
-        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
-        // The copies that did arrive were closed: the pipe has no writer left. (A
-        // program another test starts meanwhile may hold a copy until its exec, hence
-        // the wait.)
-        let mut ready = [libc::pollfd {
-            fd: r.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        }];
-        assert_eq!(
-            poll(&mut ready, 5_000).unwrap(),
-            1,
-            "a received copy stayed open"
-        );
-        assert_ne!(ready[0].revents & libc::POLLHUP, 0);
-    }
-
-    #[test]
-    fn an_oversized_message_is_an_error_not_a_cut() {
-        let (a, b) = seqpacket_pair().unwrap();
-        send_with_fds(&a, &[7u8; 100], &[]).unwrap();
-        let mut small = [0u8; 10];
-        let e = recv_with_fds(&b, &mut small).unwrap_err();
-        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
     }
 }

@@ -1052,14 +1052,27 @@ async fn cwd_is_resolved_beneath_the_workdir() {
             "sub/up",
             "/workspace/sub/up/tmp",
             "/workspace/..",
-            "/tmp",
-            "/workspacex",
         ] {
             let e = sb
                 .exec(in_dir(cwd), &DiscardSink, CancelToken::new())
                 .await
                 .unwrap_err();
             assert_eq!(e.code, ErrorCode::PathEscape, "{what} {cwd}: {e}");
+        }
+        // A directory of the container's own root is the container's to work in:
+        // its processes see the container, not the host.
+        for cwd in ["/tmp", "/etc", "/"] {
+            let r = run(&*sb, in_dir(cwd)).await;
+            assert_eq!(r.stdout, format!("{cwd}\n"), "{what} {cwd}: {r:?}");
+        }
+        // One that does not exist there fails the program's start, naming it.
+        let r = sb
+            .exec(in_dir("/workspacex"), &DiscardSink, CancelToken::new())
+            .await;
+        eprintln!("{what} /workspacex: {r:?}");
+        match r {
+            Err(e) => assert!(e.message.contains("/workspacex"), "{what}: {e}"),
+            Ok(r) => panic!("{what}: a missing cwd ran: {r:?}"),
         }
         let e = sb
             .exec(in_dir("/workspace/nope"), &DiscardSink, CancelToken::new())

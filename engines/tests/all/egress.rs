@@ -75,6 +75,20 @@ except OSError as e:
     print('refused', type(e).__name__, round(time.time() - t, 3))
 ";
 
+/// That `r`'s egress lists the refusal at connect of its connection to `addr:80`.
+fn assert_refusal_listed(r: &ExecResult, addr: &str) {
+    let report = r.egress.as_ref().expect("the result lists its egress");
+    assert!(
+        report.events.iter().any(|e| e.via == EgressVia::Transparent
+            && e.host == addr
+            && e.port == 80
+            && e.addr.as_deref() == Some(&*format!("{addr}:80"))
+            && e.verdict == EgressVerdict::Denied),
+        "{addr}: {report:#?}"
+    );
+    assert_eq!(report.denied, 1, "{addr}: {report:#?}");
+}
+
 /// The network namespaces of every process, and of the fds this process holds.
 fn live_namespaces() -> Vec<String> {
     let mut seen = Vec::new();
@@ -218,10 +232,15 @@ async fn an_allowlist_on_the_subprocess_engine_admits_what_it_names_and_nothing_
     )
     .await;
     assert_eq!(r.exit_code(), Some(6), "curl cannot resolve it: {r:?}");
+    // Refused at connect by the sandbox's firewall, and listed as denied.
     for addr in [internet::DENIED, "169.254.169.254"] {
         let r = run(&*sb, &["python3", "-c", PY_CONNECT, addr, "80"]).await;
-        assert!(r.stdout.starts_with("refused"), "{addr}: {r:?}");
+        assert!(
+            r.stdout.starts_with("refused ConnectionRefusedError"),
+            "{addr}: {r:?}"
+        );
         assert!(r.usage.wall_ms < 1_000, "{addr}: {r:?}");
+        assert_refusal_listed(&r, addr);
     }
     let r = run(
         &*sb,
@@ -421,9 +440,10 @@ async fn on_the_container_engine(runtime: paddock_core::OciRuntime, tag: &str) {
         for addr in [internet::DENIED, "169.254.169.254"] {
             let r = run(exec(&["python3", "-c", PY_CONNECT, addr, "80"])).await;
             assert!(
-                r.stdout.starts_with("refused"),
+                r.stdout.starts_with("refused ConnectionRefusedError"),
                 "cold {cold}: {addr}: {r:?}"
             );
+            assert_refusal_listed(&r, addr);
         }
     }
     let r = run(&*sb, &["readlink", "/proc/self/ns/net"]).await;
@@ -536,8 +556,12 @@ async fn unrestricted_on_the_container_engine_goes_through_the_gateway_to_any_ho
         // Never the metadata address, by address or by a name that resolves there,
         // and fast.
         let r = run(&["python3", "-c", PY_CONNECT, "169.254.169.254", "80"]).await;
-        assert!(r.stdout.starts_with("refused"), "cold {cold}: {r:?}");
+        assert!(
+            r.stdout.starts_with("refused ConnectionRefusedError"),
+            "cold {cold}: {r:?}"
+        );
         assert!(r.usage.wall_ms < 1_000, "cold {cold}: {r:?}");
+        assert_refusal_listed(&r, "169.254.169.254");
         let r = run(&["curl", "-sS", "--max-time", "5", "http://metadata.test/"]).await;
         assert_ne!(r.exit_code(), Some(0), "cold {cold}: {r:?}");
         let report = r.egress.expect("the result lists its egress");

@@ -19,13 +19,15 @@ use super::{Paddock, RuntimeHandle};
 
 /// The engines to run, by name: the built-ins the config enables that neither
 /// `without` nor a registered engine of the same name displaces, then the registered
-/// ones; and the default engine.
+/// ones; the default engine; and the engines the config enables that cannot run on
+/// this host, with why.
+#[allow(clippy::type_complexity)]
 fn register_engines(
     config: &PaddockConfig,
     registered: Vec<Arc<dyn Engine>>,
     without: &[EngineName],
     default_engine: Option<EngineName>,
-) -> Result<(Vec<Arc<dyn Engine>>, EngineName), Error> {
+) -> Result<(Vec<Arc<dyn Engine>>, EngineName, Vec<(EngineName, String)>), Error> {
     let mut names = std::collections::BTreeSet::new();
     for engine in &registered {
         if config.engines.contains_key(&engine.name()) {
@@ -94,7 +96,7 @@ fn register_engines(
         None if has(&EngineName::SUBPROCESS) => EngineName::SUBPROCESS,
         None => first,
     };
-    Ok((engines, default_engine))
+    Ok((engines, default_engine, builtin.unavailable))
 }
 
 /// Configures and starts Paddock.
@@ -265,7 +267,7 @@ impl PaddockBuilder {
         let policy = Arc::new(Policy::new(
             self.policy.unwrap_or_else(|| self.config.policy.clone()),
         )?);
-        let (engines, default_engine) = register_engines(
+        let (engines, default_engine, unavailable) = register_engines(
             &self.config,
             self.engines,
             &self.without,
@@ -283,7 +285,22 @@ impl PaddockBuilder {
         if let Some(cb) = self.on_audit {
             audit_log.set_on_log(cb);
         }
-        let shares = Shares::new(&limiter);
+        // Under API keys, a tenant's pool slots default to its fair share.
+        if self.config.server.require_engines && !unavailable.is_empty() {
+            let why: Vec<&str> = unavailable.iter().map(|(_, why)| why.as_str()).collect();
+            return Err(Error::new(
+                ErrorCode::EngineFailed,
+                format!(
+                    "{} (server.require_engines is set: every enabled engine must run; run `paddock doctor`, or disable the engine)",
+                    why.join("; ")
+                ),
+            ));
+        }
+        let parts_unavailable = unavailable.clone();
+        let shares = Shares::new(&limiter, {
+            let (each, fair) = self.config.slots_per_tenant();
+            each.filter(|_| fair)
+        });
         let limiter_core = LimiterCore::new(limiter, Arc::new(SystemClock))?;
         let shared = Arc::new(Shared::default());
         let parts_shared = shared.clone();
@@ -315,6 +332,7 @@ impl PaddockBuilder {
                     let supervisor = Supervisor::from_parts(SupervisorParts {
                         engines,
                         default_engine,
+                        unavailable: parts_unavailable,
                         by_name_only,
                         pool_config,
                         defaults,
@@ -351,6 +369,7 @@ impl PaddockBuilder {
             access,
             telemetry,
             capabilities: described,
+            unavailable: unavailable.into(),
             prewarms: self.config.pool.min_idle > 0,
             max_pool_size: self.config.pool.max_size,
             federation: None,

@@ -21,10 +21,14 @@ impl Handler<OpenSandboxIds> for Supervisor {
 }
 
 impl Handler<ChooseEngine> for Supervisor {
-    type Result = MessageResult<ChooseEngine>;
+    type Result = Result<paddock_core::EngineName, Error>;
 
     fn handle(&mut self, msg: ChooseEngine, _ctx: &mut Self::Context) -> Self::Result {
-        MessageResult(self.choose(msg.engine, msg.level, msg.tenant.as_deref()))
+        let runs = match msg.program {
+            Some(p) => super::choice::Runs::Program(p),
+            None => super::choice::Runs::Sandbox,
+        };
+        self.choose(msg.engine, msg.level, runs, msg.tenant.as_deref())
     }
 }
 

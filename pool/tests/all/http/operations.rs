@@ -95,9 +95,9 @@ async fn health_readiness_metrics_and_stats() {
     assert_eq!(sched["admitting"], true, "{s}");
     let pools = sched["pools"].as_array().expect("pools");
     assert!(
-        pools
-            .iter()
-            .any(|p| p["engine"] == "subprocess" && p["network"] == "none" && p["max_size"] == 8),
+        pools.iter().any(|p| p["engine"] == "subprocess"
+            && p["network"] == "none"
+            && p["max_size"] == paddock_core::PoolConfig::default().max_size),
         "{s}"
     );
     let audit = &s["audit"];

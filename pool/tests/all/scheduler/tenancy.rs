@@ -325,3 +325,161 @@ async fn shares_ceilings_and_allowances_hold_through_the_facade() {
     b.destroy().await.unwrap();
     p.shutdown(Duration::from_secs(5)).await.unwrap();
 }
+
+/// A configuration with two API keys (tenants `a` and `b`) and nothing else changed.
+fn two_keys() -> PaddockConfig {
+    let mut c = PaddockConfig::default();
+    c.server.api_keys = vec![
+        paddock_core::config::ApiKey::new("key-a-0123456789abcdef", "a"),
+        paddock_core::config::ApiKey::new("key-b-0123456789abcdef", "b"),
+    ];
+    c
+}
+
+fn code_as(tenant: &str, language: paddock_core::Language, code: &str) -> ExecRequest {
+    let mut r = ExecRequest::new(Program::code(language, code));
+    r.tenant = Some(tenant.into());
+    r
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_keys_a_request_without_an_engine_gets_one_that_runs_its_program() {
+    use paddock_core::Language;
+    let p = Paddock::builder().config(two_keys()).start().unwrap();
+    if !p.engines().contains(&EngineName::CONTAINER) {
+        assert!(
+            std::env::var_os("PADDOCK_REQUIRE_CONTAINERS").is_none(),
+            "the container engine must start here"
+        );
+        eprintln!("skipped: no OCI runtime on this host");
+        return;
+    }
+    // Level `none` is not the tenants': a command goes to the container engine,
+    // the strongest level they may use that runs it.
+    let r = p.execute(sh_as("a", "echo hi")).await.unwrap();
+    assert_eq!(r.engine, EngineName::CONTAINER, "{r:?}");
+    assert_eq!(r.stdout, "hi\n", "{r:?}");
+    let r = p
+        .execute(code_as("a", Language::Python, "print(6*7)"))
+        .await
+        .unwrap();
+    assert_eq!(r.engine, EngineName::CONTAINER, "{r:?}");
+    assert_eq!(r.stdout, "42\n", "{r:?}");
+    // JavaScript code: the isolate runs it, at the weakest level they may use.
+    let r = p
+        .execute(code_as("a", Language::Javascript, "6*7"))
+        .await
+        .unwrap();
+    assert_eq!(r.engine, EngineName::ISOLATE, "{r:?}");
+    // A sandbox named no engine: one that runs commands.
+    let s = p.open_sandbox(spec_for("b"), None).await.unwrap();
+    assert_eq!(s.info().engine, EngineName::CONTAINER);
+    s.destroy().await.unwrap();
+    // Asked for `context-isolated`, a sandbox is the isolate's, as before.
+    let mut js = spec_for("b");
+    js.level = IsolationLevel::ContextIsolated;
+    let s = p.open_sandbox(js, None).await.unwrap();
+    assert_eq!(s.info().engine, EngineName::ISOLATE);
+    s.destroy().await.unwrap();
+    p.shutdown(Duration::from_secs(5)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_program_no_allowed_engine_runs_is_refused_with_each_engines_reason() {
+    // Without the container engine, under keys: the subprocess engine runs a
+    // command but its level is not the tenant's; the isolate does not run it.
+    let p = Paddock::builder()
+        .config(two_keys())
+        .without_container()
+        .start()
+        .unwrap();
+    let e = p.execute(sh_as("a", "echo hi")).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::InvalidOptions, "{e}");
+    for part in [
+        "tenant `a`",
+        "subprocess runs it, but its level `none` is not allowed",
+        "isolate does not run command",
+    ] {
+        assert!(e.message.contains(part), "{part:?} in {}", e.message);
+    }
+    // A tenant allowed only `context-isolated`: Python code runs nowhere it may go.
+    let p2 = Paddock::builder()
+        .config(quiet_config())
+        .without_container()
+        .access(AccessRules {
+            default: Allowed {
+                levels: Some(vec![IsolationLevel::ContextIsolated]),
+                networks: None,
+                private: None,
+            },
+            tenants: Default::default(),
+        })
+        .start()
+        .unwrap();
+    let e = p2
+        .execute(code_as("a", paddock_core::Language::Python, "print(1)"))
+        .await
+        .unwrap_err();
+    assert!(
+        e.message.contains("isolate does not run python code"),
+        "{}",
+        e.message
+    );
+    p.shutdown(Duration::from_secs(5)).await.unwrap();
+    p2.shutdown(Duration::from_secs(5)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_keys_one_tenant_cannot_take_the_whole_pool() {
+    // The default configuration with two keys: each tenant's fair share is half of
+    // `pool.max_size` (derived from the host).
+    let config = two_keys();
+    let (share, fair) = config.slots_per_tenant();
+    assert!(fair, "two keys and no explicit cap: the fair share applies");
+    let share = share.unwrap();
+    assert_eq!(share as usize, (config.pool.max_size / 2).max(1));
+    assert!(config.pool.max_size >= 16, "{}", config.pool.max_size);
+    let p = Paddock::builder().config(config).start().unwrap();
+    let js = |tenant: &str| SandboxSpec {
+        level: IsolationLevel::ContextIsolated,
+        ..spec_for(tenant)
+    };
+    // B opens isolate sandboxes until refused.
+    let mut held = Vec::new();
+    let refusal = loop {
+        match p.open_sandbox(js("b"), Some(EngineName::ISOLATE)).await {
+            Ok(s) => held.push(s),
+            Err(e) => break e,
+        }
+        assert!(
+            held.len() <= share as usize,
+            "past the share: {}",
+            held.len()
+        );
+    };
+    assert_eq!(held.len(), share as usize);
+    assert_eq!(refusal.code, ErrorCode::PoolExhausted, "{refusal}");
+    assert!(
+        refusal.message.contains("fair share"),
+        "{}",
+        refusal.message
+    );
+    // A opens at once: no wait for a slot B holds.
+    let t = Instant::now();
+    let a = p
+        .open_sandbox(js("a"), Some(EngineName::ISOLATE))
+        .await
+        .unwrap();
+    let took = t.elapsed();
+    eprintln!("tenant a's open while b holds its share ({share}): {took:?}");
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    a.destroy().await.unwrap();
+    // An explicit cap wins over the fair share.
+    let mut capped = two_keys();
+    capped.limiter.max_slots_per_tenant = Some(3);
+    assert_eq!(capped.slots_per_tenant(), (Some(3), false));
+    for s in held {
+        s.destroy().await.unwrap();
+    }
+    p.shutdown(Duration::from_secs(5)).await.unwrap();
+}

@@ -6,11 +6,11 @@ use std::io::Write;
 
 use paddock_core::protocol::{encode, Frame, FrameDecoder};
 
-use super::CHUNK;
-use crate::host::sys;
+use crate::sys;
+use crate::CHUNK;
 
 /// Writes one frame to stdout.
-pub(super) fn send(frame: &Frame) {
+pub(crate) fn send(frame: &Frame) {
     let bytes = encode(frame);
     let mut out = std::io::stdout().lock();
     // A host that went away ends the agent through stdin's EOF.
@@ -19,15 +19,15 @@ pub(super) fn send(frame: &Frame) {
 }
 
 /// The host's side of the conversation: frames read from stdin.
-pub(super) struct Host {
-    pub(super) decoder: FrameDecoder,
-    pub(super) queued: VecDeque<Frame>,
-    pub(super) closed: bool,
+pub(crate) struct Host {
+    pub(crate) decoder: FrameDecoder,
+    pub(crate) queued: VecDeque<Frame>,
+    pub(crate) closed: bool,
 }
 
 impl Host {
     /// Reads what stdin has (once) and queues the frames in it.
-    pub(super) fn read(&mut self) {
+    pub(crate) fn read(&mut self) {
         let mut buf = [0u8; CHUNK];
         let n = match sys::read(std::io::stdin(), &mut buf) {
             Ok(0) => {

@@ -1,4 +1,21 @@
-//! `paddock-agent`: pid 1 of a warm container.
+//! `paddock-agent`: pid 1 of a warm container of Paddock's container engine.
+//!
+//! This crate is both the agent's program (the `paddock-agent` binary, whose `main`
+//! is [`main`]) and the control channel's messages ([`control`]), which the
+//! container engine (`paddock-engines`) speaks from the host's end. The engine
+//! carries the program inside itself, built as a static executable, so that it runs
+//! in any root filesystem, one without a C library included (see
+//! `docs/container.md`).
+//!
+//! ```
+//! use paddock_agent::control::{ControlFrame, ControlMessage};
+//!
+//! // What the host sends to have the agent kill what a runner's turn left behind.
+//! let sweep = ControlMessage::Sweep { id: "s1".into() };
+//! let bytes = ControlFrame::encode(&sweep);
+//! assert_eq!(bytes, br#"{"v":1,"kind":"sweep","id":"s1"}"#);
+//! assert_eq!(ControlFrame::decode(&bytes), Ok(sweep));
+//! ```
 //!
 //! It speaks protocol v1 (`docs/protocol.md`) on stdin and stdout. Each `invoke` runs
 //! one command: `input` is `{"argv": [...], "env": {"K": "V", …}, "cwd": "/…",
@@ -30,12 +47,23 @@
 //!
 //! The parts: the frames on stdin and stdout (`stdio.rs`), one turn's command
 //! (`turn.rs`), the control channel's messages (`control.rs`), background processes
-//! (`background.rs`), and reaping children and killing leftovers (`reaper.rs`).
+//! (`background.rs`), reaping children and killing leftovers (`reaper.rs`),
+//! terminals (`pty.rs`) and the system calls (`sys.rs`).
+//!
+//! The agent uses no name service: no user or host name lookups, nothing that a
+//! statically linked C library would have to load at run time.
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+#![deny(unused_must_use, unsafe_op_in_unsafe_fn)]
+// System calls are made in `sys.rs`, each behind a safe function; everything else is
+// safe code.
+#![deny(unsafe_code)]
 
 mod background;
-mod control;
+pub mod control;
+mod pty;
 mod reaper;
 mod stdio;
+mod sys;
 mod turn;
 
 use std::collections::VecDeque;
@@ -43,9 +71,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 use paddock_core::protocol::{Frame, FrameDecoder};
 
-use crate::host::sys;
 use background::Background;
-pub(crate) use control::{ControlFrame, ControlMessage, CONTROL_MESSAGE_MAX};
 use stdio::Host;
 
 /// Bytes read at a time.
@@ -89,6 +115,15 @@ struct Agent {
     sigchld: Option<OwnedFd>,
     /// Whether a turn runs (its command is reaped by the turn, not by [`Agent::reap`]).
     in_turn: bool,
+}
+
+/// Why starting `program` in `cwd` failed, as the host is told: a working
+/// directory that is not there is named as such, not as a missing program.
+fn spawn_failure(program: &str, cwd: &str, e: &std::io::Error) -> String {
+    if e.kind() == std::io::ErrorKind::NotFound && !std::path::Path::new(cwd).is_dir() {
+        return format!("the working directory `{cwd}` does not exist in the container");
+    }
+    format!("starting `{program}` failed: {e}")
 }
 
 fn pollfd(fd: RawFd) -> libc::pollfd {
@@ -153,5 +188,17 @@ impl Agent {
             self.host.read();
         }
         self.service(&fds[1..]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_missing_working_directory_is_named() {
+        let gone = std::io::Error::from(std::io::ErrorKind::NotFound);
+        let m = super::spawn_failure("sh", "/no/such/dir", &gone);
+        assert!(m.contains("`/no/such/dir` does not exist"), "{m}");
+        let m = super::spawn_failure("nosuchprogram", "/", &gone);
+        assert!(m.contains("starting `nosuchprogram` failed"), "{m}");
     }
 }

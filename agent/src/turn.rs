@@ -11,10 +11,10 @@ use paddock_core::protocol::Frame;
 use paddock_core::StreamKind;
 use serde_json::{json, Value};
 
-use super::reaper::spawn_unblocked;
-use super::stdio::send;
-use super::{Agent, CHUNK};
-use crate::host::sys;
+use crate::reaper::spawn_unblocked;
+use crate::stdio::send;
+use crate::sys;
+use crate::{Agent, CHUNK};
 
 /// The command of one `invoke`.
 struct Job {
@@ -132,7 +132,7 @@ impl Stream {
 
 impl Agent {
     /// Runs one `invoke` to its end.
-    pub(super) fn run_turn(&mut self, id: &str, input: &Value) {
+    pub(crate) fn run_turn(&mut self, id: &str, input: &Value) {
         self.in_turn = true;
         self.run_turn_inner(id, input);
         self.in_turn = false;
@@ -165,7 +165,7 @@ impl Agent {
                 send(&Frame::error(
                     id,
                     "SPAWN_FAILED",
-                    format!("starting `{}` failed: {e}", job.argv[0]),
+                    crate::spawn_failure(&job.argv[0], &job.cwd, &e),
                 ));
                 return;
             }

@@ -6,19 +6,19 @@ use std::collections::BTreeMap;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::process::Command;
 
-use super::control::ControlMessage;
-use super::reaper::{session_of, spawn_unblocked};
-use super::Agent;
-use crate::host::{pty, spawn, sys};
+use crate::control::ControlMessage;
+use crate::reaper::{session_of, spawn_unblocked};
+use crate::Agent;
+use crate::{pty, sys};
 
 /// A background process started through the control channel.
-pub(super) struct Background {
-    pub(super) id: String,
+pub(crate) struct Background {
+    pub(crate) id: String,
     /// Its pid, which is also its session and process group id.
-    pub(super) pid: libc::pid_t,
-    pub(super) pidfd: Option<OwnedFd>,
+    pub(crate) pid: libc::pid_t,
+    pub(crate) pidfd: Option<OwnedFd>,
     /// A warm runner: a sweep spares it, but not the rest of its session.
-    pub(super) runner: bool,
+    pub(crate) runner: bool,
 }
 
 impl Agent {
@@ -26,7 +26,7 @@ impl Agent {
     /// that came with it (four for a runner: the last is its fd 3) or on a terminal
     /// opened here, and answers `started` (with the terminal's master, or the
     /// runner's pidfd) or `failed`.
-    pub(super) fn spawn_background(
+    pub(crate) fn spawn_background(
         &mut self,
         id: String,
         argv: Vec<String>,
@@ -80,9 +80,9 @@ impl Agent {
                 Err(e) => return failed(self, format!("opening a terminal failed: {e}")),
             },
         };
-        spawn::in_new_session(&mut cmd, master.is_some());
+        sys::in_new_session(&mut cmd, master.is_some());
         if let Some(fd) = &frames {
-            spawn::onto_fd3(&mut cmd, fd.as_raw_fd());
+            sys::onto_fd3(&mut cmd, fd.as_raw_fd());
         }
         let spawned = spawn_unblocked(&mut cmd);
         // The child's copies of the descriptors go with the command.
@@ -111,13 +111,13 @@ impl Agent {
                     runner,
                 });
             }
-            Err(e) => failed(self, format!("starting `{}` failed: {e}", argv[0])),
+            Err(e) => failed(self, crate::spawn_failure(&argv[0], &cwd, &e)),
         }
     }
 
     /// A background process's leader has exited (it is a zombie, or was just found
     /// as one): everything left in its session dies, it is reaped, the host is told.
-    pub(super) fn finish_background(&mut self, pid: libc::pid_t) {
+    pub(crate) fn finish_background(&mut self, pid: libc::pid_t) {
         let Some(at) = self.background.iter().position(|b| b.pid == pid) else {
             return;
         };

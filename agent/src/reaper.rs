@@ -4,13 +4,13 @@
 use std::os::fd::OwnedFd;
 use std::process::Command;
 
-use super::Agent;
-use crate::host::sys;
+use crate::sys;
+use crate::Agent;
 
 /// A descriptor that reads SIGCHLD (blocked, so it is delivered only there): between
 /// turns the agent reaps orphans as they die, not only when the next turn ends.
 /// Commands are started with it unblocked (see `spawn_unblocked`).
-pub(super) fn child_signals() -> Option<OwnedFd> {
+pub(crate) fn child_signals() -> Option<OwnedFd> {
     sys::signal_fd(libc::SIGCHLD).ok()
 }
 
@@ -18,7 +18,7 @@ pub(super) fn child_signals() -> Option<OwnedFd> {
 /// (std does not reset it), and a shell whose SIGCHLD is blocked never sees its
 /// children end (`wait` hangs). A SIGCHLD that lands in this window is lost to the
 /// signalfd; what it announced is reaped at the next one or when the turn ends.
-pub(super) fn spawn_unblocked(cmd: &mut Command) -> std::io::Result<std::process::Child> {
+pub(crate) fn spawn_unblocked(cmd: &mut Command) -> std::io::Result<std::process::Child> {
     sys::with_signal_unblocked(libc::SIGCHLD, || cmd.spawn())
 }
 
@@ -26,7 +26,7 @@ impl Agent {
     /// Reaps every exited child without waiting (a background leader is finished
     /// properly); the error that ended it (`ECHILD`: no child at all), `None` when
     /// children are still running.
-    pub(super) fn reap(&mut self) -> Option<i32> {
+    pub(crate) fn reap(&mut self) -> Option<i32> {
         loop {
             let pid = match sys::exited_child() {
                 Ok(Some(pid)) => pid,
@@ -46,7 +46,7 @@ impl Agent {
     /// a second: a process in uninterruptible sleep dies when it wakes). Only as pid
     /// 1 of its own pid namespace: anywhere else "every other process" would be the
     /// host's.
-    pub(super) fn kill_everything_else(&mut self, all: bool) {
+    pub(crate) fn kill_everything_else(&mut self, all: bool) {
         if std::process::id() != 1 {
             self.reap();
             return;
@@ -81,7 +81,7 @@ impl Agent {
     /// What a runner's turn left behind dies: every process but the agent, the
     /// runners themselves (the rest of their sessions is not spared) and the
     /// sessions of the other background processes. How many were killed.
-    pub(super) fn sweep(&mut self) -> u32 {
+    pub(crate) fn sweep(&mut self) -> u32 {
         let sessions: Vec<libc::pid_t> = self
             .background
             .iter()
@@ -146,13 +146,13 @@ impl Agent {
 }
 
 /// Reads a non-blocking descriptor empty.
-pub(super) fn drain(fd: &OwnedFd) {
+pub(crate) fn drain(fd: &OwnedFd) {
     let mut buf = [0u8; 1024];
     while matches!(sys::read(fd, &mut buf), Ok(n) if n > 0) {}
 }
 
 /// The session id of `pid`, from `/proc/<pid>/stat`.
-pub(super) fn session_of(pid: libc::pid_t) -> Option<libc::pid_t> {
+pub(crate) fn session_of(pid: libc::pid_t) -> Option<libc::pid_t> {
     state_and_session(pid).map(|(_, s)| s)
 }
 
