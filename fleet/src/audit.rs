@@ -267,8 +267,17 @@ async fn read(
         let m = match tokio::time::timeout_at(deadline, messages.next()).await {
             Ok(Some(Ok(m))) => m,
             Ok(Some(Err(e))) => {
-                // The ordered consumer makes itself again after a gap.
+                // The ordered consumer makes itself again after a gap; a pause, so
+                // that errors that come at once (a connection down) do not spin
+                // past the deadline, which is looked at only while waiting.
                 tracing::debug!(error = %e, "reading the audit stream; going on");
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(unavailable(
+                        "reading the audit stream",
+                        format!("the read stopped at entry {seen} of {end}: {e}"),
+                    ));
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
                 continue;
             }
             Ok(None) => {

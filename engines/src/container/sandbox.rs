@@ -696,19 +696,36 @@ impl Drop for ContainerSandbox {
 const MAX_GUEST_DIR: usize = 4096;
 
 /// `path`, an absolute directory of the container's root, as the container's
-/// processes will `chdir` to it: `INVALID_OPTIONS` for a NUL byte or a path longer
-/// than `PATH_MAX`.
+/// processes will `chdir` to it: `INVALID_OPTIONS` for a NUL byte, a path longer
+/// than `PATH_MAX`, a `..` component (what it names depends on the root's
+/// symlinks, which the runtime would follow before the container's own view is
+/// set up), or a path under `/proc`, `/sys` or `/dev` (kernel views, never a
+/// program's working directory; `/proc/self/fd/N` is how a leaked descriptor of the
+/// runtime would be reached).
 fn guest_dir(path: &str) -> Result<String> {
-    if path.contains('\0') || path.len() >= MAX_GUEST_DIR {
-        return Err(paddock_core::Error::invalid_options(
+    let bad = |why: &str| {
+        Err(paddock_core::Error::invalid_options(
             "cwd",
             format!(
-                "`{}` is not a directory path: no NUL bytes, under {MAX_GUEST_DIR} bytes",
+                "`{}` is not a working directory here: {why}",
                 path.escape_debug()
             ),
-        ));
+        ))
+    };
+    if path.contains('\0') || path.len() >= MAX_GUEST_DIR {
+        return bad(&format!("no NUL bytes, under {MAX_GUEST_DIR} bytes"));
     }
-    Ok(path.to_string())
+    let parts: Vec<&str> = path
+        .split('/')
+        .filter(|p| !p.is_empty() && *p != ".")
+        .collect();
+    if parts.contains(&"..") {
+        return bad("give it without `..`");
+    }
+    if matches!(parts.first(), Some(&("proc" | "sys" | "dev"))) {
+        return bad("/proc, /sys and /dev are the kernel's views, not directories to work in");
+    }
+    Ok(format!("/{}", parts.join("/")))
 }
 
 #[cfg(test)]
@@ -718,8 +735,19 @@ mod tests {
     #[test]
     fn a_directory_of_the_container_root_is_passed_as_is() {
         assert_eq!(guest_dir("/tmp").unwrap(), "/tmp");
-        assert_eq!(guest_dir("/var/../tmp").unwrap(), "/var/../tmp");
-        assert!(guest_dir("/tmp/\0x").is_err());
+        assert_eq!(guest_dir("//tmp/./x/").unwrap(), "/tmp/x");
+        assert_eq!(guest_dir("/").unwrap(), "/");
+        for bad in [
+            "/var/../tmp",
+            "/tmp/..",
+            "/proc/self/fd/7",
+            "/proc",
+            "/sys/fs",
+            "/dev/shm",
+            "/tmp/\0x",
+        ] {
+            assert!(guest_dir(bad).is_err(), "{bad}");
+        }
         assert!(guest_dir(&format!("/{}", "a".repeat(5000))).is_err());
     }
 }

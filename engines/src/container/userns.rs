@@ -42,7 +42,9 @@ pub(crate) fn lock_parent() -> PathBuf {
 /// workdirs.
 pub(crate) fn closed_ancestor(path: &Path) -> Option<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
-    let mut p = Some(path);
+    // The directories really passed through: a symlink's target's, not its own.
+    let real = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut p = Some(real.as_path());
     while let Some(dir) = p {
         if let Ok(m) = std::fs::metadata(dir) {
             if m.permissions().mode() & 0o001 == 0 {

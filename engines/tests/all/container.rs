@@ -1065,6 +1065,14 @@ async fn cwd_is_resolved_beneath_the_workdir() {
             let r = run(&*sb, in_dir(cwd)).await;
             assert_eq!(r.stdout, format!("{cwd}\n"), "{what} {cwd}: {r:?}");
         }
+        // Kernel views and `..` are refused before anything runs.
+        for cwd in ["/proc/self/fd/3", "/sys", "/tmp/../etc"] {
+            let e = sb
+                .exec(in_dir(cwd), &DiscardSink, CancelToken::new())
+                .await
+                .unwrap_err();
+            assert_eq!(e.code, ErrorCode::InvalidOptions, "{what} {cwd}: {e}");
+        }
         // One that does not exist there fails the program's start, naming it.
         let r = sb
             .exec(in_dir("/workspacex"), &DiscardSink, CancelToken::new())
