@@ -472,10 +472,11 @@ async fn strict_isolation_goes_to_the_container_engine() {
     let r = paddock.execute_with(strict).await.unwrap();
     assert_eq!(r.engine, EngineName::CONTAINER, "{r:?}");
     // Inside its own pid namespace (its pid is a small number: after the agent's,
-    // pid 1, and the warm runners it started), with only loopback.
+    // pid 1, and the warm runners it started and their helpers, which vary), with
+    // only loopback.
     let (pid, devices) = r.stdout.split_once('\n').unwrap_or_default();
     assert!(
-        pid.parse::<u32>().is_ok_and(|p| (2..10).contains(&p)),
+        pid.parse::<u32>().is_ok_and(|p| (2..100).contains(&p)),
         "{r:?}"
     );
     assert_eq!(devices, "3\n", "{r:?}");
