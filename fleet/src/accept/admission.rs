@@ -1,0 +1,215 @@
+//! Admission of one-shot work on the accepting node: validation, the refusals it
+//! can make itself, the tenant's fleet-wide shares and rate, the waiter, and the
+//! order published on its engine's work queue.
+
+use std::sync::Arc;
+
+use paddock_core::{unix_ms, Error, ErrorCode, ExecutionId};
+use paddock_pool::Execute;
+use tokio::sync::mpsc;
+
+use super::{Federated, Fence, Pending, WaiterGuard};
+use crate::names::Names;
+use crate::node::{Inner, Waiter};
+use crate::shares::RunHold;
+use crate::wire::Order;
+
+/// Most executions one node waits for at once; more are `POOL_EXHAUSTED`.
+const MAX_WAITERS: usize = 100_000;
+
+impl Federated {
+    pub(super) async fn submit(
+        &self,
+        mut msg: Execute,
+        key: Option<String>,
+        stream: bool,
+    ) -> Result<Pending, Error> {
+        let inner = &self.inner;
+        msg.request.validate()?;
+        if inner.waiters.len() >= MAX_WAITERS {
+            return Err(Error::new(
+                ErrorCode::PoolExhausted,
+                format!("this node waits for {MAX_WAITERS} executions already; retry on another node or later"),
+            )
+            .with_retry_after_ms(1_000));
+        }
+        let tenant = msg.request.tenant.clone();
+        let accepted_at_ms = unix_ms();
+        let start_by_ms = accepted_at_ms + inner.config.queue_timeout_ms;
+        let engine = inner
+            .paddock
+            .choose_engine(
+                msg.engine.clone(),
+                msg.level,
+                Some(msg.request.program.kind()),
+                tenant.clone(),
+            )
+            .await?;
+        let fence = Fence {
+            tenant: tenant.clone(),
+            engine: engine.clone(),
+            code_hash: paddock_core::code_hash(&msg.request.program.audit_text()),
+        };
+        let mut held_key = None;
+        if let Some(key) = key {
+            match self
+                .hold_key(&key, &mut msg, start_by_ms, tenant.as_deref())
+                .await?
+            {
+                Some((first, first_start_by)) => {
+                    return Ok(Pending::Attached {
+                        id: first,
+                        start_by_ms: first_start_by,
+                        fence,
+                    })
+                }
+                None => held_key = Some(Names::idem_key(tenant.as_deref(), &key)),
+            }
+        }
+        let id = msg.request.id.clone();
+        let refuse = |e: Error| refuse(inner, &id, held_key.as_deref(), e);
+        // Refusals the accepting node can make itself are made here, before the
+        // work is queued (so that a stream is refused, not begun).
+        let allowed = inner.paddock.access_rules().for_tenant(tenant.as_deref());
+        if let Err(e) = allowed.check_network(&msg.network, tenant.as_deref()) {
+            return Err(refuse(e).await);
+        }
+        if let Some((_, caps)) = inner
+            .paddock
+            .capabilities()
+            .iter()
+            .find(|(n, _)| *n == engine)
+        {
+            let checked = allowed
+                .check_level(caps.max_level, engine.as_str(), tenant.as_deref())
+                .and_then(|()| caps.check_limits(&engine, &msg.request.limits, "limits"));
+            if let Err(e) = checked {
+                return Err(refuse(e).await);
+            }
+        }
+        // The tenant's fleet-wide shares, then its rate, counted once per
+        // execution: after the refusals above (a request refused for what it asks
+        // costs no admission, as on a single node), and not for a replay of an
+        // idempotency key. A refusal after the hold gives it back.
+        let caps = *inner.share_caps.lock();
+        let hold = if caps.counts_runs() {
+            let taken = RunHold::take(
+                inner,
+                &caps,
+                tenant.as_deref(),
+                &id,
+                start_by_ms,
+                msg.request.limits.timeout_ms,
+            )
+            .await;
+            match taken {
+                Ok(h) => Some(h),
+                Err(e) => return Err(refuse(e).await),
+            }
+        } else {
+            None
+        };
+        let give_back = |hold: Option<RunHold>| async move {
+            if let Some(h) = hold {
+                h.finish().await;
+            }
+        };
+        let rate = *inner.rate_limit.lock();
+        if let Some(rate) = rate {
+            if let Err(e) = crate::rate::admit(inner, rate, tenant.as_deref()).await {
+                give_back(hold).await;
+                return Err(refuse(e).await);
+            }
+        }
+        let order = Order {
+            request: msg.request,
+            engine: engine.clone(),
+            level: msg.level,
+            network: msg.network,
+            traceparent: msg.traceparent,
+            stream,
+            accepted_by: inner.node.clone(),
+            reply: inner.names.inbox(&inner.node),
+            accepted_at_ms,
+            start_by_ms,
+            on_node_loss: msg.on_node_loss.unwrap_or(inner.config.on_node_loss),
+        };
+        let payload = bytes::Bytes::from(serde_json::to_vec(&order).unwrap_or_default());
+        if payload.len() + 1024 > inner.max_payload {
+            give_back(hold).await;
+            return Err(refuse(Error::invalid_options(
+                "request",
+                format!(
+                    "the request is {} bytes, more than the fleet's NATS servers take in one message ({} bytes, their max_payload); send a smaller stdin or program",
+                    payload.len(),
+                    inner.max_payload
+                ),
+            ))
+            .await);
+        }
+        let (tx, rx) = mpsc::channel(256);
+        match inner.waiters.entry(id.clone()) {
+            dashmap::Entry::Occupied(_) => {
+                // Another request with the same key queues it here right now
+                // (and holds its place).
+                give_back(hold).await;
+                return Ok(Pending::Attached {
+                    id,
+                    start_by_ms,
+                    fence,
+                });
+            }
+            dashmap::Entry::Vacant(v) => {
+                v.insert(Arc::new(Waiter {
+                    tenant,
+                    engine: engine.clone(),
+                    code_hash: fence.code_hash.clone(),
+                    tx,
+                }));
+            }
+        }
+        let guard = WaiterGuard {
+            inner: inner.clone(),
+            id: id.clone(),
+        };
+        if let Err(e) = self.publish(&order, payload).await {
+            if e.code == ErrorCode::FleetUnavailable {
+                // It may be queued all the same (the acknowledgement is what was
+                // lost): the key stays, so a retry with it attaches to this one,
+                // and the hold (dropped here) is given back once its record says
+                // it is done, or it can no longer start.
+                inner.waiters.remove(&id);
+                drop(hold);
+                return Err(Error::new(
+                    e.code,
+                    format!(
+                        "{}; execution {id} may still run: look it up by id, or retry with the same idempotency key",
+                        e.message
+                    ),
+                )
+                .with_retry_after_ms(e.retry_after_ms.unwrap_or(1_000)));
+            }
+            give_back(hold).await;
+            return Err(refuse(e).await);
+        }
+        Ok(Pending::Own {
+            _guard: guard,
+            id,
+            rx,
+            start_by_ms,
+            key: held_key,
+            fence,
+            hold,
+        })
+    }
+}
+
+/// Undoes the acceptance of work refused before it was queued: a retry with its
+/// idempotency key runs it.
+async fn refuse(inner: &Inner, id: &ExecutionId, held_key: Option<&str>, e: Error) -> Error {
+    inner.waiters.remove(id);
+    if let Some(k) = held_key {
+        let _ = inner.idem.delete(k).await;
+    }
+    e
+}
