@@ -89,6 +89,15 @@ pub enum ControlMessage {
         /// The host's name for this sweep, echoed in `swept`.
         id: String,
     },
+    /// Host → agent: return the container to the state it started in, for another
+    /// lease (maybe another tenant's): every process but the agent killed (each
+    /// background process reported `exited`), System V IPC objects and POSIX message
+    /// queues removed, `/tmp`, `/dev/shm` and `/dev` as they were at start, the
+    /// agent's inheritable attributes put back. Answered with `reset_done`.
+    Reset {
+        /// The host's name for this reset, echoed in `reset_done`.
+        id: String,
+    },
     /// Host → agent: signal the process group of a background process.
     Signal {
         /// The process.
@@ -110,6 +119,17 @@ pub enum ControlMessage {
         id: String,
         /// How many processes it found to kill.
         killed: u32,
+    },
+    /// Agent → host: the reset `id` is over. With `ok` the container is as it was
+    /// when the agent started; without, `message` names what could not be reset,
+    /// and the container must not serve another lease.
+    ResetDone {
+        /// The reset.
+        id: String,
+        /// Whether everything was reset.
+        ok: bool,
+        /// What could not be reset (empty with `ok`).
+        message: String,
     },
     /// Agent → host: it could not start.
     Failed {
@@ -235,6 +255,13 @@ impl Agent {
                 let killed = self.sweep();
                 self.answer(&ControlMessage::Swept { id, killed }, None);
             }
+            Ok(ControlMessage::Reset { id }) => {
+                let (ok, message) = match self.reset() {
+                    Ok(()) => (true, String::new()),
+                    Err(why) => (false, why),
+                };
+                self.answer(&ControlMessage::ResetDone { id, ok, message }, None);
+            }
             Ok(ControlMessage::Signal { id, signal }) => {
                 if let Some(b) = self.background.iter().find(|b| b.id == id) {
                     // The group of a process not yet reaped.
@@ -301,6 +328,23 @@ mod tests {
             ControlFrame::decode(br#"{"v":1,"kind":"sweep","id":"s1"}"#).unwrap(),
             ControlMessage::Sweep { id: "s1".into() }
         );
+        let reset = ControlMessage::Reset { id: "r1".into() };
+        assert_eq!(
+            ControlFrame::encode(&reset),
+            br#"{"v":1,"kind":"reset","id":"r1"}"#
+        );
+        let done =
+            br#"{"v":1,"kind":"reset_done","id":"r1","ok":false,"message":"/dev/null: gone"}"#;
+        let decoded = ControlFrame::decode(done).unwrap();
+        assert_eq!(
+            decoded,
+            ControlMessage::ResetDone {
+                id: "r1".into(),
+                ok: false,
+                message: "/dev/null: gone".into()
+            }
+        );
+        assert_eq!(ControlFrame::encode(&decoded), done);
         let exited = br#"{"v":1,"kind":"exited","id":"p1","exit_code":137,"signal":9}"#;
         assert_eq!(
             ControlFrame::decode(exited).unwrap(),

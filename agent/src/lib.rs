@@ -42,13 +42,25 @@
 //! background processes still running (a process that leaves its session is a
 //! leftover like any other).
 //!
+//! **Reset.** Between two leases the host may ask, on the control channel, for the
+//! container to be returned to the state it started in (`reset`), so that it can
+//! serve another tenant instead of being replaced: every other process dies, System
+//! V IPC objects and POSIX message queues are removed, `/tmp`, `/dev/shm` and `/dev`
+//! go back to the snapshot taken at start, and the agent's own inheritable
+//! attributes (limits, priorities) are put back. The agent answers `reset_done` with
+//! `ok: false` and what could not be reset when it cannot prove the container clean;
+//! the host then replaces it. The list of what a reset covers, and what it does not,
+//! is in `reset.rs`. Since the agent outlives tenants, it makes itself non-dumpable
+//! at start: code of the same user cannot open its memory or descriptors.
+//!
 //! One thread: a `poll` over the host's frames, the control channel, the command's
 //! two output pipes, its pidfd and the pidfds of background processes.
 //!
 //! The parts: the frames on stdin and stdout (`stdio.rs`), one turn's command
 //! (`turn.rs`), the control channel's messages (`control.rs`), background processes
 //! (`background.rs`), reaping children and killing leftovers (`reaper.rs`),
-//! terminals (`pty.rs`) and the system calls (`sys.rs`).
+//! resetting the container for another lease (`reset.rs`), terminals (`pty.rs`) and
+//! the system calls (`sys.rs`).
 //!
 //! The agent uses no name service: no user or host name lookups, nothing that a
 //! statically linked C library would have to load at run time.
@@ -62,6 +74,7 @@ mod background;
 pub mod control;
 mod pty;
 mod reaper;
+mod reset;
 mod stdio;
 mod sys;
 mod turn;
@@ -79,6 +92,13 @@ const CHUNK: usize = 64 * 1024;
 
 /// Runs the agent until stdin closes; returns the process exit code.
 pub fn main() -> i32 {
+    // First, before any other program runs beside it: the agent outlives tenants
+    // (see `reset.rs`), and code of the same user must not reach into it.
+    if let Err(e) = sys::set_not_dumpable() {
+        eprintln!("paddock-agent: cannot make itself non-dumpable: {e}");
+    }
+    // What the container looks like before any tenant's code ran, for `reset`.
+    let baseline = (std::process::id() == 1).then(reset::Baseline::take);
     let mut agent = Agent {
         host: Host {
             decoder: FrameDecoder::new(),
@@ -89,6 +109,7 @@ pub fn main() -> i32 {
         background: Vec::new(),
         sigchld: reaper::child_signals(),
         in_turn: false,
+        baseline,
     };
     loop {
         while let Some(frame) = agent.host.queued.pop_front() {
@@ -115,6 +136,9 @@ struct Agent {
     sigchld: Option<OwnedFd>,
     /// Whether a turn runs (its command is reaped by the turn, not by [`Agent::reap`]).
     in_turn: bool,
+    /// The container as it was at start, which a reset returns it to (as pid 1
+    /// only).
+    baseline: Option<reset::Baseline>,
 }
 
 /// Why starting `program` in `cwd` failed, as the host is told: a working

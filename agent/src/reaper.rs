@@ -75,7 +75,7 @@ impl Agent {
                     .collect(),
             )
         };
-        self.kill_others(&sessions, &runners);
+        self.kill_others(&sessions, &runners, deadline_from_now());
     }
 
     /// What a runner's turn left behind dies: every process but the agent, the
@@ -94,18 +94,22 @@ impl Agent {
             .filter(|b| b.runner)
             .map(|b| b.pid)
             .collect();
-        self.kill_others(&sessions, &runners)
+        self.kill_others(&sessions, &runners, deadline_from_now())
     }
 
     /// Kills every process but pid 1, those of `sessions` and the `pids`, reaping
-    /// as it goes, until none is left or a second has passed; how many it found.
+    /// as it goes, until none is left or `deadline` has passed; how many it found.
     /// Zombies are left to their parents (a spared runner reaps its own).
-    fn kill_others(&mut self, sessions: &[libc::pid_t], pids: &[libc::pid_t]) -> u32 {
+    pub(crate) fn kill_others(
+        &mut self,
+        sessions: &[libc::pid_t],
+        pids: &[libc::pid_t],
+        deadline: std::time::Instant,
+    ) -> u32 {
         if std::process::id() != 1 {
             self.reap();
             return 0;
         }
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
         let mut killed = 0;
         loop {
             // Every process of the namespace descends from pid 1 (nothing enters the
@@ -143,6 +147,14 @@ impl Agent {
             std::thread::sleep(std::time::Duration::from_micros(100));
         }
     }
+}
+
+/// How long the cleanup after a turn, or a sweep, kills and reaps at most (a
+/// process in uninterruptible sleep dies when it wakes).
+const KILL_PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
+
+fn deadline_from_now() -> std::time::Instant {
+    std::time::Instant::now() + KILL_PATIENCE
 }
 
 /// Reads a non-blocking descriptor empty.

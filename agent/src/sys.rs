@@ -293,3 +293,285 @@ pub(crate) fn onto_fd3(cmd: &mut std::process::Command, fd: RawFd) {
         });
     }
 }
+
+/// Makes this process non-dumpable (`PR_SET_DUMPABLE` 0): a process of the same
+/// user without `CAP_SYS_PTRACE` can then no longer open its memory, descriptors or
+/// environment through `/proc` (the agent outlives the tenants whose code runs
+/// beside it). Programs it starts are dumpable again after their `exec`.
+pub(crate) fn set_not_dumpable() -> io::Result<()> {
+    // SAFETY: prctl with integer arguments only.
+    let r = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    if r == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether this process is dumpable (`PR_GET_DUMPABLE`).
+pub(crate) fn is_dumpable() -> bool {
+    // SAFETY: prctl with integer arguments only.
+    unsafe { libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0) == 1 }
+}
+
+/// A System V IPC namespace's kind of object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ipc {
+    /// Shared memory segments (`/proc/sysvipc/shm`).
+    Shm,
+    /// Message queues (`/proc/sysvipc/msg`).
+    Msg,
+    /// Semaphore sets (`/proc/sysvipc/sem`).
+    Sem,
+}
+
+/// Removes the System V IPC object `id` of kind `kind` (`IPC_RMID`). One already
+/// gone (`EINVAL`, `EIDRM`) is not an error.
+pub(crate) fn ipc_remove(kind: Ipc, id: libc::c_int) -> io::Result<()> {
+    // SAFETY: IPC_RMID reads no buffer; a null one is allowed.
+    let r = unsafe {
+        match kind {
+            Ipc::Shm => libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut()),
+            Ipc::Msg => libc::msgctl(id, libc::IPC_RMID, std::ptr::null_mut()),
+            Ipc::Sem => libc::semctl(id, 0, libc::IPC_RMID),
+        }
+    };
+    if r == -1 {
+        let e = io::Error::last_os_error();
+        if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EIDRM)) {
+            return Ok(());
+        }
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// The filesystem type (`f_type` of `statfs(2)`) of the filesystem `path` is on.
+pub(crate) fn fs_type(path: &std::path::Path) -> io::Result<i64> {
+    let c = cstr(path)?;
+    // SAFETY: statfs is plain data; zeroed is a valid value.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a valid out pointer.
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st.f_type as i64)
+}
+
+/// The magic number of the mqueue filesystem (`MQUEUE_MAGIC`).
+pub(crate) const MQUEUE_MAGIC: i64 = 0x1980_0202;
+
+fn cstr(path: &std::path::Path) -> io::Result<std::ffi::CString> {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+/// The extended attributes of `path` itself (not of what a symlink names): names
+/// and values.
+pub(crate) fn xattrs(path: &std::path::Path) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let c = cstr(path)?;
+    let mut names = vec![0u8; 1024];
+    let len = loop {
+        // SAFETY: the buffer is valid for `names.len()` bytes.
+        let n = unsafe { libc::llistxattr(c.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
+        if n >= 0 {
+            break n as usize;
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::ERANGE) if names.len() < 1 << 20 => names.resize(names.len() * 4, 0),
+            Some(libc::ENOTSUP) => return Ok(Vec::new()),
+            _ => return Err(e),
+        }
+    };
+    let mut out = Vec::new();
+    for name in names[..len].split(|b| *b == 0).filter(|n| !n.is_empty()) {
+        let cname = std::ffi::CString::new(name).expect("split at NUL");
+        let mut value = vec![0u8; 256];
+        let got = loop {
+            // SAFETY: NUL-terminated path and name; the buffer is valid for its length.
+            let n = unsafe {
+                libc::lgetxattr(
+                    c.as_ptr(),
+                    cname.as_ptr(),
+                    value.as_mut_ptr().cast(),
+                    value.len(),
+                )
+            };
+            if n >= 0 {
+                break Some(n as usize);
+            }
+            match io::Error::last_os_error().raw_os_error() {
+                Some(libc::ERANGE) if value.len() < 1 << 20 => value.resize(value.len() * 4, 0),
+                // Gone meanwhile, or not readable: named with an empty value.
+                _ => break None,
+            }
+        };
+        value.truncate(got.unwrap_or(0));
+        out.push((name.to_vec(), value));
+    }
+    Ok(out)
+}
+
+/// Removes the extended attribute `name` of `path` itself.
+pub(crate) fn remove_xattr(path: &std::path::Path, name: &[u8]) -> io::Result<()> {
+    let c = cstr(path)?;
+    let cname =
+        std::ffi::CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: NUL-terminated path and name.
+    if unsafe { libc::lremovexattr(c.as_ptr(), cname.as_ptr()) } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The number of resource limits (`RLIM_NLIMITS`).
+pub(crate) const RLIMITS: libc::c_int = 16;
+
+/// This process's soft and hard limit of `resource`.
+pub(crate) fn get_rlimit(resource: libc::c_int) -> io::Result<(libc::rlim_t, libc::rlim_t)> {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: a valid out pointer; an unknown resource is EINVAL.
+    if unsafe { libc::getrlimit(resource as _, &mut r) } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((r.rlim_cur, r.rlim_max))
+}
+
+/// Sets this process's soft and hard limit of `resource`.
+pub(crate) fn set_rlimit(
+    resource: libc::c_int,
+    (rlim_cur, rlim_max): (libc::rlim_t, libc::rlim_t),
+) -> io::Result<()> {
+    let r = libc::rlimit { rlim_cur, rlim_max };
+    // SAFETY: reads the local.
+    if unsafe { libc::setrlimit(resource as _, &r) } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// This process's nice value.
+pub(crate) fn nice() -> io::Result<i32> {
+    // getpriority may answer -1 as a value: errno tells.
+    // SAFETY: sets the calling thread's errno.
+    unsafe { *libc::__errno_location() = 0 };
+    // SAFETY: no pointers.
+    let n = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
+    let e = io::Error::last_os_error();
+    if n == -1 && e.raw_os_error() != Some(0) {
+        return Err(e);
+    }
+    Ok(n)
+}
+
+/// Sets this process's nice value (lowering it needs `CAP_SYS_NICE`).
+pub(crate) fn set_nice(value: i32) -> io::Result<()> {
+    // SAFETY: no pointers.
+    if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, value) } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// This process's scheduling policy (with `SCHED_RESET_ON_FORK` when set) and
+/// static priority.
+pub(crate) fn scheduler() -> io::Result<(i32, i32)> {
+    // SAFETY: no pointers.
+    let policy = unsafe { libc::sched_getscheduler(0) };
+    if policy == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: a valid out pointer.
+    if unsafe { libc::sched_getparam(0, &mut param) } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((policy, param.sched_priority))
+}
+
+/// Sets this process's scheduling policy and static priority (leaving
+/// `SCHED_IDLE` needs `CAP_SYS_NICE`).
+pub(crate) fn set_scheduler((policy, priority): (i32, i32)) -> io::Result<()> {
+    let param = libc::sched_param {
+        sched_priority: priority,
+    };
+    // SAFETY: reads the local.
+    if unsafe { libc::sched_setscheduler(0, policy, &param) } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Words of a CPU mask: 1024 CPUs, the size of glibc's `cpu_set_t`.
+const CPU_WORDS: usize = 16;
+
+/// The CPUs this process may run on, as a bit mask.
+pub(crate) fn affinity() -> io::Result<Vec<u64>> {
+    let mut words = [0u64; CPU_WORDS];
+    // SAFETY: the buffer is valid for the size given; the kernel writes at most that.
+    let r = unsafe {
+        libc::sched_getaffinity(
+            0,
+            std::mem::size_of_val(&words),
+            words.as_mut_ptr().cast::<libc::cpu_set_t>(),
+        )
+    };
+    if r == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(words.to_vec())
+}
+
+/// Sets the CPUs this process may run on.
+pub(crate) fn set_affinity(mask: &[u64]) -> io::Result<()> {
+    let mut words = [0u64; CPU_WORDS];
+    for (w, m) in words.iter_mut().zip(mask) {
+        *w = *m;
+    }
+    // SAFETY: the buffer is valid for the size given; the kernel only reads it.
+    let r = unsafe {
+        libc::sched_setaffinity(
+            0,
+            std::mem::size_of_val(&words),
+            words.as_ptr().cast::<libc::cpu_set_t>(),
+        )
+    };
+    if r == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `IOPRIO_WHO_PROCESS` of `ioprio_get(2)` and `ioprio_set(2)`.
+const IOPRIO_WHO_PROCESS: libc::c_long = 1;
+
+/// This process's I/O priority (class and level, as `ioprio_get(2)` answers).
+pub(crate) fn io_priority() -> io::Result<i64> {
+    // SAFETY: ioprio_get takes integers only.
+    let r = unsafe { libc::syscall(libc::SYS_ioprio_get, IOPRIO_WHO_PROCESS, 0 as libc::c_long) };
+    if r == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(r as i64)
+}
+
+/// Sets this process's I/O priority.
+pub(crate) fn set_io_priority(value: i64) -> io::Result<()> {
+    // SAFETY: ioprio_set takes integers only.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_ioprio_set,
+            IOPRIO_WHO_PROCESS,
+            0 as libc::c_long,
+            value as libc::c_long,
+        )
+    };
+    if r == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}

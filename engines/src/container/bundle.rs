@@ -185,6 +185,15 @@ pub(crate) fn config(spec: &BundleSpec<'_>) -> Value {
         json!({"destination": "/dev/pts", "type": "devpts", "source": "devpts",
                "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]}),
     ];
+    if !spec.user_space_kernel {
+        // The IPC namespace's POSIX message queues, which can be listed only through
+        // a mount: the agent's reset removes what a lease left there (see the
+        // `paddock_agent` crate). gVisor's agent is never asked to reset.
+        mounts.push(
+            json!({"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue",
+                           "options": ["nosuid", "noexec", "nodev"]}),
+        );
+    }
     if spec.host_usr {
         mounts.push(bind_ro("/usr", "/usr"));
         mounts.push(bind_ro("/etc", "/etc"));
@@ -408,6 +417,19 @@ mod tests {
             .find(|m| m["destination"] == WORKSPACE)
             .unwrap();
         assert_eq!(ws["source"], "/srv/w");
+        // POSIX message queues are listed where the agent's reset finds them; not
+        // on gVisor, whose agent is never asked to reset.
+        let mqueue = |c: &Value| {
+            c["mounts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|m| m["destination"] == "/dev/mqueue" && m["type"] == "mqueue")
+        };
+        assert!(mqueue(&c));
+        let mut gvisor = spec(&args, Path::new("/r"));
+        gvisor.user_space_kernel = true;
+        assert!(!mqueue(&config(&gvisor)));
     }
 
     #[test]

@@ -39,7 +39,8 @@ type StartReply = std::result::Result<(libc::pid_t, Option<OwnedFd>), String>;
 struct Routes {
     starting: HashMap<String, oneshot::Sender<StartReply>>,
     running: HashMap<String, oneshot::Sender<ProcessExit>>,
-    sweeping: HashMap<String, oneshot::Sender<u32>>,
+    /// Sweeps and resets under way, by id: their answer (`swept`, `reset_done`).
+    asked: HashMap<String, oneshot::Sender<ControlMessage>>,
     closed: bool,
 }
 
@@ -195,6 +196,32 @@ impl AgentControl {
     /// `ControlMessage::Sweep`) and waits until it has; how many processes it
     /// killed.
     pub(crate) async fn sweep(&self, id: &str) -> Result<u32> {
+        let message = ControlMessage::Sweep { id: id.to_string() };
+        match self.ask(id, &message, "a sweep").await? {
+            ControlMessage::Swept { killed, .. } => Ok(killed),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Asks the agent to reset the container in place (see `ControlMessage::Reset`)
+    /// and waits, up to [`SPAWN_PATIENCE`], for its answer: `Ok` only when the agent
+    /// reports everything reset. An agent that answers `ok: false`, does not answer
+    /// in time or is gone is an error: the container must then be replaced.
+    pub(crate) async fn reset(&self, id: &str) -> Result<()> {
+        let message = ControlMessage::Reset { id: id.to_string() };
+        match self.ask(id, &message, "a reset").await? {
+            ControlMessage::ResetDone { ok: true, .. } => Ok(()),
+            ControlMessage::ResetDone { message, .. } => Err(Error::new(
+                ErrorCode::EngineFailed,
+                format!("the container's agent could not reset the container: {message}"),
+            )),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Sends `message` (a request named `id`) and waits, up to [`SPAWN_PATIENCE`],
+    /// for the agent's answer to it.
+    async fn ask(&self, id: &str, message: &ControlMessage, what: &str) -> Result<ControlMessage> {
         let sock = self.socket()?;
         let (tx, rx) = oneshot::channel();
         {
@@ -202,9 +229,9 @@ impl AgentControl {
             if routes.closed {
                 return Err(gone());
             }
-            routes.sweeping.insert(id.to_string(), tx);
+            routes.asked.insert(id.to_string(), tx);
         }
-        let bytes = ControlFrame::encode(&ControlMessage::Sweep { id: id.to_string() });
+        let bytes = ControlFrame::encode(message);
         let asked = tokio::time::timeout(SPAWN_PATIENCE, async {
             send(&sock, &bytes, &[]).await?;
             rx.await.map_err(|_| gone())
@@ -213,11 +240,11 @@ impl AgentControl {
         match asked {
             Ok(answer) => answer,
             Err(_) => {
-                self.routes.lock().sweeping.remove(id);
+                self.routes.lock().asked.remove(id);
                 Err(Error::new(
                     ErrorCode::EngineFailed,
                     format!(
-                        "the container's agent did not finish a sweep within {SPAWN_PATIENCE:?}"
+                        "the container's agent did not finish {what} within {SPAWN_PATIENCE:?}"
                     ),
                 ))
             }
@@ -300,6 +327,14 @@ fn unresponsive() -> Error {
     )
 }
 
+/// An answer of the wrong kind to a sweep or a reset.
+fn unexpected(answer: &ControlMessage) -> Error {
+    Error::new(
+        ErrorCode::EngineFailed,
+        format!("the container's agent answered with {answer:?}"),
+    )
+}
+
 fn gone() -> Error {
     Error::new(
         ErrorCode::EngineFailed,
@@ -367,9 +402,9 @@ async fn read_answers(sock: Arc<AsyncFd<OwnedFd>>, routes: Arc<parking_lot::Mute
                     let _ = tx.send(ProcessExit { exit_code, signal });
                 }
             }
-            ControlMessage::Swept { id, killed } => {
-                if let Some(tx) = r.sweeping.remove(&id) {
-                    let _ = tx.send(killed);
+            ControlMessage::Swept { ref id, .. } | ControlMessage::ResetDone { ref id, .. } => {
+                if let Some(tx) = r.asked.remove(id) {
+                    let _ = tx.send(message);
                 }
             }
             other => {
@@ -383,7 +418,7 @@ async fn read_answers(sock: Arc<AsyncFd<OwnedFd>>, routes: Arc<parking_lot::Mute
     r.closed = true;
     r.starting.clear();
     r.running.clear();
-    r.sweeping.clear();
+    r.asked.clear();
 }
 
 /// Signals a process in a container through its agent.

@@ -134,6 +134,11 @@ pub(crate) struct EngineInner {
     pub(crate) disks: std::result::Result<crate::host::volume::Disks, String>,
     /// The host id ranges of the sandboxes' user namespaces, when containers get one.
     pub(crate) userns: Option<Arc<userns::IdRanges>>,
+    /// How recently leases used each language's warm runner (see
+    /// [`runner::RunnerDemand`]).
+    pub(crate) runner_demand: runner::RunnerDemand,
+    /// Used warm containers reset in place at a recycle, and replaced instead.
+    pub(crate) warm_resets: (AtomicU64, AtomicU64),
 }
 
 impl EngineInner {
@@ -443,6 +448,8 @@ impl ContainerEngine {
             disks,
             userns: None,
             egress: Err("not checked yet".into()),
+            runner_demand: Default::default(),
+            warm_resets: Default::default(),
         };
         if config.warm {
             match agent::find(config.agent_path.as_deref(), &root) {
@@ -695,6 +702,29 @@ impl ContainerEngine {
     /// handler for), when the root has a shell.
     pub fn init_wrapped(&self, argv: Vec<String>) -> Vec<String> {
         with_init(&self.inner, argv)
+    }
+
+    /// How the recycles of this engine's sandboxes renewed a warm container that
+    /// had run something: (reset in place by its agent, replaced by a new
+    /// container). A reset in place keeps the container, and its id; the
+    /// replacement is taken when the agent cannot prove the container clean, when
+    /// the runtime is gVisor's (whose agent has no control channel), and when the
+    /// container has ended or is frozen. Counts since the engine started.
+    pub fn warm_resets(&self) -> (u64, u64) {
+        (
+            self.inner.warm_resets.0.load(Ordering::Relaxed),
+            self.inner.warm_resets.1.load(Ordering::Relaxed),
+        )
+    }
+
+    /// How much recent leases used the warm runner of `language`, between 0 and 1:
+    /// an exponential moving average over the recycles of this engine's sandboxes
+    /// (1 for a lease that ran a snippet of the language in its warm container, 0
+    /// for one that did not; the latest weighs 5%), starting at 1 on a fresh
+    /// engine. Below 0.05 (some sixty leases in a row without such a snippet) the
+    /// runner is no longer started ahead of need; it starts on first use instead.
+    pub fn runner_demand(&self, language: Language) -> f64 {
+        self.inner.runner_demand.of(language)
     }
 
     /// Opens a sandbox with its concrete type (the trait's `create` boxes it).

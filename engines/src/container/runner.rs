@@ -23,6 +23,10 @@
 //! - What a snippet left running (a child, a daemon that left its session) is killed
 //!   when its turn ends; the runners and the sandbox's background processes are
 //!   spared (the agent's `sweep`).
+//!
+//! Runners are started ahead of need (for no tenant) when a sandbox opens and at
+//! each recycle, for the languages recent leases of the engine used
+//! ([`RunnerDemand`]); the others start on first use.
 
 use std::collections::BTreeMap;
 use std::os::fd::AsFd;
@@ -36,6 +40,51 @@ use crate::subprocess::warm::Worker;
 
 /// Where the runner scripts are bound inside a warm container.
 const RUNNERS_INSIDE: &str = "/tmp/.paddock-runners";
+
+/// How much the latest lease weighs in a language's [`RunnerDemand`].
+pub(crate) const DEMAND_WEIGHT: f64 = 0.05;
+/// The demand below which a language's runner is no longer started ahead of need:
+/// from 1, after 59 leases in a row without a snippet of the language (0.95^59 ≈
+/// 0.048); one lease with a snippet brings it back above for about a dozen more.
+pub(crate) const DEMAND_THRESHOLD: f64 = 0.05;
+/// A fresh engine's demand for every language: its first sandboxes get their
+/// runners ahead of need.
+pub(crate) const DEMAND_START: f64 = 1.0;
+
+/// How recently leases used each language's runner, per engine: an exponential
+/// moving average, updated at each recycle (1 when the lease ran a snippet of the
+/// language in its warm container, else 0). Starting runners ahead of need is about
+/// 40% of what a recycled sandbox costs; a language nobody uses stops paying it, and
+/// its runner starts on first use instead.
+#[derive(Debug, Default)]
+pub(crate) struct RunnerDemand(parking_lot::Mutex<BTreeMap<Language, f64>>);
+
+impl RunnerDemand {
+    /// The demand for `lang`'s runner, between 0 and 1.
+    pub(crate) fn of(&self, lang: Language) -> f64 {
+        self.0.lock().get(&lang).copied().unwrap_or(DEMAND_START)
+    }
+
+    /// Whether `lang`'s runner is worth starting ahead of need.
+    pub(crate) fn wanted(&self, lang: Language) -> bool {
+        self.of(lang) >= DEMAND_THRESHOLD
+    }
+
+    /// Counts one lease, which ran snippets of `used` in its warm container, for
+    /// each of `langs`.
+    pub(crate) fn lease_ended(
+        &self,
+        langs: impl IntoIterator<Item = Language>,
+        used: &std::collections::BTreeSet<Language>,
+    ) {
+        let mut demand = self.0.lock();
+        for lang in langs {
+            let d = demand.entry(lang).or_insert(DEMAND_START);
+            let x = if used.contains(&lang) { 1.0 } else { 0.0 };
+            *d += DEMAND_WEIGHT * (x - *d);
+        }
+    }
+}
 
 /// The runner scripts the engine bound into its warm containers, and the rules
 /// its runners follow.
@@ -72,6 +121,11 @@ impl RunnerSetup {
         }))
     }
 
+    /// The languages that have a runner.
+    pub(crate) fn languages(&self) -> impl Iterator<Item = Language> + '_ {
+        self.scripts.iter().map(|(l, _, _)| *l)
+    }
+
     /// The scripts to bind into a warm container.
     pub(crate) fn mounts(&self) -> Vec<FileMount> {
         self.scripts
@@ -90,8 +144,9 @@ impl RunnerSetup {
 
 impl ContainerSandbox {
     /// Starts the warm container's runners ahead of need, for no tenant, so that the
-    /// first snippet of a freshly opened sandbox runs on one (see `take_runner`).
-    /// A runner that does not start is left to start on first use.
+    /// first snippet of a freshly opened sandbox runs on one (see `take_runner`):
+    /// those of the languages recent leases used (see [`RunnerDemand`]). A runner
+    /// that is not started here, or does not start, starts on first use.
     pub(super) async fn runners_ahead(&self) {
         // (None under runsc, whose agent has no control channel: see `mod.rs`.)
         let Some(setup) = &self.engine.runners else {
@@ -102,10 +157,11 @@ impl ContainerSandbox {
         };
         if wc.wait_ready().await.is_ok() {
             if let Ok((cwd, vars)) = self.guest_env(None, &BTreeMap::new()) {
-                let langs: Vec<Language> = setup.scripts.iter().map(|(l, _, _)| *l).collect();
+                let langs: Vec<Language> = setup.languages().collect();
                 for lang in langs {
                     if !self.engine.interpreters.contains_key(&lang)
                         || wc.runners.contains_key(&lang)
+                        || !self.engine.runner_demand.wanted(lang)
                     {
                         continue;
                     }

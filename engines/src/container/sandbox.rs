@@ -59,8 +59,12 @@ pub struct ContainerSandbox {
     /// The current warm container's agent and pid file, also while it serves a turn.
     pub(super) guest: parking_lot::Mutex<Option<super::interactive::Guest>>,
     /// Whether a process or terminal ran since the last recycle (the warm container
-    /// is then replaced, as after an execution).
+    /// is then reset or replaced, as after an execution).
     pub(super) interactive_used: std::sync::atomic::AtomicBool,
+    /// The languages of the snippets this lease ran in the warm container (for the
+    /// engine's [`super::runner::RunnerDemand`], at the recycle that ends it).
+    pub(super) lease_snippets:
+        parking_lot::Mutex<std::collections::BTreeSet<paddock_core::Language>>,
     /// The host ids its containers' user namespace maps root onto, held while the
     /// sandbox lives.
     pub(super) id_range: Option<super::userns::IdRange>,
@@ -192,6 +196,7 @@ impl ContainerSandbox {
             processes: Default::default(),
             guest: parking_lot::Mutex::new(None),
             interactive_used: std::sync::atomic::AtomicBool::new(false),
+            lease_snippets: Default::default(),
             id_range,
             removing: parking_lot::Mutex::new(Vec::new()),
             egress: parking_lot::Mutex::new(gateway),
@@ -550,27 +555,28 @@ impl Sandbox for ContainerSandbox {
             self.set_frozen(false).await?;
             self.paused.store(false, Ordering::Release);
         }
-        // A container an execution ran in may hold what it left in /tmp or in its
-        // processes' memory: the next lease (maybe another tenant's) gets a fresh
-        // one, started here, off that lease's path.
+        if let Some(setup) = &self.engine.runners {
+            let ran = std::mem::take(&mut *self.lease_snippets.lock());
+            self.engine
+                .runner_demand
+                .lease_ended(setup.languages(), &ran);
+        }
+        // A container an execution ran in may hold what it left in /tmp, in its
+        // IPC namespace or in its processes' memory: the next lease (maybe another
+        // tenant's) gets it as a fresh one, reset in place by its agent, or a new one
+        // when it cannot be (see `renew_warm`), here, off that lease's path.
         let used = self.warm.lock().as_ref().is_some_and(|w| w.used)
             | self.interactive_used.swap(false, Ordering::AcqRel)
             | self.processes.has_live();
         if used {
-            let old = self.warm.lock().take();
-            if let Some(old) = old {
-                blocking(move || {
-                    old.close();
-                    Ok(())
-                })
-                .await?;
-            }
-            self.prewarm();
+            self.renew_warm().await;
         }
-        // The next lease's first snippet is warm too: runners a fresh container
-        // lacks, or that this lease left unused and saw retired, start now.
+        // The next lease's first snippet is warm too: runners a fresh (or reset)
+        // container lacks, or that this lease left unused and saw retired, start
+        // now, for the languages recent leases used.
         self.runners_ahead().await;
-        // Closing the container ended its processes; their watchers finish now.
+        // The reset or the closing ended the container's processes; their watchers
+        // finish now.
         self.processes.kill_all(false).await;
         let workdir = self.workdir.clone();
         if std::fs::read_dir(workdir.root())

@@ -6,6 +6,7 @@
 //! sandbox's life in `sandbox.rs`.
 
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use paddock_core::{Error, ErrorCode, Limits, Result};
@@ -39,7 +40,8 @@ pub(crate) struct WarmContainer {
     pub(crate) cgroup: String,
     engine: Arc<EngineInner>,
     bundle: PathBuf,
-    /// Whether an execution ran in it (a used container is replaced on recycle).
+    /// Whether an execution ran in it (a used container is reset or replaced on
+    /// recycle).
     pub(crate) used: bool,
     /// Set once torn down, so that drop has nothing left to do.
     closed: bool,
@@ -448,6 +450,83 @@ impl ContainerSandbox {
         }
     }
 
+    /// Returns the used warm container to a fresh one's state for the next lease
+    /// (maybe another tenant's): reset in place by its agent when it can be (see
+    /// [`Self::reset_in_place`]), else closed and replaced by a new one, as before
+    /// resets existed. Counted in the engine's `warm_resets`.
+    pub(super) async fn renew_warm(&self) {
+        let Some(mut wc) = self.warm.lock().take() else {
+            // It could not start before: another try.
+            self.prewarm();
+            return;
+        };
+        match self.reset_in_place(&mut wc).await {
+            Ok(()) => {
+                tracing::debug!(sandbox = %self.id, container = %wc.id, "warm container reset in place");
+                self.engine.warm_resets.0.fetch_add(1, Ordering::Relaxed);
+                *self.warm.lock() = Some(wc);
+            }
+            Err(why) => {
+                tracing::debug!(sandbox = %self.id, container = %wc.id, reason = %why, "warm container replaced");
+                self.engine.warm_resets.1.fetch_add(1, Ordering::Relaxed);
+                let _ = blocking(move || {
+                    wc.close();
+                    Ok(())
+                })
+                .await;
+                self.prewarm();
+            }
+        }
+    }
+
+    /// Has the agent of `wc` reset it to the state it started in (every process
+    /// killed, IPC objects removed, `/tmp`, `/dev/shm`, `/dev` as they were: see the
+    /// `paddock_agent` crate), and forgets what referred to the processes that
+    /// died: the runners, the tenants that ran code in it. Why not, when it was not
+    /// (the container must then be replaced): gVisor's agent has no control
+    /// channel; a container that has ended or is frozen is not asked; an agent
+    /// that cannot prove the container clean says so.
+    async fn reset_in_place(&self, wc: &mut WarmContainer) -> std::result::Result<(), String> {
+        if self.engine.runtime.kind.user_space_kernel() {
+            return Err("gVisor's agent has no control channel to reset through".into());
+        }
+        if let Err(why) = wc.wait_ready().await {
+            return Err(format!("the container did not come up: {why}"));
+        }
+        if wc.worker.exited_within(Duration::ZERO).await.is_some() {
+            return Err("the container has ended".into());
+        }
+        if self.frozen(wc) {
+            return Err("the container is frozen".into());
+        }
+        // The runners die with the reset: their pipes and pidfds here go first.
+        wc.runners.clear();
+        // Processes and terminals die first through their handles, and the handles
+        // the sandbox keeps go (ended ones too), so that a terminal's master held
+        // here is closed before the agent looks for open terminals.
+        self.processes.kill_all(false).await;
+        let id = paddock_core::ids::tagged("reset");
+        wc.control.reset(&id).await.map_err(|e| e.message)?;
+        wc.used = false;
+        wc.first_tenant = None;
+        wc.mixed = false;
+        wc.counters().reset_peak();
+        Ok(())
+    }
+
+    /// Whether `wc`'s cgroup is frozen (or freezing): its agent could not answer.
+    fn frozen(&self, wc: &WarmContainer) -> bool {
+        if self.engine.v2 {
+            return wc
+                .dir("memory")
+                .and_then(|d| std::fs::read_to_string(d.join("cgroup.events")).ok())
+                .is_some_and(|t| t.lines().any(|l| l.trim() == "frozen 1"));
+        }
+        wc.dir("freezer")
+            .and_then(|d| std::fs::read_to_string(d.join("freezer.state")).ok())
+            .is_some_and(|t| t.trim() != "THAWED")
+    }
+
     /// The warm container, alive (one that died while idle is replaced first), or
     /// `None` when the sandbox has none.
     pub(super) async fn take_warm(&self) -> Option<WarmContainer> {
@@ -540,6 +619,9 @@ impl ContainerSandbox {
         // exactly; the agent starts it on first use. Anything else (or a runner
         // that would not start) runs as a program, through the agent.
         let target = self.runner_target(&request);
+        if let Some((lang, _)) = &target {
+            self.lease_snippets.lock().insert(*lang);
+        }
         let mut runner = None;
         if let Some((lang, _)) = &target {
             match self

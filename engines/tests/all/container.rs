@@ -547,7 +547,8 @@ async fn executions_share_the_warm_container_until_it_is_replaced() {
     let r = run(&*sb, sh("sleep 30").with_timeout_ms(300)).await;
     assert_eq!(r.outcome, Outcome::TimedOut);
     assert_eq!(run(&*sb, sh(marker)).await.stdout, "fresh\n");
-    // Recycling (between pooled leases) replaces a used container too.
+    // Recycling (between pooled leases) resets a used container too (in place,
+    // or by replacing it).
     run(&*sb, sh("touch /tmp/marker")).await;
     sb.recycle().await.unwrap();
     assert_eq!(run(&*sb, sh(marker)).await.stdout, "fresh\n");
@@ -1335,6 +1336,12 @@ async fn runsc_runs_containers_on_a_user_space_kernel() {
         .await
         .unwrap_err();
     assert_eq!(e.code, ErrorCode::CapabilityNotSupported, "{e}");
+    // Its agent has no control channel to reset the container through: a used one
+    // is replaced at a recycle.
+    let used = sb.warm_container_id();
+    sb.recycle().await.unwrap();
+    assert_ne!(sb.warm_container_id(), used);
+    assert_eq!(engine.warm_resets(), (0, 1));
     sb.destroy().await.unwrap();
 }
 
@@ -1486,8 +1493,8 @@ async fn a_fresh_container_sandboxs_first_snippets_run_on_runners_started_ahead(
     // Another tenant never gets them.
     let r = run(&*sb, py("b")).await;
     assert!(age_of(&r) < WAIT, "tenant b got its own: {r:?}");
-    // After a recycle the container is fresh, and so are the runners ahead of the
-    // next lease.
+    // After a recycle the container is fresh (reset in place), and so are the
+    // runners ahead of the next lease.
     sb.recycle().await.unwrap();
     pause().await;
     let r = run(&*sb, js("c")).await;
@@ -1558,5 +1565,228 @@ async fn a_runner_turn_that_times_out_beside_a_background_process_leaves_nothing
         "the snippet's daemon died, the background process lives: {r:?}"
     );
     bg.kill().unwrap();
+    sb.destroy().await.unwrap();
+}
+
+/// What a process of the container can see of what earlier leases left: the
+/// places a reset clears, the agent's inheritable attributes, the processes.
+const LEASE_VIEW: &str = "echo tmp: $(ls -A /tmp)
+echo shm: $(ls -A /dev/shm)
+echo mqueue: $(ls -A /dev/mqueue)
+echo dev: $(ls -A /dev)
+echo workspace: $(ls -A /workspace)
+echo stdin: $(readlink /dev/stdin)
+echo modes: $(stat -c %a /tmp /dev/shm /dev)
+echo ipc: $(tail -n +2 /proc/sysvipc/shm | wc -l) $(tail -n +2 /proc/sysvipc/msg | wc -l) $(tail -n +2 /proc/sysvipc/sem | wc -l)
+echo sleeping: $(cat /proc/[0-9]*/comm 2>/dev/null | grep -c '^sleep$')
+echo nofile: $(prlimit --pid 1 --nofile -o SOFT,HARD --noheadings)
+echo autogroup: $(cut -d' ' -f3 /proc/1/autogroup 2>/dev/null)
+echo xattrs: $(python3 -c 'import os; print(os.listxattr(\"/tmp\"))')";
+
+/// What one lease leaves behind, everywhere a process of the container can leave
+/// something that outlives it.
+const LEFTOVERS: &str = "set -e
+touch /tmp/leftover /dev/shm/leftover /dev/extra /workspace/leftover
+mkdir -p /tmp/d/e && touch /tmp/d/e/f && chmod 0 /tmp/d
+ln -s /workspace /tmp/link
+rm /dev/stdin && echo x > /dev/stdin
+chmod 700 /tmp /dev/shm
+ipcmk -M 4096 >/dev/null && ipcmk -Q >/dev/null && ipcmk -S 1 >/dev/null
+python3 -c '
+import ctypes, os
+rt = ctypes.CDLL(\"librt.so.1\", use_errno=True)
+assert rt.mq_open(b\"/left\", os.O_CREAT | os.O_RDWR, 0o600, None) >= 0, ctypes.get_errno()
+try:
+    os.setxattr(\"/tmp\", \"user.left\", b\"1\")
+except OSError:
+    pass
+'
+prlimit --pid 1 --nofile=512:
+echo 5 > /proc/1/autogroup 2>/dev/null || true
+setsid sleep 300 </dev/null >/dev/null 2>&1 &
+echo planted";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_used_container_sandbox_is_reset_in_place_and_keeps_nothing_of_the_lease() {
+    reset_in_place_on(OciRuntime::Auto).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runc_resets_a_used_container_in_place_too() {
+    reset_in_place_on(OciRuntime::Runc).await;
+}
+
+/// A lease that leaves something everywhere it can, on `runtime`; the next lease
+/// sees the reset container as a fresh one.
+async fn reset_in_place_on(runtime: OciRuntime) {
+    let config = ContainerConfig {
+        runtime,
+        ..ContainerConfig::default()
+    };
+    let Some(engine) = engine_with_agent(&config) else {
+        return;
+    };
+    let sb = engine.open(&SandboxSpec::default()).await.unwrap();
+    let fresh = run(&sb, sh(LEASE_VIEW)).await;
+    assert!(
+        fresh.stdout.contains("ipc: 0 0 0\nsleeping: 0\n"),
+        "{fresh:?}"
+    );
+    assert!(fresh.stdout.contains("mqueue:\n"), "{fresh:?}");
+    let id = sb.warm_container_id().expect("a warm container");
+    // The agent, which outlives the lease, is out of reach of the code beside it.
+    let r = run(
+        &sb,
+        sh("readlink /proc/1/fd/0 2>/dev/null || echo denied; head -c1 /proc/1/environ 2>/dev/null || echo denied; head -c1 /proc/1/mem 2>/dev/null || echo denied"),
+    )
+    .await;
+    assert_eq!(r.stdout, "denied\ndenied\ndenied\n", "{r:?}");
+    // A background process (with a child of its own), and a command that leaves
+    // files, IPC objects, a message queue and changed attributes of the agent.
+    let bg = sb
+        .start_process(paddock_core::ProcessSpec::new([
+            "sh",
+            "-c",
+            "sleep 300 & exec sleep 301",
+        ]))
+        .await
+        .unwrap();
+    let r = run(&sb, sh(LEFTOVERS)).await;
+    assert_eq!(
+        (r.outcome.clone(), r.stdout.as_str()),
+        (exit(0), "planted\n"),
+        "{r:?}"
+    );
+    let dirty = run(&sb, sh(LEASE_VIEW)).await;
+    assert!(
+        dirty.stdout.contains("ipc: 1 1 1\nsleeping: 2\n"),
+        "{dirty:?}"
+    );
+    assert!(dirty.stdout.contains("mqueue: left\n"), "{dirty:?}");
+    sb.recycle().await.unwrap();
+    // The same container, reset in place; the background process was killed.
+    assert_eq!(sb.warm_container_id().as_deref(), Some(id.as_str()));
+    assert_eq!(engine.warm_resets(), (1, 0));
+    let ended = tokio::time::timeout(Duration::from_secs(10), bg.wait())
+        .await
+        .expect("the background process's end is reported");
+    assert_eq!(ended.signal, Some(libc::SIGKILL), "{ended:?}");
+    // The next lease sees what a fresh container shows, nothing of the last one.
+    let after = run(&sb, sh(LEASE_VIEW)).await;
+    assert_eq!(after.stdout, fresh.stdout, "{after:?}");
+    assert_eq!(sb.warm_container_id().as_deref(), Some(id.as_str()));
+    // Snippets still run, on runners started again after the reset.
+    let r = run(&sb, py("c", "print('ok')")).await;
+    assert_eq!(
+        (r.outcome.clone(), pid_and_rest(&r).1),
+        (exit(0), "ok\n".into()),
+        "{r:?}"
+    );
+    sb.destroy().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_the_agent_cannot_put_right_is_replaced() {
+    // Without a user namespace the runtime makes /dev's devices as nodes, which
+    // code in the container can remove and the agent cannot make again.
+    let config = ContainerConfig {
+        user_namespace: false,
+        ..ContainerConfig::default()
+    };
+    let Some(engine) = engine_with_agent(&config) else {
+        return;
+    };
+    let sb = engine.open(&SandboxSpec::default()).await.unwrap();
+    let first = sb.warm_container_id().expect("a warm container");
+    let r = run(
+        &sb,
+        sh("rm /dev/null && echo x > /dev/null && echo replaced"),
+    )
+    .await;
+    assert_eq!(r.stdout, "replaced\n", "{r:?}");
+    sb.recycle().await.unwrap();
+    let second = sb.warm_container_id().expect("a warm container");
+    assert_ne!(first, second, "a fresh container");
+    assert_eq!(engine.warm_resets(), (0, 1));
+    let r = run(&sb, sh("test -c /dev/null && echo device")).await;
+    assert_eq!(r.stdout, "device\n", "{r:?}");
+    // A nice value the agent cannot lower again (every program it starts would
+    // inherit it).
+    let r = run(&sb, sh("renice -n 5 -p 1 >/dev/null && echo reniced")).await;
+    assert_eq!(r.stdout, "reniced\n", "{r:?}");
+    sb.recycle().await.unwrap();
+    let third = sb.warm_container_id().expect("a warm container");
+    assert_ne!(second, third);
+    assert_eq!(engine.warm_resets(), (0, 2));
+    let r = run(&sb, sh("cut -d' ' -f19 /proc/1/stat")).await;
+    assert_eq!(r.stdout, "0\n", "{r:?}");
+    // A terminal whose handle the last lease still holds: its master is open, so
+    // the next lease could open its other side. Replaced.
+    let held = sb
+        .open_terminal(paddock_core::TerminalSpec::new("sh", Vec::<String>::new()))
+        .await
+        .unwrap();
+    sb.recycle().await.unwrap();
+    let fourth = sb.warm_container_id().expect("a warm container");
+    assert_ne!(third, fourth);
+    assert_eq!(engine.warm_resets(), (0, 3));
+    drop(held);
+    // One whose handle is gone is closed by the recycle: reset in place.
+    let t = sb
+        .open_terminal(paddock_core::TerminalSpec::new("sh", Vec::<String>::new()))
+        .await
+        .unwrap();
+    drop(t);
+    sb.recycle().await.unwrap();
+    assert_eq!(sb.warm_container_id().as_deref(), Some(fourth.as_str()));
+    assert_eq!(engine.warm_resets(), (1, 3));
+    let r = run(&sb, sh("ls -A /dev/pts")).await;
+    assert_eq!(r.stdout, "ptmx\n", "{r:?}");
+    sb.destroy().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runners_are_started_ahead_only_for_the_languages_recent_leases_used() {
+    const WAIT: f64 = 0.5;
+    let Some(engine) = engine_with_agent(&ContainerConfig::default()) else {
+        return;
+    };
+    let snippet = |lang, source: &str| {
+        as_tenant(ExecRequest::new(Program::code(lang, source)), "a").with_timeout_ms(20_000)
+    };
+    let pause = || tokio::time::sleep(Duration::from_secs_f64(WAIT));
+    // A fresh engine starts every runner ahead of need.
+    assert_eq!(engine.runner_demand(Language::Python), 1.0);
+    let sb = engine.open(&SandboxSpec::default()).await.unwrap();
+    // Leases that run no snippet wear the demand down: after 59 of them the runners
+    // are no longer started ahead.
+    let mut leases = 0;
+    while engine.runner_demand(Language::Python) >= 0.05 {
+        run(&sb, sh("true")).await;
+        sb.recycle().await.unwrap();
+        leases += 1;
+        assert!(leases < 100, "the demand never fell");
+    }
+    assert_eq!(leases, 59);
+    assert!(engine.runner_demand(Language::Javascript) < 0.05);
+    pause().await;
+    let r = run(&sb, snippet(Language::Python, PY_AGE)).await;
+    assert!(
+        age_of(&r) < WAIT,
+        "Python's runner started on first use: {r:?}"
+    );
+    // One lease with a Python snippet brings its runner back for the next leases;
+    // JavaScript's stays off.
+    sb.recycle().await.unwrap();
+    assert!(engine.runner_demand(Language::Python) >= 0.05);
+    pause().await;
+    let r = run(&sb, snippet(Language::Python, PY_AGE)).await;
+    assert!(
+        age_of(&r) >= WAIT,
+        "Python's runner was started ahead: {r:?}"
+    );
+    let r = run(&sb, snippet(Language::Javascript, JS_AGE)).await;
+    assert!(age_of(&r) < WAIT, "JavaScript's was not: {r:?}");
+    assert_eq!(engine.warm_resets(), (60, 0));
     sb.destroy().await.unwrap();
 }
