@@ -183,11 +183,23 @@ impl Demand {
 }
 
 /// A leased instance. Dropping a lease without [`EnginePool::release`] retires the
-/// instance (its execution was interrupted, so it is not trusted again).
+/// instance (its execution was interrupted, so it is not trusted again), unless
+/// [`Lease::reuse_on_drop`] said otherwise.
 #[derive(Debug)]
 pub(crate) struct Lease {
     pool: Arc<EnginePool>,
     instance: Option<Instance>,
+    /// Set by [`Lease::reuse_on_drop`]: recycle rather than retire when dropped, and
+    /// say when the instance is back in the pool (or gone).
+    ending: parking_lot::Mutex<Option<Ending>>,
+}
+
+/// How a dropped lease ends: recycled for the next lease (`reuse`) or retired; `done`
+/// hears when that has finished.
+#[derive(Debug)]
+struct Ending {
+    reuse: bool,
+    done: tokio::sync::oneshot::Sender<()>,
 }
 
 impl Lease {
@@ -205,12 +217,26 @@ impl Lease {
             .as_ref()
             .expect("a lease holds its instance until released")
     }
+
+    /// When dropped, the instance is recycled for the next lease (`reuse`: the
+    /// engine returns it to a state fit for any tenant, as after an execution) or
+    /// retired; `done` hears when the recycle or the teardown has finished.
+    pub(crate) fn end_on_drop(&self, reuse: bool, done: tokio::sync::oneshot::Sender<()>) {
+        *self.ending.lock() = Some(Ending { reuse, done });
+    }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        if let Some(inst) = self.instance.take() {
-            self.pool.retire(inst, true);
+        let Some(inst) = self.instance.take() else {
+            return;
+        };
+        match self.ending.lock().take() {
+            Some(Ending { reuse: true, done }) => {
+                self.pool.finish(inst, Release::Reuse, Some(done));
+            }
+            Some(Ending { reuse: false, done }) => self.pool.retire(inst, true, Some(done)),
+            None => self.pool.retire(inst, true, None),
         }
     }
 }
@@ -421,7 +447,7 @@ impl EnginePool {
             .slots
             .acquire(|i| i.created.elapsed() < max_age, &mut retired);
         for inst in retired {
-            self.destroy(inst);
+            self.destroy(inst, None);
         }
         let instance = match step {
             Acquire::Ready(inst) => inst,
@@ -491,6 +517,7 @@ impl EnginePool {
         Ok(Lease {
             pool: self.clone(),
             instance: Some(instance),
+            ending: parking_lot::Mutex::new(None),
         })
     }
 
@@ -505,16 +532,27 @@ impl EnginePool {
     /// Ends a lease. A clean instance is recycled (in the background) and reused,
     /// unless it reached its execution or age limit.
     pub(crate) fn release(self: &Arc<Self>, mut lease: Lease, how: Release) {
-        let Some(mut inst) = lease.instance.take() else {
+        let Some(inst) = lease.instance.take() else {
             return;
         };
+        self.finish(inst, how, None);
+    }
+
+    /// Ends the lease of `inst` as [`EnginePool::release`] does; `done` hears when
+    /// the instance is back in the pool or gone.
+    fn finish(
+        self: &Arc<Self>,
+        mut inst: Instance,
+        how: Release,
+        done: Option<tokio::sync::oneshot::Sender<()>>,
+    ) {
         inst.executions += 1;
         inst.last_used = Instant::now();
         let worn_out = inst.executions >= self.config.max_executions_per_engine
             || inst.created.elapsed() >= Duration::from_millis(self.config.max_age_ms);
         let tainted = inst.tainted.load(std::sync::atomic::Ordering::Acquire);
         if how == Release::Retire || worn_out || tainted {
-            self.retire(inst, how == Release::Retire || tainted);
+            self.retire(inst, how == Release::Retire || tainted, done);
             return;
         }
         let pool = self.clone();
@@ -529,23 +567,30 @@ impl EnginePool {
                 Ok(Ok(())) => {
                     if let Some(inst) = pool.slots.release(inst) {
                         // Closed meanwhile.
-                        pool.destroy(inst);
+                        pool.destroy(inst, done);
+                    } else if let Some(done) = done {
+                        let _ = done.send(());
                     }
                 }
                 Ok(Err(e)) => {
                     tracing::info!(engine = %pool.kind, error = %e, "recycle failed; retiring the instance");
-                    pool.retire(inst, true);
+                    pool.retire(inst, true, done);
                 }
-                Err(_) => pool.retire(inst, true),
+                Err(_) => pool.retire(inst, true, done),
             }
         });
     }
 
     /// Removes a leased instance for good and, if callers wait, creates a replacement.
-    fn retire(self: &Arc<Self>, inst: Instance, tainted: bool) {
+    fn retire(
+        self: &Arc<Self>,
+        inst: Instance,
+        tainted: bool,
+        done: Option<tokio::sync::oneshot::Sender<()>>,
+    ) {
         tracing::debug!(engine = %self.kind, tainted, executions = inst.executions, "retiring an instance");
         let waiters = self.slots.retire_busy();
-        self.destroy(inst);
+        self.destroy(inst, done);
         if waiters {
             self.replenish();
         } else {
@@ -553,7 +598,8 @@ impl EnginePool {
         }
     }
 
-    fn destroy(&self, inst: Instance) {
+    /// Destroys `inst` in the background; `done` hears when it is gone.
+    fn destroy(&self, inst: Instance, done: Option<tokio::sync::oneshot::Sender<()>>) {
         self.retired_total.fetch_add(1, Relaxed);
         let actor = inst.actor.clone();
         let sandbox = inst.sandbox.clone();
@@ -565,6 +611,9 @@ impl EnginePool {
                 let _ = sandbox.destroy().await;
             }
             destroying.fetch_sub(1, Relaxed);
+            if let Some(done) = done {
+                let _ = done.send(());
+            }
         });
     }
 
@@ -578,7 +627,7 @@ impl EnginePool {
             match pool.create_instance().await {
                 Ok(inst) => {
                     if let Some(inst) = pool.slots.add_prewarmed(inst) {
-                        pool.destroy(inst);
+                        pool.destroy(inst, None);
                     }
                 }
                 Err(_) => {
@@ -598,7 +647,7 @@ impl EnginePool {
                 match pool.create_instance().await {
                     Ok(inst) => {
                         if let Some(inst) = pool.slots.add_prewarmed(inst) {
-                            pool.destroy(inst);
+                            pool.destroy(inst, None);
                         }
                     }
                     Err(e) => {
@@ -619,7 +668,7 @@ impl EnginePool {
             i.last_used.elapsed() >= idle_timeout || i.created.elapsed() >= max_age
         });
         for inst in reaped {
-            self.destroy(inst);
+            self.destroy(inst, None);
         }
         self.prewarm();
     }
@@ -628,7 +677,7 @@ impl EnginePool {
     /// they come back.
     pub(crate) fn close(&self) {
         for inst in self.slots.close() {
-            self.destroy(inst);
+            self.destroy(inst, None);
         }
     }
 }
@@ -675,7 +724,7 @@ impl Drop for WaitFor<'_> {
         if let Some(waiter) = self.waiter.take() {
             if let Some(inst) = self.pool.slots.abort_waiter(&waiter) {
                 // The pool closed while the instance was handed over.
-                self.pool.destroy(inst);
+                self.pool.destroy(inst, None);
             }
         }
     }

@@ -320,7 +320,7 @@ impl Pipeline {
         };
         let from = match target {
             Target::Session(session) => {
-                let _busy = Busy::new(session.clone());
+                let _busy = Busy::running(session.clone(), request.id.clone(), token.clone());
                 let mut request = request;
                 request.limits = request.limits.or(&session.limits);
                 let limits = request.limits.clone().or(&self.defaults);

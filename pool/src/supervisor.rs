@@ -111,9 +111,9 @@ pub struct Supervisor {
     pool_config: PoolConfig,
     pipeline: Rc<Pipeline>,
     sessions: HashMap<String, Rc<Session>>,
-    /// Sessions whose destroy is under way, until their teardown has ended: a second
-    /// destroy joins it instead of returning early.
-    destroying: HashMap<String, Rc<Session>>,
+    /// Sessions whose destroy is under way, until their instance is recycled or
+    /// gone: a second destroy joins it instead of returning early.
+    destroying: HashMap<String, Ending>,
     /// Destroyed session ids and their tenants, so a repeated destroy is Ok for the
     /// owner and another tenant still gets `NOT_FOUND`.
     destroyed_sessions: VecDeque<(String, Option<String>)>,
@@ -412,18 +412,11 @@ impl Supervisor {
         id: String,
         session: Rc<Session>,
     ) -> impl ActorFuture<Self, Output = Result<(), Error>> + 'static {
-        self.destroying.insert(id.clone(), session.clone());
-        async move {
-            // Destroy now (it kills running executions and waits for them); the
-            // lease then retires the instance when the last reference goes.
-            let r = session.destroy().await;
-            drop(session);
-            r
-        }
-        .into_actor(self)
-        .map(move |r, act, _ctx| {
+        let ending = end_session(session);
+        self.destroying.insert(id.clone(), ending.clone());
+        ending.into_actor(self).map(move |(), act, _ctx| {
             act.destroying.remove(&id);
-            r
+            Ok(())
         })
     }
 
@@ -454,6 +447,23 @@ impl Supervisor {
     fn note_operator(&self, caller: &Caller, action: &str, target: Option<String>) {
         note_operator(&self.pipeline.audit, caller, action, target);
     }
+}
+
+/// A session's end under way: resolves once its instance is recycled or gone.
+type Ending = futures_util::future::Shared<futures_util::future::LocalBoxFuture<'static, ()>>;
+
+/// Ends `session` (see [`Session::end`]) and lets it go; the future resolves when
+/// its instance is back in the pool, recycled, or destroyed.
+fn end_session(session: Rc<Session>) -> Ending {
+    use futures_util::FutureExt;
+    let done = session.end();
+    drop(session);
+    async move {
+        // A dropped sender: the pool went first, and the instance with it.
+        let _ = done.await;
+    }
+    .boxed_local()
+    .shared()
 }
 
 /// Records an operator's use of its key (nothing for tenants or the embedder), from
@@ -671,7 +681,12 @@ impl Handler<OpenSandbox> for Supervisor {
             .into_actor(self)
             .map(move |r, act, _ctx| {
                 let (engine, lease, share) = r?;
-                let id = lease.instance().sandbox.id().to_string();
+                // Its own id, never reused: the instance outlives the session
+                // (recycled for the next one), and a destroyed id stays destroyed.
+                // Tagged like the instance's, which names its engine.
+                let instance = lease.instance().sandbox.id().to_string();
+                let tag = instance.split('-').next().unwrap_or("sb");
+                let id = paddock_core::ids::tagged(tag);
                 let session = Rc::new(Session {
                     engine: engine.clone(),
                     lease,
@@ -684,6 +699,8 @@ impl Handler<OpenSandbox> for Supervisor {
                     transfers: Arc::default(),
                     transfer_ended_ms: Arc::default(),
                     _share: share,
+                    running: RefCell::default(),
+                    ended: RefCell::default(),
                 });
                 // An engine that panics here never gets a session: the lease retires
                 // the tainted instance when it goes.
@@ -790,11 +807,10 @@ impl Handler<DestroySandbox> for Supervisor {
             Ok(_) => {}
             Err(e) if e.code == ErrorCode::EngineDisposed => {
                 return match self.destroying.get(&msg.sandbox).cloned() {
-                    Some(session) => Box::pin(
+                    Some(ending) => Box::pin(
                         async move {
-                            let r = session.destroy().await;
-                            drop(session);
-                            r
+                            ending.await;
+                            Ok(())
                         }
                         .into_actor(self),
                     ),
@@ -839,11 +855,8 @@ impl Handler<Shutdown> for Supervisor {
                 while !shared.running.is_empty() && Instant::now() < grace {
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
-                let mut destroyed = 0;
-                for s in sessions {
-                    let _ = s.destroy().await;
-                    destroyed += 1;
-                }
+                let destroyed = sessions.len();
+                futures_util::future::join_all(sessions.into_iter().map(end_session)).await;
                 for p in parked {
                     p.retire();
                 }

@@ -344,6 +344,28 @@ fn config_for(target: Target, root: &Path) -> PaddockConfig {
     c
 }
 
+/// Fails unless a sandbox's workdir `root` is gone or empty after `what` (a
+/// destroyed sandbox's instance is recycled for the next one, workdir included).
+pub(crate) fn emptied(root: &std::path::Path, what: &str) -> Check {
+    let left: Vec<String> = match std::fs::read_dir(root) {
+        Ok(entries) => entries
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .take(10)
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Stop::Fail(format!("reading {}: {e}", root.display()))),
+    };
+    if left.is_empty() {
+        Ok(())
+    } else {
+        Err(Stop::Fail(format!(
+            "the workdir {} still holds {left:?} after {what}",
+            root.display()
+        )))
+    }
+}
+
 /// At most `max` characters of `s`.
 pub(crate) fn clip(s: &str, max: usize) -> String {
     if s.chars().count() <= max {

@@ -284,7 +284,7 @@ pub(crate) async fn destroy_during_exec(h: Arc<H>) -> Check {
     );
     ensure!(took < Duration::from_secs(10), "destroy took {took:?}");
     h.no_survivors("destroy during an execution").await?;
-    ensure!(!workdir.exists(), "the workdir outlived destroy");
+    crate::harness::emptied(&workdir, "destroy")?;
     let later = sandbox.exec(h.program("true", "pass", "1")).await;
     ensure!(
         matches!(&later, Err(e) if matches!(e.code, ErrorCode::EngineDisposed | ErrorCode::NotFound)),

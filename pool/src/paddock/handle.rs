@@ -283,7 +283,9 @@ impl SandboxHandle {
             .map_err(gone)?
     }
 
-    /// Destroys the session. Idempotent; every later call is refused.
+    /// Destroys the session. Idempotent; every later call is refused. Its running
+    /// executions are cancelled; the answer comes once its instance is recycled for
+    /// the next session (nothing of this one left: processes, files) or retired.
     pub async fn destroy(&self) -> Result<(), Error> {
         self.paddock
             .supervisor

@@ -23,7 +23,13 @@ macro_rules! session_op {
                     Ok(s) => s,
                     Err(e) => return Box::pin(async move { Err(e) }),
                 };
-                Box::pin(session.call($what, move |$s| Box::pin($body)))
+                let call = session.call($what, move |$s| Box::pin($body));
+                Box::pin(async move {
+                    // The session (so its instance) is not recycled while a call on
+                    // it runs: a write never lands in the next session's files.
+                    let _held = session;
+                    call.await
+                })
             }
         }
     };
@@ -50,6 +56,10 @@ impl Handler<OpenRead> for Supervisor {
                     Box::pin(async move { sb.open_read(&path).await })
                 })
                 .await?;
+            // Ended while it opened: no reader of a session that is going.
+            if session.ended.borrow().is_some() {
+                return Err(Error::disposed("the sandbox"));
+            }
             // The sandbox counts as in use until the reader is done.
             let guard = Transfer::new(&session);
             Ok(paddock_core::FileReader::new(

@@ -222,9 +222,14 @@ impl Handler<OpenTcpConnection> for Supervisor {
             Err(e) => return Box::pin(async move { Err(e) }),
         };
         let target = msg.target;
-        Box::pin(session.call("open_tcp_connection", move |sb| {
+        let call = session.call("open_tcp_connection", move |sb| {
             Box::pin(async move { sb.open_tcp_connection(target).await })
-        }))
+        });
+        Box::pin(async move {
+            // Held until connected: the instance is not recycled meanwhile.
+            let _held = session;
+            call.await
+        })
     }
 }
 

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use paddock_core::{EngineName, Error, Limits, SandboxStatus};
+use paddock_core::{CancelToken, EngineName, Error, ExecutionId, Limits, SandboxStatus};
 
 use crate::engine_pool::Lease;
 
@@ -32,6 +32,22 @@ pub(crate) struct Session {
     pub(crate) transfer_ended_ms: Arc<AtomicU64>,
     /// Its place among its tenant's shares.
     pub(crate) _share: Share,
+    /// The executions running in it, cancelled when it ends.
+    pub(crate) running: RefCell<std::collections::HashMap<ExecutionId, CancelToken>>,
+    /// Set when it ended: hears when its instance is back in the pool or gone.
+    pub(crate) ended: RefCell<Option<tokio::sync::oneshot::Sender<()>>>,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        // Every execution, upload and call on it is over (each held the session).
+        // Its instance goes back to the pool, recycled like after any lease, unless
+        // a download still reads its files: then it is retired.
+        if let Some(done) = self.ended.get_mut().take() {
+            let quiet = self.transfers.load(Ordering::Acquire) == 0;
+            self.lease.end_on_drop(quiet, done);
+        }
+    }
 }
 
 impl Session {
@@ -57,9 +73,18 @@ impl Session {
         }
     }
 
-    /// Destroys the session's sandbox (through the engine actor).
-    pub(crate) fn destroy(&self) -> impl std::future::Future<Output = Result<(), Error>> + 'static {
-        self.call("destroy", |sb| Box::pin(async move { sb.destroy().await }))
+    /// Ends the session: cancels the executions running in it. When the last
+    /// reference to it goes (every execution, upload and call on it has returned),
+    /// its instance is recycled for the next lease (its processes and files gone,
+    /// as after any execution) and the answer arrives; a session's instance is
+    /// never handed out again with anything of it left.
+    pub(crate) fn end(&self) -> tokio::sync::oneshot::Receiver<()> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        *self.ended.borrow_mut() = Some(tx);
+        for token in self.running.borrow().values() {
+            token.cancel();
+        }
+        rx
     }
 
     /// The sandbox's status, its root as programs see it and its host directory,
@@ -104,18 +129,33 @@ impl Session {
     }
 }
 
-/// Counts an execution running in a session while it lives.
-pub(crate) struct Busy(Rc<Session>);
+/// Counts an execution or upload running in a session while it lives, and keeps
+/// the session (so its instance) from being recycled meanwhile.
+pub(crate) struct Busy(Rc<Session>, Option<ExecutionId>);
 
 impl Busy {
     pub(crate) fn new(session: Rc<Session>) -> Busy {
         session.busy.set(session.busy.get() + 1);
-        Busy(session)
+        Busy(session, None)
+    }
+
+    /// An execution: ending the session cancels it through `token`.
+    pub(crate) fn running(session: Rc<Session>, id: ExecutionId, token: CancelToken) -> Busy {
+        if session.ended.borrow().is_some() {
+            token.cancel();
+        }
+        session.running.borrow_mut().insert(id.clone(), token);
+        let mut busy = Busy::new(session);
+        busy.1 = Some(id);
+        busy
     }
 }
 
 impl Drop for Busy {
     fn drop(&mut self) {
+        if let Some(id) = &self.1 {
+            self.0.running.borrow_mut().remove(id);
+        }
         self.0.busy.set(self.0.busy.get().saturating_sub(1));
         self.0.last_used.set(Instant::now());
     }

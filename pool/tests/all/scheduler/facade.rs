@@ -182,8 +182,9 @@ async fn concurrent_destroys_all_return_after_the_teardown() {
                         tokio::time::sleep(Duration::from_millis(2)).await;
                     }
                     handle.destroy().await.unwrap();
-                    // Whichever returns, the teardown is over.
-                    root.exists()
+                    // Whichever returns, the sandbox's files are gone (its
+                    // instance is recycled for the next sandbox, or removed).
+                    root.exists() && std::fs::read_dir(&root).unwrap().next().is_some()
                 })
             })
             .collect();

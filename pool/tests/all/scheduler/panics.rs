@@ -205,7 +205,6 @@ async fn call(method: &str, sb: &SandboxHandle) -> std::result::Result<(), Error
             })
             .await
             .map(drop),
-        "destroy" => sb.destroy().await,
         other => unreachable!("no case for {other}"),
     }
 }
@@ -224,17 +223,20 @@ async fn a_panic_in_any_session_method_is_engine_failed_and_the_scheduler_goes_o
         "start_process",
         "open_terminal",
         "open_tcp_connection",
-        "destroy",
+        "recycle",
     ] {
         let p = start(method);
         let sb = p.open_sandbox(SandboxSpec::default(), None).await.unwrap();
-        assert_caught(method, call(method, &sb).await);
-        // The scheduler still answers, and the same session's other methods work
-        // (a destroy that panicked has still ended the session).
-        let stats = p.stats().await.unwrap();
-        if method == "destroy" {
-            assert_eq!(stats.sandboxes, 0, "{method}");
+        if method == "recycle" {
+            // A session's destroy recycles its instance for the next session: a
+            // panic there does not reach the caller, whose session has ended, but
+            // the instance is retired.
+            sb.destroy().await.unwrap();
+            assert_eq!(p.stats().await.unwrap().sandboxes, 0, "{method}");
         } else {
+            assert_caught(method, call(method, &sb).await);
+            // The scheduler still answers, and the same session's other methods
+            // work.
             let other = if method == "read_file" {
                 "write_file"
             } else {
@@ -285,4 +287,18 @@ async fn a_panic_in_status_exec_or_recycle_of_a_pooled_instance_is_caught() {
     }
     p.execute(command()).await.unwrap();
     p.shutdown(Duration::from_secs(5)).await.unwrap();
+
+    // destroy: a session's instance, recycled at its end, is destroyed when the
+    // scheduler shuts down; the panic there is caught and shutdown completes.
+    let p = start("destroy");
+    let sb = p.open_sandbox(SandboxSpec::default(), None).await.unwrap();
+    sb.write_file("a", b"x").await.unwrap();
+    sb.destroy().await.unwrap();
+    let pool = p.stats().await.unwrap().pools[0].clone();
+    assert_eq!(
+        pool.idle, 1,
+        "the session's instance was recycled: {pool:?}"
+    );
+    let report = p.shutdown(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(report.sandboxes_destroyed, 0, "{report:?}");
 }

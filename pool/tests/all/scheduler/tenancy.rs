@@ -483,3 +483,59 @@ async fn under_keys_one_tenant_cannot_take_the_whole_pool() {
     }
     p.shutdown(Duration::from_secs(5)).await.unwrap();
 }
+
+/// Whether a process with `marker` among its arguments runs on this host.
+fn runs_with(marker: &str) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+        std::fs::read(e.path().join("cmdline"))
+            .map(|c| c.split(|b| *b == 0).any(|arg| arg == marker.as_bytes()))
+            .unwrap_or(false)
+    })
+}
+
+/// A destroyed sandbox's instance is recycled for the next sandbox, another
+/// tenant's here, with nothing of it left: the next sandbox has an id of its own,
+/// no files and no processes of the first; the first id stays destroyed for its
+/// owner and unknown to everyone else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_destroyed_sandboxs_instance_serves_the_next_tenant_with_nothing_of_it() {
+    let mut config = quiet_config();
+    config.pool.max_size = 1;
+    config.pool.min_idle = 0;
+    let p = start(config);
+    let (alice, bob) = (Caller::tenant("alice"), Caller::tenant("bob"));
+    let marker = "3000.4711";
+
+    let a = p.open_sandbox(spec_for("alice"), None).await.unwrap();
+    let first = a.exec(sh_as("alice", "echo hi")).await.unwrap();
+    a.write_file("secret.txt", b"alice's").await.unwrap();
+    a.start_process(paddock_core::ProcessSpec::new(["sleep", marker]))
+        .await
+        .unwrap();
+    assert!(runs_with(marker), "the background process runs");
+    a.destroy().await.unwrap();
+    assert!(
+        !runs_with(marker),
+        "destroy returned with its process alive"
+    );
+
+    let b = p.open_sandbox(spec_for("bob"), None).await.unwrap();
+    let next = b.exec(sh_as("bob", "ls -A; echo end")).await.unwrap();
+    assert_eq!(
+        next.instance_id, first.instance_id,
+        "one instance in the pool: the first sandbox's was recycled for this one"
+    );
+    assert_ne!(b.id(), a.id(), "a sandbox id is never handed out twice");
+    assert_eq!(next.stdout, "end\n", "{next:?}");
+    assert!(b.list_files("").await.unwrap().is_empty());
+    assert!(b.read_file("secret.txt").await.is_err());
+
+    let gone = p.sandbox(&alice, a.id()).await.unwrap_err();
+    assert_eq!(gone.code, ErrorCode::EngineDisposed, "{gone}");
+    let unknown = p.sandbox(&bob, a.id()).await.unwrap_err();
+    assert_eq!(unknown.code, ErrorCode::NotFound, "{unknown}");
+    let theirs = p.sandbox(&alice, b.id()).await.unwrap_err();
+    assert_eq!(theirs.code, ErrorCode::NotFound, "{theirs}");
+    b.destroy().await.unwrap();
+    p.shutdown(Duration::from_secs(5)).await.unwrap();
+}
