@@ -289,6 +289,10 @@ enum Scenario {
         /// HTTP API served by this process on a loopback port (`http`).
         #[arg(long, value_enum, default_value_t = churn::Via::Facade)]
         via: churn::Via,
+        /// Each cycle's first command: `true` (`command`), or the Python snippet
+        /// `print(1)` (`python`; the isolate engine runs JavaScript `0` either way).
+        #[arg(long, value_enum, default_value_t = churn::First::Command)]
+        first: churn::First,
         /// A configuration file for the scheduler (default: the defaults); the flags
         /// below override its pool sizes, and its API keys are left out.
         #[arg(long)]
@@ -558,6 +562,7 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32, crate::run::UsageError
             no_serial,
             engines,
             via,
+            first,
             config,
             max_size,
             min_idle,
@@ -595,6 +600,7 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32, crate::run::UsageError
                 serial_duration: (!no_serial).then_some(serial_duration),
                 engines: names,
                 via,
+                first,
                 max_size: max_size as usize,
                 min_idle: min_idle.map(|n| n as usize),
                 breakdown: breakdown as usize,

@@ -27,19 +27,42 @@ impl Via {
     }
 }
 
-/// The first command: `true`, or on the isolate engine (which runs JavaScript
-/// only) the snippet `0`.
-pub(super) fn first_program(engine: &EngineName) -> Program {
+/// What each cycle's first command is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub(crate) enum First {
+    /// The command `true`.
+    #[default]
+    Command,
+    /// The Python snippet `print(1)` (on a warm runner where the engine has one).
+    Python,
+}
+
+impl First {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            First::Command => "command",
+            First::Python => "python",
+        }
+    }
+}
+
+/// The first command: `true` or `print(1)`, or on the isolate engine (which runs
+/// JavaScript only) the snippet `0`.
+pub(super) fn first_program(engine: &EngineName, first: First) -> Program {
     if *engine == EngineName::ISOLATE {
         Program::code(Language::Javascript, "0")
+    } else if first == First::Python {
+        Program::code(Language::Python, "print(1)")
     } else {
         Program::command(["true"])
     }
 }
 
-fn first_body(engine: &EngineName) -> &'static str {
+fn first_body(engine: &EngineName, first: First) -> &'static str {
     if *engine == EngineName::ISOLATE {
         r#"{"program":{"language":"javascript","code":"0"}}"#
+    } else if first == First::Python {
+        r#"{"program":{"language":"python","code":"print(1)"}}"#
     } else {
         r#"{"program":{"command":["true"]}}"#
     }
@@ -80,11 +103,13 @@ pub(super) enum Client {
     Facade {
         paddock: Paddock,
         engine: EngineName,
+        first: First,
     },
     Http {
         conn: BufReader<TcpStream>,
         host: String,
         engine: EngineName,
+        first: First,
     },
 }
 
@@ -94,6 +119,7 @@ impl Client {
         paddock: &Paddock,
         server: Option<SocketAddr>,
         engine: &EngineName,
+        first: First,
     ) -> Result<Client, String> {
         match (via, server) {
             (Via::Http, Some(addr)) => {
@@ -105,23 +131,29 @@ impl Client {
                     conn: BufReader::new(stream),
                     host: addr.to_string(),
                     engine: engine.clone(),
+                    first,
                 })
             }
             _ => Ok(Client::Facade {
                 paddock: paddock.clone(),
                 engine: engine.clone(),
+                first,
             }),
         }
     }
 
     pub(super) async fn open(&mut self) -> Result<Opened, Failed> {
         match self {
-            Client::Facade { paddock, engine } => Ok(Opened::Handle(Box::new(
+            Client::Facade {
+                paddock, engine, ..
+            } => Ok(Opened::Handle(Box::new(
                 paddock
                     .open_sandbox(SandboxSpec::default(), Some(engine.clone()))
                     .await?,
             ))),
-            Client::Http { conn, host, engine } => {
+            Client::Http {
+                conn, host, engine, ..
+            } => {
                 let body = format!(r#"{{"engine":"{}"}}"#, engine.as_str());
                 let (status, body) = request(conn, host, "POST", "/v1/sandboxes", &body).await?;
                 let v = answer(status, &body, &[200, 201])?;
@@ -135,8 +167,10 @@ impl Client {
 
     pub(super) async fn first(&mut self, sandbox: &Opened) -> Result<(), Failed> {
         match (self, sandbox) {
-            (Client::Facade { engine, .. }, Opened::Handle(h)) => {
-                let r = h.exec(ExecRequest::new(first_program(engine))).await?;
+            (Client::Facade { engine, first, .. }, Opened::Handle(h)) => {
+                let r = h
+                    .exec(ExecRequest::new(first_program(engine, *first)))
+                    .await?;
                 if r.is_success() {
                     Ok(())
                 } else {
@@ -146,9 +180,18 @@ impl Client {
                     )))
                 }
             }
-            (Client::Http { conn, host, engine }, Opened::Id(id)) => {
+            (
+                Client::Http {
+                    conn,
+                    host,
+                    engine,
+                    first,
+                },
+                Opened::Id(id),
+            ) => {
                 let path = format!("/v1/sandboxes/{id}/exec");
-                let (status, body) = request(conn, host, "POST", &path, first_body(engine)).await?;
+                let body = first_body(engine, *first);
+                let (status, body) = request(conn, host, "POST", &path, body).await?;
                 let v = answer(status, &body, &[200])?;
                 if v["outcome"] == "completed" && v["exit_code"].as_i64().unwrap_or(0) == 0 {
                     Ok(())

@@ -3,9 +3,10 @@
 //!
 //! - `run: "concurrent"`: `--clients` clients (20 by default), each in a loop of
 //!   open → first command (`true`; on the isolate engine the JavaScript snippet `0`)
-//!   → destroy, for `--duration`. The first fifth of it (at most 2 s) is warm-up:
-//!   the rate counts the cycles that end after it, the latencies those that start
-//!   after it. Reported: sandboxes per second, p50/p99/max of each step and of
+//!   → destroy, for `--duration` (`--first python`: the first command is the
+//!   Python snippet `print(1)` instead of `true`). The first fifth of it (at most
+//!   2 s) is warm-up: the rate counts the cycles that end after it, the latencies
+//!   those that start after it. Reported: sandboxes per second, p50/p99/max of each step and of
 //!   open and first command together, the pool's counts sampled every 100 ms, and
 //!   the CPU used (see `cpu.rs`) as cores and per sandbox.
 //! - `run: "serial"`: one client, the same loop, for `--serial-duration`, once the
@@ -40,7 +41,7 @@ use serde_json::json;
 
 use crate::run::UsageError;
 use client::Client;
-pub(crate) use client::Via;
+pub(crate) use client::{First, Via};
 use cpu::Cpu;
 
 /// The settings of `paddock bench churn`.
@@ -54,6 +55,8 @@ pub(crate) struct ChurnArgs {
     pub(crate) serial_duration: Option<Duration>,
     pub(crate) engines: Vec<EngineName>,
     pub(crate) via: Via,
+    /// Each cycle's first command.
+    pub(crate) first: First,
     pub(crate) max_size: usize,
     pub(crate) min_idle: Option<usize>,
     pub(crate) breakdown: usize,
@@ -276,7 +279,7 @@ async fn run(
     let mut connected = Vec::with_capacity(clients);
     for _ in 0..clients {
         connected.push(
-            Client::connect(args.via, paddock, server, engine)
+            Client::connect(args.via, paddock, server, engine, args.first)
                 .await
                 .map_err(UsageError)?,
         );
@@ -347,6 +350,7 @@ async fn run(
         "engine": engine.as_str(),
         "run": kind,
         "via": args.via.as_str(),
+        "first": args.first.name(),
         "clients": clients,
         "duration_s": super::round3(duration.as_secs_f64()),
         "warmup_s": super::round3(warm.as_secs_f64()),
