@@ -21,104 +21,13 @@
 //! - JSON nesting is limited to 128 levels, counting the frame object itself.
 //! - a key repeated within an object takes its last occurrence.
 
-use std::fmt;
-
 use serde::de::{Deserialize, Deserializer, Error as _};
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{Map, Value};
 
-use super::error::{excerpt, ProtocolError, ProtocolErrorKind};
+use super::error::{ProtocolError, ProtocolErrorKind};
+use super::{Direction, FrameKind, PROTOCOL_VERSION};
 use crate::exec::StreamKind;
-
-/// The protocol version this crate speaks; every frame carries it as `"v"`.
-pub const PROTOCOL_VERSION: u64 = 1;
-
-/// The exit code with which a one-shot handler ends after writing a `suspend` frame.
-pub const SUSPEND_EXIT_CODE: i32 = 42;
-
-/// Who sends a kind of frame.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Direction {
-    /// Written by the host to the handler's stdin.
-    HostToHandler,
-    /// Written by the handler to its stdout.
-    HandlerToHost,
-}
-
-/// The `kind` of a frame, without its fields.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum FrameKind {
-    /// `invoke`: run the handler on an input.
-    Invoke,
-    /// `resume`: continue a suspended invocation with a value.
-    Resume,
-    /// `cancel`: stop an invocation.
-    Cancel,
-    /// `output`: the invocation's result.
-    Output,
-    /// `error`: the invocation failed.
-    Error,
-    /// `suspend`: the invocation waits on an external token.
-    Suspend,
-    /// `log`: a piece of the handler's diagnostic output.
-    Log,
-}
-
-impl FrameKind {
-    /// Every kind, in the order the specification lists them.
-    pub const ALL: &'static [FrameKind] = &[
-        FrameKind::Invoke,
-        FrameKind::Resume,
-        FrameKind::Cancel,
-        FrameKind::Output,
-        FrameKind::Error,
-        FrameKind::Suspend,
-        FrameKind::Log,
-    ];
-
-    /// The wire name, for example `"invoke"`.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            FrameKind::Invoke => "invoke",
-            FrameKind::Resume => "resume",
-            FrameKind::Cancel => "cancel",
-            FrameKind::Output => "output",
-            FrameKind::Error => "error",
-            FrameKind::Suspend => "suspend",
-            FrameKind::Log => "log",
-        }
-    }
-
-    /// Looks a kind up by its wire name.
-    pub fn from_wire(s: &str) -> Option<FrameKind> {
-        FrameKind::ALL.iter().copied().find(|k| k.as_str() == s)
-    }
-
-    /// Who sends frames of this kind.
-    pub const fn direction(self) -> Direction {
-        match self {
-            FrameKind::Invoke | FrameKind::Resume | FrameKind::Cancel => Direction::HostToHandler,
-            FrameKind::Output | FrameKind::Error | FrameKind::Suspend | FrameKind::Log => {
-                Direction::HandlerToHost
-            }
-        }
-    }
-
-    /// Whether a frame of this kind ends the handler's turn for an id: `output`,
-    /// `error` and `suspend`. Exactly one of them answers each `invoke` and `resume`.
-    pub const fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            FrameKind::Output | FrameKind::Error | FrameKind::Suspend
-        )
-    }
-}
-
-impl fmt::Display for FrameKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// The error a handler reports in an `error` frame.
 ///
@@ -177,7 +86,8 @@ pub enum Frame {
         error: HandlerError,
     },
     /// Handler → host: the invocation waits on an external token. Terminal for this
-    /// turn; a one-shot handler then exits with [`SUSPEND_EXIT_CODE`].
+    /// turn; a one-shot handler then exits with
+    /// [`SUSPEND_EXIT_CODE`](super::SUSPEND_EXIT_CODE).
     Suspend {
         /// The invocation id.
         id: String,
@@ -295,90 +205,6 @@ impl Frame {
     pub fn is_terminal(&self) -> bool {
         self.kind().is_terminal()
     }
-
-    /// Builds a frame from an already parsed JSON value, with every check [`parse`]
-    /// makes after JSON parsing: `v`, `kind`, and the fields of the kind.
-    pub fn from_json_value(value: Value) -> Result<Frame, ProtocolError> {
-        let mut obj = match value {
-            Value::Object(obj) => obj,
-            other => {
-                return Err(ProtocolError::new(
-                    ProtocolErrorKind::NotAnObject,
-                    format!(
-                        "frame is a JSON {}, not an object; every frame is one JSON object \
-                         with \"v\":1 and a \"kind\"",
-                        type_name(&other)
-                    ),
-                ))
-            }
-        };
-        check_version(obj.get("v"))?;
-        let kind = match obj.get("kind") {
-            None => {
-                return Err(ProtocolError::new(
-                    ProtocolErrorKind::InvalidField,
-                    format!("frame has no \"kind\" field; add one of {}", kind_list()),
-                ))
-            }
-            Some(Value::String(name)) => FrameKind::from_wire(name).ok_or_else(|| {
-                ProtocolError::new(
-                    ProtocolErrorKind::UnknownKind,
-                    format!(
-                        "unknown frame kind `{}`; protocol v1 defines {}",
-                        excerpt(name),
-                        kind_list()
-                    ),
-                )
-            })?,
-            Some(other) => {
-                return Err(ProtocolError::new(
-                    ProtocolErrorKind::InvalidField,
-                    format!(
-                        "field `kind` must be a string, found {}; use one of {}",
-                        type_name(other),
-                        kind_list()
-                    ),
-                ))
-            }
-        };
-        let mut fields = Fields {
-            kind,
-            prefix: "",
-            obj: &mut obj,
-        };
-        let id = fields.id("id")?;
-        let frame = match kind {
-            FrameKind::Invoke => Frame::Invoke {
-                id,
-                input: fields.value("input")?,
-                ctx: fields.ctx()?,
-            },
-            FrameKind::Resume => Frame::Resume {
-                id,
-                token_id: fields.id("token_id")?,
-                value: fields.value("value")?,
-            },
-            FrameKind::Cancel => Frame::Cancel { id },
-            FrameKind::Output => Frame::Output {
-                id,
-                output: fields.value("output")?,
-            },
-            FrameKind::Error => Frame::Error {
-                id,
-                error: fields.handler_error()?,
-            },
-            FrameKind::Suspend => Frame::Suspend {
-                id,
-                token_id: fields.id("token_id")?,
-            },
-            FrameKind::Log => Frame::Log {
-                id,
-                stream: fields.stream()?,
-                data: fields.string("data")?,
-            },
-        };
-        Ok(frame)
-    }
 }
 
 impl Serialize for Frame {
@@ -487,138 +313,6 @@ pub fn parse(line: &[u8]) -> Result<Frame, ProtocolError> {
 pub(crate) fn strip_terminator(line: &[u8]) -> &[u8] {
     let line = line.strip_suffix(b"\n").unwrap_or(line);
     line.strip_suffix(b"\r").unwrap_or(line)
-}
-
-fn check_version(v: Option<&Value>) -> Result<(), ProtocolError> {
-    match v {
-        Some(Value::Number(n)) if n.as_u64() == Some(PROTOCOL_VERSION) => Ok(()),
-        None => Err(ProtocolError::new(
-            ProtocolErrorKind::Version,
-            "frame has no \"v\" field; this host speaks json-stdio protocol v1 only: \
-             add \"v\":1 to every frame",
-        )),
-        Some(other) => Err(ProtocolError::new(
-            ProtocolErrorKind::Version,
-            format!(
-                "unsupported protocol version {}; this host supports only v1: send \"v\":1",
-                excerpt(&other.to_string())
-            ),
-        )),
-    }
-}
-
-fn kind_list() -> String {
-    let names: Vec<&str> = FrameKind::ALL.iter().map(|k| k.as_str()).collect();
-    names.join(", ")
-}
-
-fn type_name(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
-/// Takes the fields of one frame out of its JSON object, naming the field and the kind
-/// in every error.
-struct Fields<'a> {
-    kind: FrameKind,
-    /// Prepended to field names in messages: `"error."` inside the `error` object.
-    prefix: &'static str,
-    obj: &'a mut Map<String, Value>,
-}
-
-impl Fields<'_> {
-    fn invalid(&self, message: String) -> ProtocolError {
-        ProtocolError::new(
-            ProtocolErrorKind::InvalidField,
-            format!("`{}` frame: {message}", self.kind),
-        )
-    }
-
-    fn value(&mut self, field: &str) -> Result<Value, ProtocolError> {
-        self.obj.remove(field).ok_or_else(|| {
-            self.invalid(format!(
-                "missing required field `{}{field}` (any JSON value, null included)",
-                self.prefix
-            ))
-        })
-    }
-
-    fn string(&mut self, field: &str) -> Result<String, ProtocolError> {
-        match self.obj.remove(field) {
-            Some(Value::String(s)) => Ok(s),
-            Some(other) => Err(self.invalid(format!(
-                "field `{}{field}` must be a string, found {}",
-                self.prefix,
-                type_name(&other)
-            ))),
-            None => Err(self.invalid(format!(
-                "missing required string field `{}{field}`",
-                self.prefix
-            ))),
-        }
-    }
-
-    /// A string that identifies something, so it must not be empty.
-    fn id(&mut self, field: &str) -> Result<String, ProtocolError> {
-        let s = self.string(field)?;
-        if s.is_empty() {
-            return Err(self.invalid(format!("field `{}{field}` must not be empty", self.prefix)));
-        }
-        Ok(s)
-    }
-
-    fn ctx(&mut self) -> Result<Option<Map<String, Value>>, ProtocolError> {
-        match self.obj.remove("ctx") {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::Object(ctx)) => Ok(Some(ctx)),
-            Some(other) => Err(self.invalid(format!(
-                "field `ctx` must be an object (or absent), found {}",
-                type_name(&other)
-            ))),
-        }
-    }
-
-    fn stream(&mut self) -> Result<StreamKind, ProtocolError> {
-        match self.string("stream")?.as_str() {
-            "stdout" => Ok(StreamKind::Stdout),
-            "stderr" => Ok(StreamKind::Stderr),
-            other => Err(self.invalid(format!(
-                "field `stream` must be \"stdout\" or \"stderr\", found `{}`",
-                excerpt(other)
-            ))),
-        }
-    }
-
-    fn handler_error(&mut self) -> Result<HandlerError, ProtocolError> {
-        let mut obj = match self.obj.remove("error") {
-            Some(Value::Object(obj)) => obj,
-            Some(other) => {
-                return Err(self.invalid(format!(
-                    "field `error` must be an object {{\"code\":…,\"message\":…}}, found {}",
-                    type_name(&other)
-                )))
-            }
-            None => {
-                return Err(self
-                    .invalid("missing required field `error` ({\"code\":…,\"message\":…})".into()))
-            }
-        };
-        let mut inner = Fields {
-            kind: self.kind,
-            prefix: "error.",
-            obj: &mut obj,
-        };
-        Ok(HandlerError {
-            code: inner.id("code")?,
-            message: inner.string("message")?,
-        })
-    }
 }
 
 #[cfg(test)]

@@ -37,10 +37,11 @@
 
 mod decoder;
 mod error;
+mod fields;
 mod frame;
+mod kind;
 
 pub use decoder::{decode_all, FrameDecoder, DEFAULT_MAX_FRAME_SIZE};
 pub use error::{ProtocolError, ProtocolErrorKind};
-pub use frame::{
-    encode, parse, Direction, Frame, FrameKind, HandlerError, PROTOCOL_VERSION, SUSPEND_EXIT_CODE,
-};
+pub use frame::{encode, parse, Frame, HandlerError};
+pub use kind::{Direction, FrameKind, PROTOCOL_VERSION, SUSPEND_EXIT_CODE};

@@ -1,0 +1,118 @@
+//! Executions outside sessions: routing one to its pool (or to the instance a resumed
+//! execution suspended on), and cancelling one that runs.
+
+use actix::prelude::*;
+use paddock_core::{Error, ExecResult, ExecutionId};
+
+use super::choice::Runs;
+use super::{Shared, Supervisor};
+use crate::caller::Caller;
+use crate::engine_pool::DiskKey;
+use crate::messages::*;
+use crate::pipeline::Target;
+
+impl Handler<Execute> for Supervisor {
+    type Result = ResponseFuture<Result<ExecResult, Error>>;
+
+    fn handle(&mut self, msg: Execute, _ctx: &mut Self::Context) -> Self::Result {
+        if let paddock_core::Program::Resume { token_id, .. } = &msg.request.program {
+            // A resume goes to the instance its execution suspended on.
+            let parking = self.pipeline.parking.borrow();
+            let routed = match parking.pool_of(&msg.request.tenant, token_id) {
+                Some(pool) if msg.engine.is_some_and(|e| e != pool.kind) => Err(Error::invalid_options(
+                    "engine",
+                    format!(
+                        "token `{token_id}` belongs to an execution on the {} engine; name that engine or none",
+                        pool.kind
+                    ),
+                )),
+                Some(pool) => Ok(pool),
+                None => Err(parking.not_found_error(&msg.request.tenant, token_id)),
+            };
+            drop(parking);
+            return match routed {
+                Ok(pool) => {
+                    let kind = pool.kind.clone();
+                    Box::pin(self.pipeline.clone().run(
+                        Target::Parked,
+                        msg.request,
+                        kind,
+                        msg.sink,
+                        msg.traceparent,
+                    ))
+                }
+                Err(e) => {
+                    let e = self.refuse(e);
+                    Box::pin(async move { Err(e) })
+                }
+            };
+        }
+        // An execution's own disk quota picks (or makes) a pool of its own: checked
+        // first, so a refused request never makes or replaces one.
+        let disk = DiskKey::of(&msg.request.limits);
+        if !disk.is_default() {
+            let checked = msg.request.limits.validate("limits", false).and_then(|()| {
+                paddock_core::tenancy::check_ceilings(
+                    &self.pipeline.ceilings,
+                    &msg.request.limits,
+                    "limits",
+                )
+            });
+            if let Err(e) = checked {
+                let e = self.refuse(e);
+                return Box::pin(async move { Err(e) });
+            }
+        }
+        let tenant = msg.request.tenant.clone();
+        let prepared = self
+            .allowed_pool(
+                msg.engine,
+                msg.level,
+                Runs::Program(msg.request.program.kind()),
+                &msg.network,
+                disk,
+                None,
+                tenant.as_deref(),
+            )
+            .and_then(|pool| {
+                let caps = pool.engine().capabilities();
+                caps.check_level(&pool.kind, msg.level)?;
+                caps.check_program(&pool.kind, msg.request.program.kind())?;
+                Ok(pool)
+            });
+        let pool = match prepared {
+            Ok(p) => p,
+            Err(e) => {
+                let e = self.refuse(e);
+                return Box::pin(async move { Err(e) });
+            }
+        };
+        let pipeline = self.pipeline.clone();
+        let kind = pool.kind.clone();
+        Box::pin(pipeline.run(
+            Target::Pool(pool),
+            msg.request,
+            kind,
+            msg.sink,
+            msg.traceparent,
+        ))
+    }
+}
+
+impl Handler<Cancel> for Supervisor {
+    type Result = bool;
+
+    fn handle(&mut self, msg: Cancel, _ctx: &mut Self::Context) -> bool {
+        self.note_operator(&msg.caller, "execution.cancel", Some(msg.id.to_string()));
+        cancel_running(&self.pipeline.shared, &msg.caller, &msg.id)
+    }
+}
+
+/// Cancels a running execution through the shared registry, if `caller` may see it:
+/// another tenant's execution is not cancelled, exactly like an unknown id.
+pub(crate) fn cancel_running(shared: &Shared, caller: &Caller, id: &ExecutionId) -> bool {
+    match shared.running.get(id) {
+        Some(r) if caller.sees(r.tenant.as_deref()) => r.token.cancel(),
+        _ => false,
+    }
+}
