@@ -45,7 +45,7 @@ pub mod interactive;
 pub mod isolation;
 pub mod lifecycle;
 pub mod limits;
-pub mod loom;
+pub(crate) mod loom;
 pub mod output;
 pub mod program;
 pub mod protocol;

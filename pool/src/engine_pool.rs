@@ -513,7 +513,17 @@ impl EnginePool {
             .lock()
             .note(busy, Duration::from_millis(self.config.idle_timeout_ms));
         self.prewarm();
-        instance.sandbox.leased();
+        // Outside the engine actor, so under a panic capture of its own: a panic
+        // taints the instance (retired when the lease ends), as in the actor.
+        let leased = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            instance.sandbox.leased();
+        }));
+        if leased.is_err() {
+            tracing::warn!(engine = %self.kind, "an engine panicked in `leased`; its instance is retired after this lease");
+            instance
+                .tainted
+                .store(true, std::sync::atomic::Ordering::Release);
+        }
         Ok(Lease {
             pool: self.clone(),
             instance: Some(instance),

@@ -1,9 +1,12 @@
-//! `GET /v1/openapi.json`: an OpenAPI 3 description of the routes, built from the same
-//! table the router is checked against (see the tests). The schemas of the bodies,
+//! `GET /v1/openapi.json`: an OpenAPI 3 description of the routes, built from the
+//! table the router mounts ([`ROUTES`]: each route's handler is in it, see
+//! `routes.rs`). The schemas of the bodies,
 //! queries and answers are generated (schemars) from the Rust types the handlers
 //! parse and serialize, so the document cannot drift from the server.
 
 use std::collections::BTreeMap;
+
+use actix_web::web;
 
 use paddock_core::api::{ExecBody, SandboxBody};
 use paddock_core::{ExecutionId, FileEntry, ProcessSpec, TerminalSpec, WireResult};
@@ -61,6 +64,9 @@ pub(crate) enum Answer {
     WebSocket,
 }
 
+/// Makes the route's actix `Route` (its handler; the method is added from the table).
+pub(crate) type ServeFn = fn() -> actix_web::Route;
+
 /// One route: what the router serves and the document describes.
 #[derive(Clone, Copy)]
 pub(crate) struct Route {
@@ -77,6 +83,8 @@ pub(crate) struct Route {
     answer: Answer,
     /// Statuses other than the success one whose body is not an error.
     also: &'static [(&'static str, SchemaFn)],
+    /// Its handler, as the router mounts it.
+    pub(crate) serve: ServeFn,
 }
 
 impl Route {
@@ -96,7 +104,21 @@ impl Route {
             body: Body::None,
             answer,
             also: &[],
+            serve: unserved,
         }
+    }
+
+    /// The handler that serves it (every route of [`ROUTES`] names one: a test
+    /// checks that none answers with [`unserved`]).
+    const fn serve(mut self, serve: ServeFn) -> Route {
+        self.serve = serve;
+        self
+    }
+
+    /// The path as the router matches it: `{path}` takes the rest of the path,
+    /// slashes included.
+    pub(crate) fn mount_path(&self) -> String {
+        self.path.replace("{path}", "{path:.*}")
     }
 
     const fn query(mut self, query: SchemaFn) -> Route {
@@ -131,7 +153,14 @@ impl Route {
     }
 }
 
-/// Every route.
+/// A route whose table entry names no handler: answers 500, so that the omission
+/// shows (see the tests).
+fn unserved() -> actix_web::Route {
+    web::route().to(|| async { actix_web::HttpResponse::InternalServerError().finish() })
+}
+
+/// Every route: the router mounts this table, the OpenAPI document and the
+/// two-tenant tests walk it.
 pub(crate) const ROUTES: &[Route] = &[
     Route::new(
         "get",
@@ -139,7 +168,8 @@ pub(crate) const ROUTES: &[Route] = &[
         "Liveness",
         "200",
         Answer::Json(named::<Health>),
-    ),
+    )
+    .serve(|| web::route().to(super::operations::healthz)),
     Route::new(
         "get",
         "/readyz",
@@ -147,6 +177,7 @@ pub(crate) const ROUTES: &[Route] = &[
         "200",
         Answer::Json(named::<Readiness>),
     )
+    .serve(|| web::route().to(super::operations::readyz))
     .also(&[("503", named::<Readiness>)]),
     Route::new(
         "get",
@@ -154,35 +185,40 @@ pub(crate) const ROUTES: &[Route] = &[
         "Prometheus text from the OpenTelemetry instruments",
         "200",
         Answer::Text,
-    ),
+    )
+    .serve(|| web::route().to(super::operations::metrics)),
     Route::new(
         "get",
         "/v1/openapi.json",
         "This document",
         "200",
         Answer::Json(openapi_schema),
-    ),
+    )
+    .serve(|| web::route().to(super::operations::openapi_json)),
     Route::new(
         "get",
         "/v1/stats",
         "Pool and audit statistics",
         "200",
         Answer::Json(named::<StatsAnswer>),
-    ),
+    )
+    .serve(|| web::route().to(super::operations::stats)),
     Route::new(
         "get",
         "/v1/engines",
         "The engines this server runs, what each can do, and whether the caller may use it",
         "200",
         Answer::Json(named::<EnginesAnswer>),
-    ),
+    )
+    .serve(|| web::route().to(super::operations::engines)),
     Route::new(
         "get",
         "/v1/fleet",
         "The nodes of the fleet this server belongs to (404 on a node on its own)",
         "200",
         Answer::Json(named::<FleetAnswer>),
-    ),
+    )
+    .serve(|| web::route().to(super::operations::fleet)),
     Route::new(
         "get",
         "/v1/audit",
@@ -190,6 +226,7 @@ pub(crate) const ROUTES: &[Route] = &[
         "200",
         Answer::Json(named::<Vec<AuditEntry>>),
     )
+    .serve(|| web::route().to(super::operations::audit))
     .query(inline::<AuditParams>),
     Route::new(
         "get",
@@ -198,6 +235,7 @@ pub(crate) const ROUTES: &[Route] = &[
         "200",
         Answer::Json(named::<Vec<OperatorAccess>>),
     )
+    .serve(|| web::route().to(super::operations::operator_accesses))
     .query(inline::<LimitParam>),
     Route::new(
         "post",
@@ -206,6 +244,7 @@ pub(crate) const ROUTES: &[Route] = &[
         "200",
         Answer::JsonOrNdjson(named::<WireResult<'static>>),
     )
+    .serve(|| web::route().to(super::executions::create_execution))
     .query(inline::<StreamQuery>)
     .body(named::<ExecBody>),
     Route::new(
@@ -214,14 +253,16 @@ pub(crate) const ROUTES: &[Route] = &[
         "A kept result, or the status of a running execution",
         "200",
         Answer::Json(named::<ExecutionAnswer<'static>>),
-    ),
+    )
+    .serve(|| web::route().to(super::executions::get_execution)),
     Route::new(
         "delete",
         "/v1/executions/{id}",
         "Cancel a queued or running execution",
         "200",
         Answer::Json(named::<Cancelled>),
-    ),
+    )
+    .serve(|| web::route().to(super::executions::cancel_execution)),
     Route::new(
         "post",
         "/v1/sandboxes",
@@ -229,6 +270,7 @@ pub(crate) const ROUTES: &[Route] = &[
         "201",
         Answer::Json(named::<SandboxInfo>),
     )
+    .serve(|| web::route().to(super::sandboxes::create_sandbox))
     .optional_body(named::<SandboxBody>),
     Route::new(
         "get",
@@ -236,14 +278,16 @@ pub(crate) const ROUTES: &[Route] = &[
         "A sandbox's status",
         "200",
         Answer::Json(named::<SandboxState>),
-    ),
+    )
+    .serve(|| web::route().to(super::sandboxes::sandbox_status)),
     Route::new(
         "delete",
         "/v1/sandboxes/{id}",
         "Destroy a sandbox (idempotent)",
         "204",
         Answer::Empty,
-    ),
+    )
+    .serve(|| web::route().to(super::sandboxes::destroy_sandbox)),
     Route::new(
         "post",
         "/v1/sandboxes/{id}/exec",
@@ -251,6 +295,7 @@ pub(crate) const ROUTES: &[Route] = &[
         "200",
         Answer::JsonOrNdjson(named::<WireResult<'static>>),
     )
+    .serve(|| web::route().to(super::sandboxes::sandbox_exec))
     .query(inline::<StreamQuery>)
     .body(named::<ExecBody>),
     Route::new(
@@ -259,14 +304,16 @@ pub(crate) const ROUTES: &[Route] = &[
         "Freeze the sandbox's processes (engines with the `pause` feature)",
         "200",
         Answer::Json(named::<SandboxState>),
-    ),
+    )
+    .serve(|| web::route().to(super::sandboxes::pause_sandbox)),
     Route::new(
         "post",
         "/v1/sandboxes/{id}/unpause",
         "Thaw a paused sandbox",
         "200",
         Answer::Json(named::<SandboxState>),
-    ),
+    )
+    .serve(|| web::route().to(super::sandboxes::unpause_sandbox)),
     Route::new(
         "get",
         "/v1/sandboxes/{id}/files",
@@ -274,6 +321,7 @@ pub(crate) const ROUTES: &[Route] = &[
         "200",
         Answer::Json(named::<Vec<FileEntry>>),
     )
+    .serve(|| web::route().to(super::sandboxes::list_files))
     .query(inline::<DirQuery>),
     Route::new(
         "get",
@@ -281,7 +329,8 @@ pub(crate) const ROUTES: &[Route] = &[
         "Read a file (raw bytes)",
         "200",
         Answer::Bytes,
-    ),
+    )
+    .serve(|| web::route().to(super::sandboxes::read_file)),
     Route::new(
         "put",
         "/v1/sandboxes/{id}/files/{path}",
@@ -289,6 +338,7 @@ pub(crate) const ROUTES: &[Route] = &[
         "204",
         Answer::Empty,
     )
+    .serve(|| web::route().to(super::sandboxes::write_file))
     .bytes(),
     Route::new(
         "post",
@@ -297,6 +347,7 @@ pub(crate) const ROUTES: &[Route] = &[
         "201",
         Answer::Json(named::<ProcessInfo>),
     )
+    .serve(|| web::route().to(super::interactive::start_process))
     .body(named::<ProcessSpec>),
     Route::new(
         "get",
@@ -304,14 +355,16 @@ pub(crate) const ROUTES: &[Route] = &[
         "The sandbox's processes and terminals",
         "200",
         Answer::Json(named::<ProcessList>),
-    ),
+    )
+    .serve(|| web::route().to(super::interactive::list_processes)),
     Route::new(
         "get",
         "/v1/sandboxes/{id}/processes/{process}",
         "One process or terminal, with its exit once it ended",
         "200",
         Answer::Json(named::<ProcessInfo>),
-    ),
+    )
+    .serve(|| web::route().to(super::interactive::get_process)),
     Route::new(
         "post",
         "/v1/sandboxes/{id}/processes/{process}/signal",
@@ -319,6 +372,7 @@ pub(crate) const ROUTES: &[Route] = &[
         "200",
         Answer::Json(named::<Signalled>),
     )
+    .serve(|| web::route().to(super::interactive::signal_process))
     .body(named::<SignalBody>),
     Route::new(
         "get",
@@ -326,7 +380,8 @@ pub(crate) const ROUTES: &[Route] = &[
         "WebSocket: a process's or terminal's output, input and commands",
         "101",
         Answer::WebSocket,
-    ),
+    )
+    .serve(|| web::route().to(super::interactive::attach)),
     Route::new(
         "post",
         "/v1/sandboxes/{id}/terminals",
@@ -334,6 +389,7 @@ pub(crate) const ROUTES: &[Route] = &[
         "201",
         Answer::Json(named::<ProcessInfo>),
     )
+    .serve(|| web::route().to(super::interactive::open_terminal))
     .body(named::<TerminalSpec>),
     Route::new(
         "get",
@@ -342,6 +398,7 @@ pub(crate) const ROUTES: &[Route] = &[
         "101",
         Answer::WebSocket,
     )
+    .serve(|| web::route().to(super::interactive::tcp))
     .query(inline::<TcpQuery>),
 ];
 

@@ -143,6 +143,9 @@ impl Sandbox for PanickySandbox {
         self.maybe_panic("destroy");
         Ok(())
     }
+    fn leased(&self) {
+        self.maybe_panic("leased");
+    }
 }
 
 fn start(method: &'static str) -> Paddock {
@@ -257,7 +260,7 @@ async fn a_panic_in_any_session_method_is_engine_failed_and_the_scheduler_goes_o
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_panic_in_status_exec_or_recycle_of_a_pooled_instance_is_caught() {
+async fn a_panic_in_status_exec_recycle_leased_or_destroy_is_caught() {
     // status: read when a sandbox is opened.
     let p = start("status");
     assert_caught("status", p.open_sandbox(SandboxSpec::default(), None).await);
@@ -286,6 +289,24 @@ async fn a_panic_in_status_exec_or_recycle_of_a_pooled_instance_is_caught() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     p.execute(command()).await.unwrap();
+    p.shutdown(Duration::from_secs(5)).await.unwrap();
+
+    // leased: called as the pool hands the instance over, outside the engine
+    // actor: the execution still runs, and the instance is retired after it.
+    let p = start("leased");
+    p.execute(command()).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let pool = p.stats().await.unwrap().pools[0].clone();
+        if pool.retired_total >= 1 && pool.idle == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the instance that panicked in `leased` was not retired: {pool:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     p.shutdown(Duration::from_secs(5)).await.unwrap();
 
     // destroy: a session's instance, recycled at its end, is destroyed when the
