@@ -275,7 +275,9 @@ pub struct ExecResult {
     pub usage: Usage,
     /// The engine that ran it.
     pub engine: EngineName,
-    /// The engine instance (sandbox) that ran it.
+    /// The engine instance that ran it: a pooled instance, which serves one
+    /// execution or sandbox after another (a sandbox opened through the scheduler
+    /// has an id of its own, different from its instance's).
     pub instance_id: String,
     /// Timestamps.
     pub timings: Timings,
