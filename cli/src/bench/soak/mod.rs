@@ -344,7 +344,16 @@ pub(super) async fn soak(args: SoakArgs, as_json: bool) -> Result<i32, crate::ru
         .filter(|(fd, target)| fd_targets_before.get(fd) != Some(target))
         .map(|(fd, target)| format!("{fd} -> {target}"))
         .collect();
-    let (dirs_after_shutdown, _) = engine_dirs();
+    // An engine's own directory goes when the last of its instances has (their
+    // actors stop in the background, after the pools report them gone): wait too.
+    let (mut dirs_after_shutdown, _) = engine_dirs();
+    for _ in 0..50 {
+        if dirs_after_shutdown == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        dirs_after_shutdown = engine_dirs().0;
+    }
 
     let issued = ledger.issued.load(Ordering::Relaxed);
     let answered = ledger.answered.load(Ordering::Relaxed);
