@@ -512,7 +512,15 @@ async fn a_destroyed_sandboxs_instance_serves_the_next_tenant_with_nothing_of_it
     a.start_process(paddock_core::ProcessSpec::new(["sleep", marker]))
         .await
         .unwrap();
-    assert!(runs_with(marker), "the background process runs");
+    // Started: it shows under its own name once it has exec'd.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !runs_with(marker) {
+        assert!(
+            Instant::now() < deadline,
+            "the background process never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     a.destroy().await.unwrap();
     assert!(
         !runs_with(marker),
