@@ -60,8 +60,7 @@ pub(crate) async fn require_key(
         );
         return Ok(req.into_response(answer.response()));
     };
-    let key = req.headers().get("x-api-key").and_then(|v| v.to_str().ok());
-    let Some(caller) = inner.caller_for_key(key) else {
+    let Some(caller) = inner.caller(req.headers()) else {
         return Ok(req.into_response(unauthorized().response()));
     };
     paddock_pool::http::authenticated(req.request());

@@ -82,9 +82,8 @@ fn caller(inner: &Inner, req: &HttpRequest) -> Result<Caller, ApiError> {
     if let Some(caller) = crate::admission::checked_caller(req) {
         return Ok(caller);
     }
-    let key = req.headers().get("x-api-key").and_then(|v| v.to_str().ok());
     inner
-        .caller_for_key(key)
+        .caller(req.headers())
         .ok_or_else(crate::admission::unauthorized)
 }
 

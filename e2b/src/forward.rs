@@ -21,6 +21,7 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use futures_util::StreamExt;
 use http_body_util::BodyExt;
 use paddock_core::TcpTarget;
+use paddock_pool::http::{Holder, Place, RequestGate};
 
 use crate::files::http_error;
 use crate::registry::Sbx;
@@ -48,14 +49,15 @@ fn addressing(name: &str) -> bool {
 }
 
 /// Forwards `req` (with its body, at most `max_body` bytes) to `port` of the
-/// sandbox's loopback; `linger` is the server's `close_linger_ms`, and at most
-/// `max_websockets` WebSockets are open to the sandbox's ports at once.
+/// sandbox's loopback; `linger` is the server's `close_linger_ms`. A WebSocket takes
+/// a place among the sandbox's in the listener's gate
+/// (`server.max_websockets_per_tenant` per sandbox) until it closes.
 pub(crate) async fn forward(
     sbx: Arc<Sbx>,
     req: &HttpRequest,
     mut payload: web::Payload,
     port: u16,
-    (max_body, linger, max_websockets): (usize, std::time::Duration, usize),
+    (max_body, linger): (usize, std::time::Duration),
 ) -> HttpResponse {
     let not_open = || {
         http_error(
@@ -85,13 +87,20 @@ pub(crate) async fn forward(
     // A WebSocket holds its place among the sandbox's until it closes (they need
     // no token, so they are counted per sandbox, like its other public requests).
     let place = if websocket {
-        match WebSocketPlace::take(&sbx, max_websockets) {
-            Some(p) => Some(p),
-            None => {
+        let Some(gate) = req.app_data::<web::Data<RequestGate>>() else {
+            return http_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the listener's request gate is missing from this route",
+            );
+        };
+        match gate.enter_websocket(&Holder::Sandbox(sbx.id.clone())) {
+            Ok(p) => Some(p),
+            Err(_) => {
                 return http_error(
                     StatusCode::TOO_MANY_REQUESTS,
                     format!(
-                        "{max_websockets} WebSockets to this sandbox's ports are open (server.max_websockets_per_tenant); close one first"
+                        "{} WebSockets to this sandbox's ports are open (server.max_websockets_per_tenant); close one first",
+                        gate.max_websockets()
                     ),
                 )
             }
@@ -246,7 +255,7 @@ fn join(
     upgraded: hyper::upgrade::Upgraded,
     mut payload: web::Payload,
     linger: std::time::Duration,
-    place: Option<WebSocketPlace>,
+    place: Option<Place>,
 ) -> HttpResponse {
     use tokio::io::AsyncWriteExt;
     let (from_server, mut to_server) = tokio::io::split(hyper_util::rt::TokioIo::new(upgraded));
@@ -286,28 +295,4 @@ fn join(
     );
     // Closed within the linger once the server's side has ended.
     paddock_pool::http::wake_at_end(out.upgrade("websocket").streaming(stream), linger)
-}
-
-/// One of a sandbox's open WebSockets, given back when dropped.
-pub(crate) struct WebSocketPlace(Arc<Sbx>);
-
-impl WebSocketPlace {
-    /// A place, if fewer than `max` are taken.
-    fn take(sbx: &Arc<Sbx>, max: usize) -> Option<WebSocketPlace> {
-        use std::sync::atomic::Ordering;
-        sbx.websockets
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < max).then_some(n + 1)
-            })
-            .ok()
-            .map(|_| WebSocketPlace(sbx.clone()))
-    }
-}
-
-impl Drop for WebSocketPlace {
-    fn drop(&mut self) {
-        self.0
-            .websockets
-            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-    }
 }

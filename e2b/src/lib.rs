@@ -45,6 +45,7 @@ mod interpreter;
 mod process;
 mod registry;
 mod routing;
+pub mod table;
 mod watch;
 
 use std::collections::BTreeMap;

@@ -55,8 +55,6 @@ pub(crate) struct Sbx {
     pub(crate) procs: parking_lot::Mutex<crate::process::Procs>,
     pub(crate) cpu_count: u32,
     pub(crate) memory_mb: u64,
-    /// WebSockets open to the sandbox's own ports.
-    pub(crate) websockets: std::sync::atomic::AtomicUsize,
 }
 
 impl Sbx {
@@ -98,11 +96,6 @@ pub(crate) struct Inner {
     pub(crate) max_body_bytes: usize,
     /// How long a closing connection waits for its client (`server.close_linger_ms`).
     pub(crate) close_linger: std::time::Duration,
-    /// WebSockets one sandbox's ports may have open (`server.max_websockets_per_tenant`).
-    pub(crate) max_websockets: usize,
-    /// Requests one tenant may have in progress (`server.max_requests_per_tenant`).
-    pub(crate) max_requests_per_tenant: u32,
-    pub(crate) in_flight: crate::caps::InFlight,
     pub(crate) templates: BTreeMap<String, TemplateConfig>,
     pub(crate) sandboxes: DashMap<String, Arc<Sbx>>,
     /// Sandboxes being opened, counted against `e2b.max_sandboxes` with the open.
@@ -123,37 +116,17 @@ impl Inner {
             max_file_bytes: server.max_file_bytes as u64,
             max_body_bytes: server.max_body_bytes,
             close_linger: std::time::Duration::from_millis(server.close_linger_ms),
-            max_websockets: server.max_websockets_per_tenant as usize,
-            max_requests_per_tenant: server.max_requests_per_tenant,
-            in_flight: Default::default(),
             templates,
             sandboxes: DashMap::new(),
             opening: Default::default(),
         }
     }
 
-    /// The caller an `X-API-Key` names: its tenant (an operator for an `admin` key),
-    /// `None` for a wrong or missing key. Without configured keys every caller is the
-    /// caller without a tenant.
-    pub(crate) fn caller_for_key(&self, presented: Option<&str>) -> Option<Caller> {
-        if self.keys.is_empty() {
-            return Some(Caller::of(None));
-        }
-        let presented = presented.unwrap_or("");
-        let mut found = None;
-        for k in &self.keys {
-            let eq: bool = k.key.as_bytes().ct_eq(presented.as_bytes()).into();
-            if eq && found.is_none() {
-                found = Some(k);
-            }
-        }
-        found.map(|k| {
-            if k.admin {
-                Caller::Operator(k.tenant.clone())
-            } else {
-                Caller::tenant(k.tenant.clone())
-            }
-        })
+    /// The caller a request's key names (`X-API-Key`, or a bearer: the one reader of
+    /// credentials every surface uses), `None` for a wrong or missing key. Without
+    /// configured keys, the tenant `X-Paddock-Tenant` claims, or none.
+    pub(crate) fn caller(&self, headers: &actix_web::http::header::HeaderMap) -> Option<Caller> {
+        paddock_pool::http::caller_of(&self.keys, headers).ok()
     }
 
     /// The sandbox `id` if `caller` may see it: another tenant's is `None`, as one

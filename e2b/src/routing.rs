@@ -18,6 +18,7 @@ use crate::access::{parse_port, Access};
 use crate::connect::{self, Code, ConnectError};
 use crate::files::http_error;
 use crate::registry::{Inner, Sbx};
+use crate::table::{RpcKind, AGENT, FILESYSTEM, PROCESS};
 use crate::{control, files, process, CODE_INTERPRETER_PORT, ENVD_PORT};
 
 /// The sandbox and port a request addresses, if it is a sandbox request. The port
@@ -66,36 +67,23 @@ pub(crate) fn configure(inner: &Arc<Inner>, cfg: &mut web::ServiceConfig) {
     // The control plane, in a scope of its own paths only (a scope answers every
     // path it takes, so it must take no other). Its key is checked first, before
     // anything reads a body (`admission::require_key`, the outermost middleware).
+    let mut control = web::scope("")
+        .guard(guard::fn_guard(|ctx| {
+            let p = ctx.head().uri.path();
+            p == "/sandboxes"
+                || p.starts_with("/sandboxes/")
+                || p == "/v2/sandboxes"
+                || p.starts_with("/v2/sandboxes/")
+        }))
+        .wrap(actix_web::middleware::from_fn(crate::caps::limit))
+        .wrap(actix_web::middleware::from_fn(
+            crate::admission::require_key,
+        ));
+    for route in crate::table::CONTROL {
+        control = control.route(route.path, route.route());
+    }
     cfg.service(
-        web::scope("")
-            .guard(guard::fn_guard(|ctx| {
-                let p = ctx.head().uri.path();
-                p == "/sandboxes"
-                    || p.starts_with("/sandboxes/")
-                    || p == "/v2/sandboxes"
-                    || p.starts_with("/v2/sandboxes/")
-            }))
-            .wrap(actix_web::middleware::from_fn(crate::caps::limit))
-            .wrap(actix_web::middleware::from_fn(
-                crate::admission::require_key,
-            ))
-            .route("/sandboxes", web::post().to(control::create))
-            .route("/v2/sandboxes", web::post().to(control::create))
-            .route("/sandboxes", web::get().to(control::list))
-            .route("/v2/sandboxes", web::get().to(control::list))
-            .route("/sandboxes/{id}", web::get().to(control::get))
-            .route("/sandboxes/{id}", web::delete().to(control::kill))
-            .route(
-                "/sandboxes/{id}/timeout",
-                web::post().to(control::set_timeout),
-            )
-            .route("/sandboxes/{id}/pause", web::post().to(control::pause))
-            .route("/sandboxes/{id}/resume", web::post().to(control::connect))
-            .route("/sandboxes/{id}/connect", web::post().to(control::connect))
-            .route(
-                "/v2/sandboxes/{id}/connect",
-                web::post().to(control::connect),
-            )
+        control
             .route("/sandboxes/{tail:.*}", web::to(control::unknown))
             .route("/v2/sandboxes/{tail:.*}", web::to(control::unknown))
             .default_service(web::to(control::unknown)),
@@ -117,8 +105,7 @@ async fn sandbox_entry(
             "the sandbox's port (E2b-Sandbox-Port, or the `{port}-` of the host name) is not a port number: give 1 to 65535 in decimal, without a sign or leading zeros",
         );
     };
-    let connect_rpc = req.path().starts_with("/process.Process/")
-        || req.path().starts_with("/filesystem.Filesystem/");
+    let connect_rpc = crate::table::is_rpc_path(req.path());
     // A sandbox that is not open here, and one the request has no credential for
     // (whether it runs, is paused or has ended): the same answer, as the proxy in
     // front of E2B's agents gives it for a sandbox it does not know, so that an id
@@ -162,7 +149,7 @@ async fn sandbox_entry(
             ),
         ),
         other => {
-            let bounds = (inner.max_body_bytes, inner.close_linger, inner.max_websockets);
+            let bounds = (inner.max_body_bytes, inner.close_linger);
             crate::forward::forward(sbx, &req, payload, other, bounds).await
         }
     }
@@ -177,28 +164,31 @@ async fn envd(
 ) -> HttpResponse {
     let path = req.path().to_string();
     let method = req.method().clone();
-    if path == "/health" {
-        return HttpResponse::NoContent().finish();
-    }
-    if path == "/files" {
+    if let Some(route) = AGENT.iter().find(|r| r.path == path) {
         let max = inner.max_file_bytes;
-        return match method.as_str() {
-            "GET" => files::download(sbx, &req).await,
-            "POST" => files::upload(sbx, &req, payload, max).await,
-            _ => http_error(StatusCode::METHOD_NOT_ALLOWED, "use GET or POST on /files"),
+        return match (route.path, method.as_str()) {
+            ("/health", "GET") => HttpResponse::NoContent().finish(),
+            ("/files", "GET") => files::download(sbx, &req).await,
+            ("/files", "POST") => files::upload(sbx, &req, payload, max).await,
+            _ => {
+                let allowed: Vec<&str> = AGENT
+                    .iter()
+                    .filter(|r| r.path == path)
+                    .map(|r| r.method)
+                    .collect();
+                http_error(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    format!("use {} on {path}", allowed.join(" or ")),
+                )
+            }
         };
     }
-    let (service, rpc) = match path.trim_start_matches('/').split_once('/') {
-        Some((s, m)) if s == "process.Process" || s == "filesystem.Filesystem" => {
-            (s.to_string(), m.to_string())
-        }
-        _ => {
-            return http_error(
-                StatusCode::NOT_FOUND,
-                format!("{method} {path} is not a route of the sandbox agent"),
-            )
-        }
-    };
+    if !crate::table::is_rpc_path(&path) {
+        return http_error(
+            StatusCode::NOT_FOUND,
+            format!("{method} {path} is not a route of the sandbox agent"),
+        );
+    }
     if method != actix_web::http::Method::POST {
         return ConnectError::new(Code::Unimplemented, "Connect calls are POST").unary();
     }
@@ -222,7 +212,18 @@ async fn envd(
             }))
         }
     };
-    if streamed && service == "process.Process" && rpc == "StreamInput" {
+    let Some(rpc) = crate::table::rpc_at(&path) else {
+        let e = ConnectError::new(
+            Code::Unimplemented,
+            format!("{path} is not a method this agent offers"),
+        );
+        return if streamed {
+            stream_error(&e)
+        } else {
+            e.unary()
+        };
+    };
+    if streamed && rpc.kind == RpcKind::ClientStream {
         return process::stream_input(sbx, payload)
             .await
             .unwrap_or_else(|e| stream_error(&e));
@@ -250,22 +251,28 @@ async fn envd(
             }
             Err(e) => return stream_error(&e),
         };
-        let answer = match (service.as_str(), rpc.as_str()) {
-            ("process.Process", "Start") => process::start(sbx, &req, &message).await,
-            ("process.Process", "Connect") => process::connect_to(sbx, &req, &message).await,
-            ("filesystem.Filesystem", "WatchDir") => {
+        let answer = match (rpc.kind, rpc.service, rpc.method) {
+            (RpcKind::ServerStream, PROCESS, "Start") => process::start(sbx, &req, &message).await,
+            (RpcKind::ServerStream, PROCESS, "Connect") => {
+                process::connect_to(sbx, &req, &message).await
+            }
+            (RpcKind::ServerStream, FILESYSTEM, "WatchDir") => {
                 crate::watch::watch_dir(sbx, &req, &message).await
             }
             _ => Err(ConnectError::new(
                 Code::Unimplemented,
-                format!("{service}/{rpc} is not a streaming method this agent offers"),
+                format!("{path} is not a streaming method this agent offers"),
             )),
         };
         return answer.unwrap_or_else(|e| stream_error(&e));
     }
-    let answer = match service.as_str() {
-        "process.Process" => process::unary(&sbx, &rpc, &body).await,
-        _ => files::unary(&sbx, &rpc, &body).await,
+    let answer = match (rpc.kind, rpc.service) {
+        (RpcKind::Unary, PROCESS) => process::unary(&sbx, rpc.method, &body).await,
+        (RpcKind::Unary, _) => files::unary(&sbx, rpc.method, &body).await,
+        _ => Err(ConnectError::new(
+            Code::Unimplemented,
+            format!("{path} is a streaming method: call it with application/connect+json"),
+        )),
     };
     match answer {
         Ok(v) => HttpResponse::Ok()

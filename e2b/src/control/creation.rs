@@ -220,7 +220,6 @@ async fn create_inner(inner: &Arc<Inner>, req: &HttpRequest, body: &[u8]) -> Ans
             procs: parking_lot::Mutex::new(crate::process::Procs::new(
                 inner.config.max_processes_per_sandbox,
             )),
-            websockets: Default::default(),
             cpu_count: template
                 .limits
                 .cpu_millicores

@@ -69,15 +69,20 @@ impl Server {
 }
 
 /// An answer: status, lower-case headers, JSON body.
-struct Answer {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: Value,
+pub(crate) struct Answer {
+    pub(crate) status: u16,
+    pub(crate) headers: Vec<(String, String)>,
+    pub(crate) body: Value,
 }
 
 /// Sends `head` (with `Content-Length: announced`) and the first bytes of a body,
 /// `sent`; returns the connection.
-async fn send(addr: SocketAddr, head: &str, announced: usize, sent: &[u8]) -> BufReader<TcpStream> {
+pub(crate) async fn send(
+    addr: SocketAddr,
+    head: &str,
+    announced: usize,
+    sent: &[u8],
+) -> BufReader<TcpStream> {
     let mut stream = TcpStream::connect(addr).await.expect("connect");
     let head = format!(
         "{head}\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {announced}\r\n\r\n"
@@ -88,7 +93,7 @@ async fn send(addr: SocketAddr, head: &str, announced: usize, sent: &[u8]) -> Bu
 }
 
 /// Reads the answer (within 10 s).
-async fn answer(conn: &mut BufReader<TcpStream>) -> Answer {
+pub(crate) async fn answer(conn: &mut BufReader<TcpStream>) -> Answer {
     let read = async {
         let mut status = 0;
         let mut headers = Vec::new();

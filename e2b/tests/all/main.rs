@@ -4,7 +4,9 @@
 //! port).
 
 mod admission;
+mod caps;
 mod downgrade;
 mod ingress;
 mod input;
 mod live;
+mod walls;

@@ -357,7 +357,10 @@ async fn forward_socket(
     path: &str,
 ) -> Result<HttpResponse, ApiError> {
     use tungstenite::client::IntoClientRequest;
-    let held = state.websockets.enter(caller)?;
+    let held = state
+        .gate
+        .enter_websocket(&super::gate::Holder::of(caller))
+        .map_err(ApiError::from)?;
     let ws_base = address
         .strip_prefix("http")
         .map(|rest| format!("ws{rest}"))

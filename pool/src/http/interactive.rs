@@ -151,7 +151,10 @@ pub(super) async fn attach(
     body: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let started = find(&state, &caller, path, "sandbox.process.attach").await?;
-    let held = state.websockets.enter(&caller)?;
+    let held = state
+        .gate
+        .enter_websocket(&super::gate::Holder::of(&caller))
+        .map_err(ApiError::from)?;
     let (response, session, stream) = actix_ws::handle(&req, body).map_err(upgrade_error)?;
     let stream = stream
         .max_frame_size(MAX_WS_MESSAGE)
@@ -368,7 +371,10 @@ pub(super) async fn tcp(
             "no upgrade",
         )));
     }
-    let held = state.websockets.enter(&caller)?;
+    let held = state
+        .gate
+        .enter_websocket(&super::gate::Holder::of(&caller))
+        .map_err(ApiError::from)?;
     let conn = handle.open_tcp_connection(target).await?;
     let (response, session, stream) = actix_ws::handle(&req, body).map_err(upgrade_error)?;
     let stream = stream

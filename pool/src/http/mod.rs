@@ -13,6 +13,7 @@ mod deadline;
 mod errors;
 mod executions;
 mod forward;
+mod gate;
 mod interactive;
 mod openapi;
 mod operations;
@@ -34,6 +35,7 @@ pub use connections::authenticated;
 pub use deadline::{is_body_timeout, lift_body_timeout};
 pub use errors::{status_for, ApiError};
 pub use forward::FORWARDED_HEADER;
+pub use gate::{caller_of, key_caller, Holder, Place, RequestGate};
 pub use tenancy::held_until_body_ends;
 
 /// Every route the server answers, as `(method, path pattern)` (`{id}`, `{path}`,

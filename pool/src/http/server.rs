@@ -8,8 +8,8 @@ use std::time::Duration;
 use actix_web::{web, App, HttpServer};
 use paddock_core::{Error, ErrorCode, MetricsAccess, ServerConfig};
 
+use super::gate::RequestGate;
 use super::results::{Bounds, ResultStore};
-use super::tenancy::Gauge;
 use super::*;
 use super::{operations::*, routes::*};
 use crate::Paddock;
@@ -21,10 +21,9 @@ pub(super) struct State {
     pub(super) config: ServerConfig,
     pub(super) results: ResultStore,
     pub(super) draining: AtomicBool,
-    /// Requests in progress per tenant (streamed responses until they end).
-    pub(super) requests: Arc<Gauge>,
-    /// Open WebSockets per tenant.
-    pub(super) websockets: Arc<Gauge>,
+    /// Requests in progress and open WebSockets per tenant (streamed responses
+    /// until they end), shared with every surface on the listener.
+    pub(super) gate: Arc<RequestGate>,
     /// Where `/metrics` is served.
     pub(super) metrics: MetricsAccess,
 }
@@ -44,16 +43,7 @@ impl State {
                 max_bytes: config.max_result_bytes,
                 max_bytes_per_tenant: config.max_result_bytes_per_tenant,
             }),
-            requests: Gauge::new(
-                config.max_requests_per_tenant,
-                "requests in progress",
-                "server.max_requests_per_tenant",
-            ),
-            websockets: Gauge::new(
-                config.max_websockets_per_tenant,
-                "WebSockets open",
-                "server.max_websockets_per_tenant",
-            ),
+            gate: Arc::new(RequestGate::new(&config)),
             metrics,
             paddock,
             config,
@@ -124,8 +114,10 @@ pub fn start(paddock: Paddock, config: ServerConfig) -> Result<HttpServerHandle,
 pub type Extension = Arc<dyn Fn(&mut web::ServiceConfig) + Send + Sync>;
 
 /// [`start`], with `extensions` served on the same listener ahead of the native
-/// routes; the native middleware (tenants' request caps, fleet forwarding of
-/// `/v1/sandboxes/…`) wraps them too.
+/// routes. They find the listener's [`RequestGate`] in their app data
+/// (`web::Data<RequestGate>`) and count their requests in it, so that a tenant's
+/// caps hold across every surface; the native middleware (its count of native
+/// requests, fleet forwarding of `/v1/sandboxes/…`) wraps the native routes only.
 pub fn start_with(
     paddock: Paddock,
     config: ServerConfig,
@@ -180,18 +172,26 @@ pub fn start_with(
                 );
                 let metrics = app_state.metrics.clone();
                 let data = web::Data::from(app_state);
+                let gate = web::Data::from(data.gate.clone());
                 let metrics_data = data.clone();
                 let server = HttpServer::new(move || {
                     let mut app = App::new()
                         .app_data(data.clone())
-                        .wrap(actix_web::middleware::from_fn(forward::route_sessions))
-                        .wrap(actix_web::middleware::from_fn(tenancy::limit_requests))
+                        // The one gate of every surface: each counts its own
+                        // requests in it and answers a refusal in its own format.
+                        .app_data(gate.clone())
                         // Outermost: every body, whoever reads it, is read in time.
                         .wrap(actix_web::middleware::from_fn(deadline::time_bodies));
                     for extension in &extensions {
                         app = app.configure(|cfg| extension(cfg));
                     }
-                    app.configure(routes)
+                    // The native routes take every request the extensions did not.
+                    app.service(
+                        web::scope("")
+                            .wrap(actix_web::middleware::from_fn(forward::route_sessions))
+                            .wrap(actix_web::middleware::from_fn(tenancy::limit_requests))
+                            .configure(routes),
+                    )
                 })
                 // Streamed answers (NDJSON, Connect streams) go out in small writes:
                 // with Nagle's algorithm each would wait for the client's delayed ACK

@@ -1,149 +1,33 @@
-//! Who is calling, and how much one tenant may hold of the server at once.
+//! Who is calling, for the native routes, and their place in the listener's
+//! [`RequestGate`](super::gate::RequestGate).
 //!
-//! Every request is answered on behalf of a [`Caller`]: the tenant of its API key (an
-//! operator for a key marked `admin`), or, without keys, the tenant its
-//! `X-Paddock-Tenant` header claims. Requests in progress and open WebSockets are
-//! counted per tenant; one tenant at its cap is answered 429 `RATE_LIMITED` while the
-//! others go on.
-
-use std::sync::Arc;
+//! Every request is answered on behalf of a [`Caller`], read by
+//! [`caller_of`](super::gate::caller_of) from whichever header carries its key.
+//! Requests in progress and open WebSockets are counted per tenant in the one gate
+//! every surface of the listener shares; one tenant at its cap is answered 429
+//! `RATE_LIMITED` while the others go on.
 
 use actix_web::body::{BoxBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
-use actix_web::http::{header, StatusCode};
+use actix_web::http::StatusCode;
 use actix_web::middleware::Next;
 use actix_web::{web, HttpRequest, ResponseError};
-use dashmap::DashMap;
-use paddock_core::{Error, ErrorCode, ServerConfig};
-use subtle::ConstantTimeEq;
+use paddock_core::{ErrorCode, ServerConfig};
 
+use super::gate::{caller_of, Holder};
 use super::{ApiError, State};
 use crate::Caller;
 
-/// How long a tenant at a cap is told to wait.
-const CAP_RETRY_MS: u64 = 100;
-
-/// The caller of a request: the API key's tenant when keys are configured (401
-/// without a valid key; an operator for an `admin` key), else the tenant the
-/// `X-Paddock-Tenant` header claims (or none).
+/// The caller of a native request (see [`caller_of`]).
 pub(super) fn caller(config: &ServerConfig, req: &HttpRequest) -> Result<Caller, ApiError> {
-    if config.api_keys.is_empty() {
-        return Ok(Caller::of(
-            req.headers()
-                .get("x-paddock-tenant")
-                .and_then(|v| v.to_str().ok())
-                .filter(|t| !t.is_empty()),
-        ));
-    }
-    let presented = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    // Compare against every key in constant time; no early exit on a match.
-    let mut found = None;
-    for k in &config.api_keys {
-        let eq: bool = k.key.as_bytes().ct_eq(presented.as_bytes()).into();
-        if eq && found.is_none() {
-            found = Some(k);
-        }
-    }
-    match found {
-        Some(k) if k.admin => Ok(Caller::Operator(k.tenant.clone())),
-        Some(k) => Ok(Caller::tenant(k.tenant.clone())),
-        None => Err(ApiError::from(Error::new(
-            ErrorCode::Unauthorized,
-            "missing or wrong API key: send `Authorization: Bearer <key>`",
-        ))),
-    }
+    caller_of(&config.api_keys, req.headers()).map_err(ApiError::from)
 }
 
 /// The tenant work created by `caller` is accounted to (an operator's own tenant).
 pub(super) fn account(caller: &Caller) -> Option<String> {
-    match caller {
-        Caller::Tenant(t) => t.clone(),
-        Caller::Operator(name) => Some(name.clone()),
-        Caller::Embedder => None,
-    }
-}
-
-/// The key a caller is counted under.
-fn key(caller: &Caller) -> String {
-    account(caller).unwrap_or_default()
-}
-
-/// A count per tenant with a cap.
-#[derive(Debug)]
-pub(super) struct Gauge {
-    counts: DashMap<String, u32>,
-    max: u32,
-    what: &'static str,
-    setting: &'static str,
-}
-
-/// One place in a [`Gauge`], given back when dropped.
-#[derive(Debug)]
-pub(super) struct Held {
-    gauge: Arc<Gauge>,
-    key: String,
-}
-
-impl Gauge {
-    pub(super) fn new(max: u32, what: &'static str, setting: &'static str) -> Arc<Gauge> {
-        Arc::new(Gauge {
-            counts: DashMap::new(),
-            max,
-            what,
-            setting,
-        })
-    }
-
-    /// Takes a place for `caller`, or answers 429 `RATE_LIMITED` at its cap.
-    pub(super) fn enter(self: &Arc<Self>, caller: &Caller) -> Result<Held, ApiError> {
-        let key = key(caller);
-        let mut n = self.counts.entry(key.clone()).or_insert(0);
-        if *n >= self.max {
-            let held = *n;
-            drop(n);
-            return Err(ApiError::from(
-                Error::new(
-                    ErrorCode::RateLimited,
-                    format!(
-                        "this tenant has {held} {} at once, its cap ({} = {}); wait for one to end",
-                        self.what, self.setting, self.max
-                    ),
-                )
-                .with_retry_after_ms(CAP_RETRY_MS),
-            ));
-        }
-        *n += 1;
-        drop(n);
-        Ok(Held {
-            gauge: self.clone(),
-            key,
-        })
-    }
-
-    /// Places held now by `caller`.
-    #[cfg(test)]
-    pub(super) fn held(&self, caller: &Caller) -> u32 {
-        self.counts.get(&key(caller)).map_or(0, |n| *n)
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        let remove = match self.gauge.counts.get_mut(&self.key) {
-            Some(mut n) => {
-                *n = n.saturating_sub(1);
-                *n == 0
-            }
-            None => false,
-        };
-        if remove {
-            self.gauge.counts.remove_if(&self.key, |_, n| *n == 0);
-        }
+    match Holder::of(caller) {
+        Holder::Tenant(t) => t,
+        Holder::Sandbox(_) => None,
     }
 }
 
@@ -178,10 +62,10 @@ pub(super) async fn limit_requests(
         Some(state) => match caller(&state.config, req.request()) {
             Ok(c) => {
                 super::authenticated(req.request());
-                match state.requests.enter(&c) {
+                match state.gate.enter_request(&Holder::of(&c)) {
                     Ok(h) => Some(h),
                     Err(e) => {
-                        let response = e.error_response();
+                        let response = ApiError::from(e).error_response();
                         return Ok(req.into_response(response));
                     }
                 }
@@ -226,34 +110,5 @@ impl<G: Unpin> MessageBody for HeldBody<G> {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<bytes::Bytes, Self::Error>>> {
         std::pin::Pin::new(&mut self.body).poll_next(cx)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_gauge_caps_one_tenant_and_not_the_others() {
-        let g = Gauge::new(2, "requests in progress", "server.max_requests_per_tenant");
-        let bob = Caller::tenant("bob");
-        let alice = Caller::tenant("alice");
-        let a = g.enter(&bob).unwrap();
-        let _b = g.enter(&bob).unwrap();
-        let refused = g.enter(&bob).unwrap_err();
-        assert_eq!(refused.error.code, ErrorCode::RateLimited);
-        assert!(refused.error.retry_after_ms.is_some());
-        assert!(
-            refused
-                .error
-                .message
-                .contains("server.max_requests_per_tenant = 2"),
-            "{}",
-            refused.error.message
-        );
-        let _c = g.enter(&alice).expect("another tenant is unaffected");
-        drop(a);
-        assert_eq!(g.held(&bob), 1);
-        let _d = g.enter(&bob).expect("a place was given back");
     }
 }
