@@ -24,6 +24,7 @@ use paddock_telemetry::Telemetry;
 
 mod builder;
 mod handle;
+mod sessions;
 
 pub use builder::PaddockBuilder;
 pub use handle::SandboxHandle;
@@ -305,8 +306,22 @@ impl Paddock {
         })
     }
 
-    /// Opens a sandbox session on the default engine (or `engine`).
+    /// Opens a sandbox session on the default engine (or `engine`). In a fleet, the
+    /// session first takes its place in the tenant's fleet-wide shares, and its owner
+    /// is recorded before its id is answered, whichever surface opens it.
     pub async fn open_sandbox(
+        &self,
+        spec: SandboxSpec,
+        engine: Option<EngineName>,
+    ) -> Result<SandboxHandle, Error> {
+        match self.federation.clone() {
+            Some(f) => self.open_in_fleet(f, spec, engine).await,
+            None => self.open_local(spec, engine).await,
+        }
+    }
+
+    /// Opens a sandbox session on this node, outside any fleet's accounts.
+    async fn open_local(
         &self,
         spec: SandboxSpec,
         engine: Option<EngineName>,

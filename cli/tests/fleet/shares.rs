@@ -56,7 +56,10 @@ fn a_tenants_concurrency_caps_hold_across_the_fleet() {
     let urls = cluster.urls();
     let dir = cluster.dir();
     let fleet = format!("{FAST}prefix = \"caps\"\n");
-    let extra = format!("{CAPS}{KEYS}");
+    // The E2B-compatible API too, with a template on the subprocess engine: its
+    // sandboxes take their places in the same fleet-wide shares.
+    let extra =
+        format!("{CAPS}{KEYS}[e2b]\nenabled = true\n[templates.quick]\nengine = \"subprocess\"\n");
     let mut nodes: Vec<Node> = (1..=3)
         .map(|i| Node::start(dir, &format!("q{i}"), &urls, &fleet, &extra))
         .collect();
@@ -108,8 +111,34 @@ fn a_tenants_concurrency_caps_hold_across_the_fleet() {
         (429, json!("RATE_LIMITED")),
         "{r}"
     );
-    // Bob's caps are his own.
+    // And through the E2B-compatible API, which opens through the same facade.
+    let e2b_open = |node: &Node, key: &str| {
+        http.post(
+            &format!("{}/sandboxes", node.url),
+            &json!({"templateID": "quick"}),
+            &[("x-api-key", key)],
+        )
+    };
+    let (s, r) = e2b_open(&nodes[2], ALICE);
+    assert_eq!(s, 429, "{r}");
+    let msg = r["message"].as_str().unwrap_or("");
+    assert!(msg.contains("max_sandboxes_per_tenant = 2"), "{msg}");
+    // Bob's caps are his own: one sandbox through the E2B API, which the fleet
+    // counts, then one natively.
+    let (s, r) = e2b_open(&nodes[0], BOB);
+    assert_eq!(s, 201, "{r}");
+    let bob_e2b = r["sandboxID"]
+        .as_str()
+        .expect("an E2B sandbox id")
+        .to_string();
     let b1 = open_on(&http, &nodes[2], BOB);
+    let (s, r) = e2b_open(&nodes[1], BOB);
+    assert_eq!(s, 429, "bob holds two, one of them E2B's: {r}");
+    let (s, _) = http.delete(
+        &format!("{}/sandboxes/{bob_e2b}", nodes[0].url),
+        &[("x-api-key", BOB)],
+    );
+    assert_eq!(s, 204, "killing bob's E2B sandbox");
 
     // Slots: alice's two sandboxes and one execution are her three; a second
     // execution is refused while it runs, on any node. (It sleeps 8 s: the check

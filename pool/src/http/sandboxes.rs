@@ -85,92 +85,10 @@ pub(super) async fn create_sandbox(
             }
         }
     }
-    // Admitted, opened and recorded in a task of its own, which ends however the
-    // request does: one whose client goes away midway neither leaks its place in
-    // the fleet's shares nor leaves an open sandbox uncounted (it is reclaimed
-    // when idle, as on a single node).
-    let opened = actix_web::rt::spawn(open_here(
-        state.paddock.clone(),
-        federation,
-        spec,
-        body.engine,
-    ))
-    .await
-    .map_err(|e| {
-        ApiError::from(paddock_core::Error::new(
-            ErrorCode::EngineFailed,
-            format!("opening the sandbox ended early ({e}); retry"),
-        ))
-    })?;
-    let info = opened.map_err(|e| refusal(&state, e))?;
-    Ok(HttpResponse::Created().json(info))
-}
-
-/// Opens a sandbox on this node: in a fleet, after taking its place in the
-/// tenant's shares (a tenant at its cap costs no sandbox), and recording its owner
-/// before anyone learns its id (a sandbox the fleet cannot find is not handed
-/// out).
-async fn open_here(
-    paddock: crate::Paddock,
-    federation: Option<std::sync::Arc<dyn crate::federation::Federation>>,
-    spec: SandboxSpec,
-    engine: Option<paddock_core::EngineName>,
-) -> Result<crate::messages::SandboxInfo, paddock_core::Error> {
-    // The ticket is in the guard before the place is asked for, so that whatever
-    // was taken is given back if the sandbox does not open.
-    let mut admission = Admission {
-        federation: federation.clone(),
-        tenant: spec.tenant.clone(),
-        ticket: federation
-            .as_ref()
-            .map(|_| paddock_core::ExecutionId::new().to_string()),
-    };
-    if let (Some(f), Some(ticket)) = (&federation, admission.ticket.clone()) {
-        match f.admit_session(spec.tenant.as_deref(), &ticket).await {
-            Ok(true) => {}
-            // The fleet counts no shares, or refused: nothing was taken.
-            Ok(false) => admission.ticket = None,
-            Err(e) => {
-                admission.ticket = None;
-                return Err(e);
-            }
-        }
-    }
-    let handle = paddock.open_sandbox(spec.clone(), engine).await?;
-    if let Some(f) = &federation {
-        let recorded = f
-            .session_opened(
-                spec.tenant.as_deref(),
-                handle.id(),
-                &handle.info().engine,
-                admission.ticket.clone(),
-            )
-            .await;
-        if let Err(e) = recorded {
-            let _ = handle.destroy().await;
-            return Err(e);
-        }
-        // The record took the ticket over.
-        admission.ticket = None;
-    }
-    Ok(handle.info().clone())
-}
-
-/// A place in the fleet's shares taken for a sandbox being opened: given back when
-/// dropped still holding its ticket (the sandbox did not open, or the request
-/// ended first).
-struct Admission {
-    federation: Option<std::sync::Arc<dyn crate::federation::Federation>>,
-    tenant: Option<String>,
-    ticket: Option<String>,
-}
-
-impl Drop for Admission {
-    fn drop(&mut self) {
-        if let (Some(f), Some(t)) = (&self.federation, self.ticket.take()) {
-            f.release_admission(self.tenant.as_deref(), &t);
-        }
-    }
+    // Admitted in the fleet's shares, opened and recorded by the facade.
+    let opened = state.paddock.open_sandbox(spec, body.engine).await;
+    let handle = opened.map_err(|e| refusal(&state, e))?;
+    Ok(HttpResponse::Created().json(handle.info()))
 }
 
 pub(super) async fn sandbox_status(
@@ -193,9 +111,6 @@ pub(super) async fn destroy_sandbox(
     match sandbox_access(&state, &caller, &path, "sandbox.destroy").await {
         Ok(handle) => {
             handle.destroy().await?;
-            if let Some(f) = state.paddock.federation() {
-                f.session_closed(&path).await;
-            }
         }
         // Destroying a destroyed sandbox succeeds (idempotent).
         Err(e) if e.error.code == ErrorCode::EngineDisposed => {}

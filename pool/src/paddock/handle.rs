@@ -286,6 +286,7 @@ impl SandboxHandle {
     /// Destroys the session. Idempotent; every later call is refused. Its running
     /// executions are cancelled; the answer comes once its instance is recycled for
     /// the next session (nothing of this one left: processes, files) or retired.
+    /// In a fleet, its record goes with it.
     pub async fn destroy(&self) -> Result<(), Error> {
         self.paddock
             .supervisor
@@ -294,6 +295,10 @@ impl SandboxHandle {
                 sandbox: self.info.id.clone(),
             })
             .await
-            .map_err(gone)?
+            .map_err(gone)??;
+        if let Some(f) = &self.paddock.federation {
+            f.session_closed(&self.info.id).await;
+        }
+        Ok(())
     }
 }
