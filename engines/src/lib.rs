@@ -38,6 +38,7 @@ mod lease;
 pub mod noop;
 pub mod subprocess;
 mod task;
+mod warm;
 
 pub use builtin::{builtin, Builtin, BUILTIN_NAMES};
 pub use host::{cgroup, netns, volume, workdir};

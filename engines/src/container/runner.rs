@@ -10,7 +10,7 @@
 //! through the agent. The agent sends the runner's pidfd back: the host watches and
 //! interrupts the runner through it, and the agent reaps it.
 //!
-//! The rules are the subprocess engine's (`crate::subprocess::runner`):
+//! The rules are the subprocess engine's (`crate::subprocess::runner`; the runners themselves are `crate::warm`'s):
 //! - A request runs on a runner only when it would get exactly what `python3 -c` or
 //!   `node -e` gives it there: no stdin, no environment or working directory of its
 //!   own (the runner was started with the sandbox's), on top of what the warm
@@ -36,7 +36,7 @@ use paddock_core::{Error, ErrorCode, ExecRequest, Language, Program, Result, War
 
 use super::sandbox::{ContainerSandbox, FileMount};
 use super::warm::WarmContainer;
-use crate::subprocess::warm::Worker;
+use crate::warm::worker::Worker;
 
 /// Where the runner scripts are bound inside a warm container.
 const RUNNERS_INSIDE: &str = "/tmp/.paddock-runners";
@@ -102,7 +102,7 @@ impl RunnerSetup {
         if !config.enabled || config.languages.is_empty() {
             return Ok(None);
         }
-        let written = crate::subprocess::runner::write_runners(
+        let written = crate::warm::scripts::write_runners(
             &config.languages,
             dir,
             "container.runners.languages",

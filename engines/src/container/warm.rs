@@ -14,7 +14,7 @@ use paddock_core::{Error, ErrorCode, Limits, Result};
 
 use super::bundle::{self, BundleSpec, CONTAINER_PATH};
 use super::EngineInner;
-use crate::subprocess::warm::{FramesOn, Worker};
+use crate::warm::worker::{FramesOn, Worker};
 
 /// How long a warm container may take to come up (gVisor's on a loaded host of two
 /// cores has been seen to take more than 10 s).

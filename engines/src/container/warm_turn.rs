@@ -170,7 +170,7 @@ impl ContainerSandbox {
         wc.ooms_seen = ooms;
         let oom = ooms > ooms_before;
         let cpu_ms = cpu_ns.saturating_sub(cpu_before) / 1_000_000;
-        use crate::subprocess::warm::{TurnEnd, TurnFault};
+        use crate::warm::worker::{TurnEnd, TurnFault};
         let failed = |code: ErrorCode, message: String| Outcome::Failed {
             error: Error::new(code, message),
         };

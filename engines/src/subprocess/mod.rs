@@ -13,7 +13,6 @@ mod exec;
 mod interactive;
 pub(crate) mod runner;
 mod sandbox;
-pub(crate) mod warm;
 mod zygote;
 
 use std::collections::BTreeMap;
