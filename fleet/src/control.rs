@@ -55,6 +55,7 @@ async fn answer(inner: &Arc<Inner>, request: Control) -> ControlReply {
         Control::Cancel { id, tenant, forget } => cancel_here(inner, &id, &tenant, forget).await,
         Control::Lookup { id, tenant } => ControlReply {
             known: inner
+                .orders
                 .waiters
                 .get(&id)
                 .is_some_and(|w| visible(&tenant, w.tenant.as_deref())),
@@ -70,7 +71,7 @@ pub(crate) async fn cancel_here(
     tenant: &Option<Option<String>>,
     forget: bool,
 ) -> ControlReply {
-    if let Some(r) = inner.running.get(id).map(|r| r.clone()) {
+    if let Some(r) = inner.orders.running.get(id).map(|r| r.clone()) {
         if !visible(tenant, r.tenant.as_deref()) {
             return ControlReply::default();
         }
@@ -84,7 +85,7 @@ pub(crate) async fn cancel_here(
             cancelled: first,
         };
     }
-    let Some(waiter) = inner.waiters.get(id).map(|w| w.clone()) else {
+    let Some(waiter) = inner.orders.waiters.get(id).map(|w| w.clone()) else {
         return ControlReply::default();
     };
     if !visible(tenant, waiter.tenant.as_deref()) {
@@ -176,7 +177,7 @@ pub(crate) async fn cancel_recorded(
                     if published.is_err() {
                         return;
                     }
-                    if let Some(w) = inner.waiters.get(&id).map(|w| w.clone()) {
+                    if let Some(w) = inner.orders.waiters.get(&id).map(|w| w.clone()) {
                         let _ = w.tx.try_send(Inbound::Done(Box::new(answer)));
                     } else {
                         let to = inner.names.inbox(&record.accepted_by);

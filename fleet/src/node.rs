@@ -106,48 +106,53 @@ pub(crate) struct Inner {
     pub(crate) client: async_nats::Client,
     pub(crate) js: jetstream::Context,
     pub(crate) records: Records,
-    pub(crate) idem: kv::Store,
-    pub(crate) nodes: kv::Store,
-    /// Per-tenant rate counters.
-    pub(crate) rate: kv::Store,
-    /// The fleet-wide rate limit per tenant, if any ([`Fleet::limit_rate`]).
-    pub(crate) rate_limit: parking_lot::Mutex<Option<crate::rate::Rate>>,
     /// This node's own scheduler (not federated).
     pub(crate) paddock: Paddock,
-    pub(crate) waiters: DashMap<ExecutionId, Arc<Waiter>>,
-    pub(crate) running: DashMap<ExecutionId, Arc<Running>>,
-    pub(crate) engines: Vec<EngineSlots>,
-    pub(crate) registry: parking_lot::RwLock<BTreeMap<String, Seen>>,
-    pub(crate) address: parking_lot::Mutex<Option<String>>,
+    /// The fleet's nodes as this one sees them, and its own card.
+    pub(crate) members: Membership,
+    /// Orders: the work this node accepted and waits for, and the work it runs.
+    pub(crate) orders: Orders,
+    /// The fleet's sandboxes: their owners, and the ones this node holds.
+    pub(crate) sessions: crate::sessions::SessionBook,
+    /// The tenants' fleet-wide shares and rates.
+    pub(crate) shares: crate::shares::ShareBook,
     /// The largest message the servers take.
     pub(crate) max_payload: usize,
-    pub(crate) started_at_ms: u64,
     pub(crate) stop: watch::Sender<bool>,
     pub(crate) tasks: parking_lot::Mutex<Vec<JoinHandle<()>>>,
-    /// Work taken from the queues and not yet finished.
-    pub(crate) taken: AtomicUsize,
     /// The streams' duplicate window, in ms.
     pub(crate) dedupe_ms: u64,
-    /// The owners of the fleet's sandboxes (`P_sessions`).
-    pub(crate) sessions: kv::Store,
-    /// The sandboxes this node owns.
-    pub(crate) own: DashMap<String, crate::sessions::Own>,
-    /// Sandboxes this node ended while cut off from NATS, until their records say
-    /// they are lost.
-    pub(crate) fenced: DashMap<String, Option<String>>,
+    /// The last write token drawn ([`Inner::next_write`]).
+    pub(crate) writes: AtomicU64,
+}
+
+/// The fleet's nodes as this one sees them (`P_nodes`), and this node's own card.
+#[derive(Debug)]
+pub(crate) struct Membership {
+    /// The nodes' cards.
+    pub(crate) cards: kv::Store,
+    /// What this node last read of each node's card.
+    pub(crate) seen: parking_lot::RwLock<BTreeMap<String, Seen>>,
+    /// The address this node's HTTP API is reached at, once known.
+    pub(crate) address: parking_lot::Mutex<Option<String>>,
+    pub(crate) started_at_ms: u64,
     /// When this node's card was last written: ms since `clock` (a monotonic
     /// clock, so that a step of the wall clock neither fences nor unfences).
     pub(crate) card_written: AtomicU64,
-    /// The last write token drawn ([`Inner::next_write`]).
-    pub(crate) writes: AtomicU64,
     pub(crate) clock: std::time::Instant,
-    /// Per-tenant holds (`P_shares`).
-    pub(crate) shares: kv::Store,
-    /// The fleet-wide concurrency caps per tenant ([`Fleet::limit_shares`]).
-    pub(crate) share_caps: parking_lot::Mutex<crate::shares::ShareCaps>,
-    /// Holds this node could not give back yet.
-    pub(crate) unreturned:
-        parking_lot::Mutex<std::collections::VecDeque<crate::shares::Unreturned>>,
+}
+
+/// Orders: executions this node accepted and waits for, and those it runs.
+#[derive(Debug)]
+pub(crate) struct Orders {
+    /// Idempotency keys (`P_idem`).
+    pub(crate) idem: kv::Store,
+    pub(crate) waiters: DashMap<ExecutionId, Arc<Waiter>>,
+    pub(crate) running: DashMap<ExecutionId, Arc<Running>>,
+    /// This node's engines and their free slots, by work queue.
+    pub(crate) engines: Vec<EngineSlots>,
+    /// Work taken from the queues and not yet finished.
+    pub(crate) taken: AtomicUsize,
 }
 
 impl Inner {
@@ -168,12 +173,12 @@ impl Inner {
     /// Milliseconds since this node's card was last written.
     pub(crate) fn card_silent_ms(&self) -> u64 {
         self.clock_ms()
-            .saturating_sub(self.card_written.load(Ordering::Acquire))
+            .saturating_sub(self.members.card_written.load(Ordering::Acquire))
     }
 
     /// Milliseconds on the monotonic clock of `card_written`.
     pub(crate) fn clock_ms(&self) -> u64 {
-        u64::try_from(self.clock.elapsed().as_millis()).unwrap_or(u64::MAX)
+        u64::try_from(self.members.clock.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
     pub(crate) fn stopping(&self) -> bool {
@@ -445,32 +450,40 @@ impl Fleet {
             client,
             js,
             records: Records { kv: exec },
-            idem,
-            nodes,
-            rate,
-            rate_limit: parking_lot::Mutex::new(None),
             paddock,
-            waiters: DashMap::new(),
-            running: DashMap::new(),
-            engines,
-            registry: parking_lot::RwLock::new(BTreeMap::new()),
-            address: parking_lot::Mutex::new(None),
-            started_at_ms: unix_ms(),
+            members: Membership {
+                cards: nodes,
+                seen: parking_lot::RwLock::new(BTreeMap::new()),
+                address: parking_lot::Mutex::new(None),
+                started_at_ms: unix_ms(),
+                card_written: AtomicU64::new(0),
+                clock: std::time::Instant::now(),
+            },
+            orders: Orders {
+                idem,
+                waiters: DashMap::new(),
+                running: DashMap::new(),
+                engines,
+                taken: AtomicUsize::new(0),
+            },
+            sessions: crate::sessions::SessionBook {
+                store: sessions,
+                own: DashMap::new(),
+                fenced: DashMap::new(),
+            },
+            shares: crate::shares::ShareBook {
+                store: shares,
+                caps: parking_lot::Mutex::new(crate::shares::ShareCaps::default()),
+                unreturned: parking_lot::Mutex::new(std::collections::VecDeque::new()),
+                rate,
+                rate_limit: parking_lot::Mutex::new(None),
+            },
             stop,
             tasks: parking_lot::Mutex::new(Vec::new()),
-            taken: AtomicUsize::new(0),
             dedupe_ms: u64::try_from(dedupe.min(retention).as_millis()).unwrap_or(u64::MAX),
-            sessions,
-            own: DashMap::new(),
-            fenced: DashMap::new(),
-            card_written: AtomicU64::new(0),
             writes: AtomicU64::new(0),
-            clock: std::time::Instant::now(),
-            shares,
-            share_caps: parking_lot::Mutex::new(crate::shares::ShareCaps::default()),
-            unreturned: parking_lot::Mutex::new(std::collections::VecDeque::new()),
         });
-        for e in &inner.engines {
+        for e in &inner.orders.engines {
             let stream_name = inner.names.work_stream(&e.engine);
             let work = stream::Config {
                 name: stream_name.clone(),
@@ -544,7 +557,8 @@ impl Fleet {
         inner.spawn(crate::sessions::keep(inner.clone()));
         inner.spawn(crate::sessions::fence(inner.clone()));
         let watch = inner
-            .nodes
+            .members
+            .cards
             .watch_all()
             .await
             .map_err(|e| setup("the node registry", e))?;
@@ -572,7 +586,7 @@ impl Fleet {
     /// Sets the base URL other nodes and clients reach this node's HTTP API at
     /// (`fleet.advertise` wins when set).
     pub fn advertise(&self, url: impl Into<String>) {
-        let mut a = self.inner.address.lock();
+        let mut a = self.inner.members.address.lock();
         *a = Some(
             self.inner
                 .config
@@ -599,7 +613,7 @@ impl Fleet {
     /// `limiter.max_executions_per_window` unset: it would count again, per node and
     /// in a sliding window.
     pub fn limit_rate(&self, max: u32, window_ms: u64) {
-        *self.inner.rate_limit.lock() =
+        *self.inner.shares.rate_limit.lock() =
             (max > 0 && window_ms > 0).then_some(crate::rate::Rate { max, window_ms });
     }
 
@@ -608,12 +622,12 @@ impl Fleet {
     /// the same caps; the nodes' own limiters keep theirs too, which then only
     /// bite on what the fleet does not count (executions inside a sandbox).
     pub fn limit_shares(&self, caps: crate::shares::ShareCaps) {
-        *self.inner.share_caps.lock() = caps;
+        *self.inner.shares.caps.lock() = caps;
     }
 
     /// Executions this node runs for the fleet now.
     pub fn running(&self) -> usize {
-        self.inner.running.len()
+        self.inner.orders.running.len()
     }
 
     /// Leaves the fleet: stops taking work, lets what runs here finish for up to
@@ -624,7 +638,9 @@ impl Fleet {
         let inner = &self.inner;
         let _ = inner.stop.send(true);
         let deadline = tokio::time::Instant::now() + drain;
-        while inner.taken.load(Ordering::Acquire) > 0 && tokio::time::Instant::now() < deadline {
+        while inner.orders.taken.load(Ordering::Acquire) > 0
+            && tokio::time::Instant::now() < deadline
+        {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let _ = crate::registry::publish_card(inner, true).await;
@@ -641,6 +657,7 @@ impl Fleet {
 /// sandboxes of the fleet open on it (each holds one of its instances).
 pub(crate) fn rooms(inner: &Inner) -> Vec<EngineRoom> {
     inner
+        .orders
         .engines
         .iter()
         .map(|e| EngineRoom {

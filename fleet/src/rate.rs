@@ -33,6 +33,7 @@ pub(crate) async fn admit(inner: &Inner, rate: Rate, tenant: Option<&str>) -> Re
     );
     for _ in 0..32 {
         let entry = inner
+            .shares
             .rate
             .entry(key.clone())
             .await
@@ -40,7 +41,12 @@ pub(crate) async fn admit(inner: &Inner, rate: Rate, tenant: Option<&str>) -> Re
         let written: Result<(), String> = match entry
             .filter(|e| matches!(e.operation, kv::Operation::Put))
         {
-            None => match inner.rate.create(&key, Bytes::from_static(b"1")).await {
+            None => match inner
+                .shares
+                .rate
+                .create(&key, Bytes::from_static(b"1"))
+                .await
+            {
                 Ok(_) => return Ok(()),
                 Err(e) if crate::store::already_exists(&e) => continue,
                 Err(e) => Err(e.to_string()),
@@ -61,7 +67,7 @@ pub(crate) async fn admit(inner: &Inner, rate: Rate, tenant: Option<&str>) -> Re
                     .with_retry_after_ms(until_next.max(1)));
                 }
                 let next = Bytes::from((n + 1).to_string());
-                match inner.rate.update(&key, next, e.revision).await {
+                match inner.shares.rate.update(&key, next, e.revision).await {
                     Ok(_) => return Ok(()),
                     Err(e) if crate::store::wrong_revision(&e) => continue,
                     Err(e) => Err(e.to_string()),

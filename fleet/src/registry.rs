@@ -27,22 +27,24 @@ pub(crate) async fn publish_card(inner: &Inner, leaving: bool) -> Result<(), kv:
     let card = NodeCard {
         id: inner.node.clone(),
         incarnation: inner.incarnation.clone(),
-        address: inner.address.lock().clone(),
-        started_at_ms: inner.started_at_ms,
+        address: inner.members.address.lock().clone(),
+        started_at_ms: inner.members.started_at_ms,
         at_ms: unix_ms(),
         engines: rooms(inner),
-        running: inner.running.len(),
+        running: inner.orders.running.len(),
         sandboxes,
         leaving,
     };
     let bytes = Bytes::from(serde_json::to_vec(&card).unwrap_or_default());
-    inner.nodes.put(&inner.node, bytes).await?;
+    inner.members.cards.put(&inner.node, bytes).await?;
     inner
+        .members
         .card_written
         .store(inner.clock_ms(), std::sync::atomic::Ordering::Release);
     // Our own card is known at once, without waiting for the watch.
     inner
-        .registry
+        .members
+        .seen
         .write()
         .insert(inner.node.clone(), Seen { card });
     Ok(())
@@ -64,7 +66,8 @@ pub(crate) async fn heartbeat(inner: std::sync::Arc<Inner>) {
         let forget_after = (inner.config.ack_wait_ms * 10).max(60_000);
         let now = unix_ms();
         inner
-            .registry
+            .members
+            .seen
             .write()
             .retain(|id, s| *id == inner.node || now.saturating_sub(s.card.at_ms) < forget_after);
     }
@@ -76,7 +79,7 @@ pub(crate) async fn follow(inner: std::sync::Arc<Inner>, mut watch: kv::Watch) {
         let Ok(entry) = entry else {
             tracing::warn!("the node registry's watch failed; following again");
             tokio::time::sleep(Duration::from_millis(500)).await;
-            match inner.nodes.watch_all().await {
+            match inner.members.cards.watch_all().await {
                 Ok(w) => {
                     watch = w;
                     continue;
@@ -88,13 +91,14 @@ pub(crate) async fn follow(inner: std::sync::Arc<Inner>, mut watch: kv::Watch) {
             kv::Operation::Put => {
                 if let Ok(card) = serde_json::from_slice::<NodeCard>(&entry.value) {
                     inner
-                        .registry
+                        .members
+                        .seen
                         .write()
                         .insert(entry.key.clone(), Seen { card });
                 }
             }
             kv::Operation::Delete | kv::Operation::Purge => {
-                inner.registry.write().remove(&entry.key);
+                inner.members.seen.write().remove(&entry.key);
             }
         }
     }
@@ -115,7 +119,7 @@ pub(crate) fn health(inner: &Inner, card: &NodeCard) -> (NodeHealth, u64) {
 
 /// The nodes as `GET /v1/fleet` shows them.
 pub(crate) fn views(inner: &Inner, with_addresses: bool) -> Vec<NodeView> {
-    let registry = inner.registry.read();
+    let registry = inner.members.seen.read();
     registry
         .values()
         .map(|s| {
@@ -166,7 +170,7 @@ pub(crate) async fn loss(
     node: &str,
     incarnation: &str,
 ) -> Result<(Option<&'static str>, Option<NodeCard>), paddock_core::Error> {
-    let card = inner.registry.read().get(node).map(|s| s.card.clone());
+    let card = inner.members.seen.read().get(node).map(|s| s.card.clone());
     if judge(inner, card.as_ref(), incarnation).is_none() {
         return Ok((None, card));
     }
@@ -185,7 +189,7 @@ pub(crate) async fn read_card(
     inner: &Inner,
     node: &str,
 ) -> Result<Option<NodeCard>, paddock_core::Error> {
-    let read = tokio::time::timeout(Duration::from_secs(3), inner.nodes.entry(node)).await;
+    let read = tokio::time::timeout(Duration::from_secs(3), inner.members.cards.entry(node)).await;
     match read {
         Ok(Ok(entry)) => Ok(entry
             .filter(|e| matches!(e.operation, kv::Operation::Put))

@@ -54,6 +54,18 @@ pub(crate) struct SessionRecord {
     pub(crate) at_ms: u64,
 }
 
+/// The fleet's sandboxes as this node keeps them.
+#[derive(Debug)]
+pub(crate) struct SessionBook {
+    /// The owners of the fleet's sandboxes (`P_sessions`).
+    pub(crate) store: kv::Store,
+    /// The sandboxes this node owns.
+    pub(crate) own: dashmap::DashMap<String, Own>,
+    /// Sandboxes this node ended while cut off from NATS, until their records say
+    /// they are lost.
+    pub(crate) fenced: dashmap::DashMap<String, Option<String>>,
+}
+
 /// A session this node owns.
 #[derive(Debug, Clone)]
 pub(crate) struct Own {
@@ -118,7 +130,7 @@ where
 async fn get(inner: &Inner, id: &str) -> Result<Option<(SessionRecord, u64)>, Error> {
     let k = key(id);
     let entry = patiently("reading a session record", || {
-        inner.sessions.entry(k.clone())
+        inner.sessions.store.entry(k.clone())
     })
     .await?;
     Ok(entry.and_then(decode))
@@ -132,6 +144,7 @@ async fn update(
 ) -> Result<Option<u64>, Error> {
     let write = inner
         .sessions
+        .store
         .update(key(&record.id), encode(record), revision);
     match tokio::time::timeout(STEP, write).await {
         Ok(Ok(rev)) => Ok(Some(rev)),
@@ -169,7 +182,7 @@ pub(crate) async fn place(
     };
     let here = room_of(&crate::node::rooms(inner));
     let mut best: Option<(usize, String, String)> = None;
-    for seen in inner.registry.read().values() {
+    for seen in inner.members.seen.read().values() {
         let card = &seen.card;
         if card.id == inner.node {
             continue;
@@ -206,7 +219,7 @@ pub(crate) async fn opened(
 ) -> Result<(), Error> {
     // On an error the caller still holds the ticket, and gives it back.
     let (revision, written_at_ms) = record_opened(inner, tenant, id, engine).await?;
-    inner.own.insert(
+    inner.sessions.own.insert(
         id.to_string(),
         Own {
             tenant: tenant.map(str::to_owned),
@@ -242,7 +255,8 @@ async fn record_opened(
     let bytes = encode(&record);
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
-        let made = match tokio::time::timeout(STEP, inner.sessions.create(&k, bytes.clone())).await
+        let made = match tokio::time::timeout(STEP, inner.sessions.store.create(&k, bytes.clone()))
+            .await
         {
             Ok(r) => r.map_err(Some),
             Err(_) => Err(None),
@@ -290,7 +304,7 @@ async fn give_back(inner: &Inner, own: &Own) {
 
 /// Records that sandbox `id`, owned here, ended.
 pub(crate) async fn closed(inner: &Inner, id: &str) {
-    let Some((_, own)) = inner.own.remove(id) else {
+    let Some((_, own)) = inner.sessions.own.remove(id) else {
         return;
     };
     mark(inner, id, Some(own.revision), SessionState::Closed).await;
@@ -333,10 +347,10 @@ pub(crate) async fn owner(
     id: &str,
     forwarded: bool,
 ) -> Result<SessionPlace, Error> {
-    if inner.own.contains_key(id) {
+    if inner.sessions.own.contains_key(id) {
         return Ok(SessionPlace::Here);
     }
-    let fenced = inner.fenced.get(id).map(|t| t.value().clone());
+    let fenced = inner.sessions.fenced.get(id).map(|t| t.value().clone());
     if let Some(tenant) = fenced {
         // Another tenant's: answered as for an id that never existed.
         if !caller.sees(tenant.as_deref()) {
@@ -426,9 +440,9 @@ pub(crate) async fn fence(inner: std::sync::Arc<Inner>) {
         if silent <= inner.config.ack_wait_ms {
             continue;
         }
-        let ids: Vec<String> = inner.own.iter().map(|e| e.key().clone()).collect();
+        let ids: Vec<String> = inner.sessions.own.iter().map(|e| e.key().clone()).collect();
         for id in ids {
-            let Some((_, own)) = inner.own.remove(&id) else {
+            let Some((_, own)) = inner.sessions.own.remove(&id) else {
                 continue;
             };
             // Given back once NATS answers again (the others may drop it
@@ -441,7 +455,7 @@ pub(crate) async fn fence(inner: std::sync::Arc<Inner>) {
                     t,
                 );
             }
-            inner.fenced.insert(id.clone(), own.tenant);
+            inner.sessions.fenced.insert(id.clone(), own.tenant);
             tracing::warn!(sandbox = %id, silent_ms = silent, "this node is cut off from the fleet; ending its sandbox");
             end_here(&inner, &id).await;
         }
@@ -461,7 +475,12 @@ pub(crate) async fn keep(inner: std::sync::Arc<Inner>) {
         if inner.card_silent_ms() > inner.config.ack_wait_ms {
             continue;
         }
-        let fenced: Vec<String> = inner.fenced.iter().map(|e| e.key().clone()).collect();
+        let fenced: Vec<String> = inner
+            .sessions
+            .fenced
+            .iter()
+            .map(|e| e.key().clone())
+            .collect();
         for id in fenced {
             match get(&inner, &id).await {
                 Ok(Some((r, rev))) => {
@@ -471,11 +490,11 @@ pub(crate) async fn keep(inner: std::sync::Arc<Inner>) {
                         || r.state != SessionState::Open
                         || mark_lost(&inner, &r, rev).await
                     {
-                        inner.fenced.remove(&id);
+                        inner.sessions.fenced.remove(&id);
                     }
                 }
                 Ok(None) => {
-                    inner.fenced.remove(&id);
+                    inner.sessions.fenced.remove(&id);
                 }
                 Err(_) => break,
             }
@@ -491,6 +510,7 @@ async fn reconcile(inner: &Inner) {
     // `own` first: a sandbox opened after it was read is left to the next round
     // (read the other way round, it would look ended).
     let ids: Vec<(String, Own)> = inner
+        .sessions
         .own
         .iter()
         .map(|e| (e.key().clone(), e.value().clone()))
@@ -519,7 +539,7 @@ async fn reconcile(inner: &Inner) {
                     let mut again = r.clone();
                     again.at_ms = now;
                     if let Ok(Some(revision)) = update(inner, &again, rev).await {
-                        if let Some(mut o) = inner.own.get_mut(&id) {
+                        if let Some(mut o) = inner.sessions.own.get_mut(&id) {
                             o.revision = revision;
                             o.written_at_ms = now;
                         }
@@ -528,7 +548,7 @@ async fn reconcile(inner: &Inner) {
             }
             // Marked lost (this node was counted lost), or gone: no longer ours.
             _ => {
-                if let Some((_, own)) = inner.own.remove(&id) {
+                if let Some((_, own)) = inner.sessions.own.remove(&id) {
                     give_back(inner, &own).await;
                 }
                 tracing::warn!(sandbox = %id, "the fleet no longer counts this sandbox as this node's; ending it");
@@ -541,6 +561,7 @@ async fn reconcile(inner: &Inner) {
 /// Open sessions of each engine on this node.
 pub(crate) fn count(inner: &Inner, engine: &EngineName) -> usize {
     inner
+        .sessions
         .own
         .iter()
         .filter(|e| &e.value().engine == engine)

@@ -61,6 +61,21 @@ impl ShareCaps {
     }
 }
 
+/// The tenants' fleet-wide shares and rates as this node keeps them.
+#[derive(Debug)]
+pub(crate) struct ShareBook {
+    /// Per-tenant holds (`P_shares`).
+    pub(crate) store: kv::Store,
+    /// The fleet-wide concurrency caps per tenant ([`Fleet::limit_shares`](crate::Fleet::limit_shares)).
+    pub(crate) caps: parking_lot::Mutex<ShareCaps>,
+    /// Holds this node could not give back yet.
+    pub(crate) unreturned: parking_lot::Mutex<std::collections::VecDeque<Unreturned>>,
+    /// Per-tenant rate counters.
+    pub(crate) rate: kv::Store,
+    /// The fleet-wide rate limit per tenant, if any ([`Fleet::limit_rate`](crate::Fleet::limit_rate)).
+    pub(crate) rate_limit: parking_lot::Mutex<Option<crate::rate::Rate>>,
+}
+
 /// What a hold stands for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
@@ -144,7 +159,7 @@ fn key(tenant: Option<&str>) -> String {
 }
 
 async fn read(inner: &Inner, k: &str) -> Result<(Holds, Option<u64>), Error> {
-    let entry = match tokio::time::timeout(STEP, inner.shares.entry(k)).await {
+    let entry = match tokio::time::timeout(STEP, inner.shares.store.entry(k)).await {
         Ok(Ok(e)) => e,
         Ok(Err(e)) => return Err(unavailable("reading a tenant's shares", e)),
         Err(_) => {
@@ -176,18 +191,20 @@ async fn write(
 ) -> Result<bool, Error> {
     let value = Bytes::from(serde_json::to_vec(holds).unwrap_or_default());
     let done = match revision {
-        None => match tokio::time::timeout(STEP, inner.shares.create(k, value)).await {
+        None => match tokio::time::timeout(STEP, inner.shares.store.create(k, value)).await {
             Ok(Ok(_)) => Ok(true),
             Ok(Err(e)) if crate::store::already_exists(&e) => Ok(false),
             Ok(Err(e)) => Err(e.to_string()),
             Err(_) => Err("no answer in time".to_string()),
         },
-        Some(rev) => match tokio::time::timeout(STEP, inner.shares.update(k, value, rev)).await {
-            Ok(Ok(_)) => Ok(true),
-            Ok(Err(e)) if crate::store::wrong_revision(&e) => Ok(false),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err("no answer in time".to_string()),
-        },
+        Some(rev) => {
+            match tokio::time::timeout(STEP, inner.shares.store.update(k, value, rev)).await {
+                Ok(Ok(_)) => Ok(true),
+                Ok(Err(e)) if crate::store::wrong_revision(&e) => Ok(false),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err("no answer in time".to_string()),
+            }
+        }
     };
     done.map_err(|e| unavailable("writing a tenant's shares", e))
 }
@@ -350,7 +367,7 @@ pub(crate) async fn give_back_or_later(
 
 /// Keeps the hold named `nonce` to give back on the next heartbeat.
 pub(crate) fn give_back_later(inner: &Inner, tenant: Option<&str>, kind: Kind, nonce: &str) {
-    let mut later = inner.unreturned.lock();
+    let mut later = inner.shares.unreturned.lock();
     if later.len() >= MAX_UNRETURNED {
         later.pop_front();
     }
@@ -364,7 +381,7 @@ pub(crate) fn give_back_later(inner: &Inner, tenant: Option<&str>, kind: Kind, n
 /// Tries again what could not be given back (called every heartbeat while this
 /// node is in touch with the fleet).
 pub(crate) async fn retry_unreturned(inner: &Inner) {
-    let pending: Vec<Unreturned> = inner.unreturned.lock().drain(..).collect();
+    let pending: Vec<Unreturned> = inner.shares.unreturned.lock().drain(..).collect();
     let mut failed = false;
     for u in pending {
         if failed || !give_back(inner, u.tenant.as_deref(), u.kind, &u.nonce).await {

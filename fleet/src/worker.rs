@@ -112,12 +112,12 @@ impl Worker {
                         };
                         let inner = self.inner.clone();
                         let busy = self.busy.clone();
-                        inner.taken.fetch_add(1, Ordering::AcqRel);
+                        inner.orders.taken.fetch_add(1, Ordering::AcqRel);
                         busy.fetch_add(1, Ordering::AcqRel);
                         tokio::spawn(async move {
                             take(&inner, msg, permit).await;
                             busy.fetch_sub(1, Ordering::AcqRel);
-                            inner.taken.fetch_sub(1, Ordering::AcqRel);
+                            inner.orders.taken.fetch_sub(1, Ordering::AcqRel);
                         });
                     }
                     Err(e) => {
@@ -217,7 +217,7 @@ async fn take(inner: &Arc<Inner>, msg: jetstream::Message, permit: OwnedSemaphor
                 Phase::Running => {
                     if rec.node == inner.node
                         && rec.incarnation == inner.incarnation
-                        && inner.running.contains_key(&id)
+                        && inner.orders.running.contains_key(&id)
                     {
                         // Ours, still running here: this delivery is a duplicate.
                         return;
@@ -432,7 +432,7 @@ async fn run(
         forget: Default::default(),
         notify: tokio::sync::Notify::new(),
     });
-    inner.running.insert(id.clone(), running.clone());
+    inner.orders.running.insert(id.clone(), running.clone());
     let mut exec = Execute::new(order.request.clone());
     exec.engine = Some(order.engine.clone());
     exec.level = order.level;
@@ -507,7 +507,7 @@ async fn run(
             cancelled = paddock.cancel(&Caller::Embedder, &id);
         }
     };
-    inner.running.remove(&id);
+    inner.orders.running.remove(&id);
     drop(permit);
     if lost {
         // Another node holds it now (or will): its answer is the one.

@@ -26,7 +26,7 @@ impl Federated {
     ) -> Result<Pending, Error> {
         let inner = &self.inner;
         msg.request.validate()?;
-        if inner.waiters.len() >= MAX_WAITERS {
+        if inner.orders.waiters.len() >= MAX_WAITERS {
             return Err(Error::new(
                 ErrorCode::PoolExhausted,
                 format!("this node waits for {MAX_WAITERS} executions already; retry on another node or later"),
@@ -91,7 +91,7 @@ impl Federated {
         // execution: after the refusals above (a request refused for what it asks
         // costs no admission, as on a single node), and not for a replay of an
         // idempotency key. A refusal after the hold gives it back.
-        let caps = *inner.share_caps.lock();
+        let caps = *inner.shares.caps.lock();
         let hold = if caps.counts_runs() {
             let taken = RunHold::take(
                 inner,
@@ -114,7 +114,7 @@ impl Federated {
                 h.finish().await;
             }
         };
-        let rate = *inner.rate_limit.lock();
+        let rate = *inner.shares.rate_limit.lock();
         if let Some(rate) = rate {
             if let Err(e) = crate::rate::admit(inner, rate, tenant.as_deref()).await {
                 give_back(hold).await;
@@ -148,7 +148,7 @@ impl Federated {
             .await);
         }
         let (tx, rx) = mpsc::channel(256);
-        match inner.waiters.entry(id.clone()) {
+        match inner.orders.waiters.entry(id.clone()) {
             dashmap::Entry::Occupied(_) => {
                 // Another request with the same key queues it here right now
                 // (and holds its place).
@@ -178,7 +178,7 @@ impl Federated {
                 // lost): the key stays, so a retry with it attaches to this one,
                 // and the hold (dropped here) is given back once its record says
                 // it is done, or it can no longer start.
-                inner.waiters.remove(&id);
+                inner.orders.waiters.remove(&id);
                 drop(hold);
                 return Err(Error::new(
                     e.code,
@@ -207,9 +207,9 @@ impl Federated {
 /// Undoes the acceptance of work refused before it was queued: a retry with its
 /// idempotency key runs it.
 async fn refuse(inner: &Inner, id: &ExecutionId, held_key: Option<&str>, e: Error) -> Error {
-    inner.waiters.remove(id);
+    inner.orders.waiters.remove(id);
     if let Some(k) = held_key {
-        let _ = inner.idem.delete(k).await;
+        let _ = inner.orders.idem.delete(k).await;
     }
     e
 }

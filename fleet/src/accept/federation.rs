@@ -32,7 +32,7 @@ impl Federation for Federated {
 
     async fn admit_session(&self, tenant: Option<&str>, ticket: &str) -> Result<bool, Error> {
         let inner = &self.inner;
-        let caps = *inner.share_caps.lock();
+        let caps = *inner.shares.caps.lock();
         if !caps.counts_sandboxes() {
             return Ok(false);
         }
@@ -42,7 +42,7 @@ impl Federation for Federated {
     }
 
     fn release_admission(&self, tenant: Option<&str>, ticket: &str) {
-        let caps = *self.inner.share_caps.lock();
+        let caps = *self.inner.shares.caps.lock();
         if !caps.counts_sandboxes() {
             return;
         }
@@ -86,7 +86,7 @@ impl Federation for Federated {
             if inner.card_silent_ms() > inner.config.ack_wait_ms {
                 continue;
             }
-            let card = inner.registry.read().get(node).map(|s| s.card.clone());
+            let card = inner.members.seen.read().get(node).map(|s| s.card.clone());
             if crate::registry::judge_card(inner, card.as_ref()).is_none() {
                 continue;
             }
@@ -155,7 +155,7 @@ impl Federation for Federated {
 
     async fn lookup(&self, caller: &Caller, id: &ExecutionId) -> Result<Option<Lookup>, Error> {
         let inner = &self.inner;
-        if let Some(w) = inner.waiters.get(id).map(|w| w.clone()) {
+        if let Some(w) = inner.orders.waiters.get(id).map(|w| w.clone()) {
             if caller.sees(w.tenant.as_deref()) {
                 return Ok(Some(Lookup::Running));
             }

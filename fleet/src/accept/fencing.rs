@@ -12,7 +12,7 @@ use crate::wire::{Answer, Phase, Record};
 
 /// Whether a node that is up (or late), or this one, has room for `engine`'s work at all.
 pub(super) fn served(inner: &Inner, engine: &paddock_core::EngineName) -> bool {
-    let registry = inner.registry.read();
+    let registry = inner.members.seen.read();
     registry.values().any(|s| {
         // This node is alive (it runs this), whatever its card's age says: while
         // the registry's stream has no leader its card cannot be published and

@@ -41,12 +41,13 @@ impl Federated {
                 start_by_ms,
             };
             let value = bytes::Bytes::from(serde_json::to_vec(&entry).unwrap_or_default());
-            match inner.idem.create(&k, value).await {
+            match inner.orders.idem.create(&k, value).await {
                 Ok(_) => return Ok(None),
                 Err(e) if crate::store::already_exists(&e) => {}
                 Err(e) => return Err(unavailable("holding an idempotency key", e)),
             }
             let held = inner
+                .orders
                 .idem
                 .entry(k.clone())
                 .await
@@ -61,7 +62,7 @@ impl Federated {
                     "the key is held but unreadable",
                 )
             })?;
-            let waited_for = inner.waiters.contains_key(&first.id)
+            let waited_for = inner.orders.waiters.contains_key(&first.id)
                 || inner.records.get(&first.id).await?.is_some()
                 || ask(
                     inner,
@@ -87,7 +88,13 @@ impl Federated {
                 start_by_ms,
             };
             let value = bytes::Bytes::from(serde_json::to_vec(&taken).unwrap_or_default());
-            if inner.idem.update(&k, value, held.revision).await.is_ok() {
+            if inner
+                .orders
+                .idem
+                .update(&k, value, held.revision)
+                .await
+                .is_ok()
+            {
                 msg.request.id = first.id;
                 return Ok(None);
             }

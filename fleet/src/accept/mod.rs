@@ -39,7 +39,7 @@ struct WaiterGuard {
 
 impl Drop for WaiterGuard {
     fn drop(&mut self) {
-        self.inner.waiters.remove(&self.id);
+        self.inner.orders.waiters.remove(&self.id);
     }
 }
 

@@ -148,7 +148,7 @@ impl Federated {
         if let (Some(k), Err(e)) = (&key, &answer) {
             if retryable(e) {
                 // A refusal worth retrying is not replayed for the key.
-                let _ = inner.idem.delete(k).await;
+                let _ = inner.orders.idem.delete(k).await;
             }
         }
         // No answer without its audit entry in the stream. (Should the entry not
@@ -173,7 +173,7 @@ pub(crate) async fn inbox(inner: Arc<Inner>, mut sub: async_nats::Subscriber) {
         else {
             continue;
         };
-        let Some(waiter) = inner.waiters.get(&id).map(|w| w.clone()) else {
+        let Some(waiter) = inner.orders.waiters.get(&id).map(|w| w.clone()) else {
             continue;
         };
         let kind = headers.get(KIND_HEADER).map(|v| v.as_str().to_string());
