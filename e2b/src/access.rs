@@ -55,6 +55,14 @@ impl Ingress {
     }
 }
 
+/// The sandbox a request reached and what it may do there, as the count found it
+/// (kept in the request, so that the routing does not look again).
+#[derive(Clone)]
+pub(crate) struct Reached {
+    pub(crate) sbx: std::sync::Arc<crate::registry::Sbx>,
+    pub(crate) access: Access,
+}
+
 /// What a request may do with the port it addresses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Access {

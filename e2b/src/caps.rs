@@ -19,7 +19,7 @@ use actix_web::body::{BoxBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::StatusCode;
 use actix_web::middleware::Next;
-use actix_web::web;
+use actix_web::{web, HttpMessage};
 use paddock_pool::http::{Holder, RequestGate};
 
 use crate::access::Access;
@@ -29,7 +29,12 @@ use crate::registry::{tenant_of, Inner};
 fn holder(inner: &Inner, req: &ServiceRequest) -> Option<Holder> {
     if let Some((id, port)) = crate::routing::target(req.head(), inner.config.domain.as_deref()) {
         let s = crate::access::live(inner, &id)?;
-        return match crate::access::access(&s, port?, req.headers()) {
+        let access = crate::access::access(&s, port?, req.headers());
+        req.extensions_mut().insert(crate::access::Reached {
+            sbx: s.clone(),
+            access,
+        });
+        return match access {
             Access::Agent => Some(Holder::Tenant(tenant_of(&s.caller).map(String::from))),
             Access::Ports => {
                 // The sandbox's traffic token is a credential: its connection leaves
@@ -47,7 +52,8 @@ fn holder(inner: &Inner, req: &ServiceRequest) -> Option<Holder> {
             Access::Refused => None,
         };
     }
-    let caller = inner.caller(req.headers())?;
+    // The control plane's key, as `admission::require_key` (outside this) found it.
+    let caller = crate::admission::checked_caller(req.request())?;
     Some(Holder::of(&caller))
 }
 

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use actix_web::dev::RequestHead;
 use actix_web::http::StatusCode;
-use actix_web::{guard, web, HttpRequest, HttpResponse};
+use actix_web::{guard, web, HttpMessage, HttpRequest, HttpResponse};
 use futures_util::StreamExt;
 
 use crate::access::{parse_port, Access};
@@ -120,10 +120,12 @@ async fn sandbox_entry(
             http_error(StatusCode::BAD_GATEWAY, message)
         }
     };
-    let Some(sbx) = crate::access::live(&inner, &id) else {
+    // What the count found (`caps::limit`, which wraps this): looked up once.
+    let reached = req.extensions().get::<crate::access::Reached>().cloned();
+    let Some(crate::access::Reached { sbx, access }) = reached else {
         return not_found();
     };
-    if crate::access::access(&sbx, port, req.headers()) == Access::Refused {
+    if access == Access::Refused {
         return not_found();
     }
     if sbx.paused.load(std::sync::atomic::Ordering::Acquire) {

@@ -295,6 +295,15 @@ pub struct ChooseEngine {
     pub tenant: Option<String>,
 }
 
+/// Checks an execution as the scheduler would before running it (its shape, the
+/// operator's ceilings, the network, level and limits its tenant may ask for, the
+/// engine's choice and capabilities), without running it: the engine it would run
+/// on, or the refusal it would get. A fleet's accepting node asks this before it
+/// queues work.
+#[derive(Debug, Message, Clone)]
+#[rtype(result = "Result<EngineName, Error>")]
+pub struct CheckAdmission(pub Execute);
+
 /// Keeps `min_idle` instances ready in the pool sandboxes of `spec` on `engine` are
 /// taken from (its engine, network policy, disk quota and home), instead of
 /// `pool.min_idle`: what an embedder asks for sandboxes it will open often, such as

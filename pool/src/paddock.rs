@@ -142,6 +142,16 @@ impl Paddock {
             .map_err(gone)?
     }
 
+    /// Checks `msg` as this node's scheduler would before running it, without
+    /// running it: the engine it would run on, or the refusal it would get (see
+    /// [`CheckAdmission`]).
+    pub async fn check_admission(&self, msg: &Execute) -> Result<EngineName, Error> {
+        self.supervisor
+            .send(CheckAdmission(msg.clone()))
+            .await
+            .map_err(gone)?
+    }
+
     /// The telemetry handle (metrics in Prometheus text with `render_prometheus`).
     pub fn telemetry(&self) -> &Telemetry {
         &self.telemetry

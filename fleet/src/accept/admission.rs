@@ -25,7 +25,11 @@ impl Federated {
         stream: bool,
     ) -> Result<Pending, Error> {
         let inner = &self.inner;
-        msg.request.validate()?;
+        // What this node's scheduler would refuse the work for, with the same checks
+        // its pipeline makes (the shape, the ceilings, what the tenant may ask for,
+        // the engine's choice and capabilities), before anything is held or queued:
+        // a stream is refused, not begun.
+        let engine = inner.paddock.check_admission(&msg).await?;
         if inner.orders.waiters.len() >= MAX_WAITERS {
             return Err(Error::new(
                 ErrorCode::PoolExhausted,
@@ -36,15 +40,6 @@ impl Federated {
         let tenant = msg.request.tenant.clone();
         let accepted_at_ms = unix_ms();
         let start_by_ms = accepted_at_ms + inner.config.queue_timeout_ms;
-        let engine = inner
-            .paddock
-            .choose_engine(
-                msg.engine.clone(),
-                msg.level,
-                Some(msg.request.program.kind()),
-                tenant.clone(),
-            )
-            .await?;
         let fence = Fence {
             tenant: tenant.clone(),
             engine: engine.clone(),
@@ -68,25 +63,6 @@ impl Federated {
         }
         let id = msg.request.id.clone();
         let refuse = |e: Error| refuse(inner, &id, held_key.as_deref(), e);
-        // Refusals the accepting node can make itself are made here, before the
-        // work is queued (so that a stream is refused, not begun).
-        let allowed = inner.paddock.access_rules().for_tenant(tenant.as_deref());
-        if let Err(e) = allowed.check_network(&msg.network, tenant.as_deref()) {
-            return Err(refuse(e).await);
-        }
-        if let Some((_, caps)) = inner
-            .paddock
-            .capabilities()
-            .iter()
-            .find(|(n, _)| *n == engine)
-        {
-            let checked = allowed
-                .check_level(caps.max_level, engine.as_str(), tenant.as_deref())
-                .and_then(|()| caps.check_limits(&engine, &msg.request.limits, "limits"));
-            if let Err(e) = checked {
-                return Err(refuse(e).await);
-            }
-        }
         // The tenant's fleet-wide shares, then its rate, counted once per
         // execution: after the refusals above (a request refused for what it asks
         // costs no admission, as on a single node), and not for a replay of an

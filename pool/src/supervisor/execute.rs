@@ -2,7 +2,7 @@
 //! execution suspended on), and cancelling one that runs.
 
 use actix::prelude::*;
-use paddock_core::{Error, ExecResult, ExecutionId};
+use paddock_core::{EngineName, Error, ExecResult, ExecutionId};
 
 use super::choice::Runs;
 use super::{Shared, Supervisor};
@@ -96,6 +96,39 @@ impl Handler<Execute> for Supervisor {
             msg.sink,
             msg.traceparent,
         ))
+    }
+}
+
+impl Handler<CheckAdmission> for Supervisor {
+    type Result = Result<EngineName, Error>;
+
+    /// What an execution would be refused for before it runs, with the functions
+    /// the scheduled path uses (the request's shape, the operator's ceilings, what
+    /// the tenant may ask for, the engine's choice and capabilities), without
+    /// making a pool or taking a permit.
+    fn handle(&mut self, msg: CheckAdmission, _ctx: &mut Self::Context) -> Self::Result {
+        let Execute {
+            request,
+            engine,
+            level,
+            network,
+            ..
+        } = &msg.0;
+        let tenant = request.tenant.as_deref();
+        request.validate()?;
+        paddock_core::tenancy::check_ceilings(&self.pipeline.ceilings, &request.limits, "limits")?;
+        let allowed = self.pipeline.access.for_tenant(tenant);
+        allowed.check_network(network, tenant)?;
+        network.rules("network")?;
+        let program = request.program.kind();
+        let kind = self.choose(engine.clone(), *level, Runs::Program(program), tenant)?;
+        let caps = self.configured(&kind)?.capabilities().clone();
+        caps.check_network(&kind, network)?;
+        allowed.check_level(caps.max_level, kind.as_str(), tenant)?;
+        caps.check_level(&kind, *level)?;
+        caps.check_program(&kind, program)?;
+        caps.check_limits(&kind, &request.limits, "limits")?;
+        Ok(kind)
     }
 }
 

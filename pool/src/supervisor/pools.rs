@@ -151,17 +151,7 @@ impl Supervisor {
                 }
             }
         }
-        let Some(engine) = self.engines.get(&kind).cloned() else {
-            let mut configured: Vec<&str> = self.engines.keys().map(|k| k.as_str()).collect();
-            configured.sort_unstable();
-            return Err(Error::new(
-                ErrorCode::CapabilityNotSupported,
-                format!(
-                    "the {kind} engine is not configured; configured engines: {}",
-                    configured.join(", ")
-                ),
-            ));
-        };
+        let engine = self.configured(&kind)?;
         engine.capabilities().check_network(&kind, network)?;
         if home.is_some() {
             engine
@@ -213,6 +203,25 @@ impl Supervisor {
                 tracing::info!(engine = %kind, error = %e, "no default pool");
             }
         }
+    }
+
+    /// The engine named `kind`, or `CAPABILITY_NOT_SUPPORTED` naming the configured
+    /// ones.
+    pub(super) fn configured(
+        &self,
+        kind: &EngineName,
+    ) -> Result<Arc<dyn paddock_core::Engine>, Error> {
+        self.engines.get(kind).cloned().ok_or_else(|| {
+            let mut configured: Vec<&str> = self.engines.keys().map(|k| k.as_str()).collect();
+            configured.sort_unstable();
+            Error::new(
+                ErrorCode::CapabilityNotSupported,
+                format!(
+                    "the {kind} engine is not configured; configured engines: {}",
+                    configured.join(", ")
+                ),
+            )
+        })
     }
 
     /// Checks that `tenant` may ask for `network`, then finds the pool and checks

@@ -594,3 +594,65 @@ async fn an_embedder_keeps_a_pool_of_its_own_sandboxes_warm() {
     sb.destroy().await.unwrap();
     paddock.shutdown(Duration::from_secs(5)).await.unwrap();
 }
+
+/// `check_admission` answers what running the execution would be refused for (the
+/// same code, from the same checks) without running it or making a pool; and the
+/// engine it would run on when it would be admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admission_check_refuses_what_execution_refuses_and_runs_nothing() {
+    let paddock = Paddock::builder()
+        .engine(Arc::new(NoopEngine::new()))
+        .without_container()
+        .start()
+        .unwrap();
+    let strict = {
+        let mut msg = Execute::new(sh("true"));
+        msg.level = paddock_core::IsolationLevel::Strict;
+        msg
+    };
+    let mut zero_timeout = sh("true");
+    zero_timeout.limits.timeout_ms = Some(0);
+    let refused = [
+        (strict, ErrorCode::LevelNotSupported),
+        (
+            Execute::new(sh("true")).on(EngineName::CONTAINER),
+            ErrorCode::CapabilityNotSupported,
+        ),
+        (
+            Execute::new(sh("true")).on(EngineName::new("no-such-engine").unwrap()),
+            ErrorCode::CapabilityNotSupported,
+        ),
+        (Execute::new(zero_timeout), ErrorCode::InvalidOptions),
+    ];
+    let pools_before = paddock.stats().await.unwrap().pools.len();
+    for (msg, code) in &refused {
+        let checked = paddock
+            .check_admission(msg)
+            .await
+            .expect_err(&format!("{:?}", msg.request.program));
+        assert_eq!(checked.code, *code, "{checked}");
+    }
+    assert_eq!(
+        paddock.stats().await.unwrap().pools.len(),
+        pools_before,
+        "a check makes no pool"
+    );
+    for (msg, code) in refused {
+        let ran = paddock.execute_with(msg).await.unwrap_err();
+        assert_eq!(ran.code, code, "{ran}");
+    }
+    let fine = Execute::new(sh("true")).on(EngineName::NOOP);
+    assert_eq!(
+        paddock.check_admission(&fine).await.unwrap(),
+        EngineName::NOOP
+    );
+    assert_eq!(
+        paddock
+            .check_admission(&Execute::new(sh("true")))
+            .await
+            .unwrap(),
+        EngineName::SUBPROCESS
+    );
+    assert_eq!(paddock.stats().await.unwrap().accepted_total, Some(0));
+    paddock.shutdown(Duration::from_secs(5)).await.unwrap();
+}
