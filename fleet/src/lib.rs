@@ -30,6 +30,7 @@
 mod accept;
 mod audit;
 mod control;
+mod forward;
 pub mod local;
 mod names;
 mod node;

@@ -188,6 +188,13 @@ pub trait Federation: Send + Sync + std::fmt::Debug + 'static {
     /// Records that sandbox `id`, open on this node, was destroyed.
     async fn session_closed(&self, _id: &str) {}
 
+    /// How the HTTP surface reaches another node's sandbox: `None` (the default)
+    /// when this fleet forwards no calls, and a call on another node's sandbox is
+    /// answered `FLEET_UNAVAILABLE`.
+    fn http_forwarder(&self) -> Option<std::sync::Arc<dyn crate::http::HttpForwarder>> {
+        None
+    }
+
     /// Where sandbox `id` lives, for `caller`. `Here` when it is on this node or
     /// the caller may not see it (this node then answers, as for an id that never
     /// existed); an error when its owner is lost (`NODE_LOST`) or cannot be asked.

@@ -22,6 +22,10 @@ impl Federation for Federated {
         self.inner.node.clone()
     }
 
+    fn http_forwarder(&self) -> Option<Arc<dyn paddock_pool::http::HttpForwarder>> {
+        Some(Arc::new(crate::forward::NodeForwarder))
+    }
+
     async fn place_session(
         &self,
         spec: &SandboxSpec,

@@ -17,7 +17,7 @@ use crate::messages::Started;
 use crate::Caller;
 
 /// The largest WebSocket message accepted from a client.
-pub(super) const MAX_WS_MESSAGE: usize = 1 << 20;
+pub const MAX_WS_MESSAGE: usize = 1 << 20;
 /// The first byte of an output message: which stream it carries.
 const STDOUT_TAG: u8 = 1;
 const STDERR_TAG: u8 = 2;
@@ -389,7 +389,8 @@ pub(super) async fn tcp(
     Ok(super::wake_at_end(response, state.close_linger()))
 }
 
-pub(super) fn is_upgrade(req: &HttpRequest) -> bool {
+/// Whether `req` asks for a WebSocket.
+pub fn is_upgrade(req: &HttpRequest) -> bool {
     req.headers()
         .get(actix_web::http::header::UPGRADE)
         .and_then(|v| v.to_str().ok())

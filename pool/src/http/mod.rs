@@ -34,8 +34,9 @@ pub use closing::{client_gone, wake_at_end};
 pub use connections::authenticated;
 pub use deadline::{is_body_timeout, lift_body_timeout};
 pub use errors::{status_for, ApiError};
-pub use forward::FORWARDED_HEADER;
+pub use forward::{Body as ForwardBody, Forward, HttpForwarder, Unanswered, FORWARDED_HEADER};
 pub use gate::{caller_of, key_caller, Holder, Place, RequestGate};
+pub use interactive::{is_upgrade, MAX_WS_MESSAGE};
 pub use tenancy::held_until_body_ends;
 
 /// Every route the server answers, as `(method, path pattern)` (`{id}`, `{path}`,

@@ -78,9 +78,9 @@ pub(super) async fn create_sandbox(
                     // Nothing reached the chosen node: this one opens it instead.
                     // (One that may have reached it is not opened twice.)
                     Err(e) if !e.sent => {
-                        tracing::warn!(node = %id, error = %e.error.error.message, "placing a sandbox on another node failed; opening it here");
+                        tracing::warn!(node = %id, error = %e.error.message, "placing a sandbox on another node failed; opening it here");
                     }
-                    Err(e) => return Err(e.error),
+                    Err(e) => return Err(ApiError::from(e.error)),
                 }
             }
         }
