@@ -13,7 +13,7 @@ use clap::Args;
 use paddock_core::{
     EngineName, Limits, NetworkPolicy, PaddockConfig, SandboxSpec, TerminalSize, TerminalSpec,
 };
-use paddock_pool::{Attachable, Paddock};
+use paddock_pool::Attachable;
 use tokio::io::AsyncReadExt;
 
 use crate::run::{EngineArg, NetworkArg, UsageError, EXIT_INTERNAL};
@@ -115,7 +115,7 @@ pub(crate) async fn shell(args: ShellArgs) -> Result<i32, UsageError> {
         None => PaddockConfig::default(),
     };
     config.pool.min_idle = 0;
-    let mut builder = Paddock::builder().config(config);
+    let mut builder = paddock::builder().config(config);
     if engine != EngineName::CONTAINER {
         builder = builder.without_container();
     }

@@ -35,7 +35,6 @@ mod host;
 mod interactive;
 pub mod isolate;
 mod lease;
-pub mod noop;
 pub mod subprocess;
 mod task;
 

@@ -24,9 +24,11 @@ use paddock_telemetry::Telemetry;
 
 mod builder;
 mod handle;
+mod registry;
 
 pub use builder::PaddockBuilder;
 pub use handle::SandboxHandle;
+pub use registry::{EngineRegistry, MadeEngines};
 
 #[derive(Debug)]
 struct RuntimeHandle {
@@ -66,7 +68,9 @@ fn gone(e: MailboxError) -> Error {
 }
 
 impl Paddock {
-    /// A builder with the embedded defaults.
+    /// A builder with the embedded defaults and no engine but those registered with
+    /// [`PaddockBuilder::engine`]. The `paddock` crate's `paddock::builder()` is this
+    /// builder with the built-in engines' [registry](PaddockBuilder::registry).
     pub fn builder() -> PaddockBuilder {
         PaddockBuilder::default()
     }

@@ -25,9 +25,9 @@ use std::time::{Duration, Instant};
 use paddock_core::{
     EngineName, ExecRequest, FleetConfig, OnNodeLoss, Outcome, PaddockConfig, Program,
 };
-use paddock_engines::noop::NoopEngine;
 use paddock_fleet::local::{find_server, LocalCluster};
 use paddock_fleet::{Fleet, ShareCaps};
+use paddock_pool::noop::NoopEngine;
 use paddock_pool::{Caller, Execute, Paddock};
 use serde_json::json;
 
@@ -176,7 +176,7 @@ impl Node {
             ..FleetConfig::default()
         };
         let fleet_config = config.fleet.clone();
-        let paddock = Paddock::builder()
+        let paddock = paddock::builder()
             .config(config)
             .without_isolate()
             .without_container()
