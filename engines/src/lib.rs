@@ -39,4 +39,4 @@ pub mod subprocess;
 mod task;
 
 pub use builtin::{builtin, Builtin, BUILTIN_NAMES};
-pub use host::{cgroup, netns, volume, workdir};
+pub use host::{cgroup, netns, stats, volume, workdir};

@@ -227,8 +227,7 @@ fn cpu_ms(pid: Option<u32>) -> f64 {
         .iter()
         .filter_map(|i| fields.get(*i).and_then(|v| v.parse::<f64>().ok()))
         .sum();
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let hz = paddock_engines::stats::clock_ticks_per_second() as f64;
     ticks * 1000.0 / hz.max(1.0)
 }
 
