@@ -65,8 +65,8 @@ fn register_engines(
                 ));
             }
             if registered.is_empty() {
-                return Err(Error::invalid_config(
-                    "engines",
+                return Err(Error::new(
+                    ErrorCode::InvalidConfig,
                     format!("no engine is registered: {NO_REGISTRY}"),
                 ));
             }
@@ -423,5 +423,55 @@ impl PaddockBuilder {
                 thread: parking_lot::Mutex::new(Some(thread)),
             }),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::noop::NoopEngine;
+
+    #[actix_rt::test]
+    async fn without_a_registry_only_the_engines_registered_in_code_run() {
+        let e = Paddock::builder().start().unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidConfig);
+        assert!(
+            e.message.starts_with("no engine is registered")
+                && e.message.contains("`paddock::builder()`")
+                && e.message.contains("`PaddockBuilder::engine`"),
+            "{e}"
+        );
+
+        // The config enables subprocess and isolate by default: nothing makes them here.
+        let paddock = Paddock::builder()
+            .engine(Arc::new(NoopEngine::new()))
+            .start()
+            .unwrap();
+        assert_eq!(paddock.engines(), ["noop"]);
+        paddock.shutdown(Duration::from_secs(5)).await.unwrap();
+
+        let e = Paddock::builder()
+            .engine(Arc::new(NoopEngine::new()))
+            .default_engine(EngineName::SUBPROCESS)
+            .start()
+            .unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidConfig);
+        assert!(
+            e.message.contains("`subprocess` is not among the configured engines")
+                && e.message.contains("`paddock::builder()`"),
+            "{e}"
+        );
+
+        let config = PaddockConfig::from_toml_str("[engines.tiny]\nkind = \"container\"\n").unwrap();
+        let e = Paddock::builder()
+            .config(config)
+            .engine(Arc::new(NoopEngine::new()))
+            .start()
+            .unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidConfig);
+        assert!(
+            e.message.contains("`engines.tiny`") && e.message.contains("`paddock::builder()`"),
+            "{e}"
+        );
     }
 }
