@@ -1,4 +1,5 @@
 //! The `paddock` binary: a thin command-line layer over the Paddock crates.
+#![forbid(unsafe_code)]
 
 use clap::{Parser, Subcommand};
 
@@ -43,16 +44,18 @@ enum Command {
 /// programs Paddock runs do not inherit the raised limit: each gets its
 /// `open_files` limit (1024 by default).
 fn raise_open_files_limit() {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit and setrlimit with a pointer to a local.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let lim = getrlimit(Resource::Nofile);
+    // The soft limit is never above the hard one (`None`: no limit): below it unless
+    // equal.
+    if lim.current != lim.maximum {
+        let _ = setrlimit(
+            Resource::Nofile,
+            Rlimit {
+                current: lim.maximum,
+                maximum: lim.maximum,
+            },
+        );
     }
 }
 

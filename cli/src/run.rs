@@ -238,7 +238,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<i32, UsageError> {
     config.subprocess.startup = startup;
     config.subprocess.warm.enabled = false;
     let chosen = args.engine.name();
-    let mut builder = Paddock::builder().config(config);
+    let mut builder = paddock::builder().config(config);
     for other in [
         EngineName::SUBPROCESS,
         EngineName::ISOLATE,

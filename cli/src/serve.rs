@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use clap::Args;
 use paddock_core::PaddockConfig;
-use paddock_pool::Paddock;
 
 use crate::run::UsageError;
 
@@ -130,7 +129,7 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<i32, UsageError> {
             .unwrap_or(30_000),
     };
     let drain = Duration::from_millis(server_config.drain_ms);
-    let paddock = match Paddock::builder().config(config).start() {
+    let paddock = match paddock::builder().config(config).start() {
         Ok(p) => p,
         Err(e) => {
             eprintln!("paddock serve: {e}");

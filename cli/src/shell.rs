@@ -13,7 +13,8 @@ use clap::Args;
 use paddock_core::{
     EngineName, Limits, NetworkPolicy, PaddockConfig, SandboxSpec, TerminalSize, TerminalSpec,
 };
-use paddock_pool::{Attachable, Paddock};
+use paddock_pool::Attachable;
+use rustix::termios::{self, OptionalActions, Termios};
 use tokio::io::AsyncReadExt;
 
 use crate::run::{EngineArg, NetworkArg, UsageError, EXIT_INTERNAL};
@@ -47,51 +48,45 @@ pub(crate) struct ShellArgs {
 
 /// The local terminal's settings, restored when dropped.
 struct RawMode {
-    saved: libc::termios,
+    saved: Termios,
 }
 
 impl RawMode {
     /// Puts stdin's terminal into raw mode; `None` when stdin is no terminal.
     fn enter() -> Option<RawMode> {
-        // SAFETY: isatty/tcgetattr/tcsetattr on fd 0 with a local termios.
-        unsafe {
-            if libc::isatty(0) != 1 {
-                return None;
-            }
-            let mut saved: libc::termios = std::mem::zeroed();
-            if libc::tcgetattr(0, &mut saved) != 0 {
-                return None;
-            }
-            let mut raw = saved;
-            libc::cfmakeraw(&mut raw);
-            if libc::tcsetattr(0, libc::TCSANOW, &raw) != 0 {
-                return None;
-            }
-            Some(RawMode { saved })
+        let stdin = std::io::stdin();
+        if !termios::isatty(&stdin) {
+            return None;
         }
+        let saved = termios::tcgetattr(&stdin).ok()?;
+        let mut raw = saved.clone();
+        raw.make_raw();
+        termios::tcsetattr(&stdin, OptionalActions::Now, &raw).ok()?;
+        Some(RawMode { saved })
     }
 }
 
 impl Drop for RawMode {
     fn drop(&mut self) {
-        // SAFETY: restores the settings read in `enter`.
-        unsafe { libc::tcsetattr(0, libc::TCSANOW, &self.saved) };
+        // Restores the settings read in `enter`.
+        let _ = termios::tcsetattr(std::io::stdin(), OptionalActions::Now, &self.saved);
     }
 }
 
 /// The local window's size, when stdin (or stdout) is a terminal.
 fn local_size() -> Option<TerminalSize> {
-    for fd in [0, 1] {
-        // SAFETY: TIOCGWINSZ writes a winsize into a local.
-        let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
-        if unsafe { libc::ioctl(fd, libc::TIOCGWINSZ, &mut ws) } == 0 && ws.ws_row > 0 {
-            return Some(TerminalSize {
-                rows: ws.ws_row.min(1000),
-                cols: ws.ws_col.clamp(1, 1000),
-            });
-        }
-    }
-    None
+    let sizes = [
+        termios::tcgetwinsize(std::io::stdin()),
+        termios::tcgetwinsize(std::io::stdout()),
+    ];
+    sizes
+        .into_iter()
+        .flatten()
+        .find(|ws| ws.ws_row > 0)
+        .map(|ws| TerminalSize {
+            rows: ws.ws_row.min(1000),
+            cols: ws.ws_col.clamp(1, 1000),
+        })
 }
 
 /// Runs `paddock shell`; returns the process exit status.
@@ -115,7 +110,7 @@ pub(crate) async fn shell(args: ShellArgs) -> Result<i32, UsageError> {
         None => PaddockConfig::default(),
     };
     config.pool.min_idle = 0;
-    let mut builder = Paddock::builder().config(config);
+    let mut builder = paddock::builder().config(config);
     if engine != EngineName::CONTAINER {
         builder = builder.without_container();
     }

@@ -49,7 +49,6 @@ pub(crate) mod loom;
 pub mod output;
 pub mod program;
 pub mod protocol;
-pub mod slots;
 pub mod spin;
 pub mod stream_buffer;
 mod strict;

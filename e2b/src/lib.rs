@@ -19,9 +19,9 @@
 //! # async fn serve() -> Result<(), paddock_core::Error> {
 //! use paddock_core::e2b::E2bConfig;
 //! use paddock_core::ServerConfig;
-//! use paddock_pool::Paddock;
 //!
-//! let paddock = Paddock::builder().start()?;
+//! // The scheduler with the built-in engines (the `paddock` crate).
+//! let paddock = paddock::builder().start()?;
 //! let server = ServerConfig::default();
 //! let api = paddock_e2b::E2bApi::new(paddock.clone(), E2bConfig::default(), &server, Default::default())?;
 //! let routes: paddock_pool::http::Extension = std::sync::Arc::new(move |cfg| api.configure(cfg));

@@ -1,8 +1,9 @@
 //! The built-in engines, made from the configuration.
 //!
-//! The scheduler registers engines by name and knows none of their types: it asks
-//! [`builtin`] for the engines the config enables, adds the ones its embedder
-//! registered, and keys its pools by [`EngineName`].
+//! The scheduler (`paddock-pool`) registers engines by name and knows none of their
+//! types, nor this crate: the `paddock` crate's builder gives it a registry that asks
+//! [`builtin`] for the engines the config enables; the scheduler adds the ones its
+//! embedder registered, and keys its pools by [`EngineName`].
 
 use std::sync::Arc;
 

@@ -35,10 +35,9 @@ mod host;
 mod interactive;
 pub mod isolate;
 mod lease;
-pub mod noop;
 pub mod subprocess;
 mod task;
 mod warm;
 
 pub use builtin::{builtin, Builtin, BUILTIN_NAMES};
-pub use host::{cgroup, netns, volume, workdir};
+pub use host::{cgroup, netns, stats, volume, workdir};

@@ -28,7 +28,7 @@ use paddock_core::{
 use serde::Serialize;
 
 use crate::engine_actor::{caught, DestroyInstance, EngineActor, Recycle};
-use paddock_core::slots::{Acquire, Slots, Waiter};
+use crate::slots::{Acquire, Slots, Waiter};
 use paddock_telemetry::{labels, PoolGaugeSource, PoolSnapshot, Telemetry};
 
 /// One pooled instance.

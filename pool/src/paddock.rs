@@ -24,10 +24,12 @@ use paddock_telemetry::Telemetry;
 
 mod builder;
 mod handle;
+mod registry;
 mod sessions;
 
 pub use builder::PaddockBuilder;
 pub use handle::SandboxHandle;
+pub use registry::{EngineRegistry, MadeEngines};
 
 #[derive(Debug)]
 struct RuntimeHandle {
@@ -67,7 +69,9 @@ fn gone(e: MailboxError) -> Error {
 }
 
 impl Paddock {
-    /// A builder with the embedded defaults.
+    /// A builder with the embedded defaults and no engine but those registered with
+    /// [`PaddockBuilder::engine`]. The `paddock` crate's `paddock::builder()` is this
+    /// builder with the built-in engines' [registry](PaddockBuilder::registry).
     pub fn builder() -> PaddockBuilder {
         PaddockBuilder::default()
     }

@@ -13,7 +13,6 @@ use std::process::Stdio;
 
 use paddock_core::e2b::TemplateConfig;
 use paddock_core::{ApiKey, EngineName, IsolationLevel, PaddockConfig};
-use paddock_pool::Paddock;
 
 /// The measuring script (run with the SDK's interpreter).
 const SCRIPT: &str = include_str!("e2b_bench.py");
@@ -59,7 +58,7 @@ pub(super) async fn e2b(
     ]);
     let server_config = config.server.clone();
     let e2b_config = config.e2b.clone();
-    let paddock = match Paddock::builder().config(config).start() {
+    let paddock = match paddock::builder().config(config).start() {
         Ok(p) => p,
         Err(e) => {
             eprintln!("paddock bench e2b: {e}");

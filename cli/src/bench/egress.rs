@@ -20,7 +20,6 @@
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -197,9 +196,9 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
-        // SAFETY: the listener's descriptor is open (held here); shutting a listening
-        // socket down wakes the `accept` blocked on it, with an error.
-        unsafe { libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RDWR) };
+        // Shutting a listening socket down wakes the `accept` blocked on it, with an
+        // error.
+        let _ = rustix::net::shutdown(&self.listener, rustix::net::Shutdown::Both);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }

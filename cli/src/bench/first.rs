@@ -199,7 +199,7 @@ async fn first_open(
     config.pool.max_size = config.pool.max_size.max(most + 1);
     let ready_target = config.pool.min_idle.min(config.pool.max_size);
     let pss_before = pss_by_pid();
-    let mut builder = Paddock::builder().config(config);
+    let mut builder = paddock::builder().config(config);
     if engine != EngineName::CONTAINER {
         builder = builder.without_container();
     }
@@ -442,7 +442,7 @@ async fn first_density(engine: EngineName, n: usize, as_json: bool) -> Result<bo
     let mut config = PaddockConfig::default();
     // As the scenario has it: a pool of 1,024 for 1,000 sandboxes.
     config.pool.max_size = n + 24;
-    let mut builder = Paddock::builder().config(config);
+    let mut builder = paddock::builder().config(config);
     if engine != EngineName::CONTAINER {
         builder = builder.without_container();
     }

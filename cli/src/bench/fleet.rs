@@ -25,9 +25,9 @@ use std::time::{Duration, Instant};
 use paddock_core::{
     EngineName, ExecRequest, FleetConfig, OnNodeLoss, Outcome, PaddockConfig, Program,
 };
-use paddock_engines::noop::NoopEngine;
 use paddock_fleet::local::{find_server, LocalCluster};
 use paddock_fleet::{Fleet, ShareCaps};
+use paddock_pool::noop::NoopEngine;
 use paddock_pool::{Caller, Execute, Paddock};
 use serde_json::json;
 
@@ -176,7 +176,7 @@ impl Node {
             ..FleetConfig::default()
         };
         let fleet_config = config.fleet.clone();
-        let paddock = Paddock::builder()
+        let paddock = paddock::builder()
             .config(config)
             .without_isolate()
             .without_container()
@@ -227,8 +227,7 @@ fn cpu_ms(pid: Option<u32>) -> f64 {
         .iter()
         .filter_map(|i| fields.get(*i).and_then(|v| v.parse::<f64>().ok()))
         .sum();
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let hz = paddock_engines::stats::clock_ticks_per_second() as f64;
     ticks * 1000.0 / hz.max(1.0)
 }
 

@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 
 use paddock_core::{ErrorCode, ExecRequest, ExecutionId, PaddockConfig, Program};
 use paddock_pool::audit::{AuditConfig, AuditQuery};
-use paddock_pool::Paddock;
 use serde_json::json;
 
 use super::{report, round, rss_bytes, summarize};
@@ -35,7 +34,7 @@ pub(super) async fn load(
     config.pool.min_idle = max_size;
     config.pool.max_waiting = max_waiting;
     config.pool.acquire_timeout_ms = 10_000;
-    let paddock = match Paddock::builder()
+    let paddock = match paddock::builder()
         .config(config)
         .audit(AuditConfig {
             ring_capacity: total * 4,

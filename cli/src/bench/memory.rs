@@ -29,7 +29,6 @@ use std::time::{Duration, Instant};
 
 use paddock_core::e2b::TemplateConfig;
 use paddock_core::{ApiKey, EngineName, IsolationLevel, PaddockConfig};
-use paddock_pool::Paddock;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -612,7 +611,7 @@ pub(super) async fn memory(args: MemoryArgs, as_json: bool) -> Result<i32, Failu
     let server_config = config.server.clone();
     let e2b_config = config.e2b.clone();
     let limiter = config.limiter.clone();
-    let paddock = match Paddock::builder()
+    let paddock = match paddock::builder()
         .config(config)
         .without_isolate()
         .without_container()

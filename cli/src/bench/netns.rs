@@ -11,7 +11,7 @@
 
 use std::fs::File;
 use std::net::Ipv4Addr;
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -30,8 +30,7 @@ pub(crate) struct Netns {
 
 /// Why a [`Netns`] cannot be made here, if it cannot: not root, or no `ip`.
 pub(crate) fn unavailable() -> Option<String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if !rustix::process::geteuid().is_root() {
         return Some("it needs root (a network namespace and a veth pair of its own)".into());
     }
     if which("ip").is_none() {
@@ -185,18 +184,7 @@ impl Netns {
     /// Runs `f` on a thread of its own inside the namespace: what it binds stays
     /// there once the thread has ended.
     pub(crate) fn run_in<T: Send>(&self, f: impl FnOnce() -> T + Send) -> std::io::Result<T> {
-        let fd = self.fd.as_raw_fd();
-        std::thread::scope(|s| {
-            s.spawn(move || {
-                // SAFETY: setns moves this thread only, which ends after `f`.
-                if unsafe { libc::setns(fd, libc::CLONE_NEWNET) } != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(f())
-            })
-            .join()
-            .unwrap_or_else(|_| Err(std::io::Error::other("a thread in the namespace panicked")))
-        })
+        paddock_engines::netns::run_in(self.fd.as_fd(), f)
     }
 }
 

@@ -22,8 +22,8 @@ use paddock_core::{
     CancelToken, DiscardSink, EngineName, ExecRequest, PaddockConfig, Program, Sandbox,
     SandboxSpec, SubprocessConfig,
 };
-use paddock_engines::noop::NoopEngine;
 use paddock_engines::subprocess::SubprocessEngine;
+use paddock_pool::noop::NoopEngine;
 use paddock_pool::{Execute, Paddock, Supervisor};
 use serde_json::json;
 
@@ -253,10 +253,9 @@ pub(super) fn noop_paddock(
     config.pool.min_idle = callers.max(8);
     config.pool.max_waiting = callers * 4;
     config.pool.max_executions_per_engine = u64::MAX / 2;
+    // The scheduler alone: no built-in engine is made, the no-op engine is the only one.
     Paddock::builder()
         .config(config)
-        .without_subprocess()
-        .without_isolate()
         .engine(Arc::new(NoopEngine::new()))
         .start()
 }

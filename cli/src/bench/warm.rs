@@ -15,7 +15,6 @@ use paddock_core::{
     SandboxSpec, SubprocessConfig,
 };
 use paddock_engines::subprocess::SubprocessEngine;
-use paddock_pool::Paddock;
 use serde_json::json;
 
 use super::{report, round, round3, summarize};
@@ -130,7 +129,7 @@ pub(super) async fn warm(
     config.pool.max_size = 2;
     config.pool.min_idle = 2;
     config.pool.max_waiting = callers.max(1) * 2;
-    let paddock = match Paddock::builder().config(config).without_isolate().start() {
+    let paddock = match paddock::builder().config(config).without_isolate().start() {
         Ok(p) => p,
         Err(e) => {
             eprintln!("paddock bench: {e}");

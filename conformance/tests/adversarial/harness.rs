@@ -392,7 +392,7 @@ fn start(
         let _ = std::fs::create_dir_all(dir);
     }
     let ring = config.audit.ring_capacity;
-    let mut builder = Paddock::builder()
+    let mut builder = paddock::builder()
         .config(config)
         .audit(AuditConfig {
             ring_capacity: ring,

@@ -36,7 +36,7 @@ impl Server {
         };
         let mut config = PaddockConfig::default();
         config.pool.min_idle = 1;
-        let paddock = Paddock::builder()
+        let paddock = paddock::builder()
             .config(config)
             .access(server.access_rules())
             .start()

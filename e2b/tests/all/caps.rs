@@ -37,7 +37,7 @@ impl Server {
             body_read_timeout_ms: 30_000,
             ..ServerConfig::default()
         };
-        let paddock = Paddock::builder()
+        let paddock = paddock::builder()
             .access(server.access_rules())
             .start()
             .expect("Paddock starts");

@@ -8,7 +8,6 @@ use std::time::Duration;
 use paddock_core::e2b::E2bConfig;
 use paddock_core::{ApiKey, EngineName, ErrorCode, IsolationLevel, PaddockConfig, SandboxSpec};
 use paddock_e2b::E2bApi;
-use paddock_pool::Paddock;
 
 use crate::live::{send, Req, ALICE, BOB};
 
@@ -24,7 +23,7 @@ async fn a_template_whose_engine_cannot_start_is_refused_not_moved_to_a_weaker_o
     // A container engine that cannot start: its runtime is not there.
     config.container.runtime_path = Some("/nonexistent/paddock-test-runtime".into());
     let server = config.server.clone();
-    let paddock = Paddock::builder()
+    let paddock = paddock::builder()
         .config(config)
         .access(server.access_rules())
         .start()

@@ -11,7 +11,6 @@ use base64::Engine as _;
 use http_body_util::BodyExt;
 use paddock_core::e2b::{E2bConfig, TemplateConfig};
 use paddock_core::{ApiKey, EngineName, IsolationLevel, PaddockConfig, ServerConfig};
-use paddock_pool::Paddock;
 use serde_json::{json, Value};
 use tokio::net::TcpStream;
 
@@ -77,7 +76,7 @@ async fn concurrent_send_input_to_a_process_that_does_not_read_is_bounded() {
     config.limiter.max_input_bytes_per_process = 256 * KIB as u64;
     config.limiter.max_input_bytes_per_tenant = 512 * KIB as u64;
     config.limiter.input_wait_ms = 200;
-    let paddock = Paddock::builder()
+    let paddock = paddock::builder()
         .config(config)
         .access(server.access_rules())
         .start()

@@ -51,7 +51,7 @@ impl E2bServer {
                 (name.to_string(), t)
             })
             .collect();
-        let paddock = Paddock::builder()
+        let paddock = paddock::builder()
             .config(config)
             .access(server.access_rules())
             .start()

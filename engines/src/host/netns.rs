@@ -196,6 +196,30 @@ pub fn private_home(workdir: &std::path::Path, home: &str) -> io::Result<OwnedFd
         .map_err(|_| io::Error::other("the namespace thread panicked"))?
 }
 
+/// Runs `f` on a thread of its own inside the network namespace `netns` (an fd of
+/// `/proc/<pid>/ns/net`, or of a namespace made with `ip netns`), and returns what it
+/// returns: a socket it binds or connects stays in that namespace once the thread has
+/// ended. No other thread changes namespace.
+pub fn run_in<T: Send>(
+    netns: std::os::fd::BorrowedFd<'_>,
+    f: impl FnOnce() -> T + Send,
+) -> io::Result<T> {
+    use std::os::fd::AsRawFd;
+    let fd = netns.as_raw_fd();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            // SAFETY: setns moves this thread only, which ends after `f`; the
+            // descriptor is borrowed for the whole call.
+            if unsafe { libc::setns(fd, libc::CLONE_NEWNET) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(f())
+        })
+        .join()
+        .unwrap_or_else(|_| Err(io::Error::other("a thread in the namespace panicked")))
+    })
+}
+
 /// Connects to `addr` from inside the network namespace `netns` (an fd of
 /// `/proc/<pid>/ns/net` or of a namespace Paddock made, open for the whole call). A
 /// short-lived thread enters the namespace and makes the socket there; the socket

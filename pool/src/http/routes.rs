@@ -62,7 +62,7 @@ mod tests {
         let paddock = Paddock::builder()
             .without_subprocess()
             .without_isolate()
-            .engine(Arc::new(paddock_engines::noop::NoopEngine::new()))
+            .engine(Arc::new(crate::noop::NoopEngine::new()))
             .start()
             .unwrap();
         let config = ServerConfig::default();

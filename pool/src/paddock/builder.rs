@@ -15,15 +15,20 @@ use crate::streamer::{Streamer, StreamerConfig};
 use crate::supervisor::{Shared, Supervisor, SupervisorParts};
 use paddock_telemetry::Telemetry;
 
+use super::registry::{EngineRegistry, MadeEngines};
 use super::{Paddock, RuntimeHandle};
 
-/// The engines to run, by name: the built-ins the config enables that neither
-/// `without` nor a registered engine of the same name displaces, then the registered
-/// ones; the default engine; and the engines the config enables that cannot run on
-/// this host, with why.
+/// Why a builder without a registry cannot make what is asked of it, and what to do.
+const NO_REGISTRY: &str = "this builder has no engine registry (a `PaddockBuilder` of `paddock-pool` makes no engine of its own): use the `paddock` crate's builder, `paddock::builder()`, for the built-in engines, or register one with `PaddockBuilder::engine`";
+
+/// The engines to run, by name: those the registry makes from the config that
+/// neither `without` nor a registered engine of the same name displaces, then the
+/// registered ones; the default engine; and the engines the config enables that
+/// cannot run on this host, with why.
 #[allow(clippy::type_complexity)]
 fn register_engines(
     config: &PaddockConfig,
+    registry: Option<&dyn EngineRegistry>,
     registered: Vec<Arc<dyn Engine>>,
     without: &[EngineName],
     default_engine: Option<EngineName>,
@@ -47,24 +52,42 @@ fn register_engines(
         }
     }
     let first_registered = registered.first().map(|e| e.name());
-    let builtin = paddock_engines::builtin(config, |name| {
-        !without.contains(name) && !names.contains(name)
-    })?;
+    let made = match registry {
+        Some(registry) => registry.make(config, &|name: &EngineName| {
+            !without.contains(name) && !names.contains(name)
+        })?,
+        None => {
+            // A section of `[engines]` is an engine to make, and nothing here makes it.
+            if let Some(name) = config.engines.keys().find(|n| !without.contains(n)) {
+                return Err(Error::invalid_config(
+                    &format!("engines.{name}"),
+                    format!("no engine can be made from this section: {NO_REGISTRY}"),
+                ));
+            }
+            if registered.is_empty() {
+                return Err(Error::new(
+                    ErrorCode::InvalidConfig,
+                    format!("no engine is registered: {NO_REGISTRY}"),
+                ));
+            }
+            MadeEngines::default()
+        }
+    };
     // Not an `[engines.NAME]` one: those are had only by naming them.
-    let first_builtin = builtin
+    let first_made = made
         .engines
         .iter()
         .map(|e| e.name())
         .find(|n| !config.engines.contains_key(n));
-    let mut engines = builtin.engines;
+    let mut engines = made.engines;
     engines.extend(registered);
     // With only engines of `[engines.NAME]`, the default is the one asked for.
     let named_default = default_engine
         .clone()
         .filter(|n| engines.iter().any(|e| e.name() == *n));
-    let Some(first) = first_registered.or(first_builtin).or(named_default) else {
-        if !builtin.unavailable.is_empty() {
-            let why: Vec<&str> = builtin
+    let Some(first) = first_registered.or(first_made).or(named_default) else {
+        if !made.unavailable.is_empty() {
+            let why: Vec<&str> = made
                 .unavailable
                 .iter()
                 .map(|(_, why)| why.as_str())
@@ -87,22 +110,28 @@ fn register_engines(
     let has = |name: &EngineName| engines.iter().any(|e| e.name() == *name);
     let default_engine = match default_engine {
         Some(name) if !has(&name) => {
+            let hint = if registry.is_none() {
+                format!("; {NO_REGISTRY}")
+            } else {
+                String::new()
+            };
             return Err(Error::invalid_config(
                 "default_engine",
-                format!("`{name}` is not among the configured engines"),
-            ))
+                format!("`{name}` is not among the configured engines{hint}"),
+            ));
         }
         Some(name) => name,
         None if has(&EngineName::SUBPROCESS) => EngineName::SUBPROCESS,
         None => first,
     };
-    Ok((engines, default_engine, builtin.unavailable))
+    Ok((engines, default_engine, made.unavailable))
 }
 
 /// Configures and starts Paddock.
 #[must_use]
 pub struct PaddockBuilder {
     config: PaddockConfig,
+    registry: Option<Arc<dyn EngineRegistry>>,
     engines: Vec<Arc<dyn Engine>>,
     default_engine: Option<EngineName>,
     without: Vec<EngineName>,
@@ -120,6 +149,7 @@ impl std::fmt::Debug for PaddockBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PaddockBuilder")
             .field("config", &self.config)
+            .field("registry", &self.registry)
             .field("engines", &self.engines)
             .finish_non_exhaustive()
     }
@@ -129,6 +159,7 @@ impl Default for PaddockBuilder {
     fn default() -> Self {
         PaddockBuilder {
             config: PaddockConfig::default(),
+            registry: None,
             engines: Vec::new(),
             default_engine: None,
             without: Vec::new(),
@@ -152,22 +183,32 @@ impl PaddockBuilder {
         self
     }
 
+    /// The registry that makes engines from the config. Default: none, and only the
+    /// engines registered with [`engine`](Self::engine) run. The `paddock` crate's
+    /// `paddock::builder()` sets the built-in engines' registry (subprocess, isolate,
+    /// container, and the config's `[engines.NAME]` sections).
+    pub fn registry(mut self, registry: Arc<dyn EngineRegistry>) -> Self {
+        self.registry = Some(registry);
+        self
+    }
+
     /// Registers an engine under its [`name`](Engine::name). Requests choose it by
     /// that name (`"engine": "<name>"`), and its pools, metrics and audit entries
     /// carry it.
     ///
-    /// The built-in engines (`subprocess`, `isolate`, `container`) are ordinary
-    /// entries, made from the config by [`paddock_engines::builtin`] unless the config
-    /// disables them or [`without`](Self::without) names them. An engine registered
-    /// here under a built-in name takes that name's place: to give isolates Rust host
-    /// functions, register an `IsolateEngine::with_modules(…)`. Two engines registered
-    /// under one name are refused at [`start`](Self::start) with `INVALID_CONFIG`.
+    /// The engines of the [`registry`](Self::registry) (the built-in `subprocess`,
+    /// `isolate` and `container` with the `paddock` crate's builder) are ordinary
+    /// entries, made from the config unless the config disables them or
+    /// [`without`](Self::without) names them. An engine registered here under a
+    /// built-in name takes that name's place: to give isolates Rust host functions,
+    /// register an `IsolateEngine::with_modules(…)`. Two engines registered under one
+    /// name are refused at [`start`](Self::start) with `INVALID_CONFIG`.
     pub fn engine(mut self, engine: Arc<dyn Engine>) -> Self {
         self.engines.push(engine);
         self
     }
 
-    /// Does not make the built-in engine `name`.
+    /// Does not make the engine `name` of the [`registry`](Self::registry).
     pub fn without(mut self, name: EngineName) -> Self {
         self.without.push(name);
         self
@@ -193,7 +234,8 @@ impl PaddockBuilder {
     /// The engine used when a request names none and the engine provides the
     /// requested isolation level (otherwise the engine with the weakest level that
     /// provides it is chosen). Default: `subprocess` when it is registered, else the
-    /// first engine registered with [`engine`](Self::engine), else the first built-in.
+    /// first engine registered with [`engine`](Self::engine), else the registry's
+    /// first.
     pub fn default_engine(mut self, kind: EngineName) -> Self {
         self.default_engine = Some(kind);
         self
@@ -269,6 +311,7 @@ impl PaddockBuilder {
         )?);
         let (engines, default_engine, unavailable) = register_engines(
             &self.config,
+            self.registry.as_deref(),
             self.engines,
             &self.without,
             self.default_engine,
@@ -380,5 +423,55 @@ impl PaddockBuilder {
                 thread: parking_lot::Mutex::new(Some(thread)),
             }),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::noop::NoopEngine;
+
+    #[actix_rt::test]
+    async fn without_a_registry_only_the_engines_registered_in_code_run() {
+        let e = Paddock::builder().start().unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidConfig);
+        assert!(
+            e.message.starts_with("no engine is registered")
+                && e.message.contains("`paddock::builder()`")
+                && e.message.contains("`PaddockBuilder::engine`"),
+            "{e}"
+        );
+
+        // The config enables subprocess and isolate by default: nothing makes them here.
+        let paddock = Paddock::builder()
+            .engine(Arc::new(NoopEngine::new()))
+            .start()
+            .unwrap();
+        assert_eq!(paddock.engines(), ["noop"]);
+        paddock.shutdown(Duration::from_secs(5)).await.unwrap();
+
+        let e = Paddock::builder()
+            .engine(Arc::new(NoopEngine::new()))
+            .default_engine(EngineName::SUBPROCESS)
+            .start()
+            .unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidConfig);
+        assert!(
+            e.message.contains("`subprocess` is not among the configured engines")
+                && e.message.contains("`paddock::builder()`"),
+            "{e}"
+        );
+
+        let config = PaddockConfig::from_toml_str("[engines.tiny]\nkind = \"container\"\n").unwrap();
+        let e = Paddock::builder()
+            .config(config)
+            .engine(Arc::new(NoopEngine::new()))
+            .start()
+            .unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidConfig);
+        assert!(
+            e.message.contains("`engines.tiny`") && e.message.contains("`paddock::builder()`"),
+            "{e}"
+        );
     }
 }

@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use paddock_engines::stats::{cpu_time, Whose};
 use serde_json::json;
 
 /// CPU time used so far.
@@ -17,19 +18,6 @@ pub(super) struct Cpu {
     /// `/proc/stat`: busy and all clock ticks of every CPU.
     machine_busy: u64,
     machine_all: u64,
-}
-
-fn rusage(who: libc::c_int) -> Duration {
-    // SAFETY: an all-zero rusage is a valid value of the plain C struct.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: getrusage writes into the local struct it is given.
-    if unsafe { libc::getrusage(who, &mut ru) } != 0 {
-        return Duration::ZERO;
-    }
-    let tv = |t: libc::timeval| {
-        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
-    };
-    tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
 /// The busy and total ticks of the machine's CPUs.
@@ -113,8 +101,8 @@ impl Cpu {
     pub(super) fn now() -> Cpu {
         let (machine_busy, machine_all) = machine();
         Cpu {
-            process: rusage(libc::RUSAGE_SELF),
-            children: rusage(libc::RUSAGE_CHILDREN),
+            process: cpu_time(Whose::Process),
+            children: cpu_time(Whose::Children),
             containers: containers(),
             machine_busy,
             machine_all,

@@ -236,7 +236,7 @@ async fn start(
     // The clients do not authenticate.
     config.server.api_keys.clear();
     let server_config = config.server.clone();
-    let mut builder = Paddock::builder().config(config);
+    let mut builder = paddock::builder().config(config);
     for other in [
         EngineName::SUBPROCESS,
         EngineName::ISOLATE,

@@ -225,7 +225,7 @@ pub(super) async fn soak(args: SoakArgs, as_json: bool) -> Result<i32, crate::ru
     let mut engines = vec![EngineName::SUBPROCESS, EngineName::ISOLATE];
     let ledger = Arc::new(Ledger::default());
     let on_audit = ledger.clone();
-    let mut builder = Paddock::builder()
+    let mut builder = paddock::builder()
         .config(config)
         .without_subprocess()
         .engine(Arc::new(subprocess))

@@ -41,16 +41,7 @@ impl Snapshot {
 /// bytes it keeps in its arenas, from glibc's `mallinfo2`. RSS holds both; a leak
 /// grows the first.
 pub(super) fn heap() -> Option<(u64, u64)> {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        // SAFETY: mallinfo2 takes no pointers; it only reads the allocator's counters.
-        let m = unsafe { libc::mallinfo2() };
-        Some(((m.uordblks + m.hblkhd) as u64, m.fordblks as u64))
-    }
-    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-    {
-        None
-    }
+    paddock_engines::stats::heap().map(|h| (h.in_use, h.free))
 }
 
 /// Open descriptors of this process (the listing's own not counted).

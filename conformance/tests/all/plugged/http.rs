@@ -35,12 +35,10 @@ fn http_runs_an_execution_on_ns_shell() {
             listen: "127.0.0.1:0".into(),
             ..ServerConfig::default()
         };
-        // The plug-in is the only engine: no built-in one could answer for it.
+        // The plug-in is the only engine: no built-in one could answer for it (the
+        // scheduler's own builder makes none).
         let paddock = Paddock::builder()
             .engine(Arc::new(engine))
-            .without_subprocess()
-            .without_isolate()
-            .without_container()
             .access(server.access_rules())
             .start()
             .expect("Paddock starts with the ns-shell engine");

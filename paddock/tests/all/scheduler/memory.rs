@@ -10,7 +10,7 @@ use paddock_pool::{Caller, Execute, Paddock, SandboxHandle, StreamEvent};
 const KIB: usize = 1 << 10;
 
 fn start(config: PaddockConfig) -> Paddock {
-    Paddock::builder()
+    paddock::builder()
         .config(config)
         .without_isolate()
         .without_container()

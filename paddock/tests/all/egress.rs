@@ -8,7 +8,7 @@ use paddock_core::config::EgressConfig;
 use paddock_core::egress::EgressVerdict;
 use paddock_core::{ExecRequest, NetworkPolicy, PaddockConfig, Program, SandboxSpec};
 use paddock_pool::audit::AuditQuery;
-use paddock_pool::{Caller, Paddock};
+use paddock_pool::Caller;
 use paddock_telemetry::Telemetry;
 
 fn curl(url: &str) -> ExecRequest {
@@ -46,7 +46,7 @@ async fn an_executions_audit_entry_lists_its_egress_and_telemetry_counts_it() {
         ..PaddockConfig::default()
     };
     let telemetry = Telemetry::prometheus().unwrap();
-    let paddock = Paddock::builder()
+    let paddock = paddock::builder()
         .config(config)
         .telemetry(telemetry.clone())
         .start()
@@ -141,7 +141,7 @@ async fn one_tenants_allowlist_pools_never_take_anothers_place() {
     let mut config = PaddockConfig::default();
     config.subprocess.warm.enabled = false;
     config.pool.min_idle = 0;
-    let paddock = Paddock::builder()
+    let paddock = paddock::builder()
         .config(config)
         .without_isolate()
         .without_container()

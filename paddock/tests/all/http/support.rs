@@ -33,7 +33,7 @@ impl TestServer {
         // use them.
         let mut config = PaddockConfig::default();
         config.pool.min_idle = 1;
-        TestServer::start_with(Paddock::builder().config(config), server_config())
+        TestServer::start_with(paddock::builder().config(config), server_config())
     }
 
     /// A Paddock built from `builder`, served with `server`.
@@ -59,14 +59,14 @@ impl TestServer {
 
     /// A Paddock with this config, served with `server`.
     pub fn start_config(config: PaddockConfig, server: ServerConfig) -> TestServer {
-        TestServer::start_with(Paddock::builder().config(config), server)
+        TestServer::start_with(paddock::builder().config(config), server)
     }
 
     /// A Paddock with this whole config (its `[server]` section, and the access
     /// rules it implies with `[egress]`), served with its `[server]`.
     pub fn start_whole(config: PaddockConfig) -> TestServer {
         let server = config.server.clone();
-        let paddock = Paddock::builder()
+        let paddock = paddock::builder()
             .config(config)
             .start()
             .expect("Paddock starts");

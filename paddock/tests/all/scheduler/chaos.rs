@@ -16,7 +16,7 @@ use paddock_core::{
     FileEntry, IsolationLevel, Outcome, OutputSink, PaddockConfig, Program, ProgramKind, Result,
     Sandbox, SandboxSpec, SandboxStatus,
 };
-use paddock_pool::{Execute, Paddock};
+use paddock_pool::Execute;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Behaviour {
@@ -164,7 +164,7 @@ async fn run_combo(create: Behaviour, recycle: Behaviour, exec: Behaviour) -> St
         ),
         live: live.clone(),
     });
-    let paddock = Paddock::builder()
+    let paddock = paddock::builder()
         .config(config())
         .without_subprocess()
         .without_isolate()

@@ -4,11 +4,11 @@
 //! an `Execute` for the supervisor and answers with the tool's stdout. It is started
 //! on the supervisor's own arbiter, so every message stays on one thread.
 //!
-//! Run it with `cargo run -p paddock-pool --example actor_client`.
+//! Run it with `cargo run -p paddock --example actor_client`.
 
 use actix::prelude::*;
 use paddock_core::{Error, ExecRequest, Language, Program};
-use paddock_pool::{Execute, Paddock, Supervisor};
+use paddock_pool::{Execute, Supervisor};
 
 /// Runs a snippet of Python as a tool call.
 #[derive(Message)]
@@ -45,7 +45,7 @@ impl Handler<RunTool> for ToolRunner {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let paddock = Paddock::builder().start()?;
+    let paddock = paddock::builder().start()?;
     let supervisor = paddock.supervisor();
     let runner = ToolRunner::start_in_arbiter(&paddock.arbiter(), move |_| ToolRunner {
         supervisor,

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use paddock_core::{Error, ErrorCode, ExecRequest, ExecResult, Program};
-use paddock_pool::{Cancel, Execute, GetStats, Paddock, Supervisor};
+use paddock_pool::{Cancel, Execute, GetStats, Supervisor};
 
 struct Client {
     supervisor: Addr<Supervisor>,
@@ -34,7 +34,7 @@ impl Handler<Run> for Client {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_actor_drives_paddock_by_messages() {
-    let paddock = Paddock::builder().start().unwrap();
+    let paddock = paddock::builder().start().unwrap();
     let supervisor = paddock.supervisor();
     let sup = supervisor.clone();
     let client = Client::start_in_arbiter(&paddock.arbiter(), move |_| Client { supervisor: sup });

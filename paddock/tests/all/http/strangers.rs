@@ -5,7 +5,6 @@
 
 use paddock_core::ids::{is_random, longest_shared_prefix, parse_random, random_part};
 use paddock_core::{ApiKey, IsolationLevel, PaddockConfig};
-use paddock_pool::Paddock;
 use serde_json::{json, Value};
 
 use crate::http::client::{Request, Response};
@@ -20,7 +19,7 @@ fn keyed_server() -> TestServer {
     let mut server = server_config();
     server.api_keys = vec![ApiKey::new(ALICE, "alice"), ApiKey::new(BOB, "bob")];
     server.allowed_levels = Some(vec![IsolationLevel::None, IsolationLevel::Strict]);
-    TestServer::start_with(Paddock::builder().config(config), server)
+    TestServer::start_with(paddock::builder().config(config), server)
 }
 
 fn as_(key: &str, r: Request) -> Request {

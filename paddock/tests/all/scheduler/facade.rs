@@ -2,8 +2,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use paddock_core::{EngineName, ErrorCode, ExecRequest, Language, Outcome, PaddockConfig, Program};
-use paddock_engines::noop::NoopEngine;
-use paddock_pool::{Execute, Paddock, StreamEvent};
+use paddock_pool::noop::NoopEngine;
+use paddock_pool::{Execute, StreamEvent};
 
 fn sh(script: &str) -> ExecRequest {
     ExecRequest::new(Program::command(["sh", "-c", script]))
@@ -11,7 +11,7 @@ fn sh(script: &str) -> ExecRequest {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn executes_through_the_whole_pipeline() {
-    let paddock = Paddock::builder().start().unwrap();
+    let paddock = paddock::builder().start().unwrap();
     let r = paddock.execute(sh("echo hi; exit 3")).await.unwrap();
     assert_eq!(
         r.outcome,
@@ -57,7 +57,7 @@ async fn executes_through_the_whole_pipeline() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_output_then_the_result() {
-    let paddock = Paddock::builder().start().unwrap();
+    let paddock = paddock::builder().start().unwrap();
     let mut stream = paddock
         .execute_stream(Execute::new(sh("echo one; sleep 0.3; echo two >&2")))
         .await
@@ -84,7 +84,7 @@ async fn streams_output_then_the_result() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_by_id_while_running() {
-    let paddock = Paddock::builder().start().unwrap();
+    let paddock = paddock::builder().start().unwrap();
     let req = sh("sleep 30");
     let id = req.id.clone();
     let p2 = paddock.clone();
@@ -109,7 +109,7 @@ async fn cancel_by_id_while_running() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_keep_files_and_refuse_after_destroy() {
-    let paddock = Paddock::builder().start().unwrap();
+    let paddock = paddock::builder().start().unwrap();
     let sb = paddock
         .open_sandbox(Default::default(), None)
         .await
@@ -146,7 +146,7 @@ async fn sessions_keep_files_and_refuse_after_destroy() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_destroys_all_return_after_the_teardown() {
-    let paddock = Paddock::builder()
+    let paddock = paddock::builder()
         .without_isolate()
         .without_container()
         .start()
@@ -200,7 +200,7 @@ async fn concurrent_destroys_all_return_after_the_teardown() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_facade_says_which_engines_run_and_what_they_can_do() {
-    let paddock = Paddock::builder()
+    let paddock = paddock::builder()
         .without_container()
         .engine(Arc::new(NoopEngine::new()))
         .start()
@@ -232,7 +232,7 @@ async fn an_engine_chosen_by_level_is_the_first_registered_on_a_tie() {
         allowed_levels: Some(vec![paddock_core::IsolationLevel::None]),
         ..Default::default()
     };
-    let paddock = Paddock::builder()
+    let paddock = paddock::builder()
         .without_container()
         .engine(Arc::new(NoopEngine::new()))
         .default_engine(EngineName::ISOLATE)
@@ -247,7 +247,7 @@ async fn an_engine_chosen_by_level_is_the_first_registered_on_a_tie() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_are_typed() {
-    let paddock = Paddock::builder()
+    let paddock = paddock::builder()
         .engine(Arc::new(NoopEngine::new()))
         .without_container()
         .start()
@@ -287,7 +287,7 @@ async fn a_full_pool_answers_pool_exhausted() {
     config.pool.min_idle = 0;
     config.pool.max_waiting = 1;
     config.pool.acquire_timeout_ms = 300;
-    let paddock = Paddock::builder().config(config).start().unwrap();
+    let paddock = paddock::builder().config(config).start().unwrap();
     let p = paddock.clone();
     let first = tokio::spawn(async move { p.execute(sh("sleep 1")).await });
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -309,7 +309,7 @@ async fn a_full_pool_answers_pool_exhausted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_streamed_execution_ends_at_once() {
-    let paddock = Paddock::builder().start().unwrap();
+    let paddock = paddock::builder().start().unwrap();
     let msg = Execute::new(ExecRequest::new(Program::code(
         Language::Javascript,
         "process.exit(1)",
@@ -328,7 +328,7 @@ async fn a_refused_streamed_execution_ends_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_subscriber_by_id_gets_the_buffered_output() {
-    let paddock = Paddock::builder().start().unwrap();
+    let paddock = paddock::builder().start().unwrap();
     let req = sh("echo kept-for-later");
     let id = req.id.clone();
     let r = paddock.execute(req).await.unwrap();
@@ -348,7 +348,7 @@ async fn a_late_subscriber_by_id_gets_the_buffered_output() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn isolates_are_pooled_engines_chosen_by_name_or_by_level() {
-    let paddock = Paddock::builder().without_container().start().unwrap();
+    let paddock = paddock::builder().without_container().start().unwrap();
     let js = |src: &str| ExecRequest::new(Program::code(Language::Javascript, src));
     let r = paddock
         .execute_with(Execute::new(js("console.log('hi'); 6 * 7")).on(EngineName::ISOLATE))
@@ -411,7 +411,7 @@ async fn a_suspended_handler_resumes_in_its_session_through_the_pipeline() {
             command: vec!["python3".into(), script.to_string_lossy().into_owned()],
         },
     );
-    let paddock = Paddock::builder()
+    let paddock = paddock::builder()
         .config(config)
         .without_isolate()
         .start()
@@ -454,7 +454,7 @@ async fn a_suspended_handler_resumes_in_its_session_through_the_pipeline() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn strict_isolation_goes_to_the_container_engine() {
-    let paddock = Paddock::builder().start().unwrap();
+    let paddock = paddock::builder().start().unwrap();
     let stats = paddock.stats().await.unwrap();
     if !stats
         .pools
@@ -516,7 +516,7 @@ async fn a_named_engine_is_chosen_only_by_its_name() {
         PaddockConfig::from_toml_str("[engines.ct-two]\nkind = \"container\"\n").unwrap();
     config.container.enabled = false;
     config.isolate.enabled = false;
-    let paddock = Paddock::builder().config(config.clone()).start().unwrap();
+    let paddock = paddock::builder().config(config.clone()).start().unwrap();
     let named = EngineName::new("ct-two").unwrap();
     if !paddock.engines().contains(&named) {
         assert!(
@@ -542,7 +542,7 @@ async fn a_named_engine_is_chosen_only_by_its_name() {
     );
     paddock.shutdown(Duration::from_secs(5)).await.unwrap();
 
-    let e = Paddock::builder()
+    let e = paddock::builder()
         .config(config)
         .engine(Arc::new(Renamed(NoopEngine::new(), named.clone())))
         .start()
@@ -556,7 +556,7 @@ async fn an_embedder_keeps_a_pool_of_its_own_sandboxes_warm() {
     // asked for.
     let mut config = PaddockConfig::default();
     config.pool.min_idle = 1;
-    let paddock = Paddock::builder()
+    let paddock = paddock::builder()
         .config(config)
         .without_container()
         .without_isolate()
@@ -600,7 +600,7 @@ async fn an_embedder_keeps_a_pool_of_its_own_sandboxes_warm() {
 /// engine it would run on when it would be admitted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_admission_check_refuses_what_execution_refuses_and_runs_nothing() {
-    let paddock = Paddock::builder()
+    let paddock = paddock::builder()
         .engine(Arc::new(NoopEngine::new()))
         .without_container()
         .start()

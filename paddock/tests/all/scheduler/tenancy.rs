@@ -32,7 +32,7 @@ fn quiet_config() -> PaddockConfig {
 }
 
 fn start(config: PaddockConfig) -> Paddock {
-    Paddock::builder()
+    paddock::builder()
         .config(config)
         .without_isolate()
         .without_container()
@@ -246,7 +246,7 @@ async fn shares_ceilings_and_allowances_hold_through_the_facade() {
         timeout_ms: Some(5_000),
         ..Limits::default()
     };
-    let p = Paddock::builder()
+    let p = paddock::builder()
         .config(config)
         .without_container()
         .access(AccessRules {
@@ -345,7 +345,7 @@ fn code_as(tenant: &str, language: paddock_core::Language, code: &str) -> ExecRe
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_keys_a_request_without_an_engine_gets_one_that_runs_its_program() {
     use paddock_core::Language;
-    let p = Paddock::builder().config(two_keys()).start().unwrap();
+    let p = paddock::builder().config(two_keys()).start().unwrap();
     if !p.engines().contains(&EngineName::CONTAINER) {
         assert!(
             std::env::var_os("PADDOCK_REQUIRE_CONTAINERS").is_none(),
@@ -388,7 +388,7 @@ async fn under_keys_a_request_without_an_engine_gets_one_that_runs_its_program()
 async fn a_program_no_allowed_engine_runs_is_refused_with_each_engines_reason() {
     // Without the container engine, under keys: the subprocess engine runs a
     // command but its level is not the tenant's; the isolate does not run it.
-    let p = Paddock::builder()
+    let p = paddock::builder()
         .config(two_keys())
         .without_container()
         .start()
@@ -403,7 +403,7 @@ async fn a_program_no_allowed_engine_runs_is_refused_with_each_engines_reason() 
         assert!(e.message.contains(part), "{part:?} in {}", e.message);
     }
     // A tenant allowed only `context-isolated`: Python code runs nowhere it may go.
-    let p2 = Paddock::builder()
+    let p2 = paddock::builder()
         .config(quiet_config())
         .without_container()
         .access(AccessRules {
@@ -439,7 +439,7 @@ async fn under_keys_one_tenant_cannot_take_the_whole_pool() {
     let share = share.unwrap();
     assert_eq!(share as usize, (config.pool.max_size / 2).max(1));
     assert!(config.pool.max_size >= 16, "{}", config.pool.max_size);
-    let p = Paddock::builder().config(config).start().unwrap();
+    let p = paddock::builder().config(config).start().unwrap();
     let js = |tenant: &str| SandboxSpec {
         level: IsolationLevel::ContextIsolated,
         ..spec_for(tenant)

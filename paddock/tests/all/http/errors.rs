@@ -4,7 +4,6 @@ use std::time::{Duration, Instant};
 
 use paddock_core::{ApiKey, IsolationLevel, PaddockConfig, PoolConfig};
 use paddock_pool::limiter::LimiterConfig;
-use paddock_pool::Paddock;
 use serde_json::{json, Value};
 
 use crate::http::client::{get, post_json, Request, Response};
@@ -98,7 +97,7 @@ async fn api_keys_are_required_and_name_the_tenant() {
     // These tenants may use the subprocess engine (level `none`), which a server with
     // API keys refuses unless its operator allows it.
     server.allowed_levels = Some(vec![IsolationLevel::None]);
-    let t = TestServer::start_with(Paddock::builder(), server);
+    let t = TestServer::start_with(paddock::builder(), server);
     let body = sh("echo authed");
     let unauthorized = |r: Response| {
         let v = r.expect(401);
@@ -205,7 +204,7 @@ async fn bodies_and_uploads_over_the_limits_are_413() {
     let mut server = server_config();
     server.max_body_bytes = 1024;
     server.max_file_bytes = 2048;
-    let t = TestServer::start_with(Paddock::builder(), server);
+    let t = TestServer::start_with(paddock::builder(), server);
 
     let big = json!({"program": {"command": ["cat"]}, "stdin": "x".repeat(4096)});
     let msg = post_json(t.addr, "/v1/executions", &big)
@@ -270,7 +269,7 @@ async fn a_tenant_over_its_rate_gets_429_with_retry_after() {
         max_executions_per_window: Some(1),
         ..LimiterConfig::default()
     };
-    let t = TestServer::start_with(Paddock::builder().limiter(limiter), server_config());
+    let t = TestServer::start_with(paddock::builder().limiter(limiter), server_config());
     let post = |tenant: &'static str| {
         Request::post("/v1/executions")
             .header("X-Paddock-Tenant", tenant)
@@ -475,7 +474,7 @@ async fn a_tenants_sandbox_is_invisible_to_other_tenants() {
     // These tenants may use the subprocess engine (level `none`), which a server with
     // API keys refuses unless its operator allows it.
     server.allowed_levels = Some(vec![IsolationLevel::None]);
-    let t = TestServer::start_with(Paddock::builder(), server);
+    let t = TestServer::start_with(paddock::builder(), server);
     let as_ = |key: &str, r: Request| r.header("Authorization", &format!("Bearer {key}"));
     let created = as_(acme, Request::post("/v1/sandboxes"))
         .send(t.addr)

@@ -46,7 +46,7 @@ fn start(pool: PoolConfig) -> Fixture {
             command: vec!["python3".into(), script.to_string_lossy().into_owned()],
         },
     );
-    let paddock = Paddock::builder()
+    let paddock = paddock::builder()
         .config(config)
         .without_isolate()
         .start()

@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 
 use paddock_core::{ApiKey, IsolationLevel, NetworkKind, PaddockConfig};
 use paddock_pool::limiter::LimiterConfig;
-use paddock_pool::Paddock;
 use serde_json::{json, Value};
 
 use crate::http::client::{Request, Response};
@@ -36,7 +35,7 @@ fn keyed_server(config: PaddockConfig) -> TestServer {
         IsolationLevel::ContextIsolated,
         IsolationLevel::Strict,
     ]);
-    TestServer::start_with(Paddock::builder().config(config), server)
+    TestServer::start_with(paddock::builder().config(config), server)
 }
 
 /// What of alice's must never reach bob.
@@ -382,7 +381,7 @@ async fn a_tenant_at_its_caps_does_not_starve_the_others() {
     server.max_websockets_per_tenant = 2;
     server.api_keys = vec![ApiKey::new(ALICE, "alice"), ApiKey::new(BOB, "bob")];
     server.allowed_levels = Some(vec![IsolationLevel::None]);
-    let t = TestServer::start_with(Paddock::builder().config(config), server);
+    let t = TestServer::start_with(paddock::builder().config(config), server);
     let addr = t.addr;
 
     // Bob opens sandboxes up to his cap; the next is refused at once.
@@ -540,7 +539,7 @@ async fn ceilings_and_allowances_are_refused_by_name() {
     open.allowed_levels = Some(vec![IsolationLevel::None, IsolationLevel::ContextIsolated]);
     open.allowed_networks = Some(vec![NetworkKind::None, NetworkKind::Unrestricted]);
     server.api_keys = vec![open, ApiKey::new(BOB, "bob")];
-    let t = TestServer::start_with(Paddock::builder().config(config), server);
+    let t = TestServer::start_with(paddock::builder().config(config), server);
     let addr = t.addr;
 
     // Above a ceiling: refused with the field and the bound, for executions and
@@ -626,7 +625,7 @@ async fn kept_results_are_bounded_in_bytes_per_tenant() {
     let mut server = server_config();
     server.max_result_bytes = 8 << 20;
     server.max_result_bytes_per_tenant = 3 << 20;
-    let t = TestServer::start_with(Paddock::builder().config(config), server);
+    let t = TestServer::start_with(paddock::builder().config(config), server);
     let addr = t.addr;
     let tenant = |name: &str, r: Request| r.header("X-Paddock-Tenant", name);
     // Alice keeps one small result; bob floods 1 MiB outputs.
@@ -677,7 +676,7 @@ async fn requests_in_progress_are_capped_per_tenant() {
     config.subprocess.warm.enabled = false;
     let mut server = server_config();
     server.max_requests_per_tenant = 2;
-    let t = TestServer::start_with(Paddock::builder().config(config), server);
+    let t = TestServer::start_with(paddock::builder().config(config), server);
     let addr = t.addr;
     let as_tenant = |name: &str, r: Request| r.header("X-Paddock-Tenant", name);
     let slow: Vec<_> = (0..2)
@@ -725,7 +724,7 @@ async fn requests_in_progress_are_capped_per_tenant() {
     config.subprocess.warm.enabled = false;
     let mut server = server_config();
     server.max_requests_per_tenant = 1;
-    let t = TestServer::start_with(Paddock::builder().config(config), server);
+    let t = TestServer::start_with(paddock::builder().config(config), server);
     let addr = t.addr;
     let mut s = as_tenant("bob", Request::post("/v1/executions?stream=true"))
         .json(&sh("echo streamed; sleep 1"))
@@ -764,7 +763,7 @@ async fn metrics_are_served_where_the_operator_says() {
     let mut server = server_config();
     server.api_keys = keys();
     server.metrics = "operator".into();
-    let t = TestServer::start_with(Paddock::builder(), server);
+    let t = TestServer::start_with(paddock::builder(), server);
     assert_eq!(Request::get("/metrics").send(t.addr).await.status, 401);
     as_(ALICE, Request::get("/metrics"))
         .send(t.addr)
@@ -778,7 +777,7 @@ async fn metrics_are_served_where_the_operator_says() {
     let mut server = server_config();
     server.api_keys = keys();
     server.metrics = "127.0.0.1:0".into();
-    let t = TestServer::start_with(Paddock::builder(), server);
+    let t = TestServer::start_with(paddock::builder(), server);
     let own = t.metrics_addr().expect("an address of its own");
     assert!(own.ip().is_loopback());
     as_(OPS, Request::get("/metrics"))
@@ -798,7 +797,7 @@ async fn files_stream_both_ways_past_the_old_in_memory_limit() {
     config.subprocess.warm.enabled = false;
     let mut server = server_config();
     server.max_file_bytes = 8 << 20;
-    let t = TestServer::start_with(Paddock::builder().config(config), server);
+    let t = TestServer::start_with(paddock::builder().config(config), server);
     let addr = t.addr;
     let sb = Request::post("/v1/sandboxes").send(addr).await.expect(201);
     let base = format!("/v1/sandboxes/{}", sb["id"].as_str().unwrap());

@@ -3,7 +3,6 @@
 use std::path::Path;
 use std::time::Duration;
 
-use paddock_pool::Paddock;
 use serde_json::{json, Value};
 
 use crate::http::client::{get, Request};
@@ -164,7 +163,7 @@ async fn a_key_retried_after_a_stream_reader_went_away_gets_the_first_result() {
 async fn results_and_keys_are_kept_for_the_retention_only() {
     let mut server = server_config();
     server.result_retention_s = 1;
-    let t = TestServer::start_with(Paddock::builder(), server);
+    let t = TestServer::start_with(paddock::builder(), server);
     let dir = tempfile::tempdir().unwrap();
     let counter = dir.path().join("counter");
     let body = counting(&counter, "0");

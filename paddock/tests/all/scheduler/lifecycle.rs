@@ -177,7 +177,7 @@ impl Sandbox for FlakySandbox {
 }
 
 fn start_flaky(engine: Arc<Flaky>, config: PaddockConfig) -> Paddock {
-    Paddock::builder()
+    paddock::builder()
         .config(config)
         .without_subprocess()
         .without_isolate()
@@ -324,7 +324,7 @@ async fn instances_retire_at_their_execution_limit() {
     config.pool.max_size = 1;
     config.pool.min_idle = 0;
     config.pool.max_executions_per_engine = 2;
-    let paddock = Paddock::builder().config(config).start().unwrap();
+    let paddock = paddock::builder().config(config).start().unwrap();
     let mut ids = Vec::new();
     for _ in 0..5 {
         let r = paddock.execute(sh("true")).await.unwrap();
@@ -349,7 +349,7 @@ async fn instances_older_than_max_age_are_not_reused() {
     config.pool.max_size = 1;
     config.pool.min_idle = 0;
     config.pool.max_age_ms = 1_000;
-    let paddock = Paddock::builder().config(config).start().unwrap();
+    let paddock = paddock::builder().config(config).start().unwrap();
     let a = paddock.execute(sh("true")).await.unwrap();
     let b = paddock.execute(sh("true")).await.unwrap();
     assert_eq!(a.instance_id, b.instance_id, "a young instance is reused");
@@ -381,7 +381,7 @@ async fn idle_instances_are_reaped_down_to_min_idle() {
     config.pool.min_idle = 1;
     config.pool.max_size = 4;
     config.pool.idle_timeout_ms = 300;
-    let paddock = Paddock::builder().config(config).start().unwrap();
+    let paddock = paddock::builder().config(config).start().unwrap();
     let tasks: Vec<_> = (0..4)
         .map(|_| {
             let p = paddock.clone();
@@ -444,7 +444,7 @@ async fn after_a_burst_the_pool_keeps_as_many_ready_for_the_next() {
         config.pool.burst_idle_max = burst_idle_max;
         config.pool.max_size = 16;
         config.pool.idle_timeout_ms = 1_000;
-        let paddock = Paddock::builder()
+        let paddock = paddock::builder()
             .config(config)
             .without_container()
             .start()
@@ -497,7 +497,7 @@ async fn by_default_a_burst_of_eight_finds_them_ready_and_a_smaller_pool_keeps_i
     for (max_size, want) in [(8, 8), (3, 3)] {
         let mut config = PaddockConfig::default();
         config.pool.max_size = max_size;
-        let paddock = Paddock::builder()
+        let paddock = paddock::builder()
             .config(config)
             .without_container()
             .start()
@@ -536,7 +536,7 @@ async fn timed_out_and_cancelled_instances_are_retired() {
     let mut config = PaddockConfig::default();
     config.pool.max_size = 1;
     config.pool.min_idle = 0;
-    let paddock = Paddock::builder().config(config).start().unwrap();
+    let paddock = paddock::builder().config(config).start().unwrap();
     let stats = || pool_stats(&paddock, EngineName::SUBPROCESS);
 
     let a = paddock.execute(sh("true")).await.unwrap();
@@ -620,7 +620,7 @@ const STREAM_BUFFER: usize = 64 << 10;
 const SEQ_LINES: u32 = 1_200_000;
 
 fn streaming_paddock() -> Paddock {
-    Paddock::builder()
+    paddock::builder()
         .streamer(StreamerConfig {
             buffer_bytes: STREAM_BUFFER,
             ..StreamerConfig::default()
@@ -797,7 +797,7 @@ async fn a_subscriber_that_leaves_does_not_block_the_execution() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_limiter_refuses_a_tenant_over_its_rate() {
-    let paddock = Paddock::builder()
+    let paddock = paddock::builder()
         .limiter(LimiterConfig {
             max_executions_per_window: Some(2),
             window_ms: 60_000,
@@ -876,7 +876,7 @@ async fn every_accepted_execution_is_audited_exactly_once() {
     config.pool.min_idle = 0;
     config.pool.max_waiting = 1;
     config.pool.acquire_timeout_ms = 600;
-    let paddock = Paddock::builder()
+    let paddock = paddock::builder()
         .config(config)
         .audit(AuditConfig {
             file: Some(file.clone()),
@@ -1050,7 +1050,7 @@ fn metric(text: &str, name: &str, want: &[(&str, &str)]) -> Option<f64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn executions_show_up_in_the_metrics() {
-    let paddock = Paddock::builder().start().unwrap();
+    let paddock = paddock::builder().start().unwrap();
     for _ in 0..3 {
         assert!(paddock.execute(sh("true")).await.unwrap().is_success());
     }
@@ -1156,7 +1156,7 @@ async fn shutdown_drains_cancels_and_cleans_up() {
     let root = tempfile::tempdir().unwrap();
     let mut config = PaddockConfig::default();
     config.subprocess.workdir_root = Some(root.path().to_path_buf());
-    let paddock = Paddock::builder().config(config).start().unwrap();
+    let paddock = paddock::builder().config(config).start().unwrap();
 
     let short = sh("sleep 0.2");
     let long = sh("sleep 30");

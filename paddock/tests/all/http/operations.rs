@@ -1,7 +1,6 @@
 //! `/healthz`, `/readyz`, `/metrics`, `/v1/stats` and `/v1/audit`.
 
 use paddock_core::{ApiKey, IsolationLevel};
-use paddock_pool::Paddock;
 use serde_json::Value;
 
 use crate::http::client::{get, Request, Response};
@@ -119,7 +118,7 @@ async fn audit_filters() {
     ops.admin = true;
     server.api_keys = vec![ApiKey::new(ALPHA, "alpha"), ApiKey::new(BETA, "beta"), ops];
     server.allowed_levels = Some(vec![IsolationLevel::None]);
-    let t = TestServer::start_with(Paddock::builder(), server);
+    let t = TestServer::start_with(paddock::builder(), server);
     let a_ok = run_with_key(&t, ALPHA, "true").await;
     let b_fail = run_with_key(&t, BETA, "exit 2").await;
     let b_ok = run_with_key(&t, BETA, "true").await;
@@ -301,7 +300,7 @@ async fn engines_say_what_each_can_do_and_whether_the_caller_may_use_it() {
     // the same rule.
     let mut server = server_config();
     server.api_keys = vec![ApiKey::new(ALPHA, "alpha")];
-    let t = TestServer::start_with(Paddock::builder(), server);
+    let t = TestServer::start_with(paddock::builder(), server);
     Request::get("/v1/engines")
         .send(t.addr)
         .await

@@ -151,7 +151,7 @@ impl Sandbox for PanickySandbox {
 fn start(method: &'static str) -> Paddock {
     let mut config = PaddockConfig::default();
     config.pool.min_idle = 0;
-    Paddock::builder()
+    paddock::builder()
         .config(config)
         .without_subprocess()
         .without_isolate()

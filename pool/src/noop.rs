@@ -2,7 +2,10 @@
 //!
 //! It exists to measure the scheduler without an engine's cost in the way (the
 //! `pipeline` benchmark) and to exercise pools in tests. It is a real implementation
-//! of the contract — files live in memory, destroy is final — not a mock.
+//! of the contract — files live in memory, destroy is final — not a mock. It needs
+//! nothing of the host, so it lives beside the scheduler rather than with the engines
+//! (`paddock-engines`), and a [`PaddockBuilder`](crate::PaddockBuilder) can register
+//! it without them.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -21,23 +21,20 @@ const KEY: &str = "key-admission-0123456789";
 /// Raises this process's open-files soft limit to its hard limit, and returns it:
 /// these tests hold thousands of sockets, at both ends.
 fn raise_open_files() -> u64 {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let lim = getrlimit(Resource::Nofile);
+    // `None` is no limit at all.
+    let raised = Rlimit {
+        current: lim.maximum,
+        maximum: lim.maximum,
     };
-    // SAFETY: getrlimit and setrlimit with a pointer to a local.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
-            let raised = libc::rlimit {
-                rlim_cur: lim.rlim_max,
-                rlim_max: lim.rlim_max,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
-                lim = raised;
-            }
-        }
-    }
-    lim.rlim_cur
+    // The soft limit is never above the hard one: below it unless equal.
+    let lim = if lim.current != lim.maximum && setrlimit(Resource::Nofile, raised).is_ok() {
+        raised
+    } else {
+        lim
+    };
+    lim.current.unwrap_or(u64::MAX)
 }
 
 /// A server with API keys, a head timeout longer than any test (so that what

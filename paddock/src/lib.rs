@@ -1,0 +1,74 @@
+//! # paddock
+//!
+//! Paddock, the embeddable scheduler for running untrusted code, whole: the scheduler
+//! of `paddock-pool` (policy, limiter, pools, streamer, audit, the [`Paddock`] handle
+//! and the HTTP API) with the built-in engines of `paddock-engines` (subprocess,
+//! QuickJS isolate, OCI container). [`builder()`] is the scheduler's
+//! [`PaddockBuilder`] with the built-in engines' registry ([`BuiltinEngines`]):
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), paddock::core::Error> {
+//! use paddock::core::{ExecRequest, Language, Program};
+//!
+//! let paddock = paddock::builder().start()?;
+//! let result = paddock
+//!     .execute(ExecRequest::new(Program::code(Language::Python, "print(6 * 7)")))
+//!     .await?;
+//! assert_eq!(result.stdout, "42\n");
+//! paddock.shutdown(std::time::Duration::from_secs(5)).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! The crates by layer, each usable alone: `paddock-core` (the vocabulary and the
+//! engine contract), `paddock-engines` (the engines, and the host layer they stand
+//! on), `paddock-pool` (the scheduler, which knows no engine type: it runs those
+//! registered in code and those its [`EngineRegistry`] makes), `paddock-telemetry`.
+//! This crate re-exports the scheduler's API and the three others as [`core`],
+//! [`engines`] and [`telemetry`].
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+#![deny(unused_must_use, unsafe_op_in_unsafe_fn)]
+#![forbid(unsafe_code)]
+
+use std::sync::Arc;
+
+use paddock_core::{EngineName, Error, PaddockConfig};
+
+pub use paddock_core as core;
+pub use paddock_engines as engines;
+pub use paddock_pool::*;
+pub use paddock_telemetry as telemetry;
+
+/// A builder with the embedded defaults and the built-in engines: the ones the
+/// config enables (subprocess and isolate by default, the container engine where
+/// the host has an OCI runtime) and its `[engines.NAME]` sections. Leave one out with
+/// [`PaddockBuilder::without_subprocess`], [`without_isolate`](PaddockBuilder::without_isolate),
+/// [`without_container`](PaddockBuilder::without_container) or
+/// [`without`](PaddockBuilder::without); an engine registered with
+/// [`PaddockBuilder::engine`] under a built-in's name takes its place.
+pub fn builder() -> PaddockBuilder {
+    Paddock::builder().registry(Arc::new(BuiltinEngines))
+}
+
+/// The built-in engines' registry: [`paddock_engines::builtin`] makes what the config
+/// enables.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BuiltinEngines;
+
+impl EngineRegistry for BuiltinEngines {
+    fn make(
+        &self,
+        config: &PaddockConfig,
+        wanted: &dyn Fn(&EngineName) -> bool,
+    ) -> Result<MadeEngines, Error> {
+        let made = paddock_engines::builtin(config, wanted)?;
+        Ok(MadeEngines {
+            engines: made.engines,
+            unavailable: made.unavailable,
+        })
+    }
+}
+
+/// The README's Rust examples, compiled as doctests so they stay true.
+#[doc = include_str!("../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
