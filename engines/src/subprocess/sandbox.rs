@@ -561,6 +561,36 @@ impl Sandbox for SubprocessSandbox {
         self.workdir.open_read(path).await
     }
 
+    async fn stat(&self, path: &str) -> Result<paddock_core::FileInfo> {
+        let path = path.to_string();
+        self.file_op(move |w| w.stat(&path)).await
+    }
+
+    async fn list_dir(&self, path: &str, depth: u32) -> Result<Vec<paddock_core::FileInfo>> {
+        let path = path.to_string();
+        self.file_op(move |w| w.list_dir(&path, depth)).await
+    }
+
+    async fn make_dir(&self, path: &str) -> Result<bool> {
+        let path = path.to_string();
+        self.file_op(move |w| w.make_dir(&path)).await
+    }
+
+    async fn rename(&self, from: &str, to: &str) -> Result<()> {
+        let (from, to) = (from.to_string(), to.to_string());
+        self.file_op(move |w| w.rename(&from, &to)).await
+    }
+
+    async fn remove(&self, path: &str) -> Result<()> {
+        let path = path.to_string();
+        self.file_op(move |w| w.remove_path(&path)).await
+    }
+
+    async fn watch(&self, path: &str, recursive: bool) -> Result<paddock_core::FileWatch> {
+        let _op = self.enter()?;
+        self.workdir.watch(path, recursive).await
+    }
+
     async fn write_from(
         &self,
         path: &str,
@@ -590,6 +620,8 @@ impl Sandbox for SubprocessSandbox {
     async fn recycle(&self) -> Result<()> {
         // The lease ends: its planned retirement of unused runners is off.
         self.leases.ended();
+        // Its watches end with it, whatever the workdir holds.
+        self.workdir.end_watches();
         let _op = self.enter()?;
         let _guard = self.run_lock.lock().await;
         if self.destroying() {
