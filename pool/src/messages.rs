@@ -403,6 +403,15 @@ pub struct WarmPool {
 #[rtype(result = "Vec<String>")]
 pub struct OpenSandboxIds;
 
+/// The limiter's counters (operators and the embedder only; a tenant is refused
+/// with `NOT_FOUND`, as for another tenant's objects).
+#[derive(Debug, Message, Clone)]
+#[rtype(result = "Result<crate::limiter::LimiterStats, Error>")]
+pub struct GetLimiterStats {
+    /// On whose behalf.
+    pub caller: Caller,
+}
+
 /// A snapshot of the scheduler, as `caller` may see it: a tenant gets the pools'
 /// sizes and its own figures; an operator or the embedder every tenant's.
 #[derive(Debug, Message, Clone)]

@@ -5,6 +5,7 @@
 
 mod admission;
 mod downgrade;
+mod files;
 mod ingress;
 mod input;
 mod live;

@@ -28,6 +28,7 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
 use super::volume::{Disks, Quota, Volume};
+pub use ops::file_info;
 use resolve::open_dir_path;
 
 /// Largest file [`Workdir::read_file`] returns. A streaming read (`open_read`) has no

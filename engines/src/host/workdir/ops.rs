@@ -20,7 +20,7 @@ impl Workdir {
     ///
     /// [`Sandbox::stat`]: paddock_core::Sandbox::stat
     pub fn stat(&self, path: &str) -> Result<FileInfo> {
-        let rel = self.relative(path)?;
+        let rel = self.relative_strict(path)?;
         let Some(name) = rel.file_name() else {
             let root = open_dir_fd(self.fd.as_raw_fd(), c".").map_err(|e| map_io(e, path))?;
             return self.info(&root, c"", rel.clone(), path);
@@ -35,7 +35,7 @@ impl Workdir {
     ///
     /// [`Sandbox::list_dir`]: paddock_core::Sandbox::list_dir
     pub fn list_dir(&self, path: &str, depth: u32) -> Result<Vec<FileInfo>> {
-        let rel = self.relative(path)?;
+        let rel = self.relative_strict(path)?;
         let top = openat_beneath(
             self.fd.as_raw_fd(),
             &cpath(&rel)?,
@@ -97,7 +97,7 @@ impl Workdir {
     ///
     /// [`Sandbox::make_dir`]: paddock_core::Sandbox::make_dir
     pub fn make_dir(&self, path: &str) -> Result<bool> {
-        let rel = self.relative(path)?;
+        let rel = self.relative_strict(path)?;
         match self.stat(path) {
             Ok(info) if info.kind == FileKind::Directory => return Ok(false),
             Ok(_) => {
@@ -118,7 +118,7 @@ impl Workdir {
     ///
     /// [`Sandbox::rename`]: paddock_core::Sandbox::rename
     pub fn rename(&self, from: &str, to: &str) -> Result<()> {
-        let (rel_from, rel_to) = (self.relative(from)?, self.relative(to)?);
+        let (rel_from, rel_to) = (self.relative_strict(from)?, self.relative_strict(to)?);
         let (Some(from_name), Some(to_name)) = (rel_from.file_name(), rel_to.file_name()) else {
             return Err(Error::invalid_options(
                 "path",
@@ -162,7 +162,7 @@ impl Workdir {
     ///
     /// [`Sandbox::remove`]: paddock_core::Sandbox::remove
     pub fn remove_path(&self, path: &str) -> Result<()> {
-        let rel = self.relative(path)?;
+        let rel = self.relative_strict(path)?;
         let Some(name) = rel.file_name() else {
             return Err(Error::invalid_options(
                 "path",
@@ -211,29 +211,42 @@ impl Workdir {
             AtFlags::SYMLINK_NOFOLLOW
         };
         let st = rustix::fs::statat(dir.as_fd(), name, flags).map_err(|e| map_io(e.into(), arg))?;
-        let kind = match FileType::from_raw_mode(st.st_mode) {
-            FileType::RegularFile => FileKind::File,
-            FileType::Directory => FileKind::Directory,
-            FileType::Symlink => FileKind::Symlink,
-            _ => FileKind::Other,
-        };
-        let symlink_target = if kind == FileKind::Symlink {
+        let target = if FileType::from_raw_mode(st.st_mode) == FileType::Symlink {
             rustix::fs::readlinkat(dir.as_fd(), name, Vec::new())
                 .ok()
                 .map(|t| t.to_string_lossy().into_owned())
         } else {
             None
         };
-        Ok(FileInfo {
-            path: self.shown.join(&rel).to_string_lossy().into_owned(),
-            kind,
-            size: st.st_size as u64,
-            mode: st.st_mode & 0o7777,
-            uid: st.st_uid,
-            gid: st.st_gid,
-            modified: modified(st.st_mtime as i64, st.st_mtime_nsec as u32),
-            symlink_target,
-        })
+        Ok(file_info(
+            self.shown.join(&rel).to_string_lossy().into_owned(),
+            &st,
+            target,
+        ))
+    }
+}
+
+/// The [`FileInfo`] of what `lstat` answered for `path`.
+pub fn file_info(path: String, st: &rustix::fs::Stat, symlink_target: Option<String>) -> FileInfo {
+    let kind = match FileType::from_raw_mode(st.st_mode) {
+        FileType::RegularFile => FileKind::File,
+        FileType::Directory => FileKind::Directory,
+        FileType::Symlink => FileKind::Symlink,
+        _ => FileKind::Other,
+    };
+    FileInfo {
+        path,
+        kind,
+        size: st.st_size as u64,
+        mode: st.st_mode & 0o7777,
+        uid: st.st_uid,
+        gid: st.st_gid,
+        modified: modified(st.st_mtime as i64, st.st_mtime_nsec as u32),
+        symlink_target: if kind == FileKind::Symlink {
+            symlink_target
+        } else {
+            None
+        },
     }
 }
 
@@ -312,7 +325,8 @@ mod tests {
             .map(|e| e.name().to_string())
             .collect();
         assert_eq!(one, ["a", "out"]);
-        let two = w.list_dir("/", 3).unwrap();
+        let two = w.list_dir(".", 3).unwrap();
+        assert_eq!(w.list_dir("/", 1).unwrap_err().code, ErrorCode::PathEscape);
         assert_eq!(two.len(), 4, "{two:?}");
         assert_eq!(
             w.list_dir("missing", 1).unwrap_err().code,

@@ -69,7 +69,7 @@ impl Workdir {
         let dropped = Arc::new(AtomicU64::new(0));
         let counted = dropped.clone();
         let watcher = blocking(move || {
-            let rel = workdir.relative(&owned)?;
+            let rel = workdir.relative_strict(&owned)?;
             let fd = openat_beneath(
                 workdir.fd.as_raw_fd(),
                 &cpath(&rel)?,
