@@ -8,22 +8,21 @@
 //! permit and write no execution audit entry. The engine decides which paths it
 //! serves: the subprocess and isolate engines their workdir (and, for the
 //! subprocess engine's `Stat`, what its programs see elsewhere, as an unprivileged
-//! user). An engine without the operations (the container engine, until its agent
-//! serves them) is served by commands run in the sandbox (`shell.rs`).
+//! user), the container engine any path of the container (its agent does them). An
+//! engine without the operations (feature `fileops`) answers `unimplemented`: no
+//! command is run in its place.
 
 use std::sync::Arc;
 
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use futures_util::StreamExt;
-use paddock_core::{ErrorCode, FileInfo, FileKind};
+use paddock_core::{FileInfo, FileKind};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::connect::{self, Code, ConnectError};
 use crate::registry::Sbx;
-
-mod shell;
 
 /// The deepest `ListDir` walks.
 const MAX_DEPTH: u32 = 32;
@@ -203,12 +202,6 @@ fn check_path(field: &str, p: &str) -> Result<(), ConnectError> {
     Ok(())
 }
 
-/// Whether the engine lacks the file operations (then commands in the sandbox
-/// serve them).
-fn unsupported(e: &paddock_core::Error) -> bool {
-    e.code == ErrorCode::CapabilityNotSupported
-}
-
 /// A name for an owner or group id: `root` for 0, else the number.
 fn id_name(id: u32) -> String {
     if id == 0 {
@@ -280,7 +273,6 @@ pub(crate) fn entry(info: &FileInfo) -> Value {
 async fn stat(sbx: &Sbx, path: &str) -> Result<Value, ConnectError> {
     match sbx.handle.stat(path).await {
         Ok(info) => Ok(entry(&info)),
-        Err(e) if unsupported(&e) => shell::stat(sbx, path).await,
         Err(e) => Err(e.into()),
     }
 }
@@ -292,7 +284,6 @@ pub(crate) async fn list(sbx: &Sbx, path: &str, depth: u32) -> Result<Vec<Value>
     let depth = depth.clamp(1, MAX_DEPTH);
     match sbx.handle.list_dir(path, depth).await {
         Ok(infos) => Ok(infos.iter().take(MAX_ENTRIES).map(entry).collect()),
-        Err(e) if unsupported(&e) => shell::list(sbx, path, depth).await,
         Err(e) => Err(e.into()),
     }
 }
@@ -346,7 +337,6 @@ pub(crate) async fn unary(
                     Code::AlreadyExists,
                     format!("directory '{path}' already exists"),
                 )),
-                Err(e) if unsupported(&e) => shell::make_dir(sbx, &path).await,
                 Err(e) => Err(e.into()),
             }
         }
@@ -357,7 +347,6 @@ pub(crate) async fn unary(
             let (from, to) = (sbx.path(&r.source), sbx.path(&r.destination));
             match sbx.handle.rename(&from, &to).await {
                 Ok(()) => Ok(json!({ "entry": stat(sbx, &to).await? })),
-                Err(e) if unsupported(&e) => shell::rename(sbx, &from, &to).await,
                 Err(e) => Err(e.into()),
             }
         }
@@ -367,7 +356,6 @@ pub(crate) async fn unary(
             let path = sbx.path(&r.path);
             match sbx.handle.remove(&path).await {
                 Ok(()) => Ok(json!({})),
-                Err(e) if unsupported(&e) => shell::remove(sbx, &path).await,
                 Err(e) => Err(e.into()),
             }
         }

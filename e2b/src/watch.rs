@@ -13,8 +13,7 @@
 //! answers it folded by name: a path created and then removed between two calls
 //! is not reported, and each kind of change of a path is reported once.
 //!
-//! An engine without the watch (the container engine, until its agent serves it)
-//! is watched by comparing listings (`poll.rs`).
+//! An engine without the watch (feature `fileops`) answers `unimplemented`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -22,16 +21,12 @@ use std::time::Duration;
 
 use actix_web::{HttpRequest, HttpResponse};
 use bytes::Bytes;
-use paddock_core::{ErrorCode, FileEvent, FileEventKind, FileWatch};
+use paddock_core::{FileEvent, FileEventKind, FileWatch};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::connect::{self, Code, ConnectError};
 use crate::registry::Sbx;
-
-mod poll;
-
-pub(crate) use poll::Listing;
 
 /// Most watchers (polled and streamed) of one sandbox.
 const MAX_WATCHERS: usize = 16;
@@ -51,14 +46,8 @@ pub(crate) struct Watchers {
 struct Watcher {
     path: String,
     include_entry: bool,
-    how: How,
-}
-
-enum How {
-    /// The sandbox's own watch.
-    Live(Arc<tokio::sync::Mutex<FileWatch>>),
-    /// Listings compared (engines without the watch).
-    Polled { recursive: bool, last: Listing },
+    /// The sandbox's own watch (a call takes its events).
+    watch: Arc<tokio::sync::Mutex<FileWatch>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -141,11 +130,6 @@ fn fold(events: Vec<FileEvent>) -> Vec<FileEvent> {
     out
 }
 
-/// Whether the engine lacks the watch.
-fn unsupported(e: &paddock_core::Error) -> bool {
-    e.code == ErrorCode::CapabilityNotSupported
-}
-
 /// The events a live watcher holds, with those still on their way (see
 /// [`SETTLE`]).
 async fn take(watch: &mut FileWatch) -> Vec<FileEvent> {
@@ -179,14 +163,9 @@ pub(crate) async fn unary(
             if sbx.watchers.lock().by_id.len() >= MAX_WATCHERS {
                 return Err(too_many());
             }
-            let how = match sbx.handle.watch(&path, r.recursive).await {
-                Ok(w) => How::Live(Arc::new(tokio::sync::Mutex::new(w))),
-                Err(e) if unsupported(&e) => How::Polled {
-                    recursive: r.recursive,
-                    last: poll::look(sbx, &path, r.recursive).await?,
-                },
-                Err(e) => return Err(e.into()),
-            };
+            let watch = Arc::new(tokio::sync::Mutex::new(
+                sbx.handle.watch(&path, r.recursive).await?,
+            ));
             let id = uuid::Uuid::new_v4().to_string();
             let mut w = sbx.watchers.lock();
             if w.by_id.len() + w.streams >= MAX_WATCHERS {
@@ -197,43 +176,28 @@ pub(crate) async fn unary(
                 Watcher {
                     path,
                     include_entry: r.include_entry,
-                    how,
+                    watch,
                 },
             );
             Ok(json!({ "watcherId": id }))
         }
         "GetWatcherEvents" => {
-            let (path, include_entry, live, polled) = {
+            let (path, include_entry, watch) = {
                 let w = sbx.watchers.lock();
                 let watcher = w
                     .by_id
                     .get(&r.watcher_id)
                     .ok_or_else(|| unknown(&r.watcher_id))?;
-                let (live, polled) = match &watcher.how {
-                    How::Live(w) => (Some(w.clone()), None),
-                    How::Polled { recursive, last } => (None, Some((*recursive, last.clone()))),
-                };
-                (watcher.path.clone(), watcher.include_entry, live, polled)
+                (
+                    watcher.path.clone(),
+                    watcher.include_entry,
+                    watcher.watch.clone(),
+                )
             };
-            if let Some(live) = live {
-                let taken = take(&mut *live.lock().await).await;
-                let mut found = Vec::new();
-                for e in fold(taken) {
-                    found.push(event(sbx, &path, &e, include_entry).await);
-                }
-                return Ok(json!({ "events": found }));
-            }
-            let Some((recursive, before)) = polled else {
-                return Ok(json!({ "events": [] }));
-            };
-            let after = poll::look(sbx, &path, recursive).await?;
-            let found = poll::events(&path, &before, &after, include_entry);
-            if let Some(Watcher {
-                how: How::Polled { last, .. },
-                ..
-            }) = sbx.watchers.lock().by_id.get_mut(&r.watcher_id)
-            {
-                *last = after;
+            let taken = take(&mut *watch.lock().await).await;
+            let mut found = Vec::new();
+            for e in fold(taken) {
+                found.push(event(sbx, &path, &e, include_entry).await);
             }
             Ok(json!({ "events": found }))
         }
@@ -272,12 +236,6 @@ impl Drop for Streaming {
     }
 }
 
-/// What a stream reads its changes from.
-enum Source {
-    Live(FileWatch),
-    Polled(Listing),
-}
-
 /// `WatchDir`: `start`, then the events as they happen, with keepalives, until the
 /// caller goes, its deadline passes or the watch ends (the directory or the
 /// sandbox went).
@@ -296,15 +254,8 @@ pub(crate) async fn watch_dir(
         w.streams += 1;
     }
     let held = Streaming(sbx.clone());
-    let source = match sbx.handle.watch(&path, r.recursive).await {
-        Ok(w) => Source::Live(w),
-        Err(e) if unsupported(&e) => match poll::look(&sbx, &path, r.recursive).await {
-            Ok(l) => Source::Polled(l),
-            Err(e) => {
-                drop(held);
-                return Err(e);
-            }
-        },
+    let mut watch = match sbx.handle.watch(&path, r.recursive).await {
+        Ok(w) => w,
         Err(e) => {
             drop(held);
             return Err(e.into());
@@ -320,48 +271,17 @@ pub(crate) async fn watch_dir(
             if tx.send(frame(json!({ "start": {} }))).await.is_err() {
                 return None;
             }
-            match source {
-                Source::Live(mut watch) => loop {
-                    let next = tokio::time::timeout(timing.keepalive, watch.next()).await;
-                    let v = match next {
-                        Err(_) => json!({ "keepalive": {} }),
-                        Ok(None) => return None,
-                        Ok(Some(e)) => {
-                            json!({ "filesystem": event(&sbx, &path, &e, r.include_entry).await })
-                        }
-                    };
-                    if tx.send(frame(v)).await.is_err() {
-                        return None;
+            loop {
+                let next = tokio::time::timeout(timing.keepalive, watch.next()).await;
+                let v = match next {
+                    Err(_) => json!({ "keepalive": {} }),
+                    Ok(None) => return None,
+                    Ok(Some(e)) => {
+                        json!({ "filesystem": event(&sbx, &path, &e, r.include_entry).await })
                     }
-                },
-                Source::Polled(first) => {
-                    let mut before = first;
-                    let mut quiet = Duration::ZERO;
-                    loop {
-                        tokio::time::sleep(poll::LOOK_EVERY).await;
-                        let after = match poll::look(&sbx, &path, r.recursive).await {
-                            Ok(l) => l,
-                            Err(e) => return Some(e),
-                        };
-                        let found = poll::events(&path, &before, &after, r.include_entry);
-                        before = after;
-                        if found.is_empty() {
-                            quiet += poll::LOOK_EVERY;
-                            if quiet >= timing.keepalive {
-                                quiet = Duration::ZERO;
-                                if tx.send(frame(json!({ "keepalive": {} }))).await.is_err() {
-                                    return None;
-                                }
-                            }
-                            continue;
-                        }
-                        quiet = Duration::ZERO;
-                        for e in found {
-                            if tx.send(frame(json!({ "filesystem": e }))).await.is_err() {
-                                return None;
-                            }
-                        }
-                    }
+                };
+                if tx.send(frame(v)).await.is_err() {
+                    return None;
                 }
             }
         };

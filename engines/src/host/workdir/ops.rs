@@ -75,16 +75,15 @@ impl Workdir {
                 let is_dir = info.kind == FileKind::Directory;
                 out.push(info);
                 if is_dir && level < depth {
-                    match openat_beneath(
+                    // Removed or replaced meanwhile, or unreadable: its entry stays,
+                    // its contents are not listed.
+                    if let Ok(fd) = openat_beneath(
                         dir.as_raw_fd(),
                         &name,
                         libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC | libc::O_NOFOLLOW,
                         0,
                     ) {
-                        Ok(fd) => stack.push((fd, child_rel, level + 1)),
-                        // Removed or replaced meanwhile, or unreadable: its entry
-                        // stays, its contents are not listed.
-                        Err(_) => {}
+                        stack.push((fd, child_rel, level + 1));
                     }
                 }
             }
@@ -241,6 +240,7 @@ pub fn file_info(path: String, st: &rustix::fs::Stat, symlink_target: Option<Str
         mode: st.st_mode & 0o7777,
         uid: st.st_uid,
         gid: st.st_gid,
+        #[allow(clippy::unnecessary_cast)] // `i64` on 64-bit targets, not on all
         modified: modified(st.st_mtime as i64, st.st_mtime_nsec as u32),
         symlink_target: if kind == FileKind::Symlink {
             symlink_target
