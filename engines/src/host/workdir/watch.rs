@@ -376,6 +376,26 @@ mod tests {
             let e = next(&mut watch).await;
             seen.push((e.path, e.kind));
         }
+        // Nothing changes: the watch's task sleeps on inotify, so the thread that
+        // runs it (this one: the test's runtime has one thread) wakes once, at the end
+        // of the sleep, not at a polling interval.
+        let switches = || {
+            // SAFETY: getrusage fills the plain struct it is given.
+            let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+            assert_eq!(
+                unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) },
+                0
+            );
+            usage.ru_nvcsw + usage.ru_nivcsw
+        };
+        let before = switches();
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        let woke = switches() - before;
+        assert!(
+            woke <= 3,
+            "the idle watch woke its thread {woke} times in 1 s"
+        );
+        assert!(watch.try_next().is_none());
         // The watch ends when the workdir is cleared.
         w.clear().unwrap();
         let ended = tokio::time::timeout(std::time::Duration::from_secs(5), async {
