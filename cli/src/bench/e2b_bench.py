@@ -101,17 +101,41 @@ measure(
 )
 native.delete(f"/v1/sandboxes/{sid}")
 
-# A directory of 100 entries, listed through E2B's filesystem service (`ListDir`,
-# the SDK's `files.list`) and through the native files API, in the same sandbox.
+# A directory of 100 entries, listed through E2B's filesystem service (`ListDir`)
+# and through the native files API, in the same sandbox: the Connect call with the
+# same HTTP client as the native one (what the server costs), and the SDK's
+# `files.list` (which adds the SDK's own work on 100 entries).
 sbx.files.write_files([{"path": f"/home/user/list100/f{i:03}.txt", "data": "x" * i} for i in range(100)])
-listed = sbx.files.list("/home/user/list100")
-assert len(listed) == 100, len(listed)
-native_list = lambda: native.get(f"/v1/sandboxes/{sbx.sandbox_id}/files", params={"dir": "/home/user/list100"})
-r = native_list()
-assert r.status_code == 200 and len(r.json()) == 100, r.text
-e2b_list = measure("e2b_list_dir_100", lambda: sbx.files.list("/home/user/list100"))
-native_files = measure("native_list_files_100", native_list)
+envd = httpx.Client(
+    base_url=URL,
+    headers={
+        "e2b-sandbox-id": sbx.sandbox_id,
+        "e2b-sandbox-port": "49983",
+        "X-Access-Token": sbx._envd_access_token or "",
+        "Connect-Protocol-Version": "1",
+    },
+)
+
+
+def connect_list_dir():
+    r = envd.post("/filesystem.Filesystem/ListDir", json={"path": "/home/user/list100", "depth": 1})
+    assert r.status_code == 200 and len(r.json()["entries"]) == 100, r.text
+
+
+def native_list_files():
+    r = native.get(f"/v1/sandboxes/{sbx.sandbox_id}/files", params={"dir": "/home/user/list100"})
+    assert r.status_code == 200 and len(r.json()) == 100, r.text
+
+
+def sdk_list_dir():
+    assert len(sbx.files.list("/home/user/list100")) == 100
+
+
+e2b_list = measure("e2b_list_dir_100", connect_list_dir)
+native_files = measure("native_list_files_100", native_list_files)
+sdk_list = measure("e2b_sdk_files_list_100", sdk_list_dir)
 compare("e2b_list_dir_100_vs_native", e2b_list, native_files)
+compare("e2b_sdk_files_list_100_vs_native", sdk_list, native_files)
 sbx.kill()
 
 ci = CodeInterpreter.create()
