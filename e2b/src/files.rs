@@ -203,11 +203,11 @@ fn check_path(field: &str, p: &str) -> Result<(), ConnectError> {
 }
 
 /// A name for an owner or group id: `root` for 0, else the number.
-fn id_name(id: u32) -> String {
+fn id_name(id: u32) -> std::borrow::Cow<'static, str> {
     if id == 0 {
-        "root".to_string()
+        "root".into()
     } else {
-        id.to_string()
+        id.to_string().into()
     }
 }
 
@@ -236,38 +236,89 @@ fn symbolic(kind: FileKind, mode: u32) -> String {
     s
 }
 
-/// The entry E2B's SDK reads (`EntryInfo`) of a file's information.
-pub(crate) fn entry(info: &FileInfo) -> Value {
-    let kind = match info.kind {
-        FileKind::Directory => "FILE_TYPE_DIRECTORY",
-        FileKind::Symlink => "FILE_TYPE_SYMLINK",
-        FileKind::File | FileKind::Other => "FILE_TYPE_FILE",
-    };
-    let when = info
-        .modified
-        .duration_since(std::time::UNIX_EPOCH)
-        .ok()
-        .and_then(|d| time::OffsetDateTime::from_unix_timestamp_nanos(d.as_nanos() as i128).ok())
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .unwrap_or_default();
-    let mut v = json!({
-        "name": info.name(),
-        "type": kind,
-        "path": info.path,
-        "size": info.size.to_string(),
-        "mode": info.mode,
-        "permissions": symbolic(info.kind, info.mode),
-        "owner": id_name(info.uid),
-        "group": id_name(info.gid),
-        "modifiedTime": when,
-    });
-    if let Some(target) = &info.symlink_target {
-        v["symlinkTarget"] = json!(target);
+/// RFC 3339 in UTC of a time after the epoch, with the fraction of a second
+/// trimmed of trailing zeros (`2023-11-14T22:13:20.5Z`); before the epoch, the
+/// epoch.
+fn rfc3339(t: std::time::SystemTime) -> String {
+    let d = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs();
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Days to a civil date (Howard Hinnant's `civil_from_days`).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let mut out = format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    );
+    let nanos = d.subsec_nanos();
+    if nanos != 0 {
+        let fraction = format!("{nanos:09}");
+        out.push('.');
+        out.push_str(fraction.trim_end_matches('0'));
     }
-    v
+    out.push('Z');
+    out
+}
+
+/// The entry E2B's SDK reads (`EntryInfo`), serialized as it is (no JSON value
+/// built in between: a listing of many entries is written straight out).
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Entry<'a> {
+    name: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    path: &'a str,
+    /// An `int64`, which Connect's JSON writes as a string.
+    #[serde(serialize_with = "as_string")]
+    size: u64,
+    mode: u32,
+    permissions: String,
+    owner: std::borrow::Cow<'static, str>,
+    group: std::borrow::Cow<'static, str>,
+    modified_time: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    symlink_target: Option<&'a str>,
+}
+
+fn as_string<S: serde::Serializer>(n: &u64, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(n)
+}
+
+impl<'a> Entry<'a> {
+    /// The entry of a file's information.
+    pub(crate) fn of(info: &'a FileInfo) -> Entry<'a> {
+        Entry {
+            name: info.name(),
+            kind: match info.kind {
+                FileKind::Directory => "FILE_TYPE_DIRECTORY",
+                FileKind::Symlink => "FILE_TYPE_SYMLINK",
+                FileKind::File | FileKind::Other => "FILE_TYPE_FILE",
+            },
+            path: &info.path,
+            size: info.size,
+            mode: info.mode,
+            permissions: symbolic(info.kind, info.mode),
+            owner: id_name(info.uid),
+            group: id_name(info.gid),
+            modified_time: rfc3339(info.modified),
+            symlink_target: info.symlink_target.as_deref(),
+        }
+    }
+}
+
+/// The entry E2B's SDK reads (`EntryInfo`) of a file's information, as a value.
+pub(crate) fn entry(info: &FileInfo) -> Value {
+    serde_json::to_value(Entry::of(info)).unwrap_or_default()
 }
 
 async fn stat(sbx: &Sbx, path: &str) -> Result<Value, ConnectError> {
@@ -279,13 +330,11 @@ async fn stat(sbx: &Sbx, path: &str) -> Result<Value, ConnectError> {
 
 /// The entries below directory `path` (an absolute path of the sandbox), `depth`
 /// levels down (1 to 32), at most 10 000.
-pub(crate) async fn list(sbx: &Sbx, path: &str, depth: u32) -> Result<Vec<Value>, ConnectError> {
+pub(crate) async fn list(sbx: &Sbx, path: &str, depth: u32) -> Result<Vec<FileInfo>, ConnectError> {
     check_path("path", path)?;
-    let depth = depth.clamp(1, MAX_DEPTH);
-    match sbx.handle.list_dir(path, depth).await {
-        Ok(infos) => Ok(infos.iter().take(MAX_ENTRIES).map(entry).collect()),
-        Err(e) => Err(e.into()),
-    }
+    let mut infos = sbx.handle.list_dir(path, depth.clamp(1, MAX_DEPTH)).await?;
+    infos.truncate(MAX_ENTRIES);
+    Ok(infos)
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -304,25 +353,36 @@ struct MoveRequest {
     destination: String,
 }
 
-/// Dispatches a unary method of `filesystem.Filesystem`.
+/// Dispatches a unary method of `filesystem.Filesystem`; answers its JSON.
 pub(crate) async fn unary(
     sbx: &Arc<Sbx>,
     method: &str,
     body: &[u8],
-) -> Result<Value, ConnectError> {
+) -> Result<String, ConnectError> {
+    if method == "ListDir" {
+        let r: PathRequest = connect::parse(body)?;
+        check_path("path", &r.path)?;
+        let path = sbx.path(&r.path);
+        let infos = list(sbx, &path, r.depth.unwrap_or(1)).await?;
+        #[derive(serde::Serialize)]
+        struct Listing<'a> {
+            entries: Vec<Entry<'a>>,
+        }
+        let entries = infos.iter().map(Entry::of).collect();
+        return serde_json::to_string(&Listing { entries })
+            .map_err(|e| ConnectError::new(Code::Internal, format!("the listing: {e}")));
+    }
+    unary_value(sbx, method, body).await.map(|v| v.to_string())
+}
+
+/// The unary methods answered as JSON values.
+async fn unary_value(sbx: &Arc<Sbx>, method: &str, body: &[u8]) -> Result<Value, ConnectError> {
     match method {
         "Stat" => {
             let r: PathRequest = connect::parse(body)?;
             check_path("path", &r.path)?;
             let path = sbx.path(&r.path);
             Ok(json!({ "entry": stat(sbx, &path).await? }))
-        }
-        "ListDir" => {
-            let r: PathRequest = connect::parse(body)?;
-            check_path("path", &r.path)?;
-            let path = sbx.path(&r.path);
-            let entries = list(sbx, &path, r.depth.unwrap_or(1)).await?;
-            Ok(json!({ "entries": entries }))
         }
         "CreateWatcher" | "GetWatcherEvents" | "RemoveWatcher" => {
             crate::watch::unary(sbx, method, body).await
@@ -405,6 +465,20 @@ mod tests {
         assert_eq!(l["symlinkTarget"], "/etc");
         assert_eq!(l["permissions"], "lrwxrwxrwx");
         assert_eq!(symbolic(FileKind::Directory, 0o1755), "drwxr-xr-t");
+        // The timestamps are RFC 3339 as the `time` crate writes them.
+        for (secs, nanos) in [
+            (0u64, 0u32),
+            (951_782_400, 1),
+            (1_700_000_000, 500_000_000),
+            (4_102_444_799, 999_999_999),
+            (1_709_164_800, 120_000),
+        ] {
+            let t = std::time::UNIX_EPOCH + std::time::Duration::new(secs, nanos);
+            let expected = time::OffsetDateTime::from(t)
+                .format(&time::format_description::well_known::Rfc3339)
+                .unwrap();
+            assert_eq!(rfc3339(t), expected, "{secs}.{nanos:09}");
+        }
         assert_eq!(symbolic(FileKind::File, 0o4644), "-rwSr--r--");
     }
 }

@@ -264,13 +264,15 @@ async fn envd(
         return answer.unwrap_or_else(|e| stream_error(&e));
     }
     let answer = match service.as_str() {
-        "process.Process" => process::unary(&sbx, &rpc, &body).await,
+        "process.Process" => process::unary(&sbx, &rpc, &body)
+            .await
+            .map(|v| v.to_string()),
         _ => files::unary(&sbx, &rpc, &body).await,
     };
     match answer {
-        Ok(v) => HttpResponse::Ok()
+        Ok(json) => HttpResponse::Ok()
             .content_type("application/json")
-            .body(v.to_string()),
+            .body(json),
         Err(e) => e.unary(),
     }
 }
