@@ -105,6 +105,28 @@ pub enum ControlMessage {
         /// The signal's number.
         signal: i32,
     },
+    /// Host → agent: a file operation, with the write end of a pipe attached: the
+    /// agent writes its [`FileAnswer`](crate::files::FileAnswer) there as one JSON
+    /// line and closes it.
+    Files {
+        /// The host's name for the operation.
+        id: String,
+        /// The operation.
+        op: crate::files::FileOp,
+    },
+    /// Host → agent: watch directory `path` (and below when `recursive`), with the
+    /// write end of a pipe attached: the agent writes a
+    /// [`FileAnswer`](crate::files::FileAnswer) line (empty, or the error), then a
+    /// [`WireEvent`](crate::files::WireEvent) line per change, until the host closes
+    /// its end, the directory goes or a reset.
+    Watch {
+        /// The host's name for the watch.
+        id: String,
+        /// The directory, an absolute path of the container.
+        path: String,
+        /// Whether everything below it is watched too.
+        recursive: bool,
+    },
     /// Agent → host: it runs as `pid` (in the container); a terminal's master, or a
     /// runner's pidfd, comes with the message.
     Started {
@@ -261,6 +283,31 @@ impl Agent {
                     Err(why) => (false, why),
                 };
                 self.answer(&ControlMessage::ResetDone { id, ok, message }, None);
+            }
+            Ok(ControlMessage::Files { op, .. }) => {
+                if let Some(fd) = fds.into_iter().next() {
+                    let mut out = std::fs::File::from(fd);
+                    crate::files::answer(&mut out, &crate::files::run(&op));
+                }
+            }
+            Ok(ControlMessage::Watch {
+                path, recursive, ..
+            }) => {
+                if let Some(fd) = fds.into_iter().next() {
+                    match crate::files::Watch::start(&path, recursive, fd) {
+                        Ok(mut w) => {
+                            crate::files::answer(&mut w.out, &Default::default());
+                            self.watches.push(w);
+                        }
+                        Err((e, fd)) => {
+                            let answer = crate::files::FileAnswer {
+                                error: Some(e),
+                                ..Default::default()
+                            };
+                            crate::files::answer(&mut std::fs::File::from(fd), &answer);
+                        }
+                    }
+                }
             }
             Ok(ControlMessage::Signal { id, signal }) => {
                 if let Some(b) = self.background.iter().find(|b| b.id == id) {

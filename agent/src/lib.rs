@@ -72,6 +72,7 @@
 
 mod background;
 pub mod control;
+pub mod files;
 mod pty;
 mod reaper;
 mod reset;
@@ -110,6 +111,7 @@ pub fn main() -> i32 {
         sigchld: reaper::child_signals(),
         in_turn: false,
         baseline,
+        watches: Vec::new(),
     };
     loop {
         while let Some(frame) = agent.host.queued.pop_front() {
@@ -139,6 +141,8 @@ struct Agent {
     /// The container as it was at start, which a reset returns it to (as pid 1
     /// only).
     baseline: Option<reset::Baseline>,
+    /// Directories watched for the host (see `files.rs`).
+    watches: Vec<files::Watch>,
 }
 
 /// Why starting `program` in `cwd` failed, as the host is told: a working
@@ -160,7 +164,9 @@ fn pollfd(fd: RawFd) -> libc::pollfd {
 
 impl Agent {
     /// The descriptors polled besides a turn's own: the control channel, SIGCHLD,
-    /// then each background process's pidfd (-1 where there is none).
+    /// each background process's pidfd (-1 where there is none), then each watch's
+    /// inotify descriptor and its pipe to the host (which reports the host's end
+    /// closing).
     fn extra_fds(&self) -> Vec<libc::pollfd> {
         let mut fds = vec![
             pollfd(self.control.as_ref().map_or(-1, |c| c.as_raw_fd())),
@@ -169,11 +175,37 @@ impl Agent {
         for b in &self.background {
             fds.push(pollfd(b.pidfd.as_ref().map_or(-1, |p| p.as_raw_fd())));
         }
+        for w in &self.watches {
+            fds.push(pollfd(w.inotify.as_raw_fd()));
+            fds.push(libc::pollfd {
+                fd: w.out.as_raw_fd(),
+                events: 0,
+                revents: 0,
+            });
+        }
         fds
+    }
+
+    /// Serves the watches `ready` (the part of [`extra_fds`](Self::extra_fds)
+    /// after the background processes' pidfds) reports: events read and sent, and
+    /// a watch whose host end closed, or whose directory went, ended.
+    fn service_watches(&mut self, ready: &[libc::pollfd]) {
+        for i in (0..self.watches.len()).rev() {
+            let (Some(events), Some(out)) = (ready.get(2 * i), ready.get(2 * i + 1)) else {
+                continue;
+            };
+            let over = out.revents != 0 || (events.revents != 0 && !self.watches[i].read());
+            if over {
+                self.watches.remove(i);
+            }
+        }
     }
 
     /// Handles what [`extra_fds`](Self::extra_fds) reported ready.
     fn service(&mut self, ready: &[libc::pollfd]) {
+        // The watches first: their descriptors follow the background processes', and
+        // finishing one of those below shifts nothing of theirs.
+        self.service_watches(ready.get(2 + self.background.len()..).unwrap_or_default());
         // Which background processes' pidfds fired, read before anything below can
         // finish one and shift the list the descriptors were polled in.
         let exited: Vec<libc::pid_t> = ready

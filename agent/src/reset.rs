@@ -178,6 +178,8 @@ impl Agent {
         let Some(baseline) = self.baseline.take() else {
             return Err("the agent took no snapshot at start".into());
         };
+        // The lease's watches end with it.
+        self.watches.clear();
         let mut problems = Vec::new();
         self.kill_all_for_reset(&mut problems);
         clear_sysv_ipc(&mut problems);

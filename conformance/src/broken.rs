@@ -56,6 +56,8 @@ pub enum Flaw {
     /// Copies every host variable whose name contains `SECRET`, `KEY` or `TOKEN` into
     /// the request's environment.
     LeaksSecrets,
+    /// Starts watches that never report a change (a watch that polls nothing).
+    DeafWatch,
 }
 
 impl Flaw {
@@ -68,6 +70,7 @@ impl Flaw {
         Flaw::BuffersOutput,
         Flaw::NoPathConfinement,
         Flaw::LeaksSecrets,
+        Flaw::DeafWatch,
     ];
 
     /// The cases that must fail for an engine with this flaw (given that the wrapped
@@ -84,6 +87,7 @@ impl Flaw {
             Flaw::BuffersOutput => &["exec_streams_live", "js_console_streams_live"],
             Flaw::NoPathConfinement => &["files_path_escape"],
             Flaw::LeaksSecrets => &["env_is_sanitized"],
+            Flaw::DeafWatch => &["fileops_watch_events"],
         }
     }
 }
@@ -259,7 +263,9 @@ impl Sandbox for BrokenSandbox {
                 }
                 self.inner.exec(request, sink, cancel).await
             }
-            Flaw::NoPathConfinement => self.inner.exec(request, sink, cancel).await,
+            Flaw::NoPathConfinement | Flaw::DeafWatch => {
+                self.inner.exec(request, sink, cancel).await
+            }
         }
     }
 
@@ -288,6 +294,40 @@ impl Sandbox for BrokenSandbox {
 
     async fn list_files(&self, path: &str) -> Result<Vec<FileEntry>> {
         self.inner.list_files(path).await
+    }
+
+    async fn stat(&self, path: &str) -> Result<paddock_core::FileInfo> {
+        self.inner.stat(path).await
+    }
+
+    async fn list_dir(&self, path: &str, depth: u32) -> Result<Vec<paddock_core::FileInfo>> {
+        self.inner.list_dir(path, depth).await
+    }
+
+    async fn make_dir(&self, path: &str) -> Result<bool> {
+        self.inner.make_dir(path).await
+    }
+
+    async fn rename(&self, from: &str, to: &str) -> Result<()> {
+        self.inner.rename(from, to).await
+    }
+
+    async fn remove(&self, path: &str) -> Result<()> {
+        self.inner.remove(path).await
+    }
+
+    async fn watch(&self, path: &str, recursive: bool) -> Result<paddock_core::FileWatch> {
+        let real = self.inner.watch(path, recursive).await?;
+        if self.flaw != Flaw::DeafWatch {
+            return Ok(real);
+        }
+        // The real watch is held (so its refusals stay the real ones) and never read.
+        let (tx, rx) = paddock_core::FileWatch::channel();
+        Ok(paddock_core::FileWatch::new(
+            rx,
+            Default::default(),
+            Box::new((tx, std::sync::Mutex::new(real))),
+        ))
     }
 
     async fn recycle(&self) -> Result<()> {

@@ -21,6 +21,11 @@ const TCP: &[Requirement] = &[
     Requirement::Feature(paddock_core::interactive::FEATURE_PROCESS),
     Requirement::Program(ProgramKind::Command),
 ];
+const FILEOPS: &[Requirement] = &[Requirement::Feature(paddock_core::engine::FEATURE_FILEOPS)];
+const FILEOPS_COMMAND: &[Requirement] = &[
+    Requirement::Feature(paddock_core::engine::FEATURE_FILEOPS),
+    Requirement::Program(ProgramKind::Command),
+];
 /// The handler cases need `Invoke` and the conformance handler registered under
 /// [`crate::HANDLER_NAME`], which engines that advertise `suspend` promise.
 const HANDLER: &[Requirement] = &[
@@ -69,6 +74,12 @@ static CASES: &[Case] = &[
         "`${root_dir}/dir` and `dir` name the same directory: files written by either path list under `${root_dir}/dir` and read back by the listed path"),
     entry!(files::files_path_escape, COMMAND,
         "`..`, absolute paths outside the workdir and symlink escapes are refused with PATH_ESCAPE"),
+    entry!(fileops::fileops_stat_list_make_move_remove, FILEOPS,
+        "stat, list_dir with a depth, make_dir (true, then false), rename into new directories and remove (a tree, a file) answer as the contract says, with NOT_FOUND and INVALID_OPTIONS where it says"),
+    entry!(fileops::fileops_refusals, FILEOPS,
+        "`..` in any file operation's path is PATH_ESCAPE; a NUL is INVALID_OPTIONS"),
+    entry!(fileops::fileops_watch_events, FILEOPS_COMMAND,
+        "a recursive watch reports create, a program's write and chmod, rename (old name, then the new one in a new directory) and remove, and nothing while nothing changes"),
     entry!(files::cwd_path_escape, COMMAND,
         "an execution's cwd resolves beneath the workdir: a symlink out is PATH_ESCAPE, a missing directory NOT_FOUND"),
     entry!(files::files_shared_with_program, COMMAND,

@@ -42,6 +42,11 @@ pub struct SandboxSpec {
     pub home: Option<String>,
 }
 
+/// The feature of engines that implement the file operations ([`Sandbox::stat`],
+/// [`Sandbox::list_dir`], [`Sandbox::make_dir`], [`Sandbox::rename`],
+/// [`Sandbox::remove`], [`Sandbox::watch`]).
+pub const FEATURE_FILEOPS: &str = "fileops";
+
 /// The feature of engines that place the workdir at [`SandboxSpec::home`].
 pub const FEATURE_HOME: &str = "home";
 
@@ -254,6 +259,69 @@ pub trait Sandbox: Send + Sync + fmt::Debug {
         let data = crate::files::read_to_limit(path, source, max_bytes).await?;
         self.write_file(path, &data).await?;
         Ok(data.len() as u64)
+    }
+
+    /// What `lstat` says of `path` (a symlink is itself). Paths are taken and
+    /// refused as [`read_file`](Sandbox::read_file) takes them (`PATH_ESCAPE`
+    /// outside the sandbox's files); a missing path is `NOT_FOUND`.
+    ///
+    /// Optional (feature `fileops`); the default refuses with
+    /// `CAPABILITY_NOT_SUPPORTED`.
+    async fn stat(&self, path: &str) -> Result<crate::FileInfo> {
+        let _ = path;
+        Err(not_supported(self.engine(), "stat files", "fileops"))
+    }
+
+    /// The entries below directory `path`, `depth` levels down (1: its own
+    /// entries), sorted by path; symlinks are listed, never followed below the
+    /// directory itself. A missing directory is `NOT_FOUND`, a file
+    /// `INVALID_OPTIONS`; too many entries `LIMITS_EXCEEDED`.
+    ///
+    /// Optional (feature `fileops`).
+    async fn list_dir(&self, path: &str, depth: u32) -> Result<Vec<crate::FileInfo>> {
+        let _ = (path, depth);
+        Err(not_supported(self.engine(), "list directories", "fileops"))
+    }
+
+    /// Makes directory `path` and its missing parents. `true` when it was made,
+    /// `false` when a directory was already there; anything else there is
+    /// `INVALID_OPTIONS`.
+    ///
+    /// Optional (feature `fileops`).
+    async fn make_dir(&self, path: &str) -> Result<bool> {
+        let _ = path;
+        Err(not_supported(self.engine(), "make directories", "fileops"))
+    }
+
+    /// Moves (renames) `from` to `to`, making `to`'s missing parents and replacing
+    /// what is at `to` (a file, or an empty directory). A missing `from` is
+    /// `NOT_FOUND`.
+    ///
+    /// Optional (feature `fileops`).
+    async fn rename(&self, from: &str, to: &str) -> Result<()> {
+        let _ = (from, to);
+        Err(not_supported(self.engine(), "move files", "fileops"))
+    }
+
+    /// Removes `path`, a directory with everything in it. A missing path is
+    /// `NOT_FOUND`; the sandbox's root itself is refused with `INVALID_OPTIONS`.
+    ///
+    /// Optional (feature `fileops`).
+    async fn remove(&self, path: &str) -> Result<()> {
+        let _ = path;
+        Err(not_supported(self.engine(), "remove files", "fileops"))
+    }
+
+    /// Watches directory `path` (and everything below it when `recursive`): the
+    /// changes come as [`FileEvent`](crate::FileEvent)s through a bounded buffer.
+    /// Dropping the [`FileWatch`](crate::FileWatch) stops it; a recycle or a
+    /// destroy ends it. A watch costs nothing while nothing changes (no polling).
+    /// Paths are refused as [`list_dir`](Sandbox::list_dir) refuses them.
+    ///
+    /// Optional (feature `fileops`).
+    async fn watch(&self, path: &str, recursive: bool) -> Result<crate::FileWatch> {
+        let _ = (path, recursive);
+        Err(not_supported(self.engine(), "watch directories", "fileops"))
     }
 
     /// Resets the sandbox for reuse by another lease, or fails if it cannot be reused.

@@ -1,4 +1,5 @@
-//! Streaming file transfer between a caller and a sandbox's workdir.
+//! Files of a sandbox: streaming transfer between a caller and a sandbox's workdir,
+//! and the file operations' types (entries, watches and their events).
 //!
 //! [`Sandbox::open_read`](crate::Sandbox::open_read) hands out a [`FileReader`]: the
 //! file's size and a stream of its bytes. [`Sandbox::write_from`](crate::Sandbox::write_from)
@@ -58,6 +59,153 @@ impl AsyncRead for FileReader {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         self.reader.as_mut().poll_read(cx, buf)
+    }
+}
+
+/// What kind of file an entry is (a symlink is itself, never what it points to).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FileKind {
+    /// A regular file.
+    File,
+    /// A directory.
+    Directory,
+    /// A symbolic link.
+    Symlink,
+    /// A FIFO, socket or device.
+    Other,
+}
+
+/// One entry of [`Sandbox::stat`](crate::Sandbox::stat) and
+/// [`Sandbox::list_dir`](crate::Sandbox::list_dir): what `lstat` says of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileInfo {
+    /// The absolute path as the sandbox's programs see it.
+    pub path: String,
+    /// Its kind.
+    pub kind: FileKind,
+    /// Size in bytes (a symlink's is the length of its target).
+    pub size: u64,
+    /// The permission bits (`0o7777` of `st_mode`).
+    pub mode: u32,
+    /// The owner's uid, as the sandbox's programs see it.
+    pub uid: u32,
+    /// The group's gid, as the sandbox's programs see it.
+    pub gid: u32,
+    /// When it was last written.
+    pub modified: std::time::SystemTime,
+    /// Where a symlink points (as written in it, unresolved).
+    pub symlink_target: Option<String>,
+}
+
+impl FileInfo {
+    /// The last component of the path (`/` for the root).
+    pub fn name(&self) -> &str {
+        if self.path == "/" {
+            return "/";
+        }
+        self.path
+            .trim_end_matches('/')
+            .rsplit('/')
+            .next()
+            .unwrap_or_default()
+    }
+}
+
+/// What happened to a watched path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FileEventKind {
+    /// It was created (or moved in under this name).
+    Create,
+    /// Its contents were written.
+    Write,
+    /// It was removed.
+    Remove,
+    /// It was moved away from this name (the new name, when watched, comes as a
+    /// [`Create`](FileEventKind::Create)).
+    Rename,
+    /// Its permissions, owner or other attributes changed.
+    Chmod,
+}
+
+/// One change [`Sandbox::watch`](crate::Sandbox::watch) reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileEvent {
+    /// The absolute path, as the sandbox's programs see it.
+    pub path: String,
+    /// What happened.
+    pub kind: FileEventKind,
+}
+
+/// Most events a [`FileWatch`] holds before its reader takes them; past that, events
+/// are dropped and counted ([`FileWatch::dropped`]).
+pub const WATCH_BUFFER_EVENTS: usize = 1024;
+
+/// A watch over a directory: the changes below it, as they happen, in a bounded
+/// buffer. Dropping it stops the watch (and frees what the engine holds for it).
+///
+/// The stream ends (`next` answers `None`) when the watched directory goes, the
+/// sandbox is recycled or destroyed, or the engine stops the watch.
+pub struct FileWatch {
+    events: tokio::sync::mpsc::Receiver<FileEvent>,
+    dropped: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    _held: Box<dyn std::any::Any + Send + Sync>,
+}
+
+impl FileWatch {
+    /// A watch that yields what `events` receives, counting in `dropped` the events
+    /// the producer could not buffer, and holding `held` (what stops the producer
+    /// when dropped) while it lives.
+    pub fn new(
+        events: tokio::sync::mpsc::Receiver<FileEvent>,
+        dropped: std::sync::Arc<std::sync::atomic::AtomicU64>,
+        held: Box<dyn std::any::Any + Send + Sync>,
+    ) -> FileWatch {
+        FileWatch {
+            events,
+            dropped,
+            _held: held,
+        }
+    }
+
+    /// A bounded channel for a watch's producer: its sending end, and the
+    /// receiving end for [`FileWatch::new`].
+    pub fn channel() -> (
+        tokio::sync::mpsc::Sender<FileEvent>,
+        tokio::sync::mpsc::Receiver<FileEvent>,
+    ) {
+        tokio::sync::mpsc::channel(WATCH_BUFFER_EVENTS)
+    }
+
+    /// The next change, or `None` when the watch has ended.
+    pub async fn next(&mut self) -> Option<FileEvent> {
+        self.events.recv().await
+    }
+
+    /// The next change already buffered, without waiting.
+    pub fn try_next(&mut self) -> Option<FileEvent> {
+        self.events.try_recv().ok()
+    }
+
+    /// How many events were dropped because the buffer was full.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Holds `more` as long as the watch lives too (a caller's guard).
+    pub fn holding(self, more: Box<dyn std::any::Any + Send + Sync>) -> FileWatch {
+        FileWatch {
+            events: self.events,
+            dropped: self.dropped,
+            _held: Box::new((self._held, more)),
+        }
+    }
+}
+
+impl fmt::Debug for FileWatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FileWatch")
+            .field("dropped", &self.dropped())
+            .finish_non_exhaustive()
     }
 }
 

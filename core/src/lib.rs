@@ -66,7 +66,7 @@ pub use exec::{
     unix_ms, ExecRequest, ExecResult, ExecutionId, Outcome, OutputChunk, StreamKind, Timings,
     Usage, WireResult,
 };
-pub use files::{ByteSource, FileReader};
+pub use files::{ByteSource, FileEvent, FileEventKind, FileInfo, FileKind, FileReader, FileWatch};
 pub use fleet::{FleetConfig, OnNodeLoss};
 pub use hash::code_hash;
 #[cfg(not(loom))]

@@ -3,16 +3,21 @@
 //!
 //! Downloads and uploads go through the Paddock files API, so they reach the
 //! sandbox's workdir: paths under its home (`/home/user`). The filesystem service
-//! works on the whole file system as the sandbox's programs see it: it runs `find`,
-//! `mkdir`, `mv` and `rm` inside the sandbox, with the paths passed as arguments
-//! (never spliced into a script), checked and audited as the sandbox's own commands.
+//! calls the sandbox's file operations (`SandboxHandle::stat`, `list_dir`,
+//! `make_dir`, `rename`, `remove`): no program runs, so they take no execution
+//! permit and write no execution audit entry. The engine decides which paths it
+//! serves: the subprocess and isolate engines their workdir (and, for the
+//! subprocess engine's `Stat`, what its programs see elsewhere, as an unprivileged
+//! user), the container engine any path of the container (its agent does them). An
+//! engine without the operations (feature `fileops`) answers `unimplemented`: no
+//! command is run in its place.
 
 use std::sync::Arc;
 
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use futures_util::StreamExt;
-use paddock_core::{ExecRequest, Program};
+use paddock_core::{FileInfo, FileKind};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -25,8 +30,6 @@ const MAX_DEPTH: u32 = 32;
 const MAX_ENTRIES: usize = 10_000;
 /// Most files one upload may hold.
 const MAX_PARTS: usize = 1000;
-/// How long a filesystem command may take.
-const FS_TIMEOUT_MS: u64 = 30_000;
 
 /// An error of the agent's plain HTTP routes: a status and `{"code", "message"}`.
 pub(crate) fn http_error(status: StatusCode, message: impl Into<String>) -> HttpResponse {
@@ -185,44 +188,6 @@ pub(crate) async fn upload(
     HttpResponse::Ok().json(written)
 }
 
-/// The `find -printf` format of an entry: type, size, permission bits, symbolic
-/// mode, owner, group, mtime, symlink target, path; NUL-terminated.
-const FORMAT: &str = "%y\\t%s\\t%m\\t%M\\t%u\\t%g\\t%T@\\t%l\\t%p\\0";
-
-/// Exit codes the scripts use for a missing path and an existing one.
-const MISSING: i32 = 3;
-const EXISTS: i32 = 4;
-
-/// Runs `script` in the sandbox with `args` as `$1`, `$2`, …
-async fn sh(sbx: &Sbx, script: &str, args: &[&str]) -> Result<(i32, String, String), ConnectError> {
-    let mut argv = vec![
-        "/bin/sh".to_string(),
-        "-c".into(),
-        script.into(),
-        "sh".into(),
-    ];
-    argv.extend(args.iter().map(|a| a.to_string()));
-    let request = ExecRequest::new(Program::Command { argv }).with_timeout_ms(FS_TIMEOUT_MS);
-    let r = sbx.handle.exec(request).await?;
-    let code = r.exit_code().unwrap_or(-1);
-    if r.outcome == paddock_core::Outcome::TimedOut {
-        return Err(ConnectError::new(
-            Code::DeadlineExceeded,
-            format!(
-                "the filesystem call took longer than {} s",
-                FS_TIMEOUT_MS / 1000
-            ),
-        ));
-    }
-    if r.stdout_truncated {
-        return Err(ConnectError::new(
-            Code::ResourceExhausted,
-            "the listing is larger than the sandbox's output limit; list a smaller directory or a lower depth",
-        ));
-    }
-    Ok((code, r.stdout, r.stderr))
-}
-
 fn check_path(field: &str, p: &str) -> Result<(), ConnectError> {
     if p.contains('\0') {
         return Err(ConnectError::invalid(format!(
@@ -237,116 +202,139 @@ fn check_path(field: &str, p: &str) -> Result<(), ConnectError> {
     Ok(())
 }
 
-fn entry(record: &str) -> Option<Value> {
-    let mut f = record.splitn(9, '\t');
-    let kind = f.next()?;
-    let size: i64 = f.next()?.parse().ok()?;
-    let mode = u32::from_str_radix(f.next()?, 8).ok()?;
-    let permissions = f.next()?;
-    let owner = f.next()?;
-    let group = f.next()?;
-    let mtime: f64 = f.next()?.parse().ok()?;
-    let target = f.next()?;
-    let path = f.next()?;
-    let kind = match kind {
-        "d" => "FILE_TYPE_DIRECTORY",
-        "l" => "FILE_TYPE_SYMLINK",
-        _ => "FILE_TYPE_FILE",
-    };
-    let secs = mtime.floor();
-    let when = time::OffsetDateTime::from_unix_timestamp(secs as i64)
-        .ok()
-        .map(|t| t + time::Duration::nanoseconds(((mtime - secs) * 1e9) as i64))
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .unwrap_or_default();
-    let name = if path == "/" {
-        "/".to_string()
+/// A name for an owner or group id: `root` for 0, else the number.
+fn id_name(id: u32) -> std::borrow::Cow<'static, str> {
+    if id == 0 {
+        "root".into()
     } else {
-        path.trim_end_matches('/')
-            .rsplit('/')
-            .next()
-            .unwrap_or_default()
-            .to_string()
-    };
-    let mut v = json!({
-        "name": name,
-        "type": kind,
-        "path": path,
-        "size": size.to_string(),
-        "mode": mode,
-        "permissions": permissions,
-        "owner": owner,
-        "group": group,
-        "modifiedTime": when,
-    });
-    if !target.is_empty() {
-        v["symlinkTarget"] = json!(target);
+        id.to_string().into()
     }
-    Some(v)
+}
+
+/// `ls -l`'s symbolic mode of an entry (`drwxr-xr-x`).
+fn symbolic(kind: FileKind, mode: u32) -> String {
+    let mut s = String::with_capacity(10);
+    s.push(match kind {
+        FileKind::Directory => 'd',
+        FileKind::Symlink => 'l',
+        FileKind::Other => 'p',
+        FileKind::File => '-',
+    });
+    let special = [(0o4000, 's', 'S'), (0o2000, 's', 'S'), (0o1000, 't', 'T')];
+    for (i, (bit, set, unset)) in special.iter().enumerate() {
+        let shift = 6 - 3 * i as u32;
+        let bits = (mode >> shift) & 0o7;
+        s.push(if bits & 4 != 0 { 'r' } else { '-' });
+        s.push(if bits & 2 != 0 { 'w' } else { '-' });
+        s.push(match (bits & 1 != 0, mode & bit != 0) {
+            (true, true) => *set,
+            (false, true) => *unset,
+            (true, false) => 'x',
+            (false, false) => '-',
+        });
+    }
+    s
+}
+
+/// RFC 3339 in UTC of a time after the epoch, with the fraction of a second
+/// trimmed of trailing zeros (`2023-11-14T22:13:20.5Z`); before the epoch, the
+/// epoch.
+fn rfc3339(t: std::time::SystemTime) -> String {
+    let d = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs();
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Days to a civil date (Howard Hinnant's `civil_from_days`).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let mut out = format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    );
+    let nanos = d.subsec_nanos();
+    if nanos != 0 {
+        let fraction = format!("{nanos:09}");
+        out.push('.');
+        out.push_str(fraction.trim_end_matches('0'));
+    }
+    out.push('Z');
+    out
+}
+
+/// The entry E2B's SDK reads (`EntryInfo`), serialized as it is (no JSON value
+/// built in between: a listing of many entries is written straight out).
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Entry<'a> {
+    name: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    path: &'a str,
+    /// An `int64`, which Connect's JSON writes as a string.
+    #[serde(serialize_with = "as_string")]
+    size: u64,
+    mode: u32,
+    permissions: String,
+    owner: std::borrow::Cow<'static, str>,
+    group: std::borrow::Cow<'static, str>,
+    modified_time: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    symlink_target: Option<&'a str>,
+}
+
+fn as_string<S: serde::Serializer>(n: &u64, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(n)
+}
+
+impl<'a> Entry<'a> {
+    /// The entry of a file's information.
+    pub(crate) fn of(info: &'a FileInfo) -> Entry<'a> {
+        Entry {
+            name: info.name(),
+            kind: match info.kind {
+                FileKind::Directory => "FILE_TYPE_DIRECTORY",
+                FileKind::Symlink => "FILE_TYPE_SYMLINK",
+                FileKind::File | FileKind::Other => "FILE_TYPE_FILE",
+            },
+            path: &info.path,
+            size: info.size,
+            mode: info.mode,
+            permissions: symbolic(info.kind, info.mode),
+            owner: id_name(info.uid),
+            group: id_name(info.gid),
+            modified_time: rfc3339(info.modified),
+            symlink_target: info.symlink_target.as_deref(),
+        }
+    }
+}
+
+/// The entry E2B's SDK reads (`EntryInfo`) of a file's information, as a value.
+pub(crate) fn entry(info: &FileInfo) -> Value {
+    serde_json::to_value(Entry::of(info)).unwrap_or_default()
 }
 
 async fn stat(sbx: &Sbx, path: &str) -> Result<Value, ConnectError> {
-    let script = format!(
-        "[ -e \"$1\" ] || [ -L \"$1\" ] || exit {MISSING}; exec find \"$1\" -maxdepth 0 -printf '{FORMAT}'"
-    );
-    let (code, out, err) = sh(sbx, &script, &[path]).await?;
-    match code {
-        0 => out
-            .split('\0')
-            .find(|r| !r.is_empty())
-            .and_then(entry)
-            .ok_or_else(|| ConnectError::new(Code::Internal, "an entry could not be read")),
-        MISSING => Err(ConnectError::not_found(format!(
-            "path '{path}' does not exist"
-        ))),
-        _ => Err(ConnectError::new(
-            Code::Internal,
-            format!("stat `{path}`: {}", err.trim()),
-        )),
+    match sbx.handle.stat(path).await {
+        Ok(info) => Ok(entry(&info)),
+        Err(e) => Err(e.into()),
     }
 }
 
 /// The entries below directory `path` (an absolute path of the sandbox), `depth`
 /// levels down (1 to 32), at most 10 000.
-pub(crate) async fn list(sbx: &Sbx, path: &str, depth: u32) -> Result<Vec<Value>, ConnectError> {
+pub(crate) async fn list(sbx: &Sbx, path: &str, depth: u32) -> Result<Vec<FileInfo>, ConnectError> {
     check_path("path", path)?;
-    let path = path.to_string();
-    let depth = depth.clamp(1, MAX_DEPTH).to_string();
-    let script = format!(
-        "[ -e \"$1\" ] || exit {MISSING}; [ -d \"$1\" ] || exit {EXISTS}; exec find -H \"$1\" -mindepth 1 -maxdepth \"$2\" -printf '{FORMAT}'"
-    );
-    let (code, out, err) = sh(sbx, &script, &[&path, &depth]).await?;
-    match code {
-        0 => {}
-        MISSING => {
-            return Err(ConnectError::not_found(format!(
-                "directory '{path}' does not exist"
-            )))
-        }
-        EXISTS => {
-            return Err(ConnectError::invalid(format!(
-                "path '{path}' is not a directory"
-            )))
-        }
-        // A listing that met unreadable parts still lists the rest.
-        _ if !out.is_empty() => {}
-        _ => {
-            return Err(ConnectError::new(
-                Code::Internal,
-                format!("listing `{path}`: {}", err.trim()),
-            ))
-        }
-    }
-    let entries: Vec<Value> = out
-        .split('\0')
-        .filter(|r| !r.is_empty())
-        .filter_map(entry)
-        .take(MAX_ENTRIES)
-        .collect();
-    Ok(entries)
+    let mut infos = sbx.handle.list_dir(path, depth.clamp(1, MAX_DEPTH)).await?;
+    infos.truncate(MAX_ENTRIES);
+    Ok(infos)
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -365,25 +353,36 @@ struct MoveRequest {
     destination: String,
 }
 
-/// Dispatches a unary method of `filesystem.Filesystem`.
+/// Dispatches a unary method of `filesystem.Filesystem`; answers its JSON.
 pub(crate) async fn unary(
     sbx: &Arc<Sbx>,
     method: &str,
     body: &[u8],
-) -> Result<Value, ConnectError> {
+) -> Result<String, ConnectError> {
+    if method == "ListDir" {
+        let r: PathRequest = connect::parse(body)?;
+        check_path("path", &r.path)?;
+        let path = sbx.path(&r.path);
+        let infos = list(sbx, &path, r.depth.unwrap_or(1)).await?;
+        #[derive(serde::Serialize)]
+        struct Listing<'a> {
+            entries: Vec<Entry<'a>>,
+        }
+        let entries = infos.iter().map(Entry::of).collect();
+        return serde_json::to_string(&Listing { entries })
+            .map_err(|e| ConnectError::new(Code::Internal, format!("the listing: {e}")));
+    }
+    unary_value(sbx, method, body).await.map(|v| v.to_string())
+}
+
+/// The unary methods answered as JSON values.
+async fn unary_value(sbx: &Arc<Sbx>, method: &str, body: &[u8]) -> Result<Value, ConnectError> {
     match method {
         "Stat" => {
             let r: PathRequest = connect::parse(body)?;
             check_path("path", &r.path)?;
             let path = sbx.path(&r.path);
             Ok(json!({ "entry": stat(sbx, &path).await? }))
-        }
-        "ListDir" => {
-            let r: PathRequest = connect::parse(body)?;
-            check_path("path", &r.path)?;
-            let path = sbx.path(&r.path);
-            let entries = list(sbx, &path, r.depth.unwrap_or(1)).await?;
-            Ok(json!({ "entries": entries }))
         }
         "CreateWatcher" | "GetWatcherEvents" | "RemoveWatcher" => {
             crate::watch::unary(sbx, method, body).await
@@ -392,18 +391,13 @@ pub(crate) async fn unary(
             let r: PathRequest = connect::parse(body)?;
             check_path("path", &r.path)?;
             let path = sbx.path(&r.path);
-            let script = format!("[ -e \"$1\" ] && exit {EXISTS}; mkdir -p -- \"$1\"");
-            let (code, _, err) = sh(sbx, &script, &[&path]).await?;
-            match code {
-                0 => Ok(json!({ "entry": stat(sbx, &path).await? })),
-                EXISTS => Err(ConnectError::new(
+            match sbx.handle.make_dir(&path).await {
+                Ok(true) => Ok(json!({ "entry": stat(sbx, &path).await? })),
+                Ok(false) => Err(ConnectError::new(
                     Code::AlreadyExists,
                     format!("directory '{path}' already exists"),
                 )),
-                _ => Err(ConnectError::invalid(format!(
-                    "making `{path}`: {}",
-                    err.trim()
-                ))),
+                Err(e) => Err(e.into()),
             }
         }
         "Move" => {
@@ -411,37 +405,18 @@ pub(crate) async fn unary(
             check_path("source", &r.source)?;
             check_path("destination", &r.destination)?;
             let (from, to) = (sbx.path(&r.source), sbx.path(&r.destination));
-            let script = format!(
-                "[ -e \"$1\" ] || [ -L \"$1\" ] || exit {MISSING}; mkdir -p -- \"$(dirname -- \"$2\")\" && mv -f -T -- \"$1\" \"$2\""
-            );
-            let (code, _, err) = sh(sbx, &script, &[&from, &to]).await?;
-            match code {
-                0 => Ok(json!({ "entry": stat(sbx, &to).await? })),
-                MISSING => Err(ConnectError::not_found(format!(
-                    "path '{from}' does not exist"
-                ))),
-                _ => Err(ConnectError::invalid(format!(
-                    "moving `{from}` to `{to}`: {}",
-                    err.trim()
-                ))),
+            match sbx.handle.rename(&from, &to).await {
+                Ok(()) => Ok(json!({ "entry": stat(sbx, &to).await? })),
+                Err(e) => Err(e.into()),
             }
         }
         "Remove" => {
             let r: PathRequest = connect::parse(body)?;
             check_path("path", &r.path)?;
             let path = sbx.path(&r.path);
-            let script =
-                format!("[ -e \"$1\" ] || [ -L \"$1\" ] || exit {MISSING}; rm -rf -- \"$1\"");
-            let (code, _, err) = sh(sbx, &script, &[&path]).await?;
-            match code {
-                0 => Ok(json!({})),
-                MISSING => Err(ConnectError::not_found(format!(
-                    "path '{path}' does not exist"
-                ))),
-                _ => Err(ConnectError::invalid(format!(
-                    "removing `{path}`: {}",
-                    err.trim()
-                ))),
+            match sbx.handle.remove(&path).await {
+                Ok(()) => Ok(json!({})),
+                Err(e) => Err(e.into()),
             }
         }
         _ => Err(ConnectError::new(
@@ -456,21 +431,54 @@ mod tests {
     use super::*;
 
     #[test]
-    fn find_records_become_entries() {
-        let v =
-            entry("f\t5\t644\t-rw-r--r--\troot\troot\t1700000000.5\t\t/home/user/a.txt").unwrap();
+    fn file_information_becomes_an_entry() {
+        let info = FileInfo {
+            path: "/home/user/a.txt".into(),
+            kind: FileKind::File,
+            size: 5,
+            mode: 0o644,
+            uid: 0,
+            gid: 1000,
+            modified: std::time::UNIX_EPOCH + std::time::Duration::from_millis(1_700_000_000_500),
+            symlink_target: None,
+        };
+        let v = entry(&info);
         assert_eq!(v["name"], "a.txt");
         assert_eq!(v["type"], "FILE_TYPE_FILE");
         assert_eq!(v["size"], "5");
         assert_eq!(v["mode"], 0o644);
+        assert_eq!(v["permissions"], "-rw-r--r--");
+        assert_eq!(
+            (v["owner"].as_str(), v["group"].as_str()),
+            (Some("root"), Some("1000"))
+        );
         assert_eq!(v["modifiedTime"], "2023-11-14T22:13:20.5Z");
         assert!(v.get("symlinkTarget").is_none());
-        let l = entry("l\t1\t777\tlrwxrwxrwx\tu\tg\t0\t/etc\t/home/user/link").unwrap();
+        let link = FileInfo {
+            kind: FileKind::Symlink,
+            mode: 0o777,
+            symlink_target: Some("/etc".into()),
+            ..info.clone()
+        };
+        let l = entry(&link);
         assert_eq!(l["type"], "FILE_TYPE_SYMLINK");
         assert_eq!(l["symlinkTarget"], "/etc");
-        // A path with a tab in it keeps it.
-        let t = entry("d\t0\t755\tdrwxr-xr-x\tu\tg\t0\t\t/home/user/a\tb").unwrap();
-        assert_eq!(t["name"], "a\tb");
-        assert!(entry("garbage").is_none());
+        assert_eq!(l["permissions"], "lrwxrwxrwx");
+        assert_eq!(symbolic(FileKind::Directory, 0o1755), "drwxr-xr-t");
+        // The timestamps are RFC 3339 as the `time` crate writes them.
+        for (secs, nanos) in [
+            (0u64, 0u32),
+            (951_782_400, 1),
+            (1_700_000_000, 500_000_000),
+            (4_102_444_799, 999_999_999),
+            (1_709_164_800, 120_000),
+        ] {
+            let t = std::time::UNIX_EPOCH + std::time::Duration::new(secs, nanos);
+            let expected = time::OffsetDateTime::from(t)
+                .format(&time::format_description::well_known::Rfc3339)
+                .unwrap();
+            assert_eq!(rfc3339(t), expected, "{secs}.{nanos:09}");
+        }
+        assert_eq!(symbolic(FileKind::File, 0o4644), "-rwSr--r--");
     }
 }

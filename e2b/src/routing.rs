@@ -269,7 +269,9 @@ async fn envd(
         return answer.unwrap_or_else(|e| stream_error(&e));
     }
     let answer = match (rpc.kind, rpc.service) {
-        (RpcKind::Unary, PROCESS) => process::unary(&sbx, rpc.method, &body).await,
+        (RpcKind::Unary, PROCESS) => process::unary(&sbx, rpc.method, &body)
+            .await
+            .map(|v| v.to_string()),
         (RpcKind::Unary, _) => files::unary(&sbx, rpc.method, &body).await,
         _ => Err(ConnectError::new(
             Code::Unimplemented,
@@ -277,9 +279,9 @@ async fn envd(
         )),
     };
     match answer {
-        Ok(v) => HttpResponse::Ok()
+        Ok(json) => HttpResponse::Ok()
             .content_type("application/json")
-            .body(v.to_string()),
+            .body(json),
         Err(e) => e.unary(),
     }
 }

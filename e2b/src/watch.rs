@@ -2,13 +2,18 @@
 //! `CreateWatcher`, `GetWatcherEvents`, `RemoveWatcher` (polled, as E2B's sync Python
 //! SDK does it).
 //!
-//! A watcher compares listings of the directory taken inside the sandbox (as the
-//! filesystem service's `ListDir`): an entry that appeared is `EVENT_TYPE_CREATE`,
-//! one that went `EVENT_TYPE_REMOVE`, one whose size or time changed
-//! `EVENT_TYPE_WRITE`, one whose mode changed `EVENT_TYPE_CHMOD`. A rename shows as
-//! a remove and a create; changes between two looks that undo each other are not
-//! seen. The stream looks every 250 ms; a polled watcher at each
-//! `GetWatcherEvents`.
+//! A watcher is the sandbox's own watch (`SandboxHandle::watch`: inotify on the
+//! subprocess and isolate engines): changes arrive as they happen, and a watcher
+//! that sees none costs nothing, with no execution, no limiter permit and no audit
+//! entry. Events are `EVENT_TYPE_CREATE` (made, or moved in), `EVENT_TYPE_WRITE`,
+//! `EVENT_TYPE_REMOVE`, `EVENT_TYPE_RENAME` (moved away) and `EVENT_TYPE_CHMOD`,
+//! named relative to the watched directory.
+//!
+//! A polled watcher buffers what happens between two `GetWatcherEvents` and
+//! answers it folded by name: a path created and then removed between two calls
+//! is not reported, and each kind of change of a path is reported once.
+//!
+//! An engine without the watch (feature `fileops`) answers `unimplemented`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -16,6 +21,7 @@ use std::time::Duration;
 
 use actix_web::{HttpRequest, HttpResponse};
 use bytes::Bytes;
+use paddock_core::{FileEvent, FileEventKind, FileWatch};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -24,11 +30,11 @@ use crate::registry::Sbx;
 
 /// Most watchers (polled and streamed) of one sandbox.
 const MAX_WATCHERS: usize = 16;
-/// How often a streamed watcher looks.
-const LOOK_EVERY: Duration = Duration::from_millis(250);
-
-/// One listing: each entry's path, with what a change is judged by, and the entry.
-pub(crate) type Listing = BTreeMap<String, (String, Value)>;
+/// How long `GetWatcherEvents` waits for events still on their way (a change made
+/// just before the call), after the last one it took.
+const SETTLE: Duration = Duration::from_millis(25);
+/// The longest `GetWatcherEvents` spends taking events.
+const MAX_SETTLE: Duration = Duration::from_millis(250);
 
 /// The polled watchers of one sandbox, and how many streams watch.
 #[derive(Default)]
@@ -39,9 +45,9 @@ pub(crate) struct Watchers {
 
 struct Watcher {
     path: String,
-    recursive: bool,
     include_entry: bool,
-    last: Listing,
+    /// The sandbox's own watch (a call takes its events).
+    watch: Arc<tokio::sync::Mutex<FileWatch>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -57,66 +63,91 @@ struct WatchRequest {
     watcher_id: String,
 }
 
-/// The listing of `path` (all the way down when `recursive`).
-async fn look(sbx: &Sbx, path: &str, recursive: bool) -> Result<Listing, ConnectError> {
-    let entries = crate::files::list(sbx, path, if recursive { 32 } else { 1 }).await?;
-    Ok(entries
-        .into_iter()
-        .filter_map(|e| {
-            let p = e["path"].as_str()?.to_string();
-            let judged = format!(
-                "{}|{}|{}|{}",
-                e["type"], e["size"], e["modifiedTime"], e["mode"]
-            );
-            Some((p, (judged, e)))
-        })
-        .collect())
+/// `p` relative to `root`.
+fn name(root: &str, p: &str) -> String {
+    p.strip_prefix(root)
+        .map(|r| r.trim_start_matches('/'))
+        .unwrap_or(p)
+        .to_string()
 }
 
-/// The events from `before` to `after`, with names relative to `root`.
-pub(crate) fn events(
-    root: &str,
-    before: &Listing,
-    after: &Listing,
-    include_entry: bool,
-) -> Vec<Value> {
-    let name = |p: &str| {
-        p.strip_prefix(root)
-            .map(|r| r.trim_start_matches('/'))
-            .unwrap_or(p)
-            .to_string()
-    };
-    let event = |p: &str, kind: &str, entry: Option<&Value>| {
-        let mut v = json!({ "name": name(p), "type": kind });
-        if let (true, Some(e)) = (include_entry, entry) {
-            v["entry"] = e.clone();
-        }
-        v
-    };
-    let mut out = Vec::new();
-    for (p, (judged, entry)) in after {
-        match before.get(p) {
-            None => out.push(event(p, "EVENT_TYPE_CREATE", Some(entry))),
-            Some((was, old)) if was != judged => {
-                let kind = if old["mode"] != entry["mode"]
-                    && old["size"] == entry["size"]
-                    && old["modifiedTime"] == entry["modifiedTime"]
-                {
-                    "EVENT_TYPE_CHMOD"
-                } else {
-                    "EVENT_TYPE_WRITE"
-                };
-                out.push(event(p, kind, Some(entry)));
-            }
-            Some(_) => {}
+fn kind_name(kind: FileEventKind) -> &'static str {
+    match kind {
+        FileEventKind::Create => "EVENT_TYPE_CREATE",
+        FileEventKind::Write => "EVENT_TYPE_WRITE",
+        FileEventKind::Remove => "EVENT_TYPE_REMOVE",
+        FileEventKind::Rename => "EVENT_TYPE_RENAME",
+        FileEventKind::Chmod => "EVENT_TYPE_CHMOD",
+    }
+}
+
+/// An event as E2B's SDK reads it; with `include_entry`, the entry of what is
+/// still there.
+async fn event(sbx: &Sbx, root: &str, e: &FileEvent, include_entry: bool) -> Value {
+    let mut v = json!({ "name": name(root, &e.path), "type": kind_name(e.kind) });
+    if include_entry && !matches!(e.kind, FileEventKind::Remove | FileEventKind::Rename) {
+        if let Ok(info) = sbx.handle.stat(&e.path).await {
+            v["entry"] = crate::files::entry(&info);
         }
     }
-    for p in before.keys() {
-        if !after.contains_key(p) {
-            out.push(event(p, "EVENT_TYPE_REMOVE", None));
+    v
+}
+
+/// Folds the events a polled watcher saw between two calls, by path: a path
+/// created and then removed (or moved away) in between is left out, and each kind
+/// of change of a path is kept once, in the order first seen.
+fn fold(events: Vec<FileEvent>) -> Vec<FileEvent> {
+    let mut order: Vec<String> = Vec::new();
+    let mut by_path: BTreeMap<String, Vec<FileEventKind>> = BTreeMap::new();
+    for e in events {
+        let kinds = by_path.entry(e.path.clone()).or_insert_with(|| {
+            order.push(e.path.clone());
+            Vec::new()
+        });
+        kinds.push(e.kind);
+    }
+    let mut out = Vec::new();
+    for path in order {
+        let kinds = &by_path[&path];
+        let gone = matches!(
+            kinds.last(),
+            Some(FileEventKind::Remove | FileEventKind::Rename)
+        );
+        if kinds.first() == Some(&FileEventKind::Create) && gone {
+            continue;
         }
+        let mut kept: Vec<FileEventKind> = Vec::new();
+        for k in kinds {
+            if !kept.contains(k) {
+                kept.push(*k);
+            }
+        }
+        out.extend(kept.into_iter().map(|kind| FileEvent {
+            path: path.clone(),
+            kind,
+        }));
     }
     out
+}
+
+/// The events a live watcher holds, with those still on their way (see
+/// [`SETTLE`]).
+async fn take(watch: &mut FileWatch) -> Vec<FileEvent> {
+    let mut got = Vec::new();
+    let until = tokio::time::Instant::now() + MAX_SETTLE;
+    loop {
+        while let Some(e) = watch.try_next() {
+            got.push(e);
+        }
+        let wait = SETTLE.min(until.saturating_duration_since(tokio::time::Instant::now()));
+        if wait.is_zero() {
+            return got;
+        }
+        match tokio::time::timeout(wait, watch.next()).await {
+            Ok(Some(e)) => got.push(e),
+            Ok(None) | Err(_) => return got,
+        }
+    }
 }
 
 /// `CreateWatcher`, `GetWatcherEvents` and `RemoveWatcher`.
@@ -132,7 +163,9 @@ pub(crate) async fn unary(
             if sbx.watchers.lock().by_id.len() >= MAX_WATCHERS {
                 return Err(too_many());
             }
-            let last = look(sbx, &path, r.recursive).await?;
+            let watch = Arc::new(tokio::sync::Mutex::new(
+                sbx.handle.watch(&path, r.recursive).await?,
+            ));
             let id = uuid::Uuid::new_v4().to_string();
             let mut w = sbx.watchers.lock();
             if w.by_id.len() + w.streams >= MAX_WATCHERS {
@@ -142,15 +175,14 @@ pub(crate) async fn unary(
                 id.clone(),
                 Watcher {
                     path,
-                    recursive: r.recursive,
                     include_entry: r.include_entry,
-                    last,
+                    watch,
                 },
             );
             Ok(json!({ "watcherId": id }))
         }
         "GetWatcherEvents" => {
-            let (path, recursive, include_entry, before) = {
+            let (path, include_entry, watch) = {
                 let w = sbx.watchers.lock();
                 let watcher = w
                     .by_id
@@ -158,15 +190,14 @@ pub(crate) async fn unary(
                     .ok_or_else(|| unknown(&r.watcher_id))?;
                 (
                     watcher.path.clone(),
-                    watcher.recursive,
                     watcher.include_entry,
-                    watcher.last.clone(),
+                    watcher.watch.clone(),
                 )
             };
-            let after = look(sbx, &path, recursive).await?;
-            let found = events(&path, &before, &after, include_entry);
-            if let Some(watcher) = sbx.watchers.lock().by_id.get_mut(&r.watcher_id) {
-                watcher.last = after;
+            let taken = take(&mut *watch.lock().await).await;
+            let mut found = Vec::new();
+            for e in fold(taken) {
+                found.push(event(sbx, &path, &e, include_entry).await);
             }
             Ok(json!({ "events": found }))
         }
@@ -205,8 +236,9 @@ impl Drop for Streaming {
     }
 }
 
-/// `WatchDir`: `start`, then the events as they are seen, with keepalives, until the
-/// caller goes or its deadline passes.
+/// `WatchDir`: `start`, then the events as they happen, with keepalives, until the
+/// caller goes, its deadline passes or the watch ends (the directory or the
+/// sandbox went).
 pub(crate) async fn watch_dir(
     sbx: Arc<Sbx>,
     req: &HttpRequest,
@@ -222,11 +254,11 @@ pub(crate) async fn watch_dir(
         w.streams += 1;
     }
     let held = Streaming(sbx.clone());
-    let first = match look(&sbx, &path, r.recursive).await {
-        Ok(l) => l,
+    let mut watch = match sbx.handle.watch(&path, r.recursive).await {
+        Ok(w) => w,
         Err(e) => {
             drop(held);
-            return Err(e);
+            return Err(e.into());
         }
     };
     let timing = crate::process::timing(req);
@@ -239,31 +271,17 @@ pub(crate) async fn watch_dir(
             if tx.send(frame(json!({ "start": {} }))).await.is_err() {
                 return None;
             }
-            let mut before = first;
-            let mut quiet = Duration::ZERO;
             loop {
-                tokio::time::sleep(LOOK_EVERY).await;
-                let after = match look(&sbx, &path, r.recursive).await {
-                    Ok(l) => l,
-                    Err(e) => return Some(e),
+                let next = tokio::time::timeout(timing.keepalive, watch.next()).await;
+                let v = match next {
+                    Err(_) => json!({ "keepalive": {} }),
+                    Ok(None) => return None,
+                    Ok(Some(e)) => {
+                        json!({ "filesystem": event(&sbx, &path, &e, r.include_entry).await })
+                    }
                 };
-                let found = events(&path, &before, &after, r.include_entry);
-                before = after;
-                if found.is_empty() {
-                    quiet += LOOK_EVERY;
-                    if quiet >= timing.keepalive {
-                        quiet = Duration::ZERO;
-                        if tx.send(frame(json!({ "keepalive": {} }))).await.is_err() {
-                            return None;
-                        }
-                    }
-                    continue;
-                }
-                quiet = Duration::ZERO;
-                for e in found {
-                    if tx.send(frame(json!({ "filesystem": e }))).await.is_err() {
-                        return None;
-                    }
+                if tx.send(frame(v)).await.is_err() {
+                    return None;
                 }
             }
         };
@@ -287,49 +305,43 @@ pub(crate) async fn watch_dir(
 mod tests {
     use super::*;
 
-    fn entry(path: &str, size: u64, mode: u32, t: &str) -> (String, (String, Value)) {
-        let e = json!({ "path": path, "type": "FILE_TYPE_FILE", "size": size.to_string(), "mode": mode, "modifiedTime": t });
-        let judged = format!(
-            "{}|{}|{}|{}",
-            e["type"], e["size"], e["modifiedTime"], e["mode"]
-        );
-        (path.to_string(), (judged, e))
+    fn ev(path: &str, kind: FileEventKind) -> FileEvent {
+        FileEvent {
+            path: path.into(),
+            kind,
+        }
     }
 
     #[test]
-    fn listings_differ_as_events() {
-        let before: Listing = [
-            entry("/w/a", 1, 0o644, "t1"),
-            entry("/w/b", 1, 0o644, "t1"),
-            entry("/w/c", 1, 0o644, "t1"),
-        ]
-        .into();
-        let after: Listing = [
-            entry("/w/a", 2, 0o644, "t2"),
-            entry("/w/b", 1, 0o600, "t1"),
-            entry("/w/sub/d", 1, 0o644, "t1"),
-        ]
-        .into();
-        let got: Vec<(String, String)> = events("/w", &before, &after, false)
+    fn polled_events_are_folded_by_path() {
+        use FileEventKind::*;
+        let got = fold(vec![
+            ev("/w/new", Create),
+            ev("/w/old", Write),
+            ev("/w/new", Write),
+            ev("/w/old", Write),
+            ev("/w/sub", Create),
+            ev("/w/sub/deep", Create),
+            ev("/w/sub/deep", Write),
+            ev("/w/new", Remove),
+            ev("/w/old", Chmod),
+            ev("/w/moved", Create),
+            ev("/w/moved", Rename),
+        ]);
+        let names: Vec<(String, &str)> = got
             .iter()
-            .map(|e| {
-                (
-                    e["name"].as_str().unwrap().into(),
-                    e["type"].as_str().unwrap().into(),
-                )
-            })
+            .map(|e| (name("/w", &e.path), kind_name(e.kind)))
             .collect();
         assert_eq!(
-            got,
+            names,
             [
-                ("a".into(), "EVENT_TYPE_WRITE".into()),
-                ("b".into(), "EVENT_TYPE_CHMOD".into()),
-                ("sub/d".into(), "EVENT_TYPE_CREATE".into()),
-                ("c".into(), "EVENT_TYPE_REMOVE".into()),
+                ("old".to_string(), "EVENT_TYPE_WRITE"),
+                ("old".to_string(), "EVENT_TYPE_CHMOD"),
+                ("sub".to_string(), "EVENT_TYPE_CREATE"),
+                ("sub/deep".to_string(), "EVENT_TYPE_CREATE"),
+                ("sub/deep".to_string(), "EVENT_TYPE_WRITE"),
             ]
         );
-        let with = events("/w", &before, &after, true);
-        assert!(with[0].get("entry").is_some() && with[3].get("entry").is_none());
-        assert!(events("/w", &after, &after, true).is_empty());
+        assert!(fold(Vec::new()).is_empty());
     }
 }

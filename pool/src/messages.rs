@@ -234,6 +234,92 @@ pub struct ListFiles {
     pub path: String,
 }
 
+/// Stats a path of a session (`lstat`: a symlink is itself).
+#[derive(Debug, Message, Clone)]
+#[rtype(result = "Result<paddock_core::FileInfo, Error>")]
+pub struct StatPath {
+    /// On whose behalf: another tenant's session is `NOT_FOUND`, like one that never
+    /// existed.
+    pub caller: Caller,
+    /// The session id.
+    pub sandbox: String,
+    /// The path, as for [`ReadFile`].
+    pub path: String,
+}
+
+/// Lists a directory of a session, `depth` levels down.
+#[derive(Debug, Message, Clone)]
+#[rtype(result = "Result<Vec<paddock_core::FileInfo>, Error>")]
+pub struct ListDir {
+    /// On whose behalf: another tenant's session is `NOT_FOUND`, like one that never
+    /// existed.
+    pub caller: Caller,
+    /// The session id.
+    pub sandbox: String,
+    /// The directory.
+    pub path: String,
+    /// How many levels down (1: its own entries).
+    pub depth: u32,
+}
+
+/// Makes a directory of a session, with its parents; answers whether it was made
+/// (`false`: a directory was already there).
+#[derive(Debug, Message, Clone)]
+#[rtype(result = "Result<bool, Error>")]
+pub struct MakeDir {
+    /// On whose behalf: another tenant's session is `NOT_FOUND`, like one that never
+    /// existed.
+    pub caller: Caller,
+    /// The session id.
+    pub sandbox: String,
+    /// The directory.
+    pub path: String,
+}
+
+/// Moves (renames) a path of a session.
+#[derive(Debug, Message, Clone)]
+#[rtype(result = "Result<(), Error>")]
+pub struct MovePath {
+    /// On whose behalf: another tenant's session is `NOT_FOUND`, like one that never
+    /// existed.
+    pub caller: Caller,
+    /// The session id.
+    pub sandbox: String,
+    /// What to move.
+    pub from: String,
+    /// Where to.
+    pub to: String,
+}
+
+/// Removes a path of a session, a directory with everything in it.
+#[derive(Debug, Message, Clone)]
+#[rtype(result = "Result<(), Error>")]
+pub struct RemovePath {
+    /// On whose behalf: another tenant's session is `NOT_FOUND`, like one that never
+    /// existed.
+    pub caller: Caller,
+    /// The session id.
+    pub sandbox: String,
+    /// The path.
+    pub path: String,
+}
+
+/// Watches a directory of a session: its changes as they happen, until the watch is
+/// dropped or the session ends.
+#[derive(Debug, Message, Clone)]
+#[rtype(result = "Result<paddock_core::FileWatch, Error>")]
+pub struct WatchDir {
+    /// On whose behalf: another tenant's session is `NOT_FOUND`, like one that never
+    /// existed.
+    pub caller: Caller,
+    /// The session id.
+    pub sandbox: String,
+    /// The directory.
+    pub path: String,
+    /// Whether everything below it is watched too.
+    pub recursive: bool,
+}
+
 /// Pauses a session: its processes freeze until [`UnpauseSandbox`] (engines with the
 /// `pause` feature; others answer `CAPABILITY_NOT_SUPPORTED`).
 #[derive(Debug, Message, Clone)]
@@ -325,6 +411,15 @@ pub struct WarmPool {
 #[derive(Debug, Message, Clone, Copy)]
 #[rtype(result = "Vec<String>")]
 pub struct OpenSandboxIds;
+
+/// The limiter's counters (operators and the embedder only; a tenant is refused
+/// with `NOT_FOUND`, as for another tenant's objects).
+#[derive(Debug, Message, Clone)]
+#[rtype(result = "Result<crate::limiter::LimiterStats, Error>")]
+pub struct GetLimiterStats {
+    /// On whose behalf.
+    pub caller: Caller,
+}
 
 /// A snapshot of the scheduler, as `caller` may see it: a tenant gets the pools'
 /// sizes and its own figures; an operator or the embedder every tenant's.

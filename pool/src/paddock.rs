@@ -374,6 +374,20 @@ impl Paddock {
             .map_err(gone)
     }
 
+    /// The limiter's counters: permits alive, admissions and refusals (operators and
+    /// the embedder only).
+    pub async fn limiter_stats(
+        &self,
+        caller: &Caller,
+    ) -> Result<crate::limiter::LimiterStats, Error> {
+        self.supervisor
+            .send(GetLimiterStats {
+                caller: caller.clone(),
+            })
+            .await
+            .map_err(gone)?
+    }
+
     /// Audit statistics as `caller` may see them (a tenant's cover its own entries
     /// still in the ring).
     pub async fn audit_statistics(&self, caller: &Caller) -> Result<AuditStats, Error> {

@@ -1,7 +1,8 @@
 //! The `e2b` scenario: E2B's own Python SDK against the E2B-compatible API served in
 //! this process, beside the native API measured in the same run by the same script:
 //! `Sandbox.create()` + `commands.run("echo hi")` + `kill()`, a command in an open
-//! sandbox, and `run_code("1+1")` in a warm context.
+//! sandbox, `run_code("1+1")` in a warm context, and `files.list` of a directory of
+//! 100 entries against the native API's listing of it (with their ratio).
 //!
 //! The SDK comes from the interpreter `PADDOCK_E2B_PYTHON` names (the tests make
 //! one, `target/e2b-venv/bin/python`), else `python3`; without it the scenario says
@@ -122,6 +123,16 @@ pub(super) async fn e2b(
     for v in &lines {
         if as_json {
             let _ = writeln!(stdout, "{v}");
+        } else if let Some(ratio) = v["ratio_p50"].as_f64() {
+            let _ = writeln!(
+                stdout,
+                "{:<28} {:>8.2}x p50 {:>8.2}x p99  ({} against {})",
+                v["measure"].as_str().unwrap_or(""),
+                ratio,
+                v["ratio_p99"].as_f64().unwrap_or(0.0),
+                v["of"].as_str().unwrap_or(""),
+                v["against"].as_str().unwrap_or("")
+            );
         } else {
             let _ = writeln!(
                 stdout,

@@ -97,7 +97,8 @@ enum Scenario {
     },
     /// E2B's own Python SDK against the E2B-compatible API in this process, beside
     /// the native API in the same run: create + `commands.run("echo hi")` + kill, a
-    /// command in an open sandbox, and `run_code("1+1")` in a warm context.
+    /// command in an open sandbox, `run_code("1+1")` in a warm context, and
+    /// `files.list` of a directory of 100 entries against the native listing.
     E2b {
         /// The engine of the templates (`subprocess` or `container`).
         #[arg(long, default_value = "subprocess")]

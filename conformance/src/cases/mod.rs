@@ -2,6 +2,7 @@
 
 pub(crate) mod environment;
 pub(crate) mod exec;
+pub(crate) mod fileops;
 pub(crate) mod files;
 pub(crate) mod handlers;
 pub(crate) mod interactive;

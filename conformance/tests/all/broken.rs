@@ -105,8 +105,13 @@ fn leaks_secrets_is_caught() {
 }
 
 #[test]
+fn deaf_watch_is_caught() {
+    check_flaw(Flaw::DeafWatch);
+}
+
+#[test]
 fn every_flaw_is_tested() {
-    assert_eq!(Flaw::ALL.len(), 7, "add a test for the new flaw");
+    assert_eq!(Flaw::ALL.len(), 8, "add a test for the new flaw");
     for flaw in Flaw::ALL {
         for name in flaw.caught_by() {
             assert!(

@@ -6,6 +6,7 @@
 mod admission;
 mod caps;
 mod downgrade;
+mod files;
 mod ingress;
 mod input;
 mod live;

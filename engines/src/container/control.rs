@@ -9,15 +9,16 @@
 //! running is reported killed.
 
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use paddock_agent::control::{ControlFrame, ControlMessage, CONTROL_MESSAGE_MAX};
+use paddock_agent::files::{FileAnswer, FileOp};
 use paddock_core::interactive::ProcessExit;
 use paddock_core::{Error, ErrorCode, Result};
 use tokio::io::unix::AsyncFd;
-use tokio::io::Interest;
+use tokio::io::{AsyncReadExt, Interest};
 use tokio::sync::oneshot;
 
 use crate::host::sys;
@@ -25,6 +26,29 @@ use crate::interactive::Signaller;
 
 /// How long a spawn waits for the agent's answer.
 const SPAWN_PATIENCE: Duration = Duration::from_secs(10);
+/// How long a file operation waits for the agent's whole answer.
+const FILES_PATIENCE: Duration = Duration::from_secs(30);
+
+/// The agent's answer to a file operation: its one JSON line.
+pub(crate) fn parse_answer(bytes: &[u8]) -> Result<FileAnswer> {
+    let line = bytes.split(|b| *b == b'\n').next().unwrap_or_default();
+    if line.is_empty() {
+        return Err(Error::new(
+            ErrorCode::EngineFailed,
+            "the container's agent closed a file operation without an answer",
+        ));
+    }
+    let answer: FileAnswer = serde_json::from_slice(line).map_err(|e| {
+        Error::new(
+            ErrorCode::EngineFailed,
+            format!("the container's agent answered a file operation with something else ({e})"),
+        )
+    })?;
+    match answer.error {
+        Some(e) => Err(e),
+        None => Ok(answer),
+    }
+}
 
 /// What a started process gets back: its pid in the container, a terminal's master,
 /// and where its exit will arrive.
@@ -217,6 +241,76 @@ impl AgentControl {
             )),
             other => Err(unexpected(&other)),
         }
+    }
+
+    /// Sends `message` with the write end of a fresh pipe attached, and answers its
+    /// read end (the agent writes its answer there: see `paddock_agent::files`).
+    async fn ask_through_pipe(&self, message: &ControlMessage) -> Result<OwnedFd> {
+        let sock = self.socket()?;
+        let (read, write) = std::io::pipe()
+            .map_err(|e| Error::engine_io("making a pipe for the agent's answer", e))?;
+        let (read, write): (OwnedFd, OwnedFd) = (read.into(), write.into());
+        let bytes = ControlFrame::encode(message);
+        if bytes.len() > CONTROL_MESSAGE_MAX {
+            return Err(Error::invalid_options(
+                "path",
+                format!(
+                    "the request takes {} bytes; at most {CONTROL_MESSAGE_MAX}",
+                    bytes.len()
+                ),
+            ));
+        }
+        tokio::time::timeout(SPAWN_PATIENCE, send(&sock, &bytes, &[write.as_fd()]))
+            .await
+            .map_err(|_| {
+                Error::new(
+                    ErrorCode::EngineFailed,
+                    "the container's agent did not take a file operation in time",
+                )
+            })??;
+        // The agent has its copy: ours goes, so the pipe ends when the agent's does.
+        drop(write);
+        Ok(read)
+    }
+
+    /// Has the agent do a file operation in the container (see
+    /// `paddock_agent::files`), and answers what it found.
+    pub(crate) async fn files(&self, op: FileOp) -> Result<FileAnswer> {
+        let message = ControlMessage::Files {
+            id: uuid::Uuid::new_v4().to_string(),
+            op,
+        };
+        let read = self.ask_through_pipe(&message).await?;
+        let mut rx = tokio::net::unix::pipe::Receiver::from_owned_fd(read)
+            .map_err(|e| Error::engine_io("reading the agent's answer", e))?;
+        let mut bytes = Vec::new();
+        tokio::time::timeout(FILES_PATIENCE, rx.read_to_end(&mut bytes))
+            .await
+            .map_err(|_| {
+                Error::new(
+                    ErrorCode::EngineFailed,
+                    format!("the container's agent did not answer a file operation within {FILES_PATIENCE:?}"),
+                )
+            })?
+            .map_err(|e| Error::engine_io("reading the agent's answer", e))?;
+        parse_answer(&bytes)
+    }
+
+    /// Has the agent watch directory `path` in the container; its events come, one
+    /// JSON line each, from the pipe answered (after the answer's own line).
+    pub(crate) async fn watch(
+        &self,
+        path: &str,
+        recursive: bool,
+    ) -> Result<(tokio::runtime::Handle, OwnedFd)> {
+        let message = ControlMessage::Watch {
+            id: uuid::Uuid::new_v4().to_string(),
+            path: path.to_string(),
+            recursive,
+        };
+        let read = self.ask_through_pipe(&message).await?;
+        let handle = self.runtime.get().ok_or_else(gone)?.handle().clone();
+        Ok((handle, read))
     }
 
     /// Sends `message` (a request named `id`) and waits, up to [`SPAWN_PATIENCE`],

@@ -35,7 +35,7 @@ pub(crate) struct Guest {
 }
 
 impl ContainerSandbox {
-    fn guest(&self) -> Result<Guest> {
+    pub(super) fn guest(&self) -> Result<Guest> {
         self.guest.lock().clone().ok_or_else(|| {
             Error::new(
                 ErrorCode::EngineFailed,

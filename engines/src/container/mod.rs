@@ -35,6 +35,7 @@ mod bundle;
 mod cgroups;
 mod control;
 mod exec;
+mod files;
 mod interactive;
 mod probe;
 mod runner;

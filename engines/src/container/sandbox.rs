@@ -593,6 +593,30 @@ impl Sandbox for ContainerSandbox {
         .await
     }
 
+    async fn stat(&self, path: &str) -> Result<paddock_core::FileInfo> {
+        self.stat_impl(path).await
+    }
+
+    async fn list_dir(&self, path: &str, depth: u32) -> Result<Vec<paddock_core::FileInfo>> {
+        self.list_dir_impl(path, depth).await
+    }
+
+    async fn make_dir(&self, path: &str) -> Result<bool> {
+        self.make_dir_impl(path).await
+    }
+
+    async fn rename(&self, from: &str, to: &str) -> Result<()> {
+        self.rename_impl(from, to).await
+    }
+
+    async fn remove(&self, path: &str) -> Result<()> {
+        self.remove_impl(path).await
+    }
+
+    async fn watch(&self, path: &str, recursive: bool) -> Result<paddock_core::FileWatch> {
+        self.watch_impl(path, recursive).await
+    }
+
     async fn start_process(
         &self,
         spec: paddock_core::ProcessSpec,

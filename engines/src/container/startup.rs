@@ -388,6 +388,7 @@ impl ContainerEngine {
                 paddock_core::interactive::FEATURE_PROCESS,
                 paddock_core::interactive::FEATURE_TERMINAL,
                 paddock_core::interactive::FEATURE_TCP,
+                paddock_core::engine::FEATURE_FILEOPS,
             ]);
         }
         // Allowlists and `unrestricted`: a gateway's namespace joined by path. Not on

@@ -27,6 +27,60 @@ pub fn create_empty() -> io::Result<OwnedFd> {
         .map_err(|_| io::Error::other("the namespace thread panicked"))?
 }
 
+/// `lstat` of `path` as a sandbox without privileges sees it: on a short-lived
+/// thread that joins the mount namespace `mntns` (when the sandbox has one) and
+/// takes the file system identity of `nobody` (uid and gid 65534, no supplementary
+/// groups), so the answer is what any unprivileged program of the sandbox could
+/// see, never what only the host's root may. With a symlink, its target.
+pub fn lstat_unprivileged(
+    mntns: Option<std::os::fd::BorrowedFd<'_>>,
+    path: &std::path::Path,
+) -> io::Result<(rustix::fs::Stat, Option<std::ffi::OsString>)> {
+    use std::os::fd::AsRawFd;
+    let ns = mntns.map(|fd| fd.as_raw_fd());
+    let path = path.to_path_buf();
+    std::thread::scope(|scope| {
+        std::thread::Builder::new()
+            .name("paddock-stat".into())
+            .spawn_scoped(scope, move || {
+                // SAFETY: each call changes only this thread's own attributes (its fs
+                // state, mount namespace, groups and file system ids: raw system
+                // calls, never the C library's process-wide wrappers), and the thread
+                // exits right after; `ns` is an open fd the caller borrows for the
+                // whole scope.
+                unsafe {
+                    if let Some(ns) = ns {
+                        if libc::unshare(libc::CLONE_FS) == -1
+                            || libc::setns(ns, libc::CLONE_NEWNS) == -1
+                        {
+                            return Err(io::Error::last_os_error());
+                        }
+                    }
+                    if libc::geteuid() == 0 {
+                        if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>())
+                            == -1
+                        {
+                            return Err(io::Error::last_os_error());
+                        }
+                        libc::syscall(libc::SYS_setfsgid, 65534);
+                        libc::syscall(libc::SYS_setfsuid, 65534);
+                    }
+                }
+                let st = rustix::fs::lstat(&path)?;
+                let target = if rustix::fs::FileType::from_raw_mode(st.st_mode)
+                    == rustix::fs::FileType::Symlink
+                {
+                    std::fs::read_link(&path).ok().map(|t| t.into_os_string())
+                } else {
+                    None
+                };
+                Ok((st, target))
+            })?
+            .join()
+            .map_err(|_| io::Error::other("the stat thread panicked"))?
+    })
+}
+
 /// Creates a mount namespace that is a copy of the host's, with the cgroup v2 mount at
 /// `/sys/fs/cgroup/unified` removed, and returns an fd that keeps it alive. Its
 /// mounts are slaves of the host's: mounts and unmounts on the host reach it, and

@@ -179,6 +179,7 @@ impl IsolateEngine {
             &[
                 "streaming",
                 "files",
+                paddock_core::engine::FEATURE_FILEOPS,
                 "output_cap",
                 "value",
                 "js_invoke",

@@ -144,6 +144,16 @@ impl IsolateSandbox {
             .ok_or_else(|| Error::disposed(&format!("sandbox {}", self.id)))
     }
 
+    /// Runs a blocking file operation on the blocking pool while the sandbox is live.
+    async fn file_op<T: Send + 'static>(
+        &self,
+        op: impl FnOnce(&Workdir) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let _op = self.enter()?;
+        let workdir = self.workdir.clone();
+        blocking(move || op(&workdir)).await
+    }
+
     fn destroying(&self) -> bool {
         self.lifecycle.phase() != Phase::Live
     }
@@ -464,6 +474,36 @@ impl Sandbox for IsolateSandbox {
         self.workdir.open_read(path).await
     }
 
+    async fn stat(&self, path: &str) -> Result<paddock_core::FileInfo> {
+        let path = path.to_string();
+        self.file_op(move |w| w.stat(&path)).await
+    }
+
+    async fn list_dir(&self, path: &str, depth: u32) -> Result<Vec<paddock_core::FileInfo>> {
+        let path = path.to_string();
+        self.file_op(move |w| w.list_dir(&path, depth)).await
+    }
+
+    async fn make_dir(&self, path: &str) -> Result<bool> {
+        let path = path.to_string();
+        self.file_op(move |w| w.make_dir(&path)).await
+    }
+
+    async fn rename(&self, from: &str, to: &str) -> Result<()> {
+        let (from, to) = (from.to_string(), to.to_string());
+        self.file_op(move |w| w.rename(&from, &to)).await
+    }
+
+    async fn remove(&self, path: &str) -> Result<()> {
+        let path = path.to_string();
+        self.file_op(move |w| w.remove_path(&path)).await
+    }
+
+    async fn watch(&self, path: &str, recursive: bool) -> Result<paddock_core::FileWatch> {
+        let _op = self.enter()?;
+        self.workdir.watch(path, recursive).await
+    }
+
     async fn write_from(
         &self,
         path: &str,
@@ -477,6 +517,8 @@ impl Sandbox for IsolateSandbox {
 
     async fn recycle(&self) -> Result<()> {
         let _op = self.enter()?;
+        // The lease's watches end with it, whatever the workdir holds.
+        self.workdir.end_watches();
         let _run = self.run_lock.lock().await;
         if self.stuck.load(Ordering::Acquire) {
             return Err(self.stuck_error());

@@ -187,6 +187,7 @@ impl SubprocessEngine {
         let mut features = vec![
             "streaming",
             "files",
+            paddock_core::engine::FEATURE_FILEOPS,
             "output_cap",
             paddock_core::interactive::FEATURE_PROCESS,
             paddock_core::interactive::FEATURE_TERMINAL,

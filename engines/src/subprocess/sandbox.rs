@@ -416,6 +416,53 @@ impl SubprocessSandbox {
         blocking(move || op(&workdir)).await
     }
 
+    /// `lstat` of an absolute path outside the workdir, in the sandbox's mount
+    /// namespace (its own view of the host's files) and as `nobody`.
+    async fn stat_outside(&self, path: String) -> Result<paddock_core::FileInfo> {
+        use std::path::Component;
+        if path.contains('\0') {
+            return Err(Error::invalid_options("path", "must not contain NUL bytes"));
+        }
+        if Path::new(&path)
+            .components()
+            .any(|c| matches!(c, Component::ParentDir))
+        {
+            return Err(Error::new(
+                paddock_core::ErrorCode::PathEscape,
+                format!("`{path}`: name the path without `..`"),
+            ));
+        }
+        let _op = self.enter()?;
+        let mntns = self
+            .mntns
+            .lock()
+            .as_ref()
+            .map(|fd| fd.try_clone())
+            .transpose()
+            .map_err(|e| Error::engine_io("the sandbox's mount namespace", e))?;
+        blocking(move || {
+            use std::os::fd::AsFd;
+            let (st, target) = crate::host::netns::lstat_unprivileged(
+                mntns.as_ref().map(|fd| fd.as_fd()),
+                Path::new(&path),
+            )
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::ENOENT) | Some(libc::ENOTDIR) => Error::new(
+                    paddock_core::ErrorCode::NotFound,
+                    format!("`{path}` does not exist"),
+                ),
+                Some(libc::EACCES) | Some(libc::EPERM) => Error::new(
+                    paddock_core::ErrorCode::PathEscape,
+                    format!("`{path}` is not visible to the sandbox's programs"),
+                ),
+                _ => Error::engine_io(&format!("stat `{path}`"), e),
+            })?;
+            let target = target.map(|t| t.to_string_lossy().into_owned());
+            Ok(crate::host::workdir::file_info(path, &st, target))
+        })
+        .await
+    }
+
     /// Files beside the workdir that hold long sources (see `exec.rs`).
     fn source_files(&self) -> Vec<std::path::PathBuf> {
         ["py", "js", "sh"]
@@ -561,6 +608,43 @@ impl Sandbox for SubprocessSandbox {
         self.workdir.open_read(path).await
     }
 
+    async fn stat(&self, path: &str) -> Result<paddock_core::FileInfo> {
+        let path = path.to_string();
+        let p = Path::new(&path);
+        if !p.is_absolute() || p.starts_with(self.workdir.shown_root()) {
+            return self.file_op(move |w| w.stat(&path)).await;
+        }
+        // Outside the workdir: the sandbox's programs see the host's files there,
+        // so its stat answers what they see, as an unprivileged user would (never
+        // what only the host's root may read).
+        self.stat_outside(path).await
+    }
+
+    async fn list_dir(&self, path: &str, depth: u32) -> Result<Vec<paddock_core::FileInfo>> {
+        let path = path.to_string();
+        self.file_op(move |w| w.list_dir(&path, depth)).await
+    }
+
+    async fn make_dir(&self, path: &str) -> Result<bool> {
+        let path = path.to_string();
+        self.file_op(move |w| w.make_dir(&path)).await
+    }
+
+    async fn rename(&self, from: &str, to: &str) -> Result<()> {
+        let (from, to) = (from.to_string(), to.to_string());
+        self.file_op(move |w| w.rename(&from, &to)).await
+    }
+
+    async fn remove(&self, path: &str) -> Result<()> {
+        let path = path.to_string();
+        self.file_op(move |w| w.remove_path(&path)).await
+    }
+
+    async fn watch(&self, path: &str, recursive: bool) -> Result<paddock_core::FileWatch> {
+        let _op = self.enter()?;
+        self.workdir.watch(path, recursive).await
+    }
+
     async fn write_from(
         &self,
         path: &str,
@@ -590,6 +674,8 @@ impl Sandbox for SubprocessSandbox {
     async fn recycle(&self) -> Result<()> {
         // The lease ends: its planned retirement of unused runners is off.
         self.leases.ended();
+        // Its watches end with it, whatever the workdir holds.
+        self.workdir.end_watches();
         let _op = self.enter()?;
         let _guard = self.run_lock.lock().await;
         if self.destroying() {

@@ -149,6 +149,100 @@ impl SandboxHandle {
             .map_err(gone)?
     }
 
+    /// What `lstat` says of a path (engines with the `fileops` feature; others
+    /// answer `CAPABILITY_NOT_SUPPORTED`). Like the other file calls, it takes no
+    /// execution permit and writes no execution audit entry: no program runs.
+    pub async fn stat(&self, path: &str) -> Result<paddock_core::FileInfo, Error> {
+        self.paddock
+            .supervisor
+            .send(StatPath {
+                caller: self.caller.clone(),
+                sandbox: self.info.id.clone(),
+                path: path.into(),
+            })
+            .await
+            .map_err(gone)?
+    }
+
+    /// The entries below a directory, `depth` levels down (1: its own entries).
+    pub async fn list_dir(
+        &self,
+        path: &str,
+        depth: u32,
+    ) -> Result<Vec<paddock_core::FileInfo>, Error> {
+        self.paddock
+            .supervisor
+            .send(ListDir {
+                caller: self.caller.clone(),
+                sandbox: self.info.id.clone(),
+                path: path.into(),
+                depth,
+            })
+            .await
+            .map_err(gone)?
+    }
+
+    /// Makes a directory and its parents: `true` when made, `false` when a
+    /// directory was already there.
+    pub async fn make_dir(&self, path: &str) -> Result<bool, Error> {
+        self.paddock
+            .supervisor
+            .send(MakeDir {
+                caller: self.caller.clone(),
+                sandbox: self.info.id.clone(),
+                path: path.into(),
+            })
+            .await
+            .map_err(gone)?
+    }
+
+    /// Moves (renames) `from` to `to`, making `to`'s parents.
+    pub async fn rename(&self, from: &str, to: &str) -> Result<(), Error> {
+        self.paddock
+            .supervisor
+            .send(MovePath {
+                caller: self.caller.clone(),
+                sandbox: self.info.id.clone(),
+                from: from.into(),
+                to: to.into(),
+            })
+            .await
+            .map_err(gone)?
+    }
+
+    /// Removes a path, a directory with everything in it.
+    pub async fn remove(&self, path: &str) -> Result<(), Error> {
+        self.paddock
+            .supervisor
+            .send(RemovePath {
+                caller: self.caller.clone(),
+                sandbox: self.info.id.clone(),
+                path: path.into(),
+            })
+            .await
+            .map_err(gone)?
+    }
+
+    /// Watches a directory: its changes as they happen, through a bounded buffer,
+    /// until the watch is dropped or the session ends. No polling: a watch costs
+    /// nothing while nothing changes.
+    pub async fn watch(
+        &self,
+        path: &str,
+        recursive: bool,
+    ) -> Result<paddock_core::FileWatch, Error> {
+        self.paddock
+            .supervisor
+            .send(WatchDir {
+                caller: self.caller.clone(),
+                sandbox: self.info.id.clone(),
+                path: path.into(),
+                recursive,
+            })
+            .await
+            .map_err(gone)?
+    }
+
     /// Freezes the session's processes in place until [`unpause`](Self::unpause);
     /// executions are refused with `SANDBOX_PAUSED` meanwhile. Engines without the
     /// `pause` feature answer `CAPABILITY_NOT_SUPPORTED`.

@@ -1,5 +1,7 @@
 //! Session messages served by one engine method each: files (whole and streamed),
-//! pause and unpause.
+//! the file operations (stat, list, make, move, remove, watch), pause and unpause.
+//! None takes an execution permit or writes an execution audit entry: they run no
+//! program.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -153,3 +155,51 @@ session_op!(
     "list_files",
     |sb, msg| async move { sb.list_files(&msg.path).await }
 );
+session_op!(
+    StatPath,
+    paddock_core::FileInfo,
+    "stat",
+    |sb, msg| async move { sb.stat(&msg.path).await }
+);
+session_op!(
+    ListDir,
+    Vec<paddock_core::FileInfo>,
+    "list_dir",
+    |sb, msg| async move { sb.list_dir(&msg.path, msg.depth).await }
+);
+session_op!(MakeDir, bool, "make_dir", |sb, msg| async move {
+    sb.make_dir(&msg.path).await
+});
+session_op!(MovePath, (), "rename", |sb, msg| async move {
+    sb.rename(&msg.from, &msg.to).await
+});
+session_op!(RemovePath, (), "remove", |sb, msg| async move {
+    sb.remove(&msg.path).await
+});
+
+impl Handler<WatchDir> for Supervisor {
+    type Result = ResponseFuture<Result<paddock_core::FileWatch, Error>>;
+
+    fn handle(&mut self, msg: WatchDir, _ctx: &mut Self::Context) -> Self::Result {
+        let session = match self.session_for(&msg.caller, &msg.sandbox) {
+            Ok(s) => s,
+            Err(e) => return Box::pin(async move { Err(e) }),
+        };
+        Box::pin(async move {
+            let WatchDir {
+                path, recursive, ..
+            } = msg;
+            let watch = session
+                .call("watch", move |sb| {
+                    Box::pin(async move { sb.watch(&path, recursive).await })
+                })
+                .await?;
+            // Ended while it started: no watch of a session that is going (the
+            // engine's recycle ends the watches that were already there).
+            if session.ended.borrow().is_some() {
+                return Err(Error::disposed("the sandbox"));
+            }
+            Ok(watch)
+        })
+    }
+}

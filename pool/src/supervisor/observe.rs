@@ -32,6 +32,29 @@ impl Handler<ChooseEngine> for Supervisor {
     }
 }
 
+impl Handler<GetLimiterStats> for Supervisor {
+    type Result = ResponseFuture<Result<crate::limiter::LimiterStats, Error>>;
+
+    fn handle(&mut self, msg: GetLimiterStats, _ctx: &mut Self::Context) -> Self::Result {
+        if matches!(msg.caller, crate::Caller::Tenant(_)) {
+            return Box::pin(async {
+                Err(Error::new(
+                    ErrorCode::NotFound,
+                    "the limiter's counters are for operators and the embedder",
+                ))
+            });
+        }
+        self.note_operator(&msg.caller, "limiter_stats", None);
+        let limiter = self.pipeline.limiter.clone();
+        Box::pin(async move {
+            limiter
+                .send(crate::limiter::Stats)
+                .await
+                .map_err(|e| mailbox_error("limiter", e))
+        })
+    }
+}
+
 impl Handler<GetStats> for Supervisor {
     type Result = MessageResult<GetStats>;
 

@@ -122,7 +122,7 @@ impl Workdir {
     }
 
     /// Creates every directory of `rel` below the root, and returns an fd of the last.
-    fn mkdirs(&self, rel: &Path, arg: &str) -> Result<OwnedFd> {
+    pub(super) fn mkdirs(&self, rel: &Path, arg: &str) -> Result<OwnedFd> {
         let mut current = open_dir_fd(self.fd.as_raw_fd(), c".").map_err(|e| map_io(e, arg))?;
         for comp in rel.components() {
             let name = cpath(Path::new(comp.as_os_str()))?;

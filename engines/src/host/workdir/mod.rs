@@ -18,14 +18,17 @@
 mod disk;
 mod files;
 mod listing;
+mod ops;
 mod resolve;
 mod stream;
+mod watch;
 
 use std::io;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
 use super::volume::{Disks, Quota, Volume};
+pub use ops::file_info;
 use resolve::open_dir_path;
 
 /// Largest file [`Workdir::read_file`] returns. A streaming read (`open_read`) has no
@@ -51,6 +54,8 @@ pub struct Workdir {
     /// The owner (uid, gid) of the files and directories the files API creates, when
     /// it is not this process's user (a container's mapped root).
     owner: Option<(u32, u32)>,
+    /// What stops each watch of the workdir (see `watch.rs`): dropped to end them.
+    watches: parking_lot::Mutex<Vec<tokio::sync::oneshot::Sender<()>>>,
 }
 
 impl Workdir {
@@ -98,6 +103,7 @@ impl Workdir {
             fd,
             volume,
             owner: None,
+            watches: Default::default(),
         })
     }
 
@@ -136,6 +142,7 @@ impl Workdir {
     /// attributes (nor ACLs). A program that owns the root could otherwise leave a
     /// mark on it for the next lease, which may be another tenant's.
     pub fn clear(&self) -> io::Result<()> {
+        self.end_watches();
         for entry in std::fs::read_dir(&self.root)? {
             let entry = entry?;
             let path = entry.path();
@@ -153,6 +160,7 @@ impl Workdir {
     /// Removes the workdir and everything in it; its own filesystem is unmounted
     /// and its image deleted.
     pub fn remove(&self) -> io::Result<()> {
+        self.end_watches();
         if let Some(v) = &self.volume {
             v.unmount()?;
         }

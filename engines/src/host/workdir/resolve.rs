@@ -48,6 +48,18 @@ impl Workdir {
         Ok(out)
     }
 
+    /// [`relative`](Workdir::relative) for the file operations (stat, listing,
+    /// making, moving, removing, watching): an absolute path must be the root as
+    /// programs see it or lie under it, so `/` names the file system's root, not the
+    /// workdir, and is refused unless programs see the workdir there.
+    pub fn relative_strict(&self, path: &str) -> Result<PathBuf> {
+        let p = Path::new(path);
+        if p.is_absolute() && !p.starts_with(&self.shown) {
+            return Err(escape(path));
+        }
+        self.relative(path)
+    }
+
     /// Resolves `path` (a program's working directory) to an existing directory
     /// beneath the workdir, and returns its host path with every symlink resolved.
     ///

@@ -1,0 +1,306 @@
+//! The filesystem service (`filesystem.Filesystem`) on the sandbox's own file
+//! operations: no execution, so no limiter permit and no audit entry, for the
+//! unary calls and for a watcher that waits, while a change still arrives as an
+//! event (polled and streamed).
+
+use std::time::Duration;
+
+use http_body_util::BodyExt;
+use paddock_core::e2b::TemplateConfig;
+use paddock_pool::Caller;
+use serde_json::{json, Value};
+
+use crate::live::{envelope, open, send, Answer, E2bServer, Req, ALICE};
+
+/// A call of the filesystem service of sandbox `id`.
+fn fs(id: &str, token: &str, method: &str, body: Value) -> Req {
+    Req::new("POST", &format!("/filesystem.Filesystem/{method}"))
+        .json(&body)
+        .at_port(id, "49983")
+        .header("x-access-token", token)
+}
+
+/// Uploads `data` to `path` through the agent's `POST /files`.
+async fn upload(t: &E2bServer, id: &str, token: &str, path: &str, data: &str) {
+    let body = format!(
+        "--B\r\nContent-Disposition: form-data; name=\"file\"; filename=\"f\"\r\nContent-Type: application/octet-stream\r\n\r\n{data}\r\n--B--\r\n"
+    );
+    let r = send(
+        t.addr,
+        Req::new("POST", &format!("/files?path={path}"))
+            .body("multipart/form-data; boundary=B", body.into_bytes())
+            .at_port(id, "49983")
+            .header("x-access-token", token),
+    )
+    .await;
+    assert_eq!(r.status, 200, "upload {path}: {}", r.text());
+}
+
+/// What would show an execution: audit entries recorded, limiter admissions, and
+/// permits alive.
+async fn executions(t: &E2bServer) -> (u64, u64, usize) {
+    let audit = t.paddock.audit_statistics(&Caller::Embedder).await.unwrap();
+    let limiter = t.paddock.limiter_stats(&Caller::Embedder).await.unwrap();
+    (audit.total, limiter.admitted, limiter.in_flight)
+}
+
+fn code(a: &Answer) -> String {
+    a.json()["code"].as_str().unwrap_or_default().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_filesystem_service_runs_no_execution_and_a_waiting_watcher_costs_none() {
+    let t = E2bServer::start(256, &[("base", TemplateConfig::default())]);
+    let created = t.create(ALICE, "base", json!({})).await;
+    let id = created["sandboxID"].as_str().unwrap().to_string();
+    let token = created["envdAccessToken"].as_str().unwrap().to_string();
+    // Settle what creating the sandbox did, then take the baseline.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = executions(&t).await;
+
+    // The unary calls.
+    let r = send(
+        t.addr,
+        fs(&id, &token, "MakeDir", json!({"path": "/home/user/w/sub"})),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["entry"]["type"], "FILE_TYPE_DIRECTORY");
+    assert_eq!(r.json()["entry"]["path"], "/home/user/w/sub");
+    let r = send(t.addr, fs(&id, &token, "MakeDir", json!({"path": "w/sub"}))).await;
+    assert_eq!(
+        (r.status, code(&r)),
+        (409, "already_exists".into()),
+        "{}",
+        r.text()
+    );
+    upload(&t, &id, &token, "/home/user/w/a.txt", "hello").await;
+    let r = send(
+        t.addr,
+        fs(&id, &token, "Stat", json!({"path": "/home/user/w/a.txt"})),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let entry = &r.json()["entry"];
+    assert_eq!(
+        (entry["name"].as_str(), entry["size"].as_str()),
+        (Some("a.txt"), Some("5"))
+    );
+    assert_eq!(entry["type"], "FILE_TYPE_FILE");
+    let permissions = entry["permissions"].as_str().unwrap_or_default();
+    assert!(
+        permissions.len() == 10 && permissions.starts_with("-rw"),
+        "{entry}"
+    );
+    let r = send(
+        t.addr,
+        fs(
+            &id,
+            &token,
+            "ListDir",
+            json!({"path": "/home/user", "depth": 2}),
+        ),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let paths: Vec<String> = r.json()["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["path"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        paths.contains(&"/home/user/w/a.txt".to_string()),
+        "{paths:?}"
+    );
+    assert!(paths.contains(&"/home/user/w/sub".to_string()), "{paths:?}");
+    let r = send(
+        t.addr,
+        fs(
+            &id,
+            &token,
+            "Move",
+            json!({"source": "/home/user/w/a.txt", "destination": "/home/user/w/sub/b.txt"}),
+        ),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["entry"]["path"], "/home/user/w/sub/b.txt");
+    let r = send(
+        t.addr,
+        fs(&id, &token, "Remove", json!({"path": "/home/user/w/sub"})),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = send(
+        t.addr,
+        fs(&id, &token, "Stat", json!({"path": "/home/user/w/sub"})),
+    )
+    .await;
+    assert_eq!(
+        (r.status, code(&r)),
+        (404, "not_found".into()),
+        "{}",
+        r.text()
+    );
+    let r = send(
+        t.addr,
+        fs(&id, &token, "Remove", json!({"path": "/home/user/nope"})),
+    )
+    .await;
+    assert_eq!(
+        (r.status, code(&r)),
+        (404, "not_found".into()),
+        "{}",
+        r.text()
+    );
+    // Outside the home: what the sandbox's programs see, stat only.
+    let r = send(t.addr, fs(&id, &token, "Stat", json!({"path": "/bin/sh"}))).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    for (method, body) in [
+        ("ListDir", json!({"path": "/etc"})),
+        ("MakeDir", json!({"path": "/etc/x"})),
+        ("Remove", json!({"path": "/etc/hostname"})),
+        (
+            "Move",
+            json!({"source": "/home/user/w", "destination": "/etc/w"}),
+        ),
+        ("Stat", json!({"path": "/home/user/../../etc/passwd"})),
+    ] {
+        let r = send(t.addr, fs(&id, &token, method, body.clone())).await;
+        assert_eq!(
+            (r.status, code(&r)),
+            (400, "invalid_argument".into()),
+            "{method} {body}: {}",
+            r.text()
+        );
+        assert!(
+            r.text().contains("PATH_ESCAPE"),
+            "{method} {body}: {}",
+            r.text()
+        );
+    }
+    assert_eq!(
+        executions(&t).await,
+        before,
+        "the filesystem calls ran no execution"
+    );
+
+    // A polled watcher and a streamed one, over a few seconds without a change.
+    let r = send(
+        t.addr,
+        fs(
+            &id,
+            &token,
+            "CreateWatcher",
+            json!({"path": "/home/user/w", "recursive": true}),
+        ),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let watcher = r.json()["watcherId"].as_str().unwrap().to_string();
+    let stream = open(
+        t.addr,
+        Req::new("POST", "/filesystem.Filesystem/WatchDir")
+            .body(
+                "application/connect+json",
+                envelope(&json!({"path": "/home/user/w", "recursive": true})),
+            )
+            .at_port(&id, "49983")
+            .header("x-access-token", &token),
+    )
+    .await;
+    assert_eq!(stream.status(), 200);
+    let (tx, mut frames) = tokio::sync::mpsc::unbounded_channel::<Value>();
+    tokio::spawn(async move {
+        let mut body = stream.into_body();
+        let mut buf = Vec::<u8>::new();
+        while let Some(Ok(frame)) = body.frame().await {
+            if let Ok(data) = frame.into_data() {
+                buf.extend_from_slice(&data);
+            }
+            while buf.len() >= 5 {
+                let n = u32::from_be_bytes(buf[1..5].try_into().unwrap()) as usize;
+                if buf.len() < 5 + n {
+                    break;
+                }
+                let v: Value = serde_json::from_slice(&buf[5..5 + n]).unwrap_or(Value::Null);
+                buf.drain(..5 + n);
+                let _ = tx.send(v);
+            }
+        }
+    });
+    let first = tokio::time::timeout(Duration::from_secs(5), frames.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(first.get("start").is_some(), "{first}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let r = send(
+        t.addr,
+        fs(
+            &id,
+            &token,
+            "GetWatcherEvents",
+            json!({"watcherId": watcher}),
+        ),
+    )
+    .await;
+    assert_eq!(r.json()["events"], json!([]), "nothing changed");
+    assert_eq!(
+        executions(&t).await,
+        before,
+        "waiting watchers took no limiter permit and wrote no audit entry"
+    );
+
+    // A change arrives, in both.
+    upload(&t, &id, &token, "/home/user/w/new.txt", "new").await;
+    let r = send(
+        t.addr,
+        fs(
+            &id,
+            &token,
+            "GetWatcherEvents",
+            json!({"watcherId": watcher}),
+        ),
+    )
+    .await;
+    let seen: Vec<(String, String)> = r.json()["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap().into(),
+                e["type"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    assert!(
+        seen.contains(&("new.txt".into(), "EVENT_TYPE_CREATE".into())),
+        "{seen:?}"
+    );
+    let streamed = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            let v = frames.recv().await.expect("the stream goes on");
+            if v["filesystem"]["name"] == "new.txt" {
+                return v;
+            }
+        }
+    })
+    .await
+    .expect("the change streamed within 5 s");
+    assert_eq!(streamed["filesystem"]["type"], "EVENT_TYPE_CREATE");
+    let r = send(
+        t.addr,
+        fs(&id, &token, "RemoveWatcher", json!({"watcherId": watcher})),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        executions(&t).await,
+        before,
+        "uploads and events ran nothing either"
+    );
+    t.stop().await;
+}
