@@ -27,6 +27,8 @@
 //! execution during which it was made lists it.
 
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+// `unsafe` only in `sys` (the system calls, each behind a safe function).
+#![deny(unsafe_code)]
 
 pub mod dns;
 mod firewall;
