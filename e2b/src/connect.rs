@@ -7,11 +7,10 @@
 //!   byte, a 4-byte big-endian length, then that many bytes of JSON. Flag `0x02`
 //!   marks the last envelope, the end of the stream: `{}` or `{"error": {…}}`.
 
-use actix_web::http::StatusCode;
-use actix_web::HttpResponse;
 use bytes::{BufMut, Bytes, BytesMut};
-use paddock_core::{Error, ErrorCode};
 use serde::Serialize;
+
+pub(crate) use crate::errors::{Code, ConnectError};
 
 /// The flag of the end-of-stream envelope.
 pub(crate) const END_STREAM: u8 = 0x02;
@@ -20,121 +19,6 @@ pub(crate) const END_STREAM: u8 = 0x02;
 const COMPRESSED: u8 = 0x01;
 /// The content type of a Connect stream with JSON messages.
 pub(crate) const STREAM_JSON: &str = "application/connect+json";
-
-/// Connect's error codes (the ones Paddock answers).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Code {
-    Canceled,
-    InvalidArgument,
-    DeadlineExceeded,
-    NotFound,
-    AlreadyExists,
-    ResourceExhausted,
-    FailedPrecondition,
-    Unimplemented,
-    Internal,
-    Unavailable,
-}
-
-impl Code {
-    /// The wire name.
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Code::Canceled => "canceled",
-            Code::InvalidArgument => "invalid_argument",
-            Code::DeadlineExceeded => "deadline_exceeded",
-            Code::NotFound => "not_found",
-            Code::AlreadyExists => "already_exists",
-            Code::ResourceExhausted => "resource_exhausted",
-            Code::FailedPrecondition => "failed_precondition",
-            Code::Unimplemented => "unimplemented",
-            Code::Internal => "internal",
-            Code::Unavailable => "unavailable",
-        }
-    }
-
-    /// The HTTP status of a unary answer with this code (Connect's table).
-    pub(crate) fn status(self) -> StatusCode {
-        match self {
-            Code::Canceled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
-            Code::InvalidArgument | Code::FailedPrecondition => StatusCode::BAD_REQUEST,
-            Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
-            Code::NotFound => StatusCode::NOT_FOUND,
-            Code::AlreadyExists => StatusCode::CONFLICT,
-            Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
-            Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
-            Code::Internal => StatusCode::INTERNAL_SERVER_ERROR,
-            Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-        }
-    }
-}
-
-/// An error answered in Connect's form.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ConnectError {
-    pub(crate) code: Code,
-    pub(crate) message: String,
-}
-
-impl ConnectError {
-    pub(crate) fn new(code: Code, message: impl Into<String>) -> ConnectError {
-        ConnectError {
-            code,
-            message: message.into(),
-        }
-    }
-
-    pub(crate) fn invalid(message: impl Into<String>) -> ConnectError {
-        ConnectError::new(Code::InvalidArgument, message)
-    }
-
-    pub(crate) fn not_found(message: impl Into<String>) -> ConnectError {
-        ConnectError::new(Code::NotFound, message)
-    }
-
-    /// The JSON of the error: `{"code", "message"}`.
-    pub(crate) fn json(&self) -> serde_json::Value {
-        serde_json::json!({ "code": self.code.as_str(), "message": self.message })
-    }
-
-    /// A unary answer: the code's status and the error's JSON.
-    pub(crate) fn unary(&self) -> HttpResponse {
-        self.unary_with(self.code.status())
-    }
-
-    /// A unary answer with another status than the code's own (the 502 of a proxy
-    /// that found no sandbox).
-    pub(crate) fn unary_with(&self, status: StatusCode) -> HttpResponse {
-        HttpResponse::build(status)
-            .content_type("application/json")
-            .body(self.json().to_string())
-    }
-}
-
-impl From<Error> for ConnectError {
-    fn from(e: Error) -> ConnectError {
-        let code = match e.code {
-            ErrorCode::NotFound => Code::NotFound,
-            ErrorCode::InvalidOptions
-            | ErrorCode::InvalidModule
-            | ErrorCode::PathEscape
-            | ErrorCode::CodeTooLong
-            | ErrorCode::CodeBlocked
-            | ErrorCode::BlockedModule => Code::InvalidArgument,
-            ErrorCode::RateLimited | ErrorCode::PoolExhausted => Code::ResourceExhausted,
-            ErrorCode::Timeout => Code::DeadlineExceeded,
-            ErrorCode::Cancelled => Code::Canceled,
-            ErrorCode::CapabilityNotSupported => Code::Unimplemented,
-            ErrorCode::SandboxPaused => Code::Unavailable,
-            ErrorCode::EngineDisposed => Code::NotFound,
-            ErrorCode::LimitsExceeded | ErrorCode::MemoryExceeded => Code::ResourceExhausted,
-            ErrorCode::LevelNotSupported => Code::FailedPrecondition,
-            ErrorCode::NodeLost | ErrorCode::FleetUnavailable => Code::Unavailable,
-            _ => Code::Internal,
-        };
-        ConnectError::new(code, format!("{}: {}", e.code.as_str(), e.message))
-    }
-}
 
 /// One envelope holding `message` as JSON.
 pub(crate) fn envelope(flag: u8, message: &impl Serialize) -> Bytes {
@@ -231,6 +115,8 @@ pub(crate) fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Co
 #[cfg(test)]
 mod tests {
     use super::*;
+    use actix_web::http::StatusCode;
+    use paddock_core::{Error, ErrorCode};
 
     #[test]
     fn envelopes_round_trip_in_pieces() {

@@ -8,7 +8,6 @@ use std::time::SystemTime;
 
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
-use paddock_core::{Error, ErrorCode};
 use paddock_pool::Caller;
 use serde_json::{json, Value};
 
@@ -25,54 +24,7 @@ pub(crate) use listing::list;
 /// Most bytes of a control-plane request body.
 const MAX_BODY: usize = 256 * 1024;
 
-/// An answer of the control plane that is not a success.
-#[derive(Debug)]
-pub(crate) struct ApiError {
-    status: StatusCode,
-    message: String,
-}
-
-impl ApiError {
-    pub(crate) fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
-        ApiError {
-            status,
-            message: message.into(),
-        }
-    }
-
-    fn not_found(id: &str) -> ApiError {
-        ApiError::new(
-            StatusCode::NOT_FOUND,
-            format!("sandbox \"{id}\" doesn't exist or you don't have access to it"),
-        )
-    }
-
-    pub(crate) fn response(&self) -> HttpResponse {
-        HttpResponse::build(self.status).json(json!({
-            "code": self.status.as_u16(),
-            "message": self.message,
-        }))
-    }
-}
-
-impl From<Error> for ApiError {
-    fn from(e: Error) -> ApiError {
-        let status = match e.code {
-            ErrorCode::NotFound | ErrorCode::EngineDisposed => StatusCode::NOT_FOUND,
-            ErrorCode::RateLimited | ErrorCode::PoolExhausted => StatusCode::TOO_MANY_REQUESTS,
-            ErrorCode::InvalidOptions
-            | ErrorCode::InvalidConfig
-            | ErrorCode::LevelNotSupported
-            | ErrorCode::CapabilityNotSupported
-            | ErrorCode::PathEscape => StatusCode::BAD_REQUEST,
-            ErrorCode::SandboxPaused => StatusCode::CONFLICT,
-            ErrorCode::NodeLost | ErrorCode::FleetUnavailable => StatusCode::SERVICE_UNAVAILABLE,
-            ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
-            _ => StatusCode::INTERNAL_SERVER_ERROR,
-        };
-        ApiError::new(status, format!("{}: {}", e.code.as_str(), e.message))
-    }
-}
+pub(crate) use crate::errors::ApiError;
 
 type Answer = Result<HttpResponse, ApiError>;
 

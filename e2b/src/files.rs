@@ -31,24 +31,8 @@ const MAX_ENTRIES: usize = 10_000;
 /// Most files one upload may hold.
 const MAX_PARTS: usize = 1000;
 
-/// An error of the agent's plain HTTP routes: a status and `{"code", "message"}`.
-pub(crate) fn http_error(status: StatusCode, message: impl Into<String>) -> HttpResponse {
-    HttpResponse::build(status).json(json!({ "code": status.as_u16(), "message": message.into() }))
-}
-
-fn http_from(e: paddock_core::Error) -> HttpResponse {
-    use paddock_core::ErrorCode as C;
-    let status = match e.code {
-        C::NotFound => StatusCode::NOT_FOUND,
-        C::InvalidOptions | C::PathEscape => StatusCode::BAD_REQUEST,
-        C::LimitsExceeded => StatusCode::PAYLOAD_TOO_LARGE,
-        C::RateLimited | C::PoolExhausted => StatusCode::TOO_MANY_REQUESTS,
-        C::EngineDisposed => StatusCode::NOT_FOUND,
-        C::SandboxPaused => StatusCode::CONFLICT,
-        _ => StatusCode::INTERNAL_SERVER_ERROR,
-    };
-    http_error(status, format!("{}: {}", e.code.as_str(), e.message))
-}
+pub(crate) use crate::errors::http_error;
+use crate::errors::http_from;
 
 #[derive(Debug, Default, Deserialize)]
 struct FileQuery {

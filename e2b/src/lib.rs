@@ -39,6 +39,7 @@ mod admission;
 mod caps;
 mod connect;
 mod control;
+mod errors;
 mod files;
 mod forward;
 mod interpreter;
