@@ -18,21 +18,29 @@ use tokio::net::TcpStream;
 
 const KEY: &str = "key-e2b-admission-0123456789";
 
-/// A Paddock serving the E2B API with one API key, whose bodies may pause 300 ms.
-struct Server {
+/// A Paddock serving the E2B API beside the native one on a loopback listener.
+pub(crate) struct Server {
     paddock: Paddock,
     http: HttpServerHandle,
 }
 
 impl Server {
+    /// One API key, bodies that may pause 300 ms.
     fn start() -> Server {
-        let server = ServerConfig {
-            listen: "127.0.0.1:0".into(),
+        Server::start_with(ServerConfig {
             api_keys: vec![ApiKey::new(KEY, "alpha")],
-            // Template `quick` runs on the subprocess engine (level `none`).
-            allowed_levels: Some(vec![IsolationLevel::None]),
             body_read_timeout_ms: 300,
             ..ServerConfig::default()
+        })
+    }
+
+    /// With `server`'s keys and settings, on a loopback port, level `none` allowed
+    /// (template `quick` runs on the subprocess engine), one ready instance per pool.
+    pub(crate) fn start_with(server: ServerConfig) -> Server {
+        let server = ServerConfig {
+            listen: "127.0.0.1:0".into(),
+            allowed_levels: Some(vec![IsolationLevel::None]),
+            ..server
         };
         let mut config = PaddockConfig::default();
         config.pool.min_idle = 1;
@@ -58,11 +66,11 @@ impl Server {
         Server { paddock, http }
     }
 
-    fn addr(&self) -> SocketAddr {
+    pub(crate) fn addr(&self) -> SocketAddr {
         self.http.local_addr()
     }
 
-    async fn stop(self) {
+    pub(crate) async fn stop(self) {
         let _ = self.paddock.shutdown(Duration::from_secs(5)).await;
         self.http.stop().await;
     }

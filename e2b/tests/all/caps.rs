@@ -4,64 +4,28 @@
 //! tenant is not.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use paddock_core::e2b::E2bConfig;
-use paddock_core::{ApiKey, IsolationLevel, ServerConfig};
-use paddock_pool::http::HttpServerHandle;
-use paddock_pool::Paddock;
+use paddock_core::{ApiKey, ServerConfig};
 use tokio::io::BufReader;
 use tokio::net::TcpStream;
 
-use crate::admission::{answer, send, Answer};
+use crate::admission::{answer, send, Answer, Server};
 
 const ALPHA: &str = "key-caps-alpha-0123456789";
 const BETA: &str = "key-caps-beta-0123456789";
 /// Requests in progress one tenant may have.
 const CAP: u32 = 2;
 
-struct Server {
-    paddock: Paddock,
-    http: HttpServerHandle,
-}
-
-impl Server {
-    fn start() -> Server {
-        let server = ServerConfig {
-            listen: "127.0.0.1:0".into(),
-            api_keys: vec![ApiKey::new(ALPHA, "alpha"), ApiKey::new(BETA, "beta")],
-            allowed_levels: Some(vec![IsolationLevel::None]),
-            max_requests_per_tenant: CAP,
-            // A request whose body is announced and not sent stays in progress.
-            body_read_timeout_ms: 30_000,
-            ..ServerConfig::default()
-        };
-        let paddock = paddock::builder()
-            .access(server.access_rules())
-            .start()
-            .expect("Paddock starts");
-        let api = paddock_e2b::E2bApi::new(
-            paddock.clone(),
-            E2bConfig::default(),
-            &server,
-            Default::default(),
-        )
-        .expect("the E2B API");
-        let routes: paddock_pool::http::Extension = Arc::new(move |cfg| api.configure(cfg));
-        let http = paddock_pool::http::start_with(paddock.clone(), server, vec![routes])
-            .expect("the server starts");
-        Server { paddock, http }
-    }
-
-    fn addr(&self) -> SocketAddr {
-        self.http.local_addr()
-    }
-
-    async fn stop(self) {
-        let _ = self.paddock.shutdown(Duration::from_secs(5)).await;
-        self.http.stop().await;
-    }
+/// Two tenants' keys, `CAP` requests each; a request whose body is announced and
+/// not sent stays in progress.
+fn start() -> Server {
+    Server::start_with(ServerConfig {
+        api_keys: vec![ApiKey::new(ALPHA, "alpha"), ApiKey::new(BETA, "beta")],
+        max_requests_per_tenant: CAP,
+        body_read_timeout_ms: 30_000,
+        ..ServerConfig::default()
+    })
 }
 
 /// E2B's list of sandboxes, with `key` in `X-API-Key`.
@@ -111,7 +75,7 @@ where
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_at_its_cap_on_the_native_api_is_refused_on_the_e2b_api() {
-    let s = Server::start();
+    let s = start();
     let addr = s.addr();
     assert_eq!(e2b_list(addr, ALPHA).await.status, 200);
 
@@ -156,7 +120,7 @@ async fn a_tenant_at_its_cap_on_the_native_api_is_refused_on_the_e2b_api() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_at_its_cap_on_the_e2b_api_is_refused_on_the_native_api() {
-    let s = Server::start();
+    let s = start();
     let addr = s.addr();
     let bearer = format!("Authorization: Bearer {ALPHA}");
     assert_eq!(native_stats(addr, &bearer).await.status, 200);
