@@ -43,9 +43,6 @@ pub struct E2bConfig {
     /// that an E2B client is refused exactly when a native one would be.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_sandboxes: Option<usize>,
-    /// Most processes an E2B sandbox keeps track of (running, and ended ones whose
-    /// end may still be asked for).
-    pub max_processes_per_sandbox: usize,
 }
 
 impl Default for E2bConfig {
@@ -56,7 +53,6 @@ impl Default for E2bConfig {
             default_timeout_s: 300,
             max_timeout_s: 86_400,
             max_sandboxes: None,
-            max_processes_per_sandbox: 256,
         }
     }
 }
@@ -86,7 +82,7 @@ impl E2bConfig {
                 format!("at most {MAX_TIMEOUT_S} s (30 days)"),
             ));
         }
-        if self.max_sandboxes == Some(0) || self.max_processes_per_sandbox == 0 {
+        if self.max_sandboxes == Some(0) {
             return Err(Error::invalid_config(
                 "e2b.max_sandboxes",
                 "caps are at least 1",

@@ -152,6 +152,8 @@ async fn start(sbx: &Sbx, ctx: &Context) -> Result<Io, String> {
         env: sbx.env.clone(),
         cwd: Some(ctx.cwd.clone()),
         stdin: true,
+        // Not a process of E2B's process service: its `List` leaves it out.
+        tag: Some(format!("{}{}", crate::process::RESERVED_TAG, ctx.id)),
     };
     // An engine that failed for the moment (a container agent that did not answer
     // in time, which says to retry) gets one more try before the caller is told.

@@ -3,12 +3,13 @@
 //! Update).
 //!
 //! A process is a Paddock background process (a terminal when a `pty` is asked for)
-//! of the sandbox's session, so the policy checks and the audit of every process
-//! hold here too. E2B addresses processes by a `pid` (and an optional `tag`); the
-//! pids are this API's own, counted per sandbox from 1000, since the pid inside a
-//! container is not the host's. Unlike ids they need not be unguessable: E2B's
-//! protocol carries a pid as a `uint32`, and a pid names a process only inside its
-//! own sandbox, on routes that take that sandbox's access token.
+//! of the sandbox's session, so the policy checks, the audit and the cap of every
+//! process hold here too, and the session's process table is the only one: E2B
+//! addresses processes by a `pid` (and an optional `tag`); a pid is the process's
+//! number in its session from 1000 on ([`pid_of`]), since the pid inside a container
+//! is not the host's. Unlike ids they need not be unguessable: E2B's protocol carries
+//! a pid as a `uint32`, and a pid names a process only inside its own sandbox, on
+//! routes that take that sandbox's access token.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -20,15 +21,27 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use paddock_core::interactive::ProcessShared;
 use paddock_core::{ProcessSpec, StreamKind, TerminalSize, TerminalSpec};
-use paddock_pool::Attachable;
+use paddock_pool::{Attachable, ProcessInfo, ProcessSelector, Started};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::connect::{self, Code, ConnectError};
 use crate::registry::Sbx;
 
-/// The first pid handed out in a sandbox.
+/// The pid of a sandbox's first process: E2B's pid of a process is its number in
+/// the session (counted from 1) plus 999.
 const FIRST_PID: u32 = 1000;
+
+/// The start of the tags of the processes this API runs for itself (a code
+/// context's interpreter): the process service neither lists them nor starts one
+/// with such a tag.
+pub(crate) const RESERVED_TAG: &str = "paddock.";
+
+/// E2B's pid of a process.
+fn pid_of(info: &ProcessInfo) -> u32 {
+    info.number.saturating_add(FIRST_PID - 1)
+}
+
 /// Most bytes of one request message (a stdin chunk is base64 inside it: 768 KiB of
 /// input at most). Every agent call's body is read whole before it is handled, so
 /// this, times a tenant's concurrent requests (`server.max_requests_per_tenant`),
@@ -37,85 +50,6 @@ const FIRST_PID: u32 = 1000;
 pub(crate) const MAX_MESSAGE: usize = 1 << 20;
 /// The keepalive interval when the client asks for none.
 const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(50);
-
-/// The processes of one sandbox.
-pub(crate) struct Procs {
-    next_pid: u32,
-    max: usize,
-    by_pid: BTreeMap<u32, Proc>,
-    /// Places taken by processes being started.
-    starting: usize,
-}
-
-/// One process, as E2B sees it.
-#[derive(Clone)]
-pub(crate) struct Proc {
-    pid: u32,
-    tag: Option<String>,
-    config: Value,
-    handle: Attachable,
-}
-
-impl Procs {
-    pub(crate) fn new(max: usize) -> Procs {
-        Procs {
-            next_pid: FIRST_PID,
-            max,
-            by_pid: BTreeMap::new(),
-            starting: 0,
-        }
-    }
-
-    /// Room for one more: ended processes go, oldest first, while the table is
-    /// full; a table full of running ones refuses.
-    fn make_room(&mut self) -> Result<(), ConnectError> {
-        while self.by_pid.len() + self.starting >= self.max {
-            let ended = self
-                .by_pid
-                .iter()
-                .find(|(_, p)| p.handle.shared().exit().is_some())
-                .map(|(pid, _)| *pid);
-            match ended {
-                Some(pid) => {
-                    self.by_pid.remove(&pid);
-                }
-                None => {
-                    return Err(ConnectError::new(
-                        Code::ResourceExhausted,
-                        format!(
-                            "{} processes run in this sandbox (e2b.max_processes_per_sandbox); end one first",
-                            self.max
-                        ),
-                    ))
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn find(&self, sel: &Selector) -> Option<Proc> {
-        match sel {
-            Selector::Pid(pid) => self.by_pid.get(pid).cloned(),
-            Selector::Tag(tag) => self
-                .by_pid
-                .values()
-                .rev()
-                .find(|p| p.tag.as_deref() == Some(tag.as_str()))
-                .cloned(),
-        }
-    }
-}
-
-/// Kills the processes of a sandbox being ended, and forgets them.
-pub(crate) fn forget_all(s: &Sbx) {
-    let procs = std::mem::take(&mut s.procs.lock().by_pid);
-    for p in procs.values() {
-        let _ = p.handle.shared().control().signal(SIGKILL);
-    }
-}
-
-/// The signal that ends a forgotten sandbox's processes.
-const SIGKILL: i32 = 9;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Selector {
@@ -224,12 +158,25 @@ fn selector(s: Option<SelectorJson>) -> Result<Selector, ConnectError> {
         .selector()
 }
 
-fn find(sbx: &Sbx, sel: &Selector) -> Result<Proc, ConnectError> {
-    sbx.procs.lock().find(sel).ok_or_else(|| {
-        ConnectError::not_found(match sel {
-            Selector::Pid(pid) => format!("process with pid {pid} not found"),
-            Selector::Tag(tag) => format!("process with tag {tag} not found"),
-        })
+/// The session's process `sel` names.
+async fn find(sbx: &Sbx, sel: &Selector) -> Result<Started, ConnectError> {
+    let which = match sel {
+        Selector::Pid(pid) => match pid.checked_sub(FIRST_PID - 1) {
+            Some(number) if number > 0 => ProcessSelector::Number(number),
+            _ => return Err(not_found(sel)),
+        },
+        Selector::Tag(tag) => ProcessSelector::Tag(tag.clone()),
+    };
+    match sbx.handle.process_by(which).await {
+        Err(e) if e.code == paddock_core::ErrorCode::NotFound => Err(not_found(sel)),
+        other => Ok(other?),
+    }
+}
+
+fn not_found(sel: &Selector) -> ConnectError {
+    ConnectError::not_found(match sel {
+        Selector::Pid(pid) => format!("process with pid {pid} not found"),
+        Selector::Tag(tag) => format!("process with tag {tag} not found"),
     })
 }
 
@@ -254,13 +201,30 @@ pub(crate) async fn unary(
 ) -> Result<Value, ConnectError> {
     match method {
         "List" => {
-            let procs = sbx.procs.lock();
-            let running: Vec<Value> = procs
-                .by_pid
-                .values()
-                .filter(|p| p.handle.shared().exit().is_none())
+            let running: Vec<Value> = sbx
+                .handle
+                .processes()
+                .await?
+                .iter()
+                .filter(|p| p.exit.is_none())
+                .filter(|p| {
+                    !p.tag
+                        .as_deref()
+                        .is_some_and(|t| t.starts_with(RESERVED_TAG))
+                })
                 .map(|p| {
-                    let mut v = json!({ "config": p.config, "pid": p.pid });
+                    let (cmd, args) = p
+                        .argv
+                        .split_first()
+                        .map_or(("", &[][..]), |(c, a)| (c.as_str(), a));
+                    // The variables the start gave: those the sandbox's own do not hold.
+                    let envs: BTreeMap<&String, &String> = p
+                        .env
+                        .iter()
+                        .filter(|(k, v)| sbx.env.get(*k) != Some(*v))
+                        .collect();
+                    let config = json!({ "cmd": cmd, "args": args, "envs": envs, "cwd": p.cwd });
+                    let mut v = json!({ "config": config, "pid": pid_of(p) });
                     if let Some(t) = &p.tag {
                         v["tag"] = json!(t);
                     }
@@ -271,14 +235,14 @@ pub(crate) async fn unary(
         }
         "SendInput" => {
             let r: SendInputRequest = parse_borrowed(body)?;
-            let p = find(sbx, &selector(r.process)?)?;
+            let p = find(sbx, &selector(r.process)?).await?;
             let input = r.input.unwrap_or_default();
             write_input(&p, input).await?;
             Ok(json!({}))
         }
         "SendSignal" => {
             let r: SendSignalRequest = connect::parse(body)?;
-            let p = find(sbx, &selector(r.process)?)?;
+            let p = find(sbx, &selector(r.process)?).await?;
             let signal = match r.signal {
                 Some(Value::String(s)) if s == "SIGNAL_SIGKILL" => 9,
                 Some(Value::String(s)) if s == "SIGNAL_SIGTERM" => 15,
@@ -296,7 +260,7 @@ pub(crate) async fn unary(
         }
         "CloseStdin" => {
             let r: SelectRequest = connect::parse(body)?;
-            let p = find(sbx, &selector(r.process)?)?;
+            let p = find(sbx, &selector(r.process)?).await?;
             match &p.handle {
                 Attachable::Process(h) => h.close_stdin().await?,
                 Attachable::Terminal(_) => {
@@ -309,7 +273,7 @@ pub(crate) async fn unary(
         }
         "Update" => {
             let r: UpdateRequest = connect::parse(body)?;
-            let p = find(sbx, &selector(r.process)?)?;
+            let p = find(sbx, &selector(r.process)?).await?;
             let Some(pty) = r.pty else {
                 return Ok(json!({}));
             };
@@ -350,7 +314,7 @@ fn parse_borrowed<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ConnectEr
 /// bytes are buffered, `resource_exhausted` (`RATE_LIMITED`) when the process has
 /// not read what it was sent within the buffer's wait, or the tenant's processes
 /// hold their budget of unread input (see `limiter.max_input_bytes_per_process`).
-async fn write_input(p: &Proc, input: InputJson<'_>) -> Result<(), ConnectError> {
+async fn write_input(p: &Started, input: InputJson<'_>) -> Result<(), ConnectError> {
     let (data, to_pty) = match (input.stdin, input.pty) {
         (Some(d), None) => (decode_bytes("input.stdin", &d)?, false),
         (None, Some(d)) => (decode_bytes("input.pty", &d)?, true),
@@ -425,75 +389,51 @@ pub(crate) async fn start(
     if config.cmd.is_empty() {
         return Err(ConnectError::invalid("process.cmd: name a program to run"));
     }
+    if r.tag
+        .as_deref()
+        .is_some_and(|t| t.starts_with(RESERVED_TAG))
+    {
+        return Err(ConnectError::invalid(format!(
+            "tag: tags starting with `{RESERVED_TAG}` are reserved; choose another"
+        )));
+    }
     let mut env = sbx.env.clone();
     env.extend(config.envs.clone());
     let cwd = config.cwd.as_deref().map(|c| sbx.path(c));
-    let echoed = json!({
-        "cmd": config.cmd,
-        "args": config.args,
-        "envs": config.envs,
-        "cwd": cwd,
-    });
-    // The place and the pid are taken before the process starts, and it starts and
-    // is recorded in a task of its own: neither a concurrent start nor a caller that
-    // goes away midway can leave a process running that E2B does not know of.
-    let pid = {
-        let mut procs = sbx.procs.lock();
-        procs.make_room()?;
-        procs.starting += 1;
-        let pid = procs.next_pid;
-        procs.next_pid = procs.next_pid.wrapping_add(1).max(FIRST_PID);
-        pid
+    // The session records it in its process table (the only one) in the actor's
+    // turn, whether or not this caller stays for the answer.
+    let started = match r.pty {
+        Some(pty) => {
+            let spec = TerminalSpec {
+                command: config.cmd,
+                args: config.args,
+                size: TerminalSize {
+                    rows: pty.size.rows,
+                    cols: pty.size.cols,
+                },
+                env,
+                cwd,
+                tag: r.tag,
+            };
+            sbx.handle.open_terminal(spec).await?
+        }
+        None => {
+            let spec = ProcessSpec {
+                argv: std::iter::once(config.cmd).chain(config.args).collect(),
+                env,
+                cwd,
+                // E2B's agent opens stdin unless told not to.
+                stdin: r.stdin.unwrap_or(true),
+                tag: r.tag,
+            };
+            sbx.handle.start_process(spec).await?
+        }
     };
-    let task_sbx = sbx.clone();
-    let tag = r.tag.clone();
-    let stdin = r.stdin.unwrap_or(true);
-    let started = actix_web::rt::spawn(async move {
-        let sbx = task_sbx;
-        let started = match r.pty {
-            Some(pty) => {
-                let spec = TerminalSpec {
-                    command: config.cmd.clone(),
-                    args: config.args.clone(),
-                    size: TerminalSize {
-                        rows: pty.size.rows,
-                        cols: pty.size.cols,
-                    },
-                    env,
-                    cwd,
-                };
-                sbx.handle.open_terminal(spec).await
-            }
-            None => {
-                let spec = ProcessSpec {
-                    argv: std::iter::once(config.cmd.clone())
-                        .chain(config.args.iter().cloned())
-                        .collect(),
-                    env,
-                    cwd,
-                    // E2B's agent opens stdin unless told not to.
-                    stdin,
-                };
-                sbx.handle.start_process(spec).await
-            }
-        };
-        let mut procs = sbx.procs.lock();
-        procs.starting -= 1;
-        let started = started?;
-        procs.by_pid.insert(
-            pid,
-            Proc {
-                pid,
-                tag,
-                config: echoed,
-                handle: started.handle.clone(),
-            },
-        );
-        Ok::<_, paddock_core::Error>(started)
-    })
-    .await
-    .map_err(|e| ConnectError::new(Code::Internal, format!("starting the process: {e}")))??;
-    Ok(stream_events(pid, &started.handle, timing(req)))
+    Ok(stream_events(
+        pid_of(&started.info),
+        &started.handle,
+        timing(req),
+    ))
 }
 
 /// `Connect`: streams the events of a running process from its oldest output
@@ -504,8 +444,8 @@ pub(crate) async fn connect_to(
     message: &[u8],
 ) -> Result<HttpResponse, ConnectError> {
     let r: SelectRequest = connect::parse(message)?;
-    let p = find(&sbx, &selector(r.process)?)?;
-    Ok(stream_events(p.pid, &p.handle, timing(req)))
+    let p = find(&sbx, &selector(r.process)?).await?;
+    Ok(stream_events(pid_of(&p.info), &p.handle, timing(req)))
 }
 
 /// The event stream of a process: `start`, its output as `data`, then `end`, with
@@ -629,7 +569,7 @@ pub(crate) async fn stream_input(
     mut payload: web::Payload,
 ) -> Result<HttpResponse, ConnectError> {
     let mut decoder = connect::Decoder::new(MAX_MESSAGE);
-    let mut target: Option<Proc> = None;
+    let mut target: Option<Started> = None;
     let mut ended = false;
     while !ended {
         let Some(piece) = payload.next().await else {
@@ -646,7 +586,7 @@ pub(crate) async fn stream_input(
             if let Some(start) = v.get("start") {
                 let r: SelectRequest = serde_json::from_value(start.clone())
                     .map_err(|e| ConnectError::invalid(format!("start: {e}")))?;
-                target = Some(find(&sbx, &selector(r.process)?)?);
+                target = Some(find(&sbx, &selector(r.process)?).await?);
             } else if let Some(data) = v.get("data") {
                 let p = target.as_ref().ok_or_else(|| {
                     ConnectError::invalid("send `start` naming the process before `data`")

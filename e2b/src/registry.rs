@@ -52,7 +52,6 @@ pub(crate) struct Sbx {
     pub(crate) end_at: parking_lot::Mutex<SystemTime>,
     pub(crate) paused: AtomicBool,
     pub(crate) home: String,
-    pub(crate) procs: parking_lot::Mutex<crate::process::Procs>,
     pub(crate) cpu_count: u32,
     pub(crate) memory_mb: u64,
 }
@@ -143,7 +142,6 @@ impl Inner {
         let Some((_, s)) = self.sandboxes.remove(id) else {
             return false;
         };
-        crate::process::forget_all(&s);
         crate::interpreter::forget_all(&s);
         if let Err(e) = s.handle.destroy().await {
             tracing::warn!(sandbox = %id, error = %e, "destroying an E2B sandbox failed");
@@ -171,7 +169,6 @@ impl Inner {
     /// the native API, or by the pool's own limits).
     fn forget(&self, id: &str) {
         if let Some((_, s)) = self.sandboxes.remove(id) {
-            crate::process::forget_all(&s);
             crate::interpreter::forget_all(&s);
         }
     }

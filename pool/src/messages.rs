@@ -546,6 +546,36 @@ pub struct ProcessInfo {
     pub started_at_ms: u64,
     /// How it ended, once it has.
     pub exit: Option<paddock_core::ProcessExit>,
+    /// Its number in the sandbox: counted from 1 in the order processes and terminals
+    /// started, never given twice in one sandbox.
+    pub number: u32,
+    /// The tag it was started with.
+    pub tag: Option<String>,
+    /// The working directory it was started in, as asked (`null`: the workdir).
+    pub cwd: Option<String>,
+    /// The environment variables it was started with, beyond the sandbox's own.
+    pub env: std::collections::BTreeMap<String, String>,
+}
+
+/// Which of a session's processes or terminals.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProcessSelector {
+    /// By its id (`p-…` or `t-…`).
+    Id(String),
+    /// By its [`ProcessInfo::number`].
+    Number(u32),
+    /// The latest one started with this tag.
+    Tag(String),
+}
+
+impl std::fmt::Display for ProcessSelector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ProcessSelector::Id(id) => write!(f, "`{id}`"),
+            ProcessSelector::Number(n) => write!(f, "number {n}"),
+            ProcessSelector::Tag(t) => write!(f, "with tag `{t}`"),
+        }
+    }
 }
 
 /// A started background process or terminal: its handle and its record.
@@ -622,8 +652,8 @@ pub struct GetProcess {
     pub caller: Caller,
     /// The session id.
     pub sandbox: String,
-    /// The process's id in the sandbox.
-    pub process: String,
+    /// Which process.
+    pub process: ProcessSelector,
 }
 
 /// A session's processes and terminals (running ones, and the most recent that ended).

@@ -70,6 +70,10 @@ pub struct PoolConfig {
     /// An open sandbox is destroyed this long after it was opened, used or not.
     /// Default 86400000 ms (24 h); 0 never.
     pub sandbox_max_lifetime_ms: u64,
+    /// Most background processes and terminals running at once in one sandbox, on
+    /// every API (the native one and E2B's); one more is refused `RATE_LIMITED`
+    /// until one ends. Default 256, at most 65536.
+    pub max_processes_per_sandbox: usize,
 }
 
 impl Default for PoolConfig {
@@ -93,6 +97,7 @@ impl Default for PoolConfig {
             suspend_ttl_ms: 600_000,
             sandbox_idle_timeout_ms: 1_800_000,
             sandbox_max_lifetime_ms: 86_400_000,
+            max_processes_per_sandbox: 256,
         }
     }
 }
@@ -138,6 +143,12 @@ impl PoolConfig {
                 ));
             }
         }
+        if !(1..=65_536).contains(&self.max_processes_per_sandbox) {
+            return Err(Error::invalid_config(
+                &field("max_processes_per_sandbox"),
+                "must be in 1..=65536",
+            ));
+        }
         if self.failure_threshold == 0 {
             return Err(Error::invalid_config(
                 &field("failure_threshold"),
@@ -170,5 +181,12 @@ mod tests {
         assert_eq!(c.pool.min_idle, 9);
         let c = PaddockConfig::from_toml_str("[pool]\nmax_size = 2\nmin_idle = 0\n").unwrap();
         assert_eq!(c.pool.max_size, 2);
+        let e =
+            PaddockConfig::from_toml_str("[pool]\nmax_processes_per_sandbox = 0\n").unwrap_err();
+        assert!(
+            e.message.contains("pool.max_processes_per_sandbox"),
+            "{}",
+            e.message
+        );
     }
 }

@@ -11,6 +11,8 @@ use crate::error::{Error, Result};
 const MAX_ARGS: usize = 4096;
 /// Most bytes of all arguments and environment variables together.
 const MAX_ARG_BYTES: usize = 1 << 20;
+/// Most bytes of a process's tag.
+const MAX_TAG_BYTES: usize = 256;
 
 /// A background process to start in a sandbox.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -29,6 +31,11 @@ pub struct ProcessSpec {
     /// Whether stdin is a pipe the handle writes to; otherwise it reads as empty.
     #[serde(default)]
     pub stdin: bool,
+    /// A name of the caller's to find the process by among the sandbox's (the
+    /// latest one started with it); at most 256 bytes, no control characters.
+    #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(length(max = 256)))]
+    pub tag: Option<String>,
 }
 
 impl ProcessSpec {
@@ -52,7 +59,8 @@ impl ProcessSpec {
 
     /// `INVALID_OPTIONS` for an empty argv, NUL bytes or oversized arguments.
     pub fn validate(&self) -> Result<()> {
-        validate_command("argv", &self.argv, &self.env)
+        validate_command("argv", &self.argv, &self.env)?;
+        validate_tag(self.tag.as_deref())
     }
 }
 
@@ -115,6 +123,10 @@ pub struct TerminalSpec {
     /// The working directory, inside the sandbox's workdir (default: the workdir).
     #[serde(default)]
     pub cwd: Option<String>,
+    /// A name of the caller's to find the terminal by, as [`ProcessSpec::tag`].
+    #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(length(max = 256)))]
+    pub tag: Option<String>,
 }
 
 fn default_shell() -> String {
@@ -129,6 +141,7 @@ impl Default for TerminalSpec {
             size: TerminalSize::default(),
             env: BTreeMap::new(),
             cwd: None,
+            tag: None,
         }
     }
 }
@@ -158,8 +171,29 @@ impl TerminalSpec {
     /// size out of range.
     pub fn validate(&self) -> Result<()> {
         validate_command("command", &self.argv(), &self.env)?;
+        validate_tag(self.tag.as_deref())?;
         self.size.validate()
     }
+}
+
+/// `INVALID_OPTIONS` for a tag over [`MAX_TAG_BYTES`] or with control characters.
+fn validate_tag(tag: Option<&str>) -> Result<()> {
+    let Some(tag) = tag else {
+        return Ok(());
+    };
+    if tag.len() > MAX_TAG_BYTES {
+        return Err(Error::invalid_options(
+            "tag",
+            format!("{} bytes; at most {MAX_TAG_BYTES}", tag.len()),
+        ));
+    }
+    if tag.chars().any(char::is_control) {
+        return Err(Error::invalid_options(
+            "tag",
+            "remove the control characters",
+        ));
+    }
+    Ok(())
 }
 
 fn validate_command(field: &str, argv: &[String], env: &BTreeMap<String, String>) -> Result<()> {
@@ -232,5 +266,28 @@ mod tests {
             }
         );
         assert!(serde_json::from_str::<ProcessSpec>(r#"{"argv":["x"],"bogus":1}"#).is_err());
+    }
+
+    #[test]
+    fn tags_are_bounded_and_printable() {
+        let tagged = |tag: &str| ProcessSpec {
+            tag: Some(tag.into()),
+            ..ProcessSpec::new(["true"])
+        };
+        assert!(tagged("web-server").validate().is_ok());
+        assert!(tagged(&"x".repeat(MAX_TAG_BYTES)).validate().is_ok());
+        let e = tagged(&"x".repeat(MAX_TAG_BYTES + 1))
+            .validate()
+            .unwrap_err();
+        assert_eq!(
+            (e.code, e.message.contains("tag")),
+            (ErrorCode::InvalidOptions, true)
+        );
+        assert!(tagged("a\nb").validate().is_err());
+        let t = TerminalSpec {
+            tag: Some("\u{7}".into()),
+            ..TerminalSpec::default()
+        };
+        assert!(t.validate().unwrap_err().message.contains("tag"));
     }
 }

@@ -217,9 +217,6 @@ async fn create_inner(inner: &Arc<Inner>, req: &HttpRequest, body: &[u8]) -> Ans
             end_at: parking_lot::Mutex::new(inner.ends(timeout)),
             paused: Default::default(),
             home: template.home.clone(),
-            procs: parking_lot::Mutex::new(crate::process::Procs::new(
-                inner.config.max_processes_per_sandbox,
-            )),
             cpu_count: template
                 .limits
                 .cpu_millicores

@@ -235,23 +235,27 @@ async fn the_filesystem_service_runs_no_execution_and_a_waiting_watcher_costs_no
         .unwrap()
         .unwrap();
     assert!(first.get("start").is_some(), "{first}");
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let r = send(
-        t.addr,
-        fs(
-            &id,
-            &token,
-            "GetWatcherEvents",
-            json!({"watcherId": watcher}),
-        ),
-    )
-    .await;
-    assert_eq!(r.json()["events"], json!([]), "nothing changed");
-    assert_eq!(
-        executions(&t).await,
-        before,
-        "waiting watchers took no limiter permit and wrote no audit entry"
-    );
+    // A minute of no change, the polled watcher asked every 5 s as a client would:
+    // no event, and not one permit or audit entry at any point.
+    for _ in 0..12 {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let r = send(
+            t.addr,
+            fs(
+                &id,
+                &token,
+                "GetWatcherEvents",
+                json!({"watcherId": watcher}),
+            ),
+        )
+        .await;
+        assert_eq!(r.json()["events"], json!([]), "nothing changed");
+        assert_eq!(
+            executions(&t).await,
+            before,
+            "waiting watchers took no limiter permit and wrote no audit entry"
+        );
+    }
 
     // A change arrives, in both.
     upload(&t, &id, &token, "/home/user/w/new.txt", "new").await;

@@ -29,6 +29,15 @@ pub struct E2bServer {
 
 impl E2bServer {
     pub fn start(max_requests_per_tenant: u32, templates: &[(&str, TemplateConfig)]) -> E2bServer {
+        E2bServer::start_with(max_requests_per_tenant, templates, |_| {})
+    }
+
+    /// [`start`](Self::start), with `tweak` applied to the configuration last.
+    pub fn start_with(
+        max_requests_per_tenant: u32,
+        templates: &[(&str, TemplateConfig)],
+        tweak: impl FnOnce(&mut PaddockConfig),
+    ) -> E2bServer {
         let mut config = PaddockConfig::default();
         // One ready sandbox per pool: these tests open their own.
         config.pool.min_idle = 1;
@@ -37,6 +46,7 @@ impl E2bServer {
         config.server.allowed_levels = Some(vec![IsolationLevel::None, IsolationLevel::Strict]);
         config.server.allowed_networks = Some(vec![NetworkKind::None, NetworkKind::Allowlist]);
         config.server.max_requests_per_tenant = max_requests_per_tenant;
+        tweak(&mut config);
         let server = config.server.clone();
         let e2b = E2bConfig {
             enabled: true,

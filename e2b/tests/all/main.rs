@@ -10,4 +10,5 @@ mod files;
 mod ingress;
 mod input;
 mod live;
+mod processes;
 mod walls;

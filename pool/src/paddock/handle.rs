@@ -342,12 +342,21 @@ impl SandboxHandle {
 
     /// A process or terminal of the session by id.
     pub async fn process(&self, id: &str) -> Result<crate::messages::Started, Error> {
+        self.process_by(crate::messages::ProcessSelector::Id(id.into()))
+            .await
+    }
+
+    /// A process or terminal of the session by id, number or tag.
+    pub async fn process_by(
+        &self,
+        which: crate::messages::ProcessSelector,
+    ) -> Result<crate::messages::Started, Error> {
         self.paddock
             .supervisor
             .send(GetProcess {
                 caller: self.caller.clone(),
                 sandbox: self.info.id.clone(),
-                process: id.into(),
+                process: which,
             })
             .await
             .map_err(gone)?

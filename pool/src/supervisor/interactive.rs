@@ -9,32 +9,66 @@ use std::collections::BTreeMap;
 use std::rc::Rc;
 
 use actix::prelude::*;
-use paddock_core::{code_hash, unix_ms, Error, ExecResult, ExecutionId, Outcome, Program};
+use paddock_core::{
+    code_hash, unix_ms, Error, ErrorCode, ExecResult, ExecutionId, Outcome, Program,
+};
 use tracing::warn;
 
 use super::{Session, Supervisor};
 use crate::audit::{AuditEntry, Record};
 use crate::messages::{
     Attachable, CheckProgram, GetProcess, ListProcesses, OpenTcpConnection, OpenTerminal,
-    ProcessInfo, StartProcess, Started,
+    ProcessInfo, ProcessSelector, StartProcess, Started,
 };
 use crate::pipeline::Pipeline;
 
 /// Finished processes a session keeps listing.
 const KEEP_FINISHED: usize = 64;
 
-/// A session's processes and terminals.
+/// A session's processes and terminals, by number.
 #[derive(Debug, Default)]
 pub(crate) struct Processes {
-    entries: BTreeMap<u64, Started>,
-    next: u64,
+    entries: BTreeMap<u32, Started>,
+    /// The last number given.
+    last: u32,
+    /// Places taken by processes being started.
+    starting: usize,
 }
 
 impl Processes {
+    /// A number and a place for a process about to start: `RATE_LIMITED` while
+    /// `max` run (or are being started) in the session.
+    fn reserve(&mut self, max: usize) -> Result<u32, Error> {
+        let running = self
+            .entries
+            .values()
+            .filter(|s| s.handle.shared().exit().is_none())
+            .count();
+        if running + self.starting >= max {
+            return Err(Error::new(
+                ErrorCode::RateLimited,
+                format!(
+                    "{max} processes and terminals run in this sandbox \
+                     (pool.max_processes_per_sandbox); end one first"
+                ),
+            ));
+        }
+        let number = self.last.checked_add(1).ok_or_else(|| {
+            Error::new(
+                ErrorCode::RateLimited,
+                "this sandbox has started as many processes as it may; open another",
+            )
+        })?;
+        self.last = number;
+        self.starting += 1;
+        Ok(number)
+    }
+
+    /// Records a started process in its reserved place, and forgets the oldest
+    /// finished ones beyond [`KEEP_FINISHED`].
     fn insert(&mut self, started: Started) {
-        self.next += 1;
-        self.entries.insert(self.next, started);
-        let finished: Vec<u64> = self
+        self.entries.insert(started.info.number, started);
+        let finished: Vec<u32> = self
             .entries
             .iter()
             .filter(|(_, s)| s.handle.shared().exit().is_some())
@@ -47,8 +81,17 @@ impl Processes {
         }
     }
 
-    fn get(&self, id: &str) -> Option<Started> {
-        self.entries.values().find(|s| s.info.id == id).map(refresh)
+    fn get(&self, which: &ProcessSelector) -> Option<Started> {
+        let found = match which {
+            ProcessSelector::Id(id) => self.entries.values().find(|s| &s.info.id == id),
+            ProcessSelector::Number(n) => self.entries.get(n),
+            ProcessSelector::Tag(tag) => self
+                .entries
+                .values()
+                .rev()
+                .find(|s| s.info.tag.as_deref() == Some(tag.as_str())),
+        };
+        found.map(refresh)
     }
 
     fn list(&self) -> Vec<ProcessInfo> {
@@ -60,6 +103,35 @@ impl Processes {
         self.entries
             .values()
             .any(|s| s.handle.shared().exit().is_none())
+    }
+}
+
+/// A place reserved in a session's process table: given back when dropped, whether
+/// the start succeeded (its record then takes the place) or not.
+struct Reserved {
+    session: Rc<Session>,
+    number: u32,
+}
+
+impl Reserved {
+    fn take(session: &Rc<Session>, max: usize) -> Result<Reserved, Error> {
+        let number = session.processes.borrow_mut().reserve(max)?;
+        Ok(Reserved {
+            session: session.clone(),
+            number,
+        })
+    }
+
+    /// Records the started process.
+    fn fill(self, started: Started) {
+        self.session.processes.borrow_mut().insert(started);
+    }
+}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        let mut processes = self.session.processes.borrow_mut();
+        processes.starting = processes.starting.saturating_sub(1);
     }
 }
 
@@ -133,17 +205,30 @@ impl Pipeline {
     }
 }
 
-fn started(kind: &'static str, handle: Attachable, argv: Vec<String>) -> Started {
+/// What was asked of a process, for its record.
+struct Asked {
+    kind: &'static str,
+    argv: Vec<String>,
+    tag: Option<String>,
+    cwd: Option<String>,
+    env: BTreeMap<String, String>,
+}
+
+fn started(asked: Asked, number: u32, handle: Attachable) -> Started {
     let shared = handle.shared().clone();
     Started {
         info: ProcessInfo {
             id: shared.id().to_string(),
-            kind,
+            kind: asked.kind,
             execution_id: ExecutionId::new(),
-            argv,
+            argv: asked.argv,
             pid: shared.pid(),
             started_at_ms: unix_ms(),
             exit: shared.exit(),
+            number,
+            tag: asked.tag,
+            cwd: asked.cwd,
+            env: asked.env,
         },
         handle,
     }
@@ -153,14 +238,26 @@ impl Handler<StartProcess> for Supervisor {
     type Result = ResponseFuture<Result<Started, Error>>;
 
     fn handle(&mut self, msg: StartProcess, _ctx: &mut Self::Context) -> Self::Result {
-        let session = match self.session_for(&msg.caller, &msg.sandbox) {
+        // The place is taken here, in the actor's turn, so that concurrent starts
+        // cannot pass the cap together.
+        let max = self.pool_config.max_processes_per_sandbox;
+        let reserved = self
+            .session_for(&msg.caller, &msg.sandbox)
+            .and_then(|session| Reserved::take(&session, max).map(|r| (session, r)));
+        let (session, reserved) = match reserved {
             Ok(s) => s,
             Err(e) => return Box::pin(async move { Err(e) }),
         };
         let pipeline = self.pipeline.clone();
         Box::pin(async move {
             pipeline.check_command(&msg.spec.argv)?;
-            let argv = msg.spec.argv.clone();
+            let asked = Asked {
+                kind: "process",
+                argv: msg.spec.argv.clone(),
+                tag: msg.spec.tag.clone(),
+                cwd: msg.spec.cwd.clone(),
+                env: msg.spec.env.clone(),
+            };
             let spec = msg.spec;
             let handle = session
                 .call("start_process", move |sb| {
@@ -168,9 +265,9 @@ impl Handler<StartProcess> for Supervisor {
                 })
                 .await?;
             pipeline.limit_input(&session, handle.shared());
-            let s = started("process", Attachable::Process(handle), argv);
+            let s = started(asked, reserved.number, Attachable::Process(handle));
             pipeline.audit_on_exit(&session, &s);
-            session.processes.borrow_mut().insert(s.clone());
+            reserved.fill(s.clone());
             Ok(s)
         })
     }
@@ -190,14 +287,24 @@ impl Handler<OpenTerminal> for Supervisor {
     type Result = ResponseFuture<Result<Started, Error>>;
 
     fn handle(&mut self, msg: OpenTerminal, _ctx: &mut Self::Context) -> Self::Result {
-        let session = match self.session_for(&msg.caller, &msg.sandbox) {
+        let max = self.pool_config.max_processes_per_sandbox;
+        let reserved = self
+            .session_for(&msg.caller, &msg.sandbox)
+            .and_then(|session| Reserved::take(&session, max).map(|r| (session, r)));
+        let (session, reserved) = match reserved {
             Ok(s) => s,
             Err(e) => return Box::pin(async move { Err(e) }),
         };
         let pipeline = self.pipeline.clone();
         Box::pin(async move {
-            let argv = msg.spec.argv();
-            pipeline.check_command(&argv)?;
+            let asked = Asked {
+                kind: "terminal",
+                argv: msg.spec.argv(),
+                tag: msg.spec.tag.clone(),
+                cwd: msg.spec.cwd.clone(),
+                env: msg.spec.env.clone(),
+            };
+            pipeline.check_command(&asked.argv)?;
             let spec = msg.spec;
             let handle = session
                 .call("open_terminal", move |sb| {
@@ -205,9 +312,9 @@ impl Handler<OpenTerminal> for Supervisor {
                 })
                 .await?;
             pipeline.limit_input(&session, handle.shared());
-            let s = started("terminal", Attachable::Terminal(handle), argv);
+            let s = started(asked, reserved.number, Attachable::Terminal(handle));
             pipeline.audit_on_exit(&session, &s);
-            session.processes.borrow_mut().insert(s.clone());
+            reserved.fill(s.clone());
             Ok(s)
         })
     }
@@ -241,9 +348,9 @@ impl Handler<GetProcess> for Supervisor {
         let found = session.processes.borrow().get(&msg.process);
         found.ok_or_else(|| {
             Error::new(
-                paddock_core::ErrorCode::NotFound,
+                ErrorCode::NotFound,
                 format!(
-                    "sandbox {} has no process or terminal `{}` (list them with GET /v1/sandboxes/{}/processes)",
+                    "sandbox {} has no process or terminal {} (list them with GET /v1/sandboxes/{}/processes)",
                     msg.sandbox, msg.process, msg.sandbox
                 ),
             )
