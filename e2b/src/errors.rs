@@ -63,6 +63,18 @@ pub(crate) fn http_error(status: StatusCode, message: impl Into<String>) -> Http
     HttpResponse::build(status).json(json!({ "code": status.as_u16(), "message": message.into() }))
 }
 
+/// What E2B's proxy answers for a sandbox it cannot reach (not found, paused, or a
+/// port nothing listens on): 502 `{"code": 502, "message", "sandboxId"}`, the
+/// message E2B's own, and Paddock's `hint` of what to do beside it.
+pub(crate) fn proxy_error(id: &str, message: &str, hint: String) -> HttpResponse {
+    HttpResponse::build(StatusCode::BAD_GATEWAY).json(json!({
+        "code": 502,
+        "message": message,
+        "sandboxId": id,
+        "hint": hint,
+    }))
+}
+
 /// An error of Paddock as the agent's plain HTTP routes answer it.
 pub(crate) fn http_from(e: paddock_core::Error) -> HttpResponse {
     use paddock_core::ErrorCode as C;

@@ -86,12 +86,15 @@ pub(crate) async fn download(sbx: Arc<Sbx>, req: &HttpRequest) -> HttpResponse {
 pub(crate) async fn upload(
     sbx: Arc<Sbx>,
     req: &HttpRequest,
-    payload: web::Payload,
+    mut payload: web::Payload,
     max_file: u64,
 ) -> HttpResponse {
     let q = match web::Query::<FileQuery>::from_query(req.query_string()) {
         Ok(q) => q.into_inner(),
-        Err(e) => return http_error(StatusCode::BAD_REQUEST, format!("query: {e}")),
+        Err(e) => {
+            drain(&mut payload).await;
+            return http_error(StatusCode::BAD_REQUEST, format!("query: {e}"));
+        }
     };
     let ctype = req
         .headers()
@@ -99,25 +102,70 @@ pub(crate) async fn upload(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
     if !ctype.starts_with("multipart/form-data") {
+        drain(&mut payload).await;
         return http_error(
             StatusCode::BAD_REQUEST,
             format!("Content-Type {ctype:?}: send multipart/form-data with a `file` field"),
         );
     }
     let mut multipart = actix_multipart::Multipart::new(req.headers(), payload);
+    match write_parts(&sbx, &q, &mut multipart, max_file).await {
+        Ok(written) => HttpResponse::Ok().json(written),
+        Err(refusal) => {
+            drain_parts(&mut multipart).await;
+            refusal
+        }
+    }
+}
+
+/// The most bytes of a refused upload read (and dropped) before the refusal is
+/// answered: a client still sending its body then reads the answer rather than a
+/// broken pipe. Beyond it, the connection closes with the answer.
+const DRAIN_MAX: usize = 8 << 20;
+
+/// Reads and drops the rest of a refused request's body, up to [`DRAIN_MAX`].
+async fn drain(payload: &mut web::Payload) {
+    let mut read = 0usize;
+    while let Some(Ok(chunk)) = payload.next().await {
+        read += chunk.len();
+        if read > DRAIN_MAX {
+            return;
+        }
+    }
+}
+
+/// [`drain`], for an upload's parts still unread.
+async fn drain_parts(multipart: &mut actix_multipart::Multipart) {
+    let mut read = 0usize;
+    while let Some(Ok(mut field)) = multipart.next().await {
+        while let Some(Ok(chunk)) = field.next().await {
+            read += chunk.len();
+            if read > DRAIN_MAX {
+                return;
+            }
+        }
+    }
+}
+
+/// Writes an upload's parts; answers what was written, or the refusal of the
+/// first part that could not be.
+async fn write_parts(
+    sbx: &Sbx,
+    q: &FileQuery,
+    multipart: &mut actix_multipart::Multipart,
+    max_file: u64,
+) -> Result<Vec<Value>, HttpResponse> {
     let mut written = Vec::new();
     let mut parts = 0usize;
     while let Some(field) = multipart.next().await {
-        let mut field = match field {
-            Ok(f) => f,
-            Err(e) => return http_error(StatusCode::BAD_REQUEST, format!("multipart: {e}")),
-        };
+        let mut field =
+            field.map_err(|e| http_error(StatusCode::BAD_REQUEST, format!("multipart: {e}")))?;
         parts += 1;
         if parts > MAX_PARTS {
-            return http_error(
+            return Err(http_error(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 format!("more than {MAX_PARTS} files in one upload; send them in several"),
-            );
+            ));
         }
         let name = field
             .content_disposition()
@@ -126,22 +174,19 @@ pub(crate) async fn upload(
             (1, Some(p), _) => p.clone(),
             (_, _, Some(n)) if !n.is_empty() => n,
             _ => {
-                return http_error(
+                return Err(http_error(
                     StatusCode::BAD_REQUEST,
                     "a part without a file name: name each file by its path",
-                )
+                ))
             }
         };
-        let path = match in_home(&sbx, &target) {
-            Ok(p) => p,
-            Err(r) => return *r,
-        };
+        let path = in_home(sbx, &target).map_err(|r| *r)?;
         // Streamed into the file through a small bounded channel: an upload holds a
         // few chunks of memory, whatever its size.
         // Only a part read to its end is kept: a request dropped midway ends the
         // source with an error, not as a shorter file.
         let (feed, source) = paddock_pool::http::upload_source(4);
-        let pump = async move {
+        let pump = async {
             while let Some(chunk) = field.next().await {
                 match chunk {
                     Ok(c) => {
@@ -160,16 +205,14 @@ pub(crate) async fn upload(
         };
         let (written_bytes, ()) =
             futures_util::join!(sbx.handle.write_from(&path, source, max_file), pump);
-        if let Err(e) = written_bytes {
-            return http_from(e);
-        }
+        written_bytes.map_err(http_from)?;
         let name = path.rsplit('/').next().unwrap_or_default().to_string();
         written.push(json!({ "name": name, "type": "file", "path": path }));
     }
     if written.is_empty() {
-        return http_error(StatusCode::BAD_REQUEST, "no file in the upload");
+        return Err(http_error(StatusCode::BAD_REQUEST, "no file in the upload"));
     }
-    HttpResponse::Ok().json(written)
+    Ok(written)
 }
 
 fn check_path(field: &str, p: &str) -> Result<(), ConnectError> {
@@ -306,19 +349,77 @@ pub(crate) fn entry(info: &FileInfo) -> Value {
 }
 
 async fn stat(sbx: &Sbx, path: &str) -> Result<Value, ConnectError> {
-    match sbx.handle.stat(path).await {
-        Ok(info) => Ok(entry(&info)),
-        Err(e) => Err(e.into()),
-    }
+    let mut info = sbx.handle.stat(path).await?;
+    resolve_link(sbx, &mut info).await;
+    Ok(entry(&info))
 }
 
 /// The entries below directory `path` (an absolute path of the sandbox), `depth`
-/// levels down (1 to 32), at most 10 000.
+/// levels down (1 to 32), at most 10 000, in the order of their paths.
 pub(crate) async fn list(sbx: &Sbx, path: &str, depth: u32) -> Result<Vec<FileInfo>, ConnectError> {
     check_path("path", path)?;
     let mut infos = sbx.handle.list_dir(path, depth.clamp(1, MAX_DEPTH)).await?;
+    infos.sort_unstable_by(|a, b| a.path.cmp(&b.path));
     infos.truncate(MAX_ENTRIES);
+    for info in &mut infos {
+        resolve_link(sbx, info).await;
+    }
     Ok(infos)
+}
+
+/// The most links followed to resolve one, as the kernel does.
+const MAX_LINKS: usize = 40;
+
+/// A symlink as E2B's agent reports it: with the kind of what it resolves to and
+/// that absolute path as its target. A link that resolves to nothing the sandbox
+/// may see (dangling, a loop, or outside what the engine serves) stays a symlink
+/// with its target as written.
+async fn resolve_link(sbx: &Sbx, info: &mut FileInfo) {
+    if info.kind != FileKind::Symlink {
+        return;
+    }
+    let Some(mut target) = info
+        .symlink_target
+        .as_deref()
+        .map(|t| beside(&info.path, t))
+    else {
+        return;
+    };
+    for _ in 0..MAX_LINKS {
+        match sbx.handle.stat(&target).await {
+            Ok(t) if t.kind == FileKind::Symlink => match t.symlink_target.as_deref() {
+                Some(next) => target = beside(&target, next),
+                None => return,
+            },
+            Ok(t) => {
+                info.kind = t.kind;
+                info.symlink_target = Some(target);
+                return;
+            }
+            Err(_) => return,
+        }
+    }
+}
+
+/// Where link `link`'s `target` points: an absolute target as it is, a relative
+/// one from the link's directory, with `.` and `..` taken out.
+fn beside(link: &str, target: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    let from = if target.starts_with('/') {
+        ""
+    } else {
+        link.rsplit_once('/').map_or("", |(dir, _)| dir)
+    };
+    for part in from.split('/').chain(target.split('/')) {
+        match part {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            p => parts.push(p),
+        }
+    }
+    format!("/{}", parts.join("/"))
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -398,8 +499,11 @@ async fn unary_value(sbx: &Arc<Sbx>, method: &str, body: &[u8]) -> Result<Value,
             let r: PathRequest = connect::parse(body)?;
             check_path("path", &r.path)?;
             let path = sbx.path(&r.path);
+            // As E2B's agent (a recursive remove): a path that is not there is
+            // already removed.
             match sbx.handle.remove(&path).await {
                 Ok(()) => Ok(json!({})),
+                Err(e) if e.code == paddock_core::ErrorCode::NotFound => Ok(json!({})),
                 Err(e) => Err(e.into()),
             }
         }
@@ -413,6 +517,14 @@ async fn unary_value(sbx: &Arc<Sbx>, method: &str, body: &[u8]) -> Result<Value,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn link_targets_resolve_from_the_links_directory() {
+        assert_eq!(beside("/home/user/d/l", "t.txt"), "/home/user/d/t.txt");
+        assert_eq!(beside("/home/user/d/l", "../x/./t"), "/home/user/x/t");
+        assert_eq!(beside("/home/user/d/l", "/etc/hosts"), "/etc/hosts");
+        assert_eq!(beside("/l", "../../.."), "/");
+    }
 
     #[test]
     fn file_information_becomes_an_entry() {

@@ -60,12 +60,10 @@ pub(crate) async fn forward(
     (max_body, linger): (usize, std::time::Duration),
 ) -> HttpResponse {
     let not_open = || {
-        http_error(
-            StatusCode::BAD_GATEWAY,
-            format!(
-                "The sandbox {} is running but port {port} is not open: start a server listening on it first",
-                sbx.id
-            ),
+        crate::errors::proxy_error(
+            &sbx.id,
+            "The sandbox is running but port is not open",
+            format!("nothing listens on port {port} of the sandbox: start a server listening on it first"),
         )
     };
     let websocket = match req.headers().get("upgrade") {

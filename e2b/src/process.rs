@@ -430,6 +430,7 @@ pub(crate) async fn start(
         }
     };
     Ok(stream_events(
+        &sbx,
         pid_of(&started.info),
         &started.handle,
         timing(req),
@@ -445,16 +446,18 @@ pub(crate) async fn connect_to(
 ) -> Result<HttpResponse, ConnectError> {
     let r: SelectRequest = connect::parse(message)?;
     let p = find(&sbx, &selector(r.process)?).await?;
-    Ok(stream_events(pid_of(&p.info), &p.handle, timing(req)))
+    Ok(stream_events(&sbx, pid_of(&p.info), &p.handle, timing(req)))
 }
 
 /// The event stream of a process: `start`, its output as `data`, then `end`, with
 /// `keepalive` events while it is quiet.
-fn stream_events(pid: u32, handle: &Attachable, timing: Timing) -> HttpResponse {
+fn stream_events(sbx: &Sbx, pid: u32, handle: &Attachable, timing: Timing) -> HttpResponse {
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
     let pty = matches!(handle, Attachable::Terminal(_));
     let shared: Arc<ProcessShared> = handle.shared().clone();
     let reader = shared.output();
+    let gone = sbx.gone.clone();
+    let id = sbx.id.clone();
     actix_web::rt::spawn(async move {
         let event = |e: Value| connect::envelope(0, &json!({ "event": e }));
         let deadline = timing.deadline.map(tokio::time::Instant::from_std);
@@ -522,7 +525,20 @@ fn stream_events(pid: u32, handle: &Attachable, timing: Timing) -> HttpResponse 
         };
         // The stream ends when its events do, when the caller has gone (the process
         // goes on: only SendSignal kills it), or at the caller's deadline.
+        // A killed sandbox's process streams end as E2B's agent's do when its
+        // sandbox goes: `unavailable`, not the process's end (the SDK then asks
+        // whether the sandbox runs, and says it was killed). The kill is seen
+        // first: it is marked before the sandbox's processes are.
         tokio::select! {
+            biased;
+            () = gone.cancelled() => {
+                let _ = tx
+                    .send(connect::end_of_stream(Some(&ConnectError::new(
+                        Code::Unavailable,
+                        format!("the connection to sandbox {id} ended before the stream completed: the sandbox was killed"),
+                    ))))
+                    .await;
+            }
             () = events => {}
             () = tx.closed() => {}
             () = expired => {

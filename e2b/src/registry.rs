@@ -51,6 +51,9 @@ pub(crate) struct Sbx {
     pub(crate) started_at: SystemTime,
     pub(crate) end_at: parking_lot::Mutex<SystemTime>,
     pub(crate) paused: AtomicBool,
+    /// Cancelled when the sandbox is killed or forgotten: its streams then end as
+    /// E2B's do when the sandbox goes, `unavailable`, not with their process's end.
+    pub(crate) gone: tokio_util::sync::CancellationToken,
     pub(crate) home: String,
     pub(crate) cpu_count: u32,
     pub(crate) memory_mb: u64,
@@ -142,6 +145,7 @@ impl Inner {
         let Some((_, s)) = self.sandboxes.remove(id) else {
             return false;
         };
+        s.gone.cancel();
         crate::interpreter::forget_all(&s);
         if let Err(e) = s.handle.destroy().await {
             tracing::warn!(sandbox = %id, error = %e, "destroying an E2B sandbox failed");
@@ -169,6 +173,7 @@ impl Inner {
     /// the native API, or by the pool's own limits).
     fn forget(&self, id: &str) {
         if let Some((_, s)) = self.sandboxes.remove(id) {
+            s.gone.cancel();
             crate::interpreter::forget_all(&s);
         }
     }

@@ -16,6 +16,7 @@ use futures_util::StreamExt;
 
 use crate::access::{parse_port, Access};
 use crate::connect::{self, Code, ConnectError};
+use crate::errors::proxy_error;
 use crate::files::http_error;
 use crate::registry::{Inner, Sbx};
 use crate::table::{RpcKind, AGENT, FILESYSTEM, PROCESS};
@@ -69,11 +70,7 @@ pub(crate) fn configure(inner: &Arc<Inner>, cfg: &mut web::ServiceConfig) {
     // anything reads a body (`admission::require_key`, the outermost middleware).
     let mut control = web::scope("")
         .guard(guard::fn_guard(|ctx| {
-            let p = ctx.head().uri.path();
-            p == "/sandboxes"
-                || p.starts_with("/sandboxes/")
-                || p == "/v2/sandboxes"
-                || p.starts_with("/v2/sandboxes/")
+            is_control_path(ctx.head().uri.path())
         }))
         .wrap(actix_web::middleware::from_fn(crate::caps::limit))
         .wrap(actix_web::middleware::from_fn(
@@ -82,12 +79,30 @@ pub(crate) fn configure(inner: &Arc<Inner>, cfg: &mut web::ServiceConfig) {
     for route in crate::table::CONTROL {
         control = control.route(route.path, route.route());
     }
-    cfg.service(
-        control
-            .route("/sandboxes/{tail:.*}", web::to(control::unknown))
-            .route("/v2/sandboxes/{tail:.*}", web::to(control::unknown))
-            .default_service(web::to(control::unknown)),
-    );
+    cfg.service(control.default_service(web::to(control::unknown)));
+}
+
+/// The collections of E2B's control plane: the paths under them (bare, or after a
+/// `/v2/` or `/v3/` version) are E2B's, answered in E2B's shape, routes this server
+/// does not offer included (a 404 `{"code", "message"}` its SDKs read).
+const CONTROL_COLLECTIONS: &[&str] = &[
+    "sandboxes",
+    "templates",
+    "volumes",
+    "secrets",
+    "snapshots",
+    "tags",
+];
+
+/// Whether `path` is the control plane's (see [`CONTROL_COLLECTIONS`]).
+fn is_control_path(path: &str) -> bool {
+    let path = path.strip_prefix('/').unwrap_or(path);
+    let path = ["v2/", "v3/"]
+        .iter()
+        .find_map(|v| path.strip_prefix(v))
+        .unwrap_or(path);
+    let first = path.split('/').next().unwrap_or_default();
+    CONTROL_COLLECTIONS.contains(&first)
 }
 
 /// Every request addressed to a sandbox's port.
@@ -111,13 +126,13 @@ async fn sandbox_entry(
     // front of E2B's agents gives it for a sandbox it does not know, so that an id
     // alone tells nothing.
     let not_found = || {
-        let message = format!(
+        let hint = format!(
             "The sandbox {id} was not found, or this request lacks the token its port {port} takes (X-Access-Token on {ENVD_PORT}; E2B-Traffic-Access-Token on the sandbox's other ports, unless it was created with network.allowPublicTraffic)"
         );
         if connect_rpc {
-            ConnectError::new(Code::Unavailable, message).unary_with(StatusCode::BAD_GATEWAY)
+            ConnectError::new(Code::Unavailable, hint).unary_with(StatusCode::BAD_GATEWAY)
         } else {
-            http_error(StatusCode::BAD_GATEWAY, message)
+            proxy_error(&id, "The sandbox was not found", hint)
         }
     };
     // What the count found (`caps::limit`, which wraps this): looked up once.
@@ -128,12 +143,14 @@ async fn sandbox_entry(
     if access == Access::Refused {
         return not_found();
     }
+    // A paused sandbox's agent is not there, as E2B's proxy says of it: a 502, which
+    // the SDK's `is_running()` reads as "not running".
     if sbx.paused.load(std::sync::atomic::Ordering::Acquire) {
-        let message = format!("sandbox {id} is paused; resume it with connect");
+        let hint = format!("sandbox {id} is paused; resume it with connect");
         return if connect_rpc {
-            ConnectError::new(Code::Unavailable, message).unary()
+            ConnectError::new(Code::Unavailable, hint).unary_with(StatusCode::BAD_GATEWAY)
         } else {
-            http_error(StatusCode::CONFLICT, message)
+            proxy_error(&id, "The sandbox is paused", hint)
         };
     }
     match port {
@@ -144,10 +161,11 @@ async fn sandbox_entry(
                 Err(e) => http_error(StatusCode::PAYLOAD_TOO_LARGE, e.message),
             }
         }
-        CODE_INTERPRETER_PORT => http_error(
-            StatusCode::BAD_GATEWAY,
+        CODE_INTERPRETER_PORT => proxy_error(
+            &id,
+            "The sandbox is running but port is not open",
             format!(
-                "The sandbox {id} is running but port {CODE_INTERPRETER_PORT} is not open: its template serves no code interpreter; create it from code-interpreter-v1"
+                "port {CODE_INTERPRETER_PORT}: the sandbox's template serves no code interpreter; create it from code-interpreter-v1"
             ),
         ),
         other => {
@@ -311,6 +329,34 @@ async fn read_body(mut payload: web::Payload, max: usize) -> Result<Vec<u8>, Con
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_control_planes_paths_are_e2bs_collections() {
+        for p in [
+            "/sandboxes",
+            "/sandboxes/x/pause",
+            "/v2/sandboxes",
+            "/templates",
+            "/templates/aliases/base",
+            "/v3/templates",
+            "/volumes",
+            "/v2/volumes/x",
+            "/secrets",
+            "/snapshots",
+        ] {
+            assert!(is_control_path(p), "{p}");
+        }
+        for p in [
+            "/",
+            "/v1/sandboxes",
+            "/v1/executions",
+            "/sandboxesx",
+            "/v4/sandboxes",
+            "/health",
+        ] {
+            assert!(!is_control_path(p), "{p}");
+        }
+    }
 
     fn head(headers: &[(&str, &str)]) -> RequestHead {
         let mut h = RequestHead::default();

@@ -6,6 +6,7 @@ Rust test requires every name of CHECKS. ENGINE says which engine the templates
 use (pause differs), ALICE and BOB are two tenants' API keys.
 """
 
+import datetime
 import json
 import os
 import struct
@@ -25,6 +26,7 @@ from e2b import (
     SandboxQuery,
     TimeoutException,
 )
+from e2b.exceptions import SandboxNotRunningException
 
 URL = os.environ.get("E2B_API_URL", "")
 ENGINE = os.environ["PADDOCK_ENGINE"]
@@ -51,6 +53,15 @@ def the_issue_snippet():
             raise AssertionError("a killed command exits non-zero")
         except CommandExitException as e:
             check(e.exit_code != 0, f"killed exit code {e.exit_code}")
+        # Killing the sandbox under a running command: its stream ends as E2B's does
+        # when the sandbox goes, and the SDK, having asked, says it was killed.
+        h = sbx.commands.run("sleep 30", background=True)
+        sbx.kill()
+        try:
+            h.wait()
+            raise AssertionError("a command of a killed sandbox ends in an exception")
+        except SandboxNotRunningException as e:
+            check("killed" in str(e), f"the kill named: {e}")
     finally:
         sbx.kill()
     check(not sbx.is_running(), "killed sandbox is not running")
@@ -157,6 +168,8 @@ def files():
         check(sbx.files.read("d/notes.txt") == "some text\n", "renamed content")
         sbx.files.remove("/home/user/d")
         check(not sbx.files.exists("/home/user/d"), "removed")
+        # As E2B's: removing what is not there is not an error.
+        sbx.files.remove("/home/user/never-there")
         # Outside the home, the filesystem service still sees the sandbox's own files.
         check(sbx.files.exists("/bin/sh") or sbx.files.exists("/usr/bin/sh"), "a system file")
         try:
@@ -205,16 +218,29 @@ def lifecycle():
         found = Sandbox.list(api_key=ALICE, query=SandboxQuery(metadata={"n": "1"})).next_items()
         check([s.sandbox_id for s in found] == [a.sandbox_id], f"metadata filter: {found}")
         both = Sandbox.list(api_key=ALICE, query=SandboxQuery(metadata={"suite": "e2b"})).next_items()
-        # Oldest first (ids are random: the order is that of their starts).
-        check([s.sandbox_id for s in both] == [a.sandbox_id, b.sandbox_id], f"both, oldest first: {both}")
+        # Newest first, as E2B's (ids are random: the order is that of their starts).
+        check([s.sandbox_id for s in both] == [b.sandbox_id, a.sandbox_id], f"both, newest first: {both}")
+        oldest = Sandbox.list(api_key=ALICE, order="asc", query=SandboxQuery(metadata={"suite": "e2b"})).next_items()
+        check([s.sandbox_id for s in oldest] == [a.sandbox_id, b.sandbox_id], f"asc: {oldest}")
         check(found[0].metadata == {"suite": "e2b", "n": "1"}, f"metadata: {found[0].metadata}")
-        # paging, one at a time
-        pager = Sandbox.list(api_key=ALICE, limit=1, query=SandboxQuery(metadata={"suite": "e2b"}))
-        first = pager.next_items()
-        check(len(first) == 1 and pager.has_next, "a page of one, and more")
-        second = pager.next_items()
-        check(len(second) == 1 and first[0].sandbox_id != second[0].sandbox_id, "the next page")
-        check([first[0].sandbox_id, second[0].sandbox_id] == [a.sandbox_id, b.sandbox_id], "pages, oldest first")
+        # paging, one at a time, in either order
+        for order, expected in [(None, [b, a]), ("asc", [a, b])]:
+            pager = Sandbox.list(api_key=ALICE, limit=1, order=order, query=SandboxQuery(metadata={"suite": "e2b"}))
+            first = pager.next_items()
+            check(len(first) == 1 and pager.has_next, "a page of one, and more")
+            second = pager.next_items()
+            check(len(second) == 1 and not pager.has_next, "the next page, the last")
+            pages = [first[0].sandbox_id, second[0].sandbox_id]
+            check(pages == [x.sandbox_id for x in expected], f"pages, order {order}: {pages}")
+        # started at or after a time: inclusive of b's own start, not of a second later
+        started = b.get_info().started_at
+        after = Sandbox.list(api_key=ALICE, query=SandboxQuery(metadata={"suite": "e2b"}, started_after=started)).next_items()
+        check(b.sandbox_id in [s.sandbox_id for s in after], f"started_after, inclusive: {after}")
+        later = Sandbox.list(
+            api_key=ALICE,
+            query=SandboxQuery(metadata={"suite": "e2b"}, started_after=started + datetime.timedelta(seconds=1)),
+        ).next_items()
+        check(later == [], f"started_after a second later: {later}")
         # set_timeout: the sandbox ends when it passes
         b.set_timeout(1)
         deadline = time.time() + 10
@@ -239,8 +265,11 @@ def lifecycle():
             check(a.pause() is True, "pause")
             check(a.get_info().state.value == "paused", "paused state")
             check(a.pause() is False, "already paused")
+            # Its agent is not there, as E2B's proxy says: not running, no exception.
+            check(a.is_running() is False, "a paused sandbox is not running")
             resumed = Sandbox.connect(a.sandbox_id, api_key=ALICE)
             check(resumed.get_info().state.value == "running", "running again")
+            check(resumed.is_running() is True, "running after resume")
             check(resumed.files.read("/home/user/kept.txt") == "kept", "files kept")
             check(resumed.commands.run("echo back").stdout == "back\n", "commands after resume")
         else:

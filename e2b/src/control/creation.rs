@@ -216,6 +216,7 @@ async fn create_inner(inner: &Arc<Inner>, req: &HttpRequest, body: &[u8]) -> Ans
             started_at: SystemTime::now(),
             end_at: parking_lot::Mutex::new(inner.ends(timeout)),
             paused: Default::default(),
+            gone: Default::default(),
             home: template.home.clone(),
             cpu_count: template
                 .limits

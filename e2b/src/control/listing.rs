@@ -1,5 +1,5 @@
 //! `GET /sandboxes`: the caller's sandboxes, filtered and paged in the order they
-//! were opened.
+//! were opened (newest first unless `order=asc`).
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -17,8 +17,9 @@ const MAX_PAGE: usize = 1000;
 
 /// `GET /sandboxes` and `GET /v2/sandboxes`: the caller's sandboxes, filtered by
 /// `state` (comma-separated), `metadata` (URL-encoded `key=value` pairs, every one
-/// required) and `template`, oldest first, paged by `limit` and `nextToken` (the
-/// `X-Next-Token` of the previous page).
+/// required), `template` and `startedAfter` (RFC 3339, inclusive), newest first
+/// (`order=desc`, E2B's default) or oldest first (`order=asc`), paged by `limit` and
+/// `nextToken` (the `X-Next-Token` of the previous page, with the same order).
 pub(crate) async fn list(inner: web::Data<Arc<Inner>>, req: HttpRequest) -> HttpResponse {
     let run = || -> Answer {
         let caller = caller(&inner, &req)?;
@@ -27,6 +28,8 @@ pub(crate) async fn list(inner: web::Data<Arc<Inner>>, req: HttpRequest) -> Http
         let mut template: Option<String> = None;
         let mut limit = DEFAULT_PAGE;
         let mut after: Option<String> = None;
+        let mut newest_first = true;
+        let mut started_after: Option<SystemTime> = None;
         for (k, v) in form_urlencoded::parse(req.query_string().as_bytes()) {
             match k.as_ref() {
                 "state" => {
@@ -60,6 +63,19 @@ pub(crate) async fn list(inner: web::Data<Arc<Inner>>, req: HttpRequest) -> Http
                         })?
                 }
                 "nextToken" => after = Some(v.into_owned()),
+                "order" => {
+                    newest_first = match v.as_ref() {
+                        "desc" => true,
+                        "asc" => false,
+                        other => {
+                            return Err(ApiError::new(
+                                StatusCode::BAD_REQUEST,
+                                format!("order {other:?}: use asc or desc"),
+                            ))
+                        }
+                    }
+                }
+                "startedAfter" => started_after = Some(parse_time("startedAfter", &v)?),
                 _ => {}
             }
         }
@@ -76,6 +92,7 @@ pub(crate) async fn list(inner: web::Data<Arc<Inner>>, req: HttpRequest) -> Http
                     .is_none_or(|st| st.iter().any(|x| x == state(s)))
             })
             .filter(|s| template.as_ref().is_none_or(|t| &s.template == t))
+            .filter(|s| started_after.is_none_or(|after| s.started_at >= after))
             .filter(|s| {
                 wanted
                     .iter()
@@ -86,6 +103,9 @@ pub(crate) async fn list(inner: web::Data<Arc<Inner>>, req: HttpRequest) -> Http
         // broken by id), and a page's token names the place of its last sandbox in
         // that order, which holds even once that sandbox has ended.
         mine.sort_by_cached_key(|s| page_key(s));
+        if newest_first {
+            mine.reverse();
+        }
         if let Some(after) = &after {
             let Some(after) = parse_page_token(after) else {
                 return Err(ApiError::new(
@@ -93,7 +113,11 @@ pub(crate) async fn list(inner: web::Data<Arc<Inner>>, req: HttpRequest) -> Http
                     format!("nextToken {after:?}: give the X-Next-Token of the previous page"),
                 ));
             };
-            mine.retain(|s| page_key(s) > after);
+            // After the token's place, in the list's order.
+            mine.retain(|s| match newest_first {
+                true => page_key(s) < after,
+                false => page_key(s) > after,
+            });
         }
         let more = mine.len() > limit;
         mine.truncate(limit);
@@ -125,6 +149,20 @@ fn parse_page_token(token: &str) -> Option<(u128, String)> {
     Some((nanos.parse().ok()?, id.to_string()))
 }
 
+/// An RFC 3339 time of the query (where a `+` of its offset came unescaped, and so
+/// decoded as a space, it is put back).
+fn parse_time(field: &str, v: &str) -> Result<SystemTime, ApiError> {
+    let text = v.trim().replace(' ', "+");
+    time::OffsetDateTime::parse(&text, &time::format_description::well_known::Rfc3339)
+        .map(SystemTime::from)
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                format!("{field} {v:?}: give an RFC 3339 time, as 2025-01-31T12:00:00Z ({e})"),
+            )
+        })
+}
+
 /// Percent-decodes what the SDK quoted before it URL-encoded the pairs.
 fn unquote(s: &str) -> String {
     percent_encoding::percent_decode_str(s)
@@ -146,6 +184,26 @@ mod tests {
         assert_eq!(parse_page_token("5.a.b"), Some((5, "a.b".to_string())));
         for bad in ["", "sp-0123", "x.sp-0123", "-1.sp", ".sp"] {
             assert_eq!(parse_page_token(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn started_after_takes_rfc_3339_as_the_sdks_send_it() {
+        let t = |v: &str| {
+            parse_time("startedAfter", v)
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map(|d| d.as_millis())
+        };
+        assert_eq!(t("2025-01-31T12:00:00Z"), Some(1_738_324_800_000));
+        // Python's isoformat, its `+` decoded as a space by the query's parser.
+        assert_eq!(
+            t("2025-01-31T12:00:00.250000 00:00"),
+            Some(1_738_324_800_250)
+        );
+        assert_eq!(t("2025-01-31T13:00:00+01:00"), Some(1_738_324_800_000));
+        for bad in ["", "yesterday", "2025-01-31"] {
+            assert!(parse_time("startedAfter", bad).is_err(), "{bad:?}");
         }
     }
 }

@@ -148,12 +148,8 @@ async fn the_filesystem_service_runs_no_execution_and_a_waiting_watcher_costs_no
         fs(&id, &token, "Remove", json!({"path": "/home/user/nope"})),
     )
     .await;
-    assert_eq!(
-        (r.status, code(&r)),
-        (404, "not_found".into()),
-        "{}",
-        r.text()
-    );
+    // As E2B's agent: a path that is not there is already removed.
+    assert_eq!((r.status, r.json()), (200, json!({})), "{}", r.text());
     // Outside the home: what the sandbox's programs see, stat only.
     let r = send(t.addr, fs(&id, &token, "Stat", json!({"path": "/bin/sh"}))).await;
     assert_eq!(r.status, 200, "{}", r.text());
@@ -306,5 +302,158 @@ async fn the_filesystem_service_runs_no_execution_and_a_waiting_watcher_costs_no
         before,
         "uploads and events ran nothing either"
     );
+    t.stop().await;
+}
+
+/// Runs `script` with `sh` in sandbox `id` through the native API and waits (up to
+/// 20 s) for it to end with 0.
+async fn run(t: &E2bServer, id: &str, script: &str) {
+    let r = send(
+        t.addr,
+        Req::new("POST", &format!("/v1/sandboxes/{id}/processes"))
+            .header("authorization", &format!("Bearer {ALICE}"))
+            .json(&json!({"argv": ["sh", "-c", script]})),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let process = r.json()["id"].as_str().unwrap().to_string();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = send(
+            t.addr,
+            Req::new("GET", &format!("/v1/sandboxes/{id}/processes/{process}"))
+                .header("authorization", &format!("Bearer {ALICE}")),
+        )
+        .await;
+        let exit = &r.json()["exit"];
+        if !exit.is_null() {
+            assert_eq!(exit["exit_code"], 0, "{script}: {exit}");
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{script} still runs");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// As E2B's agent: a listing comes in the order of its paths, and a symlink is
+/// reported with the kind of what it resolves to and that absolute path (one that
+/// resolves to nothing stays a symlink with its target as written).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listings_are_ordered_and_symlinks_resolve() {
+    let t = E2bServer::start(256, &[("base", TemplateConfig::default())]);
+    let created = t.create(ALICE, "base", json!({})).await;
+    let id = created["sandboxID"].as_str().unwrap().to_string();
+    let token = created["envdAccessToken"].as_str().unwrap().to_string();
+    run(
+        &t,
+        &id,
+        "mkdir links && cd links && for f in zeta alpha mid; do echo $f > $f.txt; done \
+         && ln -s alpha.txt l && ln -s l ll && ln -s ../links d && ln -s nowhere dangling",
+    )
+    .await;
+    let r = send(
+        t.addr,
+        fs(&id, &token, "ListDir", json!({"path": "/home/user/links"})),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let seen: Vec<(String, String, Value)> = r.json()["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap().to_string(),
+                e["type"].as_str().unwrap().to_string(),
+                e.get("symlinkTarget").cloned().unwrap_or(Value::Null),
+            )
+        })
+        .collect();
+    let file = "FILE_TYPE_FILE".to_string();
+    assert_eq!(
+        seen,
+        [
+            ("alpha.txt".into(), file.clone(), Value::Null),
+            (
+                "d".into(),
+                "FILE_TYPE_DIRECTORY".into(),
+                json!("/home/user/links")
+            ),
+            (
+                "dangling".into(),
+                "FILE_TYPE_SYMLINK".into(),
+                json!("nowhere")
+            ),
+            (
+                "l".into(),
+                file.clone(),
+                json!("/home/user/links/alpha.txt")
+            ),
+            (
+                "ll".into(),
+                file.clone(),
+                json!("/home/user/links/alpha.txt")
+            ),
+            ("mid.txt".into(), file.clone(), Value::Null),
+            ("zeta.txt".into(), file.clone(), Value::Null),
+        ]
+    );
+    let r = send(
+        t.addr,
+        fs(&id, &token, "Stat", json!({"path": "/home/user/links/l"})),
+    )
+    .await;
+    let entry = &r.json()["entry"];
+    assert_eq!(
+        (&entry["type"], &entry["symlinkTarget"], &entry["path"]),
+        (
+            &json!("FILE_TYPE_FILE"),
+            &json!("/home/user/links/alpha.txt"),
+            &json!("/home/user/links/l")
+        ),
+        "{entry}"
+    );
+    t.stop().await;
+}
+
+/// A refused upload is answered after its body is read: a client that sends its
+/// whole body before it reads (as Python's HTTP clients do) gets the 400, not a
+/// connection reset while it was still sending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_upload_is_answered_not_cut() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let t = E2bServer::start(256, &[("base", TemplateConfig::default())]);
+    let created = t.create(ALICE, "base", json!({})).await;
+    let id = created["sandboxID"].as_str().unwrap().to_string();
+    let token = created["envdAccessToken"].as_str().unwrap().to_string();
+    let data = "x".repeat(4 << 20);
+    for (path, ctype) in [
+        ("/etc/refused.txt", "multipart/form-data; boundary=B"),
+        ("/home/user/ok.txt", "text/plain"),
+    ] {
+        let body = format!(
+            "--B\r\nContent-Disposition: form-data; name=\"file\"; filename=\"f\"\r\nContent-Type: application/octet-stream\r\n\r\n{data}\r\n--B--\r\n"
+        );
+        let head = format!(
+            "POST /files?path={path} HTTP/1.1\r\nHost: {}\r\nE2b-Sandbox-Id: {id}\r\nE2b-Sandbox-Port: 49983\r\nX-Access-Token: {token}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            t.addr,
+            body.len()
+        );
+        let mut conn = tokio::net::TcpStream::connect(t.addr).await.unwrap();
+        conn.write_all(head.as_bytes()).await.unwrap();
+        conn.write_all(body.as_bytes())
+            .await
+            .unwrap_or_else(|e| panic!("{path} {ctype}: the body was cut off: {e}"));
+        let mut answer = String::new();
+        tokio::time::timeout(Duration::from_secs(30), conn.read_to_string(&mut answer))
+            .await
+            .expect("an answer within 30 s")
+            .unwrap_or_else(|e| panic!("{path} {ctype}: {e}"));
+        assert!(
+            answer.starts_with("HTTP/1.1 400"),
+            "{path} {ctype}: {answer}"
+        );
+        assert!(answer.contains("\"code\":400"), "{answer}");
+    }
     t.stop().await;
 }

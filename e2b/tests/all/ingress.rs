@@ -159,6 +159,15 @@ async fn same_as_a_ghost(t: &E2bServer, what: &str, id: &str, tokens: (&str, &st
             "{what}, {name}: {}",
             a.text()
         );
+        // E2B's proxy's shape, outside Connect's routes: its code, message and the id.
+        if a.json()["code"] == 502 {
+            assert_eq!(
+                a.json()["message"],
+                "The sandbox was not found",
+                "{what}, {name}"
+            );
+            assert_eq!(a.json()["sandboxId"], id, "{what}, {name}");
+        }
         assert!(!a.text().contains(SECRET), "{what}, {name}");
     }
 }
@@ -274,7 +283,8 @@ async fn a_caller_without_the_sandboxs_token_learns_nothing_from_its_id() {
             assert_eq!(shape(&a, id), shape(&b, &ghost), "paused, {name}");
             assert_eq!(a.status, 502, "paused, {name}: {}", a.text());
         }
-        // Its owner is told it is paused.
+        // Its owner gets what E2B's proxy answers for a paused sandbox: a 502
+        // (which the SDK's `is_running()` reads as `False`) that names it.
         let r = send(
             t.addr,
             Req::new("GET", "/health")
@@ -282,7 +292,13 @@ async fn a_caller_without_the_sandboxs_token_learns_nothing_from_its_id() {
                 .header("x-access-token", str_of(&frozen, "envdAccessToken")),
         )
         .await;
-        assert_eq!(r.status, 409, "{}", r.text());
+        assert_eq!(r.status, 502, "{}", r.text());
+        let body = r.json();
+        assert_eq!(
+            (&body["code"], &body["message"], &body["sandboxId"]),
+            (&json!(502), &json!("The sandbox is paused"), &json!(id)),
+            "{body}"
+        );
     } else {
         eprintln!("the paused case skipped: no container engine here");
     }
