@@ -86,15 +86,25 @@ fn parse<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Result<T, Api
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("malformed body: {e}")))
 }
 
+/// The `domain` a sandbox's names are under: `e2b.domain`, else (the URL mode) the
+/// name this request reached the server by ([`crate::routing::url_mode_domain`]).
+fn domain(inner: &Inner, req: &HttpRequest) -> Option<String> {
+    inner
+        .config
+        .domain
+        .clone()
+        .or_else(|| crate::routing::url_mode_domain(req))
+}
+
 /// What create and connect answer: E2B's `Sandbox`.
-fn created(inner: &Inner, s: &Sbx) -> Value {
+fn created(inner: &Inner, s: &Sbx, req: &HttpRequest) -> Value {
     let mut v = json!({
         "templateID": s.template,
         "sandboxID": s.id,
         "clientID": "paddock",
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": s.token,
-        "domain": inner.config.domain,
+        "domain": domain(inner, req),
     });
     if let Some(t) = &s.traffic_token {
         v["trafficAccessToken"] = json!(t);
@@ -116,8 +126,8 @@ fn state(s: &Sbx) -> &'static str {
     }
 }
 
-/// E2B's `ListedSandbox`; `detail` adds what `SandboxDetail` has besides.
-fn described(inner: &Inner, s: &Sbx, detail: bool) -> Value {
+/// E2B's `ListedSandbox`; with the request, what `SandboxDetail` has besides.
+fn described(inner: &Inner, s: &Sbx, detail: Option<&HttpRequest>) -> Value {
     let mut v = json!({
         "templateID": s.template,
         "sandboxID": s.id,
@@ -131,9 +141,9 @@ fn described(inner: &Inner, s: &Sbx, detail: bool) -> Value {
         "envdVersion": ENVD_VERSION,
         "metadata": s.metadata,
     });
-    if detail {
+    if let Some(req) = detail {
         v["envdAccessToken"] = json!(s.token);
-        v["domain"] = json!(inner.config.domain);
+        v["domain"] = json!(domain(inner, req));
     }
     v
 }

@@ -34,19 +34,54 @@ pub(crate) fn target(head: &RequestHead, domain: Option<&str>) -> Option<(String
             .and_then(parse_port);
         return Some((id.to_string(), port));
     }
-    let domain = domain?;
     let host = headers.get("host").and_then(|v| v.to_str().ok())?;
-    let host = host.rsplit_once(':').map_or(host, |(h, p)| {
-        if p.bytes().all(|b| b.is_ascii_digit()) {
-            h
-        } else {
-            host
+    let label = match domain {
+        Some(domain) => {
+            let host = host.rsplit_once(':').map_or(host, |(h, p)| {
+                if p.bytes().all(|b| b.is_ascii_digit()) {
+                    h
+                } else {
+                    host
+                }
+            });
+            host.strip_suffix(domain)?.strip_suffix('.')?
         }
-    });
-    let label = host.strip_suffix(domain)?.strip_suffix('.')?;
+        // In the URL mode, the names `url_mode_domain` hands out: the first label
+        // of whatever name the client reached this server by.
+        None => host.split_once('.').filter(|(_, rest)| !rest.is_empty())?.0,
+    };
     let (port, id) = label.split_once('-')?;
-    (!port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) && !id.is_empty())
+    let id_ok = !id.is_empty()
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    (!port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) && id_ok)
         .then(|| (id.to_string(), parse_port(port)))
+}
+
+/// The domain a sandbox's names are under when `e2b.domain` is unset (the URL
+/// mode): the name the client reached this server by, so that the SDK's
+/// `get_host(port)`, `{port}-{id}.{domain}`, names this server, which routes it by
+/// its `Host` ([`target`]). A loopback address becomes `localhost` (`*.localhost`
+/// is loopback by RFC 6761, and browsers and curl resolve it so); another address
+/// or name stays as given, which a client reaches with that `Host` header.
+pub(crate) fn url_mode_domain(req: &HttpRequest) -> Option<String> {
+    let host = req.headers().get("host").and_then(|v| v.to_str().ok())?;
+    let (name, port) = match host.rsplit_once(':') {
+        Some((h, p)) if p.bytes().all(|b| b.is_ascii_digit()) && !h.ends_with(':') => (h, Some(p)),
+        _ => (host, None),
+    };
+    let loopback = name == "localhost"
+        || name
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    let name = if loopback { "localhost" } else { name };
+    Some(match port {
+        Some(p) => format!("{name}:{p}"),
+        None => name.to_string(),
+    })
 }
 
 pub(crate) fn configure(inner: &Arc<Inner>, cfg: &mut web::ServiceConfig) {
@@ -331,6 +366,32 @@ mod tests {
     use super::*;
 
     #[test]
+    fn url_mode_names_are_routed_by_their_first_label() {
+        let at = |host: &str| {
+            let mut req = actix_web::test::TestRequest::default();
+            req = req.insert_header(("host", host));
+            let req = req.to_http_request();
+            (target(req.head(), None), url_mode_domain(&req))
+        };
+        assert_eq!(
+            at("3000-sp-0123.localhost:8080"),
+            (
+                Some(("sp-0123".into(), Some(3000))),
+                Some("3000-sp-0123.localhost:8080".into())
+            )
+        );
+        assert_eq!(at("127.0.0.1:8080"), (None, Some("localhost:8080".into())));
+        assert_eq!(at("[::1]:9"), (None, Some("localhost:9".into())));
+        assert_eq!(at("10.1.2.3:8080"), (None, Some("10.1.2.3:8080".into())));
+        assert_eq!(
+            at("api.example.test"),
+            (None, Some("api.example.test".into()))
+        );
+        // The first label of an address is no sandbox's.
+        assert_eq!(at("3000-x").0, None);
+    }
+
+    #[test]
     fn the_control_planes_paths_are_e2bs_collections() {
         for p in [
             "/sandboxes",
@@ -378,7 +439,14 @@ mod tests {
             target(&h, Some("e2b.test")),
             Some(("sp-01ab-2".into(), Some(49999)))
         );
-        assert_eq!(target(&h, None), None, "host names need a domain");
+        // Without a domain (the URL mode), by the first label of the name.
+        assert_eq!(
+            target(&h, None),
+            Some(("sp-01ab-2".into(), Some(49999))),
+            "the URL mode's names"
+        );
+        // With one, only names under it.
+        assert_eq!(target(&h, Some("other.test")), None);
         for host in [
             "e2b.test",
             "x-sp.e2b.test",

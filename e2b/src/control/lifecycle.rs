@@ -18,7 +18,7 @@ pub(crate) async fn get(
 ) -> HttpResponse {
     let run = || -> Answer {
         let s = mine(&inner, &req, &id)?;
-        Ok(HttpResponse::Ok().json(described(&inner, &s, true)))
+        Ok(HttpResponse::Ok().json(described(&inner, &s, Some(&req))))
     };
     run().unwrap_or_else(|e| e.response())
 }
@@ -115,7 +115,7 @@ pub(crate) async fn connect(
                 *end = want;
             }
         }
-        let body = created(&inner, &s);
+        let body = created(&inner, &s, &req);
         Ok(if resumed {
             HttpResponse::Created().json(body)
         } else {

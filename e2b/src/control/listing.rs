@@ -121,7 +121,7 @@ pub(crate) async fn list(inner: web::Data<Arc<Inner>>, req: HttpRequest) -> Http
         }
         let more = mine.len() > limit;
         mine.truncate(limit);
-        let page: Vec<Value> = mine.iter().map(|s| described(&inner, s, false)).collect();
+        let page: Vec<Value> = mine.iter().map(|s| described(&inner, s, None)).collect();
         let mut answer = HttpResponse::Ok();
         if more {
             if let Some(last) = mine.last() {

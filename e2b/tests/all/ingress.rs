@@ -520,3 +520,39 @@ async fn a_port_has_one_spelling_for_the_routing_and_the_count() {
     drop(held);
     t.stop().await;
 }
+
+/// Without `e2b.domain` (the URL mode), a sandbox's `domain` is the name the client
+/// reached the server by (a loopback address as `localhost`), and the server routes
+/// the names `get_host(port)` builds under it by their `Host`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_url_modes_domain_names_this_server() {
+    let t = E2bServer::start_with(256, &[("base", base())], |c| c.e2b.domain = None);
+    let created = t
+        .create(ALICE, "base", json!({"allowPublicTraffic": true}))
+        .await;
+    let id = str_of(&created, "sandboxID");
+    let domain = format!("localhost:{}", t.addr.port());
+    assert_eq!(created["domain"], domain.as_str(), "{created}");
+    let r = send(
+        t.addr,
+        Req::new("GET", &format!("/sandboxes/{id}")).header("x-api-key", ALICE),
+    )
+    .await;
+    assert_eq!(r.json()["domain"], domain.as_str());
+    start_server(&t, id).await;
+    // What `get_host(8000)` gives: `8000-{id}.{domain}`.
+    let r = until_served(
+        &t,
+        Req::new("GET", "/").header("host", &format!("8000-{id}.{domain}")),
+    )
+    .await;
+    assert_eq!((r.status, r.text().as_str()), (200, SECRET));
+    // The native API and the control plane are still reached by the address.
+    let r = send(
+        t.addr,
+        Req::new("GET", "/sandboxes").header("x-api-key", ALICE),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    t.stop().await;
+}

@@ -46,13 +46,14 @@ impl E2bServer {
         config.server.allowed_levels = Some(vec![IsolationLevel::None, IsolationLevel::Strict]);
         config.server.allowed_networks = Some(vec![NetworkKind::None, NetworkKind::Allowlist]);
         config.server.max_requests_per_tenant = max_requests_per_tenant;
-        tweak(&mut config);
-        let server = config.server.clone();
-        let e2b = E2bConfig {
+        config.e2b = E2bConfig {
             enabled: true,
             domain: Some(DOMAIN.into()),
             ..E2bConfig::default()
         };
+        tweak(&mut config);
+        let server = config.server.clone();
+        let e2b = config.e2b.clone();
         let templates: BTreeMap<String, TemplateConfig> = templates
             .iter()
             .map(|(name, t)| {
