@@ -233,7 +233,7 @@ async fn create_inner(inner: &Arc<Inner>, req: &HttpRequest, body: &[u8]) -> Ans
             format!("opening the sandbox failed: {e}"),
         )
     })??;
-    Ok(HttpResponse::Created().json(created(inner, &sbx, &req)))
+    Ok(HttpResponse::Created().json(created(inner, &sbx, req)))
 }
 
 /// Releases a place of `e2b.max_sandboxes` taken while a sandbox opens.
