@@ -9,11 +9,13 @@
 //!   (`E2B-Traffic-Access-Token`). The sandbox's other ports take the traffic token,
 //!   or nothing when the sandbox was created with `network.allowPublicTraffic: true`,
 //!   as on E2B.
+//! - A signed file URL (`GET` or `POST /files` with a `signature`, see
+//!   [`crate::signed`]) stands for the access token on the agent's port.
 //! - A request without what its port takes is answered exactly as one for a sandbox
 //!   that does not exist, whether the sandbox exists, is paused or has ended: an id
 //!   alone tells a stranger nothing.
 
-use actix_web::http::header::HeaderMap;
+use actix_web::dev::RequestHead;
 
 use crate::registry::{Inner, Sbx};
 use crate::{CODE_INTERPRETER_PORT, ENVD_PORT};
@@ -75,11 +77,15 @@ pub(crate) enum Access {
     /// Without what the port takes: answered at once as a sandbox that does not
     /// exist, and not counted.
     Refused,
+    /// A signed file URL of the sandbox's whose expiry has passed: answered 401, as
+    /// E2B's agent does, and not counted.
+    Expired,
 }
 
-/// What a request with `headers` may do with `port` of `sbx`. Tokens are compared
-/// in constant time.
-pub(crate) fn access(sbx: &Sbx, port: u16, headers: &HeaderMap) -> Access {
+/// What a request (`head`) may do with `port` of `sbx`. Tokens and signatures are
+/// compared in constant time.
+pub(crate) fn access(sbx: &Sbx, port: u16, head: &RequestHead) -> Access {
+    let headers = &head.headers;
     let header = |name: &str| {
         headers
             .get(name)
@@ -90,11 +96,15 @@ pub(crate) fn access(sbx: &Sbx, port: u16, headers: &HeaderMap) -> Access {
     let traffic = || sbx.traffic_token_matches(header("e2b-traffic-access-token"));
     let admitted = match port {
         ENVD_PORT => {
-            return if token() {
-                Access::Agent
-            } else {
-                Access::Refused
+            if token() {
+                return Access::Agent;
             }
+            // A signed file URL (`download_url`, `upload_url`) stands for the token.
+            return match crate::signed::verdict(sbx, head) {
+                Some(crate::signed::Verdict::Valid) => Access::Agent,
+                Some(crate::signed::Verdict::Expired) => Access::Expired,
+                _ => Access::Refused,
+            };
         }
         CODE_INTERPRETER_PORT => {
             return if token() || traffic() {

@@ -27,9 +27,24 @@ use crate::registry::{tenant_of, Inner};
 
 /// Whom a request is counted for, when it is counted.
 fn holder(inner: &Inner, req: &ServiceRequest) -> Option<Holder> {
-    if let Some((id, port)) = crate::routing::target(req.head(), inner.config.domain.as_deref()) {
+    let addressed = crate::routing::target(req.head(), inner.config.domain.as_deref());
+    if addressed.is_none() && crate::signed::is_signed(req.head()) {
+        // A signed file URL that names no sandbox: the one whose token signed it.
+        let (s, verdict) = crate::signed::find(inner, req.head())?;
+        let access = match verdict {
+            crate::signed::Verdict::Valid => Access::Agent,
+            _ => Access::Expired,
+        };
+        req.extensions_mut().insert(crate::access::Reached {
+            sbx: s.clone(),
+            access,
+        });
+        return (access == Access::Agent)
+            .then(|| Holder::Tenant(tenant_of(&s.caller).map(String::from)));
+    }
+    if let Some((id, port)) = addressed {
         let s = crate::access::live(inner, &id)?;
-        let access = crate::access::access(&s, port?, req.headers());
+        let access = crate::access::access(&s, port?, req.head());
         req.extensions_mut().insert(crate::access::Reached {
             sbx: s.clone(),
             access,
@@ -49,7 +64,7 @@ fn holder(inner: &Inner, req: &ServiceRequest) -> Option<Holder> {
                 }
                 Some(Holder::Sandbox(id))
             }
-            Access::Refused => None,
+            Access::Refused | Access::Expired => None,
         };
     }
     // The control plane's key, as `admission::require_key` (outside this) found it.

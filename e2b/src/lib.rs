@@ -46,6 +46,7 @@ mod interpreter;
 mod process;
 mod registry;
 mod routing;
+mod signed;
 pub mod table;
 mod watch;
 

@@ -92,6 +92,7 @@ pub(crate) fn configure(inner: &Arc<Inner>, cfg: &mut web::ServiceConfig) {
         web::scope("")
             .guard(guard::fn_guard(move |ctx| {
                 target(ctx.head(), domain.as_deref()).is_some()
+                    || crate::signed::is_signed(ctx.head())
             }))
             .app_data(data)
             .wrap(actix_web::middleware::from_fn(crate::caps::limit))
@@ -146,7 +147,18 @@ async fn sandbox_entry(
     req: HttpRequest,
     payload: web::Payload,
 ) -> HttpResponse {
-    let Some((id, port)) = target(req.head(), inner.config.domain.as_deref()) else {
+    // A signed file URL that names no sandbox is the agent's, of the sandbox whose
+    // token signed it (the count found it), or of none.
+    let addressed = target(req.head(), inner.config.domain.as_deref()).or_else(|| {
+        crate::signed::is_signed(req.head()).then(|| {
+            let found = req
+                .extensions()
+                .get::<crate::access::Reached>()
+                .map(|r| r.sbx.id.clone());
+            (found.unwrap_or_default(), Some(ENVD_PORT))
+        })
+    });
+    let Some((id, port)) = addressed else {
         return http_error(StatusCode::BAD_REQUEST, "no sandbox is addressed");
     };
     let Some(port) = port else {
@@ -175,8 +187,14 @@ async fn sandbox_entry(
     let Some(crate::access::Reached { sbx, access }) = reached else {
         return not_found();
     };
-    if access == Access::Refused {
-        return not_found();
+    match access {
+        Access::Refused => return not_found(),
+        // As E2B's agent answers it.
+        Access::Expired => {
+            return HttpResponse::Unauthorized()
+                .json(serde_json::json!({"code": 401, "message": crate::signed::EXPIRED_MESSAGE}))
+        }
+        Access::Agent | Access::Ports => {}
     }
     // A paused sandbox's agent is not there, as E2B's proxy says of it: a 502, which
     // the SDK's `is_running()` reads as "not running".

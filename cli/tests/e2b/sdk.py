@@ -170,6 +170,14 @@ def files():
         check(not sbx.files.exists("/home/user/d"), "removed")
         # As E2B's: removing what is not there is not an error.
         sbx.files.remove("/home/user/never-there")
+        # Signed URLs, fetched with no token: a download, an upload, an expired one.
+        r = httpx.get(sbx.download_url("m/one.txt", use_signature_expiration=60))
+        check((r.status_code, r.text) == (200, "1"), f"signed download: {r.status_code} {r.text}")
+        up = sbx.upload_url("m/up.txt")
+        r = httpx.post(up, files={"file": ("up.txt", b"uploaded")})
+        check(r.status_code == 200 and sbx.files.read("m/up.txt") == "uploaded", f"signed upload: {r.text}")
+        r = httpx.get(sbx.download_url("m/one.txt", use_signature_expiration=-120))
+        check(r.status_code == 401 and r.json()["message"] == "signature is already expired", f"expired: {r.text}")
         # Outside the home, the filesystem service still sees the sandbox's own files.
         check(sbx.files.exists("/bin/sh") or sbx.files.exists("/usr/bin/sh"), "a system file")
         try:

@@ -457,3 +457,127 @@ async fn a_refused_upload_is_answered_not_cut() {
     }
     t.stop().await;
 }
+
+/// E2B's signed file URL for `path` (`download_url`, `upload_url`): the query the
+/// SDK builds, signed with the sandbox's access token.
+fn signed_query(token: &str, path: &str, operation: &str, expiration: Option<i64>) -> String {
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    let mut raw = format!("{path}:{operation}:user:{token}");
+    if let Some(e) = expiration {
+        raw.push_str(&format!(":{e}"));
+    }
+    let signature = format!(
+        "v1_{}",
+        base64::engine::general_purpose::STANDARD_NO_PAD
+            .encode(sha2::Sha256::digest(raw.as_bytes()))
+    );
+    let mut q: String = form_urlencoded::Serializer::new(String::new())
+        .append_pair("path", path)
+        .append_pair("username", "user")
+        .append_pair("signature", &signature)
+        .finish();
+    if let Some(e) = expiration {
+        q.push_str(&format!("&signature_expiration={e}"));
+    }
+    q
+}
+
+/// Signed file URLs stand for the access token, for their own path, operation and
+/// sandbox only, until they expire; one that names no sandbox (the URL mode) finds
+/// the sandbox whose token signed it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signed_urls_open_one_file_of_one_sandbox() {
+    let t = E2bServer::start(256, &[("base", TemplateConfig::default())]);
+    let created = t.create(ALICE, "base", json!({})).await;
+    let id = created["sandboxID"].as_str().unwrap().to_string();
+    let token = created["envdAccessToken"].as_str().unwrap().to_string();
+    let theirs = t.create(crate::live::BOB, "base", json!({})).await;
+    let their_token = theirs["envdAccessToken"].as_str().unwrap().to_string();
+    upload(&t, &id, &token, "/home/user/signed.txt", "signed content").await;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let get = |q: String| Req::new("GET", &format!("/files?{q}"));
+
+    // By the sandbox's headers, and with no address at all; with and without expiry.
+    for expiration in [None, Some(now + 120)] {
+        let q = signed_query(&token, "signed.txt", "read", expiration);
+        let r = send(t.addr, get(q.clone()).at_port(&id, "49983")).await;
+        assert_eq!((r.status, r.text().as_str()), (200, "signed content"));
+        let r = send(t.addr, get(q)).await;
+        assert_eq!(
+            (r.status, r.text().as_str()),
+            (200, "signed content"),
+            "the URL mode"
+        );
+    }
+    // Expired: E2B's 401.
+    let q = signed_query(&token, "signed.txt", "read", Some(now - 120));
+    for req in [get(q.clone()).at_port(&id, "49983"), get(q)] {
+        let r = send(t.addr, req).await;
+        assert_eq!(r.status, 401, "{}", r.text());
+        assert_eq!(
+            r.json(),
+            json!({"code": 401, "message": "signature is already expired"})
+        );
+    }
+    // Refused as a sandbox that is not there: another path, a write's signature on a
+    // read, another sandbox's token, a signature edited.
+    let mut tampered = signed_query(&token, "signed.txt", "read", None);
+    tampered.insert_str(
+        tampered.find("signature=").unwrap() + "signature=v1_".len(),
+        "A",
+    );
+    for (what, q) in [
+        (
+            "another path",
+            signed_query(&token, "signed.txt", "read", None).replace("signed.txt", "other.txt"),
+        ),
+        (
+            "a write's",
+            signed_query(&token, "signed.txt", "write", None),
+        ),
+        (
+            "another sandbox's token",
+            signed_query(&their_token, "signed.txt", "read", None),
+        ),
+        ("tampered", tampered),
+    ] {
+        let r = send(t.addr, get(q.clone()).at_port(&id, "49983")).await;
+        assert_eq!(r.status, 502, "{what}: {}", r.text());
+        assert!(!r.text().contains("signed content"), "{what}");
+        let r = send(t.addr, get(q)).await;
+        assert!(
+            !r.text().contains("signed content"),
+            "{what}, the URL mode: {}",
+            r.text()
+        );
+        assert_ne!(r.status, 200, "{what}, the URL mode");
+    }
+    // An upload URL writes its own path, in the URL mode too.
+    let body = "--B\r\nContent-Disposition: form-data; name=\"file\"; filename=\"f\"\r\nContent-Type: application/octet-stream\r\n\r\nwritten by URL\r\n--B--\r\n";
+    let r = send(
+        t.addr,
+        Req::new(
+            "POST",
+            &format!(
+                "/files?{}",
+                signed_query(&token, "up.txt", "write", Some(now + 60))
+            ),
+        )
+        .body("multipart/form-data; boundary=B", body.as_bytes().to_vec()),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = send(
+        t.addr,
+        Req::new("GET", "/files?path=up.txt")
+            .at_port(&id, "49983")
+            .header("x-access-token", &token),
+    )
+    .await;
+    assert_eq!((r.status, r.text().as_str()), (200, "written by URL"));
+    t.stop().await;
+}
