@@ -16,10 +16,12 @@ use crate::registry::{Inner, Sbx, ENVD_VERSION};
 mod creation;
 mod lifecycle;
 mod listing;
+mod templates;
 
 pub(crate) use creation::{create, default_engine};
 pub(crate) use lifecycle::{connect, get, kill, pause, set_timeout};
 pub(crate) use listing::list;
+pub(crate) use templates::alias;
 
 /// Most bytes of a control-plane request body.
 const MAX_BODY: usize = 256 * 1024;

@@ -457,7 +457,9 @@ fn stream_events(sbx: &Sbx, pid: u32, handle: &Attachable, timing: Timing) -> Ht
     let shared: Arc<ProcessShared> = handle.shared().clone();
     let reader = shared.output();
     let gone = sbx.gone.clone();
-    let id = sbx.id.clone();
+    // Cancelled only when the stream ends for the kill, not after a full stream.
+    let dropped = tokio_util::sync::CancellationToken::new();
+    let drop_it = dropped.clone();
     actix_web::rt::spawn(async move {
         let event = |e: Value| connect::envelope(0, &json!({ "event": e }));
         let deadline = timing.deadline.map(tokio::time::Instant::from_std);
@@ -526,19 +528,12 @@ fn stream_events(sbx: &Sbx, pid: u32, handle: &Attachable, timing: Timing) -> Ht
         // The stream ends when its events do, when the caller has gone (the process
         // goes on: only SendSignal kills it), or at the caller's deadline.
         // A killed sandbox's process streams end as E2B's agent's do when its
-        // sandbox goes: `unavailable`, not the process's end (the SDK then asks
-        // whether the sandbox runs, and says it was killed). The kill is seen
-        // first: it is marked before the sandbox's processes are.
+        // sandbox goes: the connection drops, with no `end` (the SDK then asks
+        // whether the sandbox runs, and says it was killed). The kill is seen first:
+        // it is marked before the sandbox's processes are.
         tokio::select! {
             biased;
-            () = gone.cancelled() => {
-                let _ = tx
-                    .send(connect::end_of_stream(Some(&ConnectError::new(
-                        Code::Unavailable,
-                        format!("the connection to sandbox {id} ended before the stream completed: the sandbox was killed"),
-                    ))))
-                    .await;
-            }
+            () = gone.cancelled() => drop_it.cancel(),
             () = events => {}
             () = tx.closed() => {}
             () = expired => {
@@ -551,7 +546,7 @@ fn stream_events(sbx: &Sbx, pid: u32, handle: &Attachable, timing: Timing) -> Ht
             }
         }
     });
-    streaming(rx)
+    streaming_until(rx, dropped)
 }
 
 fn signal_name(sig: i32) -> &'static str {
@@ -569,8 +564,30 @@ fn signal_name(sig: i32) -> &'static str {
 
 /// A Connect stream answer fed by `rx`.
 pub(crate) fn streaming(rx: tokio::sync::mpsc::Receiver<Bytes>) -> HttpResponse {
-    let body = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|b| (Ok::<_, actix_web::Error>(b), rx))
+    streaming_until(rx, tokio_util::sync::CancellationToken::new())
+}
+
+/// [`streaming`], whose connection drops (no end of the stream) when `rx` ends
+/// after `gone` was cancelled: what a client of E2B sees when its sandbox goes.
+fn streaming_until(
+    rx: tokio::sync::mpsc::Receiver<Bytes>,
+    gone: tokio_util::sync::CancellationToken,
+) -> HttpResponse {
+    let body = futures_util::stream::unfold(Some(rx), move |rx| {
+        let gone = gone.clone();
+        async move {
+            let mut rx = rx?;
+            match rx.recv().await {
+                Some(b) => Some((Ok::<_, actix_web::Error>(b), Some(rx))),
+                None if gone.is_cancelled() => Some((
+                    Err(actix_web::error::ErrorServiceUnavailable(
+                        "the sandbox was killed",
+                    )),
+                    None,
+                )),
+                None => None,
+            }
+        }
     });
     HttpResponse::Ok()
         .content_type(connect::STREAM_JSON)

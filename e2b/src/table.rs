@@ -54,7 +54,8 @@ const fn has_id(path: &[u8]) -> bool {
     false
 }
 
-/// The control plane: E2B's sandbox lifecycle, under `/sandboxes` and `/v2/sandboxes`.
+/// The control plane: E2B's sandbox lifecycle, under `/sandboxes` and `/v2/sandboxes`,
+/// and the templates sandboxes open from.
 pub const CONTROL: &[ControlRoute] = &[
     ControlRoute::new("POST", "/sandboxes", || web::route().to(control::create)),
     ControlRoute::new("POST", "/v2/sandboxes", || web::route().to(control::create)),
@@ -78,6 +79,9 @@ pub const CONTROL: &[ControlRoute] = &[
     }),
     ControlRoute::new("POST", "/v2/sandboxes/{id}/connect", || {
         web::route().to(control::connect)
+    }),
+    ControlRoute::new("GET", "/templates/aliases/{alias}", || {
+        web::route().to(control::alias)
     }),
 ];
 

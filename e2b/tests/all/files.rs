@@ -526,9 +526,9 @@ async fn signed_urls_open_one_file_of_one_sandbox() {
     // Refused as a sandbox that is not there: another path, a write's signature on a
     // read, another sandbox's token, a signature edited.
     let mut tampered = signed_query(&token, "signed.txt", "read", None);
-    tampered.insert_str(
+    tampered.insert(
         tampered.find("signature=").unwrap() + "signature=v1_".len(),
-        "A",
+        'A',
     );
     for (what, q) in [
         (

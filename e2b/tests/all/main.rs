@@ -11,4 +11,5 @@ mod ingress;
 mod input;
 mod live;
 mod processes;
+mod templates;
 mod walls;

@@ -64,7 +64,8 @@ fn agent_requests(id: &str, token: &str) -> Vec<(String, Req)> {
 
 /// A control-plane request of `route` for sandbox `id`, with `key`.
 fn control_request(method: &str, path: &str, id: &str, key: &str) -> Req {
-    let path = path.replace("{id}", id);
+    // `{alias}`: a template's, the server's own (no tenant's).
+    let path = path.replace("{id}", id).replace("{alias}", "base");
     let req = Req::new(method, &path).header("x-api-key", key);
     if path.ends_with("/timeout") || path.ends_with("/connect") || path.ends_with("/resume") {
         req.json(&json!({"timeout": 60}))
@@ -146,8 +147,14 @@ async fn tenant_b_reaches_nothing_of_tenant_a_on_any_e2b_route() {
             r.path,
             a.text()
         );
-        if !r.names_sandbox {
+        if r.path.contains("sandboxes") && !r.names_sandbox {
             assert!(a.text().contains(aid), "alice's list: {}", a.text());
+        }
+        if !r.path.contains("sandboxes") {
+            // The server's own, the same for bob: nothing of alice's in it.
+            let b = send(t.addr, control_request(r.method, r.path, aid, BOB)).await;
+            assert_eq!((a.status, a.text()), (b.status, b.text()), "{}", r.path);
+            assert!(!a.text().contains(aid), "{}: {}", r.path, a.text());
         }
     }
     t.stop().await;
