@@ -101,11 +101,20 @@ pub(crate) async fn upload(
         .get("content-type")
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
+    if ctype.starts_with("application/octet-stream") {
+        return match write_raw(&sbx, req, &q, &mut payload, max_file).await {
+            Ok(written) => HttpResponse::Ok().json([written]),
+            Err(refusal) => {
+                drain(&mut payload).await;
+                refusal
+            }
+        };
+    }
     if !ctype.starts_with("multipart/form-data") {
         drain(&mut payload).await;
         return http_error(
             StatusCode::BAD_REQUEST,
-            format!("Content-Type {ctype:?}: send multipart/form-data with a `file` field"),
+            format!("Content-Type {ctype:?}: send multipart/form-data with a `file` field, or the file's bytes as application/octet-stream"),
         );
     }
     let mut multipart = actix_multipart::Multipart::new(req.headers(), payload);
@@ -116,6 +125,90 @@ pub(crate) async fn upload(
             refusal
         }
     }
+}
+
+/// The most bytes one piece of a gzip upload's input may be: what it decodes to in
+/// one step stays small (about a thousand times this at most).
+const GZIP_PIECE: usize = 1024;
+
+/// An `application/octet-stream` upload (envd 0.5.7): the body is the file at the
+/// query's `path`, gzip-compressed when `Content-Encoding: gzip` says so.
+async fn write_raw(
+    sbx: &Sbx,
+    req: &HttpRequest,
+    q: &FileQuery,
+    payload: &mut web::Payload,
+    max_file: u64,
+) -> Result<Value, HttpResponse> {
+    let Some(target) = &q.path else {
+        return Err(http_error(
+            StatusCode::BAD_REQUEST,
+            "give `path`, the file to write, with an application/octet-stream upload",
+        ));
+    };
+    let gzip = match req
+        .headers()
+        .get("content-encoding")
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.trim().to_ascii_lowercase())
+        .as_deref()
+    {
+        None | Some("") | Some("identity") => false,
+        Some("gzip") => true,
+        Some(other) => {
+            return Err(http_error(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                format!("Content-Encoding {other:?}: send the bytes as they are, or gzip"),
+            ))
+        }
+    };
+    let path = in_home(sbx, target).map_err(|r| *r)?;
+    let (feed, source) = paddock_pool::http::upload_source(4);
+    let pump = async {
+        use std::io::Write as _;
+        let mut decoder = gzip.then(|| flate2::write::GzDecoder::new(Vec::new()));
+        while let Some(chunk) = payload.next().await {
+            let chunk = match chunk {
+                Ok(c) => c,
+                Err(e) => {
+                    return feed
+                        .fail(std::io::Error::other(format!("the body: {e}")))
+                        .await
+                }
+            };
+            let Some(decoder) = decoder.as_mut() else {
+                if !feed.send(chunk).await {
+                    return;
+                }
+                continue;
+            };
+            for piece in chunk.chunks(GZIP_PIECE) {
+                if let Err(e) = decoder.write_all(piece) {
+                    return feed.fail(std::io::Error::other(format!("gzip: {e}"))).await;
+                }
+                let out = std::mem::take(decoder.get_mut());
+                if !out.is_empty() && !feed.send(out.into()).await {
+                    return;
+                }
+            }
+        }
+        if let Some(decoder) = decoder {
+            match decoder.finish() {
+                Ok(rest) if rest.is_empty() => {}
+                Ok(rest) => {
+                    if !feed.send(rest.into()).await {
+                        return;
+                    }
+                }
+                Err(e) => return feed.fail(std::io::Error::other(format!("gzip: {e}"))).await,
+            }
+        }
+        feed.finish().await;
+    };
+    let (written, ()) = futures_util::join!(sbx.handle.write_from(&path, source, max_file), pump);
+    written.map_err(http_from)?;
+    let name = path.rsplit('/').next().unwrap_or_default().to_string();
+    Ok(json!({ "name": name, "type": "file", "path": path }))
 }
 
 /// The most bytes of a refused upload read (and dropped) before the refusal is

@@ -13,9 +13,9 @@ use paddock_pool::{Caller, Paddock, SandboxHandle};
 use subtle::ConstantTimeEq;
 
 /// The version of E2B's sandbox agent whose features Paddock's agent routes give:
-/// the SDKs gate features by it (stdin closing needs 0.5.2; octet-stream uploads,
-/// which Paddock does not take yet, 0.5.7).
-pub const ENVD_VERSION: &str = "0.5.2";
+/// the SDKs gate features by it (stdin closing needs 0.5.2; octet-stream and gzip
+/// uploads 0.5.7; file metadata, which Paddock does not give yet, 0.6.2).
+pub const ENVD_VERSION: &str = "0.5.7";
 
 /// How often the reaper looks for sandboxes whose lifetime has passed.
 const REAP_EVERY: Duration = Duration::from_millis(250);

@@ -7,6 +7,7 @@ use (pause differs), ALICE and BOB are two tenants' API keys.
 """
 
 import datetime
+import io
 import json
 import os
 import struct
@@ -170,6 +171,11 @@ def files():
         check(not sbx.files.exists("/home/user/d"), "removed")
         # As E2B's: removing what is not there is not an error.
         sbx.files.remove("/home/user/never-there")
+        # Octet-stream uploads: a file-like object streams, gzip compresses.
+        sbx.files.write("m/streamed.bin", io.BytesIO(blob))
+        check(sbx.files.read("m/streamed.bin", format="bytes") == blob, "an octet-stream upload")
+        sbx.files.write("m/zipped.bin", blob, gzip=True)
+        check(sbx.files.read("m/zipped.bin", format="bytes") == blob, "a gzip upload")
         # Signed URLs, fetched with no token: a download, an upload, an expired one.
         r = httpx.get(sbx.download_url("m/one.txt", use_signature_expiration=60))
         check((r.status_code, r.text) == (200, "1"), f"signed download: {r.status_code} {r.text}")

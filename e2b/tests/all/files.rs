@@ -581,3 +581,71 @@ async fn signed_urls_open_one_file_of_one_sandbox() {
     assert_eq!((r.status, r.text().as_str()), (200, "written by URL"));
     t.stop().await;
 }
+
+/// Octet-stream uploads (envd 0.5.7): the body is the file at `path`, gzip-encoded
+/// when `Content-Encoding: gzip` says so; a gzip stream cut short writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn octet_stream_and_gzip_uploads_write_their_path() {
+    use std::io::Write as _;
+    let t = E2bServer::start(256, &[("base", TemplateConfig::default())]);
+    let created = t.create(ALICE, "base", json!({})).await;
+    assert_eq!(created["envdVersion"], "0.5.7");
+    let id = created["sandboxID"].as_str().unwrap().to_string();
+    let token = created["envdAccessToken"].as_str().unwrap().to_string();
+    let post = |path: &str, body: Vec<u8>, encoding: Option<&str>| {
+        let mut r = Req::new("POST", &format!("/files?path={path}"))
+            .body("application/octet-stream", body)
+            .at_port(&id, "49983")
+            .header("x-access-token", &token);
+        if let Some(e) = encoding {
+            r = r.header("content-encoding", e);
+        }
+        r
+    };
+    let read = |path: &str| {
+        Req::new("GET", &format!("/files?path={path}"))
+            .at_port(&id, "49983")
+            .header("x-access-token", &token)
+    };
+    let content: Vec<u8> = (0..200_000u32)
+        .flat_map(|i| (i % 251).to_le_bytes())
+        .collect();
+    let r = send(t.addr, post("raw.bin", content.clone(), None)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.json(),
+        json!([{"name": "raw.bin", "type": "file", "path": "/home/user/raw.bin"}])
+    );
+    assert_eq!(send(t.addr, read("raw.bin")).await.body, content);
+
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(&content).unwrap();
+    let gz = gz.finish().unwrap();
+    assert!(gz.len() < content.len());
+    let r = send(t.addr, post("unzipped.bin", gz.clone(), Some("gzip"))).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(send(t.addr, read("unzipped.bin")).await.body, content);
+
+    // Cut short: refused, and no file.
+    let r = send(
+        t.addr,
+        post("cut.bin", gz[..gz.len() / 2].to_vec(), Some("gzip")),
+    )
+    .await;
+    assert!(r.status >= 400, "{} {}", r.status, r.text());
+    assert_eq!(send(t.addr, read("cut.bin")).await.status, 404);
+    // Another encoding, and no path: refused with what to do.
+    let r = send(t.addr, post("x.bin", b"x".to_vec(), Some("br"))).await;
+    assert_eq!(r.status, 415, "{}", r.text());
+    let r = send(
+        t.addr,
+        Req::new("POST", "/files")
+            .body("application/octet-stream", b"x".to_vec())
+            .at_port(&id, "49983")
+            .header("x-access-token", &token),
+    )
+    .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("path"), "{}", r.text());
+    t.stop().await;
+}
