@@ -31,6 +31,7 @@ pub mod capture;
 mod child;
 pub mod container;
 pub mod env;
+mod files;
 mod host;
 mod interactive;
 pub mod isolate;

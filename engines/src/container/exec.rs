@@ -19,6 +19,7 @@ use super::usage::{classify, cpu_quota_us, SandboxUsage};
 use super::EngineInner;
 use crate::capture::{pump, Captured};
 use crate::child::{Ending, StopOnDrop, Watched};
+use crate::files::WorkdirBacked;
 use crate::host::sys;
 use crate::task::{blocking, feed_stdin};
 

@@ -19,6 +19,7 @@ use paddock_core::{
 
 use super::control::{AgentControl, RemoteLeader};
 use super::sandbox::ContainerSandbox;
+use crate::files::WorkdirBacked;
 use crate::host::sys;
 use crate::interactive::{adopt_remote, pipes, Signaller, Wiring};
 

@@ -8,18 +8,15 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use paddock_core::lifecycle::{Lifecycle, OpGuard, Phase, Teardown};
-use paddock_core::{
-    CancelToken, EngineName, Error, ErrorCode, ExecRequest, ExecResult, FileEntry, OutputSink,
-    Program, Result, Sandbox, SandboxSpec, SandboxStatus,
-};
+use paddock_core::lifecycle::{Lifecycle, Teardown};
+use paddock_core::{EngineName, Error, ErrorCode, ExecRequest, Program, Result, SandboxSpec};
 use tokio::sync::{Mutex, Notify};
 
 use super::bundle::WORKSPACE;
 use super::exec::guest_vars;
 use super::warm::WarmContainer;
 use super::EngineInner;
+use crate::files::WorkdirBacked;
 use crate::host::workdir::Workdir;
 use crate::task::blocking;
 
@@ -428,242 +425,151 @@ impl ContainerSandbox {
     pub(super) fn mark_used(&self) {
         self.interactive_used.store(true, Ordering::Release);
     }
+}
 
-    pub(super) fn enter(&self) -> Result<OpGuard<'_>> {
-        self.lifecycle
-            .enter()
-            .ok_or_else(|| Error::disposed(&format!("sandbox {}", self.id)))
-    }
+crate::files::workdir_sandbox! {
+    impl Sandbox for ContainerSandbox {
+        fn id(&self) -> &str {
+            &self.id
+        }
 
-    pub(super) fn destroying(&self) -> bool {
-        self.lifecycle.phase() != Phase::Live
-    }
+        fn engine(&self) -> EngineName {
+            self.engine.name.clone()
+        }
 
-    pub(super) async fn file_op<T: Send + 'static>(
-        &self,
-        op: impl FnOnce(&Workdir) -> Result<T> + Send + 'static,
-    ) -> Result<T> {
-        let _op = self.enter()?;
-        let workdir = self.workdir.clone();
-        blocking(move || op(&workdir)).await
+        fn leased(&self) {
+            let Some(setup) = &self.engine.runners else {
+                return;
+            };
+            let warm = Arc::downgrade(&self.warm);
+            self.leases
+                .leased(Duration::from_millis(setup.config.unused_ms), move || {
+                    // A warm container serving a turn is not in the slot, and keeps them.
+                    let Some(warm) = warm.upgrade() else {
+                        return;
+                    };
+                    let retired = warm
+                        .lock()
+                        .as_mut()
+                        .map(|wc| wc.retire_unused_runners())
+                        .unwrap_or_default();
+                    // Killed through their pidfds, outside the lock.
+                    drop(retired);
+                });
+        }
+
+        async fn recycle(&self) -> Result<()> {
+            // The lease ends: its planned retirement of unused runners is off.
+            self.leases.ended();
+            let _op = self.enter()?;
+            let _guard = self.run_lock.lock().await;
+            if self.destroying() {
+                return Err(Error::disposed(&format!("sandbox {}", self.id)));
+            }
+            if self.paused.load(Ordering::Acquire) {
+                self.set_frozen(false).await?;
+                self.paused.store(false, Ordering::Release);
+            }
+            if let Some(setup) = &self.engine.runners {
+                let ran = std::mem::take(&mut *self.lease_snippets.lock());
+                self.engine
+                    .runner_demand
+                    .lease_ended(setup.languages(), &ran);
+            }
+            // A container an execution ran in may hold what it left in /tmp, in its
+            // IPC namespace or in its processes' memory: the next lease (maybe another
+            // tenant's) gets it as a fresh one, reset in place by its agent, or a new one
+            // when it cannot be (see `renew_warm`), here, off that lease's path.
+            let used = self.warm.lock().as_ref().is_some_and(|w| w.used)
+                | self.interactive_used.swap(false, Ordering::AcqRel)
+                | self.processes.has_live();
+            if used {
+                self.renew_warm().await;
+            }
+            // The next lease's first snippet is warm too: runners a fresh (or reset)
+            // container lacks, or that this lease left unused and saw retired, start
+            // now, for the languages recent leases used.
+            self.runners_ahead().await;
+            // The reset or the closing ended the container's processes; their watchers
+            // finish now.
+            self.processes.kill_all(false).await;
+            let workdir = self.workdir.clone();
+            if std::fs::read_dir(workdir.root())
+                .map(|mut d| d.next().is_none())
+                .unwrap_or(false)
+            {
+                return Ok(());
+            }
+            blocking(move || {
+                workdir
+                    .clear()
+                    .map_err(|e| Error::engine_io("cleaning the sandbox workdir", e))
+            })
+            .await
+        }
+
+        async fn start_process(
+            &self,
+            spec: paddock_core::ProcessSpec,
+        ) -> Result<paddock_core::ProcessHandle> {
+            self.start_process_impl(spec).await
+        }
+
+        async fn open_terminal(
+            &self,
+            spec: paddock_core::TerminalSpec,
+        ) -> Result<paddock_core::TerminalHandle> {
+            self.open_terminal_impl(spec).await
+        }
+
+        async fn open_tcp_connection(
+            &self,
+            target: paddock_core::TcpTarget,
+        ) -> Result<paddock_core::TcpConnection> {
+            self.open_tcp_impl(target).await
+        }
+
+        async fn pause(&self) -> Result<()> {
+            let _op = self.enter()?;
+            // New executions are refused from here on; running ones freeze.
+            if self.paused.swap(true, Ordering::AcqRel) {
+                return Ok(());
+            }
+            let frozen = self.set_frozen(true).await;
+            if frozen.is_err() {
+                let _ = self.set_frozen(false).await;
+                self.paused.store(false, Ordering::Release);
+            }
+            frozen
+        }
+
+        async fn unpause(&self) -> Result<()> {
+            let _op = self.enter()?;
+            if !self.paused.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            self.set_frozen(false).await?;
+            self.paused.store(false, Ordering::Release);
+            Ok(())
+        }
     }
 }
 
-#[async_trait]
-impl Sandbox for ContainerSandbox {
-    fn id(&self) -> &str {
-        &self.id
+impl WorkdirBacked for ContainerSandbox {
+    fn workdir(&self) -> &Arc<Workdir> {
+        &self.workdir
     }
 
-    fn engine(&self) -> EngineName {
-        self.engine.name.clone()
+    fn lifecycle(&self) -> &Lifecycle {
+        &self.lifecycle
     }
 
-    fn root_dir(&self) -> &Path {
-        self.workdir.shown_root()
+    fn busy(&self) -> bool {
+        self.active.load(Ordering::Acquire) > 0
     }
 
-    fn host_dir(&self) -> &Path {
-        self.workdir.root()
-    }
-
-    fn status(&self) -> SandboxStatus {
-        if self.destroying() {
-            SandboxStatus::Destroyed
-        } else if self.paused.load(Ordering::Acquire) {
-            SandboxStatus::Paused
-        } else if self.active.load(Ordering::Acquire) > 0 {
-            SandboxStatus::Busy
-        } else {
-            SandboxStatus::Ready
-        }
-    }
-
-    async fn exec(
-        &self,
-        request: ExecRequest,
-        sink: &dyn OutputSink,
-        cancel: CancelToken,
-    ) -> Result<ExecResult> {
-        self.workdir.check_disk_request(&request.limits)?;
-        let before = self.workdir.disk_exhausted();
-        let result = self.run(request, sink, cancel).await;
-        self.workdir.judge_disk(before, result)
-    }
-
-    async fn write_file(&self, path: &str, data: &[u8]) -> Result<()> {
-        let (path, data) = (path.to_string(), data.to_vec());
-        self.file_op(move |w| w.write_file(&path, &data)).await
-    }
-
-    async fn read_file(&self, path: &str) -> Result<Vec<u8>> {
-        let path = path.to_string();
-        self.file_op(move |w| w.read_file(&path)).await
-    }
-
-    async fn open_read(&self, path: &str) -> Result<paddock_core::FileReader> {
-        let _op = self.enter()?;
-        self.workdir.open_read(path).await
-    }
-
-    async fn write_from(
-        &self,
-        path: &str,
-        source: paddock_core::ByteSource,
-        max_bytes: u64,
-    ) -> Result<u64> {
-        self.workdir
-            .write_from(path, source, max_bytes, || self.enter())
-            .await
-    }
-
-    async fn list_files(&self, path: &str) -> Result<Vec<FileEntry>> {
-        let path = path.to_string();
-        self.file_op(move |w| w.list_files(&path)).await
-    }
-
-    fn leased(&self) {
-        let Some(setup) = &self.engine.runners else {
-            return;
-        };
-        let warm = Arc::downgrade(&self.warm);
-        self.leases
-            .leased(Duration::from_millis(setup.config.unused_ms), move || {
-                // A warm container serving a turn is not in the slot, and keeps them.
-                let Some(warm) = warm.upgrade() else {
-                    return;
-                };
-                let retired = warm
-                    .lock()
-                    .as_mut()
-                    .map(|wc| wc.retire_unused_runners())
-                    .unwrap_or_default();
-                // Killed through their pidfds, outside the lock.
-                drop(retired);
-            });
-    }
-
-    async fn recycle(&self) -> Result<()> {
-        // The lease ends: its planned retirement of unused runners is off.
-        self.leases.ended();
-        let _op = self.enter()?;
-        let _guard = self.run_lock.lock().await;
-        if self.destroying() {
-            return Err(Error::disposed(&format!("sandbox {}", self.id)));
-        }
-        if self.paused.load(Ordering::Acquire) {
-            self.set_frozen(false).await?;
-            self.paused.store(false, Ordering::Release);
-        }
-        if let Some(setup) = &self.engine.runners {
-            let ran = std::mem::take(&mut *self.lease_snippets.lock());
-            self.engine
-                .runner_demand
-                .lease_ended(setup.languages(), &ran);
-        }
-        // A container an execution ran in may hold what it left in /tmp, in its
-        // IPC namespace or in its processes' memory: the next lease (maybe another
-        // tenant's) gets it as a fresh one, reset in place by its agent, or a new one
-        // when it cannot be (see `renew_warm`), here, off that lease's path.
-        let used = self.warm.lock().as_ref().is_some_and(|w| w.used)
-            | self.interactive_used.swap(false, Ordering::AcqRel)
-            | self.processes.has_live();
-        if used {
-            self.renew_warm().await;
-        }
-        // The next lease's first snippet is warm too: runners a fresh (or reset)
-        // container lacks, or that this lease left unused and saw retired, start
-        // now, for the languages recent leases used.
-        self.runners_ahead().await;
-        // The reset or the closing ended the container's processes; their watchers
-        // finish now.
-        self.processes.kill_all(false).await;
-        let workdir = self.workdir.clone();
-        if std::fs::read_dir(workdir.root())
-            .map(|mut d| d.next().is_none())
-            .unwrap_or(false)
-        {
-            return Ok(());
-        }
-        blocking(move || {
-            workdir
-                .clear()
-                .map_err(|e| Error::engine_io("cleaning the sandbox workdir", e))
-        })
-        .await
-    }
-
-    async fn stat(&self, path: &str) -> Result<paddock_core::FileInfo> {
-        self.stat_impl(path).await
-    }
-
-    async fn list_dir(&self, path: &str, depth: u32) -> Result<Vec<paddock_core::FileInfo>> {
-        self.list_dir_impl(path, depth).await
-    }
-
-    async fn make_dir(&self, path: &str) -> Result<bool> {
-        self.make_dir_impl(path).await
-    }
-
-    async fn rename(&self, from: &str, to: &str) -> Result<()> {
-        self.rename_impl(from, to).await
-    }
-
-    async fn remove(&self, path: &str) -> Result<()> {
-        self.remove_impl(path).await
-    }
-
-    async fn watch(&self, path: &str, recursive: bool) -> Result<paddock_core::FileWatch> {
-        self.watch_impl(path, recursive).await
-    }
-
-    async fn start_process(
-        &self,
-        spec: paddock_core::ProcessSpec,
-    ) -> Result<paddock_core::ProcessHandle> {
-        self.start_process_impl(spec).await
-    }
-
-    async fn open_terminal(
-        &self,
-        spec: paddock_core::TerminalSpec,
-    ) -> Result<paddock_core::TerminalHandle> {
-        self.open_terminal_impl(spec).await
-    }
-
-    async fn open_tcp_connection(
-        &self,
-        target: paddock_core::TcpTarget,
-    ) -> Result<paddock_core::TcpConnection> {
-        self.open_tcp_impl(target).await
-    }
-
-    async fn pause(&self) -> Result<()> {
-        let _op = self.enter()?;
-        // New executions are refused from here on; running ones freeze.
-        if self.paused.swap(true, Ordering::AcqRel) {
-            return Ok(());
-        }
-        let frozen = self.set_frozen(true).await;
-        if frozen.is_err() {
-            let _ = self.set_frozen(false).await;
-            self.paused.store(false, Ordering::Release);
-        }
-        frozen
-    }
-
-    async fn unpause(&self) -> Result<()> {
-        let _op = self.enter()?;
-        if !self.paused.load(Ordering::Acquire) {
-            return Ok(());
-        }
-        self.set_frozen(false).await?;
-        self.paused.store(false, Ordering::Release);
-        Ok(())
-    }
-
-    async fn destroy(&self) -> Result<()> {
-        self.lifecycle.destroy(self).await
+    fn paused(&self) -> bool {
+        self.paused.load(Ordering::Acquire)
     }
 }
 

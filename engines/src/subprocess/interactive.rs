@@ -16,6 +16,7 @@ use paddock_core::{
 };
 
 use super::sandbox::SubprocessSandbox;
+use crate::files::WorkdirBacked;
 use crate::host::cgroup::Cgroup;
 use crate::host::pty;
 use crate::host::spawn::spawn_async;

@@ -647,7 +647,7 @@ impl SubprocessSandbox {
             .as_ref()
             .is_some_and(|g| g.has_other_than(&keep));
         if let (Some(g), true) = (self.warm_cgroup.clone(), leftovers) {
-            let _ = super::sandbox::blocking(move || {
+            let _ = crate::task::blocking(move || {
                 g.kill_all_except(&keep)
                     .map(drop)
                     .map_err(|e| Error::engine_io("killing what the snippet left running", e))
