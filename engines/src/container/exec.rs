@@ -19,8 +19,8 @@ use super::usage::{classify, cpu_quota_us, SandboxUsage};
 use super::EngineInner;
 use crate::capture::{pump, Captured};
 use crate::child::{Ending, StopOnDrop, Watched};
-use crate::files::WorkdirBacked;
 use crate::host::sys;
+use crate::sandbox::WorkdirBacked;
 use crate::task::{blocking, feed_stdin};
 
 use super::sandbox::{ContainerSandbox, FileMount, MAX_INLINE_SOURCE, RUNTIME_GRACE};

@@ -18,7 +18,7 @@ use tokio::sync::mpsc::error::TrySendError;
 
 use super::control::parse_answer;
 use super::sandbox::ContainerSandbox;
-use crate::files::{FileOps, WorkdirBacked};
+use crate::sandbox::{FileOps, WorkdirBacked};
 
 /// How long a watch waits for the agent's first answer.
 const WATCH_PATIENCE: Duration = Duration::from_secs(10);

@@ -19,9 +19,9 @@ use paddock_core::{
 
 use super::control::{AgentControl, RemoteLeader};
 use super::sandbox::ContainerSandbox;
-use crate::files::WorkdirBacked;
 use crate::host::sys;
-use crate::interactive::{adopt_remote, pipes, Signaller, Wiring};
+use crate::interactive::{adopt_remote, pipes, ProcessOps, Signaller, Wiring};
+use crate::sandbox::WorkdirBacked;
 
 /// The warm container a sandbox's processes run in, as the sandbox keeps it while the
 /// container itself may be serving a turn.
@@ -47,8 +47,10 @@ impl ContainerSandbox {
             )
         })
     }
+}
 
-    pub(super) async fn start_process_impl(&self, spec: ProcessSpec) -> Result<ProcessHandle> {
+impl ProcessOps for ContainerSandbox {
+    async fn start_process(&self, spec: ProcessSpec) -> Result<ProcessHandle> {
         self.engine.caps.check_feature(
             &self.engine.name,
             paddock_core::interactive::FEATURE_PROCESS,
@@ -88,7 +90,7 @@ impl ContainerSandbox {
         Ok(ProcessHandle::new(shared))
     }
 
-    pub(super) async fn open_terminal_impl(&self, spec: TerminalSpec) -> Result<TerminalHandle> {
+    async fn open_terminal(&self, spec: TerminalSpec) -> Result<TerminalHandle> {
         self.engine.caps.check_feature(
             &self.engine.name,
             paddock_core::interactive::FEATURE_TERMINAL,
@@ -140,7 +142,7 @@ impl ContainerSandbox {
         Ok(TerminalHandle::new(shared))
     }
 
-    pub(super) async fn open_tcp_impl(&self, target: TcpTarget) -> Result<TcpConnection> {
+    async fn open_tcp_connection(&self, target: TcpTarget) -> Result<TcpConnection> {
         self.engine
             .caps
             .check_feature(&self.engine.name, paddock_core::interactive::FEATURE_TCP)?;

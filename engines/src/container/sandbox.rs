@@ -16,8 +16,8 @@ use super::bundle::WORKSPACE;
 use super::exec::guest_vars;
 use super::warm::WarmContainer;
 use super::EngineInner;
-use crate::files::WorkdirBacked;
 use crate::host::workdir::Workdir;
+use crate::sandbox::WorkdirBacked;
 use crate::task::blocking;
 
 /// A host file bound read-only into the container: (host path, path inside).
@@ -427,8 +427,8 @@ impl ContainerSandbox {
     }
 }
 
-crate::files::workdir_sandbox! {
-    impl Sandbox for ContainerSandbox {
+crate::sandbox::workdir_sandbox! {
+    impl Sandbox for ContainerSandbox where Self: ProcessOps {
         fn id(&self) -> &str {
             &self.id
         }
@@ -508,26 +508,6 @@ crate::files::workdir_sandbox! {
             .await
         }
 
-        async fn start_process(
-            &self,
-            spec: paddock_core::ProcessSpec,
-        ) -> Result<paddock_core::ProcessHandle> {
-            self.start_process_impl(spec).await
-        }
-
-        async fn open_terminal(
-            &self,
-            spec: paddock_core::TerminalSpec,
-        ) -> Result<paddock_core::TerminalHandle> {
-            self.open_terminal_impl(spec).await
-        }
-
-        async fn open_tcp_connection(
-            &self,
-            target: paddock_core::TcpTarget,
-        ) -> Result<paddock_core::TcpConnection> {
-            self.open_tcp_impl(target).await
-        }
 
         async fn pause(&self) -> Result<()> {
             let _op = self.enter()?;

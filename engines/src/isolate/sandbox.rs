@@ -20,8 +20,8 @@ use tokio::sync::{mpsc, oneshot, Mutex};
 use super::host::{Control, CANCELLED, DESTROYED, RUNNING};
 use super::worker::{self, Ending, ExecJob, Job, JsProgram, Report};
 use super::EngineInner;
-use crate::files::{FileOps, WorkdirBacked};
 use crate::host::workdir::Workdir;
+use crate::sandbox::{FileOps, WorkdirBacked};
 use crate::task::blocking;
 
 /// Chunks in flight between the isolate thread and the caller's sink; a slower sink
@@ -390,7 +390,7 @@ pub(super) fn into_result(
     }
 }
 
-crate::files::workdir_sandbox! {
+crate::sandbox::workdir_sandbox! {
     impl Sandbox for IsolateSandbox {
         fn id(&self) -> &str {
             &self.id

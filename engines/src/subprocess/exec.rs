@@ -14,9 +14,9 @@ use super::sandbox::SubprocessSandbox;
 use crate::capture::{pump, Captured};
 use crate::child::{Ending, StopOnDrop, Watched};
 use crate::env::resolve_program;
-use crate::files::WorkdirBacked;
 use crate::host::spawn::{spawn_async, SpawnSpec, SpawnedChild};
 use crate::host::sys::{self, cstring, ExitStatus};
+use crate::sandbox::WorkdirBacked;
 use crate::task::feed_stdin;
 
 /// Sources longer than this go through a file instead of an argument.

@@ -11,9 +11,9 @@ use paddock_core::{EngineName, Error, NetworkPolicy, Result, SandboxSpec};
 use tokio::sync::{Mutex, Notify};
 
 use super::EngineInner;
-use crate::files::{FileOps, WorkdirBacked};
 use crate::host::cgroup::Cgroup;
 use crate::host::workdir::Workdir;
+use crate::sandbox::{FileOps, WorkdirBacked};
 use crate::task::blocking;
 
 /// A sandbox of the subprocess engine. Executions in one sandbox run one at a time,
@@ -521,8 +521,8 @@ fn check_home_hides_nothing(engine: &super::EngineInner, home: &str) -> Result<(
     Ok(())
 }
 
-crate::files::workdir_sandbox! {
-    impl Sandbox for SubprocessSandbox {
+crate::sandbox::workdir_sandbox! {
+    impl Sandbox for SubprocessSandbox where Self: ProcessOps {
         fn id(&self) -> &str {
             &self.id
         }
@@ -567,26 +567,6 @@ crate::files::workdir_sandbox! {
             Ok(())
         }
 
-        async fn start_process(
-            &self,
-            spec: paddock_core::ProcessSpec,
-        ) -> Result<paddock_core::ProcessHandle> {
-            self.start_process_impl(spec).await
-        }
-
-        async fn open_terminal(
-            &self,
-            spec: paddock_core::TerminalSpec,
-        ) -> Result<paddock_core::TerminalHandle> {
-            self.open_terminal_impl(spec).await
-        }
-
-        async fn open_tcp_connection(
-            &self,
-            target: paddock_core::TcpTarget,
-        ) -> Result<paddock_core::TcpConnection> {
-            self.open_tcp_impl(target).await
-        }
     }
 }
 

@@ -119,22 +119,56 @@ pub(crate) trait FileOps: WorkdirBacked {
 /// (its executions). The body gives the rest of the contract: `id`, `engine`,
 /// `recycle`, and whatever optional calls the engine has.
 ///
+/// Written `impl Sandbox for T where Self: ProcessOps { … }`, the impl also takes
+/// `start_process`, `open_terminal` and `open_tcp_connection` from `T`'s
+/// [`ProcessOps`](crate::interactive::ProcessOps).
+///
 /// The macro writes the whole `impl` block, so that `async_trait` sees the calls
 /// it adds as well as the body's.
 macro_rules! workdir_sandbox {
+    (impl Sandbox for $ty:ty where $who:ty: ProcessOps { $($body:tt)* }) => {
+        $crate::sandbox::workdir_sandbox! {
+            @impl $ty [$who: $crate::interactive::ProcessOps]
+            async fn start_process(
+                &self,
+                spec: paddock_core::ProcessSpec,
+            ) -> paddock_core::Result<paddock_core::ProcessHandle> {
+                $crate::interactive::ProcessOps::start_process(self, spec).await
+            }
+
+            async fn open_terminal(
+                &self,
+                spec: paddock_core::TerminalSpec,
+            ) -> paddock_core::Result<paddock_core::TerminalHandle> {
+                $crate::interactive::ProcessOps::open_terminal(self, spec).await
+            }
+
+            async fn open_tcp_connection(
+                &self,
+                target: paddock_core::TcpTarget,
+            ) -> paddock_core::Result<paddock_core::TcpConnection> {
+                $crate::interactive::ProcessOps::open_tcp_connection(self, target).await
+            }
+
+            $($body)*
+        }
+    };
     (impl Sandbox for $ty:ty { $($body:tt)* }) => {
+        $crate::sandbox::workdir_sandbox! { @impl $ty [] $($body)* }
+    };
+    (@impl $ty:ty [$($bound:tt)*] $($body:tt)*) => {
         #[async_trait::async_trait]
-        impl paddock_core::Sandbox for $ty {
+        impl paddock_core::Sandbox for $ty where $($bound)* {
             fn root_dir(&self) -> &std::path::Path {
-                $crate::files::WorkdirBacked::workdir(self).shown_root()
+                $crate::sandbox::WorkdirBacked::workdir(self).shown_root()
             }
 
             fn host_dir(&self) -> &std::path::Path {
-                $crate::files::WorkdirBacked::workdir(self).root()
+                $crate::sandbox::WorkdirBacked::workdir(self).root()
             }
 
             fn status(&self) -> paddock_core::SandboxStatus {
-                use $crate::files::WorkdirBacked as W;
+                use $crate::sandbox::WorkdirBacked as W;
                 if W::destroying(self) {
                     paddock_core::SandboxStatus::Destroyed
                 } else if W::paused(self) {
@@ -153,7 +187,7 @@ macro_rules! workdir_sandbox {
                 sink: &dyn paddock_core::OutputSink,
                 cancel: paddock_core::CancelToken,
             ) -> paddock_core::Result<paddock_core::ExecResult> {
-                let workdir = $crate::files::WorkdirBacked::workdir(self);
+                let workdir = $crate::sandbox::WorkdirBacked::workdir(self);
                 workdir.check_disk_request(&request.limits)?;
                 let before = workdir.disk_exhausted();
                 let result = self.run(request, sink, cancel).await;
@@ -162,13 +196,13 @@ macro_rules! workdir_sandbox {
 
             async fn write_file(&self, path: &str, data: &[u8]) -> paddock_core::Result<()> {
                 let (path, data) = (path.to_string(), data.to_vec());
-                $crate::files::WorkdirBacked::file_op(self, move |w| w.write_file(&path, &data))
+                $crate::sandbox::WorkdirBacked::file_op(self, move |w| w.write_file(&path, &data))
                     .await
             }
 
             async fn read_file(&self, path: &str) -> paddock_core::Result<Vec<u8>> {
                 let path = path.to_string();
-                $crate::files::WorkdirBacked::file_op(self, move |w| w.read_file(&path)).await
+                $crate::sandbox::WorkdirBacked::file_op(self, move |w| w.read_file(&path)).await
             }
 
             async fn list_files(
@@ -176,15 +210,15 @@ macro_rules! workdir_sandbox {
                 path: &str,
             ) -> paddock_core::Result<Vec<paddock_core::FileEntry>> {
                 let path = path.to_string();
-                $crate::files::WorkdirBacked::file_op(self, move |w| w.list_files(&path)).await
+                $crate::sandbox::WorkdirBacked::file_op(self, move |w| w.list_files(&path)).await
             }
 
             async fn open_read(
                 &self,
                 path: &str,
             ) -> paddock_core::Result<paddock_core::FileReader> {
-                let _op = $crate::files::WorkdirBacked::enter(self)?;
-                $crate::files::WorkdirBacked::workdir(self).open_read(path).await
+                let _op = $crate::sandbox::WorkdirBacked::enter(self)?;
+                $crate::sandbox::WorkdirBacked::workdir(self).open_read(path).await
             }
 
             async fn write_from(
@@ -193,15 +227,15 @@ macro_rules! workdir_sandbox {
                 source: paddock_core::ByteSource,
                 max_bytes: u64,
             ) -> paddock_core::Result<u64> {
-                $crate::files::WorkdirBacked::workdir(self)
+                $crate::sandbox::WorkdirBacked::workdir(self)
                     .write_from(path, source, max_bytes, || {
-                        $crate::files::WorkdirBacked::enter(self)
+                        $crate::sandbox::WorkdirBacked::enter(self)
                     })
                     .await
             }
 
             async fn stat(&self, path: &str) -> paddock_core::Result<paddock_core::FileInfo> {
-                $crate::files::FileOps::stat(self, path).await
+                $crate::sandbox::FileOps::stat(self, path).await
             }
 
             async fn list_dir(
@@ -209,19 +243,19 @@ macro_rules! workdir_sandbox {
                 path: &str,
                 depth: u32,
             ) -> paddock_core::Result<Vec<paddock_core::FileInfo>> {
-                $crate::files::FileOps::list_dir(self, path, depth).await
+                $crate::sandbox::FileOps::list_dir(self, path, depth).await
             }
 
             async fn make_dir(&self, path: &str) -> paddock_core::Result<bool> {
-                $crate::files::FileOps::make_dir(self, path).await
+                $crate::sandbox::FileOps::make_dir(self, path).await
             }
 
             async fn rename(&self, from: &str, to: &str) -> paddock_core::Result<()> {
-                $crate::files::FileOps::rename(self, from, to).await
+                $crate::sandbox::FileOps::rename(self, from, to).await
             }
 
             async fn remove(&self, path: &str) -> paddock_core::Result<()> {
-                $crate::files::FileOps::remove(self, path).await
+                $crate::sandbox::FileOps::remove(self, path).await
             }
 
             async fn watch(
@@ -229,11 +263,11 @@ macro_rules! workdir_sandbox {
                 path: &str,
                 recursive: bool,
             ) -> paddock_core::Result<paddock_core::FileWatch> {
-                $crate::files::FileOps::watch(self, path, recursive).await
+                $crate::sandbox::FileOps::watch(self, path, recursive).await
             }
 
             async fn destroy(&self) -> paddock_core::Result<()> {
-                $crate::files::WorkdirBacked::lifecycle(self).destroy(self).await
+                $crate::sandbox::WorkdirBacked::lifecycle(self).destroy(self).await
             }
 
             $($body)*
