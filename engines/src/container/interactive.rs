@@ -7,7 +7,6 @@
 //! cannot have them, and the engine does not advertise them then.
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,23 +16,12 @@ use paddock_core::{
     TerminalSpec,
 };
 
-use super::control::{AgentControl, RemoteLeader};
+use super::control::RemoteLeader;
 use super::sandbox::ContainerSandbox;
+use super::warm::Guest;
 use crate::host::sys;
 use crate::interactive::{adopt_remote, pipes, ProcessOps, Signaller, Wiring};
 use crate::sandbox::WorkdirBacked;
-
-/// The warm container a sandbox's processes run in, as the sandbox keeps it while the
-/// container itself may be serving a turn.
-#[derive(Debug, Clone)]
-pub(crate) struct Guest {
-    pub(crate) control: Arc<AgentControl>,
-    /// Where the runtime writes the container's init pid (on the host).
-    pub(crate) pid_file: PathBuf,
-    /// The container's cgroup path: a pid read from the pid file is the container's
-    /// only while it is in that group.
-    pub(crate) cgroup: String,
-}
 
 impl ContainerSandbox {
     pub(super) fn guest(&self) -> Result<Guest> {

@@ -13,8 +13,7 @@ use paddock_core::{EngineName, Error, ErrorCode, ExecRequest, Program, Result, S
 use tokio::sync::{Mutex, Notify};
 
 use super::bundle::WORKSPACE;
-use super::exec::guest_vars;
-use super::warm::WarmContainer;
+use super::warm::{Guest, WarmContainer};
 use super::EngineInner;
 use crate::host::workdir::Workdir;
 use crate::sandbox::WorkdirBacked;
@@ -54,7 +53,7 @@ pub struct ContainerSandbox {
     /// Background processes and terminals (in the warm container).
     pub(super) processes: crate::interactive::Processes,
     /// The current warm container's agent and pid file, also while it serves a turn.
-    pub(super) guest: parking_lot::Mutex<Option<super::interactive::Guest>>,
+    pub(super) guest: parking_lot::Mutex<Option<Guest>>,
     /// Whether a process or terminal ran since the last recycle (the warm container
     /// is then reset or replaced, as after an execution).
     pub(super) interactive_used: std::sync::atomic::AtomicBool,
@@ -322,7 +321,7 @@ impl ContainerSandbox {
             (format!("{}-w{k}", self.id), format!("w{k}")),
             &limits,
         )?;
-        *self.guest.lock() = Some(super::interactive::Guest {
+        *self.guest.lock() = Some(Guest {
             control: wc.control.clone(),
             pid_file: wc.pid_file(),
             cgroup: wc.cgroup.clone(),
@@ -355,70 +354,6 @@ impl ContainerSandbox {
             && l.cpu_millicores.is_none()
             && l.file_size_bytes.is_none()
             && l.open_files.is_none()
-    }
-
-    /// The working directory inside the container for `cwd`, and the environment.
-    ///
-    /// The environment is an allow-list, never the host's: the host variables
-    /// `container.env_passthrough` names, then the container's own `PATH`, `HOME`,
-    /// `PWD` and `TMPDIR`, then `extra` (the request's `env`).
-    pub(super) fn guest_env(
-        &self,
-        cwd: Option<&str>,
-        extra: &std::collections::BTreeMap<String, String>,
-    ) -> Result<(String, std::collections::BTreeMap<String, String>)> {
-        let cwd = match cwd {
-            Some(c) => self.guest_cwd(c)?,
-            None => self.home().to_string(),
-        };
-        let mut vars = guest_vars(&self.engine.passthrough_env, self.home(), &cwd, extra);
-        if matches!(
-            self.spec.network,
-            paddock_core::NetworkPolicy::Allowlist { .. }
-        ) {
-            // Pointed at the gateway's proxy unless the request says otherwise (the
-            // namespace holds either way).
-            for (k, v) in paddock_egress::Gateway::proxy_env() {
-                vars.entry(k).or_insert(v);
-            }
-        }
-        Ok((cwd, vars))
-    }
-
-    /// The container path of the working directory `cwd`.
-    ///
-    /// An absolute path outside the home is a directory of the container's own
-    /// root (`/tmp`, `/etc`): the container's processes see the container, not the
-    /// host, so any directory there is theirs to work in, and it is passed as is
-    /// (one that does not exist fails the program's start). The home (`/workspace/…`
-    /// as the program sees it), a path relative to it, or a host path inside the
-    /// workdir are resolved on the host beneath the workdir (see
-    /// [`Workdir::resolve_dir`]): they must exist, and a symlink out of the workdir
-    /// is refused with `PATH_ESCAPE`, as the files API refuses it.
-    pub(super) fn guest_cwd(&self, cwd: &str) -> Result<String> {
-        let home = self.home();
-        let under_home = cwd
-            .strip_prefix(home)
-            .filter(|rest| rest.is_empty() || rest.starts_with('/'));
-        if cwd.starts_with('/')
-            && under_home.is_none()
-            && !Path::new(cwd).starts_with(self.workdir.root())
-        {
-            return guest_dir(cwd);
-        }
-        let inside = match under_home {
-            Some(rest) => rest.trim_start_matches('/'),
-            None => cwd,
-        };
-        let dir = self.workdir.resolve_dir_as(inside, cwd)?;
-        let rel = dir
-            .strip_prefix(self.workdir.root())
-            .unwrap_or(Path::new(""));
-        Ok(if rel.as_os_str().is_empty() {
-            home.to_string()
-        } else {
-            format!("{home}/{}", rel.to_string_lossy())
-        })
     }
 
     /// Notes that a process or terminal ran in the warm container.
@@ -605,65 +540,5 @@ impl Teardown for ContainerSandbox {
 impl Drop for ContainerSandbox {
     fn drop(&mut self) {
         self.lifecycle.teardown_unless_destroyed(self);
-    }
-}
-
-/// The most bytes of a working directory given as a container path.
-const MAX_GUEST_DIR: usize = 4096;
-
-/// `path`, an absolute directory of the container's root, as the container's
-/// processes will `chdir` to it: `INVALID_OPTIONS` for a NUL byte, a path longer
-/// than `PATH_MAX`, a `..` component (what it names depends on the root's
-/// symlinks, which the runtime would follow before the container's own view is
-/// set up), or a path under `/proc`, `/sys` or `/dev` (kernel views, never a
-/// program's working directory; `/proc/self/fd/N` is how a leaked descriptor of the
-/// runtime would be reached).
-fn guest_dir(path: &str) -> Result<String> {
-    let bad = |why: &str| {
-        Err(paddock_core::Error::invalid_options(
-            "cwd",
-            format!(
-                "`{}` is not a working directory here: {why}",
-                path.escape_debug()
-            ),
-        ))
-    };
-    if path.contains('\0') || path.len() >= MAX_GUEST_DIR {
-        return bad(&format!("no NUL bytes, under {MAX_GUEST_DIR} bytes"));
-    }
-    let parts: Vec<&str> = path
-        .split('/')
-        .filter(|p| !p.is_empty() && *p != ".")
-        .collect();
-    if parts.contains(&"..") {
-        return bad("give it without `..`");
-    }
-    if matches!(parts.first(), Some(&("proc" | "sys" | "dev"))) {
-        return bad("/proc, /sys and /dev are the kernel's views, not directories to work in");
-    }
-    Ok(format!("/{}", parts.join("/")))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::guest_dir;
-
-    #[test]
-    fn a_directory_of_the_container_root_is_passed_as_is() {
-        assert_eq!(guest_dir("/tmp").unwrap(), "/tmp");
-        assert_eq!(guest_dir("//tmp/./x/").unwrap(), "/tmp/x");
-        assert_eq!(guest_dir("/").unwrap(), "/");
-        for bad in [
-            "/var/../tmp",
-            "/tmp/..",
-            "/proc/self/fd/7",
-            "/proc",
-            "/sys/fs",
-            "/dev/shm",
-            "/tmp/\0x",
-        ] {
-            assert!(guest_dir(bad).is_err(), "{bad}");
-        }
-        assert!(guest_dir(&format!("/{}", "a".repeat(5000))).is_err());
     }
 }

@@ -45,13 +45,13 @@ pub struct SubprocessSandbox {
     /// Woken when destroy starts, so running executions kill their programs.
     pub(super) destroy_signal: Notify,
     /// Warm workers by language (taken out while they serve a turn).
-    pub(super) warm: Arc<super::runner::WarmSlots>,
+    pub(super) warm: Arc<super::workers::WarmSlots>,
     /// Set when it was opened in a burst, which left the runners the fork server
     /// does not give to start after the burst (see `warm_after_burst`).
     pub(super) warm_later: AtomicBool,
     /// Invocations suspended on a token, by token.
     pub(super) suspended:
-        parking_lot::Mutex<std::collections::HashMap<String, super::runner::Suspension>>,
+        parking_lot::Mutex<std::collections::HashMap<String, super::workers::Suspension>>,
     /// The cgroup warm workers run in, apart from cold executions so that the sweep
     /// after a cold execution does not kill them.
     pub(super) warm_cgroup: Option<Arc<Cgroup>>,
@@ -324,7 +324,7 @@ impl SubprocessSandbox {
         };
         let untouched = || self.touch.lock().runs == 0;
         for key in setup.keys() {
-            if !matches!(key, super::runner::WorkerKey::Runner(_)) {
+            if !matches!(key, super::workers::WorkerKey::Runner(_)) {
                 continue;
             }
             if !self.may_warm_later() {
@@ -361,9 +361,9 @@ impl SubprocessSandbox {
         };
         for key in setup.keys() {
             let forked = setup.config.fork_server
-                && key == super::runner::WorkerKey::Runner(paddock_core::Language::Python);
+                && key == super::workers::WorkerKey::Runner(paddock_core::Language::Python);
             if self.warm.lock().contains_key(&key)
-                || (forked_only && !forked && matches!(key, super::runner::WorkerKey::Runner(_)))
+                || (forked_only && !forked && matches!(key, super::workers::WorkerKey::Runner(_)))
             {
                 continue;
             }
@@ -371,7 +371,7 @@ impl SubprocessSandbox {
                 Ok(slot) => {
                     self.warm.lock().insert(key, slot);
                 }
-                Err(e) if matches!(key, super::runner::WorkerKey::Runner(_)) => return Err(e),
+                Err(e) if matches!(key, super::workers::WorkerKey::Runner(_)) => return Err(e),
                 Err(e) => {
                     tracing::debug!(error = %e, "a handler did not start ahead of need");
                 }
@@ -540,7 +540,7 @@ crate::sandbox::workdir_sandbox! {
                 std::time::Duration::from_millis(setup.config.unused_ms),
                 move || {
                     if let Some(slots) = slots.upgrade() {
-                        super::runner::retire_unused(&slots);
+                        super::workers::retire_unused(&slots);
                     }
                 },
             );
