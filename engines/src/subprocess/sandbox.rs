@@ -566,7 +566,6 @@ crate::sandbox::workdir_sandbox! {
             }
             Ok(())
         }
-
     }
 }
 
