@@ -7,9 +7,11 @@
 //! An engine gives its sandbox type [`WorkdirBacked`] (the workdir, the life cycle,
 //! whether it is busy or paused) and [`FileOps`] (the `fileops` calls: stat,
 //! listing, making, moving, removing, watching), whose defaults do them on the
-//! workdir; the container engine has its agent do them instead. The rest of the
-//! contract (executions, recycle, processes and terminals, pause) is each engine's
-//! own, written in the macro's body.
+//! workdir; the container engine has its agent do them instead. An engine with
+//! background processes, terminals and TCP streams gives its type
+//! [`ProcessOps`](crate::interactive::ProcessOps) too. The rest of the contract
+//! (running an execution, recycle, pause) is each engine's own, written in the
+//! macro's body.
 
 use std::future::Future;
 use std::sync::Arc;
