@@ -1,4 +1,4 @@
-//! QuickJS helpers that hold no state of an execution: how a value is shown as
+//! QuickJS functions that hold no state of an execution: how a value is shown as
 //! text, and compiling module source to check it.
 
 use rquickjs::{Coerced, Context, Ctx, Module, Runtime, Value};
