@@ -25,6 +25,31 @@ use crate::host::cgroup::Cgroup;
 use crate::host::spawn::SpawnedChild;
 use crate::host::sys;
 
+/// The calls of a sandbox that runs background processes and terminals and opens TCP
+/// streams into its guest (features `process`, `terminal`, `tcp`); see the
+/// [`Sandbox`](paddock_core::Sandbox) methods of the same names.
+/// [`workdir_sandbox!`](crate::sandbox::workdir_sandbox) makes them the `Sandbox`'s
+/// for a type that has them.
+pub(crate) trait ProcessOps {
+    /// [`Sandbox::start_process`](paddock_core::Sandbox::start_process).
+    fn start_process(
+        &self,
+        spec: paddock_core::ProcessSpec,
+    ) -> impl std::future::Future<Output = Result<paddock_core::ProcessHandle>> + Send;
+
+    /// [`Sandbox::open_terminal`](paddock_core::Sandbox::open_terminal).
+    fn open_terminal(
+        &self,
+        spec: paddock_core::TerminalSpec,
+    ) -> impl std::future::Future<Output = Result<paddock_core::TerminalHandle>> + Send;
+
+    /// [`Sandbox::open_tcp_connection`](paddock_core::Sandbox::open_tcp_connection).
+    fn open_tcp_connection(
+        &self,
+        target: paddock_core::TcpTarget,
+    ) -> impl std::future::Future<Output = Result<paddock_core::TcpConnection>> + Send;
+}
+
 /// Most background processes and terminals one sandbox runs at once.
 pub(crate) const MAX_PROCESSES: usize = 64;
 /// How long output still open after a process's tree was killed is read, at most (a

@@ -35,6 +35,7 @@ mod host;
 mod interactive;
 pub mod isolate;
 mod lease;
+mod sandbox;
 pub mod subprocess;
 mod task;
 mod warm;

@@ -14,12 +14,13 @@ use paddock_core::{
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::bundle::{self, BundleSpec, CONTAINER_PATH};
+use super::bundle::{self, BundleSpec};
 use super::usage::{classify, cpu_quota_us, SandboxUsage};
 use super::EngineInner;
 use crate::capture::{pump, Captured};
 use crate::child::{Ending, StopOnDrop, Watched};
 use crate::host::sys;
+use crate::sandbox::WorkdirBacked;
 use crate::task::{blocking, feed_stdin};
 
 use super::sandbox::{ContainerSandbox, FileMount, MAX_INLINE_SOURCE, RUNTIME_GRACE};
@@ -363,26 +364,6 @@ impl ContainerSandbox {
     }
 }
 
-/// A container process's environment: `passthrough` (host variables the
-/// configuration lists), then the variables the engine owns (`PATH`, `HOME`, `PWD`,
-/// `TMPDIR`, see `paddock_core::config::CONTAINER_OWN_ENV`), then `extra`.
-pub(super) fn guest_vars(
-    passthrough: &std::collections::BTreeMap<String, String>,
-    home: &str,
-    cwd: &str,
-    extra: &std::collections::BTreeMap<String, String>,
-) -> std::collections::BTreeMap<String, String> {
-    let mut vars = passthrough.clone();
-    vars.insert("PATH".into(), CONTAINER_PATH.into());
-    vars.insert("HOME".into(), home.into());
-    vars.insert("PWD".into(), cwd.into());
-    vars.insert("TMPDIR".into(), "/tmp".into());
-    for (k, v) in extra {
-        vars.insert(k.clone(), v.clone());
-    }
-    vars
-}
-
 /// Kills the container and the runtime if the execution ends without reaping the
 /// runtime (its future dropped midway, or an error), off-thread.
 pub(super) struct RuntimeGuard {
@@ -432,43 +413,5 @@ pub(super) struct RemoveOnDrop(pub(super) PathBuf);
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::super::bundle::WORKSPACE;
-    use super::*;
-
-    #[test]
-    fn guest_vars_are_the_listed_the_own_and_the_requested() {
-        use std::collections::BTreeMap;
-        let host = [
-            ("DATABASE_URL", "postgres://u:pass@h/db"),
-            ("PADDOCK_LEAK_PROBE", "x"),
-            ("PATH", "/host/only/bin"),
-            ("HOME", "/root"),
-            ("LISTED", "yes"),
-        ];
-        let passthrough = crate::env::listed_env(host, &["LISTED".to_string()]);
-        let extra = BTreeMap::from([("FROM_REQUEST".to_string(), "r".to_string())]);
-        let vars = guest_vars(&passthrough, WORKSPACE, "/workspace/sub", &extra);
-        let own: Vec<&str> = paddock_core::config::CONTAINER_OWN_ENV.to_vec();
-        let mut names: Vec<&str> = vars.keys().map(String::as_str).collect();
-        names.retain(|n| !own.contains(n));
-        assert_eq!(names, ["FROM_REQUEST", "LISTED"], "{vars:?}");
-        for name in own {
-            assert!(vars.contains_key(name), "{name} is missing: {vars:?}");
-        }
-        assert_eq!(vars["PATH"], CONTAINER_PATH);
-        assert_eq!(vars["HOME"], WORKSPACE);
-        assert_eq!(vars["PWD"], "/workspace/sub");
-        assert_eq!(vars["LISTED"], "yes");
-        // A request may still set what the engine owns.
-        let extra = BTreeMap::from([("PATH".to_string(), "/opt/bin".to_string())]);
-        assert_eq!(
-            guest_vars(&passthrough, WORKSPACE, WORKSPACE, &extra)["PATH"],
-            "/opt/bin"
-        );
     }
 }

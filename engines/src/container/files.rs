@@ -18,6 +18,7 @@ use tokio::sync::mpsc::error::TrySendError;
 
 use super::control::parse_answer;
 use super::sandbox::ContainerSandbox;
+use crate::sandbox::{FileOps, WorkdirBacked};
 
 /// How long a watch waits for the agent's first answer.
 const WATCH_PATIENCE: Duration = Duration::from_secs(10);
@@ -91,28 +92,6 @@ impl ContainerSandbox {
         control.files(op).await
     }
 
-    pub(super) async fn stat_impl(&self, path: &str) -> Result<FileInfo> {
-        let path = self.guest_path(path)?;
-        let answer = self.agent_files(FileOp::Stat { path }).await?;
-        answer.entries.into_iter().next().map(info).ok_or_else(|| {
-            Error::new(
-                ErrorCode::EngineFailed,
-                "the container's agent answered a stat without an entry",
-            )
-        })
-    }
-
-    pub(super) async fn list_dir_impl(&self, path: &str, depth: u32) -> Result<Vec<FileInfo>> {
-        let path = self.guest_path(path)?;
-        let answer = self.agent_files(FileOp::List { path, depth }).await?;
-        Ok(answer.entries.into_iter().map(info).collect())
-    }
-
-    pub(super) async fn make_dir_impl(&self, path: &str) -> Result<bool> {
-        let path = self.guest_path(path)?;
-        Ok(self.agent_files(FileOp::MakeDir { path }).await?.made)
-    }
-
     /// `INVALID_OPTIONS` for the sandbox's home itself, which a move or a removal
     /// may not take away.
     fn not_home(&self, path: &str) -> Result<()> {
@@ -124,8 +103,33 @@ impl ContainerSandbox {
         }
         Ok(())
     }
+}
 
-    pub(super) async fn rename_impl(&self, from: &str, to: &str) -> Result<()> {
+/// The `fileops` calls, by the warm container's agent.
+impl FileOps for ContainerSandbox {
+    async fn stat(&self, path: &str) -> Result<FileInfo> {
+        let path = self.guest_path(path)?;
+        let answer = self.agent_files(FileOp::Stat { path }).await?;
+        answer.entries.into_iter().next().map(info).ok_or_else(|| {
+            Error::new(
+                ErrorCode::EngineFailed,
+                "the container's agent answered a stat without an entry",
+            )
+        })
+    }
+
+    async fn list_dir(&self, path: &str, depth: u32) -> Result<Vec<FileInfo>> {
+        let path = self.guest_path(path)?;
+        let answer = self.agent_files(FileOp::List { path, depth }).await?;
+        Ok(answer.entries.into_iter().map(info).collect())
+    }
+
+    async fn make_dir(&self, path: &str) -> Result<bool> {
+        let path = self.guest_path(path)?;
+        Ok(self.agent_files(FileOp::MakeDir { path }).await?.made)
+    }
+
+    async fn rename(&self, from: &str, to: &str) -> Result<()> {
         let (from, to) = (self.guest_path(from)?, self.guest_path(to)?);
         self.not_home(&from)?;
         self.not_home(&to)?;
@@ -133,7 +137,7 @@ impl ContainerSandbox {
         Ok(())
     }
 
-    pub(super) async fn remove_impl(&self, path: &str) -> Result<()> {
+    async fn remove(&self, path: &str) -> Result<()> {
         let path = self.guest_path(path)?;
         self.not_home(&path)?;
         self.agent_files(FileOp::Remove { path }).await?;
@@ -144,7 +148,7 @@ impl ContainerSandbox {
     /// control channel's runtime, which ends when the [`FileWatch`] is dropped
     /// (closing the pipe, which ends the agent's watch) or the agent ends it (a
     /// reset, the container gone, the directory removed).
-    pub(super) async fn watch_impl(&self, path: &str, recursive: bool) -> Result<FileWatch> {
+    async fn watch(&self, path: &str, recursive: bool) -> Result<FileWatch> {
         let path = self.guest_path(path)?;
         let control = self.files_agent()?;
         let (runtime, read) = {

@@ -7,7 +7,6 @@
 //! cannot have them, and the engine does not advertise them then.
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,22 +16,12 @@ use paddock_core::{
     TerminalSpec,
 };
 
-use super::control::{AgentControl, RemoteLeader};
+use super::control::RemoteLeader;
 use super::sandbox::ContainerSandbox;
+use super::warm::Guest;
 use crate::host::sys;
-use crate::interactive::{adopt_remote, pipes, Signaller, Wiring};
-
-/// The warm container a sandbox's processes run in, as the sandbox keeps it while the
-/// container itself may be serving a turn.
-#[derive(Debug, Clone)]
-pub(crate) struct Guest {
-    pub(crate) control: Arc<AgentControl>,
-    /// Where the runtime writes the container's init pid (on the host).
-    pub(crate) pid_file: PathBuf,
-    /// The container's cgroup path: a pid read from the pid file is the container's
-    /// only while it is in that group.
-    pub(crate) cgroup: String,
-}
+use crate::interactive::{adopt_remote, pipes, ProcessOps, Signaller, Wiring};
+use crate::sandbox::WorkdirBacked;
 
 impl ContainerSandbox {
     pub(super) fn guest(&self) -> Result<Guest> {
@@ -46,8 +35,10 @@ impl ContainerSandbox {
             )
         })
     }
+}
 
-    pub(super) async fn start_process_impl(&self, spec: ProcessSpec) -> Result<ProcessHandle> {
+impl ProcessOps for ContainerSandbox {
+    async fn start_process(&self, spec: ProcessSpec) -> Result<ProcessHandle> {
         self.engine.caps.check_feature(
             &self.engine.name,
             paddock_core::interactive::FEATURE_PROCESS,
@@ -87,7 +78,7 @@ impl ContainerSandbox {
         Ok(ProcessHandle::new(shared))
     }
 
-    pub(super) async fn open_terminal_impl(&self, spec: TerminalSpec) -> Result<TerminalHandle> {
+    async fn open_terminal(&self, spec: TerminalSpec) -> Result<TerminalHandle> {
         self.engine.caps.check_feature(
             &self.engine.name,
             paddock_core::interactive::FEATURE_TERMINAL,
@@ -139,7 +130,7 @@ impl ContainerSandbox {
         Ok(TerminalHandle::new(shared))
     }
 
-    pub(super) async fn open_tcp_impl(&self, target: TcpTarget) -> Result<TcpConnection> {
+    async fn open_tcp_connection(&self, target: TcpTarget) -> Result<TcpConnection> {
         self.engine
             .caps
             .check_feature(&self.engine.name, paddock_core::interactive::FEATURE_TCP)?;

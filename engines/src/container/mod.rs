@@ -36,6 +36,7 @@ mod cgroups;
 mod control;
 mod exec;
 mod files;
+mod guest;
 mod interactive;
 mod probe;
 mod runner;

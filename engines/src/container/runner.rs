@@ -35,7 +35,7 @@ use std::path::{Path, PathBuf};
 use paddock_core::{Error, ErrorCode, ExecRequest, Language, Program, Result, WarmConfig};
 
 use super::sandbox::{ContainerSandbox, FileMount};
-use super::warm::WarmContainer;
+use super::warm::{ContainerRunner, WarmContainer};
 use crate::warm::worker::Worker;
 
 /// Where the runner scripts are bound inside a warm container.
@@ -189,13 +189,6 @@ impl ContainerSandbox {
             let _ = std::thread::spawn(move || wc.close());
         }
     }
-}
-
-/// A runner inside a warm container, and the tenant it serves.
-#[derive(Debug)]
-pub(crate) struct ContainerRunner {
-    pub(crate) worker: Worker,
-    pub(crate) tenant: Option<String>,
 }
 
 impl ContainerSandbox {

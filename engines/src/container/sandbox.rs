@@ -8,19 +8,15 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use paddock_core::lifecycle::{Lifecycle, OpGuard, Phase, Teardown};
-use paddock_core::{
-    CancelToken, EngineName, Error, ErrorCode, ExecRequest, ExecResult, FileEntry, OutputSink,
-    Program, Result, Sandbox, SandboxSpec, SandboxStatus,
-};
+use paddock_core::lifecycle::{Lifecycle, Teardown};
+use paddock_core::{EngineName, Error, ErrorCode, ExecRequest, Program, Result, SandboxSpec};
 use tokio::sync::{Mutex, Notify};
 
 use super::bundle::WORKSPACE;
-use super::exec::guest_vars;
-use super::warm::WarmContainer;
+use super::warm::{Guest, WarmContainer};
 use super::EngineInner;
 use crate::host::workdir::Workdir;
+use crate::sandbox::WorkdirBacked;
 use crate::task::blocking;
 
 /// A host file bound read-only into the container: (host path, path inside).
@@ -57,7 +53,7 @@ pub struct ContainerSandbox {
     /// Background processes and terminals (in the warm container).
     pub(super) processes: crate::interactive::Processes,
     /// The current warm container's agent and pid file, also while it serves a turn.
-    pub(super) guest: parking_lot::Mutex<Option<super::interactive::Guest>>,
+    pub(super) guest: parking_lot::Mutex<Option<Guest>>,
     /// Whether a process or terminal ran since the last recycle (the warm container
     /// is then reset or replaced, as after an execution).
     pub(super) interactive_used: std::sync::atomic::AtomicBool,
@@ -325,7 +321,7 @@ impl ContainerSandbox {
             (format!("{}-w{k}", self.id), format!("w{k}")),
             &limits,
         )?;
-        *self.guest.lock() = Some(super::interactive::Guest {
+        *self.guest.lock() = Some(Guest {
             control: wc.control.clone(),
             pid_file: wc.pid_file(),
             cgroup: wc.cgroup.clone(),
@@ -360,310 +356,135 @@ impl ContainerSandbox {
             && l.open_files.is_none()
     }
 
-    /// The working directory inside the container for `cwd`, and the environment.
-    ///
-    /// The environment is an allow-list, never the host's: the host variables
-    /// `container.env_passthrough` names, then the container's own `PATH`, `HOME`,
-    /// `PWD` and `TMPDIR`, then `extra` (the request's `env`).
-    pub(super) fn guest_env(
-        &self,
-        cwd: Option<&str>,
-        extra: &std::collections::BTreeMap<String, String>,
-    ) -> Result<(String, std::collections::BTreeMap<String, String>)> {
-        let cwd = match cwd {
-            Some(c) => self.guest_cwd(c)?,
-            None => self.home().to_string(),
-        };
-        let mut vars = guest_vars(&self.engine.passthrough_env, self.home(), &cwd, extra);
-        if matches!(
-            self.spec.network,
-            paddock_core::NetworkPolicy::Allowlist { .. }
-        ) {
-            // Pointed at the gateway's proxy unless the request says otherwise (the
-            // namespace holds either way).
-            for (k, v) in paddock_egress::Gateway::proxy_env() {
-                vars.entry(k).or_insert(v);
-            }
-        }
-        Ok((cwd, vars))
-    }
-
-    /// The container path of the working directory `cwd`.
-    ///
-    /// An absolute path outside the home is a directory of the container's own
-    /// root (`/tmp`, `/etc`): the container's processes see the container, not the
-    /// host, so any directory there is theirs to work in, and it is passed as is
-    /// (one that does not exist fails the program's start). The home (`/workspace/…`
-    /// as the program sees it), a path relative to it, or a host path inside the
-    /// workdir are resolved on the host beneath the workdir (see
-    /// [`Workdir::resolve_dir`]): they must exist, and a symlink out of the workdir
-    /// is refused with `PATH_ESCAPE`, as the files API refuses it.
-    pub(super) fn guest_cwd(&self, cwd: &str) -> Result<String> {
-        let home = self.home();
-        let under_home = cwd
-            .strip_prefix(home)
-            .filter(|rest| rest.is_empty() || rest.starts_with('/'));
-        if cwd.starts_with('/')
-            && under_home.is_none()
-            && !Path::new(cwd).starts_with(self.workdir.root())
-        {
-            return guest_dir(cwd);
-        }
-        let inside = match under_home {
-            Some(rest) => rest.trim_start_matches('/'),
-            None => cwd,
-        };
-        let dir = self.workdir.resolve_dir_as(inside, cwd)?;
-        let rel = dir
-            .strip_prefix(self.workdir.root())
-            .unwrap_or(Path::new(""));
-        Ok(if rel.as_os_str().is_empty() {
-            home.to_string()
-        } else {
-            format!("{home}/{}", rel.to_string_lossy())
-        })
-    }
-
     /// Notes that a process or terminal ran in the warm container.
     pub(super) fn mark_used(&self) {
         self.interactive_used.store(true, Ordering::Release);
     }
+}
 
-    pub(super) fn enter(&self) -> Result<OpGuard<'_>> {
-        self.lifecycle
-            .enter()
-            .ok_or_else(|| Error::disposed(&format!("sandbox {}", self.id)))
-    }
+crate::sandbox::workdir_sandbox! {
+    impl Sandbox for ContainerSandbox where Self: ProcessOps {
+        fn id(&self) -> &str {
+            &self.id
+        }
 
-    pub(super) fn destroying(&self) -> bool {
-        self.lifecycle.phase() != Phase::Live
-    }
+        fn engine(&self) -> EngineName {
+            self.engine.name.clone()
+        }
 
-    pub(super) async fn file_op<T: Send + 'static>(
-        &self,
-        op: impl FnOnce(&Workdir) -> Result<T> + Send + 'static,
-    ) -> Result<T> {
-        let _op = self.enter()?;
-        let workdir = self.workdir.clone();
-        blocking(move || op(&workdir)).await
+        fn leased(&self) {
+            let Some(setup) = &self.engine.runners else {
+                return;
+            };
+            let warm = Arc::downgrade(&self.warm);
+            self.leases
+                .leased(Duration::from_millis(setup.config.unused_ms), move || {
+                    // A warm container serving a turn is not in the slot, and keeps them.
+                    let Some(warm) = warm.upgrade() else {
+                        return;
+                    };
+                    let retired = warm
+                        .lock()
+                        .as_mut()
+                        .map(|wc| wc.retire_unused_runners())
+                        .unwrap_or_default();
+                    // Killed through their pidfds, outside the lock.
+                    drop(retired);
+                });
+        }
+
+        async fn recycle(&self) -> Result<()> {
+            // The lease ends: its planned retirement of unused runners is off.
+            self.leases.ended();
+            let _op = self.enter()?;
+            let _guard = self.run_lock.lock().await;
+            if self.destroying() {
+                return Err(Error::disposed(&format!("sandbox {}", self.id)));
+            }
+            if self.paused.load(Ordering::Acquire) {
+                self.set_frozen(false).await?;
+                self.paused.store(false, Ordering::Release);
+            }
+            if let Some(setup) = &self.engine.runners {
+                let ran = std::mem::take(&mut *self.lease_snippets.lock());
+                self.engine
+                    .runner_demand
+                    .lease_ended(setup.languages(), &ran);
+            }
+            // A container an execution ran in may hold what it left in /tmp, in its
+            // IPC namespace or in its processes' memory: the next lease (maybe another
+            // tenant's) gets it as a fresh one, reset in place by its agent, or a new one
+            // when it cannot be (see `renew_warm`), here, off that lease's path.
+            let used = self.warm.lock().as_ref().is_some_and(|w| w.used)
+                | self.interactive_used.swap(false, Ordering::AcqRel)
+                | self.processes.has_live();
+            if used {
+                self.renew_warm().await;
+            }
+            // The next lease's first snippet is warm too: runners a fresh (or reset)
+            // container lacks, or that this lease left unused and saw retired, start
+            // now, for the languages recent leases used.
+            self.runners_ahead().await;
+            // The reset or the closing ended the container's processes; their watchers
+            // finish now.
+            self.processes.kill_all(false).await;
+            let workdir = self.workdir.clone();
+            if std::fs::read_dir(workdir.root())
+                .map(|mut d| d.next().is_none())
+                .unwrap_or(false)
+            {
+                return Ok(());
+            }
+            blocking(move || {
+                workdir
+                    .clear()
+                    .map_err(|e| Error::engine_io("cleaning the sandbox workdir", e))
+            })
+            .await
+        }
+
+
+        async fn pause(&self) -> Result<()> {
+            let _op = self.enter()?;
+            // New executions are refused from here on; running ones freeze.
+            if self.paused.swap(true, Ordering::AcqRel) {
+                return Ok(());
+            }
+            let frozen = self.set_frozen(true).await;
+            if frozen.is_err() {
+                let _ = self.set_frozen(false).await;
+                self.paused.store(false, Ordering::Release);
+            }
+            frozen
+        }
+
+        async fn unpause(&self) -> Result<()> {
+            let _op = self.enter()?;
+            if !self.paused.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            self.set_frozen(false).await?;
+            self.paused.store(false, Ordering::Release);
+            Ok(())
+        }
     }
 }
 
-#[async_trait]
-impl Sandbox for ContainerSandbox {
-    fn id(&self) -> &str {
-        &self.id
+impl WorkdirBacked for ContainerSandbox {
+    fn workdir(&self) -> &Arc<Workdir> {
+        &self.workdir
     }
 
-    fn engine(&self) -> EngineName {
-        self.engine.name.clone()
+    fn lifecycle(&self) -> &Lifecycle {
+        &self.lifecycle
     }
 
-    fn root_dir(&self) -> &Path {
-        self.workdir.shown_root()
+    fn busy(&self) -> bool {
+        self.active.load(Ordering::Acquire) > 0
     }
 
-    fn host_dir(&self) -> &Path {
-        self.workdir.root()
-    }
-
-    fn status(&self) -> SandboxStatus {
-        if self.destroying() {
-            SandboxStatus::Destroyed
-        } else if self.paused.load(Ordering::Acquire) {
-            SandboxStatus::Paused
-        } else if self.active.load(Ordering::Acquire) > 0 {
-            SandboxStatus::Busy
-        } else {
-            SandboxStatus::Ready
-        }
-    }
-
-    async fn exec(
-        &self,
-        request: ExecRequest,
-        sink: &dyn OutputSink,
-        cancel: CancelToken,
-    ) -> Result<ExecResult> {
-        self.workdir.check_disk_request(&request.limits)?;
-        let before = self.workdir.disk_exhausted();
-        let result = self.run(request, sink, cancel).await;
-        self.workdir.judge_disk(before, result)
-    }
-
-    async fn write_file(&self, path: &str, data: &[u8]) -> Result<()> {
-        let (path, data) = (path.to_string(), data.to_vec());
-        self.file_op(move |w| w.write_file(&path, &data)).await
-    }
-
-    async fn read_file(&self, path: &str) -> Result<Vec<u8>> {
-        let path = path.to_string();
-        self.file_op(move |w| w.read_file(&path)).await
-    }
-
-    async fn open_read(&self, path: &str) -> Result<paddock_core::FileReader> {
-        let _op = self.enter()?;
-        self.workdir.open_read(path).await
-    }
-
-    async fn write_from(
-        &self,
-        path: &str,
-        source: paddock_core::ByteSource,
-        max_bytes: u64,
-    ) -> Result<u64> {
-        self.workdir
-            .write_from(path, source, max_bytes, || self.enter())
-            .await
-    }
-
-    async fn list_files(&self, path: &str) -> Result<Vec<FileEntry>> {
-        let path = path.to_string();
-        self.file_op(move |w| w.list_files(&path)).await
-    }
-
-    fn leased(&self) {
-        let Some(setup) = &self.engine.runners else {
-            return;
-        };
-        let warm = Arc::downgrade(&self.warm);
-        self.leases
-            .leased(Duration::from_millis(setup.config.unused_ms), move || {
-                // A warm container serving a turn is not in the slot, and keeps them.
-                let Some(warm) = warm.upgrade() else {
-                    return;
-                };
-                let retired = warm
-                    .lock()
-                    .as_mut()
-                    .map(|wc| wc.retire_unused_runners())
-                    .unwrap_or_default();
-                // Killed through their pidfds, outside the lock.
-                drop(retired);
-            });
-    }
-
-    async fn recycle(&self) -> Result<()> {
-        // The lease ends: its planned retirement of unused runners is off.
-        self.leases.ended();
-        let _op = self.enter()?;
-        let _guard = self.run_lock.lock().await;
-        if self.destroying() {
-            return Err(Error::disposed(&format!("sandbox {}", self.id)));
-        }
-        if self.paused.load(Ordering::Acquire) {
-            self.set_frozen(false).await?;
-            self.paused.store(false, Ordering::Release);
-        }
-        if let Some(setup) = &self.engine.runners {
-            let ran = std::mem::take(&mut *self.lease_snippets.lock());
-            self.engine
-                .runner_demand
-                .lease_ended(setup.languages(), &ran);
-        }
-        // A container an execution ran in may hold what it left in /tmp, in its
-        // IPC namespace or in its processes' memory: the next lease (maybe another
-        // tenant's) gets it as a fresh one, reset in place by its agent, or a new one
-        // when it cannot be (see `renew_warm`), here, off that lease's path.
-        let used = self.warm.lock().as_ref().is_some_and(|w| w.used)
-            | self.interactive_used.swap(false, Ordering::AcqRel)
-            | self.processes.has_live();
-        if used {
-            self.renew_warm().await;
-        }
-        // The next lease's first snippet is warm too: runners a fresh (or reset)
-        // container lacks, or that this lease left unused and saw retired, start
-        // now, for the languages recent leases used.
-        self.runners_ahead().await;
-        // The reset or the closing ended the container's processes; their watchers
-        // finish now.
-        self.processes.kill_all(false).await;
-        let workdir = self.workdir.clone();
-        if std::fs::read_dir(workdir.root())
-            .map(|mut d| d.next().is_none())
-            .unwrap_or(false)
-        {
-            return Ok(());
-        }
-        blocking(move || {
-            workdir
-                .clear()
-                .map_err(|e| Error::engine_io("cleaning the sandbox workdir", e))
-        })
-        .await
-    }
-
-    async fn stat(&self, path: &str) -> Result<paddock_core::FileInfo> {
-        self.stat_impl(path).await
-    }
-
-    async fn list_dir(&self, path: &str, depth: u32) -> Result<Vec<paddock_core::FileInfo>> {
-        self.list_dir_impl(path, depth).await
-    }
-
-    async fn make_dir(&self, path: &str) -> Result<bool> {
-        self.make_dir_impl(path).await
-    }
-
-    async fn rename(&self, from: &str, to: &str) -> Result<()> {
-        self.rename_impl(from, to).await
-    }
-
-    async fn remove(&self, path: &str) -> Result<()> {
-        self.remove_impl(path).await
-    }
-
-    async fn watch(&self, path: &str, recursive: bool) -> Result<paddock_core::FileWatch> {
-        self.watch_impl(path, recursive).await
-    }
-
-    async fn start_process(
-        &self,
-        spec: paddock_core::ProcessSpec,
-    ) -> Result<paddock_core::ProcessHandle> {
-        self.start_process_impl(spec).await
-    }
-
-    async fn open_terminal(
-        &self,
-        spec: paddock_core::TerminalSpec,
-    ) -> Result<paddock_core::TerminalHandle> {
-        self.open_terminal_impl(spec).await
-    }
-
-    async fn open_tcp_connection(
-        &self,
-        target: paddock_core::TcpTarget,
-    ) -> Result<paddock_core::TcpConnection> {
-        self.open_tcp_impl(target).await
-    }
-
-    async fn pause(&self) -> Result<()> {
-        let _op = self.enter()?;
-        // New executions are refused from here on; running ones freeze.
-        if self.paused.swap(true, Ordering::AcqRel) {
-            return Ok(());
-        }
-        let frozen = self.set_frozen(true).await;
-        if frozen.is_err() {
-            let _ = self.set_frozen(false).await;
-            self.paused.store(false, Ordering::Release);
-        }
-        frozen
-    }
-
-    async fn unpause(&self) -> Result<()> {
-        let _op = self.enter()?;
-        if !self.paused.load(Ordering::Acquire) {
-            return Ok(());
-        }
-        self.set_frozen(false).await?;
-        self.paused.store(false, Ordering::Release);
-        Ok(())
-    }
-
-    async fn destroy(&self) -> Result<()> {
-        self.lifecycle.destroy(self).await
+    fn paused(&self) -> bool {
+        self.paused.load(Ordering::Acquire)
     }
 }
 
@@ -719,65 +540,5 @@ impl Teardown for ContainerSandbox {
 impl Drop for ContainerSandbox {
     fn drop(&mut self) {
         self.lifecycle.teardown_unless_destroyed(self);
-    }
-}
-
-/// The most bytes of a working directory given as a container path.
-const MAX_GUEST_DIR: usize = 4096;
-
-/// `path`, an absolute directory of the container's root, as the container's
-/// processes will `chdir` to it: `INVALID_OPTIONS` for a NUL byte, a path longer
-/// than `PATH_MAX`, a `..` component (what it names depends on the root's
-/// symlinks, which the runtime would follow before the container's own view is
-/// set up), or a path under `/proc`, `/sys` or `/dev` (kernel views, never a
-/// program's working directory; `/proc/self/fd/N` is how a leaked descriptor of the
-/// runtime would be reached).
-fn guest_dir(path: &str) -> Result<String> {
-    let bad = |why: &str| {
-        Err(paddock_core::Error::invalid_options(
-            "cwd",
-            format!(
-                "`{}` is not a working directory here: {why}",
-                path.escape_debug()
-            ),
-        ))
-    };
-    if path.contains('\0') || path.len() >= MAX_GUEST_DIR {
-        return bad(&format!("no NUL bytes, under {MAX_GUEST_DIR} bytes"));
-    }
-    let parts: Vec<&str> = path
-        .split('/')
-        .filter(|p| !p.is_empty() && *p != ".")
-        .collect();
-    if parts.contains(&"..") {
-        return bad("give it without `..`");
-    }
-    if matches!(parts.first(), Some(&("proc" | "sys" | "dev"))) {
-        return bad("/proc, /sys and /dev are the kernel's views, not directories to work in");
-    }
-    Ok(format!("/{}", parts.join("/")))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::guest_dir;
-
-    #[test]
-    fn a_directory_of_the_container_root_is_passed_as_is() {
-        assert_eq!(guest_dir("/tmp").unwrap(), "/tmp");
-        assert_eq!(guest_dir("//tmp/./x/").unwrap(), "/tmp/x");
-        assert_eq!(guest_dir("/").unwrap(), "/");
-        for bad in [
-            "/var/../tmp",
-            "/tmp/..",
-            "/proc/self/fd/7",
-            "/proc",
-            "/sys/fs",
-            "/dev/shm",
-            "/tmp/\0x",
-        ] {
-            assert!(guest_dir(bad).is_err(), "{bad}");
-        }
-        assert!(guest_dir(&format!("/{}", "a".repeat(5000))).is_err());
     }
 }

@@ -51,13 +51,31 @@ pub(crate) struct WarmContainer {
     /// The agent's control channel (background processes and terminals).
     pub(crate) control: Arc<super::control::AgentControl>,
     /// Warm interpreters the agent started in it, by language (see `runner.rs`).
-    pub(crate) runners:
-        std::collections::BTreeMap<paddock_core::Language, super::runner::ContainerRunner>,
+    pub(crate) runners: std::collections::BTreeMap<paddock_core::Language, ContainerRunner>,
     /// Runners started in it so far (their ids).
     pub(crate) next_runner: u64,
     /// The tenant of the first execution in it, and whether another ran since.
     pub(crate) first_tenant: Option<Option<String>>,
     pub(crate) mixed: bool,
+}
+
+/// A runner inside a warm container, and the tenant it serves.
+#[derive(Debug)]
+pub(crate) struct ContainerRunner {
+    pub(crate) worker: Worker,
+    pub(crate) tenant: Option<String>,
+}
+
+/// The warm container a sandbox's processes run in, as the sandbox keeps it while the
+/// container itself may be serving a turn.
+#[derive(Debug, Clone)]
+pub(crate) struct Guest {
+    pub(crate) control: Arc<super::control::AgentControl>,
+    /// Where the runtime writes the container's init pid (on the host).
+    pub(crate) pid_file: PathBuf,
+    /// The container's cgroup path: a pid read from the pid file is the container's
+    /// only while it is in that group.
+    pub(crate) cgroup: String,
 }
 
 /// A warm container's cgroup counters, opened once.
@@ -317,7 +335,7 @@ impl WarmContainer {
 
     /// Takes out the runners started ahead of need that served no turn (for the
     /// caller to drop, which kills them).
-    pub(crate) fn retire_unused_runners(&mut self) -> Vec<super::runner::ContainerRunner> {
+    pub(crate) fn retire_unused_runners(&mut self) -> Vec<ContainerRunner> {
         let unused: Vec<paddock_core::Language> = self
             .runners
             .iter()

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use super::sandbox::ContainerSandbox;
 use super::warm::WarmContainer;
+use crate::sandbox::WorkdirBacked;
 use crate::task::blocking;
 
 impl ContainerSandbox {

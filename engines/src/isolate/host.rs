@@ -18,6 +18,7 @@ use rquickjs::module::{Declarations, Exports, ModuleDef};
 use rquickjs::{Coerced, Ctx, Exception, Function, Module, Object, Persistent, Value};
 use tokio::sync::mpsc;
 
+use super::js::show;
 use super::modules::{blocked, blocked_error, Export, HostModules, ModuleBody, SANDBOX_FS};
 use crate::capture::Captured;
 use crate::host::workdir::Workdir;
@@ -303,55 +304,6 @@ pub(super) fn install_globals<'js>(ctx: &Ctx<'js>) -> rquickjs::Result<()> {
     .with_name("clearTimeout")?;
     globals.set("clearTimeout", clear_timeout)?;
     Ok(())
-}
-
-/// How `console.log` prints a value: strings as they are, errors with their stack,
-/// objects as JSON where possible, anything else through `String()`.
-pub(super) fn show<'js>(ctx: &Ctx<'js>, v: &Value<'js>) -> String {
-    if let Some(s) = v.as_string() {
-        return s.to_string().unwrap_or_default();
-    }
-    if v.is_error() {
-        return error_text(v);
-    }
-    if v.is_object() && !v.is_function() {
-        if let Ok(Some(s)) = ctx.json_stringify(v.clone()) {
-            if let Ok(s) = s.to_string() {
-                return s;
-            }
-        }
-        // A thrown toJSON or a cycle leaves an exception behind; drop it.
-        let _ = ctx.catch();
-    }
-    coerce(ctx, v)
-}
-
-/// `String(v)`, or a placeholder when that throws.
-pub(super) fn coerce<'js>(ctx: &Ctx<'js>, v: &Value<'js>) -> String {
-    match v.get::<Coerced<String>>() {
-        Ok(s) => s.0,
-        Err(_) => {
-            let _ = ctx.catch();
-            format!("[{}]", v.type_name())
-        }
-    }
-}
-
-/// `String(error)` followed by its stack, as node prints an uncaught error.
-pub(super) fn error_text(v: &Value<'_>) -> String {
-    let head = v
-        .get::<Coerced<String>>()
-        .map(|s| s.0)
-        .unwrap_or_else(|_| "Error".into());
-    let stack = v
-        .as_object()
-        .and_then(|o| o.get::<_, Option<String>>("stack").ok().flatten())
-        .unwrap_or_default();
-    if stack.trim().is_empty() {
-        head
-    } else {
-        format!("{head}\n{}", stack.trim_end())
-    }
 }
 
 /// Throws a JS `Error` whose `code` property holds the Paddock error code.

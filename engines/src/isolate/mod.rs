@@ -35,6 +35,7 @@
 
 mod alloc;
 mod host;
+mod js;
 pub mod modules;
 mod sandbox;
 mod worker;

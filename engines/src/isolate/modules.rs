@@ -126,7 +126,7 @@ impl HostModules {
         if self.modules.contains_key(name) {
             return Err(invalid(name, "a module of that name is already registered"));
         }
-        super::worker::compile_module(name, source)
+        super::js::compile_module(name, source)
             .map_err(|message| invalid(name, format!("its source does not compile: {message}")))?;
         self.modules
             .insert(name.to_string(), ModuleBody::Source(source.to_string()));

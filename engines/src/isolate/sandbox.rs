@@ -7,14 +7,13 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use crossbeam_channel::Sender;
 use paddock_core::exec::unix_ms;
-use paddock_core::lifecycle::{Lifecycle, OpGuard, Phase, Teardown};
+use paddock_core::lifecycle::{Lifecycle, Teardown};
 use paddock_core::spin::Spin;
 use paddock_core::{
-    CancelToken, EngineName, Error, ErrorCode, ExecRequest, ExecResult, FileEntry, LimitKind,
-    Limits, Outcome, OutputSink, Result, Sandbox, SandboxSpec, SandboxStatus, Timings, Usage,
+    CancelToken, EngineName, Error, ErrorCode, ExecRequest, ExecResult, LimitKind, Limits, Outcome,
+    OutputSink, Result, SandboxSpec, Timings, Usage,
 };
 use tokio::sync::{mpsc, oneshot, Mutex};
 
@@ -22,6 +21,8 @@ use super::host::{Control, CANCELLED, DESTROYED, RUNNING};
 use super::worker::{self, Ending, ExecJob, Job, JsProgram, Report};
 use super::EngineInner;
 use crate::host::workdir::Workdir;
+use crate::sandbox::{FileOps, WorkdirBacked};
+use crate::task::blocking;
 
 /// Chunks in flight between the isolate thread and the caller's sink; a slower sink
 /// makes `console.log` wait.
@@ -138,26 +139,6 @@ impl IsolateSandbox {
         })
     }
 
-    fn enter(&self) -> Result<OpGuard<'_>> {
-        self.lifecycle
-            .enter()
-            .ok_or_else(|| Error::disposed(&format!("sandbox {}", self.id)))
-    }
-
-    /// Runs a blocking file operation on the blocking pool while the sandbox is live.
-    async fn file_op<T: Send + 'static>(
-        &self,
-        op: impl FnOnce(&Workdir) -> Result<T> + Send + 'static,
-    ) -> Result<T> {
-        let _op = self.enter()?;
-        let workdir = self.workdir.clone();
-        blocking(move || op(&workdir)).await
-    }
-
-    fn destroying(&self) -> bool {
-        self.lifecycle.phase() != Phase::Live
-    }
-
     fn stuck_error(&self) -> Error {
         Error::new(
             ErrorCode::EngineFailed,
@@ -228,8 +209,9 @@ impl IsolateSandbox {
         report
     }
 
-    /// One execution on the isolate thread (the body of [`Sandbox::exec`]).
-    async fn run_script(
+    /// One execution on the isolate thread (the body of
+    /// [`Sandbox::exec`](paddock_core::Sandbox::exec)).
+    async fn run(
         &self,
         request: ExecRequest,
         sink: &dyn OutputSink,
@@ -408,144 +390,60 @@ pub(super) fn into_result(
     }
 }
 
-#[async_trait]
-impl Sandbox for IsolateSandbox {
-    fn id(&self) -> &str {
-        &self.id
-    }
-
-    fn engine(&self) -> EngineName {
-        EngineName::ISOLATE
-    }
-
-    fn root_dir(&self) -> &std::path::Path {
-        self.workdir.shown_root()
-    }
-
-    fn host_dir(&self) -> &std::path::Path {
-        self.workdir.root()
-    }
-
-    fn status(&self) -> SandboxStatus {
-        if self.destroying() {
-            SandboxStatus::Destroyed
-        } else if self.busy.load(Ordering::Acquire) {
-            SandboxStatus::Busy
-        } else {
-            SandboxStatus::Ready
+crate::sandbox::workdir_sandbox! {
+    impl Sandbox for IsolateSandbox {
+        fn id(&self) -> &str {
+            &self.id
         }
-    }
 
-    async fn exec(
-        &self,
-        request: ExecRequest,
-        sink: &dyn OutputSink,
-        cancel: CancelToken,
-    ) -> Result<ExecResult> {
-        self.workdir.check_disk_request(&request.limits)?;
-        let before = self.workdir.disk_exhausted();
-        let result = self.run_script(request, sink, cancel).await;
-        self.workdir.judge_disk(before, result)
-    }
-
-    async fn write_file(&self, path: &str, data: &[u8]) -> Result<()> {
-        let _op = self.enter()?;
-        let workdir = self.workdir.clone();
-        let (path, data) = (path.to_string(), data.to_vec());
-        blocking(move || workdir.write_file(&path, &data)).await
-    }
-
-    async fn read_file(&self, path: &str) -> Result<Vec<u8>> {
-        let _op = self.enter()?;
-        let workdir = self.workdir.clone();
-        let path = path.to_string();
-        blocking(move || workdir.read_file(&path)).await
-    }
-
-    async fn list_files(&self, path: &str) -> Result<Vec<FileEntry>> {
-        let _op = self.enter()?;
-        let workdir = self.workdir.clone();
-        let path = path.to_string();
-        blocking(move || workdir.list_files(&path)).await
-    }
-
-    async fn open_read(&self, path: &str) -> Result<paddock_core::FileReader> {
-        let _op = self.enter()?;
-        self.workdir.open_read(path).await
-    }
-
-    async fn stat(&self, path: &str) -> Result<paddock_core::FileInfo> {
-        let path = path.to_string();
-        self.file_op(move |w| w.stat(&path)).await
-    }
-
-    async fn list_dir(&self, path: &str, depth: u32) -> Result<Vec<paddock_core::FileInfo>> {
-        let path = path.to_string();
-        self.file_op(move |w| w.list_dir(&path, depth)).await
-    }
-
-    async fn make_dir(&self, path: &str) -> Result<bool> {
-        let path = path.to_string();
-        self.file_op(move |w| w.make_dir(&path)).await
-    }
-
-    async fn rename(&self, from: &str, to: &str) -> Result<()> {
-        let (from, to) = (from.to_string(), to.to_string());
-        self.file_op(move |w| w.rename(&from, &to)).await
-    }
-
-    async fn remove(&self, path: &str) -> Result<()> {
-        let path = path.to_string();
-        self.file_op(move |w| w.remove_path(&path)).await
-    }
-
-    async fn watch(&self, path: &str, recursive: bool) -> Result<paddock_core::FileWatch> {
-        let _op = self.enter()?;
-        self.workdir.watch(path, recursive).await
-    }
-
-    async fn write_from(
-        &self,
-        path: &str,
-        source: paddock_core::ByteSource,
-        max_bytes: u64,
-    ) -> Result<u64> {
-        self.workdir
-            .write_from(path, source, max_bytes, || self.enter())
-            .await
-    }
-
-    async fn recycle(&self) -> Result<()> {
-        let _op = self.enter()?;
-        // The lease's watches end with it, whatever the workdir holds.
-        self.workdir.end_watches();
-        let _run = self.run_lock.lock().await;
-        if self.stuck.load(Ordering::Acquire) {
-            return Err(self.stuck_error());
+        fn engine(&self) -> EngineName {
+            EngineName::ISOLATE
         }
-        if self.destroying() {
-            return Err(Error::disposed(&format!("sandbox {}", self.id)));
-        }
-        // The next execution gets a fresh context anyway; only files carry over.
-        let dirty = std::fs::read_dir(self.workdir.root())
-            .map(|mut d| d.next().is_some())
-            .unwrap_or(true);
-        if dirty {
-            let workdir = self.workdir.clone();
-            blocking(move || {
-                workdir
-                    .clear()
-                    .map_err(|e| Error::engine_io("cleaning the sandbox workdir", e))
-            })
-            .await?;
-        }
-        Ok(())
-    }
 
-    async fn destroy(&self) -> Result<()> {
-        self.lifecycle.destroy(self).await
+        async fn recycle(&self) -> Result<()> {
+            let _op = self.enter()?;
+            // The lease's watches end with it, whatever the workdir holds.
+            self.workdir.end_watches();
+            let _run = self.run_lock.lock().await;
+            if self.stuck.load(Ordering::Acquire) {
+                return Err(self.stuck_error());
+            }
+            if self.destroying() {
+                return Err(Error::disposed(&format!("sandbox {}", self.id)));
+            }
+            // The next execution gets a fresh context anyway; only files carry over.
+            let dirty = std::fs::read_dir(self.workdir.root())
+                .map(|mut d| d.next().is_some())
+                .unwrap_or(true);
+            if dirty {
+                let workdir = self.workdir.clone();
+                blocking(move || {
+                    workdir
+                        .clear()
+                        .map_err(|e| Error::engine_io("cleaning the sandbox workdir", e))
+                })
+                .await?;
+            }
+            Ok(())
+        }
     }
 }
+
+impl WorkdirBacked for IsolateSandbox {
+    fn workdir(&self) -> &Arc<Workdir> {
+        &self.workdir
+    }
+
+    fn lifecycle(&self) -> &Lifecycle {
+        &self.lifecycle
+    }
+
+    fn busy(&self) -> bool {
+        self.busy.load(Ordering::Acquire)
+    }
+}
+
+impl FileOps for IsolateSandbox {}
 
 impl Teardown for IsolateSandbox {
     async fn stop_running(&self) {
@@ -609,14 +507,4 @@ impl Drop for IsolateSandbox {
     fn drop(&mut self) {
         self.lifecycle.teardown_unless_destroyed(self);
     }
-}
-
-/// Runs `f` on tokio's blocking pool.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| {
-        Error::new(
-            ErrorCode::EngineFailed,
-            format!("a blocking file task failed: {e}"),
-        )
-    })?
 }

@@ -25,6 +25,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::alloc::{Meter, MeteredAlloc};
 use super::host::{self, Control, RunState, CANCELLED, DESTROYED, RUNNING};
+use super::js;
 use super::modules::HostModules;
 use crate::capture::Captured;
 use crate::host::workdir::Workdir;
@@ -524,9 +525,9 @@ fn stop_ending<'js>(ctx: &Ctx<'js>, stop: Stop<'js>) -> Option<Ending> {
         Stop::Refused(e) => Ending::Failed(e),
         Stop::Threw(v) => {
             let text = if v.is_error() {
-                host::error_text(&v)
+                js::error_text(&v)
             } else {
-                host::show(ctx, &v)
+                js::show(ctx, &v)
             };
             host::write_stderr(format!("Uncaught {text}\n").as_bytes());
             Ending::Completed(1)
@@ -706,28 +707,11 @@ fn to_json_value<'js>(
             return Ok(Some(json));
         }
     }
-    let shown = host::coerce(ctx, &v);
+    let shown = js::coerce(ctx, &v);
     if shown.len() > cap {
         return Err(Ending::Output);
     }
     Ok(Some(serde_json::Value::String(shown)))
-}
-
-/// Compiles ES module source without running it; the error text when it does not
-/// compile.
-pub(super) fn compile_module(name: &str, source: &str) -> Result<(), String> {
-    let rt = Runtime::new().map_err(|e| format!("creating a QuickJS runtime failed: {e}"))?;
-    rt.set_memory_limit(64 << 20);
-    rt.set_max_stack_size(1 << 20);
-    let ctx = Context::full(&rt).map_err(|e| format!("creating a context failed: {e}"))?;
-    ctx.with(|ctx| match Module::declare(ctx.clone(), name, source) {
-        Ok(_) => Ok(()),
-        Err(e) if e.is_exception() => {
-            let thrown = ctx.catch();
-            Err(host::show(&ctx, &thrown))
-        }
-        Err(e) => Err(e.to_string()),
-    })
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ use crate::child::{Ending, StopOnDrop, Watched};
 use crate::env::resolve_program;
 use crate::host::spawn::{spawn_async, SpawnSpec, SpawnedChild};
 use crate::host::sys::{self, cstring, ExitStatus};
+use crate::sandbox::WorkdirBacked;
 use crate::task::feed_stdin;
 
 /// Sources longer than this go through a file instead of an argument.
@@ -195,7 +196,7 @@ impl SubprocessSandbox {
             if let Some(g) = &self.cgroup {
                 if g.is_populated() {
                     let g = g.clone();
-                    super::sandbox::blocking(move || {
+                    crate::task::blocking(move || {
                         g.kill_all()
                             .map_err(|e| Error::engine_io("killing leftover processes", e))
                     })
@@ -263,7 +264,7 @@ impl SubprocessSandbox {
         sys::kill_group(pid, libc::SIGKILL);
         if let Some(g) = &self.cgroup {
             let g = g.clone();
-            let _ = super::sandbox::blocking(move || {
+            let _ = crate::task::blocking(move || {
                 g.kill_all()
                     .map_err(|e| Error::engine_io("killing the sandbox's processes", e))
             })

@@ -19,7 +19,8 @@ use super::sandbox::SubprocessSandbox;
 use crate::host::cgroup::Cgroup;
 use crate::host::pty;
 use crate::host::spawn::spawn_async;
-use crate::interactive::{adopt, pipes, Wiring};
+use crate::interactive::{adopt, pipes, ProcessOps, Wiring};
+use crate::sandbox::WorkdirBacked;
 use crate::task::blocking;
 
 impl SubprocessSandbox {
@@ -66,8 +67,10 @@ impl SubprocessSandbox {
         .await?;
         Ok(group)
     }
+}
 
-    pub(super) async fn start_process_impl(&self, spec: ProcessSpec) -> Result<ProcessHandle> {
+impl ProcessOps for SubprocessSandbox {
+    async fn start_process(&self, spec: ProcessSpec) -> Result<ProcessHandle> {
         let _op = self.enter()?;
         spec.validate()?;
         let place = self.processes.reserve("p")?;
@@ -104,7 +107,7 @@ impl SubprocessSandbox {
         Ok(ProcessHandle::new(shared))
     }
 
-    pub(super) async fn open_terminal_impl(&self, spec: TerminalSpec) -> Result<TerminalHandle> {
+    async fn open_terminal(&self, spec: TerminalSpec) -> Result<TerminalHandle> {
         let _op = self.enter()?;
         spec.validate()?;
         let place = self.processes.reserve("t")?;
@@ -152,7 +155,7 @@ impl SubprocessSandbox {
         Ok(TerminalHandle::new(shared))
     }
 
-    pub(super) async fn open_tcp_impl(&self, target: TcpTarget) -> Result<TcpConnection> {
+    async fn open_tcp_connection(&self, target: TcpTarget) -> Result<TcpConnection> {
         let _op = self.enter()?;
         target.loopback_addr()?;
         // Without a namespace of its own (network `unrestricted`) the sandbox's

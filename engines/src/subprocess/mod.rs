@@ -11,8 +11,9 @@
 
 mod exec;
 mod interactive;
-pub(crate) mod runner;
+mod runner;
 mod sandbox;
+mod workers;
 mod zygote;
 
 use std::collections::BTreeMap;
@@ -78,7 +79,7 @@ pub(crate) struct EngineInner {
     /// How sandboxes' egress gateways are made, or why allowlists are not enforced.
     pub(crate) egress: std::result::Result<paddock_egress::GatewayConfig, String>,
     /// Warm mode's runners, when `[subprocess.warm]` is enabled.
-    pub(crate) warm: Option<runner::WarmSetup>,
+    pub(crate) warm: Option<workers::WarmSetup>,
     /// The Python fork server (`warm.fork_server`), started on first use.
     pub(crate) zygote: zygote::Zygote,
     /// Sandboxes being opened right now (see `SubprocessSandbox::create`).
@@ -247,7 +248,7 @@ impl SubprocessEngine {
             )
         })?;
 
-        let warm = runner::WarmSetup::prepare(&config.warm, &config.handlers, &workdir_root)?;
+        let warm = workers::WarmSetup::prepare(&config.warm, &config.handlers, &workdir_root)?;
         // A home needs a mount namespace per sandbox: tried once here, so that the
         // feature is offered only where it works.
         let home = if config.startup.home {

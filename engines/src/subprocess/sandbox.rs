@@ -6,17 +6,15 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use async_trait::async_trait;
-use paddock_core::lifecycle::{Lifecycle, OpGuard, Phase, Teardown};
-use paddock_core::{
-    CancelToken, EngineName, Error, ExecRequest, ExecResult, FileEntry, NetworkPolicy, OutputSink,
-    Result, Sandbox, SandboxSpec, SandboxStatus,
-};
+use paddock_core::lifecycle::{Lifecycle, Teardown};
+use paddock_core::{EngineName, Error, NetworkPolicy, Result, SandboxSpec};
 use tokio::sync::{Mutex, Notify};
 
 use super::EngineInner;
 use crate::host::cgroup::Cgroup;
 use crate::host::workdir::Workdir;
+use crate::sandbox::{FileOps, WorkdirBacked};
+use crate::task::blocking;
 
 /// A sandbox of the subprocess engine. Executions in one sandbox run one at a time,
 /// so that everything a run leaves behind in the cgroup can be killed when it ends.
@@ -47,13 +45,13 @@ pub struct SubprocessSandbox {
     /// Woken when destroy starts, so running executions kill their programs.
     pub(super) destroy_signal: Notify,
     /// Warm workers by language (taken out while they serve a turn).
-    pub(super) warm: Arc<super::runner::WarmSlots>,
+    pub(super) warm: Arc<super::workers::WarmSlots>,
     /// Set when it was opened in a burst, which left the runners the fork server
     /// does not give to start after the burst (see `warm_after_burst`).
     pub(super) warm_later: AtomicBool,
     /// Invocations suspended on a token, by token.
     pub(super) suspended:
-        parking_lot::Mutex<std::collections::HashMap<String, super::runner::Suspension>>,
+        parking_lot::Mutex<std::collections::HashMap<String, super::workers::Suspension>>,
     /// The cgroup warm workers run in, apart from cold executions so that the sweep
     /// after a cold execution does not kill them.
     pub(super) warm_cgroup: Option<Arc<Cgroup>>,
@@ -326,7 +324,7 @@ impl SubprocessSandbox {
         };
         let untouched = || self.touch.lock().runs == 0;
         for key in setup.keys() {
-            if !matches!(key, super::runner::WorkerKey::Runner(_)) {
+            if !matches!(key, super::workers::WorkerKey::Runner(_)) {
                 continue;
             }
             if !self.may_warm_later() {
@@ -363,9 +361,9 @@ impl SubprocessSandbox {
         };
         for key in setup.keys() {
             let forked = setup.config.fork_server
-                && key == super::runner::WorkerKey::Runner(paddock_core::Language::Python);
+                && key == super::workers::WorkerKey::Runner(paddock_core::Language::Python);
             if self.warm.lock().contains_key(&key)
-                || (forked_only && !forked && matches!(key, super::runner::WorkerKey::Runner(_)))
+                || (forked_only && !forked && matches!(key, super::workers::WorkerKey::Runner(_)))
             {
                 continue;
             }
@@ -373,7 +371,7 @@ impl SubprocessSandbox {
                 Ok(slot) => {
                     self.warm.lock().insert(key, slot);
                 }
-                Err(e) if matches!(key, super::runner::WorkerKey::Runner(_)) => return Err(e),
+                Err(e) if matches!(key, super::workers::WorkerKey::Runner(_)) => return Err(e),
                 Err(e) => {
                     tracing::debug!(error = %e, "a handler did not start ahead of need");
                 }
@@ -392,28 +390,6 @@ impl SubprocessSandbox {
             (Some(who), Some(first)) if who == first => {}
             _ => t.mixed = true,
         }
-    }
-
-    /// Admits an operation while the sandbox is live; destroy waits for it.
-    pub(super) fn enter(&self) -> Result<OpGuard<'_>> {
-        self.lifecycle
-            .enter()
-            .ok_or_else(|| Error::disposed(&format!("sandbox {}", self.id)))
-    }
-
-    /// Whether a destroy has begun.
-    pub(super) fn destroying(&self) -> bool {
-        self.lifecycle.phase() != Phase::Live
-    }
-
-    /// Runs a blocking file operation on the blocking pool.
-    async fn file_op<T: Send + 'static>(
-        &self,
-        op: impl FnOnce(&Workdir) -> Result<T> + Send + 'static,
-    ) -> Result<T> {
-        let _op = self.enter()?;
-        let workdir = self.workdir.clone();
-        blocking(move || op(&workdir)).await
     }
 
     /// `lstat` of an absolute path outside the workdir, in the sandbox's mount
@@ -515,8 +491,6 @@ impl SubprocessSandbox {
     }
 }
 
-pub(super) use crate::task::blocking;
-
 /// `CAPABILITY_NOT_SUPPORTED` when the tmpfs over `home`'s top directory would hide
 /// what the engine runs from the host: its workdirs and runners, or an interpreter
 /// (a pyenv under `/home`, say).
@@ -547,174 +521,79 @@ fn check_home_hides_nothing(engine: &super::EngineInner, home: &str) -> Result<(
     Ok(())
 }
 
-#[async_trait]
-impl Sandbox for SubprocessSandbox {
-    fn id(&self) -> &str {
-        &self.id
-    }
+crate::sandbox::workdir_sandbox! {
+    impl Sandbox for SubprocessSandbox where Self: ProcessOps {
+        fn id(&self) -> &str {
+            &self.id
+        }
 
-    fn engine(&self) -> EngineName {
-        EngineName::SUBPROCESS
-    }
+        fn engine(&self) -> EngineName {
+            EngineName::SUBPROCESS
+        }
 
-    fn root_dir(&self) -> &Path {
-        self.workdir.shown_root()
-    }
+        fn leased(&self) {
+            let Some(setup) = &self.engine.warm else {
+                return;
+            };
+            let slots = Arc::downgrade(&self.warm);
+            self.leases.leased(
+                std::time::Duration::from_millis(setup.config.unused_ms),
+                move || {
+                    if let Some(slots) = slots.upgrade() {
+                        super::workers::retire_unused(&slots);
+                    }
+                },
+            );
+        }
 
-    fn host_dir(&self) -> &Path {
-        self.workdir.root()
-    }
-
-    fn status(&self) -> SandboxStatus {
-        if self.destroying() {
-            SandboxStatus::Destroyed
-        } else if self.active.load(Ordering::Acquire) > 0 {
-            SandboxStatus::Busy
-        } else {
-            SandboxStatus::Ready
+        async fn recycle(&self) -> Result<()> {
+            // The lease ends: its planned retirement of unused runners is off.
+            self.leases.ended();
+            // Its watches end with it, whatever the workdir holds.
+            self.workdir.end_watches();
+            let _op = self.enter()?;
+            let _guard = self.run_lock.lock().await;
+            if self.destroying() {
+                return Err(Error::disposed(&format!("sandbox {}", self.id)));
+            }
+            // The next lease starts without this one's processes and terminals.
+            self.processes.kill_all(false).await;
+            self.sweep(false).await?;
+            // Nothing ran here yet: the next lease's first snippet is warm too, on
+            // runners started for no tenant (this lease's may have been retired).
+            if self.touch.lock().runs == 0 {
+                self.runners_ahead(&self.spec.tenant, false).await?;
+            }
+            Ok(())
         }
     }
+}
 
-    async fn exec(
-        &self,
-        request: ExecRequest,
-        sink: &dyn OutputSink,
-        cancel: CancelToken,
-    ) -> Result<ExecResult> {
-        self.workdir.check_disk_request(&request.limits)?;
-        let before = self.workdir.disk_exhausted();
-        let result = self.run(request, sink, cancel).await;
-        self.workdir.judge_disk(before, result)
+impl WorkdirBacked for SubprocessSandbox {
+    fn workdir(&self) -> &Arc<Workdir> {
+        &self.workdir
     }
 
-    async fn write_file(&self, path: &str, data: &[u8]) -> Result<()> {
-        let data = data.to_vec();
-        let path = path.to_string();
-        self.file_op(move |w| w.write_file(&path, &data)).await
+    fn lifecycle(&self) -> &Lifecycle {
+        &self.lifecycle
     }
 
-    async fn read_file(&self, path: &str) -> Result<Vec<u8>> {
-        let path = path.to_string();
-        self.file_op(move |w| w.read_file(&path)).await
+    fn busy(&self) -> bool {
+        self.active.load(Ordering::Acquire) > 0
     }
+}
 
-    async fn list_files(&self, path: &str) -> Result<Vec<FileEntry>> {
-        let path = path.to_string();
-        self.file_op(move |w| w.list_files(&path)).await
-    }
-
-    async fn open_read(&self, path: &str) -> Result<paddock_core::FileReader> {
-        let _op = self.enter()?;
-        self.workdir.open_read(path).await
-    }
-
+impl FileOps for SubprocessSandbox {
+    /// Inside the workdir, the workdir's; outside it, what the sandbox's programs
+    /// see there (the host's files), as an unprivileged user would (never what only
+    /// the host's root may read).
     async fn stat(&self, path: &str) -> Result<paddock_core::FileInfo> {
         let path = path.to_string();
         let p = Path::new(&path);
         if !p.is_absolute() || p.starts_with(self.workdir.shown_root()) {
             return self.file_op(move |w| w.stat(&path)).await;
         }
-        // Outside the workdir: the sandbox's programs see the host's files there,
-        // so its stat answers what they see, as an unprivileged user would (never
-        // what only the host's root may read).
         self.stat_outside(path).await
-    }
-
-    async fn list_dir(&self, path: &str, depth: u32) -> Result<Vec<paddock_core::FileInfo>> {
-        let path = path.to_string();
-        self.file_op(move |w| w.list_dir(&path, depth)).await
-    }
-
-    async fn make_dir(&self, path: &str) -> Result<bool> {
-        let path = path.to_string();
-        self.file_op(move |w| w.make_dir(&path)).await
-    }
-
-    async fn rename(&self, from: &str, to: &str) -> Result<()> {
-        let (from, to) = (from.to_string(), to.to_string());
-        self.file_op(move |w| w.rename(&from, &to)).await
-    }
-
-    async fn remove(&self, path: &str) -> Result<()> {
-        let path = path.to_string();
-        self.file_op(move |w| w.remove_path(&path)).await
-    }
-
-    async fn watch(&self, path: &str, recursive: bool) -> Result<paddock_core::FileWatch> {
-        let _op = self.enter()?;
-        self.workdir.watch(path, recursive).await
-    }
-
-    async fn write_from(
-        &self,
-        path: &str,
-        source: paddock_core::ByteSource,
-        max_bytes: u64,
-    ) -> Result<u64> {
-        self.workdir
-            .write_from(path, source, max_bytes, || self.enter())
-            .await
-    }
-
-    fn leased(&self) {
-        let Some(setup) = &self.engine.warm else {
-            return;
-        };
-        let slots = Arc::downgrade(&self.warm);
-        self.leases.leased(
-            std::time::Duration::from_millis(setup.config.unused_ms),
-            move || {
-                if let Some(slots) = slots.upgrade() {
-                    super::runner::retire_unused(&slots);
-                }
-            },
-        );
-    }
-
-    async fn recycle(&self) -> Result<()> {
-        // The lease ends: its planned retirement of unused runners is off.
-        self.leases.ended();
-        // Its watches end with it, whatever the workdir holds.
-        self.workdir.end_watches();
-        let _op = self.enter()?;
-        let _guard = self.run_lock.lock().await;
-        if self.destroying() {
-            return Err(Error::disposed(&format!("sandbox {}", self.id)));
-        }
-        // The next lease starts without this one's processes and terminals.
-        self.processes.kill_all(false).await;
-        self.sweep(false).await?;
-        // Nothing ran here yet: the next lease's first snippet is warm too, on
-        // runners started for no tenant (this lease's may have been retired).
-        if self.touch.lock().runs == 0 {
-            self.runners_ahead(&self.spec.tenant, false).await?;
-        }
-        Ok(())
-    }
-
-    async fn start_process(
-        &self,
-        spec: paddock_core::ProcessSpec,
-    ) -> Result<paddock_core::ProcessHandle> {
-        self.start_process_impl(spec).await
-    }
-
-    async fn open_terminal(
-        &self,
-        spec: paddock_core::TerminalSpec,
-    ) -> Result<paddock_core::TerminalHandle> {
-        self.open_terminal_impl(spec).await
-    }
-
-    async fn open_tcp_connection(
-        &self,
-        target: paddock_core::TcpTarget,
-    ) -> Result<paddock_core::TcpConnection> {
-        self.open_tcp_impl(target).await
-    }
-
-    async fn destroy(&self) -> Result<()> {
-        self.lifecycle.destroy(self).await
     }
 }
 
