@@ -184,12 +184,20 @@ pub(crate) async fn forward(
     let mut builder = hyper::Request::builder()
         .method(req.method().as_str())
         .uri(path);
+    let mask = sbx
+        .mask_host
+        .as_deref()
+        .map(|m| m.replace("${PORT}", &port.to_string()));
     for (name, value) in req.headers() {
         let n = name.as_str();
-        if HOP_BY_HOP.contains(&n) || addressing(n) {
+        if HOP_BY_HOP.contains(&n) || addressing(n) || (n == "host" && mask.is_some()) {
             continue;
         }
         builder = builder.header(n, value.as_bytes());
+    }
+    if let Some(mask) = &mask {
+        // `maskRequestHost`: the Host the sandbox's server sees.
+        builder = builder.header("host", mask.as_str());
     }
     if websocket {
         builder = builder

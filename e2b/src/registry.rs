@@ -41,6 +41,9 @@ pub(crate) struct Sbx {
     pub(crate) traffic_token: Option<String>,
     /// Who may reach its own ports (`network.allowPublicTraffic`).
     pub(crate) ingress: crate::access::Ingress,
+    /// The `Host` its servers see on requests to its ports (`maskRequestHost`,
+    /// `${PORT}` standing for the port); `None`: the caller's.
+    pub(crate) mask_host: Option<String>,
     /// Whether the sandbox serves the code interpreter (port 49999).
     pub(crate) code_interpreter: bool,
     pub(crate) contexts: parking_lot::Mutex<crate::interpreter::Contexts>,

@@ -56,6 +56,34 @@ struct NewNetwork {
     /// Address ranges denied.
     #[serde(default)]
     deny_out: Option<Vec<String>>,
+    /// The `Host` the sandbox's servers see on requests to its ports, `${PORT}`
+    /// standing for the port (E2B's `maskRequestHost`); unset, the caller's own.
+    #[serde(default)]
+    mask_request_host: Option<String>,
+}
+
+/// The longest `maskRequestHost`.
+const MAX_MASK: usize = 300;
+
+/// A `maskRequestHost` that makes a `Host` for every port, or what is wrong with it.
+fn check_mask(mask: &str) -> Result<(), ApiError> {
+    let bad = |why: &str| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("network.maskRequestHost {mask:?}: {why}"),
+        )
+    };
+    if mask.is_empty() || mask.len() > MAX_MASK {
+        return Err(bad(&format!("give 1 to {MAX_MASK} characters")));
+    }
+    let host = mask.replace("${PORT}", "65535");
+    let authority = host
+        .parse::<actix_web::http::uri::Authority>()
+        .map_err(|_| bad("not a host name (with a port) once ${PORT} is put in"))?;
+    if authority.as_str().contains('@') {
+        return Err(bad("a host carries no user"));
+    }
+    Ok(())
 }
 
 /// Whether a `denyOut` entry denies every address.
@@ -144,6 +172,13 @@ async fn create_inner(inner: &Arc<Inner>, req: &HttpRequest, body: &[u8]) -> Ans
     )?;
     let ingress =
         crate::access::Ingress::asked(new.network.as_ref().and_then(|n| n.allow_public_traffic));
+    let mask_host = new
+        .network
+        .as_ref()
+        .and_then(|n| n.mask_request_host.clone());
+    if let Some(mask) = &mask_host {
+        check_mask(mask)?;
+    }
     let metadata = new.metadata.unwrap_or_default();
     check_metadata(&metadata)?;
     let env_vars = new.env_vars.unwrap_or_default();
@@ -208,6 +243,7 @@ async fn create_inner(inner: &Arc<Inner>, req: &HttpRequest, body: &[u8]) -> Ans
                 .needs_traffic_token(template.code_interpreter)
                 .then(new_token),
             ingress,
+            mask_host,
             code_interpreter: template.code_interpreter,
             contexts: Default::default(),
             watchers: Default::default(),

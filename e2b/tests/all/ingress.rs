@@ -556,3 +556,69 @@ async fn the_url_modes_domain_names_this_server() {
     assert_eq!(r.status, 200, "{}", r.text());
     t.stop().await;
 }
+
+/// A server on port 8000 that answers the `Host` it was sent.
+const HOST_ECHO: &str = "import http.server
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = self.headers.get('Host', '').encode()
+        self.send_response(200)
+        self.send_header('Content-Length', str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(('127.0.0.1', 8000), H).serve_forever()
+";
+
+/// `network.maskRequestHost`: the `Host` a sandbox's servers see, `${PORT}` put in;
+/// without it, the caller's own. A mask that makes no host is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_masked_sandbox_s_servers_see_the_mask_as_host() {
+    let t = E2bServer::start(256, &[("base", base())]);
+    let masked = t
+        .create(
+            ALICE,
+            "base",
+            json!({"allowPublicTraffic": true, "maskRequestHost": "localhost:${PORT}"}),
+        )
+        .await;
+    let plain = t
+        .create(ALICE, "base", json!({"allowPublicTraffic": true}))
+        .await;
+    for s in [&masked, &plain] {
+        let id = str_of(s, "sandboxID");
+        let r = send(
+            t.addr,
+            Req::new("POST", &format!("/v1/sandboxes/{id}/processes"))
+                .header("authorization", &format!("Bearer {ALICE}"))
+                .json(&json!({"argv": ["python3", "-c", HOST_ECHO]})),
+        )
+        .await;
+        assert_eq!(r.status, 201, "{}", r.text());
+    }
+    let r = until_served(
+        &t,
+        Req::new("GET", "/").at_port(str_of(&masked, "sandboxID"), "8000"),
+    )
+    .await;
+    assert_eq!((r.status, r.text().as_str()), (200, "localhost:8000"));
+    let r = until_served(
+        &t,
+        Req::new("GET", "/").at_port(str_of(&plain, "sandboxID"), "8000"),
+    )
+    .await;
+    assert_eq!((r.status, r.text()), (200, t.addr.to_string()));
+    for bad in ["", "two words", "user@${PORT}.example.test", "a/b"] {
+        let r = send(
+            t.addr,
+            Req::new("POST", "/sandboxes")
+                .header("x-api-key", ALICE)
+                .json(&json!({"templateID": "base", "network": {"maskRequestHost": bad}})),
+        )
+        .await;
+        assert_eq!(r.status, 400, "{bad:?}: {}", r.text());
+        assert!(r.text().contains("maskRequestHost"), "{}", r.text());
+    }
+    t.stop().await;
+}
