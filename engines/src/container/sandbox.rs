@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use paddock_core::lifecycle::{Lifecycle, OpGuard, Phase, Teardown};
+use paddock_core::ValidRequest;
 use paddock_core::{
     CancelToken, EngineName, Error, ErrorCode, ExecRequest, ExecResult, FileEntry, OutputSink,
     Program, Result, Sandbox, SandboxSpec, SandboxStatus,
@@ -482,6 +483,16 @@ impl Sandbox for ContainerSandbox {
     async fn exec(
         &self,
         request: ExecRequest,
+        sink: &dyn OutputSink,
+        cancel: CancelToken,
+    ) -> Result<ExecResult> {
+        self.exec_valid(ValidRequest::new(request)?, sink, cancel)
+            .await
+    }
+
+    async fn exec_valid(
+        &self,
+        request: ValidRequest,
         sink: &dyn OutputSink,
         cancel: CancelToken,
     ) -> Result<ExecResult> {

@@ -12,6 +12,7 @@ use crossbeam_channel::Sender;
 use paddock_core::exec::unix_ms;
 use paddock_core::lifecycle::{Lifecycle, OpGuard, Phase, Teardown};
 use paddock_core::spin::Spin;
+use paddock_core::ValidRequest;
 use paddock_core::{
     CancelToken, EngineName, Error, ErrorCode, ExecRequest, ExecResult, FileEntry, LimitKind,
     Limits, Outcome, OutputSink, Result, Sandbox, SandboxSpec, SandboxStatus, Timings, Usage,
@@ -231,12 +232,13 @@ impl IsolateSandbox {
     /// One execution on the isolate thread (the body of [`Sandbox::exec`]).
     async fn run_script(
         &self,
-        request: ExecRequest,
+        request: ValidRequest,
         sink: &dyn OutputSink,
         cancel: CancelToken,
     ) -> Result<ExecResult> {
         let _op = self.enter()?;
         let (program, limits) = self.engine.prepare(&request, &self.limits)?;
+        let request = request.into_inner();
         let queued_at_ms = unix_ms();
         let _run = self.run_lock.lock().await;
         if self.stuck.load(Ordering::Acquire) {
@@ -439,6 +441,16 @@ impl Sandbox for IsolateSandbox {
     async fn exec(
         &self,
         request: ExecRequest,
+        sink: &dyn OutputSink,
+        cancel: CancelToken,
+    ) -> Result<ExecResult> {
+        self.exec_valid(ValidRequest::new(request)?, sink, cancel)
+            .await
+    }
+
+    async fn exec_valid(
+        &self,
+        request: ValidRequest,
         sink: &dyn OutputSink,
         cancel: CancelToken,
     ) -> Result<ExecResult> {

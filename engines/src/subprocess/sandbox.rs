@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use paddock_core::lifecycle::{Lifecycle, OpGuard, Phase, Teardown};
 use paddock_core::{
     CancelToken, EngineName, Error, ExecRequest, ExecResult, FileEntry, NetworkPolicy, OutputSink,
-    Result, Sandbox, SandboxSpec, SandboxStatus,
+    Result, Sandbox, SandboxSpec, SandboxStatus, ValidRequest,
 };
 use tokio::sync::{Mutex, Notify};
 
@@ -578,6 +578,16 @@ impl Sandbox for SubprocessSandbox {
     async fn exec(
         &self,
         request: ExecRequest,
+        sink: &dyn OutputSink,
+        cancel: CancelToken,
+    ) -> Result<ExecResult> {
+        self.exec_valid(ValidRequest::new(request)?, sink, cancel)
+            .await
+    }
+
+    async fn exec_valid(
+        &self,
+        request: ValidRequest,
         sink: &dyn OutputSink,
         cancel: CancelToken,
     ) -> Result<ExecResult> {
