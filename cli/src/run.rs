@@ -266,12 +266,8 @@ pub(crate) async fn run(args: RunArgs) -> Result<i32, UsageError> {
         max_output_bytes: args.max_output,
         ..Limits::default()
     };
-    if let Err(e) = request.validate() {
-        if args.json {
-            println!("{}", error_line(&e));
-        }
-        return Err(UsageError(e.message));
-    }
+    // The scheduler validates the request (once); a request wrong in itself is
+    // refused with INVALID_OPTIONS, which exits 2 like a usage error.
     let id = request.id.clone();
     let mut msg = Execute::new(request).on(chosen);
     msg.network = match args.network {

@@ -212,6 +212,24 @@ pub trait Sandbox: Send + Sync + fmt::Debug {
         cancel: CancelToken,
     ) -> Result<ExecResult>;
 
+    /// [`exec`](Sandbox::exec) for a request already validated: the scheduler calls
+    /// this one, with the proof it made when it admitted the request, so that an
+    /// engine need not run [`ExecRequest::validate`] a second time. Everything else
+    /// (capabilities, limits merged with the engine's defaults) is the engine's, as
+    /// in `exec`.
+    ///
+    /// The default hands the request to `exec`. An engine whose `exec` validates
+    /// overrides this one to skip it, and has its `exec` make the proof with
+    /// [`ValidRequest::new`](crate::ValidRequest::new) and call this.
+    async fn exec_valid(
+        &self,
+        request: crate::ValidRequest,
+        sink: &dyn OutputSink,
+        cancel: CancelToken,
+    ) -> Result<ExecResult> {
+        self.exec(request.into_inner(), sink, cancel).await
+    }
+
     /// Writes a file, creating parent directories.
     async fn write_file(&self, path: &str, data: &[u8]) -> Result<()>;
 

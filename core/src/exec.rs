@@ -111,8 +111,10 @@ impl ExecRequest {
         self
     }
 
-    /// Checks the request's own fields.
+    /// Checks the request's own fields. [`crate::ValidRequest::new`] runs it and
+    /// keeps the proof, so that the hops after it need not run it again.
     pub fn validate(&self) -> Result<()> {
+        crate::valid::note(self);
         self.program.validate()?;
         self.limits.validate("limits", false)?;
         for key in self.env.keys() {

@@ -53,6 +53,7 @@ pub mod spin;
 pub mod stream_buffer;
 mod strict;
 pub mod tenancy;
+pub mod valid;
 
 pub use cancel::{CancelToken, TokenState};
 pub use config::{
@@ -79,3 +80,4 @@ pub use isolation::{Capabilities, EngineName, IsolationLevel, NetworkPolicy};
 pub use limits::{LimitKind, LimitSpec, Limits, LIMIT_TABLE};
 pub use program::{Language, Program, ProgramKind};
 pub use tenancy::{AccessRules, Allowed, NetworkKind};
+pub use valid::{ValidRequest, ValidationProbe};

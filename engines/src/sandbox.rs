@@ -117,7 +117,7 @@ pub(crate) trait FileOps: WorkdirBacked {
 
 /// `#[async_trait] impl Sandbox for T { … }` for a sandbox type `T` that is
 /// [`WorkdirBacked`] and [`FileOps`], and has
-/// `async fn run(&self, ExecRequest, &dyn OutputSink, CancelToken) -> Result<ExecResult>`
+/// `async fn run(&self, ValidRequest, &dyn OutputSink, CancelToken) -> Result<ExecResult>`
 /// (its executions). The body gives the rest of the contract: `id`, `engine`,
 /// `recycle`, and whatever optional calls the engine has.
 ///
@@ -182,10 +182,23 @@ macro_rules! workdir_sandbox {
                 }
             }
 
-            /// The workdir's disk limits hold around the engine's own execution.
+            /// For a caller without the scheduler: the request is validated (the
+            /// proof made), then run as [`exec_valid`](Self::exec_valid).
             async fn exec(
                 &self,
                 request: paddock_core::ExecRequest,
+                sink: &dyn paddock_core::OutputSink,
+                cancel: paddock_core::CancelToken,
+            ) -> paddock_core::Result<paddock_core::ExecResult> {
+                self.exec_valid(paddock_core::ValidRequest::new(request)?, sink, cancel)
+                    .await
+            }
+
+            /// The workdir's disk limits hold around the engine's own execution of
+            /// a request the scheduler validated.
+            async fn exec_valid(
+                &self,
+                request: paddock_core::ValidRequest,
                 sink: &dyn paddock_core::OutputSink,
                 cancel: paddock_core::CancelToken,
             ) -> paddock_core::Result<paddock_core::ExecResult> {

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::task::Poll;
 
 use actix::prelude::*;
-use paddock_core::{CancelToken, Error, ErrorCode, ExecRequest, ExecResult, OutputSink, Sandbox};
+use paddock_core::{CancelToken, Error, ErrorCode, ExecResult, OutputSink, Sandbox, ValidRequest};
 
 /// Mailbox capacity of an engine actor: an instance runs one execution at a time, so
 /// more than a handful of queued messages means a bug upstream.
@@ -121,8 +121,9 @@ impl Actor for EngineActor {
 #[derive(Message)]
 #[rtype(result = "Result<ExecResult, Error>")]
 pub struct RunExec {
-    /// The request.
-    pub request: ExecRequest,
+    /// The request, validated when the pipeline admitted it; the engine does not
+    /// validate it again.
+    pub request: ValidRequest,
     /// Where output goes while it runs.
     pub sink: Arc<dyn OutputSink>,
     /// Cancels the execution.
@@ -150,7 +151,7 @@ impl Handler<RunExec> for EngineActor {
                 cancel,
             } = msg;
             caught_tainting("exec", &tainted, async move {
-                sandbox.exec(request, &*sink, cancel).await
+                sandbox.exec_valid(request, &*sink, cancel).await
             })
             .await
         })

@@ -72,6 +72,22 @@ impl std::fmt::Debug for Execute {
     }
 }
 
+/// An execution ([`Execute`] or [`SandboxExec`]) whose sender waits to learn that
+/// its request passed validation: `proven` is sent to once it did, before anything
+/// else may refuse it, and dropped unsent when the request was refused before that
+/// (then the answer is that refusal). The streaming calls use it to answer a request
+/// wrong in itself before its stream begins.
+pub(crate) struct Proven<M> {
+    /// The execution.
+    pub(crate) msg: M,
+    /// Told once the request is validated.
+    pub(crate) proven: tokio::sync::oneshot::Sender<()>,
+}
+
+impl<M: Message> Message for Proven<M> {
+    type Result = M::Result;
+}
+
 /// Cancels a queued or running execution by id, on behalf of `caller`. Answers
 /// whether this call cancelled it (`false` when it is unknown, already finished, or
 /// another tenant's).

@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use paddock_core::{
     CancelToken, Capabilities, Engine, EngineName, Error, ErrorCode, ExecRequest, ExecResult,
     FileEntry, IsolationLevel, OutputSink, ProgramKind, Result, Sandbox, SandboxSpec,
-    SandboxStatus,
+    SandboxStatus, ValidRequest,
 };
 
 /// The no-op engine.
@@ -105,8 +105,13 @@ impl NoopSandbox {
 
     /// Runs an execution synchronously (the future of `exec` never waits).
     pub fn exec_now(&self, request: ExecRequest, cancel: &CancelToken) -> Result<ExecResult> {
+        self.exec_valid_now(ValidRequest::new(request)?, cancel)
+    }
+
+    /// [`exec_now`](Self::exec_now) for a request already validated.
+    pub fn exec_valid_now(&self, request: ValidRequest, cancel: &CancelToken) -> Result<ExecResult> {
         self.live()?;
-        request.validate()?;
+        let request = request.into_inner();
         Ok(ExecResult::empty(
             request.id,
             ExecResult::noop_outcome(cancel),
@@ -156,6 +161,15 @@ impl Sandbox for NoopSandbox {
         cancel: CancelToken,
     ) -> Result<ExecResult> {
         self.exec_now(request, &cancel)
+    }
+
+    async fn exec_valid(
+        &self,
+        request: ValidRequest,
+        _sink: &dyn OutputSink,
+        cancel: CancelToken,
+    ) -> Result<ExecResult> {
+        self.exec_valid_now(request, &cancel)
     }
 
     async fn write_file(&self, path: &str, data: &[u8]) -> Result<()> {

@@ -202,6 +202,11 @@ impl Paddock {
 
     /// Runs one execution and streams its output: chunks as they are produced, then
     /// the final result.
+    ///
+    /// Answers once the request passed validation (its own fields and the
+    /// operator's ceilings): a request wrong in itself is refused here, before any
+    /// stream; a refusal after that (the engine's choice, the policy, the limiter,
+    /// the pool) ends the stream with its error.
     pub async fn execute_stream(&self, msg: Execute) -> Result<ExecutionStream, Error> {
         if let Some(f) = &self.federation {
             return f.execute_stream(msg, None).await;
@@ -211,17 +216,8 @@ impl Paddock {
             .send(Subscribe(msg.request.id.clone()))
             .await
             .map_err(gone)??;
-        let supervisor = self.supervisor.clone();
-        let streamer = self.streamer.clone();
         let id = msg.request.id.clone();
-        let result: PendingResult = Box::pin(async move {
-            let r = supervisor.send(msg).await.map_err(gone)?;
-            if r.is_err() {
-                // Refused before it ran: nothing else will close the stream we opened.
-                let _ = streamer.send(CloseStream(id)).await;
-            }
-            r
-        });
+        let result = when_proven(self.supervisor.clone(), self.streamer.clone(), id, msg).await?;
         Ok(ExecutionStream {
             subscription: Some(subscription),
             result: Some(result),
@@ -484,6 +480,47 @@ impl Paddock {
 }
 
 type PendingResult = Pin<Box<dyn Future<Output = Result<ExecResult, Error>> + Send>>;
+
+/// Sends `msg` to the supervisor and answers once its request passed validation
+/// (see [`Proven`]): the pending result, which the stream ends with, or the
+/// refusal of a request wrong in itself, before any stream. A refused execution's
+/// stream buffer (the one `id`'s subscription opened) is closed.
+async fn when_proven<M>(
+    supervisor: Addr<Supervisor>,
+    streamer: Addr<Streamer>,
+    id: ExecutionId,
+    msg: M,
+) -> Result<PendingResult, Error>
+where
+    M: Message<Result = Result<ExecResult, Error>> + Send + 'static,
+    Supervisor: Handler<Proven<M>>,
+{
+    let (proven, mut validated) = tokio::sync::oneshot::channel();
+    let mut result: PendingResult = Box::pin(async move {
+        let r = supervisor.send(Proven { msg, proven }).await.map_err(gone)?;
+        if r.is_err() {
+            // Refused before it ran: nothing else will close the stream we opened.
+            let _ = streamer.send(CloseStream(id)).await;
+        }
+        r
+    });
+    // The supervisor tells (or drops `proven`) before the execution's future
+    // starts, so once the result is in, whether it passed is known either way.
+    let (passed, done) = tokio::select! {
+        biased;
+        told = &mut validated => (told.is_ok(), None),
+        done = &mut result => (validated.try_recv().is_ok(), Some(done)),
+    };
+    let done = match (passed, done) {
+        (true, None) => return Ok(result),
+        (_, Some(done)) => done,
+        (false, None) => result.await,
+    };
+    match done {
+        Err(e) if !passed => Err(e),
+        done => Ok(Box::pin(std::future::ready(done))),
+    }
+}
 
 /// Output of a streamed execution, then its result.
 pub struct ExecutionStream {

@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use paddock_core::AccessRules;
 use paddock_core::{
     code_hash, unix_ms, CancelToken, EngineName, Error, ErrorCode, ExecRequest, ExecResult,
-    ExecutionId, Limits, Outcome, OutputChunk, OutputSink,
+    ExecutionId, Limits, Outcome, OutputChunk, OutputSink, ValidRequest,
 };
 
 use crate::audit::{Audit, AuditEntry, Record};
@@ -81,10 +81,15 @@ impl Pipeline {
     /// Runs one accepted-or-refused execution to its end, one stage a line. Exactly
     /// one audit entry is recorded for every execution the limiter admitted; a
     /// refusal before that is counted and answered, never audited.
+    ///
+    /// The request comes validated, by [`check_request`](Self::check_request), which
+    /// the supervisor runs before it routes the request (so that a streamed request
+    /// wrong in itself is refused before its stream begins); the proof goes on to
+    /// the engine, which does not validate it again.
     pub(crate) async fn run(
         self: Rc<Self>,
         target: Target,
-        request: ExecRequest,
+        request: ValidRequest,
         engine: EngineName,
         sink: Option<Arc<dyn OutputSink>>,
         traceparent: Option<String>,
@@ -93,7 +98,7 @@ impl Pipeline {
         let (id, tenant) = (request.id.clone(), request.tenant.clone());
         let refused = |e: Error| self.refused(e);
         self.accepting().map_err(refused)?; // not shutting down
-        self.validate(&target, &engine, &request).map_err(refused)?; // the request, the ceilings, the engine's limits
+        self.fits(&target, &engine, &request).map_err(refused)?; // the sandbox's limits, the engine's
         let warnings = self.policy(&request).map_err(refused)?; // the policy's rules
         let permit = self.limit(&tenant).await.map_err(refused)?; // the limiter's permit
         let share = self.share(&target, &tenant).map_err(refused)?; // the tenant's pool slot
@@ -132,18 +137,20 @@ impl Pipeline {
         Ok(())
     }
 
-    /// The request is well formed, within the operator's ceilings (and, in a
-    /// sandbox, within the sandbox's own limits), and asks for no limit the engine
-    /// cannot enforce. (The engine checks the rest of what only it
-    /// knows, and limits merged with its own defaults.)
-    fn validate(
-        &self,
-        target: &Target,
-        engine: &EngineName,
-        request: &ExecRequest,
-    ) -> Result<(), Error> {
-        request.validate()?;
-        paddock_core::tenancy::check_ceilings(&self.ceilings, &request.limits, "limits")?;
+    /// The one validation of a request on the scheduler's path: the request's own
+    /// fields ([`ValidRequest::new`], by `ExecRequest::validate`) and the operator's
+    /// ceilings. The proof it answers travels to the engine.
+    pub(crate) fn check_request(&self, request: ExecRequest) -> Result<ValidRequest, Error> {
+        let valid = ValidRequest::new(request)?;
+        paddock_core::tenancy::check_ceilings(&self.ceilings, &valid.limits, "limits")?;
+        Ok(valid)
+    }
+
+    /// The validated request fits where it runs: in a sandbox, within the
+    /// sandbox's own limits, and it asks for no limit the engine cannot enforce.
+    /// (The engine checks the rest of what only it knows, and limits merged with
+    /// its own defaults.)
+    fn fits(&self, target: &Target, engine: &EngineName, request: &ExecRequest) -> Result<(), Error> {
         if let Target::Session(session) = target {
             // What the sandbox runs with: its own limits, and where it set none of
             // its memory, pids or CPU, the defaults its engine gave it.
@@ -289,7 +296,7 @@ impl Pipeline {
     pub(crate) async fn run_accepted(
         self: Rc<Self>,
         target: Target,
-        request: ExecRequest,
+        request: ValidRequest,
         engine: EngineName,
         sink: Option<Arc<dyn OutputSink>>,
         token: CancelToken,
@@ -321,8 +328,7 @@ impl Pipeline {
         let from = match target {
             Target::Session(session) => {
                 let _busy = Busy::running(session.clone(), request.id.clone(), token.clone());
-                let mut request = request;
-                request.limits = request.limits.or(&session.limits);
+                let request = request.or_limits(&session.limits)?;
                 let limits = request.limits.clone().or(&self.defaults);
                 let grace = Duration::from_millis(session.lease.pool_config().watchdog_grace_ms);
                 return noted(run_on(&session.lease, request, tee, token, &limits, grace).await);
@@ -332,7 +338,7 @@ impl Pipeline {
         };
         let (pool, lease) = match self.pooled_lease(from, &request, &token).await {
             Ok(Some(held)) => held,
-            Ok(None) => return Ok(cancelled_result(request.id, engine)),
+            Ok(None) => return Ok(cancelled_result(request.id.clone(), engine)),
             Err(e) => return Err(e),
         };
         let limits = request.limits.clone().or(&self.defaults);
@@ -426,7 +432,7 @@ impl Pipeline {
 /// Runs on a leased instance, with a watchdog in case the engine ignores its deadline.
 pub(crate) async fn run_on(
     lease: &Lease,
-    request: ExecRequest,
+    request: ValidRequest,
     sink: Arc<dyn OutputSink>,
     cancel: CancelToken,
     limits: &Limits,

@@ -206,6 +206,18 @@ fn a_fleet_runs_streams_cancels_and_replays_through_any_node() {
         );
     }
 
+    // A request wrong in itself is refused by the accepting node's admission (the
+    // handler does not validate it), before any stream begins.
+    for path in ["/v1/executions?stream=true", "/v1/executions"] {
+        let (status, body) = http.post(
+            &format!("{}{path}", gateway.url),
+            &json!({"program": {"command": ["true"]}, "limits": {"timeout_ms": 0}}),
+            &[("authorization", &alice)],
+        );
+        assert_eq!(status, 400, "{path}: {body}");
+        assert_eq!(body["error"]["code"], "INVALID_OPTIONS", "{path}: {body}");
+    }
+
     // Cancel from a third node: accepted by the gateway, running on a worker,
     // cancelled through the other worker.
     let (tx, rx) = std::sync::mpsc::channel();

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use paddock_core::ValidRequest;
 use paddock_core::{
     unix_ms, CancelToken, Error, ErrorCode, ExecRequest, ExecResult, Language, Limits, Outcome,
     OutputSink, Program, Result, StreamKind, Timings, Usage,
@@ -93,16 +94,18 @@ impl ContainerSandbox {
         file.write_all(source.as_bytes())
     }
 
+    /// Runs a validated request (the proof made by the scheduler, or by
+    /// [`Sandbox::exec`](paddock_core::Sandbox::exec) for a direct caller).
     pub(super) async fn run(
         &self,
-        request: ExecRequest,
+        request: ValidRequest,
         sink: &dyn OutputSink,
         cancel: CancelToken,
     ) -> Result<ExecResult> {
         let queued_at_ms = unix_ms();
         let _op = self.enter()?;
         self.refuse_if_paused()?;
-        request.validate()?;
+        let request = request.into_inner();
         self.engine
             .caps
             .check_program(&self.engine.name, request.program.kind())?;

@@ -49,7 +49,7 @@ use async_trait::async_trait;
 use paddock_core::{
     CancelToken, Capabilities, Engine, EngineName, Error, ErrorCode, ExecRequest, ExecResult,
     IsolateConfig, IsolationLevel, Language, Limits, Program, ProgramKind, Result, Sandbox,
-    SandboxSpec,
+    SandboxSpec, ValidRequest,
 };
 
 pub use modules::{HostFn, HostModules};
@@ -96,8 +96,11 @@ impl EngineInner {
 
     /// The program as the isolate runs it and the limits it runs under, or why it
     /// cannot run.
-    fn prepare(&self, request: &ExecRequest, base: &Limits) -> Result<(worker::JsProgram, Limits)> {
-        request.validate()?;
+    fn prepare(
+        &self,
+        request: &ValidRequest,
+        base: &Limits,
+    ) -> Result<(worker::JsProgram, Limits)> {
         let program = self.js_program(request)?;
         Ok((program, request.limits.or(base)))
     }
@@ -236,7 +239,9 @@ impl IsolateEngine {
     /// no streaming (output comes back in the result). Blocks until the script ends
     /// or its deadline passes, so call it where blocking is fine.
     pub fn run_blocking(&self, request: ExecRequest) -> Result<ExecResult> {
+        let request = ValidRequest::new(request)?;
         let (program, limits) = self.inner.prepare(&request, &self.inner.defaults)?;
+        let request = request.into_inner();
         let (events, _dropped) = tokio::sync::mpsc::channel(1);
         let control = Arc::new(std::sync::atomic::AtomicU8::new(0));
         let job = sandbox::new_job(

@@ -12,8 +12,8 @@ use paddock_core::exec::unix_ms;
 use paddock_core::lifecycle::{Lifecycle, Teardown};
 use paddock_core::spin::Spin;
 use paddock_core::{
-    CancelToken, EngineName, Error, ErrorCode, ExecRequest, ExecResult, LimitKind, Limits, Outcome,
-    OutputSink, Result, SandboxSpec, Timings, Usage,
+    CancelToken, EngineName, Error, ErrorCode, ExecResult, LimitKind, Limits, Outcome, OutputSink,
+    Result, SandboxSpec, Timings, Usage, ValidRequest,
 };
 use tokio::sync::{mpsc, oneshot, Mutex};
 
@@ -213,12 +213,13 @@ impl IsolateSandbox {
     /// [`Sandbox::exec`](paddock_core::Sandbox::exec)).
     async fn run(
         &self,
-        request: ExecRequest,
+        request: ValidRequest,
         sink: &dyn OutputSink,
         cancel: CancelToken,
     ) -> Result<ExecResult> {
         let _op = self.enter()?;
         let (program, limits) = self.engine.prepare(&request, &self.limits)?;
+        let request = request.into_inner();
         let queued_at_ms = unix_ms();
         let _run = self.run_lock.lock().await;
         if self.stuck.load(Ordering::Acquire) {

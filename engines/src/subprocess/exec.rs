@@ -3,6 +3,7 @@
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::Ordering;
 
+use paddock_core::ValidRequest;
 use paddock_core::{
     unix_ms, CancelToken, EngineName, Error, ErrorCode, ExecRequest, ExecResult, Language,
     LimitKind, Limits, Outcome, OutputSink, Program, Result, StreamKind, Timings, Usage,
@@ -66,15 +67,17 @@ impl Drop for ChildGuard {
 }
 
 impl SubprocessSandbox {
+    /// Runs a validated request (the proof made by the scheduler, or by
+    /// [`Sandbox::exec`](paddock_core::Sandbox::exec) for a direct caller).
     pub(super) async fn run(
         &self,
-        request: ExecRequest,
+        request: ValidRequest,
         sink: &dyn OutputSink,
         cancel: CancelToken,
     ) -> Result<ExecResult> {
         let queued_at_ms = unix_ms();
         let _op = self.enter()?;
-        request.validate()?;
+        let request = request.into_inner();
         self.engine
             .caps
             .check_program(&EngineName::SUBPROCESS, request.program.kind())?;

@@ -662,3 +662,30 @@ async fn an_abandoned_execution_is_stopped_not_left_running() {
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     sb.destroy().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_validates_a_plain_request_and_exec_valid_trusts_its_proof() {
+    use paddock_core::{ValidRequest, ValidationProbe};
+    let sb = sandbox().await;
+    let r = js("console.log('hi')");
+    let probe = ValidationProbe::watch(&r.id);
+    assert_eq!(run(&*sb, r).await.stdout, "hi\n");
+    assert_eq!(probe.count(), 1, "a direct caller's request is validated");
+
+    let r = js("console.log('hi')");
+    let probe = ValidationProbe::watch(&r.id);
+    let valid = ValidRequest::new(r).unwrap();
+    let out = sb
+        .exec_valid(valid, &DiscardSink, CancelToken::new())
+        .await
+        .unwrap();
+    assert_eq!(out.stdout, "hi\n");
+    assert_eq!(probe.count(), 1, "the proof's validation, and no other");
+
+    let e = sb
+        .exec(js("1").with_timeout_ms(0), &DiscardSink, CancelToken::new())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::InvalidOptions);
+    sb.destroy().await.unwrap();
+}

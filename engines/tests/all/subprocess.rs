@@ -869,3 +869,32 @@ async fn a_home_that_would_hide_the_engines_own_files_is_refused() {
         sb.unwrap().destroy().await.unwrap();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_validates_a_plain_request_and_exec_valid_trusts_its_proof() {
+    use paddock_core::{ValidRequest, ValidationProbe};
+    let sb = sandbox(SandboxSpec::default()).await;
+    let r = sh("echo hi");
+    let probe = ValidationProbe::watch(&r.id);
+    assert_eq!(run(&*sb, r).await.stdout, "hi\n");
+    assert_eq!(probe.count(), 1, "a direct caller's request is validated");
+
+    let r = sh("echo hi");
+    let probe = ValidationProbe::watch(&r.id);
+    let valid = ValidRequest::new(r).unwrap();
+    let out = sb
+        .exec_valid(valid, &DiscardSink, CancelToken::new())
+        .await
+        .unwrap();
+    assert_eq!(out.stdout, "hi\n");
+    assert_eq!(probe.count(), 1, "the proof's validation, and no other");
+
+    let mut wrong = sh("true");
+    wrong.env.insert("A=B".into(), "x".into());
+    let e = sb
+        .exec(wrong, &DiscardSink, CancelToken::new())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::InvalidOptions);
+    sb.destroy().await.unwrap();
+}

@@ -53,9 +53,9 @@ pub(super) async fn create_execution(
     let body: ExecBody = parse_body(&state, payload).await?;
     let on_node_loss = body.on_node_loss;
     let (request, engine, network, level) = body.into_request(tenant.clone());
-    // A request wrong in itself is answered 400 before anything starts, so that with
-    // `?stream=true` too it is a refusal, not a 200 with an `error` line.
-    request.validate()?;
+    // Validated once, by the scheduler: a request wrong in itself is answered 400
+    // before anything starts, with `?stream=true` too (`execute_stream` answers once
+    // the request passed, and the fleet's admission checks it before any stream).
     let mut msg = Execute::new(request);
     msg.engine = engine;
     msg.network = network;
@@ -156,14 +156,17 @@ async fn federated_execution(
     Ok(answer_json(&state, &answer))
 }
 
-/// Records a finished execution's answer; a refusal worth retrying is not kept.
+/// Records an execution's answer for lookups by id and its idempotency key; a
+/// refusal to retry, or of a request wrong in itself (which the client fixes and
+/// sends again), is answered but not kept.
 pub(super) fn record(
     state: &State,
     id: &ExecutionId,
     tx: tokio::sync::watch::Sender<Option<Answer>>,
     answer: Answer,
 ) {
-    if answer.as_ref().as_ref().is_err_and(retryable) {
+    let forgotten = |e: &Error| retryable(e) || e.code == ErrorCode::InvalidOptions;
+    if answer.as_ref().as_ref().is_err_and(forgotten) {
         state.results.finish_and_forget(id, tx, answer);
     } else {
         state.results.finish(id, tx, answer);

@@ -155,8 +155,8 @@ pub(super) async fn sandbox_exec(
     let body: ExecBody = parse_body(&state, payload).await?;
     // Accounted to the sandbox's tenant.
     let (request, _, _, _) = body.into_request(None);
-    // Wrong in itself: 400 before anything starts, streamed or not.
-    request.validate()?;
+    // Wrong in itself: 400 before anything starts, streamed or not (the scheduler
+    // validates it, and `exec_stream` answers once it passed).
     if query.stream {
         let id = request.id.clone();
         let stream = handle.exec_stream(request).await?;

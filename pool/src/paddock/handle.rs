@@ -5,9 +5,9 @@ use paddock_core::{Error, ExecRequest, ExecResult, FileEntry, SandboxStatus};
 
 use crate::caller::Caller;
 use crate::messages::*;
-use crate::streamer::{CloseStream, Subscribe};
+use crate::streamer::Subscribe;
 
-use super::{gone, ExecutionStream, Paddock, PendingResult};
+use super::{gone, when_proven, ExecutionStream, Paddock};
 
 /// A sandbox session, opened with [`Paddock::open_sandbox`] or looked up with
 /// [`Paddock::sandbox`]. Every call through it runs on behalf of the caller it was
@@ -46,7 +46,9 @@ impl SandboxHandle {
     }
 
     /// Runs an execution in the session and streams its output: chunks as they are
-    /// produced, then the result.
+    /// produced, then the result. Answers once the request passed validation, as
+    /// [`Paddock::execute_stream`] does: a request wrong in itself is refused here,
+    /// before any stream.
     pub async fn exec_stream(&self, request: ExecRequest) -> Result<ExecutionStream, Error> {
         let subscription = self
             .paddock
@@ -54,8 +56,6 @@ impl SandboxHandle {
             .send(Subscribe(request.id.clone()))
             .await
             .map_err(gone)??;
-        let supervisor = self.paddock.supervisor.clone();
-        let streamer = self.paddock.streamer.clone();
         let id = request.id.clone();
         let msg = SandboxExec {
             caller: self.caller.clone(),
@@ -63,14 +63,8 @@ impl SandboxHandle {
             request,
             sink: None,
         };
-        let result: PendingResult = Box::pin(async move {
-            let r = supervisor.send(msg).await.map_err(gone)?;
-            if r.is_err() {
-                // Refused before it ran: nothing else will close the stream we opened.
-                let _ = streamer.send(CloseStream(id)).await;
-            }
-            r
-        });
+        let (supervisor, streamer) = (&self.paddock.supervisor, &self.paddock.streamer);
+        let result = when_proven(supervisor.clone(), streamer.clone(), id, msg).await?;
         Ok(ExecutionStream::from_parts(subscription, result))
     }
 

@@ -15,10 +15,42 @@ impl Handler<Execute> for Supervisor {
     type Result = ResponseFuture<Result<ExecResult, Error>>;
 
     fn handle(&mut self, msg: Execute, _ctx: &mut Self::Context) -> Self::Result {
-        if let paddock_core::Program::Resume { token_id, .. } = &msg.request.program {
+        self.execute(msg, None)
+    }
+}
+
+impl Handler<Proven<Execute>> for Supervisor {
+    type Result = ResponseFuture<Result<ExecResult, Error>>;
+
+    fn handle(&mut self, msg: Proven<Execute>, _ctx: &mut Self::Context) -> Self::Result {
+        self.execute(msg.msg, Some(msg.proven))
+    }
+}
+
+impl Supervisor {
+    /// Routes one execution to its pool (or, for a resume, to the instance its
+    /// execution suspended on) and runs it through the pipeline. The request is
+    /// validated first, once ([`Pipeline::check_request`](crate::pipeline::Pipeline::check_request)),
+    /// and `proven` told so before anything else can refuse it.
+    fn execute(
+        &mut self,
+        msg: Execute,
+        proven: Option<tokio::sync::oneshot::Sender<()>>,
+    ) -> ResponseFuture<Result<ExecResult, Error>> {
+        let request = match self.pipeline.check_request(msg.request) {
+            Ok(valid) => valid,
+            Err(e) => {
+                let e = self.refuse(e);
+                return Box::pin(async move { Err(e) });
+            }
+        };
+        if let Some(proven) = proven {
+            let _ = proven.send(());
+        }
+        if let paddock_core::Program::Resume { token_id, .. } = &request.program {
             // A resume goes to the instance its execution suspended on.
             let parking = self.pipeline.parking.borrow();
-            let routed = match parking.pool_of(&msg.request.tenant, token_id) {
+            let routed = match parking.pool_of(&request.tenant, token_id) {
                 Some(pool) if msg.engine.is_some_and(|e| e != pool.kind) => Err(Error::invalid_options(
                     "engine",
                     format!(
@@ -27,7 +59,7 @@ impl Handler<Execute> for Supervisor {
                     ),
                 )),
                 Some(pool) => Ok(pool),
-                None => Err(parking.not_found_error(&msg.request.tenant, token_id)),
+                None => Err(parking.not_found_error(&request.tenant, token_id)),
             };
             drop(parking);
             return match routed {
@@ -35,7 +67,7 @@ impl Handler<Execute> for Supervisor {
                     let kind = pool.kind.clone();
                     Box::pin(self.pipeline.clone().run(
                         Target::Parked,
-                        msg.request,
+                        request,
                         kind,
                         msg.sink,
                         msg.traceparent,
@@ -47,28 +79,15 @@ impl Handler<Execute> for Supervisor {
                 }
             };
         }
-        // An execution's own disk quota picks (or makes) a pool of its own: checked
-        // first, so a refused request never makes or replaces one.
-        let disk = DiskKey::of(&msg.request.limits);
-        if !disk.is_default() {
-            let checked = msg.request.limits.validate("limits", false).and_then(|()| {
-                paddock_core::tenancy::check_ceilings(
-                    &self.pipeline.ceilings,
-                    &msg.request.limits,
-                    "limits",
-                )
-            });
-            if let Err(e) = checked {
-                let e = self.refuse(e);
-                return Box::pin(async move { Err(e) });
-            }
-        }
-        let tenant = msg.request.tenant.clone();
+        // An execution's own disk quota picks (or makes) a pool of its own: its
+        // limits were checked above, so a refused request never makes or replaces one.
+        let disk = DiskKey::of(&request.limits);
+        let tenant = request.tenant.clone();
         let prepared = self
             .allowed_pool(
                 msg.engine,
                 msg.level,
-                Runs::Program(msg.request.program.kind()),
+                Runs::Program(request.program.kind()),
                 &msg.network,
                 disk,
                 None,
@@ -77,7 +96,7 @@ impl Handler<Execute> for Supervisor {
             .and_then(|pool| {
                 let caps = pool.engine().capabilities();
                 caps.check_level(&pool.kind, msg.level)?;
-                caps.check_program(&pool.kind, msg.request.program.kind())?;
+                caps.check_program(&pool.kind, request.program.kind())?;
                 Ok(pool)
             });
         let pool = match prepared {
@@ -91,7 +110,7 @@ impl Handler<Execute> for Supervisor {
         let kind = pool.kind.clone();
         Box::pin(pipeline.run(
             Target::Pool(pool),
-            msg.request,
+            request,
             kind,
             msg.sink,
             msg.traceparent,

@@ -190,6 +190,27 @@ impl Handler<SandboxExec> for Supervisor {
     type Result = ResponseFuture<Result<ExecResult, Error>>;
 
     fn handle(&mut self, msg: SandboxExec, _ctx: &mut Self::Context) -> Self::Result {
+        self.sandbox_exec(msg, None)
+    }
+}
+
+impl Handler<Proven<SandboxExec>> for Supervisor {
+    type Result = ResponseFuture<Result<ExecResult, Error>>;
+
+    fn handle(&mut self, msg: Proven<SandboxExec>, _ctx: &mut Self::Context) -> Self::Result {
+        self.sandbox_exec(msg.msg, Some(msg.proven))
+    }
+}
+
+impl Supervisor {
+    /// Runs one execution in a session: the session found for the caller, the
+    /// request validated once ([`Pipeline::check_request`](crate::pipeline::Pipeline::check_request),
+    /// `proven` told so), then the pipeline on the session's lease.
+    fn sandbox_exec(
+        &mut self,
+        msg: SandboxExec,
+        proven: Option<tokio::sync::oneshot::Sender<()>>,
+    ) -> ResponseFuture<Result<ExecResult, Error>> {
         let session = match self.session_for(&msg.caller, &msg.sandbox) {
             Ok(s) => s,
             Err(e) => return Box::pin(async move { Err(e) }),
@@ -197,6 +218,16 @@ impl Handler<SandboxExec> for Supervisor {
         let mut request = msg.request;
         if request.tenant.is_none() {
             request.tenant = session.tenant.clone();
+        }
+        let request = match self.pipeline.check_request(request) {
+            Ok(valid) => valid,
+            Err(e) => {
+                let e = self.refuse(e);
+                return Box::pin(async move { Err(e) });
+            }
+        };
+        if let Some(proven) = proven {
+            let _ = proven.send(());
         }
         let engine = session.engine.clone();
         let pipeline = self.pipeline.clone();

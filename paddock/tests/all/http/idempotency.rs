@@ -184,3 +184,31 @@ async fn results_and_keys_are_kept_for_the_retention_only() {
     assert_ne!(again["id"], first["id"]);
     t.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_wrong_in_itself_does_not_take_its_key() {
+    let t = TestServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let counter = dir.path().join("counter");
+    let mut wrong = counting(&counter, "0");
+    wrong["limits"] = json!({"timeout_ms": 0});
+    for stream in [false, true] {
+        let key = format!("fixed-{stream}");
+        let path = if stream {
+            "/v1/executions?stream=true"
+        } else {
+            "/v1/executions"
+        };
+        let r = Request::post(path)
+            .header("Idempotency-Key", &key)
+            .json(&wrong)
+            .send(t.addr)
+            .await;
+        r.expect_error(400, "INVALID_OPTIONS");
+        // Corrected, with the same key: it runs.
+        let r = keyed(&key, &counting(&counter, "0")).send(t.addr).await;
+        assert_eq!(r.expect(200)["outcome"], "completed");
+    }
+    assert_eq!(lines(&counter), 2, "each corrected request ran once");
+    t.stop().await;
+}

@@ -135,3 +135,41 @@ async fn binary_output_streams_losslessly() {
     );
     t.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_execution_is_validated_once_streamed_or_not() {
+    let t = TestServer::start();
+    let tenant = format!("once-{}", paddock_core::ExecutionId::new());
+    let probe = paddock_core::ValidationProbe::watch_tenant(&tenant);
+    let r = Request::post("/v1/executions")
+        .header("X-Paddock-Tenant", &tenant)
+        .json(&sh("echo hi"))
+        .send(t.addr)
+        .await;
+    assert_eq!(r.expect(200)["stdout"], "hi\n");
+    assert_eq!(probe.count(), 1, "validated by the scheduler alone");
+
+    let mut s = Request::post("/v1/executions?stream=true")
+        .header("X-Paddock-Tenant", &tenant)
+        .json(&sh("echo hi"))
+        .stream(t.addr)
+        .await;
+    assert_eq!(s.status, 200);
+    let mut last = None;
+    while let Some((_, line)) = s.next_line().await {
+        last = Some(line);
+    }
+    let last = last.expect("lines");
+    assert_eq!(last["type"], "result", "{last}");
+    assert_eq!(probe.count(), 2, "a streamed one too: once");
+
+    // Refused before its stream, by that one validation.
+    let r = Request::post("/v1/executions?stream=true")
+        .header("X-Paddock-Tenant", &tenant)
+        .json(&json!({"program": {"command": ["true"]}, "limits": {"timeout_ms": 0}}))
+        .send(t.addr)
+        .await;
+    r.expect_error(400, "INVALID_OPTIONS");
+    assert_eq!(probe.count(), 3);
+    t.stop().await;
+}

@@ -9,3 +9,4 @@ mod memory;
 mod panics;
 mod suspend;
 mod tenancy;
+mod validation;
