@@ -13,31 +13,9 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::harness::*;
-use crate::{bearer, turn, wait_up, ADMIN, ALICE, BOB, FAST, KEYS};
-
-/// The header a forwarding node sets: a request carrying it is answered by the
-/// node it reaches (the tests use it to open a sandbox on a chosen node, and to
-/// ask one node about its own sandboxes).
-pub const HERE: (&str, &str) = ("x-paddock-forwarded", "test");
 
 type Socket =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
-
-/// Opens a sandbox of `key`'s tenant on `node` itself.
-pub fn open_on(http: &Http, node: &Node, key: &str) -> String {
-    open_with(http, node, &bearer(key))
-}
-
-/// [`open_on`], with the `authorization` header `auth` (empty: none).
-pub fn open_with(http: &Http, node: &Node, auth: &str) -> String {
-    let (s, r) = http.post(
-        &format!("{}/v1/sandboxes", node.url),
-        &json!({"engine": "subprocess"}),
-        &[("authorization", auth), HERE],
-    );
-    assert_eq!(s, 201, "{r}");
-    r["id"].as_str().expect("a sandbox id").to_string()
-}
 
 /// The nodes that hold sandbox `id` themselves.
 fn owners(http: &Http, nodes: &[&Node], id: &str) -> Vec<String> {
@@ -85,41 +63,6 @@ async fn read_until(socket: &mut Socket, tagged: bool, done: impl Fn(&str) -> bo
         }
     }
     String::from_utf8_lossy(&got).into_owned()
-}
-
-/// Calls on sandbox `id`, whose node is gone, through each of `nodes` until they
-/// answer `NODE_LOST`: every answer on the way is a typed error (`FLEET_UNAVAILABLE`
-/// while the node is only late), given at once.
-pub fn answer_lost(http: &Http, nodes: &[&Node], id: &str, auth: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut lost = 0;
-    while lost < nodes.len() {
-        lost = 0;
-        for node in nodes {
-            let asked = Instant::now();
-            let (s, r) = http.post(
-                &format!("{}/v1/sandboxes/{id}/exec", node.url),
-                &json!({"program": {"command": ["true"]}}),
-                &[("authorization", auth)],
-            );
-            let took = asked.elapsed();
-            let code = r["error"]["code"].as_str().unwrap_or("");
-            assert!(
-                matches!((s, code), (502, "NODE_LOST") | (503, "FLEET_UNAVAILABLE")),
-                "sandbox {id} through {}: {s} {r}",
-                node.id
-            );
-            assert!(took < Duration::from_secs(15), "answered after {took:?}");
-            if code == "NODE_LOST" {
-                lost += 1;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "sandbox {id}: no NODE_LOST from every node within 30 s"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }
 
 const LISTENER: &str = r#"
