@@ -9,7 +9,10 @@ use std::io::BufReader;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt;
 use serde_json::{json, Value};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::Message;
 
 /// The `nats-server` to run (`paddock_testkit::nats_server`: `PADDOCK_NATS_SERVER`,
 /// else the pinned one it installs into the target directory on first use); the test
@@ -178,6 +181,43 @@ pub fn answer_lost<N: FleetNode>(http: &Http, nodes: &[&N], id: &str, auth: &str
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// A WebSocket to a node (a terminal's or a process's attach, a TCP stream).
+pub type Socket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// Opens the WebSocket at `path` of `url` as `key`'s tenant.
+pub async fn connect(url: &str, path: &str, key: &str) -> Socket {
+    let ws = url.replacen("http://", "ws://", 1);
+    let mut req = format!("{ws}{path}").into_client_request().unwrap();
+    req.headers_mut()
+        .insert("authorization", bearer(key).parse().unwrap());
+    let (socket, response) = tokio_tungstenite::connect_async(req)
+        .await
+        .unwrap_or_else(|e| panic!("upgrade of {path}: {e}"));
+    assert_eq!(response.status().as_u16(), 101);
+    socket
+}
+
+/// Reads binary messages until `done` holds for what came (attach messages carry a
+/// stream tag first; `tagged` strips it), or the socket closes.
+pub async fn read_until(socket: &mut Socket, tagged: bool, done: impl Fn(&str) -> bool) -> String {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut got = Vec::new();
+    while !done(&String::from_utf8_lossy(&got)) {
+        let next = tokio::time::timeout_at(deadline, socket.next())
+            .await
+            .unwrap_or_else(|_| panic!("waited 20 s; got {:?}", String::from_utf8_lossy(&got)));
+        match next {
+            Some(Ok(Message::Binary(b))) if tagged => got.extend_from_slice(&b[1..]),
+            Some(Ok(Message::Binary(b))) => got.extend_from_slice(&b),
+            Some(Ok(Message::Close(_))) | None => break,
+            Some(Ok(_)) => {}
+            Some(Err(e)) => panic!("socket error: {e}"),
+        }
+    }
+    String::from_utf8_lossy(&got).into_owned()
 }
 
 /// Every descendant of `pid` (by `/proc/*/stat` parent links).
@@ -408,7 +448,6 @@ impl Look {
     }
 
     fn try_audit_counts(&self) -> Result<std::collections::HashMap<String, usize>, String> {
-        use futures_util::StreamExt;
         self.rt.block_on(async {
             let stream = self
                 .js
@@ -467,7 +506,6 @@ impl Look {
 
     /// Every key of bucket `P_<bucket>` with its value as JSON.
     pub fn values(&self, bucket: &str) -> std::collections::BTreeMap<String, Value> {
-        use futures_util::StreamExt;
         self.rt.block_on(async {
             let kv = self
                 .js

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use paddock::core::PaddockConfig;
 use paddock_fleet::local::{LocalCluster, LocalServer};
 pub use paddock_testkit::fleet::*;
 
@@ -47,15 +48,25 @@ impl Cluster {
 }
 
 /// One node, in this process: a thread with its own runtime (two workers, as
-/// `paddock serve` has) running a `paddock::node::Node` until the node is dropped.
+/// `paddock serve` has) running a `paddock::node::Node` until the node is killed
+/// or dropped.
 pub struct Node {
     pub id: String,
     pub url: String,
+    config: PaddockConfig,
     /// Where its subprocess engine makes its sandboxes' workdirs: what runs there
     /// is this node's.
     work: PathBuf,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    end: Option<tokio::sync::oneshot::Sender<End>>,
     thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// How a node's thread ends it.
+enum End {
+    /// Gracefully: it leaves the fleet.
+    Stop,
+    /// As a process killed with SIGKILL looks to the fleet: see [`Node::kill`].
+    Crash,
 }
 
 impl Node {
@@ -78,35 +89,69 @@ impl Node {
             urls_toml.join(", "),
             work.display()
         );
-        let mut config = paddock::core::PaddockConfig::from_toml_str(&text).expect("a node config");
+        let mut config = PaddockConfig::from_toml_str(&text).expect("a node config");
         config.server.listen = "127.0.0.1:0".into();
-        let (stop, stopped) = tokio::sync::oneshot::channel();
-        let (started, url) = mpsc::channel();
-        let thread = std::thread::Builder::new()
-            .name(format!("node-{id}"))
-            .spawn(move || run(config, started, stopped))
-            .expect("the node's thread");
-        let url = match url.recv() {
-            Ok(Ok(url)) => url,
-            Ok(Err(e)) => panic!("node {id} did not start: {e}"),
-            Err(_) => panic!("node {id} did not start: its thread ended"),
-        };
-        Node {
+        let mut node = Node {
             id: id.to_string(),
-            url,
+            url: String::new(),
+            config,
             work,
-            stop: Some(stop),
-            thread: Some(thread),
+            end: None,
+            thread: None,
+        };
+        node.spawn();
+        node
+    }
+
+    fn spawn(&mut self) {
+        let (end, ended) = tokio::sync::oneshot::channel();
+        let (started, url) = mpsc::channel();
+        let config = self.config.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("node-{}", self.id))
+            .spawn(move || run(config, started, ended))
+            .expect("the node's thread");
+        self.url = match url.recv() {
+            Ok(Ok(url)) => url,
+            Ok(Err(e)) => panic!("node {} did not start: {e}", self.id),
+            Err(_) => panic!("node {} did not start: its thread ended", self.id),
+        };
+        self.end = Some(end);
+        self.thread = Some(thread);
+    }
+
+    fn end(&mut self, how: End) {
+        if let Some(end) = self.end.take() {
+            let _ = end.send(how);
         }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+
+    /// The node dies as a process killed with SIGKILL does, as far as the fleet
+    /// can tell: its runtime is dropped at once, with every task of its fleet
+    /// membership (heartbeats, work consumers, leases) and its NATS connection,
+    /// which closes with no last word; then, the connection gone, its scheduler is
+    /// shut down with no drain (its programs and sandboxes killed) and its HTTP
+    /// server stopped, so that its address answers nothing.
+    pub fn kill(&mut self) {
+        self.end(End::Crash);
+    }
+
+    /// Starts it again with the same id and config (a new incarnation).
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
     }
 }
 
-/// The node's thread: starts it, says where it listens, and stops it (gracefully,
-/// leaving the fleet, with no drain) when told to or when its handle is dropped.
+/// The node's thread: starts it, says where it listens, and ends it when told to
+/// (or when its handle is dropped: gracefully, leaving the fleet, with no drain).
 fn run(
-    config: paddock::core::PaddockConfig,
+    config: PaddockConfig,
     started: mpsc::Sender<Result<String, String>>,
-    stopped: tokio::sync::oneshot::Receiver<()>,
+    ended: tokio::sync::oneshot::Receiver<End>,
 ) {
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -119,27 +164,41 @@ fn run(
             return;
         }
     };
-    rt.block_on(async move {
+    let crashed = rt.block_on(async move {
         let node = match paddock::node::Node::start(config).await {
             Ok(node) => node,
             Err(e) => {
                 let _ = started.send(Err(e.to_string()));
-                return;
+                return None;
             }
         };
         let _ = started.send(Ok(format!("http://{}", node.local_addr())));
-        let _ = stopped.await;
-        let _ = node.stop(Duration::ZERO).await;
+        match ended.await {
+            Ok(End::Crash) => Some(node),
+            Ok(End::Stop) | Err(_) => {
+                let _ = node.stop(Duration::ZERO).await;
+                None
+            }
+        }
     });
+    // Its fleet's tasks and NATS connection end here.
     rt.shutdown_timeout(Duration::from_secs(5));
+    if let Some(node) = crashed {
+        // What is left: its leaving says nothing to a fleet it has no connection
+        // to any more, and its scheduler and server stop.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        rt.block_on(async {
+            let _ = tokio::time::timeout(Duration::from_secs(30), node.stop(Duration::ZERO)).await;
+        });
+    }
 }
 
 impl Drop for Node {
     fn drop(&mut self) {
-        drop(self.stop.take());
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.end(End::Stop);
     }
 }
 
