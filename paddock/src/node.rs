@@ -8,13 +8,14 @@
 //! in one process as it likes, each with its own config and listener:
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), paddock::node::NodeError> {
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let mut config = paddock::core::PaddockConfig::default();
 //! config.server.listen = "127.0.0.1:0".into();
 //! let node = paddock::node::Node::start(config).await?;
 //! println!("serving on http://{}", node.local_addr());
 //! let drain = node.drain();
-//! node.stop(drain).await?;
+//! let report = node.stop(drain).await?;
+//! println!("{} sandboxes destroyed", report.sandboxes_destroyed);
 //! # Ok(()) }
 //! ```
 
