@@ -1,6 +1,6 @@
 //! The fleet's tests, shared by the fleet's own (`fleet/tests/all`, nodes in the test
 //! process) and the binary's (`cli/tests/fleet`, nodes as `paddock serve`
-//! processes, for the tests whose point is the loss of a node's process): an HTTP
+//! processes, for what only a process shows: SIGKILL under load, SIGSTOP): an HTTP
 //! client, a look at the fleet's state on NATS, the tenants' keys and the calls the
 //! tests make through any node ([`FleetNode`]).
 

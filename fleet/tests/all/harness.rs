@@ -111,13 +111,22 @@ impl Node {
             .name(format!("node-{}", self.id))
             .spawn(move || run(config, started, ended))
             .expect("the node's thread");
+        // Set first, so that a node that fails the checks below is stopped too.
+        self.end = Some(end);
+        self.thread = Some(thread);
         self.url = match url.recv() {
-            Ok(Ok(url)) => url,
+            Ok(Ok((url, joined))) => {
+                assert_eq!(
+                    joined.as_deref(),
+                    Some(self.id.as_str()),
+                    "node {} joined",
+                    self.id
+                );
+                url
+            }
             Ok(Err(e)) => panic!("node {} did not start: {e}", self.id),
             Err(_) => panic!("node {} did not start: its thread ended", self.id),
         };
-        self.end = Some(end);
-        self.thread = Some(thread);
     }
 
     fn end(&mut self, how: End) {
@@ -150,7 +159,7 @@ impl Node {
 /// (or when its handle is dropped: gracefully, leaving the fleet, with no drain).
 fn run(
     config: PaddockConfig,
-    started: mpsc::Sender<Result<String, String>>,
+    started: mpsc::Sender<Result<(String, Option<String>), String>>,
     ended: tokio::sync::oneshot::Receiver<End>,
 ) {
     let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -172,7 +181,11 @@ fn run(
                 return None;
             }
         };
-        let _ = started.send(Ok(format!("http://{}", node.local_addr())));
+        // The membership `paddock` composed is this crate's `Fleet`: one
+        // `paddock-fleet` in this binary.
+        let joined: Option<&paddock_fleet::Fleet> = node.fleet();
+        let url = format!("http://{}", node.local_addr());
+        let _ = started.send(Ok((url, joined.map(|f| f.node_id().to_string()))));
         match ended.await {
             Ok(End::Crash) => Some(node),
             Ok(End::Stop) | Err(_) => {
