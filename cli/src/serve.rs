@@ -2,8 +2,6 @@
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::Duration;
 
 use clap::Args;
 use paddock_core::PaddockConfig;
@@ -98,39 +96,12 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<i32, UsageError> {
     }
     config.validate().map_err(|e| UsageError(e.to_string()))?;
     let server_config = config.server.clone();
-    let e2b_config = config.e2b.clone();
-    let templates = config.templates.clone();
-    let fleet_config = config.fleet.clone();
-    let fleet_advertise = fleet_config.advertise.clone();
-    // In a fleet, the tenants' rate is counted fleet-wide when a node accepts work;
-    // the node's own limiter keeps the concurrency caps only (counting the rate
-    // again there would count it per node).
-    let fleet_rate = if fleet_config.enabled() {
-        config
-            .limiter
-            .max_executions_per_window
-            .take()
-            .map(|max| (max, config.limiter.window_ms))
-    } else {
-        None
-    };
-    // The tenants' concurrency caps hold fleet-wide too; the node's own limiter
-    // keeps them as well (they then bite only on what the fleet does not count:
-    // executions inside a sandbox).
-    let fleet_caps = paddock_fleet::ShareCaps {
-        max_concurrent: config.limiter.max_concurrent_per_tenant,
-        max_slots: config.limiter.max_slots_per_tenant,
-        max_sandboxes: config.limiter.max_sandboxes_per_tenant,
-        default_timeout_ms: config
-            .limits
-            .defaults
-            .timeout_ms
-            .or(paddock_core::Limits::defaults().timeout_ms)
-            .unwrap_or(30_000),
-    };
-    let drain = Duration::from_millis(server_config.drain_ms);
-    let paddock = match paddock::builder().config(config).start() {
-        Ok(p) => p,
+    let fleet_advertise = config.fleet.advertise.clone();
+    let e2b_domain = config.e2b.domain.clone();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| UsageError(format!("installing the SIGTERM handler: {e}")))?;
+    let node = match paddock::node::Node::start(config).await {
+        Ok(node) => node,
         Err(e) => {
             eprintln!("paddock serve: {e}");
             return Ok(1);
@@ -138,67 +109,13 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<i32, UsageError> {
     };
     // An enabled engine that cannot run here is said once, with its fix; requests
     // and templates that need it are refused, never run on a weaker engine.
-    for (engine, why) in paddock.unavailable_engines() {
+    for (engine, why) in node.paddock().unavailable_engines() {
         eprintln!(
             "paddock serve: warning: the {engine} engine is not available: {why}; requests and templates that need it are refused (run `paddock doctor`; server.require_engines = true refuses to start instead)"
         );
     }
-    // In a fleet, the server stands on the federated facade.
-    let fleet = if fleet_config.enabled() {
-        match paddock_fleet::Fleet::join(paddock.clone(), fleet_config).await {
-            Ok(f) => Some(f),
-            Err(e) => {
-                eprintln!("paddock serve: {e}");
-                let _ = paddock.shutdown(Duration::ZERO).await;
-                return Ok(1);
-            }
-        }
-    } else {
-        None
-    };
-    if let (Some(f), Some((max, window_ms))) = (&fleet, fleet_rate) {
-        f.limit_rate(max, window_ms);
-    }
-    if let Some(f) = &fleet {
-        f.limit_shares(fleet_caps);
-    }
-    let facade = fleet
-        .as_ref()
-        .map_or_else(|| paddock.clone(), |f| f.paddock());
-    let e2b_domain = e2b_config.domain.clone();
-    let e2b = if e2b_config.enabled {
-        match paddock_e2b::E2bApi::new(facade.clone(), e2b_config, &server_config, templates) {
-            Ok(api) => Some(api),
-            Err(e) => {
-                eprintln!("paddock serve: {e}");
-                let _ = paddock.shutdown(Duration::ZERO).await;
-                return Ok(1);
-            }
-        }
-    } else {
-        None
-    };
-    let extensions: Vec<paddock_pool::http::Extension> = e2b
-        .iter()
-        .map(|api| {
-            let api = api.clone();
-            Arc::new(move |cfg: &mut actix_web::web::ServiceConfig| api.configure(cfg))
-                as paddock_pool::http::Extension
-        })
-        .collect();
-    let server = match paddock_pool::http::start_with(facade, server_config.clone(), extensions) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("paddock serve: {e}");
-            if let Some(f) = &fleet {
-                f.leave(Duration::ZERO).await;
-            }
-            let _ = paddock.shutdown(Duration::ZERO).await;
-            return Ok(1);
-        }
-    };
-    if let Some(f) = &fleet {
-        f.advertise(format!("http://{}", server.local_addr()));
+    let server = node.server();
+    if let Some(f) = node.fleet() {
         if server.local_addr().ip().is_unspecified() && fleet_advertise.is_none() {
             eprintln!(
                 "paddock serve: warning: listening on {} with no fleet.advertise: the other \
@@ -222,7 +139,7 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<i32, UsageError> {
     if let Some(at) = server.tls_addr() {
         eprintln!("paddock serve: and with TLS on https://{at}");
     }
-    if e2b.is_some() {
+    if node.e2b().is_some() {
         eprintln!(
             "paddock serve: the E2B API is on http://{0} (E2B_API_URL=http://{0} E2B_SANDBOX_URL=http://{0})",
             server.local_addr()
@@ -245,23 +162,13 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<i32, UsageError> {
         eprintln!("paddock serve: /metrics on http://{at}");
     }
 
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| UsageError(format!("installing the SIGTERM handler: {e}")))?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
     }
+    let drain = node.drain();
     eprintln!("paddock serve: draining (up to {} ms)", drain.as_millis());
-    server.begin_drain();
-    if let Some(api) = &e2b {
-        api.close_all().await;
-    }
-    if let Some(f) = &fleet {
-        // Stop taking the fleet's work, and let what runs here finish first.
-        f.leave(drain).await;
-    }
-    let report = paddock.shutdown(drain).await;
-    server.stop().await;
+    let report = node.stop(drain).await;
     match report {
         Ok(r) => {
             eprintln!(

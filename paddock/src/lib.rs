@@ -25,6 +25,10 @@
 //! registered in code and those its [`EngineRegistry`] makes), `paddock-telemetry`.
 //! This crate re-exports the scheduler's API and the three others as [`core`],
 //! [`engines`] and [`telemetry`].
+//!
+//! [`node::Node`] is a whole node as `paddock serve` runs it: the scheduler with the
+//! built-in engines, its fleet membership (`paddock-fleet`), the E2B-compatible API
+//! (`paddock-e2b`) and the HTTP server, stopped gracefully.
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![deny(unused_must_use, unsafe_op_in_unsafe_fn)]
 #![forbid(unsafe_code)]
@@ -37,6 +41,8 @@ pub use paddock_core as core;
 pub use paddock_engines as engines;
 pub use paddock_pool::*;
 pub use paddock_telemetry as telemetry;
+
+pub mod node;
 
 /// A builder with the embedded defaults and the built-in engines: the ones the
 /// config enables (subprocess and isolate by default, the container engine where

@@ -31,6 +31,10 @@
 //!   reason. `PADDOCK_SKIP`, a comma-separated list of `fleet` and `e2b`, skips those
 //!   tests instead, each saying so on stderr.
 //!
+//! [`fleet`] holds what the fleet's tests share (`fleet/tests/all` and the binary's
+//! `cli/tests/fleet`): an HTTP client, a look at the fleet's NATS state, the
+//! tenants' keys and the calls they make through any node.
+//!
 //! Installing needs `python3` with its `venv` module (Debian: `apt-get install
 //! python3-venv`), and `node` and `npm` for the JavaScript SDK (`apt-get install
 //! nodejs npm`).
@@ -48,6 +52,7 @@
 #![forbid(unsafe_code)]
 
 mod e2b;
+pub mod fleet;
 mod install;
 mod nats;
 

@@ -10,8 +10,6 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::harness::*;
-use crate::sessions::open_on;
-use crate::{bearer, turn, wait_up, ADMIN, ALICE, BOB, FAST, KEYS};
 
 fn sh(script: &str) -> Value {
     json!({"program": {"command": ["sh", "-c", script]}})

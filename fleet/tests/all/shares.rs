@@ -9,8 +9,6 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::harness::*;
-use crate::sessions::{open_on, HERE};
-use crate::{bearer, turn, wait_up, ALICE, BOB, FAST, KEYS};
 
 /// The caps: two executions, two sandboxes, three slots per tenant.
 const CAPS: &str = "[limiter]\nmax_concurrent_per_tenant = 2\nmax_sandboxes_per_tenant = 2\nmax_slots_per_tenant = 3\n";

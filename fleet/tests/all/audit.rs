@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use super::harness::*;
-use super::{turn, wait_up, FAST};
 
 /// How many entries each execution id has in the fleet's audit, read through
 /// `node`'s `GET /v1/audit` (newest first, at most `limit`), once.
