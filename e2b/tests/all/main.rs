@@ -1,7 +1,7 @@
-//! Integration tests of the E2B-compatible API on a live server (loopback only), with
-//! plain HTTP requests: what E2B's SDKs do is covered by `cli/tests/e2b.rs`, and here
-//! is what they never send (strangers' requests, stalled bodies, other spellings of a
-//! port).
+//! Integration tests of the E2B-compatible API on a live server (loopback only):
+//! E2B's own SDKs against a whole node (`sdk`, the scripts in `tests/sdk`), and plain
+//! HTTP requests for what they never send (strangers' requests, stalled bodies, other
+//! spellings of a port).
 
 mod admission;
 mod caps;
@@ -11,5 +11,6 @@ mod ingress;
 mod input;
 mod live;
 mod processes;
+mod sdk;
 mod templates;
 mod walls;

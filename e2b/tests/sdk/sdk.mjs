@@ -1,6 +1,6 @@
 // Paddock's E2B-compatible API, driven through E2B's own JavaScript SDK.
 //
-// Run by `cli/tests/e2b.rs` with node against a live `paddock serve --e2b`:
+// Run by `e2b/tests/all/sdk.rs` with node against a live node (what `paddock serve --e2b` runs):
 // `node sdk.mjs <the directory npm installed e2b in>`, with E2B_API_URL and E2B_SANDBOX_URL set to
 // its URL, ALICE_KEY and BOB_KEY two tenants' API keys, PADDOCK_ENGINE the engine.
 // Every check prints `ok NAME`; the Rust test requires every name of CHECKS.

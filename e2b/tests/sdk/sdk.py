@@ -1,6 +1,7 @@
 """Paddock's E2B-compatible API, driven through E2B's own Python SDK.
 
-Run by `cli/tests/e2b.rs` against a live `paddock serve --e2b`, with
+Run by `e2b/tests/all/sdk.rs` against a live node (what `paddock serve --e2b`
+runs), with
 E2B_API_URL and E2B_SANDBOX_URL set to its URL. Every check prints `ok NAME`; the
 Rust test requires every name of CHECKS. ENGINE says which engine the templates
 use (pause differs), ALICE and BOB are two tenants' API keys.

@@ -1,17 +1,20 @@
-//! The E2B-compatible API through E2B's own Python SDK (`cli/tests/e2b/sdk.py`),
-//! against a live `paddock serve --e2b`, on the subprocess and container engines.
+//! The E2B-compatible API through E2B's own SDKs: the Python script
+//! (`tests/sdk/sdk.py`) and the JavaScript one (`tests/sdk/sdk.mjs`), against a
+//! whole node ([`paddock::node::Node`], what `paddock serve` runs) in this process,
+//! on the subprocess and container engines.
 //!
 //! The SDKs come from `paddock-testkit`: the Python ones (`e2b` and
 //! `e2b-code-interpreter`, pinned) from the interpreter `PADDOCK_E2B_PYTHON` names,
 //! else from the venv `target/e2b-venv` it makes on first use; the JavaScript one
 //! (`e2b` from npm, pinned) from the directory `PADDOCK_E2B_JS` names, else from
-//! `target/e2b-js`, and `cli/tests/e2b/sdk.mjs` runs through it with node. A test that
-//! cannot have them fails, unless `PADDOCK_SKIP` lists `e2b`.
+//! `target/e2b-js`, and `sdk.mjs` runs through it with node. A test that cannot have
+//! them fails, unless `PADDOCK_SKIP` lists `e2b` (it then says so).
 
-use std::io::{BufRead, BufReader, Read};
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
+use std::process::{Command, Output, Stdio};
 use std::time::Duration;
+
+use paddock::node::Node;
+use paddock_core::PaddockConfig;
 
 const ALICE: &str = "alice-key-0123456789abcdef";
 const BOB: &str = "bob-key-0123456789abcdef00";
@@ -91,9 +94,10 @@ fn tiny_rootfs(dir: &std::path::Path) -> std::path::PathBuf {
                 p.to_string()
             })
     };
+    // (The warm containers' agent is the static one built into the engines: it
+    // loads no library.)
     let mut libs = std::collections::BTreeSet::new();
-    let agent = std::path::Path::new(env!("CARGO_BIN_EXE_paddock")).with_file_name("paddock-agent");
-    let mut elves = vec![agent.to_string_lossy().into_owned()];
+    let mut elves = Vec::new();
     for prog in [
         "bash", "sh", "cat", "echo", "ls", "sleep", "env", "mkdir", "mv", "rm", "find", "kill",
     ] {
@@ -135,8 +139,8 @@ fn tiny_rootfs(dir: &std::path::Path) -> std::path::PathBuf {
 /// Python script (and not the JavaScript one). With `tiny`, the config also has an
 /// engine `tiny` with a root of its own and a template `tiny` on it, and the Python
 /// script checks it (`template_rootfs`).
-fn run_sdk(engine: &str, extra: &str, only: &[&str], tiny: bool) {
-    run(engine, extra, only, tiny, false);
+async fn run_sdk(engine: &str, extra: &str, only: &[&str], tiny: bool) {
+    run(engine, extra, only, tiny, false).await;
 }
 
 /// A CA and a certificate for `e2b.test` and `*.e2b.test` it signed, written to
@@ -167,7 +171,7 @@ fn domain_certificate(dir: &std::path::Path) -> [std::path::PathBuf; 3] {
 /// certificate for `*.e2b.test` from a CA made for the run), and the Python script
 /// runs only its `domain_mode` check, with `E2B_DOMAIN=e2b.test` and neither
 /// `E2B_API_URL` nor `E2B_SANDBOX_URL`: every call goes to `https://` names.
-fn run(engine: &str, extra: &str, only: &[&str], tiny: bool, domain: bool) {
+async fn run(engine: &str, extra: &str, only: &[&str], tiny: bool, domain: bool) {
     let Some(python) = paddock_testkit::e2b_python() else {
         return;
     };
@@ -178,7 +182,6 @@ fn run(engine: &str, extra: &str, only: &[&str], tiny: bool, domain: bool) {
         None
     };
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("paddock.toml");
     let certs = domain.then(|| domain_certificate(dir.path()));
     let tls_section = match &certs {
         Some([_, cert, key]) => format!(
@@ -196,10 +199,8 @@ fn run(engine: &str, extra: &str, only: &[&str], tiny: bool, domain: bool) {
     } else {
         String::new()
     };
-    std::fs::write(
-        &config,
-        format!(
-            r#"
+    let toml = format!(
+        r#"
 [server]
 allowed_levels = ["none", "context-isolated", "strict"]
 allowed_networks = ["none", "allowlist", "unrestricted"]
@@ -229,43 +230,17 @@ warm_pool = 2
 engine = "{engine}"
 network = "unrestricted"
 {tiny_sections}{tls_section}"#
-        ),
-    )
-    .unwrap();
-    let mut server = Command::new(env!("CARGO_BIN_EXE_paddock"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-        .arg(&config)
-        .env_remove("PADDOCK_LISTEN")
-        .env_remove("PADDOCK_API_KEYS")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("paddock serve starts");
-    let stdout = server.stdout.take().unwrap();
-    let mut stderr = server.stderr.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let _ = tx.send(line);
-        }
+    );
+    let mut config = PaddockConfig::from_toml_str(&toml).expect("the test's config");
+    config.server.listen = "127.0.0.1:0".into();
+    let node = Node::start(config).await.expect("the node starts");
+    let url = format!("http://{}", node.local_addr());
+    // The TLS listener's.
+    let tls_url = domain.then(|| {
+        let at = node.server().tls_addr().expect("the TLS listener");
+        format!("https://{at}")
     });
-    let logs = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = stderr.read_to_string(&mut text);
-        text
-    });
-    let mut next_url = || match rx.recv_timeout(Duration::from_secs(60)) {
-        Ok(Ok(line)) => line,
-        other => {
-            let _ = server.kill();
-            panic!("no URL on stdout: {other:?}");
-        }
-    };
-    let url = next_url();
-    // The TLS listener's, on the second line.
-    let tls_url = domain.then(&mut next_url);
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2b/sdk.py");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/sdk.py");
     let mut sdk = Command::new(&python);
     if tiny {
         sdk.env("PADDOCK_TINY_MARKER", TINY_MARKER);
@@ -283,31 +258,31 @@ network = "unrestricted"
             sdk.env("E2B_API_URL", &url).env("E2B_SANDBOX_URL", &url);
         }
     }
-    let out = sdk
-        .arg(script)
+    sdk.arg(script)
         .args(only)
         .env("E2B_API_KEY", ALICE)
         .env("ALICE_KEY", ALICE)
         .env("BOB_KEY", BOB)
-        .env("PADDOCK_ENGINE", engine)
-        .output()
-        .expect("the SDK's python runs");
-    let js = js_sdk.map(|dir| {
-        Command::new("node")
-            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2b/sdk.mjs"))
-            .arg(dir)
-            .env("E2B_API_URL", &url)
-            .env("E2B_SANDBOX_URL", &url)
-            .env("E2B_API_KEY", ALICE)
-            .env("ALICE_KEY", ALICE)
-            .env("BOB_KEY", BOB)
-            .env("PADDOCK_ENGINE", engine)
-            .output()
-            .expect("node runs")
-    });
-    let _ = server.kill();
-    let _ = server.wait();
-    let server_log = logs.join().unwrap();
+        .env("PADDOCK_ENGINE", engine);
+    let out = output(sdk).await;
+    let js = match js_sdk {
+        Some(dir) => {
+            let mut js = Command::new("node");
+            js.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/sdk.mjs"))
+                .arg(dir)
+                .env("E2B_API_URL", &url)
+                .env("E2B_SANDBOX_URL", &url)
+                .env("E2B_API_KEY", ALICE)
+                .env("ALICE_KEY", ALICE)
+                .env("BOB_KEY", BOB)
+                .env("PADDOCK_ENGINE", engine);
+            Some(output(js).await)
+        }
+        None => None,
+    };
+    node.stop(Duration::from_secs(5))
+        .await
+        .expect("the node stops");
     let mut python_checks = if only.is_empty() {
         CHECKS.to_vec()
     } else {
@@ -331,45 +306,54 @@ network = "unrestricted"
             .collect();
         assert!(
             out.status.success() && checks.iter().all(|c| passed.contains(c)),
-            "the {sdk} SDK's checks on {engine}: passed {passed:?} of {checks:?}\n{stdout}\n{stderr}\nserver:\n{server_log}"
+            "the {sdk} SDK's checks on {engine}: passed {passed:?} of {checks:?}\n{stdout}\n{stderr}"
         );
     }
+}
+
+/// Runs `command` to its end off the test's runtime (the node's servers run on it).
+async fn output(mut command: Command) -> Output {
+    command.stdin(Stdio::null());
+    tokio::task::spawn_blocking(move || command.output().expect("the SDK's runtime runs"))
+        .await
+        .expect("the SDK's run")
 }
 
 /// `E2B_DOMAIN` set, and nothing else: the SDK reaches `https://api.e2b.test` and
 /// `https://{port}-{id}.e2b.test`, which the server's TLS listener serves (the
 /// script's own CONNECT proxy stands in for the DNS that would point those names
 /// at the host).
-#[test]
-fn the_sdk_runs_in_the_domain_mode_over_tls() {
-    run("subprocess", "", &["domain_mode"], false, true);
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sdk_runs_in_the_domain_mode_over_tls() {
+    run("subprocess", "", &["domain_mode"], false, true).await;
 }
 
-#[test]
-fn the_python_sdk_runs_unchanged_on_the_subprocess_engine() {
-    run_sdk("subprocess", "", &[], false);
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_sdk_runs_unchanged_on_the_subprocess_engine() {
+    run_sdk("subprocess", "", &[], false).await;
 }
 
 /// `server.max_requests_per_tenant` holds for E2B's requests: streams held open
 /// count, another tenant goes on, a place comes back when a stream ends; and a
 /// sandbox's ports take `server.max_websockets_per_tenant` WebSockets at once.
-#[test]
-fn e2b_requests_count_against_the_tenants_cap() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2b_requests_count_against_the_tenants_cap() {
     run_sdk(
         "subprocess",
         "max_requests_per_tenant = 3\nmax_websockets_per_tenant = 1",
         &["caps", "ws_caps"],
         false,
-    );
+    )
+    .await;
 }
 
 /// With a template on an engine of its own (`[engines.tiny]`, a root filesystem of
 /// its own) beside the built-in ones.
-#[test]
-fn the_python_sdk_runs_unchanged_on_the_container_engine() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_sdk_runs_unchanged_on_the_container_engine() {
     if !has_oci_runtime() {
         eprintln!("skipped: no OCI runtime");
         return;
     }
-    run_sdk("container", "", &[], true);
+    run_sdk("container", "", &[], true).await;
 }
