@@ -183,7 +183,7 @@ macro_rules! workdir_sandbox {
             }
 
             /// For a caller without the scheduler: the request is validated (the
-            /// proof made), then run as [`exec_valid`](Self::exec_valid).
+            /// proof made), then run as `exec_valid`.
             async fn exec(
                 &self,
                 request: paddock_core::ExecRequest,
