@@ -345,9 +345,10 @@ pub(super) async fn soak(args: SoakArgs, as_json: bool) -> Result<i32, crate::ru
         .map(|(fd, target)| format!("{fd} -> {target}"))
         .collect();
     // An engine's own directory goes when the last of its instances has (their
-    // actors stop in the background, after the pools report them gone): wait too.
+    // actors stop in the background, after the pools report them gone): wait too,
+    // up to 15 s (a loaded machine took more than 5 s once in a while).
     let (mut dirs_after_shutdown, _) = engine_dirs();
-    for _ in 0..50 {
+    for _ in 0..150 {
         if dirs_after_shutdown == 0 {
             break;
         }
