@@ -27,7 +27,7 @@ use paddock_core::{
 };
 use serde::Serialize;
 
-use crate::engine_actor::{caught, DestroyInstance, EngineActor, Recycle};
+use crate::engine_actor::{DestroyInstance, EngineActor, Recycle};
 use crate::slots::{Acquire, Slots, Waiter};
 use paddock_telemetry::{labels, PoolGaugeSource, PoolSnapshot, Telemetry};
 
@@ -78,7 +78,8 @@ pub struct PoolStats {
     pub created_total: u64,
     /// Instances retired so far.
     pub retired_total: u64,
-    /// Retired instances whose destruction is still running.
+    /// Retired instances whose destruction is still running, and instances whose
+    /// creation outlived the caller who asked for it (destroyed once made).
     pub destroying: usize,
     /// Creation failures so far.
     pub create_failures_total: u64,
@@ -389,10 +390,12 @@ impl EnginePool {
     }
 
     async fn create_instance(&self) -> Result<Instance, Error> {
-        let engine = self.engine.clone();
-        let spec = self.spec.clone();
         let limit = Duration::from_millis(self.config.create_timeout_ms);
-        let create = caught("create", async move { engine.create(&spec).await });
+        let create = crate::creation::create(
+            self.engine.clone(),
+            self.spec.clone(),
+            self.destroying.clone(),
+        );
         let result = match tokio::time::timeout(limit, create).await {
             Ok(r) => r,
             Err(_) => Err(Error::new(

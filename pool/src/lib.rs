@@ -68,6 +68,7 @@ not_under_loom! {
     pub mod limiter;
     pub mod policy;
 
+    mod creation;
     pub mod engine_actor;
     mod engine_pool;
     pub mod federation;

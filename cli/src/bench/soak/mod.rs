@@ -355,6 +355,11 @@ pub(super) async fn soak(args: SoakArgs, as_json: bool) -> Result<i32, crate::ru
         tokio::time::sleep(Duration::from_millis(100)).await;
         dirs_after_shutdown = engine_dirs().0;
     }
+    // What stayed, by name, so that a failure says which engine left it.
+    let dirs_left: serde_json::Map<String, serde_json::Value> = probe::engine_dir_listing()
+        .into_iter()
+        .map(|(name, inside)| (name, serde_json::json!(inside)))
+        .collect();
 
     let issued = ledger.issued.load(Ordering::Relaxed);
     let answered = ledger.answered.load(Ordering::Relaxed);
@@ -493,6 +498,7 @@ pub(super) async fn soak(args: SoakArgs, as_json: bool) -> Result<i32, crate::ru
             "engine_dir_entries_baseline": base.dir_entries,
             "engine_dir_entries_end": end.dir_entries,
             "engine_dirs_after_shutdown": dirs_after_shutdown,
+            "engine_dirs_left_after_shutdown": dirs_left,
         }),
         json!({
             "descendants_baseline": describe(&base.procs),

@@ -148,26 +148,42 @@ pub(super) async fn steady_fds() -> usize {
 /// and two levels below them (sandbox workdirs, bundles, runtime state; a container
 /// root filesystem is not walked).
 pub(super) fn engine_dirs() -> (usize, usize) {
+    let found = engine_dir_listing();
+    (
+        found.len(),
+        found.iter().map(|(_, inside)| inside.len()).sum(),
+    )
+}
+
+/// The engines' directories of this process in the temp dir, each with the entries
+/// one and two levels below it (as `a` and `a/b`), sorted.
+pub(super) fn engine_dir_listing() -> Vec<(String, Vec<String>)> {
     let marker = format!("-{}-", std::process::id());
     let list = |dir: &std::path::Path| {
         std::fs::read_dir(dir).map_or_else(|_| Vec::new(), |d| d.flatten().collect::<Vec<_>>())
     };
     let is_dir = |e: &std::fs::DirEntry| e.file_type().is_ok_and(|t| t.is_dir());
-    let (mut dirs, mut entries) = (0, 0);
+    let mut found = Vec::new();
     for root in list(&std::env::temp_dir()) {
         let name = root.file_name().to_string_lossy().into_owned();
         if !(name.starts_with("paddock-") && name.contains(&marker) && is_dir(&root)) {
             continue;
         }
-        dirs += 1;
+        let mut inside = Vec::new();
         for e in list(&root.path()) {
-            entries += 1;
+            let first = e.file_name().to_string_lossy().into_owned();
             if is_dir(&e) && e.file_name() != "rootfs" {
-                entries += list(&e.path()).len();
+                for f in list(&e.path()) {
+                    inside.push(format!("{first}/{}", f.file_name().to_string_lossy()));
+                }
             }
+            inside.push(first);
         }
+        inside.sort();
+        found.push((name, inside));
     }
-    (dirs, entries)
+    found.sort();
+    found
 }
 
 /// Whether a pool is quiet and back at its configured idle size.

@@ -79,6 +79,12 @@ struct Flaky {
     panic_next: Arc<AtomicBool>,
     create_calls: AtomicUsize,
     next_id: AtomicU64,
+    /// How long `create` works on a blocking thread before its sandbox exists, as
+    /// engines make workdirs and cgroups.
+    create_delay_ms: AtomicU64,
+    /// Sandboxes `create` finished making, and how many of them were destroyed.
+    made: Arc<AtomicUsize>,
+    destroyed: Arc<AtomicUsize>,
 }
 
 impl Flaky {
@@ -94,6 +100,9 @@ impl Flaky {
             panic_next: Arc::new(AtomicBool::new(false)),
             create_calls: AtomicUsize::new(0),
             next_id: AtomicU64::new(0),
+            create_delay_ms: AtomicU64::new(0),
+            made: Arc::default(),
+            destroyed: Arc::default(),
         })
     }
 }
@@ -114,10 +123,21 @@ impl Engine for Flaky {
                 "interpreter missing: `python9` was not found on PATH",
             ));
         }
+        let delay = Duration::from_millis(self.create_delay_ms.load(Ordering::SeqCst));
+        let made = self.made.clone();
+        // Made on a blocking thread, which goes on whether or not anybody still
+        // waits for it.
+        tokio::task::spawn_blocking(move || {
+            std::thread::sleep(delay);
+            made.fetch_add(1, Ordering::SeqCst);
+        })
+        .await
+        .unwrap();
         let n = self.next_id.fetch_add(1, Ordering::SeqCst);
         Ok(Arc::new(FlakySandbox {
             id: format!("flaky-{n}"),
             panic_next: self.panic_next.clone(),
+            destroyed: self.destroyed.clone(),
         }))
     }
 }
@@ -126,6 +146,7 @@ impl Engine for Flaky {
 struct FlakySandbox {
     id: String,
     panic_next: Arc<AtomicBool>,
+    destroyed: Arc<AtomicUsize>,
 }
 
 #[async_trait]
@@ -172,6 +193,7 @@ impl Sandbox for FlakySandbox {
         Ok(())
     }
     async fn destroy(&self) -> Result<()> {
+        self.destroyed.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
 }
@@ -189,6 +211,48 @@ fn start_flaky(engine: Arc<Flaky>, config: PaddockConfig) -> Paddock {
 // ---------------------------------------------------------------------------------
 // 1. Circuit breaker
 // ---------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_creation_that_outlives_its_caller_is_finished_and_destroyed() {
+    // The caller stops waiting (here: `create_timeout_ms`) while the engine is
+    // still making the sandbox; what the engine made is destroyed, not left behind.
+    let engine = Flaky::new(true);
+    engine.create_delay_ms.store(600, Ordering::SeqCst);
+    let mut config = PaddockConfig::default();
+    config.pool.min_idle = 0;
+    config.pool.max_size = 1;
+    config.pool.create_timeout_ms = 100;
+    let paddock = start_flaky(engine.clone(), config);
+    let e = paddock
+        .execute(ExecRequest::new(Program::command(["x"])))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::EngineFailed, "{e}");
+    assert!(e.message.contains("took longer than 100 ms"), "{e}");
+    assert_eq!(engine.made.load(Ordering::SeqCst), 0);
+    // Until it is made and destroyed, the pool counts it as being destroyed (a
+    // shutdown waits for it).
+    let p = pool_stats(&paddock, EngineName::NOOP).await;
+    assert_eq!(p.destroying, 1, "{p:?}");
+    let settled = eventually(Duration::from_secs(5), || {
+        let (engine, paddock) = (engine.clone(), paddock.clone());
+        async move {
+            let p = pool_stats(&paddock, EngineName::NOOP).await;
+            engine.made.load(Ordering::SeqCst) == 1
+                && engine.destroyed.load(Ordering::SeqCst) == 1
+                && p.destroying == 0
+        }
+    })
+    .await;
+    assert!(
+        settled,
+        "made {}, destroyed {}, {:?}",
+        engine.made.load(Ordering::SeqCst),
+        engine.destroyed.load(Ordering::SeqCst),
+        pool_stats(&paddock, EngineName::NOOP).await
+    );
+    paddock.shutdown(Duration::from_secs(5)).await.unwrap();
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failing_creation_opens_the_breaker_and_a_success_closes_it() {
