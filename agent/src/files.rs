@@ -84,6 +84,9 @@ pub struct WireEntry {
     /// A symlink's target.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<String>,
+    /// A file's or directory's user metadata (see `paddock_core::FileMetadata`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub metadata: paddock_core::FileMetadata,
 }
 
 /// The answer to a [`FileOp`] or a watch.
@@ -188,6 +191,11 @@ fn entry(path: &Path, meta: &std::fs::Metadata) -> WireEntry {
                 .map(|t| t.to_string_lossy().into_owned())
         } else {
             None
+        },
+        metadata: if ft.is_dir() || ft.is_file() {
+            paddock_core::metadata::read_metadata(path, false)
+        } else {
+            Default::default()
         },
     }
 }

@@ -321,6 +321,16 @@ pub trait Sandbox: Send + Sync + fmt::Debug {
         Err(not_supported(self.engine(), "move files", "fileops"))
     }
 
+    /// Replaces the user metadata of file or directory `path` with `metadata`
+    /// (checked with [`check_metadata`](crate::check_metadata)): keys not in it are
+    /// removed, so an empty map clears it. A missing path is `NOT_FOUND`.
+    ///
+    /// Optional (feature `fileops`).
+    async fn set_metadata(&self, path: &str, metadata: &crate::FileMetadata) -> Result<()> {
+        let _ = (path, metadata);
+        Err(not_supported(self.engine(), "set file metadata", "fileops"))
+    }
+
     /// Removes `path`, a directory with everything in it. A missing path is
     /// `NOT_FOUND`; the sandbox's root itself is refused with `INVALID_OPTIONS`.
     ///

@@ -95,6 +95,8 @@ pub struct FileInfo {
     pub modified: std::time::SystemTime,
     /// Where a symlink points (as written in it, unresolved).
     pub symlink_target: Option<String>,
+    /// Its user metadata (see [`FileMetadata`]); empty when it has none.
+    pub metadata: FileMetadata,
 }
 
 impl FileInfo {
@@ -109,6 +111,69 @@ impl FileInfo {
             .next()
             .unwrap_or_default()
     }
+}
+
+/// A file's user metadata: keys and values kept as extended attributes of the file
+/// in the [`METADATA_XATTR_PREFIX`] namespace, one attribute per key, so that they
+/// stay with the file through renames and are seen by the sandbox's own programs
+/// (`getfattr`, `os.getxattr`).
+pub type FileMetadata = std::collections::BTreeMap<String, String>;
+
+/// The extended attribute namespace of [`FileMetadata`]. It is the one E2B's sandbox
+/// daemon uses, so that what tools made for E2B sandboxes set is read the same here.
+pub const METADATA_XATTR_PREFIX: &str = "user.e2b.";
+
+/// The longest key of [`FileMetadata`], in bytes: the kernel's 255-byte limit on an
+/// attribute's name, less the prefix.
+pub const MAX_METADATA_KEY: usize = 255 - METADATA_XATTR_PREFIX.len();
+
+/// The most bytes a file's metadata may take in all: keys (each with the prefix)
+/// plus values, within what one inode keeps for attributes on common file systems.
+pub const MAX_METADATA_BYTES: usize = 4096;
+
+/// Checks metadata to be set on a file: keys not empty and at most
+/// [`MAX_METADATA_KEY`] bytes, keys and values printable ASCII (`0x20`–`0x7E`), and
+/// [`MAX_METADATA_BYTES`] in all. `field` names it in the error
+/// (`INVALID_OPTIONS`).
+pub fn check_metadata(field: &str, metadata: &FileMetadata) -> Result<()> {
+    let printable = |s: &str| s.bytes().all(|b| (0x20..=0x7e).contains(&b));
+    let mut total = 0usize;
+    for (key, value) in metadata {
+        if key.is_empty() {
+            return Err(Error::invalid_options(field, "a key is empty"));
+        }
+        if !printable(key) {
+            return Err(Error::invalid_options(
+                field,
+                format!("key {key:?} has a byte outside printable ASCII (0x20-0x7E)"),
+            ));
+        }
+        if key.len() > MAX_METADATA_KEY {
+            // Printable ASCII: any byte is a character boundary.
+            return Err(Error::invalid_options(
+                field,
+                format!(
+                    "key `{}…` is {} bytes; at most {MAX_METADATA_KEY}",
+                    &key[..16],
+                    key.len()
+                ),
+            ));
+        }
+        if !printable(value) {
+            return Err(Error::invalid_options(
+                field,
+                format!("the value of `{key}` has a byte outside printable ASCII (0x20-0x7E)"),
+            ));
+        }
+        total += METADATA_XATTR_PREFIX.len() + key.len() + value.len();
+    }
+    if total > MAX_METADATA_BYTES {
+        return Err(Error::invalid_options(
+            field,
+            format!("{total} bytes in all (keys with their prefix, and values); at most {MAX_METADATA_BYTES}"),
+        ));
+    }
+    Ok(())
 }
 
 /// What happened to a watched path.
@@ -406,5 +471,39 @@ mod tests {
         tokio::io::copy(&mut r, &mut out).await.unwrap();
         assert_eq!(out, b"abc");
         assert!(format!("{r:?}").contains("size: 3"));
+    }
+
+    #[test]
+    fn metadata_is_printable_ascii_with_bounded_keys_and_size() {
+        let meta = |pairs: &[(&str, &str)]| -> FileMetadata {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        assert!(check_metadata("m", &meta(&[])).is_ok());
+        assert!(check_metadata("m", &meta(&[("author", "mish"), ("a b", "x y")])).is_ok());
+        for (bad, why) in [
+            (meta(&[("", "v")]), "empty"),
+            (meta(&[("key\n", "v")]), "printable"),
+            (meta(&[("k", "v\n")]), "printable"),
+            (meta(&[("k", "caf\u{e9}")]), "printable"),
+            (meta(&[("\u{e9}".repeat(200).as_str(), "v")]), "printable"),
+        ] {
+            let e = check_metadata("metadata", &bad).unwrap_err();
+            assert_eq!(e.code, ErrorCode::InvalidOptions);
+            assert!(e.message.contains(why), "{bad:?}: {e}");
+            assert!(e.message.contains("metadata"), "{e}");
+        }
+        let long = "k".repeat(MAX_METADATA_KEY);
+        assert!(check_metadata("m", &meta(&[(long.as_str(), "v")])).is_ok());
+        let longer = "k".repeat(MAX_METADATA_KEY + 1);
+        let e = check_metadata("m", &meta(&[(longer.as_str(), "v")])).unwrap_err();
+        assert!(e.message.contains("at most 246"), "{e}");
+        // 4096 bytes in all, the prefix counted once per key.
+        let value = "v".repeat(MAX_METADATA_BYTES - METADATA_XATTR_PREFIX.len() - 1);
+        assert!(check_metadata("m", &meta(&[("k", value.as_str())])).is_ok());
+        let e = check_metadata("m", &meta(&[("k", value.as_str()), ("j", "")])).unwrap_err();
+        assert!(e.message.contains("at most 4096"), "{e}");
     }
 }

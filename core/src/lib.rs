@@ -46,6 +46,7 @@ pub mod isolation;
 pub mod lifecycle;
 pub mod limits;
 pub(crate) mod loom;
+pub mod metadata;
 pub mod output;
 pub mod program;
 pub mod protocol;
@@ -67,7 +68,10 @@ pub use exec::{
     unix_ms, ExecRequest, ExecResult, ExecutionId, Outcome, OutputChunk, StreamKind, Timings,
     Usage, WireResult,
 };
-pub use files::{ByteSource, FileEvent, FileEventKind, FileInfo, FileKind, FileReader, FileWatch};
+pub use files::{
+    check_metadata, ByteSource, FileEvent, FileEventKind, FileInfo, FileKind, FileMetadata,
+    FileReader, FileWatch, MAX_METADATA_BYTES, MAX_METADATA_KEY, METADATA_XATTR_PREFIX,
+};
 pub use fleet::{FleetConfig, OnNodeLoss};
 pub use hash::code_hash;
 #[cfg(not(loom))]

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use futures_util::StreamExt;
-use paddock_core::{FileInfo, FileKind};
+use paddock_core::{FileInfo, FileKind, FileMetadata};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -96,13 +96,20 @@ pub(crate) async fn upload(
             return http_error(StatusCode::BAD_REQUEST, format!("query: {e}"));
         }
     };
+    let meta = match upload_metadata(req) {
+        Ok(m) => m,
+        Err(refusal) => {
+            drain(&mut payload).await;
+            return refusal;
+        }
+    };
     let ctype = req
         .headers()
         .get("content-type")
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
     if ctype.starts_with("application/octet-stream") {
-        return match write_raw(&sbx, req, &q, &mut payload, max_file).await {
+        return match write_raw(&sbx, req, &q, &mut payload, max_file, &meta).await {
             Ok(written) => HttpResponse::Ok().json([written]),
             Err(refusal) => {
                 drain(&mut payload).await;
@@ -118,13 +125,51 @@ pub(crate) async fn upload(
         );
     }
     let mut multipart = actix_multipart::Multipart::new(req.headers(), payload);
-    match write_parts(&sbx, &q, &mut multipart, max_file).await {
+    match write_parts(&sbx, &q, &mut multipart, max_file, &meta).await {
         Ok(written) => HttpResponse::Ok().json(written),
         Err(refusal) => {
             drain_parts(&mut multipart).await;
             refusal
         }
     }
+}
+
+/// The headers whose rest names a metadata key of the uploaded files (envd 0.6.2).
+const METADATA_HEADER: &str = "x-metadata-";
+
+/// The metadata an upload's `X-Metadata-<key>: <value>` headers give its files
+/// (keys lowercased; of a key sent twice, the first value), checked before any
+/// byte is written.
+fn upload_metadata(req: &HttpRequest) -> Result<FileMetadata, HttpResponse> {
+    let mut meta = FileMetadata::new();
+    for (name, value) in req.headers().iter() {
+        // Header names come lowercased.
+        let Some(key) = name.as_str().strip_prefix(METADATA_HEADER) else {
+            continue;
+        };
+        let Ok(value) = value.to_str() else {
+            return Err(http_error(
+                StatusCode::BAD_REQUEST,
+                format!("the value of metadata key `{key}` must be printable ASCII (0x20-0x7E)"),
+            ));
+        };
+        meta.entry(key.to_string())
+            .or_insert_with(|| value.to_string());
+    }
+    paddock_core::check_metadata("metadata", &meta)
+        .map_err(|e| http_error(StatusCode::BAD_REQUEST, e.message))?;
+    Ok(meta)
+}
+
+/// What an upload answers for a file it wrote: `{name, type, path}`, and its
+/// metadata when it has some.
+fn written(path: &str, meta: &FileMetadata) -> Value {
+    let name = path.rsplit('/').next().unwrap_or_default();
+    let mut v = json!({ "name": name, "type": "file", "path": path });
+    if !meta.is_empty() {
+        v["metadata"] = json!(meta);
+    }
+    v
 }
 
 /// The most bytes one piece of a gzip upload's input may be: what it decodes to in
@@ -139,6 +184,7 @@ async fn write_raw(
     q: &FileQuery,
     payload: &mut web::Payload,
     max_file: u64,
+    meta: &FileMetadata,
 ) -> Result<Value, HttpResponse> {
     let Some(target) = &q.path else {
         return Err(http_error(
@@ -205,10 +251,15 @@ async fn write_raw(
         }
         feed.finish().await;
     };
-    let (written, ()) = futures_util::join!(sbx.handle.write_from(&path, source, max_file), pump);
-    written.map_err(http_from)?;
-    let name = path.rsplit('/').next().unwrap_or_default().to_string();
-    Ok(json!({ "name": name, "type": "file", "path": path }))
+    let (bytes, ()) = futures_util::join!(sbx.handle.write_from(&path, source, max_file), pump);
+    bytes.map_err(http_from)?;
+    // Replaced whether or not the upload names any: an overwritten file keeps no
+    // stale metadata.
+    sbx.handle
+        .set_metadata(&path, meta.clone())
+        .await
+        .map_err(http_from)?;
+    Ok(written(&path, meta))
 }
 
 /// The most bytes of a refused upload read (and dropped) before the refusal is
@@ -247,8 +298,9 @@ async fn write_parts(
     q: &FileQuery,
     multipart: &mut actix_multipart::Multipart,
     max_file: u64,
+    meta: &FileMetadata,
 ) -> Result<Vec<Value>, HttpResponse> {
-    let mut written = Vec::new();
+    let mut answers = Vec::new();
     let mut parts = 0usize;
     while let Some(field) = multipart.next().await {
         let mut field =
@@ -299,13 +351,16 @@ async fn write_parts(
         let (written_bytes, ()) =
             futures_util::join!(sbx.handle.write_from(&path, source, max_file), pump);
         written_bytes.map_err(http_from)?;
-        let name = path.rsplit('/').next().unwrap_or_default().to_string();
-        written.push(json!({ "name": name, "type": "file", "path": path }));
+        sbx.handle
+            .set_metadata(&path, meta.clone())
+            .await
+            .map_err(http_from)?;
+        answers.push(written(&path, meta));
     }
-    if written.is_empty() {
+    if answers.is_empty() {
         return Err(http_error(StatusCode::BAD_REQUEST, "no file in the upload"));
     }
-    Ok(written)
+    Ok(answers)
 }
 
 fn check_path(field: &str, p: &str) -> Result<(), ConnectError> {
@@ -408,6 +463,9 @@ pub(crate) struct Entry<'a> {
     modified_time: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     symlink_target: Option<&'a str>,
+    /// User metadata (envd 0.6.2), when the entry has some.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    metadata: &'a FileMetadata,
 }
 
 fn as_string<S: serde::Serializer>(n: &u64, s: S) -> Result<S::Ok, S::Error> {
@@ -432,6 +490,7 @@ impl<'a> Entry<'a> {
             group: id_name(info.gid),
             modified_time: rfc3339(info.modified),
             symlink_target: info.symlink_target.as_deref(),
+            metadata: &info.metadata,
         }
     }
 }
@@ -630,6 +689,7 @@ mod tests {
             gid: 1000,
             modified: std::time::UNIX_EPOCH + std::time::Duration::from_millis(1_700_000_000_500),
             symlink_target: None,
+            metadata: Default::default(),
         };
         let v = entry(&info);
         assert_eq!(v["name"], "a.txt");
@@ -643,6 +703,12 @@ mod tests {
         );
         assert_eq!(v["modifiedTime"], "2023-11-14T22:13:20.5Z");
         assert!(v.get("symlinkTarget").is_none());
+        assert!(v.get("metadata").is_none());
+        let tagged = FileInfo {
+            metadata: [("author".to_string(), "mish".to_string())].into(),
+            ..info.clone()
+        };
+        assert_eq!(entry(&tagged)["metadata"], json!({ "author": "mish" }));
         let link = FileInfo {
             kind: FileKind::Symlink,
             mode: 0o777,

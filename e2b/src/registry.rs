@@ -14,8 +14,9 @@ use subtle::ConstantTimeEq;
 
 /// The version of E2B's sandbox agent whose features Paddock's agent routes give:
 /// the SDKs gate features by it (stdin closing needs 0.5.2; octet-stream and gzip
-/// uploads 0.5.7; file metadata, which Paddock does not give yet, 0.6.2).
-pub const ENVD_VERSION: &str = "0.5.7";
+/// uploads 0.5.7; file metadata 0.6.2; a watch event's entry 0.6.3; the watch
+/// option for network mounts 0.6.4).
+pub const ENVD_VERSION: &str = "0.6.4";
 
 /// How often the reaper looks for sandboxes whose lifetime has passed.
 const REAP_EVERY: Duration = Duration::from_millis(250);

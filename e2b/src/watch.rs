@@ -59,6 +59,11 @@ struct WatchRequest {
     recursive: bool,
     #[serde(default)]
     include_entry: bool,
+    /// envd 0.6.4: whether a watch may be on a network file system (NFS, FUSE…).
+    /// Accepted either way: no sandbox here has one.
+    #[serde(default)]
+    #[allow(dead_code)]
+    allow_network_mounts: bool,
     #[serde(default)]
     watcher_id: String,
 }

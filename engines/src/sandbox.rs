@@ -98,6 +98,16 @@ pub(crate) trait FileOps: WorkdirBacked {
         self.file_op(move |w| w.rename(&from, &to))
     }
 
+    /// [`Sandbox::set_metadata`].
+    fn set_metadata(
+        &self,
+        path: &str,
+        metadata: &paddock_core::FileMetadata,
+    ) -> impl Future<Output = Result<()>> + Send {
+        let (path, metadata) = (path.to_string(), metadata.clone());
+        self.file_op(move |w| w.set_metadata(&path, &metadata))
+    }
+
     /// [`Sandbox::remove`].
     fn remove(&self, path: &str) -> impl Future<Output = Result<()>> + Send {
         let path = path.to_string();
@@ -271,6 +281,14 @@ macro_rules! workdir_sandbox {
 
             async fn remove(&self, path: &str) -> paddock_core::Result<()> {
                 $crate::sandbox::FileOps::remove(self, path).await
+            }
+
+            async fn set_metadata(
+                &self,
+                path: &str,
+                metadata: &paddock_core::FileMetadata,
+            ) -> paddock_core::Result<()> {
+                $crate::sandbox::FileOps::set_metadata(self, path, metadata).await
             }
 
             async fn watch(

@@ -307,6 +307,21 @@ pub struct MovePath {
     pub to: String,
 }
 
+/// Replaces the user metadata of a path of a session.
+#[derive(Debug, Message, Clone)]
+#[rtype(result = "Result<(), Error>")]
+pub struct SetMetadata {
+    /// On whose behalf: another tenant's session is `NOT_FOUND`, like one that never
+    /// existed.
+    pub caller: Caller,
+    /// The session id.
+    pub sandbox: String,
+    /// The file or directory.
+    pub path: String,
+    /// Its metadata from now on.
+    pub metadata: paddock_core::FileMetadata,
+}
+
 /// Removes a path of a session, a directory with everything in it.
 #[derive(Debug, Message, Clone)]
 #[rtype(result = "Result<(), Error>")]

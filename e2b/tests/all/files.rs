@@ -589,7 +589,7 @@ async fn octet_stream_and_gzip_uploads_write_their_path() {
     use std::io::Write as _;
     let t = E2bServer::start(256, &[("base", TemplateConfig::default())]);
     let created = t.create(ALICE, "base", json!({})).await;
-    assert_eq!(created["envdVersion"], "0.5.7");
+    assert_eq!(created["envdVersion"], "0.6.4");
     let id = created["sandboxID"].as_str().unwrap().to_string();
     let token = created["envdAccessToken"].as_str().unwrap().to_string();
     let post = |path: &str, body: Vec<u8>, encoding: Option<&str>| {
@@ -647,5 +647,92 @@ async fn octet_stream_and_gzip_uploads_write_their_path() {
     .await;
     assert_eq!(r.status, 400, "{}", r.text());
     assert!(r.text().contains("path"), "{}", r.text());
+    t.stop().await;
+}
+
+/// File metadata (envd 0.6.2) as the server checks it, whatever the client: the
+/// `X-Metadata-*` headers of an upload (the first of a repeated key), refused
+/// before a byte is written when a key or value is not printable ASCII or the
+/// whole is over 4,096 bytes; `Stat` and `ListDir` give it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upload_metadata_is_checked_by_the_server_and_read_back() {
+    let t = E2bServer::start(256, &[("base", TemplateConfig::default())]);
+    let created = t.create(ALICE, "base", json!({})).await;
+    let id = created["sandboxID"].as_str().unwrap().to_string();
+    let token = created["envdAccessToken"].as_str().unwrap().to_string();
+    let post = |path: &str, headers: &[(&str, &str)]| {
+        let mut r = Req::new("POST", &format!("/files?path={path}"))
+            .body("application/octet-stream", b"content".to_vec())
+            .at_port(&id, "49983")
+            .header("x-access-token", &token);
+        for (k, v) in headers {
+            r = r.header(k, v);
+        }
+        r
+    };
+    let r = send(
+        t.addr,
+        post(
+            "m/a.txt",
+            &[
+                ("X-Metadata-Author", "mish"),
+                ("x-metadata-author", "second"),
+                ("X-Metadata-Purpose", "a test"),
+            ],
+        ),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let meta = json!({ "author": "mish", "purpose": "a test" });
+    assert_eq!(r.json()[0]["metadata"], meta, "{}", r.text());
+    let stat = send(
+        t.addr,
+        fs(&id, &token, "Stat", json!({ "path": "m/a.txt" })),
+    )
+    .await;
+    assert_eq!(stat.json()["entry"]["metadata"], meta, "{}", stat.text());
+    let list = send(t.addr, fs(&id, &token, "ListDir", json!({ "path": "m" }))).await;
+    assert_eq!(
+        list.json()["entries"][0]["metadata"],
+        meta,
+        "{}",
+        list.text()
+    );
+
+    let big = "v".repeat(4096);
+    for (headers, why) in [
+        (vec![("X-Metadata-Key", "tab\tinside")], "printable"),
+        (vec![("X-Metadata-Key", "caf\u{e9}")], "printable"),
+        (vec![("X-Metadata-Key", big.as_str())], "4096"),
+    ] {
+        let r = send(t.addr, post("m/refused.txt", &headers)).await;
+        assert_eq!(r.status, 400, "{headers:?}: {}", r.text());
+        assert!(r.text().contains(why), "{headers:?}: {}", r.text());
+    }
+    let stat = send(
+        t.addr,
+        fs(&id, &token, "Stat", json!({ "path": "m/refused.txt" })),
+    )
+    .await;
+    assert_eq!(
+        code(&stat),
+        "not_found",
+        "a refused upload wrote nothing: {}",
+        stat.text()
+    );
+    // An upload without metadata clears what the file had.
+    let r = send(t.addr, post("m/a.txt", &[])).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.json()[0].get("metadata").is_none(), "{}", r.text());
+    let stat = send(
+        t.addr,
+        fs(&id, &token, "Stat", json!({ "path": "m/a.txt" })),
+    )
+    .await;
+    assert!(
+        stat.json()["entry"].get("metadata").is_none(),
+        "{}",
+        stat.text()
+    );
     t.stop().await;
 }

@@ -36,6 +36,7 @@ const CHECKS: &[&str] = &[
     "the_issue_snippet",
     "commands",
     "files",
+    "metadata",
     "pty",
     "lifecycle",
     "bad_input",

@@ -28,7 +28,7 @@ from e2b import (
     SandboxQuery,
     TimeoutException,
 )
-from e2b.exceptions import SandboxNotRunningException
+from e2b.exceptions import InvalidArgumentException, SandboxNotRunningException
 
 URL = os.environ.get("E2B_API_URL", "")
 ENGINE = os.environ["PADDOCK_ENGINE"]
@@ -767,6 +767,47 @@ def watch():
         sbx.kill()
 
 
+def metadata():
+    """File metadata (envd 0.6.2): set by an upload, read back by stat, list and move,
+    replaced (so cleared) by the next upload, kept in the file's `user.e2b.`
+    attributes (what a program sets there is metadata too); bad metadata writes
+    nothing."""
+    sbx = Sandbox.create(api_key=ALICE)
+    try:
+        meta = {"author": "mish", "purpose": "upload"}
+        info = sbx.files.write("meta/a.txt", "x", metadata=meta)
+        check(info.metadata == meta, f"the upload's answer: {info}")
+        check(sbx.files.get_info("meta/a.txt").metadata == meta, "stat")
+        info = sbx.files.write("meta/b.txt", "y", metadata=meta, use_octet_stream=True)
+        check(info.metadata == meta, f"an octet-stream upload's answer: {info}")
+        infos = sbx.files.write_files(
+            [{"path": "meta/c.txt", "data": "1"}, {"path": "meta/d.txt", "data": "2"}],
+            metadata={"source": "suite"},
+        )
+        check([i.metadata for i in infos] == [{"source": "suite"}] * 2, f"every file of an upload: {infos}")
+        listed = {e.name: e.metadata for e in sbx.files.list("meta")}
+        check(listed["a.txt"] == meta and listed["d.txt"] == {"source": "suite"}, f"listed: {listed}")
+        moved = sbx.files.rename("meta/a.txt", "meta/moved.txt")
+        check(moved.metadata == meta, f"moved: {moved}")
+        info = sbx.files.write("meta/moved.txt", "again")
+        check(info.metadata is None, f"overwritten without metadata: {info}")
+        check(sbx.files.get_info("meta/moved.txt").metadata is None, "the old metadata is gone")
+        sbx.commands.run(
+            "python3 -c \"import os; os.setxattr('/home/user/meta/b.txt', 'user.e2b.by', b'program')\""
+        )
+        got = sbx.files.get_info("meta/b.txt").metadata
+        check(got == {**meta, "by": "program"}, f"set by a program: {got}")
+        for bad in ({"bad key": "v"}, {"": "v"}, {"k": "bad\nvalue"}, {"k": "value\n"}):
+            try:
+                sbx.files.write("meta/bad.txt", "x", metadata=bad)
+                raise AssertionError(f"{bad!r} was accepted")
+            except InvalidArgumentException:
+                pass
+        check(not sbx.files.exists("meta/bad.txt"), "a refused write writes nothing")
+    finally:
+        sbx.kill()
+
+
 def caps():
     """Run alone, against a server with server.max_requests_per_tenant = 3."""
     from e2b import RateLimitException
@@ -1039,7 +1080,10 @@ def network():
         listener.close()
 
 
-CHECKS = [the_issue_snippet, commands, files, pty, lifecycle, bad_input, tenants, code_interpreter, ports, watch, network]
+CHECKS = [
+    the_issue_snippet, commands, files, metadata, pty, lifecycle, bad_input, tenants,
+    code_interpreter, ports, watch, network,
+]
 
 if __name__ == "__main__":
     wanted = sys.argv[1:]

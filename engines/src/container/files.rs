@@ -45,6 +45,7 @@ fn info(e: WireEntry) -> FileInfo {
         gid: e.gid,
         modified,
         symlink_target: e.target,
+        metadata: e.metadata,
     }
 }
 

@@ -190,6 +190,26 @@ impl SandboxHandle {
             .map_err(gone)?
     }
 
+    /// Replaces the user metadata of a file or directory (see
+    /// [`Sandbox::set_metadata`](paddock_core::Sandbox::set_metadata)): an empty
+    /// map clears it.
+    pub async fn set_metadata(
+        &self,
+        path: &str,
+        metadata: paddock_core::FileMetadata,
+    ) -> Result<(), Error> {
+        self.paddock
+            .supervisor
+            .send(SetMetadata {
+                caller: self.caller.clone(),
+                sandbox: self.info.id.clone(),
+                path: path.into(),
+                metadata,
+            })
+            .await
+            .map_err(gone)?
+    }
+
     /// Moves (renames) `from` to `to`, making `to`'s parents.
     pub async fn rename(&self, from: &str, to: &str) -> Result<(), Error> {
         self.paddock

@@ -173,6 +173,9 @@ session_op!(MakeDir, bool, "make_dir", |sb, msg| async move {
 session_op!(MovePath, (), "rename", |sb, msg| async move {
     sb.rename(&msg.from, &msg.to).await
 });
+session_op!(SetMetadata, (), "set_metadata", |sb, msg| async move {
+    sb.set_metadata(&msg.path, &msg.metadata).await
+});
 session_op!(RemovePath, (), "remove", |sb, msg| async move {
     sb.remove(&msg.path).await
 });
