@@ -47,6 +47,9 @@ pub struct SandboxSpec {
 /// [`Sandbox::remove`], [`Sandbox::watch`]).
 pub const FEATURE_FILEOPS: &str = "fileops";
 
+/// The feature of engines that tell what a sandbox uses ([`Sandbox::usage`]).
+pub const FEATURE_USAGE: &str = "usage";
+
 /// The feature of engines that place the workdir at [`SandboxSpec::home`].
 pub const FEATURE_HOME: &str = "home";
 
@@ -364,6 +367,15 @@ pub trait Sandbox: Send + Sync + fmt::Debug {
     /// Kills everything the sandbox runs and frees its resources. Idempotent, and safe
     /// to call concurrently.
     async fn destroy(&self) -> Result<()>;
+
+    /// What the sandbox uses now: CPU time, memory and disk (see
+    /// [`SandboxUsage`](crate::SandboxUsage)), read from its cgroup and its disk.
+    ///
+    /// Optional: an engine that can tell advertises the `usage` feature; the
+    /// default refuses with `CAPABILITY_NOT_SUPPORTED`.
+    async fn usage(&self) -> Result<crate::SandboxUsage> {
+        Err(not_supported(self.engine(), "report usage", FEATURE_USAGE))
+    }
 
     /// Freezes everything the sandbox runs, in place: its processes stop, use no CPU
     /// and keep their memory until [`unpause`](Sandbox::unpause). An execution in

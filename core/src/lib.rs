@@ -54,6 +54,7 @@ pub mod spin;
 pub mod stream_buffer;
 mod strict;
 pub mod tenancy;
+pub mod usage;
 pub mod valid;
 
 pub use cancel::{CancelToken, TokenState};
@@ -84,4 +85,5 @@ pub use isolation::{Capabilities, EngineName, IsolationLevel, NetworkPolicy};
 pub use limits::{LimitKind, LimitSpec, Limits, LIMIT_TABLE};
 pub use program::{Language, Program, ProgramKind};
 pub use tenancy::{AccessRules, Allowed, NetworkKind};
+pub use usage::SandboxUsage;
 pub use valid::{ValidRequest, ValidationProbe};

@@ -32,7 +32,7 @@ type Answer = Result<HttpResponse, ApiError>;
 
 /// The caller of a control-plane request, from its `X-API-Key`.
 /// (`admission::require_key` checked it already on the control plane's routes.)
-fn caller(inner: &Inner, req: &HttpRequest) -> Result<Caller, ApiError> {
+pub(crate) fn caller(inner: &Inner, req: &HttpRequest) -> Result<Caller, ApiError> {
     if let Some(caller) = crate::admission::checked_caller(req) {
         return Ok(caller);
     }
@@ -67,7 +67,7 @@ async fn read_body(mut payload: web::Payload) -> Result<Vec<u8>, ApiError> {
 
 /// Sandbox `id` when the caller of `req` may see it; another tenant's is answered as
 /// one that does not exist.
-fn mine(inner: &Inner, req: &HttpRequest, id: &str) -> Result<Arc<Sbx>, ApiError> {
+pub(crate) fn mine(inner: &Inner, req: &HttpRequest, id: &str) -> Result<Arc<Sbx>, ApiError> {
     let caller = caller(inner, req)?;
     inner
         .visible(&caller, id)
@@ -114,7 +114,7 @@ fn created(inner: &Inner, s: &Sbx, req: &HttpRequest) -> Value {
     v
 }
 
-fn rfc3339(t: SystemTime) -> String {
+pub(crate) fn rfc3339(t: SystemTime) -> String {
     let t: time::OffsetDateTime = t.into();
     t.format(&time::format_description::well_known::Rfc3339)
         .unwrap_or_default()

@@ -100,7 +100,7 @@ pub(crate) async fn upload(
         Ok(m) => m,
         Err(refusal) => {
             drain(&mut payload).await;
-            return refusal;
+            return *refusal;
         }
     };
     let ctype = req
@@ -140,7 +140,7 @@ const METADATA_HEADER: &str = "x-metadata-";
 /// The metadata an upload's `X-Metadata-<key>: <value>` headers give its files
 /// (keys lowercased; of a key sent twice, the first value), checked before any
 /// byte is written.
-fn upload_metadata(req: &HttpRequest) -> Result<FileMetadata, HttpResponse> {
+fn upload_metadata(req: &HttpRequest) -> Result<FileMetadata, Box<HttpResponse>> {
     let mut meta = FileMetadata::new();
     for (name, value) in req.headers().iter() {
         // Header names come lowercased.
@@ -148,16 +148,16 @@ fn upload_metadata(req: &HttpRequest) -> Result<FileMetadata, HttpResponse> {
             continue;
         };
         let Ok(value) = value.to_str() else {
-            return Err(http_error(
+            return Err(Box::new(http_error(
                 StatusCode::BAD_REQUEST,
                 format!("the value of metadata key `{key}` must be printable ASCII (0x20-0x7E)"),
-            ));
+            )));
         };
         meta.entry(key.to_string())
             .or_insert_with(|| value.to_string());
     }
     paddock_core::check_metadata("metadata", &meta)
-        .map_err(|e| http_error(StatusCode::BAD_REQUEST, e.message))?;
+        .map_err(|e| Box::new(http_error(StatusCode::BAD_REQUEST, e.message)))?;
     Ok(meta)
 }
 

@@ -43,6 +43,7 @@ mod errors;
 mod files;
 mod forward;
 mod interpreter;
+mod metrics;
 mod process;
 mod registry;
 mod routing;

@@ -61,6 +61,8 @@ pub(crate) struct Sbx {
     pub(crate) home: String,
     pub(crate) cpu_count: u32,
     pub(crate) memory_mb: u64,
+    /// Its use of CPU, memory and disk over the last hour.
+    pub(crate) metrics: parking_lot::Mutex<crate::metrics::Metrics>,
 }
 
 impl Sbx {

@@ -61,7 +61,13 @@ pub const CONTROL: &[ControlRoute] = &[
     ControlRoute::new("POST", "/v2/sandboxes", || web::route().to(control::create)),
     ControlRoute::new("GET", "/sandboxes", || web::route().to(control::list)),
     ControlRoute::new("GET", "/v2/sandboxes", || web::route().to(control::list)),
+    ControlRoute::new("GET", "/sandboxes/metrics", || {
+        web::route().to(crate::metrics::latest_metrics)
+    }),
     ControlRoute::new("GET", "/sandboxes/{id}", || web::route().to(control::get)),
+    ControlRoute::new("GET", "/sandboxes/{id}/metrics", || {
+        web::route().to(crate::metrics::sandbox_metrics)
+    }),
     ControlRoute::new("DELETE", "/sandboxes/{id}", || {
         web::route().to(control::kill)
     }),

@@ -67,6 +67,34 @@ pub(crate) trait WorkdirBacked: Sandbox + Teardown {
     }
 }
 
+/// A sandbox's [`SandboxUsage`](paddock_core::SandboxUsage): what its groups use
+/// (added up: a sandbox may keep its warm workers in a group of their own), and its
+/// workdir's disk, under `limits` (the memory limit and CPUs when its groups set
+/// none; else the host's). Blocking: reads files and may walk the workdir.
+pub(crate) fn usage_of(
+    groups: &[crate::host::cgroup::GroupUsage],
+    workdir: &Workdir,
+    limits: &paddock_core::Limits,
+) -> paddock_core::SandboxUsage {
+    let host = paddock_core::host::HostFacts::this_host();
+    let (disk_used_bytes, disk_total_bytes) = workdir.disk_usage();
+    let limit = groups.iter().filter_map(|g| g.memory_limit).min();
+    paddock_core::SandboxUsage {
+        cpu_ns: groups.iter().map(|g| g.cpu_ns).sum(),
+        cpus: limits
+            .cpu_millicores
+            .map_or_else(|| host.cores.unwrap_or(1) as f64, |m| m as f64 / 1000.0),
+        memory_bytes: groups.iter().map(|g| g.memory_bytes).sum(),
+        memory_cache_bytes: groups.iter().map(|g| g.cache_bytes).sum(),
+        memory_limit_bytes: limit
+            .or(limits.memory_bytes)
+            .or(host.memory_bytes)
+            .unwrap_or(0),
+        disk_used_bytes,
+        disk_total_bytes,
+    }
+}
+
 /// The `fileops` calls of a sandbox (see the [`Sandbox`] methods of the same
 /// names for what they answer). The defaults do them on the workdir.
 pub(crate) trait FileOps: WorkdirBacked {

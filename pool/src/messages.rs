@@ -307,6 +307,17 @@ pub struct MovePath {
     pub to: String,
 }
 
+/// What a session uses now: CPU time, memory and disk.
+#[derive(Debug, Message, Clone)]
+#[rtype(result = "Result<paddock_core::SandboxUsage, Error>")]
+pub struct GetUsage {
+    /// On whose behalf: another tenant's session is `NOT_FOUND`, like one that never
+    /// existed.
+    pub caller: Caller,
+    /// The session id.
+    pub sandbox: String,
+}
+
 /// Replaces the user metadata of a path of a session.
 #[derive(Debug, Message, Clone)]
 #[rtype(result = "Result<(), Error>")]

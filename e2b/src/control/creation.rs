@@ -259,8 +259,10 @@ async fn create_inner(inner: &Arc<Inner>, req: &HttpRequest, body: &[u8]) -> Ans
                 .cpu_millicores
                 .map_or(1, |m| m.div_ceil(1000).max(1) as u32),
             memory_mb: template.limits.memory_bytes.map_or(0, |b| b >> 20),
+            metrics: Default::default(),
         });
         inner.sandboxes.insert(id, sbx.clone());
+        crate::metrics::start_sampling(&sbx);
         Ok::<_, Error>(sbx)
     });
     let sbx = opened.await.map_err(|e| {

@@ -10,6 +10,7 @@ mod files;
 mod ingress;
 mod input;
 mod live;
+mod metrics;
 mod processes;
 mod sdk;
 mod templates;

@@ -37,6 +37,7 @@ const CHECKS: &[&str] = &[
     "commands",
     "files",
     "metadata",
+    "metrics",
     "pty",
     "lifecycle",
     "bad_input",

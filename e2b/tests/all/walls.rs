@@ -65,7 +65,11 @@ fn agent_requests(id: &str, token: &str) -> Vec<(String, Req)> {
 /// A control-plane request of `route` for sandbox `id`, with `key`.
 fn control_request(method: &str, path: &str, id: &str, key: &str) -> Req {
     // `{alias}`: a template's, the server's own (no tenant's).
-    let path = path.replace("{id}", id).replace("{alias}", "base");
+    let mut path = path.replace("{id}", id).replace("{alias}", "base");
+    if path == "/sandboxes/metrics" {
+        // The sandboxes asked about: the one the matrix is about.
+        path = format!("{path}?sandbox_ids={id}");
+    }
     let req = Req::new(method, &path).header("x-api-key", key);
     if path.ends_with("/timeout") || path.ends_with("/connect") || path.ends_with("/resume") {
         req.json(&json!({"timeout": 60}))
@@ -120,6 +124,34 @@ async fn tenant_b_reaches_nothing_of_tenant_a_on_any_e2b_route() {
         !listed.text().contains(aid),
         "bob's list: {}",
         listed.text()
+    );
+
+    // Nor does a batch of metrics that names alice's sandbox, once it has some.
+    let sampled = async {
+        for _ in 0..100 {
+            let a = send(
+                t.addr,
+                control_request("GET", "/sandboxes/{id}/metrics", aid, ALICE),
+            )
+            .await;
+            if a.json().as_array().is_some_and(|s| !s.is_empty()) {
+                return true;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        false
+    };
+    assert!(sampled.await, "alice's sandbox got no metrics within 10 s");
+    let batch = send(
+        t.addr,
+        control_request("GET", "/sandboxes/metrics", aid, BOB),
+    )
+    .await;
+    assert_eq!(batch.status, 200, "{}", batch.text());
+    assert!(
+        !batch.text().contains(aid),
+        "bob's metrics: {}",
+        batch.text()
     );
 
     // Alice's sandbox went through all of that untouched, and every route of the

@@ -808,6 +808,38 @@ def metadata():
         sbx.kill()
 
 
+def metrics():
+    """get_metrics: samples of the sandbox's CPU, memory and disk, a busy CPU seen,
+    nothing from before the sandbox existed."""
+    start = datetime.datetime.now(datetime.timezone.utc)
+    sbx = Sandbox.create(api_key=ALICE)
+    try:
+        sbx.commands.run(
+            "end=$(($(date +%s) + 6)); i=0; while :; do i=$((i + 1)); "
+            "if [ $((i % 20000)) -eq 0 ] && [ $(date +%s) -ge $end ]; then break; fi; done",
+            background=True,
+        )
+        found = []
+        deadline = time.time() + 15
+        while time.time() < deadline:
+            found = sbx.get_metrics()
+            if any(m.cpu_used_pct >= 20 for m in found):
+                break
+            time.sleep(0.5)
+        check(any(m.cpu_used_pct >= 20 for m in found), f"a busy CPU: {found}")
+        m = found[-1]
+        check(m.cpu_count >= 1 and 0 < m.mem_used <= m.mem_total, f"memory: {m}")
+        check(0 <= m.disk_used <= m.disk_total and m.disk_total > 0, f"disk: {m}")
+        check(m.timestamp.timestamp() >= start.timestamp() - 1, f"when: {m.timestamp} after {start}")
+        before = sbx.get_metrics(
+            start=start - datetime.timedelta(hours=1),
+            end=start - datetime.timedelta(minutes=30),
+        )
+        check(before == [], f"before the sandbox: {before}")
+    finally:
+        sbx.kill()
+
+
 def caps():
     """Run alone, against a server with server.max_requests_per_tenant = 3."""
     from e2b import RateLimitException
@@ -1081,8 +1113,8 @@ def network():
 
 
 CHECKS = [
-    the_issue_snippet, commands, files, metadata, pty, lifecycle, bad_input, tenants,
-    code_interpreter, ports, watch, network,
+    the_issue_snippet, commands, files, metadata, metrics, pty, lifecycle, bad_input,
+    tenants, code_interpreter, ports, watch, network,
 ]
 
 if __name__ == "__main__":

@@ -372,6 +372,32 @@ crate::sandbox::workdir_sandbox! {
             self.engine.name.clone()
         }
 
+        async fn usage(&self) -> Result<paddock_core::SandboxUsage> {
+            let _op = self.enter()?;
+            // The sandbox's group holds its containers' groups: the kernel counts
+            // them in it (hierarchically, on v1 as on v2).
+            let engine = self.engine.clone();
+            let (cgroup, workdir) = (self.cgroup.clone(), self.workdir.clone());
+            let limits = self.spec.limits.or(&self.engine.defaults);
+            blocking(move || {
+                let group = if engine.v2 {
+                    engine.v2_dir(&cgroup).and_then(|d| {
+                        let read = |p: &std::path::Path| std::fs::read_to_string(p);
+                        crate::host::cgroup::read_v2_usage(&read, &d).ok()
+                    })
+                } else {
+                    engine.cgroup_dir("memory", &cgroup).and_then(|m| {
+                        let cpu = engine.cgroup_dir("cpuacct", &cgroup);
+                        crate::host::cgroup::read_v1_usage(&m, cpu.as_deref()).ok()
+                    })
+                };
+                // No group yet: no container has run, nothing is used.
+                let groups: Vec<_> = group.into_iter().collect();
+                Ok(crate::sandbox::usage_of(&groups, &workdir, &limits))
+            })
+            .await
+        }
+
         fn leased(&self) {
             let Some(setup) = &self.engine.runners else {
                 return;

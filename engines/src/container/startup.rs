@@ -363,6 +363,7 @@ impl ContainerEngine {
             "cgroup",
             "seccomp",
             paddock_core::engine::FEATURE_HOME,
+            paddock_core::engine::FEATURE_USAGE,
         ];
         let v1_has = |controller: &str| {
             inner

@@ -199,7 +199,7 @@ impl SubprocessEngine {
             features.push("suspend");
         }
         if cgroups.is_some() {
-            features.push("cgroup");
+            features.extend(["cgroup", paddock_core::engine::FEATURE_USAGE]);
         }
         // What binds: rlimits always; memory and pids through the cgroup, or without
         // one through RLIMIT_AS (coarse, but it binds) and RLIMIT_NPROC, which binds

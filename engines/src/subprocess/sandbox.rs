@@ -546,6 +546,27 @@ crate::sandbox::workdir_sandbox! {
             );
         }
 
+        async fn usage(&self) -> Result<paddock_core::SandboxUsage> {
+            let _op = self.enter()?;
+            let groups: Vec<_> = [&self.cgroup, &self.warm_cgroup]
+                .into_iter()
+                .flatten()
+                .cloned()
+                .collect();
+            if groups.is_empty() {
+                return Err(Error::new(
+                    paddock_core::ErrorCode::CapabilityNotSupported,
+                    "this subprocess sandbox has no cgroup (the engine runs without cgroups), so its usage is not known",
+                ));
+            }
+            let (workdir, limits) = (self.workdir.clone(), self.spec.limits.or(&self.engine.defaults));
+            crate::task::blocking(move || {
+                let used: Vec<_> = groups.iter().filter_map(|g| g.usage().ok()).collect();
+                Ok(crate::sandbox::usage_of(&used, &workdir, &limits))
+            })
+            .await
+        }
+
         async fn recycle(&self) -> Result<()> {
             // The lease ends: its planned retirement of unused runners is off.
             self.leases.ended();

@@ -190,6 +190,19 @@ impl SandboxHandle {
             .map_err(gone)?
     }
 
+    /// What the sandbox uses now (see
+    /// [`Sandbox::usage`](paddock_core::Sandbox::usage)).
+    pub async fn usage(&self) -> Result<paddock_core::SandboxUsage, Error> {
+        self.paddock
+            .supervisor
+            .send(GetUsage {
+                caller: self.caller.clone(),
+                sandbox: self.info.id.clone(),
+            })
+            .await
+            .map_err(gone)?
+    }
+
     /// Replaces the user metadata of a file or directory (see
     /// [`Sandbox::set_metadata`](paddock_core::Sandbox::set_metadata)): an empty
     /// map clears it.

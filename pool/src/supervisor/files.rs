@@ -173,6 +173,12 @@ session_op!(MakeDir, bool, "make_dir", |sb, msg| async move {
 session_op!(MovePath, (), "rename", |sb, msg| async move {
     sb.rename(&msg.from, &msg.to).await
 });
+session_op!(
+    GetUsage,
+    paddock_core::SandboxUsage,
+    "usage",
+    |sb, _msg| async move { sb.usage().await }
+);
 session_op!(SetMetadata, (), "set_metadata", |sb, msg| async move {
     sb.set_metadata(&msg.path, &msg.metadata).await
 });

@@ -28,6 +28,7 @@ mod fs;
 mod group;
 mod layout;
 mod root;
+mod usage;
 mod v1;
 mod v2;
 mod v2_host;
@@ -35,11 +36,13 @@ mod v2_host;
 pub use discovery::{hierarchies, own_path, Hierarchy};
 pub use fs::{CgroupFs, RealFs};
 pub use layout::Layout;
+pub use usage::GroupUsage;
 pub use v1::{kill_dirs, remove_tree, set_frozen};
 pub use v2_host::{kill_v2, set_frozen_v2, v2_mount};
 
 pub(crate) use accounting::{limits_error, oom_kill_count, pids_max_count, pids_warning};
 pub(crate) use discovery::{return_to_own_groups, v1_controllers};
+pub(crate) use usage::{read_v1 as read_v1_usage, read_v2 as read_v2_usage};
 pub(crate) use v1::write_memory_limit;
 pub(crate) use v2::CPU_PERIOD_US;
 pub(crate) use v2_host::{

@@ -5,7 +5,49 @@ use paddock_core::{Error, ExecResult, LimitKind, Limits, Result};
 
 use super::Workdir;
 
+/// The most entries [`Workdir::disk_usage`] adds up in a workdir without a file
+/// system of its own.
+const MAX_DISK_WALK: usize = 20_000;
+
 impl Workdir {
+    /// The bytes its files take on disk, and the most they may take. With a disk
+    /// quota, both come from its own file system (`statvfs`); without, its files'
+    /// blocks are added up (at most [`MAX_DISK_WALK`] entries: beyond, what was
+    /// counted), against the size of the file system it is on.
+    pub fn disk_usage(&self) -> (u64, u64) {
+        if let Some(volume) = &self.volume {
+            let total = volume.quota().bytes;
+            let free = volume.fill().map_or(total, |f| f.free_bytes.min(total));
+            return (total - free, total);
+        }
+        let total =
+            rustix::fs::statvfs(self.root()).map_or(0, |s| s.f_blocks.saturating_mul(s.f_frsize));
+        let mut used = 0u64;
+        let mut seen = 0usize;
+        let mut dirs = vec![self.root().to_path_buf()];
+        'walk: while let Some(dir) = dirs.pop() {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                seen += 1;
+                if seen > MAX_DISK_WALK {
+                    break 'walk;
+                }
+                // Not followed: a symlink counts as itself.
+                let Ok(meta) = std::fs::symlink_metadata(entry.path()) else {
+                    continue;
+                };
+                use std::os::unix::fs::MetadataExt;
+                used = used.saturating_add(meta.blocks().saturating_mul(512));
+                if meta.is_dir() {
+                    dirs.push(entry.path());
+                }
+            }
+        }
+        (used, total)
+    }
+
     /// The disk limit that is used up now, if any (see [`crate::volume::Fill`]).
     pub fn disk_exhausted(&self) -> Option<LimitKind> {
         self.volume.as_ref().and_then(|v| v.exhausted())

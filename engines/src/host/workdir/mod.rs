@@ -235,6 +235,16 @@ mod tests {
     use super::test_workdir as wd;
 
     #[test]
+    fn disk_usage_adds_up_a_workdir_without_a_quota() {
+        let (_t, w) = wd();
+        let (empty, total) = w.disk_usage();
+        assert!(total > 0);
+        w.write_file("d/big", &vec![7u8; 1 << 20]).unwrap();
+        let (used, _) = w.disk_usage();
+        assert!(used >= empty + (1 << 20), "{empty} then {used}");
+    }
+
+    #[test]
     fn clear_and_remove() {
         let (_t, w) = wd();
         w.write_file("d/e/f", b"1").unwrap();
