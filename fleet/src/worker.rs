@@ -434,10 +434,10 @@ async fn run(
     });
     inner.orders.running.insert(id.clone(), running.clone());
     let mut exec = Execute::new(order.request.clone());
-    exec.engine = Some(order.engine.clone());
-    exec.level = order.level;
-    exec.network = order.network.clone();
-    exec.traceparent = order.traceparent.clone();
+    exec.order.engine = Some(order.engine.clone());
+    exec.order.level = order.level;
+    exec.order.network = order.network.clone();
+    exec.order.traceparent = order.traceparent.clone();
     // Work accepted on this node streams through its streamer as it is: only other
     // nodes need the output relayed.
     if order.stream && order.accepted_by != inner.node {
