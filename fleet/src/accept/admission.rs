@@ -97,18 +97,18 @@ impl Federated {
                 return Err(refuse(e).await);
             }
         }
+        // The caller's order goes on as it came, with the engine chosen here and the
+        // `on_node_loss` that holds named in it.
+        let mut exec = msg.order;
+        exec.engine = Some(engine.clone());
+        exec.on_node_loss = Some(exec.on_node_loss.unwrap_or(inner.config.on_node_loss));
         let order = Order {
-            request: msg.order.request,
-            engine: engine.clone(),
-            level: msg.order.level,
-            network: msg.order.network,
-            traceparent: msg.order.traceparent,
+            exec,
             stream,
             accepted_by: inner.node.clone(),
             reply: inner.names.inbox(&inner.node),
             accepted_at_ms,
             start_by_ms,
-            on_node_loss: msg.order.on_node_loss.unwrap_or(inner.config.on_node_loss),
         };
         let payload = bytes::Bytes::from(serde_json::to_vec(&order).unwrap_or_default());
         if payload.len() + 1024 > inner.max_payload {
@@ -148,7 +148,7 @@ impl Federated {
             inner: inner.clone(),
             id: id.clone(),
         };
-        if let Err(e) = self.publish(&order, payload).await {
+        if let Err(e) = self.publish(&id, &engine, payload).await {
             if e.code == ErrorCode::FleetUnavailable {
                 // It may be queued all the same (the acknowledgement is what was
                 // lost): the key stays, so a retry with it attaches to this one,
