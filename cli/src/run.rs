@@ -270,7 +270,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<i32, UsageError> {
     // refused with INVALID_OPTIONS, which exits 2 like a usage error.
     let id = request.id.clone();
     let mut msg = Execute::new(request).on(chosen);
-    msg.network = match args.network {
+    msg.order.network = match args.network {
         NetworkArg::None => NetworkPolicy::None,
         NetworkArg::Host => NetworkPolicy::Unrestricted,
     };

@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
-use crate::exec::ExecRequest;
+use crate::exec::{ExecOrder, ExecRequest};
 use crate::isolation::{EngineName, IsolationLevel, NetworkPolicy};
 use crate::limits::Limits;
 use crate::program::Program;
@@ -54,23 +54,23 @@ pub struct ExecBody {
 }
 
 impl ExecBody {
-    /// The request for `tenant`, with the engine, network and level asked for.
-    pub fn into_request(
-        self,
-        tenant: Option<String>,
-    ) -> (
-        ExecRequest,
-        Option<EngineName>,
-        NetworkPolicy,
-        IsolationLevel,
-    ) {
-        let mut r = ExecRequest::new(self.program);
-        r.stdin = self.stdin;
-        r.env = self.env;
-        r.cwd = self.cwd;
-        r.limits = self.limits;
-        r.tenant = tenant;
-        (r, self.engine, self.network, self.level)
+    /// The order for `tenant`: the request, with the engine, level, network and
+    /// `on_node_loss` asked for (no trace: that comes in a header).
+    pub fn into_order(self, tenant: Option<String>) -> ExecOrder {
+        let mut request = ExecRequest::new(self.program);
+        request.stdin = self.stdin;
+        request.env = self.env;
+        request.cwd = self.cwd;
+        request.limits = self.limits;
+        request.tenant = tenant;
+        ExecOrder {
+            request,
+            engine: self.engine,
+            level: self.level,
+            network: self.network,
+            traceparent: None,
+            on_node_loss: self.on_node_loss,
+        }
     }
 }
 
@@ -148,10 +148,10 @@ mod tests {
         let b: ExecBody =
             parse_body(br#"{"program": {"command": ["true"]}, "limits": {"timeout_ms": 5}}"#)
                 .unwrap();
-        let (r, engine, _, _) = b.into_request(Some("t".into()));
-        assert_eq!(r.limits.timeout_ms, Some(5));
-        assert_eq!(r.tenant.as_deref(), Some("t"));
-        assert!(engine.is_none());
+        let order = b.into_order(Some("t".into()));
+        assert_eq!(order.request.limits.timeout_ms, Some(5));
+        assert_eq!(order.request.tenant.as_deref(), Some("t"));
+        assert!(order.engine.is_none());
         let e = parse_body::<ExecBody>(
             br#"{"program": {"command": ["true"]}, "limits": {"memory_bytes": "x"}}"#,
         )

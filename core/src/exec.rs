@@ -7,7 +7,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, ErrorCode, Result};
-use crate::isolation::EngineName;
+use crate::fleet::OnNodeLoss;
+use crate::isolation::{EngineName, IsolationLevel, NetworkPolicy};
 use crate::limits::{LimitKind, Limits};
 use crate::program::Program;
 
@@ -135,6 +136,60 @@ impl ExecRequest {
             return Err(Error::invalid_options("stdin", "is larger than 64 MiB"));
         }
         Ok(())
+    }
+}
+
+/// An execution as it is ordered: what to run ([`ExecRequest`]) and how (the engine,
+/// the isolation level, the network, the caller's trace, what a fleet does if the
+/// node running it is lost).
+///
+/// One type from the surface that reads the caller's body to the engine's pool:
+/// the facade's `Execute` carries it, and a fleet's work order embeds it as it is
+/// (its fields inline, beside the order's routing), so that the node that runs the
+/// work gets it back without copying a field.
+///
+/// ```
+/// use paddock_core::{EngineName, ExecOrder, ExecRequest, IsolationLevel, Program};
+///
+/// let mut order = ExecOrder::new(ExecRequest::new(Program::command(["true"])));
+/// order.engine = Some(EngineName::SUBPROCESS);
+/// order.level = IsolationLevel::Strict;
+/// assert!(order.on_node_loss.is_none());
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExecOrder {
+    /// The request (its `id` names the execution for cancel and streaming).
+    pub request: ExecRequest,
+    /// The engine; the configured default when `None`. A fleet's accepting node
+    /// names the engine it chose before the order leaves it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<EngineName>,
+    /// The isolation level required; refused, never downgraded, if the engine
+    /// cannot give it.
+    pub level: IsolationLevel,
+    /// The network policy.
+    pub network: NetworkPolicy,
+    /// W3C `traceparent` of the caller, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+    /// In a fleet, what to do if the node running it is lost; the fleet's setting
+    /// when `None` (a fleet's accepting node names it before the order leaves it).
+    /// A single node ignores it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_node_loss: Option<OnNodeLoss>,
+}
+
+impl ExecOrder {
+    /// An order for `request` on the default engine with default policy.
+    pub fn new(request: ExecRequest) -> ExecOrder {
+        ExecOrder {
+            request,
+            engine: None,
+            level: IsolationLevel::None,
+            network: NetworkPolicy::None,
+            traceparent: None,
+            on_node_loss: None,
+        }
     }
 }
 

@@ -66,8 +66,8 @@ pub use config::{
 pub use engine::{DiscardSink, Engine, FileEntry, OutputSink, Sandbox, SandboxSpec, SandboxStatus};
 pub use error::{Error, ErrorCode, Result};
 pub use exec::{
-    unix_ms, ExecRequest, ExecResult, ExecutionId, Outcome, OutputChunk, StreamKind, Timings,
-    Usage, WireResult,
+    unix_ms, ExecOrder, ExecRequest, ExecResult, ExecutionId, Outcome, OutputChunk, StreamKind,
+    Timings, Usage, WireResult,
 };
 pub use files::{
     check_metadata, ByteSource, FileEvent, FileEventKind, FileInfo, FileKind, FileMetadata,

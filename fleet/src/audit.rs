@@ -15,7 +15,7 @@ use async_nats::jetstream::consumer;
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use futures_util::StreamExt;
-use paddock_core::{unix_ms, EngineName, Error, ErrorCode, ExecRequest, ExecResult, ExecutionId};
+use paddock_core::{unix_ms, Error, ErrorCode, ExecResult};
 use paddock_pool::audit::{AuditEntry, AuditQuery, DEFAULT_SEARCH_LIMIT};
 use paddock_pool::Caller;
 
@@ -34,34 +34,15 @@ pub(crate) const ANSWER_PATIENCE: Duration = Duration::from_secs(15);
 /// How long one search may wait for the entries it must read.
 const READ_PATIENCE: Duration = Duration::from_secs(30);
 
-/// The entry of one execution.
-pub(crate) fn entry(request: &ExecRequest, engine: &EngineName, answer: &Answer) -> AuditEntry {
-    let hash = paddock_core::code_hash(&request.program.audit_text());
-    entry_of(&request.id, request.tenant.as_deref(), engine, hash, answer)
-}
-
-/// The entry of an execution from what its record keeps.
+/// The entry of an execution from what its record keeps (the id, tenant, engine and
+/// program hash of the accepted execution, whoever wrote the record).
 pub(crate) fn of_record(record: &Record, answer: &Answer) -> AuditEntry {
-    entry_of(
-        &record.id,
-        record.tenant.as_deref(),
-        &record.engine,
-        record.code_hash.clone(),
-        answer,
-    )
-}
-
-fn entry_of(
-    id: &ExecutionId,
-    tenant: Option<&str>,
-    engine: &EngineName,
-    code_hash: String,
-    answer: &Answer,
-) -> AuditEntry {
+    let tenant = record.tenant.as_deref();
+    let code_hash = record.code_hash.clone();
     match answer {
         Ok(r) => AuditEntry::from_result(r, tenant, code_hash),
         Err(e) => {
-            let failed = ExecResult::failed(id.clone(), engine.clone(), e.clone());
+            let failed = ExecResult::failed(record.id.clone(), record.engine.clone(), e.clone());
             AuditEntry::from_result(&failed, tenant, code_hash)
         }
     }

@@ -1,25 +1,20 @@
 //! What nodes send each other: work orders, execution records, node cards and
 //! control requests. JSON, so that an operator can read them with the `nats` CLI.
 
-use paddock_core::{
-    EngineName, Error, ExecRequest, ExecResult, ExecutionId, IsolationLevel, NetworkPolicy,
-    OnNodeLoss,
-};
+use paddock_core::{EngineName, Error, ExecOrder, ExecResult, ExecutionId};
 use paddock_pool::federation::EngineRoom;
 use serde::{Deserialize, Serialize};
 
 /// One accepted execution, as published on its engine's work queue (the message id
-/// is the execution id).
+/// is the execution id): the caller's order as it is, its fields inline, and the
+/// routing beside it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct Order {
-    /// The request; its `tenant` is the caller's.
-    pub(crate) request: ExecRequest,
-    /// The engine chosen by the accepting node.
-    pub(crate) engine: EngineName,
-    pub(crate) level: IsolationLevel,
-    pub(crate) network: NetworkPolicy,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) traceparent: Option<String>,
+    /// What to run and how; its request's `tenant` is the caller's. The accepting
+    /// node names the engine it chose and the `on_node_loss` that holds: an order
+    /// without them is not one it sent, and is dropped like one that does not parse.
+    #[serde(flatten)]
+    pub(crate) exec: ExecOrder,
     /// Whether the accepting node streams the output to its caller.
     pub(crate) stream: bool,
     /// The accepting node, and where it waits for output and the result.
@@ -28,7 +23,6 @@ pub(crate) struct Order {
     pub(crate) accepted_at_ms: u64,
     /// Not started by then: answered `timed_out` without running.
     pub(crate) start_by_ms: u64,
-    pub(crate) on_node_loss: OnNodeLoss,
 }
 
 /// Where an execution stands, in its record.
@@ -141,3 +135,85 @@ pub(crate) const ID_HEADER: &str = "Paddock-Id";
 
 /// The answer of an execution, as recorded and sent.
 pub(crate) type Answer = Result<ExecResult, Error>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use paddock_core::{ExecRequest, IsolationLevel, NetworkPolicy, OnNodeLoss, Program};
+
+    fn order() -> Order {
+        let mut request = ExecRequest::new(Program::command(["sh", "-c", "cat"]));
+        request.stdin = Some("in".into());
+        request.env.insert("A".into(), "1".into());
+        request.limits.timeout_ms = Some(5_000);
+        request.tenant = Some("t".into());
+        let mut exec = ExecOrder::new(request);
+        exec.engine = Some(EngineName::SUBPROCESS);
+        exec.level = IsolationLevel::Strict;
+        exec.network = NetworkPolicy::Unrestricted;
+        exec.traceparent = Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into());
+        exec.on_node_loss = Some(OnNodeLoss::Retry);
+        Order {
+            exec,
+            stream: true,
+            accepted_by: "a".into(),
+            reply: "inbox.a".into(),
+            accepted_at_ms: 1,
+            start_by_ms: 2,
+        }
+    }
+
+    #[test]
+    fn an_order_is_one_flat_object_and_reads_back_as_it_was() {
+        let order = order();
+        let json = serde_json::to_value(&order).unwrap();
+        let mut keys: Vec<&str> = json
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(|k| k.as_str())
+            .collect();
+        keys.sort_unstable();
+        // The same fields, under the same names, as when the order had its own
+        // copy of each.
+        assert_eq!(
+            keys,
+            [
+                "accepted_at_ms",
+                "accepted_by",
+                "engine",
+                "level",
+                "network",
+                "on_node_loss",
+                "reply",
+                "request",
+                "start_by_ms",
+                "stream",
+                "traceparent",
+            ]
+        );
+        assert_eq!(json["engine"], "subprocess");
+        assert_eq!(json["on_node_loss"], "retry");
+        assert_eq!(json["request"]["tenant"], "t");
+        let back: Order = serde_json::from_value(json).unwrap();
+        assert_eq!(back.exec, order.exec);
+        assert_eq!(
+            (back.stream, back.accepted_by.as_str(), back.reply.as_str()),
+            (true, "a", "inbox.a")
+        );
+        assert_eq!((back.accepted_at_ms, back.start_by_ms), (1, 2));
+    }
+
+    #[test]
+    fn an_order_without_its_engine_says_so() {
+        let mut json = serde_json::to_value(order()).unwrap();
+        json.as_object_mut().unwrap().remove("engine");
+        json.as_object_mut().unwrap().remove("on_node_loss");
+        // Read, but with nothing resolved: the worker drops it (`take`).
+        let back: Order = serde_json::from_value(json).unwrap();
+        assert!(back.exec.engine.is_none() && back.exec.on_node_loss.is_none());
+        let mut json = serde_json::to_value(order()).unwrap();
+        json.as_object_mut().unwrap().remove("request");
+        assert!(serde_json::from_value::<Order>(json).is_err());
+    }
+}

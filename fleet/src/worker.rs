@@ -135,11 +135,20 @@ impl Worker {
     }
 }
 
-fn running_record(inner: &Inner, order: &Order, attempts: u32, write: u64) -> Record {
+/// The record of `order` running here, on `engine` (the one its accepting node
+/// chose).
+fn running_record(
+    inner: &Inner,
+    order: &Order,
+    engine: &EngineName,
+    attempts: u32,
+    write: u64,
+) -> Record {
+    let request = &order.exec.request;
     Record {
-        id: order.request.id.clone(),
-        tenant: order.request.tenant.clone(),
-        engine: order.engine.clone(),
+        id: request.id.clone(),
+        tenant: request.tenant.clone(),
+        engine: engine.clone(),
         phase: Phase::Running,
         node: inner.node.clone(),
         incarnation: inner.incarnation.clone(),
@@ -149,7 +158,7 @@ fn running_record(inner: &Inner, order: &Order, attempts: u32, write: u64) -> Re
         accepted_by: order.accepted_by.clone(),
         accepted_at_ms: order.accepted_at_ms,
         forgotten: false,
-        code_hash: paddock_core::code_hash(&order.request.program.audit_text()),
+        code_hash: paddock_core::code_hash(&request.program.audit_text()),
         done_at_ms: 0,
         answer: None,
     }
@@ -166,7 +175,15 @@ async fn take(inner: &Arc<Inner>, msg: jetstream::Message, permit: OwnedSemaphor
             return;
         }
     };
-    let id = order.request.id.clone();
+    // The accepting node names the engine it chose and the `on_node_loss` that
+    // holds: an order without them is not one it sent.
+    let (Some(engine), Some(on_node_loss)) = (order.exec.engine.clone(), order.exec.on_node_loss)
+    else {
+        tracing::error!(id = %order.exec.request.id, "a work order names no engine or no on_node_loss; dropped");
+        let _ = msg.ack_with(AckKind::Term).await;
+        return;
+    };
+    let id = order.exec.request.id.clone();
     // This delivery's own mark on what it writes: another delivery of the same
     // order on this node writes a record that is not this one's.
     let write = inner.next_write();
@@ -178,11 +195,18 @@ async fn take(inner: &Arc<Inner>, msg: jetstream::Message, permit: OwnedSemaphor
         let now = unix_ms();
         let step = match &current {
             None if now > order.start_by_ms => {
-                let r = done_record(inner, &order, 0, write, not_started(inner, &order));
+                let r = done_record(
+                    inner,
+                    &order,
+                    &engine,
+                    0,
+                    write,
+                    not_started(inner, &order, &engine),
+                );
                 inner.records.create(&r).await.map(|c| (c, r))
             }
             None => {
-                let r = running_record(inner, &order, 1, write);
+                let r = running_record(inner, &order, &engine, 1, write);
                 inner.records.create(&r).await.map(|c| (c, r))
             }
             Some((rec, rev)) => match rec.phase {
@@ -193,7 +217,7 @@ async fn take(inner: &Arc<Inner>, msg: jetstream::Message, permit: OwnedSemaphor
                     // only while the stream's duplicate window still covers the
                     // first one, since after it a second would be kept.
                     let recent = crate::audit::recent(inner, rec.done_at_ms);
-                    if finish_done(inner, &order, rec, recent).await {
+                    if finish_done(inner, &order.reply, rec, recent).await {
                         let _ = msg.ack().await;
                     } else {
                         let _ = msg.ack_with(AckKind::Nak(Some(inner.heartbeat()))).await;
@@ -204,14 +228,15 @@ async fn take(inner: &Arc<Inner>, msg: jetstream::Message, permit: OwnedSemaphor
                     let r = done_record(
                         inner,
                         &order,
+                        &engine,
                         rec.attempts,
                         write,
-                        not_started(inner, &order),
+                        not_started(inner, &order, &engine),
                     );
                     inner.records.update(&r, *rev).await.map(|c| (c, r))
                 }
                 Phase::Released => {
-                    let r = running_record(inner, &order, rec.attempts.max(1), write);
+                    let r = running_record(inner, &order, &engine, rec.attempts.max(1), write);
                     inner.records.update(&r, *rev).await.map(|c| (c, r))
                 }
                 Phase::Running => {
@@ -230,15 +255,16 @@ async fn take(inner: &Arc<Inner>, msg: jetstream::Message, permit: OwnedSemaphor
                         return;
                     }
                     // The holder is lost.
-                    let retry = order.on_node_loss == OnNodeLoss::Retry
+                    let retry = on_node_loss == OnNodeLoss::Retry
                         && rec.attempts < inner.config.max_attempts;
                     tracing::info!(%id, holder = %rec.node, attempts = rec.attempts, retry, "work of a lost node");
                     let r = if retry {
-                        running_record(inner, &order, rec.attempts + 1, write)
+                        running_record(inner, &order, &engine, rec.attempts + 1, write)
                     } else {
                         done_record(
                             inner,
                             &order,
+                            &engine,
                             rec.attempts,
                             write,
                             Err(node_lost(&rec.node, rec.attempts)),
@@ -251,7 +277,7 @@ async fn take(inner: &Arc<Inner>, msg: jetstream::Message, permit: OwnedSemaphor
         match step {
             Ok((Cas::Written(rev), r)) => {
                 if r.phase == Phase::Done {
-                    if finish_done(inner, &order, &r, true).await {
+                    if finish_done(inner, &order.reply, &r, true).await {
                         let _ = msg.ack().await;
                     } else {
                         let _ = msg.ack_with(AckKind::Nak(Some(inner.heartbeat()))).await;
@@ -281,11 +307,11 @@ fn node_lost(node: &str, attempts: u32) -> Error {
     )
 }
 
-fn not_started(inner: &Inner, order: &Order) -> Answer {
+fn not_started(inner: &Inner, order: &Order, engine: &EngineName) -> Answer {
     let mut r = ExecResult::empty(
-        order.request.id.clone(),
+        order.exec.request.id.clone(),
         Outcome::TimedOut,
-        order.engine.clone(),
+        engine.clone(),
         format!("fleet:{}", inner.node),
     );
     r.timings.queued_at_ms = order.accepted_at_ms;
@@ -296,8 +322,15 @@ fn not_started(inner: &Inner, order: &Order) -> Answer {
     Ok(r)
 }
 
-fn done_record(inner: &Inner, order: &Order, attempts: u32, write: u64, answer: Answer) -> Record {
-    let mut r = running_record(inner, order, attempts, write);
+fn done_record(
+    inner: &Inner,
+    order: &Order,
+    engine: &EngineName,
+    attempts: u32,
+    write: u64,
+    answer: Answer,
+) -> Record {
+    let mut r = running_record(inner, order, engine, attempts, write);
     r.phase = Phase::Done;
     r.lease_until_ms = 0;
     r.done_at_ms = unix_ms();
@@ -341,29 +374,30 @@ fn fit(answer: Answer, max_payload: usize) -> Answer {
 }
 
 /// A recorded result: (with `audit`) its audit entry, deduplicated by id, then its
-/// answer to the accepting node. Whether the entry is in the stream (or was not to
-/// be sent): the order is acked only then, so that a loss in between sends both
-/// again.
+/// answer to the accepting node (at `reply_to`). Whether the entry is in the stream
+/// (or was not to be sent): the order is acked only then, so that a loss in between
+/// sends both again.
 ///
 /// The entry goes first, and the answer only once the stream has acknowledged it:
 /// an answer that reaches a caller has its entry in the stream, even when this node
 /// dies right after sending it. An entry the stream does not take leaves the answer
 /// unsent: the accepting node reads the record and publishes the entry itself
 /// before it answers (or answers `FLEET_UNAVAILABLE`), and the order's next
-/// delivery tries again.
-async fn finish_done(inner: &Arc<Inner>, order: &Order, rec: &Record, audit: bool) -> bool {
+/// delivery tries again. Both make the entry from the record, so it is the same
+/// entry whichever node publishes it.
+async fn finish_done(inner: &Arc<Inner>, reply_to: &str, rec: &Record, audit: bool) -> bool {
     let Some(answer) = &rec.answer else {
         return true;
     };
     if audit {
-        let entry = crate::audit::entry(&order.request, &order.engine, answer);
+        let entry = crate::audit::of_record(rec, answer);
         let published =
             crate::audit::publish(inner, &entry, crate::audit::RECORDING_PATIENCE).await;
         if published.is_err() {
             return false;
         }
     }
-    reply(inner, &order.reply, &order.request.id, answer).await;
+    reply(inner, reply_to, &rec.id, answer).await;
     true
 }
 
@@ -425,31 +459,36 @@ async fn run(
     mut rev: u64,
     permit: OwnedSemaphorePermit,
 ) {
-    let id = order.request.id.clone();
+    let Order {
+        exec,
+        stream,
+        accepted_by,
+        reply: reply_to,
+        accepted_at_ms,
+        ..
+    } = order;
+    let id = exec.request.id.clone();
     let running = Arc::new(Running {
-        tenant: order.request.tenant.clone(),
+        tenant: exec.request.tenant.clone(),
         cancel: Default::default(),
         forget: Default::default(),
         notify: tokio::sync::Notify::new(),
     });
     inner.orders.running.insert(id.clone(), running.clone());
-    let mut exec = Execute::new(order.request.clone());
-    exec.engine = Some(order.engine.clone());
-    exec.level = order.level;
-    exec.network = order.network.clone();
-    exec.traceparent = order.traceparent.clone();
+    // The caller's order runs as it came: the engine the accepting node chose is in it.
+    let mut execute = Execute::from(exec);
     // Work accepted on this node streams through its streamer as it is: only other
     // nodes need the output relayed.
-    if order.stream && order.accepted_by != inner.node {
-        exec.sink = Some(Arc::new(Relay {
+    if stream && accepted_by != inner.node {
+        execute.sink = Some(Arc::new(Relay {
             client: inner.client.clone(),
-            to: order.reply.clone(),
+            to: reply_to.clone(),
             id: id.to_string(),
             max: inner.max_payload.saturating_sub(4096),
         }));
     }
     let paddock = inner.paddock.clone();
-    let work = paddock.execute_with(exec);
+    let work = paddock.execute_with(execute);
     tokio::pin!(work);
     let mut tick = tokio::time::interval(inner.heartbeat());
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -515,7 +554,7 @@ async fn run(
     }
     let mut answer = answer;
     if let Ok(r) = &mut answer {
-        r.timings.queued_at_ms = order.accepted_at_ms;
+        r.timings.queued_at_ms = accepted_at_ms;
     }
     let given_back = matches!(&answer, Err(e) if matches!(e.code, ErrorCode::PoolExhausted | ErrorCode::EngineDisposed))
         && !running.cancel.load(Ordering::Acquire);
@@ -540,7 +579,7 @@ async fn run(
     loop {
         match inner.records.update(&done, rev).await {
             Ok(Cas::Written(_)) => {
-                if finish_done(inner, &order, &done, true).await {
+                if finish_done(inner, &reply_to, &done, true).await {
                     let _ = msg.ack().await;
                 } else {
                     let _ = msg.ack_with(AckKind::Nak(Some(inner.heartbeat()))).await;

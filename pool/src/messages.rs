@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use paddock_core::{
-    EngineName, Error, ExecRequest, ExecResult, ExecutionId, FileEntry, IsolationLevel,
-    NetworkPolicy, OutputSink, SandboxSpec, SandboxStatus,
+    EngineName, Error, ExecOrder, ExecRequest, ExecResult, ExecutionId, FileEntry,
+    IsolationLevel, OutputSink, SandboxSpec, SandboxStatus,
 };
 use serde::Serialize;
 
@@ -19,55 +19,44 @@ use crate::audit::{AuditEntry, AuditQuery, AuditStats, OperatorAccess};
 use crate::caller::Caller;
 use crate::engine_pool::PoolStats;
 
-/// Runs one execution in a pooled engine instance.
+/// Runs one execution in a pooled engine instance: its order (what to run and how),
+/// and where its output goes besides the streamer.
 #[derive(Message, Clone)]
 #[rtype(result = "Result<ExecResult, Error>")]
 pub struct Execute {
-    /// The request (its `id` names the execution for cancel and streaming).
-    pub request: ExecRequest,
-    /// The engine; the configured default when `None`.
-    pub engine: Option<EngineName>,
-    /// The isolation level required; refused, never downgraded, if the engine
-    /// cannot give it.
-    pub level: IsolationLevel,
-    /// The network policy.
-    pub network: NetworkPolicy,
-    /// W3C `traceparent` of the caller, if any.
-    pub traceparent: Option<String>,
+    /// What to run and how: the request (its `id` names the execution for cancel
+    /// and streaming), the engine, level, network, trace and `on_node_loss`.
+    pub order: ExecOrder,
     /// An extra sink that receives output as it is produced (besides the streamer).
     pub sink: Option<Arc<dyn OutputSink>>,
-    /// In a fleet, what to do if the node running it is lost; the fleet's setting
-    /// when `None`. A single node ignores it.
-    pub on_node_loss: Option<paddock_core::OnNodeLoss>,
 }
 
 impl Execute {
     /// An execution of `request` on the default engine with default policy.
     pub fn new(request: ExecRequest) -> Execute {
-        Execute {
-            request,
-            engine: None,
-            level: IsolationLevel::None,
-            network: NetworkPolicy::None,
-            traceparent: None,
-            sink: None,
-            on_node_loss: None,
-        }
+        Execute::from(ExecOrder::new(request))
     }
 
     /// Chooses the engine.
     pub fn on(mut self, engine: EngineName) -> Execute {
-        self.engine = Some(engine);
+        self.order.engine = Some(engine);
         self
+    }
+}
+
+impl From<ExecOrder> for Execute {
+    /// The execution of `order`, with no sink of its own.
+    fn from(order: ExecOrder) -> Execute {
+        Execute { order, sink: None }
     }
 }
 
 impl std::fmt::Debug for Execute {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Execute")
-            .field("id", &self.request.id)
-            .field("engine", &self.engine)
-            .field("level", &self.level)
+            .field("id", &self.order.request.id)
+            .field("engine", &self.order.engine)
+            .field("level", &self.order.level)
             .finish_non_exhaustive()
     }
 }

@@ -213,10 +213,10 @@ impl Paddock {
         }
         let subscription = self
             .streamer
-            .send(Subscribe(msg.request.id.clone()))
+            .send(Subscribe(msg.order.request.id.clone()))
             .await
             .map_err(gone)??;
-        let id = msg.request.id.clone();
+        let id = msg.order.request.id.clone();
         let result = when_proven(self.supervisor.clone(), self.streamer.clone(), id, msg).await?;
         Ok(ExecutionStream {
             subscription: Some(subscription),

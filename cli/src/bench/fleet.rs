@@ -205,7 +205,7 @@ fn noop() -> Execute {
 fn sleep(seconds: &str) -> Execute {
     let mut e = Execute::new(ExecRequest::new(Program::command(["sleep", seconds])))
         .on(EngineName::SUBPROCESS);
-    e.on_node_loss = Some(OnNodeLoss::Retry);
+    e.order.on_node_loss = Some(OnNodeLoss::Retry);
     e
 }
 
@@ -388,7 +388,7 @@ pub(super) async fn fleet(
     let mut local_cancels = Vec::new();
     for _ in 0..20 {
         let msg = sleep("30");
-        let id = msg.request.id.clone();
+        let id = msg.order.request.id.clone();
         let p = nodes[0].paddock.clone();
         let run = tokio::spawn(async move { p.execute_with(msg).await });
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -425,7 +425,7 @@ pub(super) async fn fleet(
     let mut calls = Vec::new();
     for _ in 0..20 {
         let msg = sleep("30");
-        let id = msg.request.id.clone();
+        let id = msg.order.request.id.clone();
         let accepting = nodes[0].fleet.paddock();
         let run = tokio::spawn(async move { accepting.execute_with(msg).await });
         // Until a node has started it.
@@ -496,7 +496,7 @@ pub(super) async fn fleet(
     let mut redeliveries = Vec::new();
     for rep in 0..3 {
         let msg = sleep("1");
-        let id = msg.request.id.clone();
+        let id = msg.order.request.id.clone();
         let accepting = gateway.fleet.paddock();
         let run = tokio::spawn(async move { accepting.execute_with(msg).await });
         let deadline = Instant::now() + Duration::from_secs(10);

@@ -360,10 +360,10 @@ pub(super) fn check_bodies(data: &[u8], summary: &mut BodySummary) {
     let valid = usize::from;
     let mut count = 0;
     if let Some(b) = parsed::<ExecBody>(data, summary) {
-        let (request, _, network, _) = b.into_request(None);
-        let _ = network.name();
-        count += valid(request.validate().is_ok());
-        let _ = request.program.audit_text();
+        let order = b.into_order(None);
+        let _ = order.network.name();
+        count += valid(order.request.validate().is_ok());
+        let _ = order.request.program.audit_text();
     }
     if let Some(b) = parsed::<SandboxBody>(data, summary) {
         count += valid(b.limits.validate("limits", false).is_ok());

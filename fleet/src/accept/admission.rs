@@ -37,13 +37,13 @@ impl Federated {
             )
             .with_retry_after_ms(1_000));
         }
-        let tenant = msg.request.tenant.clone();
+        let tenant = msg.order.request.tenant.clone();
         let accepted_at_ms = unix_ms();
         let start_by_ms = accepted_at_ms + inner.config.queue_timeout_ms;
         let fence = Fence {
             tenant: tenant.clone(),
             engine: engine.clone(),
-            code_hash: paddock_core::code_hash(&msg.request.program.audit_text()),
+            code_hash: paddock_core::code_hash(&msg.order.request.program.audit_text()),
         };
         let mut held_key = None;
         if let Some(key) = key {
@@ -61,7 +61,7 @@ impl Federated {
                 None => held_key = Some(Names::idem_key(tenant.as_deref(), &key)),
             }
         }
-        let id = msg.request.id.clone();
+        let id = msg.order.request.id.clone();
         let refuse = |e: Error| refuse(inner, &id, held_key.as_deref(), e);
         // The tenant's fleet-wide shares, then its rate, counted once per
         // execution: after the refusals above (a request refused for what it asks
@@ -75,7 +75,7 @@ impl Federated {
                 tenant.as_deref(),
                 &id,
                 start_by_ms,
-                msg.request.limits.timeout_ms,
+                msg.order.request.limits.timeout_ms,
             )
             .await;
             match taken {
@@ -97,18 +97,18 @@ impl Federated {
                 return Err(refuse(e).await);
             }
         }
+        // The caller's order goes on as it came, with the engine chosen here and the
+        // `on_node_loss` that holds named in it.
+        let mut exec = msg.order;
+        exec.engine = Some(engine.clone());
+        exec.on_node_loss = Some(exec.on_node_loss.unwrap_or(inner.config.on_node_loss));
         let order = Order {
-            request: msg.request,
-            engine: engine.clone(),
-            level: msg.level,
-            network: msg.network,
-            traceparent: msg.traceparent,
+            exec,
             stream,
             accepted_by: inner.node.clone(),
             reply: inner.names.inbox(&inner.node),
             accepted_at_ms,
             start_by_ms,
-            on_node_loss: msg.on_node_loss.unwrap_or(inner.config.on_node_loss),
         };
         let payload = bytes::Bytes::from(serde_json::to_vec(&order).unwrap_or_default());
         if payload.len() + 1024 > inner.max_payload {
@@ -148,7 +148,7 @@ impl Federated {
             inner: inner.clone(),
             id: id.clone(),
         };
-        if let Err(e) = self.publish(&order, payload).await {
+        if let Err(e) = self.publish(&id, &engine, payload).await {
             if e.code == ErrorCode::FleetUnavailable {
                 // It may be queued all the same (the acknowledgement is what was
                 // lost): the key stays, so a retry with it attaches to this one,

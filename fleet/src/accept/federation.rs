@@ -127,7 +127,7 @@ impl Federation for Federated {
         msg: Execute,
         key: Option<String>,
     ) -> Result<ExecutionStream, Error> {
-        let id = msg.request.id.clone();
+        let id = msg.order.request.id.clone();
         let paddock = &self.inner.paddock;
         let subscription = paddock.subscribe(id.clone()).await?;
         let relay = paddock.relay(id.clone()).await?;

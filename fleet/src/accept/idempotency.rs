@@ -37,7 +37,7 @@ impl Federated {
         let k = Names::idem_key(tenant, key);
         for _ in 0..4 {
             let entry = KeyEntry {
-                id: msg.request.id.clone(),
+                id: msg.order.request.id.clone(),
                 start_by_ms,
             };
             let value = bytes::Bytes::from(serde_json::to_vec(&entry).unwrap_or_default());
@@ -95,7 +95,7 @@ impl Federated {
                 .await
                 .is_ok()
             {
-                msg.request.id = first.id;
+                msg.order.request.id = first.id;
                 return Ok(None);
             }
         }

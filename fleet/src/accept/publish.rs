@@ -5,19 +5,24 @@ use std::time::Duration;
 
 use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::message::PublishMessage;
-use paddock_core::{Error, ErrorCode};
+use paddock_core::{EngineName, Error, ErrorCode, ExecutionId};
 
 use super::fencing::served;
 use super::Federated;
 use crate::store::unavailable;
-use crate::wire::Order;
 
 impl Federated {
-    /// Publishes an order, again with the same message id while the cluster fails
-    /// over (the stream keeps one).
-    pub(super) async fn publish(&self, order: &Order, payload: bytes::Bytes) -> Result<(), Error> {
+    /// Publishes execution `id`'s order (`payload`) on engine `engine`'s work
+    /// queue, again with the same message id while the cluster fails over (the
+    /// stream keeps one).
+    pub(super) async fn publish(
+        &self,
+        id: &ExecutionId,
+        engine: &EngineName,
+        payload: bytes::Bytes,
+    ) -> Result<(), Error> {
         let inner = &self.inner;
-        let subject = inner.names.work_subject(&order.engine);
+        let subject = inner.names.work_subject(engine);
         let deadline = tokio::time::Instant::now()
             + Duration::from_millis(inner.config.queue_timeout_ms.min(30_000));
         let mut pause = Duration::from_millis(50);
@@ -28,7 +33,7 @@ impl Federated {
                     subject.clone(),
                     PublishMessage::build()
                         .payload(payload.clone())
-                        .message_id(order.request.id.to_string()),
+                        .message_id(id.to_string()),
                 )
                 .await;
             let result = match sent {
@@ -42,23 +47,17 @@ impl Federated {
             let text = e.to_string();
             // "No stream" is also what a stream electing its leader answers: only a
             // stream that is not there at all means that no node runs the engine.
-            if e.kind() == PublishErrorKind::StreamNotFound
-                && !self.stream_exists(&order.engine).await
-            {
+            if e.kind() == PublishErrorKind::StreamNotFound && !self.stream_exists(engine).await {
                 return Err(Error::new(
                     ErrorCode::CapabilityNotSupported,
-                    format!(
-                        "no node of the fleet runs engine `{}`; see GET /v1/fleet",
-                        order.engine
-                    ),
+                    format!("no node of the fleet runs engine `{engine}`; see GET /v1/fleet"),
                 ));
             }
             if text.contains("maximum messages") || text.contains("maximum bytes") {
                 return Err(Error::new(
                     ErrorCode::PoolExhausted,
                     format!(
-                        "engine `{}`'s work queue is full (fleet.max_queued); retry later",
-                        order.engine
+                        "engine `{engine}`'s work queue is full (fleet.max_queued); retry later"
                     ),
                 )
                 .with_retry_after_ms(1_000));
@@ -66,7 +65,7 @@ impl Federated {
             if tokio::time::Instant::now() >= deadline {
                 return Err(unavailable("queueing the execution", e));
             }
-            tracing::debug!(id = %order.request.id, error = %e, "queueing; retrying");
+            tracing::debug!(%id, error = %e, "queueing; retrying");
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_secs(1));
         }
@@ -74,7 +73,7 @@ impl Federated {
 
     /// Whether engine `engine`'s work stream exists (or may: a cluster that does
     /// not answer is given the benefit of the doubt, and retried).
-    async fn stream_exists(&self, engine: &paddock_core::EngineName) -> bool {
+    async fn stream_exists(&self, engine: &EngineName) -> bool {
         let inner = &self.inner;
         if served(inner, engine) {
             return true;

@@ -51,16 +51,11 @@ pub(super) async fn create_execution(
     admitting(&state)?;
     let tenant = account(&caller);
     let body: ExecBody = parse_body(&state, payload).await?;
-    let on_node_loss = body.on_node_loss;
-    let (request, engine, network, level) = body.into_request(tenant.clone());
     // Validated once, by the scheduler: a request wrong in itself is answered 400
     // before anything starts, with `?stream=true` too (`execute_stream` answers once
     // the request passed, and the fleet's admission checks it before any stream).
-    let mut msg = Execute::new(request);
-    msg.engine = engine;
-    msg.network = network;
-    msg.level = level;
-    msg.traceparent = req
+    let mut order = body.into_order(tenant.clone());
+    order.traceparent = req
         .headers()
         .get("traceparent")
         .and_then(|v| v.to_str().ok())
@@ -70,8 +65,8 @@ pub(super) async fn create_execution(
         .get("idempotency-key")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    msg.on_node_loss = on_node_loss;
-    let id = msg.request.id.clone();
+    let id = order.request.id.clone();
+    let msg = Execute::from(order);
     if let Some(fleet) = state.paddock.federation().cloned() {
         // In a fleet, results and idempotency keys are kept fleet-wide, by the fleet.
         return federated_execution(state, fleet, msg, key, query.stream).await;
@@ -134,7 +129,7 @@ async fn federated_execution(
     key: Option<String>,
     stream: bool,
 ) -> Result<HttpResponse, ApiError> {
-    let id = msg.request.id.clone();
+    let id = msg.order.request.id.clone();
     if stream {
         return match fleet.execute_stream(msg, key).await {
             Ok(stream) => Ok(stream_response(state.into_inner(), stream, id, None)),

@@ -154,7 +154,7 @@ pub(super) async fn sandbox_exec(
     let handle = sandbox_access(&state, &caller, &path, "sandbox.exec").await?;
     let body: ExecBody = parse_body(&state, payload).await?;
     // Accounted to the sandbox's tenant.
-    let (request, _, _, _) = body.into_request(None);
+    let request = body.into_order(None).request;
     // Wrong in itself: 400 before anything starts, streamed or not (the scheduler
     // validates it, and `exec_stream` answers once it passed).
     if query.stream {

@@ -37,7 +37,8 @@ impl Supervisor {
         msg: Execute,
         proven: Option<tokio::sync::oneshot::Sender<()>>,
     ) -> ResponseFuture<Result<ExecResult, Error>> {
-        let request = match self.pipeline.check_request(msg.request) {
+        let Execute { order, sink } = msg;
+        let request = match self.pipeline.check_request(order.request) {
             Ok(valid) => valid,
             Err(e) => {
                 let e = self.refuse(e);
@@ -51,7 +52,7 @@ impl Supervisor {
             // A resume goes to the instance its execution suspended on.
             let parking = self.pipeline.parking.borrow();
             let routed = match parking.pool_of(&request.tenant, token_id) {
-                Some(pool) if msg.engine.is_some_and(|e| e != pool.kind) => Err(Error::invalid_options(
+                Some(pool) if order.engine.is_some_and(|e| e != pool.kind) => Err(Error::invalid_options(
                     "engine",
                     format!(
                         "token `{token_id}` belongs to an execution on the {} engine; name that engine or none",
@@ -69,8 +70,8 @@ impl Supervisor {
                         Target::Parked,
                         request,
                         kind,
-                        msg.sink,
-                        msg.traceparent,
+                        sink,
+                        order.traceparent,
                     ))
                 }
                 Err(e) => {
@@ -85,17 +86,17 @@ impl Supervisor {
         let tenant = request.tenant.clone();
         let prepared = self
             .allowed_pool(
-                msg.engine,
-                msg.level,
+                order.engine,
+                order.level,
                 Runs::Program(request.program.kind()),
-                &msg.network,
+                &order.network,
                 disk,
                 None,
                 tenant.as_deref(),
             )
             .and_then(|pool| {
                 let caps = pool.engine().capabilities();
-                caps.check_level(&pool.kind, msg.level)?;
+                caps.check_level(&pool.kind, order.level)?;
                 caps.check_program(&pool.kind, request.program.kind())?;
                 Ok(pool)
             });
@@ -112,8 +113,8 @@ impl Supervisor {
             Target::Pool(pool),
             request,
             kind,
-            msg.sink,
-            msg.traceparent,
+            sink,
+            order.traceparent,
         ))
     }
 }
@@ -126,13 +127,13 @@ impl Handler<CheckAdmission> for Supervisor {
     /// the tenant may ask for, the engine's choice and capabilities), without
     /// making a pool or taking a permit.
     fn handle(&mut self, msg: CheckAdmission, _ctx: &mut Self::Context) -> Self::Result {
-        let Execute {
+        let paddock_core::ExecOrder {
             request,
             engine,
             level,
             network,
             ..
-        } = &msg.0;
+        } = &msg.0.order;
         let tenant = request.tenant.as_deref();
         request.validate()?;
         paddock_core::tenancy::check_ceilings(&self.pipeline.ceilings, &request.limits, "limits")?;

@@ -256,7 +256,7 @@ impl Ctx {
             request.limits = exec.limits.clone();
             let id = request.id.clone();
             let mut msg = Execute::new(request);
-            msg.level = level_of(&exec.engine);
+            msg.order.level = level_of(&exec.engine);
             self.ledger.issue(&id);
             let answer = tokio::time::timeout(ANSWER_LIMIT, self.drive(exec.drive, msg))
                 .await
@@ -282,7 +282,7 @@ impl Ctx {
         drive: Drive,
         msg: Execute,
     ) -> Result<ExecResult, Error> {
-        let id = msg.request.id.clone();
+        let id = msg.order.request.id.clone();
         match drive {
             Drive::Call => self.paddock.execute_with(msg).await,
             Drive::CancelById(after) => {

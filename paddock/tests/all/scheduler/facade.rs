@@ -253,7 +253,7 @@ async fn refusals_are_typed() {
         .start()
         .unwrap();
     let mut msg = Execute::new(sh("true"));
-    msg.level = paddock_core::IsolationLevel::Strict;
+    msg.order.level = paddock_core::IsolationLevel::Strict;
     assert_eq!(
         paddock.execute_with(msg).await.unwrap_err().code,
         ErrorCode::LevelNotSupported
@@ -359,13 +359,13 @@ async fn isolates_are_pooled_engines_chosen_by_name_or_by_level() {
     assert_eq!(r.stdout, "hi\n");
     // No engine named: the level picks the weakest engine that provides it.
     let mut level = Execute::new(js("typeof process"));
-    level.level = paddock_core::IsolationLevel::ContextIsolated;
+    level.order.level = paddock_core::IsolationLevel::ContextIsolated;
     let r = paddock.execute_with(level).await.unwrap();
     assert_eq!(r.engine, EngineName::ISOLATE, "{r:?}");
     assert_eq!(r.value, Some(serde_json::json!("undefined")));
     // Still never a downgrade: strict is refused while no engine provides it.
     let mut strict = Execute::new(js("1"));
-    strict.level = paddock_core::IsolationLevel::Strict;
+    strict.order.level = paddock_core::IsolationLevel::Strict;
     let e = paddock.execute_with(strict).await.unwrap_err();
     assert_eq!(e.code, ErrorCode::LevelNotSupported);
     let stats = paddock.stats().await.unwrap();
@@ -469,7 +469,7 @@ async fn strict_isolation_goes_to_the_container_engine() {
         return;
     }
     let mut strict = Execute::new(sh("echo $$; cat /proc/net/dev | wc -l"));
-    strict.level = paddock_core::IsolationLevel::Strict;
+    strict.order.level = paddock_core::IsolationLevel::Strict;
     let r = paddock.execute_with(strict).await.unwrap();
     assert_eq!(r.engine, EngineName::CONTAINER, "{r:?}");
     // Inside its own pid namespace (its pid is a small number: after the agent's,
@@ -528,11 +528,11 @@ async fn a_named_engine_is_chosen_only_by_its_name() {
     }
     // Strict, naming no engine: no engine it may be chosen from gives it.
     let mut strict = Execute::new(sh("true"));
-    strict.level = paddock_core::IsolationLevel::Strict;
+    strict.order.level = paddock_core::IsolationLevel::Strict;
     let e = paddock.execute_with(strict.clone()).await.unwrap_err();
     assert_eq!(e.code, ErrorCode::LevelNotSupported, "{e}");
     // Named, it runs there.
-    strict.engine = Some(named.clone());
+    strict.order.engine = Some(named.clone());
     let r = paddock.execute_with(strict).await.unwrap();
     assert_eq!(r.engine, named, "{r:?}");
     // The default stays subprocess.
@@ -607,7 +607,7 @@ async fn an_admission_check_refuses_what_execution_refuses_and_runs_nothing() {
         .unwrap();
     let strict = {
         let mut msg = Execute::new(sh("true"));
-        msg.level = paddock_core::IsolationLevel::Strict;
+        msg.order.level = paddock_core::IsolationLevel::Strict;
         msg
     };
     let mut zero_timeout = sh("true");
@@ -629,7 +629,7 @@ async fn an_admission_check_refuses_what_execution_refuses_and_runs_nothing() {
         let checked = paddock
             .check_admission(msg)
             .await
-            .expect_err(&format!("{:?}", msg.request.program));
+            .expect_err(&format!("{:?}", msg.order.request.program));
         assert_eq!(checked.code, *code, "{checked}");
     }
     assert_eq!(

@@ -275,7 +275,7 @@ async fn shares_ceilings_and_allowances_hold_through_the_facade() {
     let r = p.execute(js).await.unwrap();
     assert_eq!(r.engine, EngineName::ISOLATE, "{r:?}");
     let mut unrestricted = Execute::new(sh_as("trusted", "true"));
-    unrestricted.network = NetworkPolicy::Unrestricted;
+    unrestricted.order.network = NetworkPolicy::Unrestricted;
     let e = p.execute_with(unrestricted).await.unwrap_err();
     assert!(
         e.message.contains("network `unrestricted`"),
