@@ -86,4 +86,6 @@ pub use limits::{LimitKind, LimitSpec, Limits, LIMIT_TABLE};
 pub use program::{Language, Program, ProgramKind};
 pub use tenancy::{AccessRules, Allowed, NetworkKind};
 pub use usage::SandboxUsage;
-pub use valid::{ValidRequest, ValidationProbe};
+pub use valid::ValidRequest;
+#[cfg(any(test, feature = "probes"))]
+pub use valid::ValidationProbe;

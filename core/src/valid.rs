@@ -19,15 +19,10 @@
 //! assert!(ValidRequest::new(bad).is_err());
 //! ```
 
-use std::collections::HashMap;
 use std::ops::Deref;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::OnceLock;
-
-use parking_lot::Mutex;
 
 use crate::error::Result;
-use crate::exec::{ExecRequest, ExecutionId};
+use crate::exec::ExecRequest;
 use crate::limits::Limits;
 
 /// An [`ExecRequest`] that passed [`ExecRequest::validate`]. Only
@@ -79,80 +74,103 @@ impl From<ValidRequest> for ExecRequest {
     }
 }
 
-/// How many probes live; validation looks at the map only when some do.
-static WATCHED: AtomicUsize = AtomicUsize::new(0);
+/// Test probes: counting validations (see [`ValidationProbe`]), built only for
+/// tests (the `probes` feature, which the workspace's test builds turn on).
+#[cfg(any(test, feature = "probes"))]
+mod probe {
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::OnceLock;
 
-/// What a probe counts the validations of.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-enum Watched {
-    /// Requests with this id.
-    Id(ExecutionId),
-    /// Requests accounted to this tenant.
-    Tenant(String),
-}
+    use parking_lot::Mutex;
 
-/// The count of validations of each watched id or tenant.
-fn counts() -> &'static Mutex<HashMap<Watched, usize>> {
-    static COUNTS: OnceLock<Mutex<HashMap<Watched, usize>>> = OnceLock::new();
-    COUNTS.get_or_init(Mutex::default)
-}
+    use crate::exec::{ExecRequest, ExecutionId};
 
-/// Counts the runs of [`ExecRequest::validate`] on requests with one id (or of one
-/// tenant), for as long as it lives: how a test shows how many times a path
-/// validates a request. While no probe lives, validation pays one atomic load.
-#[derive(Debug)]
-pub struct ValidationProbe {
-    watched: Watched,
-}
+    /// How many probes live; validation looks at the map only when some do.
+    static WATCHED: AtomicUsize = AtomicUsize::new(0);
 
-impl ValidationProbe {
-    /// Starts counting the validations of requests whose id is `id`.
-    pub fn watch(id: &ExecutionId) -> ValidationProbe {
-        ValidationProbe::start(Watched::Id(id.clone()))
+    /// What a probe counts the validations of.
+    #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+    enum Watched {
+        /// Requests with this id.
+        Id(ExecutionId),
+        /// Requests accounted to this tenant.
+        Tenant(String),
     }
 
-    /// Starts counting the validations of requests accounted to `tenant` (for a
-    /// path that gives the request its id on the way, such as the HTTP API's).
-    pub fn watch_tenant(tenant: &str) -> ValidationProbe {
-        ValidationProbe::start(Watched::Tenant(tenant.to_string()))
+    /// The count of validations of each watched id or tenant.
+    fn counts() -> &'static Mutex<HashMap<Watched, usize>> {
+        static COUNTS: OnceLock<Mutex<HashMap<Watched, usize>>> = OnceLock::new();
+        COUNTS.get_or_init(Mutex::default)
     }
 
-    fn start(watched: Watched) -> ValidationProbe {
-        if counts().lock().insert(watched.clone(), 0).is_none() {
-            WATCHED.fetch_add(1, Ordering::AcqRel);
+    /// Counts the runs of [`ExecRequest::validate`] on requests with one id (or of one
+    /// tenant), for as long as it lives: how a test shows how many times a path
+    /// validates a request. While no probe lives, validation pays one atomic load.
+    #[derive(Debug)]
+    pub struct ValidationProbe {
+        watched: Watched,
+    }
+
+    impl ValidationProbe {
+        /// Starts counting the validations of requests whose id is `id`.
+        pub fn watch(id: &ExecutionId) -> ValidationProbe {
+            ValidationProbe::start(Watched::Id(id.clone()))
         }
-        ValidationProbe { watched }
-    }
 
-    /// How many times a watched request was validated so far.
-    pub fn count(&self) -> usize {
-        counts().lock().get(&self.watched).copied().unwrap_or(0)
-    }
-}
+        /// Starts counting the validations of requests accounted to `tenant` (for a
+        /// path that gives the request its id on the way, such as the HTTP API's).
+        pub fn watch_tenant(tenant: &str) -> ValidationProbe {
+            ValidationProbe::start(Watched::Tenant(tenant.to_string()))
+        }
 
-impl Drop for ValidationProbe {
-    fn drop(&mut self) {
-        if counts().lock().remove(&self.watched).is_some() {
-            WATCHED.fetch_sub(1, Ordering::AcqRel);
+        fn start(watched: Watched) -> ValidationProbe {
+            if counts().lock().insert(watched.clone(), 0).is_none() {
+                WATCHED.fetch_add(1, Ordering::AcqRel);
+            }
+            ValidationProbe { watched }
+        }
+
+        /// How many times a watched request was validated so far.
+        pub fn count(&self) -> usize {
+            counts().lock().get(&self.watched).copied().unwrap_or(0)
         }
     }
-}
 
-/// Notes one validation of `request` (called by [`ExecRequest::validate`]).
-pub(crate) fn note(request: &ExecRequest) {
-    if WATCHED.load(Ordering::Acquire) == 0 {
-        return;
+    impl Drop for ValidationProbe {
+        fn drop(&mut self) {
+            if counts().lock().remove(&self.watched).is_some() {
+                WATCHED.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
     }
-    let mut counts = counts().lock();
-    if let Some(n) = counts.get_mut(&Watched::Id(request.id.clone())) {
-        *n += 1;
-    }
-    if let Some(tenant) = &request.tenant {
-        if let Some(n) = counts.get_mut(&Watched::Tenant(tenant.clone())) {
+
+    /// Notes one validation of `request` (called by [`ExecRequest::validate`]).
+    pub(crate) fn note(request: &ExecRequest) {
+        if WATCHED.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let mut counts = counts().lock();
+        if let Some(n) = counts.get_mut(&Watched::Id(request.id.clone())) {
             *n += 1;
         }
+        if let Some(tenant) = &request.tenant {
+            if let Some(n) = counts.get_mut(&Watched::Tenant(tenant.clone())) {
+                *n += 1;
+            }
+        }
     }
 }
+
+#[cfg(any(test, feature = "probes"))]
+pub use probe::ValidationProbe;
+
+/// Notes one validation of `request`: nothing without the `probes` feature.
+#[cfg(not(any(test, feature = "probes")))]
+pub(crate) fn note(_request: &ExecRequest) {}
+
+#[cfg(any(test, feature = "probes"))]
+pub(crate) use probe::note;
 
 #[cfg(test)]
 mod tests {
