@@ -78,14 +78,16 @@ impl Future for Creation {
     type Output = Made;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Made> {
-        Pin::new(&mut self.rx).poll(cx).map(|r| {
-            r.unwrap_or_else(|_| {
-                Err(Error::new(
-                    ErrorCode::EngineFailed,
-                    "creating the instance stopped before it finished (the scheduler is shutting down)",
-                ))
-            })
-        })
+        let answer = std::task::ready!(Pin::new(&mut self.rx).poll(cx));
+        Poll::Ready(answer.unwrap_or_else(|_| {
+            // The task was dropped unfinished (its runtime stopped): nothing is
+            // left for it to destroy, so this end's drop must not count one.
+            self.state.store(DELIVERED, Ordering::Release);
+            Err(Error::new(
+                ErrorCode::EngineFailed,
+                "creating the instance stopped before it finished (the scheduler is shutting down)",
+            ))
+        }))
     }
 }
 
