@@ -29,11 +29,13 @@
 
 mod accept;
 mod audit;
+mod context;
 mod control;
 mod forward;
 pub mod local;
 mod names;
 mod node;
+mod orders;
 mod rate;
 mod registry;
 mod sessions;
