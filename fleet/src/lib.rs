@@ -33,6 +33,8 @@ mod context;
 mod control;
 mod forward;
 pub mod local;
+#[cfg(test)]
+mod module_graph;
 mod names;
 mod node;
 mod orders;
