@@ -19,7 +19,7 @@ use paddock_core::{unix_ms, Error, ErrorCode, ExecResult};
 use paddock_pool::audit::{AuditEntry, AuditQuery, DEFAULT_SEARCH_LIMIT};
 use paddock_pool::Caller;
 
-use crate::node::Inner;
+use crate::context::Context;
 use crate::store::unavailable;
 use crate::wire::{Answer, Record};
 
@@ -52,25 +52,25 @@ pub(crate) fn of_record(record: &Record, answer: &Answer) -> AuditEntry {
 /// within half the stream's duplicate window, a second publish is dropped as a
 /// duplicate; after it, one would be kept (and the entry was published long since,
 /// before the result was first handed out).
-pub(crate) fn recent(inner: &Inner, done_at_ms: u64) -> bool {
-    unix_ms().saturating_sub(done_at_ms) < inner.dedupe_ms / 2
+pub(crate) fn recent(cx: &Context, done_at_ms: u64) -> bool {
+    unix_ms().saturating_sub(done_at_ms) < cx.dedupe_ms / 2
 }
 
 /// Publishes the entry of an execution and waits for the stream to acknowledge it,
 /// retrying through a failover (with the same message id, so a retry of a publish
 /// that went through adds nothing) for up to `patience`. The last error otherwise.
 pub(crate) async fn publish(
-    inner: &Inner,
+    cx: &Context,
     entry: &AuditEntry,
     patience: Duration,
 ) -> Result<(), String> {
     let payload = bytes::Bytes::from(serde_json::to_vec(entry).unwrap_or_default());
-    let subject = inner.names.audit_subject(entry.tenant.as_deref());
+    let subject = cx.names.audit_subject(entry.tenant.as_deref());
     let id = &entry.id;
     let deadline = tokio::time::Instant::now() + patience;
     let mut pause = Duration::from_millis(50);
     loop {
-        let sent = inner
+        let sent = cx
             .js
             .send_publish(
                 subject.clone(),
@@ -94,7 +94,7 @@ pub(crate) async fn publish(
         };
         match acked {
             Ok(()) => return Ok(()),
-            Err(e) if tokio::time::Instant::now() < deadline && !inner.stopping() => {
+            Err(e) if tokio::time::Instant::now() < deadline && !cx.stopping() => {
                 tracing::debug!(%id, error = %e, "publishing an audit entry; retrying");
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(1));
@@ -117,17 +117,17 @@ pub(crate) async fn publish(
 /// is kept (a lookup by id, or a retry with the same idempotency key, answers it
 /// once the entry is in).
 pub(crate) async fn make_durable(
-    inner: &std::sync::Arc<Inner>,
+    cx: &std::sync::Arc<Context>,
     entry: AuditEntry,
     done_at_ms: u64,
 ) -> Result<(), Error> {
-    if !recent(inner, done_at_ms) {
+    if !recent(cx, done_at_ms) {
         return Ok(());
     }
     let id = entry.id.clone();
     let task = {
-        let inner = inner.clone();
-        tokio::spawn(async move { publish(&inner, &entry, ANSWER_PATIENCE).await })
+        let cx = cx.clone();
+        tokio::spawn(async move { publish(&cx, &entry, ANSWER_PATIENCE).await })
     };
     let published = match task.await {
         Ok(p) => p,
@@ -154,27 +154,27 @@ const MAX_LIMIT: usize = 10_000;
 /// Searches the stream, newest first: the subjects of the caller's tenant only
 /// (a tenant's key cannot widen it with `query.tenant`).
 pub(crate) async fn search(
-    inner: &Inner,
+    cx: &Context,
     caller: &Caller,
     mut query: AuditQuery,
 ) -> Result<Vec<AuditEntry>, Error> {
     let subject = match caller.confined_to() {
         Some(tenant) => {
             query.tenant = tenant.map(str::to_owned);
-            inner.names.audit_subject(tenant)
+            cx.names.audit_subject(tenant)
         }
         None => match &query.tenant {
-            Some(t) => inner.names.audit_subject(Some(t)),
-            None => inner.names.audit_all(),
+            Some(t) => cx.names.audit_subject(Some(t)),
+            None => cx.names.audit_all(),
         },
     };
     let limit = query.limit.unwrap_or(DEFAULT_SEARCH_LIMIT).min(MAX_LIMIT);
     if limit == 0 {
         return Ok(Vec::new());
     }
-    let mut stream = inner
+    let mut stream = cx
         .js
-        .get_stream(inner.names.audit_stream())
+        .get_stream(cx.names.audit_stream())
         .await
         .map_err(|e| unavailable("opening the audit stream", e))?;
     // What the stream's leader holds now (both requests are answered by the
@@ -190,7 +190,7 @@ pub(crate) async fn search(
         return Ok(Vec::new());
     }
     let first = state.first_sequence;
-    let last = if subject == inner.names.audit_all() {
+    let last = if subject == cx.names.audit_all() {
         state.last_sequence
     } else {
         match stream.get_last_raw_message_by_subject(&subject).await {

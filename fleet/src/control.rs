@@ -3,6 +3,9 @@
 //! accepted work still waiting in the queue, which only it knows of). On the
 //! broadcast subject a node that does not know the execution stays silent, so the
 //! first answer is the one that knows.
+//!
+//! It works on the [`Orders`] book, and uses the audit and the worker's reply;
+//! `accept` uses it.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -11,7 +14,8 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use paddock_core::{ExecResult, ExecutionId, Outcome};
 
-use crate::node::{Inbound, Inner};
+use crate::context::Context;
+use crate::orders::{Inbound, Orders};
 use crate::store::Cas;
 use crate::wire::{Control, ControlReply, Phase, Record};
 
@@ -24,14 +28,14 @@ pub(crate) fn visible(tenant: &Option<Option<String>>, owner: Option<&str>) -> b
     }
 }
 
-pub(crate) async fn serve(inner: Arc<Inner>, mut sub: async_nats::Subscriber) {
-    let broadcast = inner.names.broadcast();
+pub(crate) async fn serve(orders: Arc<Orders>, mut sub: async_nats::Subscriber) {
+    let broadcast = orders.cx.names.broadcast();
     while let Some(msg) = sub.next().await {
         let Some(reply) = msg.reply.clone() else {
             continue;
         };
         let on_broadcast = msg.subject.as_str() == broadcast;
-        let inner = inner.clone();
+        let orders = orders.clone();
         tokio::spawn(async move {
             let request: Control = match serde_json::from_slice(&msg.payload) {
                 Ok(r) => r,
@@ -40,22 +44,21 @@ pub(crate) async fn serve(inner: Arc<Inner>, mut sub: async_nats::Subscriber) {
                     return;
                 }
             };
-            let answer = answer(&inner, request).await;
+            let answer = answer(&orders, request).await;
             if on_broadcast && !answer.known {
                 return;
             }
             let body = bytes::Bytes::from(serde_json::to_vec(&answer).unwrap_or_default());
-            let _ = inner.client.publish(reply, body).await;
+            let _ = orders.cx.client.publish(reply, body).await;
         });
     }
 }
 
-async fn answer(inner: &Arc<Inner>, request: Control) -> ControlReply {
+async fn answer(orders: &Arc<Orders>, request: Control) -> ControlReply {
     match request {
-        Control::Cancel { id, tenant, forget } => cancel_here(inner, &id, &tenant, forget).await,
+        Control::Cancel { id, tenant, forget } => cancel_here(orders, &id, &tenant, forget).await,
         Control::Lookup { id, tenant } => ControlReply {
-            known: inner
-                .orders
+            known: orders
                 .waiters
                 .get(&id)
                 .is_some_and(|w| visible(&tenant, w.tenant.as_deref())),
@@ -66,12 +69,12 @@ async fn answer(inner: &Arc<Inner>, request: Control) -> ControlReply {
 
 /// Cancels work this node runs, or work it accepted that no node has started.
 pub(crate) async fn cancel_here(
-    inner: &Arc<Inner>,
+    orders: &Arc<Orders>,
     id: &ExecutionId,
     tenant: &Option<Option<String>>,
     forget: bool,
 ) -> ControlReply {
-    if let Some(r) = inner.orders.running.get(id).map(|r| r.clone()) {
+    if let Some(r) = orders.running.get(id).map(|r| r.clone()) {
         if !visible(tenant, r.tenant.as_deref()) {
             return ControlReply::default();
         }
@@ -85,7 +88,7 @@ pub(crate) async fn cancel_here(
             cancelled: first,
         };
     }
-    let Some(waiter) = inner.orders.waiters.get(id).map(|w| w.clone()) else {
+    let Some(waiter) = orders.waiters.get(id).map(|w| w.clone()) else {
         return ControlReply::default();
     };
     if !visible(tenant, waiter.tenant.as_deref()) {
@@ -98,19 +101,19 @@ pub(crate) async fn cancel_here(
         tenant: waiter.tenant.clone(),
         engine: waiter.engine.clone(),
         phase: Phase::Done,
-        node: inner.node.clone(),
-        incarnation: inner.incarnation.clone(),
+        node: orders.cx.node.clone(),
+        incarnation: orders.cx.incarnation.clone(),
         attempts: 0,
         write: 0, // drawn when it is written
         lease_until_ms: 0,
-        accepted_by: inner.node.clone(),
+        accepted_by: orders.cx.node.clone(),
         accepted_at_ms: 0,
         forgotten: forget,
         code_hash: waiter.code_hash.clone(),
         done_at_ms: 0,
         answer: None,
     };
-    cancel_recorded(inner, template, None, tenant, forget).await
+    cancel_recorded(orders, template, None, tenant, forget).await
 }
 
 /// Cancels work by its record: work that waits (no record yet, or `released`) is
@@ -119,7 +122,7 @@ pub(crate) async fn cancel_here(
 /// work running on a node is cancelled there. `template` carries the tenant, engine,
 /// program and accepting node of the work.
 pub(crate) async fn cancel_recorded(
-    inner: &Arc<Inner>,
+    orders: &Arc<Orders>,
     template: Record,
     mut current: Option<(Record, u64)>,
     tenant: &Option<Option<String>>,
@@ -134,7 +137,7 @@ pub(crate) async fn cancel_recorded(
         match &current {
             Some((rec, _)) if rec.phase == Phase::Done => return known,
             Some((rec, _)) if rec.phase == Phase::Running => {
-                return forward(inner, &rec.node, &id, tenant, forget).await;
+                return forward(&orders.cx, &rec.node, &id, tenant, forget).await;
             }
             _ => {}
         }
@@ -142,24 +145,24 @@ pub(crate) async fn cancel_recorded(
             id.clone(),
             Outcome::Cancelled,
             template.engine.clone(),
-            format!("fleet:{}", inner.node),
+            format!("fleet:{}", orders.cx.node),
         );
         result
             .warnings
             .push("cancelled while it waited in the fleet's queue; it did not run".into());
         let mut record = template.clone();
         record.phase = Phase::Done;
-        record.node = inner.node.clone();
-        record.incarnation = inner.incarnation.clone();
-        record.write = inner.next_write();
+        record.node = orders.cx.node.clone();
+        record.incarnation = orders.cx.incarnation.clone();
+        record.write = orders.cx.next_write();
         record.lease_until_ms = 0;
         record.forgotten = forget;
         record.attempts = current.as_ref().map_or(0, |(r, _)| r.attempts);
         record.done_at_ms = paddock_core::unix_ms();
         record.answer = Some(Ok(result.clone()));
         let written = match &current {
-            None => inner.records.create(&record).await,
-            Some((_, rev)) => inner.records.update(&record, *rev).await,
+            None => orders.cx.records.create(&record).await,
+            Some((_, rev)) => orders.cx.records.update(&record, *rev).await,
         };
         match written {
             Ok(Cas::Written(_)) => {
@@ -169,19 +172,19 @@ pub(crate) async fn cancel_recorded(
                 // node reads and audits itself before it answers.
                 let answer: crate::wire::Answer = Ok(result);
                 let entry = crate::audit::of_record(&record, &answer);
-                let inner = inner.clone();
+                let orders = orders.clone();
                 tokio::spawn(async move {
                     let published =
-                        crate::audit::publish(&inner, &entry, crate::audit::RECORDING_PATIENCE)
+                        crate::audit::publish(&orders.cx, &entry, crate::audit::RECORDING_PATIENCE)
                             .await;
                     if published.is_err() {
                         return;
                     }
-                    if let Some(w) = inner.orders.waiters.get(&id).map(|w| w.clone()) {
+                    if let Some(w) = orders.waiters.get(&id).map(|w| w.clone()) {
                         let _ = w.tx.try_send(Inbound::Done(Box::new(answer)));
                     } else {
-                        let to = inner.names.inbox(&record.accepted_by);
-                        crate::worker::reply(&inner, &to, &id, &answer).await;
+                        let to = orders.cx.names.inbox(&record.accepted_by);
+                        crate::worker::reply(&orders.cx, &to, &id, &answer).await;
                     }
                 });
                 return ControlReply {
@@ -201,7 +204,7 @@ pub(crate) async fn cancel_recorded(
 
 /// Asks node `node` to cancel.
 pub(crate) async fn forward(
-    inner: &Inner,
+    cx: &Context,
     node: &str,
     id: &ExecutionId,
     tenant: &Option<Option<String>>,
@@ -215,14 +218,7 @@ pub(crate) async fn forward(
     // The holder may have created the record a moment before it registers the run:
     // asked again for a short while.
     for _ in 0..10 {
-        match ask(
-            inner,
-            inner.names.control(node),
-            &request,
-            Duration::from_secs(2),
-        )
-        .await
-        {
+        match ask(cx, cx.names.control(node), &request, Duration::from_secs(2)).await {
             Some(r) if r.known => return r,
             Some(_) => tokio::time::sleep(Duration::from_millis(20)).await,
             None => break,
@@ -236,13 +232,13 @@ pub(crate) async fn forward(
 
 /// One request, its first answer (`None`: nobody answered in time).
 pub(crate) async fn ask(
-    inner: &Inner,
+    cx: &Context,
     subject: String,
     request: &Control,
     wait: Duration,
 ) -> Option<ControlReply> {
     let body = bytes::Bytes::from(serde_json::to_vec(request).ok()?);
-    let sent = tokio::time::timeout(wait, inner.client.request(subject, body)).await;
+    let sent = tokio::time::timeout(wait, cx.client.request(subject, body)).await;
     match sent {
         Ok(Ok(msg)) => serde_json::from_slice(&msg.payload).ok(),
         _ => None,

@@ -29,11 +29,15 @@
 
 mod accept;
 mod audit;
+mod context;
 mod control;
 mod forward;
 pub mod local;
+#[cfg(test)]
+mod module_graph;
 mod names;
 mod node;
+mod orders;
 mod rate;
 mod registry;
 mod sessions;

@@ -1,24 +1,30 @@
 //! One node of a fleet: its connection, the streams and buckets it makes sure of,
 //! and the tasks it runs (heartbeat, registry, inbox, control, one work puller per
 //! engine).
+//!
+//! The top of the crate's modules: it makes the node's [`Context`] and each
+//! concept's book (membership, orders, shares, sessions), wires them, and is the
+//! only module that knows them all.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer, kv, stream};
 use dashmap::DashMap;
-use paddock_core::{unix_ms, EngineName, Error, ExecutionId, FleetConfig};
-use paddock_pool::federation::EngineRoom;
+use paddock_core::{unix_ms, Error, ExecutionId, FleetConfig};
 use paddock_pool::Paddock;
-use tokio::sync::{mpsc, watch, Semaphore};
-use tokio::task::JoinHandle;
+use tokio::sync::{watch, Semaphore};
 
+use crate::accept::{Federated, Parts};
+use crate::context::Context;
 use crate::names::Names;
-use crate::registry::Seen;
+use crate::orders::{EngineSlots, Orders};
+use crate::registry::{Load, Membership};
+use crate::sessions::SessionBook;
+use crate::shares::{ShareBook, ShareCaps};
 use crate::store::Records;
-use crate::wire::Answer;
 
 /// Why a node could not join its fleet.
 #[derive(Debug, thiserror::Error)]
@@ -57,166 +63,6 @@ pub enum JoinError {
     },
 }
 
-/// What an accepting node hears about one execution it waits for.
-#[derive(Debug)]
-pub(crate) enum Inbound {
-    Chunk(paddock_core::OutputChunk),
-    Done(Box<Answer>),
-}
-
-/// An execution this node accepted and waits for.
-#[derive(Debug)]
-pub(crate) struct Waiter {
-    pub(crate) tenant: Option<String>,
-    /// The engine it was queued for.
-    pub(crate) engine: EngineName,
-    /// Its program's audit hash (for the entry of a cancel before it ran).
-    pub(crate) code_hash: String,
-    pub(crate) tx: mpsc::Sender<Inbound>,
-}
-
-/// An execution this node runs for the fleet.
-#[derive(Debug)]
-pub(crate) struct Running {
-    pub(crate) tenant: Option<String>,
-    /// A cancel arrived (maybe before the local pipeline knew the execution).
-    pub(crate) cancel: AtomicBool,
-    /// The cancel asked to forget the result too.
-    pub(crate) forget: AtomicBool,
-    pub(crate) notify: tokio::sync::Notify,
-}
-
-/// The slots of one engine: how many of its executions this node takes at once.
-#[derive(Debug)]
-pub(crate) struct EngineSlots {
-    pub(crate) engine: EngineName,
-    pub(crate) level: paddock_core::IsolationLevel,
-    pub(crate) slots: usize,
-    pub(crate) free: Arc<Semaphore>,
-    /// Orders taken and not finished.
-    pub(crate) busy: Arc<AtomicUsize>,
-}
-
-#[derive(Debug)]
-pub(crate) struct Inner {
-    pub(crate) config: FleetConfig,
-    pub(crate) node: String,
-    pub(crate) incarnation: String,
-    pub(crate) names: Names,
-    pub(crate) client: async_nats::Client,
-    pub(crate) js: jetstream::Context,
-    pub(crate) records: Records,
-    /// This node's own scheduler (not federated).
-    pub(crate) paddock: Paddock,
-    /// The fleet's nodes as this one sees them, and its own card.
-    pub(crate) members: Membership,
-    /// Orders: the work this node accepted and waits for, and the work it runs.
-    pub(crate) orders: Orders,
-    /// The fleet's sandboxes: their owners, and the ones this node holds.
-    pub(crate) sessions: crate::sessions::SessionBook,
-    /// The tenants' fleet-wide shares and rates.
-    pub(crate) shares: crate::shares::ShareBook,
-    /// The largest message the servers take.
-    pub(crate) max_payload: usize,
-    pub(crate) stop: watch::Sender<bool>,
-    pub(crate) tasks: parking_lot::Mutex<Vec<JoinHandle<()>>>,
-    /// The streams' duplicate window, in ms.
-    pub(crate) dedupe_ms: u64,
-    /// The last write token drawn ([`Inner::next_write`]).
-    pub(crate) writes: AtomicU64,
-}
-
-/// The fleet's nodes as this one sees them (`P_nodes`), and this node's own card.
-#[derive(Debug)]
-pub(crate) struct Membership {
-    /// The nodes' cards.
-    pub(crate) cards: kv::Store,
-    /// What this node last read of each node's card.
-    pub(crate) seen: parking_lot::RwLock<BTreeMap<String, Seen>>,
-    /// The address this node's HTTP API is reached at, once known.
-    pub(crate) address: parking_lot::Mutex<Option<String>>,
-    pub(crate) started_at_ms: u64,
-    /// When this node's card was last written: ms since `clock` (a monotonic
-    /// clock, so that a step of the wall clock neither fences nor unfences).
-    pub(crate) card_written: AtomicU64,
-    pub(crate) clock: std::time::Instant,
-}
-
-/// Orders: executions this node accepted and waits for, and those it runs.
-#[derive(Debug)]
-pub(crate) struct Orders {
-    /// Idempotency keys (`P_idem`).
-    pub(crate) idem: kv::Store,
-    pub(crate) waiters: DashMap<ExecutionId, Arc<Waiter>>,
-    pub(crate) running: DashMap<ExecutionId, Arc<Running>>,
-    /// This node's engines and their free slots, by work queue.
-    pub(crate) engines: Vec<EngineSlots>,
-    /// Work taken from the queues and not yet finished.
-    pub(crate) taken: AtomicUsize,
-}
-
-impl Inner {
-    /// A fresh write token for a record this incarnation writes: one per take of
-    /// an order, and one per fence, never 0 (what a record without one reads as).
-    pub(crate) fn next_write(&self) -> u64 {
-        self.writes.fetch_add(1, Ordering::Relaxed) + 1
-    }
-
-    pub(crate) fn ack_wait(&self) -> Duration {
-        Duration::from_millis(self.config.ack_wait_ms)
-    }
-
-    pub(crate) fn heartbeat(&self) -> Duration {
-        Duration::from_millis(self.config.heartbeat_ms)
-    }
-
-    /// Milliseconds since this node's card was last written.
-    pub(crate) fn card_silent_ms(&self) -> u64 {
-        self.clock_ms()
-            .saturating_sub(self.members.card_written.load(Ordering::Acquire))
-    }
-
-    /// Milliseconds on the monotonic clock of `card_written`.
-    pub(crate) fn clock_ms(&self) -> u64 {
-        u64::try_from(self.members.clock.elapsed().as_millis()).unwrap_or(u64::MAX)
-    }
-
-    pub(crate) fn stopping(&self) -> bool {
-        *self.stop.borrow()
-    }
-
-    /// The heartbeat of a task that runs until the node stops: see [`Beats`].
-    pub(crate) fn beats(&self) -> Beats {
-        let mut tick = tokio::time::interval(self.heartbeat());
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        Beats {
-            stop: self.stop.subscribe(),
-            tick,
-        }
-    }
-
-    pub(crate) fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
-        self.tasks.lock().push(tokio::spawn(task));
-    }
-}
-
-/// Every heartbeat until the node stops (a late beat is not caught up with).
-#[derive(Debug)]
-pub(crate) struct Beats {
-    stop: watch::Receiver<bool>,
-    tick: tokio::time::Interval,
-}
-
-impl Beats {
-    /// Waits for the next beat: `false` once the node stops.
-    pub(crate) async fn next(&mut self) -> bool {
-        tokio::select! {
-            _ = self.tick.tick() => true,
-            _ = self.stop.changed() => false,
-        }
-    }
-}
-
 /// Where an execution stands in the fleet: [`Fleet::locate`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Located {
@@ -232,7 +78,7 @@ pub struct Located {
 /// [`leave`](Self::leave).
 #[derive(Debug, Clone)]
 pub struct Fleet {
-    pub(crate) inner: Arc<Inner>,
+    pub(crate) inner: Arc<Parts>,
 }
 
 fn node_id_default() -> String {
@@ -441,7 +287,7 @@ impl Fleet {
             });
         }
         let (stop, _) = watch::channel(false);
-        let inner = Arc::new(Inner {
+        let cx = Arc::new(Context {
             max_payload: info.max_payload.max(64 << 10),
             config,
             node,
@@ -451,57 +297,75 @@ impl Fleet {
             js,
             records: Records { kv: exec },
             paddock,
-            members: Membership {
-                cards: nodes,
-                seen: parking_lot::RwLock::new(BTreeMap::new()),
-                address: parking_lot::Mutex::new(None),
-                started_at_ms: unix_ms(),
-                card_written: AtomicU64::new(0),
-                clock: std::time::Instant::now(),
-            },
-            orders: Orders {
-                idem,
-                waiters: DashMap::new(),
-                running: DashMap::new(),
-                engines,
-                taken: AtomicUsize::new(0),
-            },
-            sessions: crate::sessions::SessionBook {
-                store: sessions,
-                own: DashMap::new(),
-                fenced: DashMap::new(),
-            },
-            shares: crate::shares::ShareBook {
-                store: shares,
-                caps: parking_lot::Mutex::new(crate::shares::ShareCaps::default()),
-                unreturned: parking_lot::Mutex::new(std::collections::VecDeque::new()),
-                rate,
-                rate_limit: parking_lot::Mutex::new(None),
-            },
             stop,
             tasks: parking_lot::Mutex::new(Vec::new()),
             dedupe_ms: u64::try_from(dedupe.min(retention).as_millis()).unwrap_or(u64::MAX),
             writes: AtomicU64::new(0),
         });
+        let members = Arc::new(Membership {
+            cx: cx.clone(),
+            cards: nodes,
+            seen: parking_lot::RwLock::new(BTreeMap::new()),
+            address: parking_lot::Mutex::new(None),
+            started_at_ms: unix_ms(),
+            card_written: AtomicU64::new(0),
+            clock: std::time::Instant::now(),
+        });
+        let orders = Arc::new(Orders {
+            cx: cx.clone(),
+            idem,
+            waiters: DashMap::new(),
+            running: DashMap::new(),
+            engines,
+            taken: AtomicUsize::new(0),
+        });
+        let shares = Arc::new(ShareBook {
+            cx: cx.clone(),
+            members: members.clone(),
+            store: shares,
+            caps: parking_lot::Mutex::new(ShareCaps::default()),
+            unreturned: parking_lot::Mutex::new(std::collections::VecDeque::new()),
+            rate,
+            rate_limit: parking_lot::Mutex::new(None),
+        });
+        let sessions = Arc::new(SessionBook {
+            cx: cx.clone(),
+            members: members.clone(),
+            shares: shares.clone(),
+            orders: orders.clone(),
+            store: sessions,
+            own: DashMap::new(),
+            fenced: DashMap::new(),
+        });
+        let inner = Arc::new(Parts {
+            cx,
+            members,
+            orders,
+            sessions,
+            shares,
+        });
         for e in &inner.orders.engines {
-            let stream_name = inner.names.work_stream(&e.engine);
+            let stream_name = inner.cx.names.work_stream(&e.engine);
             let work = stream::Config {
                 name: stream_name.clone(),
-                subjects: vec![inner.names.work_subject(&e.engine)],
+                subjects: vec![inner.cx.names.work_subject(&e.engine)],
                 retention: stream::RetentionPolicy::WorkQueue,
-                max_messages: i64::try_from(inner.config.max_queued).unwrap_or(i64::MAX),
-                max_bytes: i64::try_from(inner.config.max_stream_bytes).unwrap_or(i64::MAX),
+                max_messages: i64::try_from(inner.cx.config.max_queued).unwrap_or(i64::MAX),
+                max_bytes: i64::try_from(inner.cx.config.max_stream_bytes).unwrap_or(i64::MAX),
                 discard: stream::DiscardPolicy::New,
                 duplicate_window: dedupe,
                 num_replicas: replicas,
                 storage: stream::StorageType::File,
                 ..Default::default()
             };
-            let s = patiently(&stream_name, || inner.js.get_or_create_stream(work.clone())).await?;
+            let s = patiently(&stream_name, || {
+                inner.cx.js.get_or_create_stream(work.clone())
+            })
+            .await?;
             let workers = consumer::pull::Config {
                 durable_name: Some("workers".into()),
                 ack_policy: consumer::AckPolicy::Explicit,
-                ack_wait: inner.ack_wait(),
+                ack_wait: inner.cx.ack_wait(),
                 // Redelivery is never given up: the record decides what a delivery
                 // does, and `max_attempts` bounds the runs.
                 max_deliver: -1,
@@ -513,17 +377,18 @@ impl Fleet {
                 s.get_or_create_consumer::<consumer::pull::Config>("workers", workers.clone())
             })
             .await?;
-            if !inner.config.take_work {
+            if !inner.cx.config.take_work {
                 continue;
             }
             let worker = crate::worker::Worker {
-                inner: inner.clone(),
+                orders: inner.orders.clone(),
+                sessions: inner.sessions.clone(),
                 engine: e.engine.clone(),
                 free: e.free.clone(),
                 busy: e.busy.clone(),
                 slots: e.slots,
             };
-            inner.spawn(worker.run(consumer));
+            inner.cx.spawn(worker.run(consumer));
         }
         let fleet = Fleet { inner };
         fleet.start_tasks().await?;
@@ -532,37 +397,44 @@ impl Fleet {
 
     async fn start_tasks(&self) -> Result<(), JoinError> {
         let inner = &self.inner;
-        let inbox = inner
+        let cx = &inner.cx;
+        let inbox = cx
             .client
-            .subscribe(inner.names.inbox(&inner.node))
+            .subscribe(cx.names.inbox(&cx.node))
             .await
             .map_err(|e| setup("the node's inbox", e))?;
-        inner.spawn(crate::accept::inbox(inner.clone(), inbox));
+        cx.spawn(crate::accept::inbox(inner.clone(), inbox));
         let own = inner
+            .cx
             .client
-            .subscribe(inner.names.control(&inner.node))
+            .subscribe(cx.names.control(&cx.node))
             .await
             .map_err(|e| setup("the node's control subject", e))?;
-        inner.spawn(crate::control::serve(inner.clone(), own));
+        cx.spawn(crate::control::serve(inner.orders.clone(), own));
         let all = inner
+            .cx
             .client
-            .subscribe(inner.names.broadcast())
+            .subscribe(cx.names.broadcast())
             .await
             .map_err(|e| setup("the fleet's control subject", e))?;
-        inner.spawn(crate::control::serve(inner.clone(), all));
-        crate::registry::publish_card(inner, false)
+        cx.spawn(crate::control::serve(inner.orders.clone(), all));
+        crate::registry::publish_card(&inner.members, load(inner), false)
             .await
             .map_err(|e| setup("the node's card", e))?;
-        inner.spawn(crate::registry::heartbeat(inner.clone()));
-        inner.spawn(crate::sessions::keep(inner.clone()));
-        inner.spawn(crate::sessions::fence(inner.clone()));
+        let parts = inner.clone();
+        cx.spawn(crate::registry::heartbeat(
+            inner.members.clone(),
+            move || load(&parts),
+        ));
+        cx.spawn(crate::sessions::keep(inner.sessions.clone()));
+        cx.spawn(crate::sessions::fence(inner.sessions.clone()));
         let watch = inner
             .members
             .cards
             .watch_all()
             .await
             .map_err(|e| setup("the node registry", e))?;
-        inner.spawn(crate::registry::follow(inner.clone(), watch));
+        cx.spawn(crate::registry::follow(inner.members.clone(), watch));
         Ok(())
     }
 
@@ -571,16 +443,14 @@ impl Fleet {
     /// of it places sandboxes by capacity and routes every call on one to its
     /// owner.
     pub fn paddock(&self) -> Paddock {
-        self.inner
-            .paddock
-            .federated(Arc::new(crate::accept::Federated {
-                inner: self.inner.clone(),
-            }))
+        self.inner.cx.paddock.federated(Arc::new(Federated {
+            inner: self.inner.clone(),
+        }))
     }
 
     /// This node's id.
     pub fn node_id(&self) -> &str {
-        &self.inner.node
+        &self.inner.cx.node
     }
 
     /// Sets the base URL other nodes and clients reach this node's HTTP API at
@@ -589,6 +459,7 @@ impl Fleet {
         let mut a = self.inner.members.address.lock();
         *a = Some(
             self.inner
+                .cx
                 .config
                 .advertise
                 .clone()
@@ -600,7 +471,7 @@ impl Fleet {
     /// it, its runs so far, and whether it is finished. `None` while it waits in a
     /// queue (or when it is unknown).
     pub async fn locate(&self, id: &ExecutionId) -> Result<Option<Located>, Error> {
-        Ok(self.inner.records.get(id).await?.map(|(r, _)| Located {
+        Ok(self.inner.cx.records.get(id).await?.map(|(r, _)| Located {
             node: r.node,
             attempts: r.attempts,
             finished: r.phase == crate::wire::Phase::Done,
@@ -621,7 +492,7 @@ impl Fleet {
     /// the whole fleet, against `caps` (exact; see docs/fleet.md). Give every node
     /// the same caps; the nodes' own limiters keep theirs too, which then only
     /// bite on what the fleet does not count (executions inside a sandbox).
-    pub fn limit_shares(&self, caps: crate::shares::ShareCaps) {
+    pub fn limit_shares(&self, caps: ShareCaps) {
         *self.inner.shares.caps.lock() = caps;
     }
 
@@ -636,38 +507,27 @@ impl Fleet {
     /// the connection.
     pub async fn leave(&self, drain: Duration) {
         let inner = &self.inner;
-        let _ = inner.stop.send(true);
+        let _ = inner.cx.stop.send(true);
         let deadline = tokio::time::Instant::now() + drain;
         while inner.orders.taken.load(Ordering::Acquire) > 0
             && tokio::time::Instant::now() < deadline
         {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        let _ = crate::registry::publish_card(inner, true).await;
-        let tasks: Vec<_> = inner.tasks.lock().drain(..).collect();
+        let _ = crate::registry::publish_card(&inner.members, load(inner), true).await;
+        let tasks: Vec<_> = inner.cx.tasks.lock().drain(..).collect();
         for t in tasks {
             t.abort();
         }
-        let _ = inner.client.flush().await;
-        let _ = inner.client.drain().await;
+        let _ = inner.cx.client.flush().await;
+        let _ = inner.cx.client.drain().await;
     }
 }
 
-/// Every engine's free room now: its slots less the fleet's work it runs and the
-/// sandboxes of the fleet open on it (each holds one of its instances).
-pub(crate) fn rooms(inner: &Inner) -> Vec<EngineRoom> {
-    inner
-        .orders
-        .engines
-        .iter()
-        .map(|e| EngineRoom {
-            engine: e.engine.clone(),
-            level: e.level,
-            slots: e.slots,
-            free: e
-                .slots
-                .saturating_sub(e.busy.load(Ordering::Acquire))
-                .saturating_sub(crate::sessions::count(inner, &e.engine)),
-        })
-        .collect()
+/// What this node's card says of its load now.
+fn load(inner: &Parts) -> Load {
+    (
+        crate::sessions::rooms(&inner.sessions),
+        inner.orders.running.len(),
+    )
 }

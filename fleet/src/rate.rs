@@ -10,7 +10,6 @@ use bytes::Bytes;
 use paddock_core::{unix_ms, Error, ErrorCode};
 
 use crate::names::tenant_token;
-use crate::node::Inner;
 use crate::store::unavailable;
 
 /// The fleet-wide rate of one tenant: `max` admissions per `window_ms`.
@@ -21,8 +20,12 @@ pub(crate) struct Rate {
 }
 
 /// Admits one execution of `tenant`, or answers `RATE_LIMITED` with the time to the
-/// window's end.
-pub(crate) async fn admit(inner: &Inner, rate: Rate, tenant: Option<&str>) -> Result<(), Error> {
+/// window's end. `counters` is the `P_rate` bucket.
+pub(crate) async fn admit(
+    counters: &kv::Store,
+    rate: Rate,
+    tenant: Option<&str>,
+) -> Result<(), Error> {
     let now = unix_ms();
     let window = now / rate.window_ms;
     let key = format!("{}.{window}", tenant_token(tenant));
@@ -32,21 +35,14 @@ pub(crate) async fn admit(inner: &Inner, rate: Rate, tenant: Option<&str>) -> Re
         |t| format!("tenant `{t}`"),
     );
     for _ in 0..32 {
-        let entry = inner
-            .shares
-            .rate
+        let entry = counters
             .entry(key.clone())
             .await
             .map_err(|e| unavailable("reading a rate counter", e))?;
         let written: Result<(), String> = match entry
             .filter(|e| matches!(e.operation, kv::Operation::Put))
         {
-            None => match inner
-                .shares
-                .rate
-                .create(&key, Bytes::from_static(b"1"))
-                .await
-            {
+            None => match counters.create(&key, Bytes::from_static(b"1")).await {
                 Ok(_) => return Ok(()),
                 Err(e) if crate::store::already_exists(&e) => continue,
                 Err(e) => Err(e.to_string()),
@@ -67,7 +63,7 @@ pub(crate) async fn admit(inner: &Inner, rate: Rate, tenant: Option<&str>) -> Re
                     .with_retry_after_ms(until_next.max(1)));
                 }
                 let next = Bytes::from((n + 1).to_string());
-                match inner.shares.rate.update(&key, next, e.revision).await {
+                match counters.update(&key, next, e.revision).await {
                     Ok(_) => return Ok(()),
                     Err(e) if crate::store::wrong_revision(&e) => continue,
                     Err(e) => Err(e.to_string()),

@@ -10,18 +10,27 @@
 //! - An owner that could not publish its card for longer than that ends its
 //!   sessions itself: the fleet counts them lost. Back on NATS, it ends every
 //!   sandbox whose record is no longer an open one of its own.
+//!
+//! Its book, [`SessionBook`], holds the books it uses: the registry's (placing and
+//! judging owners), the shares' (a sandbox's hold) and the orders' (the engines'
+//! room, [`rooms`]). None of those uses this module.
 
 use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::kv;
 use bytes::Bytes;
 use paddock_core::{unix_ms, EngineName, Error, ErrorCode, SandboxSpec};
-use paddock_pool::federation::{NodeHealth, SessionPlace};
+use paddock_pool::federation::{EngineRoom, NodeHealth, SessionPlace};
 use paddock_pool::Caller;
 use serde::{Deserialize, Serialize};
 
-use crate::node::Inner;
+use crate::context::Context;
+use crate::orders::Orders;
+use crate::registry::Membership;
+use crate::shares::ShareBook;
 use crate::store::unavailable;
 
 /// Where a session stands, in its record.
@@ -57,6 +66,14 @@ pub(crate) struct SessionRecord {
 /// The fleet's sandboxes as this node keeps them.
 #[derive(Debug)]
 pub(crate) struct SessionBook {
+    /// The node this book is of.
+    pub(crate) cx: Arc<Context>,
+    /// The fleet's nodes, to place a sandbox and to judge an owner.
+    pub(crate) members: Arc<Membership>,
+    /// The tenants' shares, which a sandbox holds one of while it is open.
+    pub(crate) shares: Arc<ShareBook>,
+    /// This node's engines and the work it runs, for its free room.
+    pub(crate) orders: Arc<Orders>,
     /// The owners of the fleet's sandboxes (`P_sessions`).
     pub(crate) store: kv::Store,
     /// The sandboxes this node owns.
@@ -127,25 +144,19 @@ where
         .map_err(|e| unavailable(what, e))
 }
 
-async fn get(inner: &Inner, id: &str) -> Result<Option<(SessionRecord, u64)>, Error> {
+async fn get(book: &SessionBook, id: &str) -> Result<Option<(SessionRecord, u64)>, Error> {
     let k = key(id);
-    let entry = patiently("reading a session record", || {
-        inner.sessions.store.entry(k.clone())
-    })
-    .await?;
+    let entry = patiently("reading a session record", || book.store.entry(k.clone())).await?;
     Ok(entry.and_then(decode))
 }
 
 /// Writes `record` over revision `revision`; `false` when someone else wrote first.
 async fn update(
-    inner: &Inner,
+    book: &SessionBook,
     record: &SessionRecord,
     revision: u64,
 ) -> Result<Option<u64>, Error> {
-    let write = inner
-        .sessions
-        .store
-        .update(key(&record.id), encode(record), revision);
+    let write = book.store.update(key(&record.id), encode(record), revision);
     match tokio::time::timeout(STEP, write).await {
         Ok(Ok(rev)) => Ok(Some(rev)),
         Ok(Err(e)) if crate::store::wrong_revision(&e) => Ok(None),
@@ -158,13 +169,14 @@ async fn update(
 /// free room for its engine; here when no node has more room than this one, or
 /// when this node does not know the engine (it answers for it).
 pub(crate) async fn place(
-    inner: &Inner,
+    book: &SessionBook,
     spec: &SandboxSpec,
     engine: Option<&EngineName>,
 ) -> Result<SessionPlace, Error> {
     let engine = match engine {
         Some(e) => e.clone(),
-        None => match inner
+        None => match book
+            .cx
             .paddock
             .choose_engine(None, spec.level, None, spec.tenant.clone())
             .await
@@ -180,14 +192,14 @@ pub(crate) async fn place(
             .find(|r| r.engine == engine && r.slots > 0)
             .map(|r| r.free)
     };
-    let here = room_of(&crate::node::rooms(inner));
+    let here = room_of(&rooms(book));
     let mut best: Option<(usize, String, String)> = None;
-    for seen in inner.members.seen.read().values() {
+    for seen in book.members.seen.read().values() {
         let card = &seen.card;
-        if card.id == inner.node {
+        if card.id == book.cx.node {
             continue;
         }
-        let (health, _) = crate::registry::health(inner, card);
+        let (health, _) = crate::registry::health(&book.members, card);
         let (NodeHealth::Up, Some(address), Some(free)) =
             (health, card.address.as_ref(), room_of(&card.engines))
         else {
@@ -211,15 +223,15 @@ pub(crate) async fn place(
 /// Records that sandbox `id` opened on this node, admitted with `ticket` (kept
 /// with it from then on, and given back when it ends).
 pub(crate) async fn opened(
-    inner: &Inner,
+    book: &SessionBook,
     tenant: Option<&str>,
     id: &str,
     engine: &EngineName,
     ticket: Option<String>,
 ) -> Result<(), Error> {
     // On an error the caller still holds the ticket, and gives it back.
-    let (revision, written_at_ms) = record_opened(inner, tenant, id, engine).await?;
-    inner.sessions.own.insert(
+    let (revision, written_at_ms) = record_opened(book, tenant, id, engine).await?;
+    book.own.insert(
         id.to_string(),
         Own {
             tenant: tenant.map(str::to_owned),
@@ -235,7 +247,7 @@ pub(crate) async fn opened(
 /// Creates the record of sandbox `id`, opened here: its revision and when it was
 /// written.
 async fn record_opened(
-    inner: &Inner,
+    book: &SessionBook,
     tenant: Option<&str>,
     id: &str,
     engine: &EngineName,
@@ -245,8 +257,8 @@ async fn record_opened(
         id: id.to_string(),
         tenant: tenant.map(str::to_owned),
         engine: engine.clone(),
-        node: inner.node.clone(),
-        incarnation: inner.incarnation.clone(),
+        node: book.cx.node.clone(),
+        incarnation: book.cx.incarnation.clone(),
         opened_at_ms: now,
         state: SessionState::Open,
         at_ms: now,
@@ -255,9 +267,7 @@ async fn record_opened(
     let bytes = encode(&record);
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
-        let made = match tokio::time::timeout(STEP, inner.sessions.store.create(&k, bytes.clone()))
-            .await
-        {
+        let made = match tokio::time::timeout(STEP, book.store.create(&k, bytes.clone())).await {
             Ok(r) => r.map_err(Some),
             Err(_) => Err(None),
         };
@@ -266,8 +276,8 @@ async fn record_opened(
             Err(Some(e)) if crate::store::already_exists(&e) => {
                 // Ours, from a create whose answer was lost; anything else is
                 // another sandbox's id (ids are unique, so this does not happen).
-                if let Some((r, revision)) = get(inner, id).await? {
-                    if r.node == inner.node && r.incarnation == inner.incarnation {
+                if let Some((r, revision)) = get(book, id).await? {
+                    if r.node == book.cx.node && r.incarnation == book.cx.incarnation {
                         return Ok((revision, r.at_ms));
                     }
                 }
@@ -290,10 +300,10 @@ async fn record_opened(
 
 /// Gives back the place in its tenant's shares of a sandbox that ended here (at
 /// once, or later when NATS does not answer).
-async fn give_back(inner: &Inner, own: &Own) {
+async fn give_back(book: &SessionBook, own: &Own) {
     if let Some(t) = &own.ticket {
         crate::shares::give_back_or_later(
-            inner,
+            &book.shares,
             own.tenant.as_deref(),
             crate::shares::Kind::Sandbox,
             t,
@@ -303,19 +313,19 @@ async fn give_back(inner: &Inner, own: &Own) {
 }
 
 /// Records that sandbox `id`, owned here, ended.
-pub(crate) async fn closed(inner: &Inner, id: &str) {
-    let Some((_, own)) = inner.sessions.own.remove(id) else {
+pub(crate) async fn closed(book: &SessionBook, id: &str) {
+    let Some((_, own)) = book.own.remove(id) else {
         return;
     };
-    mark(inner, id, Some(own.revision), SessionState::Closed).await;
-    give_back(inner, &own).await;
+    mark(book, id, Some(own.revision), SessionState::Closed).await;
+    give_back(book, &own).await;
 }
 
 /// Marks the record of `id` (at `revision`, or whatever is there) as `state`, if it
 /// still is an open one. Best effort: a record left open is found out by whoever
 /// asks for it next.
-async fn mark(inner: &Inner, id: &str, revision: Option<u64>, state: SessionState) {
-    let current = match get(inner, id).await {
+async fn mark(book: &SessionBook, id: &str, revision: Option<u64>, state: SessionState) {
+    let current = match get(book, id).await {
         Ok(Some(c)) => c,
         _ => return,
     };
@@ -325,7 +335,7 @@ async fn mark(inner: &Inner, id: &str, revision: Option<u64>, state: SessionStat
     }
     record.state = state;
     record.at_ms = unix_ms();
-    if let Err(e) = update(inner, &record, rev).await {
+    if let Err(e) = update(book, &record, rev).await {
         tracing::debug!(sandbox = id, error = %e.message, "marking a session record failed");
     }
 }
@@ -342,33 +352,33 @@ fn lost(id: &str, node: &str, why: &str) -> Error {
 
 /// Where sandbox `id` lives, for `caller`.
 pub(crate) async fn owner(
-    inner: &Inner,
+    book: &SessionBook,
     caller: &Caller,
     id: &str,
     forwarded: bool,
 ) -> Result<SessionPlace, Error> {
-    if inner.sessions.own.contains_key(id) {
+    if book.own.contains_key(id) {
         return Ok(SessionPlace::Here);
     }
-    let fenced = inner.sessions.fenced.get(id).map(|t| t.value().clone());
+    let fenced = book.fenced.get(id).map(|t| t.value().clone());
     if let Some(tenant) = fenced {
         // Another tenant's: answered as for an id that never existed.
         if !caller.sees(tenant.as_deref()) {
             return Ok(SessionPlace::Here);
         }
-        return Err(lost(id, &inner.node, "this node was cut off from it"));
+        return Err(lost(id, &book.cx.node, "this node was cut off from it"));
     }
     if forwarded {
         return Ok(SessionPlace::Here);
     }
-    let Some((record, revision)) = get(inner, id).await? else {
+    let Some((record, revision)) = get(book, id).await? else {
         return Ok(SessionPlace::Here);
     };
     // Another tenant's: this node answers, exactly as for an id that never existed.
     if !caller.sees(record.tenant.as_deref()) {
         return Ok(SessionPlace::Here);
     }
-    let ours = record.node == inner.node;
+    let ours = record.node == book.cx.node;
     match record.state {
         SessionState::Lost => return Err(lost(id, &record.node, "its sandboxes ended with it")),
         SessionState::Closed if ours => return Ok(SessionPlace::Here),
@@ -378,16 +388,17 @@ pub(crate) async fn owner(
         SessionState::Open => {}
     }
     if ours {
-        if record.incarnation == inner.incarnation {
+        if record.incarnation == book.cx.incarnation {
             // Ended here a moment ago: this node answers.
             return Ok(SessionPlace::Here);
         }
-        let _ = mark_lost(inner, &record, revision).await;
+        let _ = mark_lost(book, &record, revision).await;
         return Err(lost(id, &record.node, "it restarted since"));
     }
-    let (why, card) = crate::registry::loss(inner, &record.node, &record.incarnation).await?;
+    let (why, card) =
+        crate::registry::loss(&book.members, &record.node, &record.incarnation).await?;
     if let Some(why) = why {
-        let _ = mark_lost(inner, &record, revision).await;
+        let _ = mark_lost(book, &record, revision).await;
         return Err(lost(id, &record.node, why));
     }
     match card.and_then(|c| c.address) {
@@ -408,11 +419,11 @@ pub(crate) async fn owner(
 
 /// Marks the record lost; `false` when that could not be written (someone else
 /// wrote first, or NATS did not answer).
-async fn mark_lost(inner: &Inner, record: &SessionRecord, revision: u64) -> bool {
+async fn mark_lost(book: &SessionBook, record: &SessionRecord, revision: u64) -> bool {
     let mut r = record.clone();
     r.state = SessionState::Lost;
     r.at_ms = unix_ms();
-    match update(inner, &r, revision).await {
+    match update(book, &r, revision).await {
         Ok(written) => written.is_some(),
         Err(e) => {
             tracing::debug!(sandbox = %r.id, error = %e.message, "marking a session lost failed");
@@ -422,8 +433,8 @@ async fn mark_lost(inner: &Inner, record: &SessionRecord, revision: u64) -> bool
 }
 
 /// Ends a sandbox of this node (the fleet no longer counts it as this node's).
-async fn end_here(inner: &Inner, id: &str) {
-    if let Ok(handle) = inner.paddock.sandbox(&Caller::Embedder, id).await {
+async fn end_here(book: &SessionBook, id: &str) {
+    if let Ok(handle) = book.cx.paddock.sandbox(&Caller::Embedder, id).await {
         if let Err(e) = handle.destroy().await {
             tracing::warn!(sandbox = id, error = %e, "ending a sandbox the fleet lost failed");
         }
@@ -433,31 +444,31 @@ async fn end_here(inner: &Inner, id: &str) {
 /// Ends this node's sessions while its card has not been written for longer than
 /// the ack wait: the fleet counts the node lost, and so its sandboxes. Checked
 /// every heartbeat, apart from anything that waits on NATS.
-pub(crate) async fn fence(inner: std::sync::Arc<Inner>) {
-    let mut beats = inner.beats();
+pub(crate) async fn fence(book: Arc<SessionBook>) {
+    let mut beats = book.cx.beats();
     while beats.next().await {
-        let silent = inner.card_silent_ms();
-        if silent <= inner.config.ack_wait_ms {
+        let silent = book.members.card_silent_ms();
+        if silent <= book.cx.config.ack_wait_ms {
             continue;
         }
-        let ids: Vec<String> = inner.sessions.own.iter().map(|e| e.key().clone()).collect();
+        let ids: Vec<String> = book.own.iter().map(|e| e.key().clone()).collect();
         for id in ids {
-            let Some((_, own)) = inner.sessions.own.remove(&id) else {
+            let Some((_, own)) = book.own.remove(&id) else {
                 continue;
             };
             // Given back once NATS answers again (the others may drop it
             // sooner, as a lost node's).
             if let Some(t) = &own.ticket {
                 crate::shares::give_back_later(
-                    &inner,
+                    &book.shares,
                     own.tenant.as_deref(),
                     crate::shares::Kind::Sandbox,
                     t,
                 );
             }
-            inner.sessions.fenced.insert(id.clone(), own.tenant);
+            book.fenced.insert(id.clone(), own.tenant);
             tracing::warn!(sandbox = %id, silent_ms = silent, "this node is cut off from the fleet; ending its sandbox");
-            end_here(&inner, &id).await;
+            end_here(&book, &id).await;
         }
     }
 }
@@ -467,55 +478,49 @@ pub(crate) async fn fence(inner: std::sync::Arc<Inner>) {
 /// heartbeats, a sandbox ended here (idle past its limit) gets its record closed,
 /// one whose record is no longer an open one of this node's is ended, and the
 /// records of the others are written again well inside their age limit.
-pub(crate) async fn keep(inner: std::sync::Arc<Inner>) {
-    let mut beats = inner.beats();
+pub(crate) async fn keep(book: Arc<SessionBook>) {
+    let mut beats = book.cx.beats();
     let mut round = 0u64;
     while beats.next().await {
         round += 1;
-        if inner.card_silent_ms() > inner.config.ack_wait_ms {
+        if book.members.card_silent_ms() > book.cx.config.ack_wait_ms {
             continue;
         }
-        let fenced: Vec<String> = inner
-            .sessions
-            .fenced
-            .iter()
-            .map(|e| e.key().clone())
-            .collect();
+        let fenced: Vec<String> = book.fenced.iter().map(|e| e.key().clone()).collect();
         for id in fenced {
-            match get(&inner, &id).await {
+            match get(&book, &id).await {
                 Ok(Some((r, rev))) => {
                     // Kept until the record no longer says open (a failed write is
                     // tried again next beat).
-                    if r.node != inner.node
+                    if r.node != book.cx.node
                         || r.state != SessionState::Open
-                        || mark_lost(&inner, &r, rev).await
+                        || mark_lost(&book, &r, rev).await
                     {
-                        inner.sessions.fenced.remove(&id);
+                        book.fenced.remove(&id);
                     }
                 }
                 Ok(None) => {
-                    inner.sessions.fenced.remove(&id);
+                    book.fenced.remove(&id);
                 }
                 Err(_) => break,
             }
         }
-        crate::shares::retry_unreturned(&inner).await;
+        crate::shares::retry_unreturned(&book.shares).await;
         if round.is_multiple_of(5) {
-            reconcile(&inner).await;
+            reconcile(&book).await;
         }
     }
 }
 
-async fn reconcile(inner: &Inner) {
+async fn reconcile(book: &SessionBook) {
     // `own` first: a sandbox opened after it was read is left to the next round
     // (read the other way round, it would look ended).
-    let ids: Vec<(String, Own)> = inner
-        .sessions
+    let ids: Vec<(String, Own)> = book
         .own
         .iter()
         .map(|e| (e.key().clone(), e.value().clone()))
         .collect();
-    let Ok(open) = inner.paddock.open_sandbox_ids().await else {
+    let Ok(open) = book.cx.paddock.open_sandbox_ids().await else {
         return;
     };
     let open: HashSet<String> = open.into_iter().collect();
@@ -523,23 +528,23 @@ async fn reconcile(inner: &Inner) {
     for (id, own) in ids {
         if !open.contains(&id) {
             // Ended here (idle past its limit, or at shutdown).
-            closed(inner, &id).await;
+            closed(book, &id).await;
             continue;
         }
-        let Ok(found) = get(inner, &id).await else {
+        let Ok(found) = get(book, &id).await else {
             continue;
         };
         match found {
             Some((r, rev))
                 if r.state == SessionState::Open
-                    && r.node == inner.node
-                    && r.incarnation == inner.incarnation =>
+                    && r.node == book.cx.node
+                    && r.incarnation == book.cx.incarnation =>
             {
                 if now.saturating_sub(own.written_at_ms) > REFRESH.as_millis() as u64 {
                     let mut again = r.clone();
                     again.at_ms = now;
-                    if let Ok(Some(revision)) = update(inner, &again, rev).await {
-                        if let Some(mut o) = inner.sessions.own.get_mut(&id) {
+                    if let Ok(Some(revision)) = update(book, &again, rev).await {
+                        if let Some(mut o) = book.own.get_mut(&id) {
                             o.revision = revision;
                             o.written_at_ms = now;
                         }
@@ -548,22 +553,38 @@ async fn reconcile(inner: &Inner) {
             }
             // Marked lost (this node was counted lost), or gone: no longer ours.
             _ => {
-                if let Some((_, own)) = inner.sessions.own.remove(&id) {
-                    give_back(inner, &own).await;
+                if let Some((_, own)) = book.own.remove(&id) {
+                    give_back(book, &own).await;
                 }
                 tracing::warn!(sandbox = %id, "the fleet no longer counts this sandbox as this node's; ending it");
-                end_here(inner, &id).await;
+                end_here(book, &id).await;
             }
         }
     }
 }
 
 /// Open sessions of each engine on this node.
-pub(crate) fn count(inner: &Inner, engine: &EngineName) -> usize {
-    inner
-        .sessions
-        .own
+pub(crate) fn count(book: &SessionBook, engine: &EngineName) -> usize {
+    book.own
         .iter()
         .filter(|e| &e.value().engine == engine)
         .count()
+}
+
+/// Every engine's free room now: its slots less the fleet's work it runs and the
+/// sandboxes of the fleet open on it (each holds one of its instances).
+pub(crate) fn rooms(book: &SessionBook) -> Vec<EngineRoom> {
+    book.orders
+        .engines
+        .iter()
+        .map(|e| EngineRoom {
+            engine: e.engine.clone(),
+            level: e.level,
+            slots: e.slots,
+            free: e
+                .slots
+                .saturating_sub(e.busy.load(Ordering::Acquire))
+                .saturating_sub(count(book, &e.engine)),
+        })
+        .collect()
 }

@@ -15,6 +15,10 @@
 //!
 //! Holds of lost nodes are dropped by whichever node finds the tenant at a cap, so
 //! that the common path costs one read and one write.
+//!
+//! Its book, [`ShareBook`], holds the node's context and its [`Membership`], which
+//! judges a hold's holder: this module uses the registry (and `rate`'s type), and
+//! neither uses it back.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,8 +28,9 @@ use bytes::Bytes;
 use paddock_core::{unix_ms, Error, ErrorCode, ExecutionId};
 use serde::{Deserialize, Serialize};
 
+use crate::context::Context;
 use crate::names::tenant_token;
-use crate::node::Inner;
+use crate::registry::Membership;
 use crate::store::unavailable;
 use crate::wire::Phase;
 
@@ -64,6 +69,10 @@ impl ShareCaps {
 /// The tenants' fleet-wide shares and rates as this node keeps them.
 #[derive(Debug)]
 pub(crate) struct ShareBook {
+    /// The node this book is of.
+    pub(crate) cx: Arc<Context>,
+    /// The fleet's nodes, to judge a hold's holder.
+    pub(crate) members: Arc<Membership>,
     /// Per-tenant holds (`P_shares`).
     pub(crate) store: kv::Store,
     /// The fleet-wide concurrency caps per tenant ([`Fleet::limit_shares`](crate::Fleet::limit_shares)).
@@ -128,7 +137,7 @@ pub(crate) struct Hold {
 impl Hold {
     /// A hold of this node for `id`, named `nonce`.
     pub(crate) fn here(
-        inner: &Inner,
+        book: &ShareBook,
         id: String,
         nonce: String,
         start_by_ms: u64,
@@ -137,8 +146,8 @@ impl Hold {
         Hold {
             id,
             nonce,
-            node: inner.node.clone(),
-            incarnation: inner.incarnation.clone(),
+            node: book.cx.node.clone(),
+            incarnation: book.cx.incarnation.clone(),
             start_by_ms,
             until_ms,
         }
@@ -158,8 +167,8 @@ fn key(tenant: Option<&str>) -> String {
     tenant_token(tenant)
 }
 
-async fn read(inner: &Inner, k: &str) -> Result<(Holds, Option<u64>), Error> {
-    let entry = match tokio::time::timeout(STEP, inner.shares.store.entry(k)).await {
+async fn read(book: &ShareBook, k: &str) -> Result<(Holds, Option<u64>), Error> {
+    let entry = match tokio::time::timeout(STEP, book.store.entry(k)).await {
         Ok(Ok(e)) => e,
         Ok(Err(e)) => return Err(unavailable("reading a tenant's shares", e)),
         Err(_) => {
@@ -184,27 +193,25 @@ async fn read(inner: &Inner, k: &str) -> Result<(Holds, Option<u64>), Error> {
 /// Writes `holds` over `revision` (`None`: there was no key); `false` when another
 /// node wrote first.
 async fn write(
-    inner: &Inner,
+    book: &ShareBook,
     k: &str,
     holds: &Holds,
     revision: Option<u64>,
 ) -> Result<bool, Error> {
     let value = Bytes::from(serde_json::to_vec(holds).unwrap_or_default());
     let done = match revision {
-        None => match tokio::time::timeout(STEP, inner.shares.store.create(k, value)).await {
+        None => match tokio::time::timeout(STEP, book.store.create(k, value)).await {
             Ok(Ok(_)) => Ok(true),
             Ok(Err(e)) if crate::store::already_exists(&e) => Ok(false),
             Ok(Err(e)) => Err(e.to_string()),
             Err(_) => Err("no answer in time".to_string()),
         },
-        Some(rev) => {
-            match tokio::time::timeout(STEP, inner.shares.store.update(k, value, rev)).await {
-                Ok(Ok(_)) => Ok(true),
-                Ok(Err(e)) if crate::store::wrong_revision(&e) => Ok(false),
-                Ok(Err(e)) => Err(e.to_string()),
-                Err(_) => Err("no answer in time".to_string()),
-            }
-        }
+        Some(rev) => match tokio::time::timeout(STEP, book.store.update(k, value, rev)).await {
+            Ok(Ok(_)) => Ok(true),
+            Ok(Err(e)) if crate::store::wrong_revision(&e) => Ok(false),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("no answer in time".to_string()),
+        },
     };
     done.map_err(|e| unavailable("writing a tenant's shares", e))
 }
@@ -268,7 +275,7 @@ fn refusal(caps: &ShareCaps, holds: &Holds, kind: Kind, tenant: Option<&str>) ->
 /// single node). A hold whose write may have landed although it answered an error
 /// is given back later, so that an error never leaves a hold behind.
 pub(crate) async fn take(
-    inner: &Inner,
+    book: &ShareBook,
     caps: &ShareCaps,
     tenant: Option<&str>,
     kind: Kind,
@@ -276,7 +283,7 @@ pub(crate) async fn take(
 ) -> Result<(), Error> {
     let k = key(tenant);
     for _ in 0..TURNS {
-        let (mut holds, revision) = read(inner, &k).await?;
+        let (mut holds, revision) = read(book, &k).await?;
         if holds.of(kind).iter().any(|h| h.nonce == hold.nonce) {
             // A write of ours whose answer was lost.
             return Ok(());
@@ -286,20 +293,20 @@ pub(crate) async fn take(
             // found is written even when the refusal stands, so that the next
             // request does not look again.
             let before = holds.runs.len() + holds.sandboxes.len();
-            prune(inner, &mut holds).await;
+            prune(book, &mut holds).await;
             if let Some(e) = refusal(caps, &holds, kind, tenant) {
                 if holds.runs.len() + holds.sandboxes.len() < before {
-                    let _ = write(inner, &k, &holds, revision).await;
+                    let _ = write(book, &k, &holds, revision).await;
                 }
                 return Err(e);
             }
         }
         holds.of(kind).push(hold.clone());
-        match write(inner, &k, &holds, revision).await {
+        match write(book, &k, &holds, revision).await {
             Ok(true) => return Ok(()),
             Ok(false) => continue,
             Err(e) => {
-                give_back_later(inner, tenant, kind, &hold.nonce);
+                give_back_later(book, tenant, kind, &hold.nonce);
                 return Err(e);
             }
         }
@@ -317,21 +324,21 @@ pub(crate) async fn take(
 /// Gives back the hold named `nonce` of `kind`; `false` when the bucket could not
 /// be written (the hold stays until [`give_back_later`] succeeds).
 pub(crate) async fn give_back(
-    inner: &Inner,
+    book: &ShareBook,
     tenant: Option<&str>,
     kind: Kind,
     nonce: &str,
 ) -> bool {
     let k = key(tenant);
     for _ in 0..TURNS {
-        let Ok((mut holds, revision)) = read(inner, &k).await else {
+        let Ok((mut holds, revision)) = read(book, &k).await else {
             return false;
         };
         // A hold that is not there is confirmed gone by writing what was read
         // over its revision (that lands only if nothing was written since), so
         // that a give-back racing its own take cannot miss it.
         holds.of(kind).retain(|h| h.nonce != nonce);
-        match write(inner, &k, &holds, revision).await {
+        match write(book, &k, &holds, revision).await {
             Ok(true) => return true,
             Ok(false) => continue,
             Err(_) => return false,
@@ -355,19 +362,19 @@ const MAX_UNRETURNED: usize = 65_536;
 /// Gives back the hold named `nonce`, or keeps it to try again on the next
 /// heartbeat.
 pub(crate) async fn give_back_or_later(
-    inner: &Inner,
+    book: &ShareBook,
     tenant: Option<&str>,
     kind: Kind,
     nonce: &str,
 ) {
-    if !give_back(inner, tenant, kind, nonce).await {
-        give_back_later(inner, tenant, kind, nonce);
+    if !give_back(book, tenant, kind, nonce).await {
+        give_back_later(book, tenant, kind, nonce);
     }
 }
 
 /// Keeps the hold named `nonce` to give back on the next heartbeat.
-pub(crate) fn give_back_later(inner: &Inner, tenant: Option<&str>, kind: Kind, nonce: &str) {
-    let mut later = inner.shares.unreturned.lock();
+pub(crate) fn give_back_later(book: &ShareBook, tenant: Option<&str>, kind: Kind, nonce: &str) {
+    let mut later = book.unreturned.lock();
     if later.len() >= MAX_UNRETURNED {
         later.pop_front();
     }
@@ -380,14 +387,14 @@ pub(crate) fn give_back_later(inner: &Inner, tenant: Option<&str>, kind: Kind, n
 
 /// Tries again what could not be given back (called every heartbeat while this
 /// node is in touch with the fleet).
-pub(crate) async fn retry_unreturned(inner: &Inner) {
-    let pending: Vec<Unreturned> = inner.shares.unreturned.lock().drain(..).collect();
+pub(crate) async fn retry_unreturned(book: &ShareBook) {
+    let pending: Vec<Unreturned> = book.unreturned.lock().drain(..).collect();
     let mut failed = false;
     for u in pending {
-        if failed || !give_back(inner, u.tenant.as_deref(), u.kind, &u.nonce).await {
+        if failed || !give_back(book, u.tenant.as_deref(), u.kind, &u.nonce).await {
             // NATS does not answer: the rest waits for the next beat.
             failed = true;
-            give_back_later(inner, u.tenant.as_deref(), u.kind, &u.nonce);
+            give_back_later(book, u.tenant.as_deref(), u.kind, &u.nonce);
         }
     }
 }
@@ -395,20 +402,20 @@ pub(crate) async fn retry_unreturned(inner: &Inner) {
 /// Drops the holds nothing stands for any more: an execution's past the latest it
 /// could run, or whose node was lost and whose record says done (or that was
 /// never started by its start-by time); a sandbox's whose node was lost.
-async fn prune(inner: &Inner, holds: &mut Holds) {
+async fn prune(book: &ShareBook, holds: &mut Holds) {
     let now = unix_ms();
-    let grace = 2 * inner.config.ack_wait_ms;
+    let grace = 2 * book.cx.config.ack_wait_ms;
     let mut runs = Vec::with_capacity(holds.runs.len());
     for h in std::mem::take(&mut holds.runs) {
         if h.until_ms != 0 && h.until_ms < now {
             continue;
         }
-        if mine(inner, &h) || !lost(inner, &h).await {
+        if mine(book, &h) || !lost(book, &h).await {
             runs.push(h);
             continue;
         }
         let ended = match ExecutionId::parse(&h.id) {
-            Ok(id) => match inner.records.get(&id).await {
+            Ok(id) => match book.cx.records.get(&id).await {
                 Ok(Some((rec, _))) => rec.phase == Phase::Done,
                 Ok(None) => now > h.start_by_ms + grace,
                 Err(_) => false,
@@ -422,21 +429,21 @@ async fn prune(inner: &Inner, holds: &mut Holds) {
     holds.runs = runs;
     let mut sandboxes = Vec::with_capacity(holds.sandboxes.len());
     for h in std::mem::take(&mut holds.sandboxes) {
-        if mine(inner, &h) || !lost(inner, &h).await {
+        if mine(book, &h) || !lost(book, &h).await {
             sandboxes.push(h);
         }
     }
     holds.sandboxes = sandboxes;
 }
 
-fn mine(inner: &Inner, h: &Hold) -> bool {
-    h.node == inner.node && h.incarnation == inner.incarnation
+fn mine(book: &ShareBook, h: &Hold) -> bool {
+    h.node == book.cx.node && h.incarnation == book.cx.incarnation
 }
 
 /// Whether the node of `h` is lost, as this node can tell (not when it cannot).
-async fn lost(inner: &Inner, h: &Hold) -> bool {
+async fn lost(book: &ShareBook, h: &Hold) -> bool {
     matches!(
-        crate::registry::loss(inner, &h.node, &h.incarnation).await,
+        crate::registry::loss(&book.members, &h.node, &h.incarnation).await,
         Ok((Some(_), _))
     )
 }
@@ -445,13 +452,13 @@ async fn lost(inner: &Inner, h: &Hold) -> bool {
 /// `fleet.max_attempts` runs takes at most its timeout (the request's, else the
 /// nodes' default; an unknown default counts as the longest allowed), an ack wait
 /// to be taken over, and a minute for starting, killing and recording.
-fn until(inner: &Inner, caps: &ShareCaps, start_by_ms: u64, timeout_ms: Option<u64>) -> u64 {
+fn until(book: &ShareBook, caps: &ShareCaps, start_by_ms: u64, timeout_ms: Option<u64>) -> u64 {
     const LONGEST_MS: u64 = 24 * 3_600_000;
-    let attempts = u64::from(inner.config.max_attempts.max(1));
+    let attempts = u64::from(book.cx.config.max_attempts.max(1));
     let timeout = timeout_ms
         .or((caps.default_timeout_ms > 0).then_some(caps.default_timeout_ms))
         .unwrap_or(LONGEST_MS);
-    let run = timeout + inner.config.ack_wait_ms + 60_000;
+    let run = timeout + book.cx.config.ack_wait_ms + 60_000;
     start_by_ms.saturating_add(run.saturating_mul(attempts))
 }
 
@@ -461,7 +468,7 @@ fn until(inner: &Inner, caps: &ShareCaps, start_by_ms: u64, timeout_ms: Option<u
 /// gives the hold back once the execution is done, or could no longer start.
 #[derive(Debug)]
 pub(crate) struct RunHold {
-    inner: Arc<Inner>,
+    book: Arc<ShareBook>,
     tenant: Option<String>,
     id: ExecutionId,
     nonce: String,
@@ -474,7 +481,7 @@ pub(crate) struct RunHold {
 impl RunHold {
     /// Takes the hold of execution `id` for `tenant`.
     pub(crate) async fn take(
-        inner: &Arc<Inner>,
+        book: &Arc<ShareBook>,
         caps: &ShareCaps,
         tenant: Option<&str>,
         id: &ExecutionId,
@@ -482,17 +489,17 @@ impl RunHold {
         timeout_ms: Option<u64>,
     ) -> Result<RunHold, Error> {
         let hold = Hold::here(
-            inner,
+            book,
             id.to_string(),
             ExecutionId::new().to_string(),
             start_by_ms,
-            until(inner, caps, start_by_ms, timeout_ms),
+            until(book, caps, start_by_ms, timeout_ms),
         );
         let nonce = hold.nonce.clone();
         let until_ms = hold.until_ms;
-        take(inner, caps, tenant, Kind::Run, hold).await?;
+        take(book, caps, tenant, Kind::Run, hold).await?;
         Ok(RunHold {
-            inner: inner.clone(),
+            book: book.clone(),
             tenant: tenant.map(str::to_owned),
             id: id.clone(),
             nonce,
@@ -506,7 +513,7 @@ impl RunHold {
     /// hold back now.
     pub(crate) async fn finish(mut self) {
         self.settled = true;
-        give_back_or_later(&self.inner, self.tenant.as_deref(), Kind::Run, &self.nonce).await;
+        give_back_or_later(&self.book, self.tenant.as_deref(), Kind::Run, &self.nonce).await;
     }
 
     /// This node stops while the execution may still run elsewhere: the hold is
@@ -521,7 +528,7 @@ impl Drop for RunHold {
         if self.settled {
             return;
         }
-        let inner = self.inner.clone();
+        let book = self.book.clone();
         let tenant = self.tenant.take();
         let id = self.id.clone();
         let nonce = std::mem::take(&mut self.nonce);
@@ -532,24 +539,24 @@ impl Drop for RunHold {
             return;
         };
         runtime.spawn(async move {
-            let grace = 2 * inner.config.ack_wait_ms;
+            let grace = 2 * book.cx.config.ack_wait_ms;
             loop {
                 let now = unix_ms();
-                let ended = match inner.records.get(&id).await {
+                let ended = match book.cx.records.get(&id).await {
                     Ok(Some((rec, _))) => rec.phase == Phase::Done,
                     Ok(None) => now > start_by_ms + grace,
                     Err(_) => false,
                 };
-                if inner.stopping() {
+                if book.cx.stopping() {
                     // Left to lapse, or to be dropped as a lost node's.
                     return;
                 }
                 if ended || now > until_ms {
                     break;
                 }
-                tokio::time::sleep(inner.heartbeat() * 2).await;
+                tokio::time::sleep(book.cx.heartbeat() * 2).await;
             }
-            give_back_or_later(&inner, tenant.as_deref(), Kind::Run, &nonce).await;
+            give_back_or_later(&book, tenant.as_deref(), Kind::Run, &nonce).await;
         });
     }
 }

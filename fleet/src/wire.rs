@@ -56,11 +56,10 @@ pub(crate) struct Record {
     /// Runs started so far.
     pub(crate) attempts: u32,
     /// Which of its writer's takes (or fences) of the work wrote it: a number drawn
-    /// once per take from the node's incarnation ([`Inner::next_write`]). Two
-    /// deliveries of one order taken by the same node are told apart by it: a
-    /// create that finds a record must not read the other delivery's as its own.
-    ///
-    /// [`Inner::next_write`]: crate::node::Inner::next_write
+    /// once per take from the node's incarnation (`Context::next_write`, in the
+    /// `context` module, which uses this one). Two deliveries of one order taken
+    /// by the same node are told apart by it: a create that finds a record must
+    /// not read the other delivery's as its own.
     #[serde(default)]
     pub(crate) write: u64,
     /// The lease holds until then (Unix ms), unless renewed.

@@ -12,6 +12,9 @@
 //! | `released` | takes the lease and runs it |
 //! | `running`, lease valid | is put back until the lease expires |
 //! | `running`, lease expired | the holder is lost: runs it again (`retry`, attempts left) or records `NODE_LOST` |
+//!
+//! A worker uses the [`Orders`] book (the work running here), the sessions (their
+//! instances take slots too) and the audit; `control` uses it to send a result on.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -28,7 +31,9 @@ use paddock_core::{
 use paddock_pool::{Caller, Execute};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::node::{Inner, Running};
+use crate::context::Context;
+use crate::orders::{Orders, Running};
+use crate::sessions::SessionBook;
 use crate::store::Cas;
 use crate::wire::{Answer, Order, Phase, Record, ID_HEADER, KIND_HEADER};
 
@@ -36,7 +41,9 @@ use crate::wire::{Answer, Order, Phase, Record, ID_HEADER, KIND_HEADER};
 const MAX_BATCH: usize = 64;
 
 pub(crate) struct Worker {
-    pub(crate) inner: Arc<Inner>,
+    pub(crate) orders: Arc<Orders>,
+    /// The sandboxes open here, which hold slots too.
+    pub(crate) sessions: Arc<SessionBook>,
     pub(crate) engine: EngineName,
     pub(crate) free: Arc<Semaphore>,
     pub(crate) busy: Arc<AtomicUsize>,
@@ -45,10 +52,10 @@ pub(crate) struct Worker {
 
 impl Worker {
     pub(crate) async fn run(self, consumer: PullConsumer) {
-        let mut stop = self.inner.stop.subscribe();
+        let mut stop = self.orders.cx.stop.subscribe();
         tracing::debug!(engine = %self.engine, slots = self.slots, "taking work");
         loop {
-            if self.inner.stopping() {
+            if self.orders.cx.stopping() {
                 return;
             }
             let first = tokio::select! {
@@ -63,7 +70,7 @@ impl Worker {
             // is counted out of `busy`: counting `busy` made a saturated node
             // find no room in that moment and wait 100 ms.)
             let room = (self.free.available_permits() + 1)
-                .saturating_sub(crate::sessions::count(&self.inner, &self.engine));
+                .saturating_sub(crate::sessions::count(&self.sessions, &self.engine));
             if room == 0 {
                 drop(first);
                 tokio::select! {
@@ -110,14 +117,14 @@ impl Worker {
                             let _ = msg.ack_with(AckKind::Nak(None)).await;
                             continue;
                         };
-                        let inner = self.inner.clone();
+                        let orders = self.orders.clone();
                         let busy = self.busy.clone();
-                        inner.orders.taken.fetch_add(1, Ordering::AcqRel);
+                        orders.taken.fetch_add(1, Ordering::AcqRel);
                         busy.fetch_add(1, Ordering::AcqRel);
                         tokio::spawn(async move {
-                            take(&inner, msg, permit).await;
+                            take(&orders, msg, permit).await;
                             busy.fetch_sub(1, Ordering::AcqRel);
-                            inner.orders.taken.fetch_sub(1, Ordering::AcqRel);
+                            orders.taken.fetch_sub(1, Ordering::AcqRel);
                         });
                     }
                     Err(e) => {
@@ -138,7 +145,7 @@ impl Worker {
 /// The record of `order` running here, on `engine` (the one its accepting node
 /// chose).
 fn running_record(
-    inner: &Inner,
+    orders: &Orders,
     order: &Order,
     engine: &EngineName,
     attempts: u32,
@@ -150,11 +157,11 @@ fn running_record(
         tenant: request.tenant.clone(),
         engine: engine.clone(),
         phase: Phase::Running,
-        node: inner.node.clone(),
-        incarnation: inner.incarnation.clone(),
+        node: orders.cx.node.clone(),
+        incarnation: orders.cx.incarnation.clone(),
         attempts,
         write,
-        lease_until_ms: unix_ms() + inner.config.ack_wait_ms,
+        lease_until_ms: unix_ms() + orders.cx.config.ack_wait_ms,
         accepted_by: order.accepted_by.clone(),
         accepted_at_ms: order.accepted_at_ms,
         forgotten: false,
@@ -165,7 +172,7 @@ fn running_record(
 }
 
 /// One delivery of one order.
-async fn take(inner: &Arc<Inner>, msg: jetstream::Message, permit: OwnedSemaphorePermit) {
+async fn take(orders: &Arc<Orders>, msg: jetstream::Message, permit: OwnedSemaphorePermit) {
     let order: Order = match serde_json::from_slice(&msg.payload) {
         Ok(o) => o,
         Err(e) => {
@@ -186,7 +193,7 @@ async fn take(inner: &Arc<Inner>, msg: jetstream::Message, permit: OwnedSemaphor
     let id = order.exec.request.id.clone();
     // This delivery's own mark on what it writes: another delivery of the same
     // order on this node writes a record that is not this one's.
-    let write = inner.next_write();
+    let write = orders.cx.next_write();
     // Most deliveries are the first: the record is created straight away (a create
     // that finds one reads it, and the loop goes on from there).
     let mut current: Option<(Record, u64)> = None;
@@ -196,18 +203,18 @@ async fn take(inner: &Arc<Inner>, msg: jetstream::Message, permit: OwnedSemaphor
         let step = match &current {
             None if now > order.start_by_ms => {
                 let r = done_record(
-                    inner,
+                    orders,
                     &order,
                     &engine,
                     0,
                     write,
-                    not_started(inner, &order, &engine),
+                    not_started(orders, &order, &engine),
                 );
-                inner.records.create(&r).await.map(|c| (c, r))
+                orders.cx.records.create(&r).await.map(|c| (c, r))
             }
             None => {
-                let r = running_record(inner, &order, &engine, 1, write);
-                inner.records.create(&r).await.map(|c| (c, r))
+                let r = running_record(orders, &order, &engine, 1, write);
+                orders.cx.records.create(&r).await.map(|c| (c, r))
             }
             Some((rec, rev)) => match rec.phase {
                 Phase::Done => {
@@ -216,33 +223,35 @@ async fn take(inner: &Arc<Inner>, msg: jetstream::Message, permit: OwnedSemaphor
                     // node that recorded it, so they are sent again — the entry
                     // only while the stream's duplicate window still covers the
                     // first one, since after it a second would be kept.
-                    let recent = crate::audit::recent(inner, rec.done_at_ms);
-                    if finish_done(inner, &order.reply, rec, recent).await {
+                    let recent = crate::audit::recent(&orders.cx, rec.done_at_ms);
+                    if finish_done(orders, &order.reply, rec, recent).await {
                         let _ = msg.ack().await;
                     } else {
-                        let _ = msg.ack_with(AckKind::Nak(Some(inner.heartbeat()))).await;
+                        let _ = msg
+                            .ack_with(AckKind::Nak(Some(orders.cx.heartbeat())))
+                            .await;
                     }
                     return;
                 }
                 Phase::Released if now > order.start_by_ms => {
                     let r = done_record(
-                        inner,
+                        orders,
                         &order,
                         &engine,
                         rec.attempts,
                         write,
-                        not_started(inner, &order, &engine),
+                        not_started(orders, &order, &engine),
                     );
-                    inner.records.update(&r, *rev).await.map(|c| (c, r))
+                    orders.cx.records.update(&r, *rev).await.map(|c| (c, r))
                 }
                 Phase::Released => {
-                    let r = running_record(inner, &order, &engine, rec.attempts.max(1), write);
-                    inner.records.update(&r, *rev).await.map(|c| (c, r))
+                    let r = running_record(orders, &order, &engine, rec.attempts.max(1), write);
+                    orders.cx.records.update(&r, *rev).await.map(|c| (c, r))
                 }
                 Phase::Running => {
-                    if rec.node == inner.node
-                        && rec.incarnation == inner.incarnation
-                        && inner.orders.running.contains_key(&id)
+                    if rec.node == orders.cx.node
+                        && rec.incarnation == orders.cx.incarnation
+                        && orders.running.contains_key(&id)
                     {
                         // Ours, still running here: this delivery is a duplicate.
                         return;
@@ -256,13 +265,13 @@ async fn take(inner: &Arc<Inner>, msg: jetstream::Message, permit: OwnedSemaphor
                     }
                     // The holder is lost.
                     let retry = on_node_loss == OnNodeLoss::Retry
-                        && rec.attempts < inner.config.max_attempts;
+                        && rec.attempts < orders.cx.config.max_attempts;
                     tracing::info!(%id, holder = %rec.node, attempts = rec.attempts, retry, "work of a lost node");
                     let r = if retry {
-                        running_record(inner, &order, &engine, rec.attempts + 1, write)
+                        running_record(orders, &order, &engine, rec.attempts + 1, write)
                     } else {
                         done_record(
-                            inner,
+                            orders,
                             &order,
                             &engine,
                             rec.attempts,
@@ -270,32 +279,38 @@ async fn take(inner: &Arc<Inner>, msg: jetstream::Message, permit: OwnedSemaphor
                             Err(node_lost(&rec.node, rec.attempts)),
                         )
                     };
-                    inner.records.update(&r, *rev).await.map(|c| (c, r))
+                    orders.cx.records.update(&r, *rev).await.map(|c| (c, r))
                 }
             },
         };
         match step {
             Ok((Cas::Written(rev), r)) => {
                 if r.phase == Phase::Done {
-                    if finish_done(inner, &order.reply, &r, true).await {
+                    if finish_done(orders, &order.reply, &r, true).await {
                         let _ = msg.ack().await;
                     } else {
-                        let _ = msg.ack_with(AckKind::Nak(Some(inner.heartbeat()))).await;
+                        let _ = msg
+                            .ack_with(AckKind::Nak(Some(orders.cx.heartbeat())))
+                            .await;
                     }
                 } else {
-                    run(inner, msg, order, r, rev, permit).await;
+                    run(orders, msg, order, r, rev, permit).await;
                 }
                 return;
             }
             Ok((Cas::Lost(now), _)) => current = now.map(|b| *b),
             Err(e) => {
                 tracing::warn!(%id, error = %e, "the record could not be written; the order goes back");
-                let _ = msg.ack_with(AckKind::Nak(Some(inner.heartbeat()))).await;
+                let _ = msg
+                    .ack_with(AckKind::Nak(Some(orders.cx.heartbeat())))
+                    .await;
                 return;
             }
         }
     }
-    let _ = msg.ack_with(AckKind::Nak(Some(inner.heartbeat()))).await;
+    let _ = msg
+        .ack_with(AckKind::Nak(Some(orders.cx.heartbeat())))
+        .await;
 }
 
 fn node_lost(node: &str, attempts: u32) -> Error {
@@ -307,12 +322,12 @@ fn node_lost(node: &str, attempts: u32) -> Error {
     )
 }
 
-fn not_started(inner: &Inner, order: &Order, engine: &EngineName) -> Answer {
+fn not_started(orders: &Orders, order: &Order, engine: &EngineName) -> Answer {
     let mut r = ExecResult::empty(
         order.exec.request.id.clone(),
         Outcome::TimedOut,
         engine.clone(),
-        format!("fleet:{}", inner.node),
+        format!("fleet:{}", orders.cx.node),
     );
     r.timings.queued_at_ms = order.accepted_at_ms;
     r.warnings.push(format!(
@@ -323,18 +338,18 @@ fn not_started(inner: &Inner, order: &Order, engine: &EngineName) -> Answer {
 }
 
 fn done_record(
-    inner: &Inner,
+    orders: &Orders,
     order: &Order,
     engine: &EngineName,
     attempts: u32,
     write: u64,
     answer: Answer,
 ) -> Record {
-    let mut r = running_record(inner, order, engine, attempts, write);
+    let mut r = running_record(orders, order, engine, attempts, write);
     r.phase = Phase::Done;
     r.lease_until_ms = 0;
     r.done_at_ms = unix_ms();
-    r.answer = Some(fit(answer, inner.max_payload));
+    r.answer = Some(fit(answer, orders.cx.max_payload));
     r
 }
 
@@ -385,28 +400,28 @@ fn fit(answer: Answer, max_payload: usize) -> Answer {
 /// before it answers (or answers `FLEET_UNAVAILABLE`), and the order's next
 /// delivery tries again. Both make the entry from the record, so it is the same
 /// entry whichever node publishes it.
-async fn finish_done(inner: &Arc<Inner>, reply_to: &str, rec: &Record, audit: bool) -> bool {
+async fn finish_done(orders: &Arc<Orders>, reply_to: &str, rec: &Record, audit: bool) -> bool {
     let Some(answer) = &rec.answer else {
         return true;
     };
     if audit {
         let entry = crate::audit::of_record(rec, answer);
         let published =
-            crate::audit::publish(inner, &entry, crate::audit::RECORDING_PATIENCE).await;
+            crate::audit::publish(&orders.cx, &entry, crate::audit::RECORDING_PATIENCE).await;
         if published.is_err() {
             return false;
         }
     }
-    reply(inner, reply_to, &rec.id, answer).await;
+    reply(&orders.cx, reply_to, &rec.id, answer).await;
     true
 }
 
-pub(crate) async fn reply(inner: &Inner, to: &str, id: &ExecutionId, answer: &Answer) {
+pub(crate) async fn reply(cx: &Context, to: &str, id: &ExecutionId, answer: &Answer) {
     let mut headers = async_nats::HeaderMap::new();
     headers.insert(KIND_HEADER, "result");
     headers.insert(ID_HEADER, id.to_string().as_str());
     let body = bytes::Bytes::from(serde_json::to_vec(answer).unwrap_or_default());
-    if let Err(e) = inner
+    if let Err(e) = cx
         .client
         .publish_with_headers(to.to_string(), headers, body)
         .await
@@ -452,7 +467,7 @@ impl OutputSink for Relay {
 /// Runs an order under its lease, renewing it each heartbeat; records the one
 /// result unless the lease was lost meanwhile.
 async fn run(
-    inner: &Arc<Inner>,
+    orders: &Arc<Orders>,
     msg: jetstream::Message,
     order: Order,
     mut rec: Record,
@@ -474,30 +489,30 @@ async fn run(
         forget: Default::default(),
         notify: tokio::sync::Notify::new(),
     });
-    inner.orders.running.insert(id.clone(), running.clone());
+    orders.running.insert(id.clone(), running.clone());
     // The caller's order runs as it came: the engine the accepting node chose is in it.
     let mut execute = Execute::from(exec);
     // Work accepted on this node streams through its streamer as it is: only other
     // nodes need the output relayed.
-    if stream && accepted_by != inner.node {
+    if stream && accepted_by != orders.cx.node {
         execute.sink = Some(Arc::new(Relay {
-            client: inner.client.clone(),
+            client: orders.cx.client.clone(),
             to: reply_to.clone(),
             id: id.to_string(),
-            max: inner.max_payload.saturating_sub(4096),
+            max: orders.cx.max_payload.saturating_sub(4096),
         }));
     }
-    let paddock = inner.paddock.clone();
+    let paddock = orders.cx.paddock.clone();
     let work = paddock.execute_with(execute);
     tokio::pin!(work);
-    let mut tick = tokio::time::interval(inner.heartbeat());
+    let mut tick = tokio::time::interval(orders.cx.heartbeat());
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
     // The lease ends `ack_wait` after the last renewal that was written; the run
     // stops one heartbeat before that unless a renewal got through, so that it is
     // over by the time another node may take the work.
-    let heartbeat = inner.config.heartbeat_ms;
-    let lease_ms = inner.config.ack_wait_ms;
+    let heartbeat = orders.cx.config.heartbeat_ms;
+    let lease_ms = orders.cx.config.ack_wait_ms;
     let mut renewed_at = unix_ms();
     let mut lost = false;
     let mut cancelled = false;
@@ -523,7 +538,7 @@ async fn run(
                 // time. A renewal whose answer is cut off may have been written;
                 // the next one finds that out (the record is still ours).
                 let limit = Duration::from_millis((heartbeat / 2).max(10));
-                let renewed = match tokio::time::timeout(limit, inner.records.update(&next, rev)).await {
+                let renewed = match tokio::time::timeout(limit, orders.cx.records.update(&next, rev)).await {
                     Ok(r) => r,
                     Err(_) => Err(crate::store::unavailable("renewing the lease", "timed out")),
                 };
@@ -546,7 +561,7 @@ async fn run(
             cancelled = paddock.cancel(&Caller::Embedder, &id);
         }
     };
-    inner.orders.running.remove(&id);
+    orders.running.remove(&id);
     drop(permit);
     if lost {
         // Another node holds it now (or will): its answer is the one.
@@ -563,7 +578,7 @@ async fn run(
         let mut back = rec.clone();
         back.phase = Phase::Released;
         back.lease_until_ms = 0;
-        if let Ok(Cas::Written(_)) = inner.records.update(&back, rev).await {
+        if let Ok(Cas::Written(_)) = orders.cx.records.update(&back, rev).await {
             let _ = msg
                 .ack_with(AckKind::Nak(Some(Duration::from_millis(100))))
                 .await;
@@ -575,14 +590,16 @@ async fn run(
     done.lease_until_ms = 0;
     done.done_at_ms = unix_ms();
     done.forgotten = running.forget.load(Ordering::Acquire);
-    done.answer = Some(fit(answer, inner.max_payload));
+    done.answer = Some(fit(answer, orders.cx.max_payload));
     loop {
-        match inner.records.update(&done, rev).await {
+        match orders.cx.records.update(&done, rev).await {
             Ok(Cas::Written(_)) => {
-                if finish_done(inner, &reply_to, &done, true).await {
+                if finish_done(orders, &reply_to, &done, true).await {
                     let _ = msg.ack().await;
                 } else {
-                    let _ = msg.ack_with(AckKind::Nak(Some(inner.heartbeat()))).await;
+                    let _ = msg
+                        .ack_with(AckKind::Nak(Some(orders.cx.heartbeat())))
+                        .await;
                 }
                 return;
             }
@@ -591,11 +608,11 @@ async fn run(
                 return;
             }
             Err(e) => {
-                if inner.stopping() {
+                if orders.cx.stopping() {
                     return;
                 }
                 tracing::warn!(%id, error = %e, "recording the result failed; retrying");
-                tokio::time::sleep(inner.heartbeat()).await;
+                tokio::time::sleep(orders.cx.heartbeat()).await;
             }
         }
     }

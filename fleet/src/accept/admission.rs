@@ -8,9 +8,9 @@ use paddock_core::{unix_ms, Error, ErrorCode, ExecutionId};
 use paddock_pool::Execute;
 use tokio::sync::mpsc;
 
-use super::{Federated, Fence, Pending, WaiterGuard};
+use super::{Federated, Fence, Parts, Pending, WaiterGuard};
 use crate::names::Names;
-use crate::node::{Inner, Waiter};
+use crate::orders::Waiter;
 use crate::shares::RunHold;
 use crate::wire::Order;
 
@@ -29,7 +29,7 @@ impl Federated {
         // its pipeline makes (the shape, the ceilings, what the tenant may ask for,
         // the engine's choice and capabilities), before anything is held or queued:
         // a stream is refused, not begun.
-        let engine = inner.paddock.check_admission(&msg).await?;
+        let engine = inner.cx.paddock.check_admission(&msg).await?;
         if inner.orders.waiters.len() >= MAX_WAITERS {
             return Err(Error::new(
                 ErrorCode::PoolExhausted,
@@ -39,7 +39,7 @@ impl Federated {
         }
         let tenant = msg.order.request.tenant.clone();
         let accepted_at_ms = unix_ms();
-        let start_by_ms = accepted_at_ms + inner.config.queue_timeout_ms;
+        let start_by_ms = accepted_at_ms + inner.cx.config.queue_timeout_ms;
         let fence = Fence {
             tenant: tenant.clone(),
             engine: engine.clone(),
@@ -70,7 +70,7 @@ impl Federated {
         let caps = *inner.shares.caps.lock();
         let hold = if caps.counts_runs() {
             let taken = RunHold::take(
-                inner,
+                &inner.shares,
                 &caps,
                 tenant.as_deref(),
                 &id,
@@ -92,7 +92,7 @@ impl Federated {
         };
         let rate = *inner.shares.rate_limit.lock();
         if let Some(rate) = rate {
-            if let Err(e) = crate::rate::admit(inner, rate, tenant.as_deref()).await {
+            if let Err(e) = crate::rate::admit(&inner.shares.rate, rate, tenant.as_deref()).await {
                 give_back(hold).await;
                 return Err(refuse(e).await);
             }
@@ -101,24 +101,24 @@ impl Federated {
         // `on_node_loss` that holds named in it.
         let mut exec = msg.order;
         exec.engine = Some(engine.clone());
-        exec.on_node_loss = Some(exec.on_node_loss.unwrap_or(inner.config.on_node_loss));
+        exec.on_node_loss = Some(exec.on_node_loss.unwrap_or(inner.cx.config.on_node_loss));
         let order = Order {
             exec,
             stream,
-            accepted_by: inner.node.clone(),
-            reply: inner.names.inbox(&inner.node),
+            accepted_by: inner.cx.node.clone(),
+            reply: inner.cx.names.inbox(&inner.cx.node),
             accepted_at_ms,
             start_by_ms,
         };
         let payload = bytes::Bytes::from(serde_json::to_vec(&order).unwrap_or_default());
-        if payload.len() + 1024 > inner.max_payload {
+        if payload.len() + 1024 > inner.cx.max_payload {
             give_back(hold).await;
             return Err(refuse(Error::invalid_options(
                 "request",
                 format!(
                     "the request is {} bytes, more than the fleet's NATS servers take in one message ({} bytes, their max_payload); send a smaller stdin or program",
                     payload.len(),
-                    inner.max_payload
+                    inner.cx.max_payload
                 ),
             ))
             .await);
@@ -182,7 +182,7 @@ impl Federated {
 
 /// Undoes the acceptance of work refused before it was queued: a retry with its
 /// idempotency key runs it.
-async fn refuse(inner: &Inner, id: &ExecutionId, held_key: Option<&str>, e: Error) -> Error {
+async fn refuse(inner: &Parts, id: &ExecutionId, held_key: Option<&str>, e: Error) -> Error {
     inner.orders.waiters.remove(id);
     if let Some(k) = held_key {
         let _ = inner.orders.idem.delete(k).await;

@@ -19,7 +19,7 @@ use crate::wire::{Control, Phase};
 #[async_trait]
 impl Federation for Federated {
     fn node_id(&self) -> String {
-        self.inner.node.clone()
+        self.inner.cx.node.clone()
     }
 
     fn http_forwarder(&self) -> Option<Arc<dyn paddock_pool::http::HttpForwarder>> {
@@ -31,7 +31,7 @@ impl Federation for Federated {
         spec: &SandboxSpec,
         engine: Option<&EngineName>,
     ) -> Result<SessionPlace, Error> {
-        crate::sessions::place(&self.inner, spec, engine).await
+        crate::sessions::place(&self.inner.sessions, spec, engine).await
     }
 
     async fn admit_session(&self, tenant: Option<&str>, ticket: &str) -> Result<bool, Error> {
@@ -40,8 +40,8 @@ impl Federation for Federated {
         if !caps.counts_sandboxes() {
             return Ok(false);
         }
-        let hold = Hold::here(inner, ticket.to_string(), ticket.to_string(), 0, 0);
-        crate::shares::take(inner, &caps, tenant, Kind::Sandbox, hold).await?;
+        let hold = Hold::here(&inner.shares, ticket.to_string(), ticket.to_string(), 0, 0);
+        crate::shares::take(&inner.shares, &caps, tenant, Kind::Sandbox, hold).await?;
         Ok(true)
     }
 
@@ -57,7 +57,7 @@ impl Federation for Federated {
             Ok(runtime) => {
                 runtime.spawn(async move {
                     crate::shares::give_back_or_later(
-                        &inner,
+                        &inner.shares,
                         tenant.as_deref(),
                         Kind::Sandbox,
                         &ticket,
@@ -65,9 +65,12 @@ impl Federation for Federated {
                     .await;
                 });
             }
-            Err(_) => {
-                crate::shares::give_back_later(&inner, tenant.as_deref(), Kind::Sandbox, &ticket)
-            }
+            Err(_) => crate::shares::give_back_later(
+                &inner.shares,
+                tenant.as_deref(),
+                Kind::Sandbox,
+                &ticket,
+            ),
         }
     }
 
@@ -78,26 +81,26 @@ impl Federation for Federated {
         engine: &EngineName,
         ticket: Option<String>,
     ) -> Result<(), Error> {
-        crate::sessions::opened(&self.inner, tenant, id, engine, ticket).await
+        crate::sessions::opened(&self.inner.sessions, tenant, id, engine, ticket).await
     }
 
     async fn node_lost(&self, node: &str) -> String {
         let inner = &self.inner;
         loop {
-            tokio::time::sleep(inner.heartbeat()).await;
+            tokio::time::sleep(inner.cx.heartbeat()).await;
             // Declared only while this node is itself in touch with the fleet (a
             // node cut off from NATS sees every card age).
-            if inner.card_silent_ms() > inner.config.ack_wait_ms {
+            if inner.members.card_silent_ms() > inner.cx.config.ack_wait_ms {
                 continue;
             }
             let card = inner.members.seen.read().get(node).map(|s| s.card.clone());
-            if crate::registry::judge_card(inner, card.as_ref()).is_none() {
+            if crate::registry::judge_card(&inner.members, card.as_ref()).is_none() {
                 continue;
             }
             // Seen lost (or not seen at all) here: confirmed from the card as the
             // bucket has it, since this node's view may lag.
-            if let Ok(card) = crate::registry::read_card(inner, node).await {
-                if let Some(why) = crate::registry::judge_card(inner, card.as_ref()) {
+            if let Ok(card) = crate::registry::read_card(&inner.members, node).await {
+                if let Some(why) = crate::registry::judge_card(&inner.members, card.as_ref()) {
                     return why.to_string();
                 }
             }
@@ -105,7 +108,7 @@ impl Federation for Federated {
     }
 
     async fn session_closed(&self, id: &str) {
-        crate::sessions::closed(&self.inner, id).await
+        crate::sessions::closed(&self.inner.sessions, id).await
     }
 
     async fn session_owner(
@@ -114,7 +117,7 @@ impl Federation for Federated {
         id: &str,
         forwarded: bool,
     ) -> Result<SessionPlace, Error> {
-        crate::sessions::owner(&self.inner, caller, id, forwarded).await
+        crate::sessions::owner(&self.inner.sessions, caller, id, forwarded).await
     }
 
     async fn execute(&self, msg: Execute, key: Option<String>) -> Result<ExecResult, Error> {
@@ -128,7 +131,7 @@ impl Federation for Federated {
         key: Option<String>,
     ) -> Result<ExecutionStream, Error> {
         let id = msg.order.request.id.clone();
-        let paddock = &self.inner.paddock;
+        let paddock = &self.inner.cx.paddock;
         let subscription = paddock.subscribe(id.clone()).await?;
         let relay = paddock.relay(id.clone()).await?;
         let pending = match self.submit(msg, key, true).await {
@@ -165,7 +168,7 @@ impl Federation for Federated {
             }
             return Ok(None);
         }
-        match inner.records.get(id).await? {
+        match inner.cx.records.get(id).await? {
             Some((rec, _)) => {
                 if rec.forgotten || !caller.sees(rec.tenant.as_deref()) {
                     return Ok(None);
@@ -174,7 +177,7 @@ impl Federation for Federated {
                     (Phase::Done, Some(a)) => {
                         // A result handed out has its audit entry in the stream.
                         let entry = crate::audit::of_record(&rec, a);
-                        crate::audit::make_durable(inner, entry, rec.done_at_ms).await?;
+                        crate::audit::make_durable(&inner.cx, entry, rec.done_at_ms).await?;
                         Lookup::Finished(Arc::new(a.clone()))
                     }
                     _ => Lookup::Running,
@@ -187,8 +190,8 @@ impl Federation for Federated {
                     tenant: tenant_of(caller),
                 };
                 let known = ask(
-                    inner,
-                    inner.names.broadcast(),
+                    &inner.cx,
+                    inner.cx.names.broadcast(),
                     &request,
                     Duration::from_millis(250),
                 )
@@ -202,14 +205,14 @@ impl Federation for Federated {
     async fn cancel(&self, caller: &Caller, id: &ExecutionId) -> Result<CancelOutcome, Error> {
         let inner = &self.inner;
         let tenant = tenant_of(caller);
-        let here = cancel_here(inner, id, &tenant, true).await;
+        let here = cancel_here(&inner.orders, id, &tenant, true).await;
         if here.known {
             return Ok(CancelOutcome {
                 known: true,
                 cancelled: here.cancelled,
             });
         }
-        match inner.records.get(id).await? {
+        match inner.cx.records.get(id).await? {
             Some((rec, rev)) => {
                 if rec.forgotten || !caller.sees(rec.tenant.as_deref()) {
                     return Ok(CancelOutcome {
@@ -220,7 +223,7 @@ impl Federation for Federated {
                 match rec.phase {
                     Phase::Running | Phase::Released => {
                         let r = crate::control::cancel_recorded(
-                            inner,
+                            &inner.orders,
                             rec.clone(),
                             Some((rec, rev)),
                             &tenant,
@@ -236,7 +239,7 @@ impl Federation for Federated {
                         // Forget it: the record stays, and keeps fencing.
                         let mut forgotten = rec.clone();
                         forgotten.forgotten = true;
-                        let _ = inner.records.update(&forgotten, rev).await?;
+                        let _ = inner.cx.records.update(&forgotten, rev).await?;
                         Ok(CancelOutcome {
                             known: true,
                             cancelled: false,
@@ -251,8 +254,8 @@ impl Federation for Federated {
                     forget: true,
                 };
                 let r = ask(
-                    inner,
-                    inner.names.broadcast(),
+                    &inner.cx,
+                    inner.cx.names.broadcast(),
                     &request,
                     Duration::from_millis(500),
                 )
@@ -267,11 +270,11 @@ impl Federation for Federated {
     }
 
     async fn audit(&self, caller: &Caller, query: AuditQuery) -> Result<Vec<AuditEntry>, Error> {
-        crate::audit::search(&self.inner, caller, query).await
+        crate::audit::search(&self.inner.cx, caller, query).await
     }
 
     async fn nodes(&self, caller: &Caller) -> Result<Vec<NodeView>, Error> {
         let operator = caller.confined_to().is_none();
-        Ok(crate::registry::views(&self.inner, operator))
+        Ok(crate::registry::views(&self.inner.members, operator))
     }
 }

@@ -5,22 +5,22 @@
 use paddock_core::{unix_ms, ExecResult, ExecutionId, Outcome};
 use paddock_pool::audit::AuditEntry;
 
-use super::Fence;
-use crate::node::Inner;
+use super::{Fence, Parts};
 use crate::store::Cas;
 use crate::wire::{Answer, Phase, Record};
 
 /// Whether a node that is up (or late), or this one, has room for `engine`'s work at all.
-pub(super) fn served(inner: &Inner, engine: &paddock_core::EngineName) -> bool {
+pub(super) fn served(inner: &Parts, engine: &paddock_core::EngineName) -> bool {
     let registry = inner.members.seen.read();
     registry.values().any(|s| {
         // This node is alive (it runs this), whatever its card's age says: while
         // the registry's stream has no leader its card cannot be published and
         // goes stale, and its work is not orphaned for that.
-        let alive = if s.card.id == inner.node {
+        let alive = if s.card.id == inner.cx.node {
             !s.card.leaving
         } else {
-            crate::registry::health(inner, &s.card).0 != paddock_pool::federation::NodeHealth::Down
+            crate::registry::health(&inner.members, &s.card).0
+                != paddock_pool::federation::NodeHealth::Down
         };
         alive
             && s.card
@@ -31,16 +31,16 @@ pub(super) fn served(inner: &Inner, engine: &paddock_core::EngineName) -> bool {
 }
 
 /// The answer of work no node started in time.
-pub(super) fn not_started(inner: &Inner, id: &ExecutionId, fence: &Fence) -> Answer {
+pub(super) fn not_started(inner: &Parts, id: &ExecutionId, fence: &Fence) -> Answer {
     let mut r = ExecResult::empty(
         id.clone(),
         Outcome::TimedOut,
         fence.engine.clone(),
-        format!("fleet:{}", inner.node),
+        format!("fleet:{}", inner.cx.node),
     );
     r.warnings.push(format!(
         "no node started it within {} ms of its acceptance (fleet.queue_timeout_ms); it did not run",
-        inner.config.queue_timeout_ms
+        inner.cx.config.queue_timeout_ms
     ));
     Ok(r)
 }
@@ -50,7 +50,7 @@ pub(super) fn not_started(inner: &Inner, id: &ExecutionId, fence: &Fence) -> Ans
 /// that took the work meanwhile wins. Its answer, or the winner's once done, with
 /// the audit entry to make sure of before it is handed out and when it was done.
 pub(super) async fn fence_off(
-    inner: &Inner,
+    inner: &Parts,
     id: &ExecutionId,
     fence: &Fence,
     revision: Option<u64>,
@@ -61,12 +61,12 @@ pub(super) async fn fence_off(
         tenant: fence.tenant.clone(),
         engine: fence.engine.clone(),
         phase: Phase::Done,
-        node: inner.node.clone(),
-        incarnation: inner.incarnation.clone(),
+        node: inner.cx.node.clone(),
+        incarnation: inner.cx.incarnation.clone(),
         attempts: 0,
-        write: inner.next_write(),
+        write: inner.cx.next_write(),
         lease_until_ms: 0,
-        accepted_by: inner.node.clone(),
+        accepted_by: inner.cx.node.clone(),
         accepted_at_ms: 0,
         forgotten: false,
         code_hash: fence.code_hash.clone(),
@@ -74,8 +74,8 @@ pub(super) async fn fence_off(
         answer: Some(answer.clone()),
     };
     let written = match revision {
-        None => inner.records.create(&record).await,
-        Some(rev) => inner.records.update(&record, rev).await,
+        None => inner.cx.records.create(&record).await,
+        Some(rev) => inner.cx.records.update(&record, rev).await,
     };
     match written {
         Ok(Cas::Written(_)) => {

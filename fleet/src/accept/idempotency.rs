@@ -63,10 +63,10 @@ impl Federated {
                 )
             })?;
             let waited_for = inner.orders.waiters.contains_key(&first.id)
-                || inner.records.get(&first.id).await?.is_some()
+                || inner.cx.records.get(&first.id).await?.is_some()
                 || ask(
-                    inner,
-                    inner.names.broadcast(),
+                    &inner.cx,
+                    inner.cx.names.broadcast(),
                     &Control::Lookup {
                         id: first.id.clone(),
                         tenant: None,

@@ -3,6 +3,9 @@
 //! queue (message id: the execution id) and waits on its inbox for the output and
 //! the result; the record in the `P_exec` bucket is the truth it falls back on.
 //!
+//! Accepting work uses every book of the node ([`Parts`]); only `node` uses this
+//! module.
+//!
 //! [`Federation`]: paddock_pool::federation::Federation
 
 mod admission;
@@ -20,20 +23,35 @@ use paddock_core::ExecutionId;
 use paddock_pool::Caller;
 use tokio::sync::mpsc;
 
-use crate::node::{Inbound, Inner};
-use crate::shares::RunHold;
+use crate::context::Context;
+use crate::orders::{Inbound, Orders};
+use crate::registry::Membership;
+use crate::sessions::SessionBook;
+use crate::shares::{RunHold, ShareBook};
+
+/// Every part of a node: accepting work uses them all (the node's card, its
+/// orders, its sandboxes and the tenants' shares).
+#[derive(Debug)]
+pub(crate) struct Parts {
+    /// The node's identity, connection and shared means.
+    pub(crate) cx: Arc<Context>,
+    pub(crate) members: Arc<Membership>,
+    pub(crate) orders: Arc<Orders>,
+    pub(crate) sessions: Arc<SessionBook>,
+    pub(crate) shares: Arc<ShareBook>,
+}
 
 /// The facade's federation: this node's view of the fleet.
 #[derive(Debug)]
 pub(crate) struct Federated {
-    pub(crate) inner: Arc<Inner>,
+    pub(crate) inner: Arc<Parts>,
 }
 
 /// This node's waiter for an execution, removed when the wait ends however it ends
 /// (a caller that drops its future included), so that the map cannot fill up with
 /// waiters nobody reads.
 struct WaiterGuard {
-    inner: Arc<Inner>,
+    inner: Arc<Parts>,
     id: ExecutionId,
 }
 

@@ -22,12 +22,13 @@ impl Federated {
         payload: bytes::Bytes,
     ) -> Result<(), Error> {
         let inner = &self.inner;
-        let subject = inner.names.work_subject(engine);
+        let subject = inner.cx.names.work_subject(engine);
         let deadline = tokio::time::Instant::now()
-            + Duration::from_millis(inner.config.queue_timeout_ms.min(30_000));
+            + Duration::from_millis(inner.cx.config.queue_timeout_ms.min(30_000));
         let mut pause = Duration::from_millis(50);
         loop {
             let sent = inner
+                .cx
                 .js
                 .send_publish(
                     subject.clone(),
@@ -78,7 +79,12 @@ impl Federated {
         if served(inner, engine) {
             return true;
         }
-        match inner.js.get_stream(inner.names.work_stream(engine)).await {
+        match inner
+            .cx
+            .js
+            .get_stream(inner.cx.names.work_stream(engine))
+            .await
+        {
             Ok(_) => true,
             Err(e) => !e.to_string().contains("not found"),
         }

@@ -9,8 +9,8 @@ use paddock_core::{unix_ms, Error, ErrorCode, ExecResult, ExecutionId, OutputChu
 
 use super::fencing::{fence_off, not_started, served};
 use super::idempotency::retryable;
-use super::{Federated, Pending};
-use crate::node::{Inbound, Inner};
+use super::{Federated, Parts, Pending};
+use crate::orders::Inbound;
 use crate::wire::{Answer, Phase, ID_HEADER, KIND_HEADER};
 
 impl Federated {
@@ -37,7 +37,7 @@ impl Federated {
                 fence,
             } => (None, id, None, start_by_ms, None, fence, None),
         };
-        let poll = inner.heartbeat() * 2;
+        let poll = inner.cx.heartbeat() * 2;
         let mut next_poll = tokio::time::Instant::now() + poll;
         // The answer, with the audit entry to make sure of first when it was read
         // from a record (and when that record was done). An answer on the inbox
@@ -71,7 +71,7 @@ impl Federated {
                 None => {}
             }
             next_poll = tokio::time::Instant::now() + poll;
-            if inner.stopping() {
+            if inner.cx.stopping() {
                 if let Some(h) = hold.take() {
                     h.keep();
                 }
@@ -89,11 +89,11 @@ impl Federated {
             // (`timed_out`), or held by a node whose lease ended two ack waits ago
             // with no node taking it over (`NODE_LOST`).
             let now = unix_ms();
-            let grace = 2 * inner.config.ack_wait_ms;
+            let grace = 2 * inner.cx.config.ack_wait_ms;
             // While a live node runs the engine, it will take the work (redelivery
             // never gives up) and answer for it itself.
             let orphan = !served(inner, &fence.engine);
-            let fenced = match inner.records.get(&id).await {
+            let fenced = match inner.cx.records.get(&id).await {
                 Ok(Some((rec, _))) if rec.phase == Phase::Done => match &rec.answer {
                     Some(a) => {
                         let entry = crate::audit::of_record(&rec, a);
@@ -155,14 +155,14 @@ impl Federated {
         // get in, the key stays: the execution ran, and a retry with it answers
         // its result once the entry is in.)
         if let Some((entry, done_at_ms)) = recorded {
-            crate::audit::make_durable(inner, entry, done_at_ms).await?;
+            crate::audit::make_durable(&inner.cx, entry, done_at_ms).await?;
         }
         answer
     }
 }
 
 /// Delivers what arrives on this node's inbox to the executions waiting for it.
-pub(crate) async fn inbox(inner: Arc<Inner>, mut sub: async_nats::Subscriber) {
+pub(crate) async fn inbox(inner: Arc<Parts>, mut sub: async_nats::Subscriber) {
     while let Some(msg) = sub.next().await {
         let Some(headers) = msg.headers.as_ref() else {
             continue;
