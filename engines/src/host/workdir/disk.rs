@@ -12,7 +12,7 @@ const MAX_DISK_WALK: usize = 20_000;
 impl Workdir {
     /// The bytes its files take on disk, and the most they may take. With a disk
     /// quota, both come from its own file system (`statvfs`); without, its files'
-    /// blocks are added up (at most [`MAX_DISK_WALK`] entries: beyond, what was
+    /// blocks are added up (at most `MAX_DISK_WALK` entries: beyond, what was
     /// counted), against the size of the file system it is on.
     pub fn disk_usage(&self) -> (u64, u64) {
         if let Some(volume) = &self.volume {
