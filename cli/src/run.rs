@@ -6,9 +6,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
+use paddock::PaddockConfig;
 use paddock_core::{
     EngineName, ErrorCode, ExecRequest, ExecResult, Language, LimitKind, Limits, NetworkPolicy,
-    Outcome, PaddockConfig, Program, StreamKind,
+    Outcome, Program, StreamKind,
 };
 use paddock_pool::{Execute, Paddock, StreamEvent};
 use tokio::io::AsyncWriteExt;

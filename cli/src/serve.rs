@@ -4,7 +4,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use clap::Args;
-use paddock_core::PaddockConfig;
+use paddock::PaddockConfig;
 
 use crate::run::UsageError;
 

@@ -2,7 +2,7 @@
 //!
 //! The vocabulary of Paddock, the embeddable scheduler for running untrusted code:
 //! request and result types, the [`Engine`] / [`Sandbox`] contract every backend
-//! implements, the stable [`ErrorCode`]s, configuration with validation, the
+//! implements, the stable [`ErrorCode`]s, the configuration's shared types and loading, the
 //! json-stdio [`protocol`], and the [`CancelToken`] with exactly one terminal state.
 //!
 //! This crate has no actors and no engines; it is what every other Paddock crate and
@@ -58,8 +58,8 @@ pub mod valid;
 pub use cancel::{CancelToken, TokenState};
 pub use config::{
     ApiKey, AuditConfig, CgroupMode, ContainerConfig, EngineDef, EngineKind, HandlerConfig,
-    IsolateConfig, LimitsConfig, MetricsAccess, OciRuntime, PaddockConfig, PoolConfig,
-    RunscPlatform, ServerConfig, SubprocessConfig, TlsConfig, WarmConfig, USERNS_IDS_PER_SANDBOX,
+    IsolateConfig, LimitsConfig, MetricsAccess, OciRuntime, PoolConfig, RunscPlatform,
+    ServerConfig, SubprocessConfig, TlsConfig, WarmConfig, USERNS_IDS_PER_SANDBOX,
 };
 pub use engine::{DiscardSink, Engine, FileEntry, OutputSink, Sandbox, SandboxSpec, SandboxStatus};
 pub use error::{Error, ErrorCode, Result};

@@ -40,5 +40,5 @@ pub mod subprocess;
 mod task;
 mod warm;
 
-pub use builtin::{builtin, Builtin, BUILTIN_NAMES};
+pub use builtin::{builtin, Builtin, BuiltinConfig, BUILTIN_NAMES};
 pub use host::{cgroup, netns, stats, volume, workdir};

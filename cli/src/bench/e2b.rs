@@ -12,8 +12,9 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::process::Stdio;
 
+use paddock::PaddockConfig;
 use paddock_core::e2b::TemplateConfig;
-use paddock_core::{ApiKey, EngineName, IsolationLevel, PaddockConfig};
+use paddock_core::{ApiKey, EngineName, IsolationLevel};
 
 /// The measuring script (run with the SDK's interpreter).
 const SCRIPT: &str = include_str!("e2b_bench.py");

@@ -29,7 +29,8 @@
 
 use std::time::{Duration, Instant};
 
-use paddock_core::{EngineName, ExecRequest, Language, PaddockConfig, Program, SandboxSpec};
+use paddock::PaddockConfig;
+use paddock_core::{EngineName, ExecRequest, Language, Program, SandboxSpec};
 use paddock_pool::Paddock;
 use serde_json::json;
 

@@ -22,9 +22,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use paddock_core::{
-    EngineName, ExecRequest, FleetConfig, OnNodeLoss, Outcome, PaddockConfig, Program,
-};
+use paddock::PaddockConfig;
+use paddock_core::{EngineName, ExecRequest, FleetConfig, OnNodeLoss, Outcome, Program};
 use paddock_fleet::local::{find_server, LocalCluster};
 use paddock_fleet::{Fleet, ShareCaps};
 use paddock_pool::noop::NoopEngine;

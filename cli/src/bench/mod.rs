@@ -574,10 +574,10 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32, crate::run::UsageError
                     let text = std::fs::read_to_string(&path).map_err(|e| {
                         crate::run::UsageError(format!("reading `{}`: {e}", path.display()))
                     })?;
-                    paddock_core::PaddockConfig::from_toml_str(&text)
+                    paddock::PaddockConfig::from_toml_str(&text)
                         .map_err(|e| crate::run::UsageError(format!("{}: {e}", path.display())))?
                 }
-                None => paddock_core::PaddockConfig::default(),
+                None => paddock::PaddockConfig::default(),
             };
             let mut names = Vec::new();
             for e in engines.iter().map(|e| e.trim()).filter(|e| !e.is_empty()) {

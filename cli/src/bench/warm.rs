@@ -10,9 +10,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use paddock::PaddockConfig;
 use paddock_core::{
-    CancelToken, DiscardSink, Engine, ExecRequest, Language, PaddockConfig, Program, Sandbox,
-    SandboxSpec, SubprocessConfig,
+    CancelToken, DiscardSink, Engine, ExecRequest, Language, Program, Sandbox, SandboxSpec,
+    SubprocessConfig,
 };
 use paddock_engines::subprocess::SubprocessEngine;
 use serde_json::json;

@@ -7,9 +7,10 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
+use paddock::PaddockConfig;
 use paddock_core::{
     ContainerConfig, EngineName, ExecRequest, ExecResult, ExecutionId, HandlerConfig, Language,
-    PaddockConfig, Program, SandboxSpec,
+    Program, SandboxSpec,
 };
 use paddock_engines::container::ContainerEngine;
 use paddock_pool::audit::AuditConfig;

@@ -177,27 +177,3 @@ impl LimiterConfig {
         }
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use crate::config::PaddockConfig;
-
-    #[test]
-    fn limiter_and_policy_sections_are_checked() {
-        let e =
-            PaddockConfig::from_toml_str("[limiter]\nmax_executions_per_window = 0\n").unwrap_err();
-        assert!(
-            e.message.contains("limiter.max_executions_per_window"),
-            "{}",
-            e.message
-        );
-        let c = PaddockConfig::from_toml_str(
-            "[limiter]\nmax_executions_per_window = 5\n\n[policy]\nmax_code_length = 10\ndisable = [\"warn-while-true\"]\n",
-        )
-        .unwrap();
-        assert_eq!(c.limiter.max_executions_per_window, Some(5));
-        assert_eq!(c.policy.max_code_length, 10);
-        let e = PaddockConfig::from_toml_str("[policy]\nmax_lenght = 1\n").unwrap_err();
-        assert!(e.message.contains("max_lenght"), "{}", e.message);
-    }
-}

@@ -164,29 +164,3 @@ impl PoolConfig {
         Ok(())
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use crate::config::PaddockConfig;
-
-    #[test]
-    fn pool_values_are_checked() {
-        let e = PaddockConfig::from_toml_str("[pool]\nmax_size = 0\n").unwrap_err();
-        assert!(e.message.contains("pool.max_size"), "{}", e.message);
-        let e = PaddockConfig::from_toml_str("[pool]\nmin_idle = 100001\n").unwrap_err();
-        assert!(e.message.contains("pool.min_idle"), "{}", e.message);
-        // Above max_size is allowed (the default 8 with a smaller pool): the pool
-        // keeps max_size ready.
-        let c = PaddockConfig::from_toml_str("[pool]\nmin_idle = 9\nmax_size = 2\n").unwrap();
-        assert_eq!(c.pool.min_idle, 9);
-        let c = PaddockConfig::from_toml_str("[pool]\nmax_size = 2\nmin_idle = 0\n").unwrap();
-        assert_eq!(c.pool.max_size, 2);
-        let e =
-            PaddockConfig::from_toml_str("[pool]\nmax_processes_per_sandbox = 0\n").unwrap_err();
-        assert!(
-            e.message.contains("pool.max_processes_per_sandbox"),
-            "{}",
-            e.message
-        );
-    }
-}

@@ -5,8 +5,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use paddock::PaddockConfig;
 use paddock_core::e2b::E2bConfig;
-use paddock_core::{ApiKey, EngineName, ErrorCode, IsolationLevel, PaddockConfig, SandboxSpec};
+use paddock_core::{ApiKey, EngineName, ErrorCode, IsolationLevel, SandboxSpec};
 use paddock_e2b::E2bApi;
 
 use crate::live::{send, Req, ALICE, BOB};

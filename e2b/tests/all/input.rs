@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use http_body_util::BodyExt;
+use paddock::PaddockConfig;
 use paddock_core::e2b::{E2bConfig, TemplateConfig};
-use paddock_core::{ApiKey, EngineName, IsolationLevel, PaddockConfig, ServerConfig};
+use paddock_core::{ApiKey, EngineName, IsolationLevel, ServerConfig};
 use serde_json::{json, Value};
 use tokio::net::TcpStream;
 

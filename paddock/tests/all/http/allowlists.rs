@@ -4,7 +4,8 @@
 //! operator allows them (`[egress] allow_private`, or the key's `allow_private`).
 //! Sandboxes and executions pass the same check.
 
-use paddock_core::{ApiKey, IsolationLevel, PaddockConfig};
+use paddock::PaddockConfig;
+use paddock_core::{ApiKey, IsolationLevel};
 use serde_json::json;
 
 use crate::http::client::Request;

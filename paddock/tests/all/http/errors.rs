@@ -2,7 +2,8 @@
 
 use std::time::{Duration, Instant};
 
-use paddock_core::{ApiKey, IsolationLevel, PaddockConfig, PoolConfig};
+use paddock::PaddockConfig;
+use paddock_core::{ApiKey, IsolationLevel, PoolConfig};
 use paddock_pool::limiter::LimiterConfig;
 use serde_json::{json, Value};
 

@@ -1,7 +1,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use paddock_core::{EngineName, ErrorCode, ExecRequest, Language, Outcome, PaddockConfig, Program};
+use paddock::PaddockConfig;
+use paddock_core::{EngineName, ErrorCode, ExecRequest, Language, Outcome, Program};
 use paddock_pool::noop::NoopEngine;
 use paddock_pool::{Execute, StreamEvent};
 

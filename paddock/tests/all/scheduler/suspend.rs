@@ -3,7 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use paddock_core::{ErrorCode, ExecRequest, Outcome, PaddockConfig, PoolConfig, Program};
+use paddock::PaddockConfig;
+use paddock_core::{ErrorCode, ExecRequest, Outcome, PoolConfig, Program};
 use paddock_pool::audit::AuditOutcome;
 use paddock_pool::Paddock;
 use serde_json::json;

@@ -4,9 +4,10 @@
 
 use std::time::{Duration, Instant};
 
+use paddock::PaddockConfig;
 use paddock_core::{
     AccessRules, Allowed, EngineName, ErrorCode, ExecRequest, IsolationLevel, Limits,
-    NetworkPolicy, PaddockConfig, Program, SandboxSpec, SandboxStatus,
+    NetworkPolicy, Program, SandboxSpec, SandboxStatus,
 };
 use paddock_pool::audit::AuditQuery;
 use paddock_pool::limiter::LimiterConfig;
