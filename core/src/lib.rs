@@ -57,9 +57,8 @@ pub mod valid;
 
 pub use cancel::{CancelToken, TokenState};
 pub use config::{
-    ApiKey, AuditConfig, CgroupMode, ContainerConfig, EngineDef, EngineKind, HandlerConfig,
-    IsolateConfig, LimitsConfig, MetricsAccess, OciRuntime, PoolConfig, RunscPlatform,
-    ServerConfig, SubprocessConfig, TlsConfig, WarmConfig, USERNS_IDS_PER_SANDBOX,
+    CgroupMode, ContainerConfig, EngineDef, EngineKind, HandlerConfig, IsolateConfig, LimitsConfig,
+    OciRuntime, RunscPlatform, SubprocessConfig, WarmConfig, USERNS_IDS_PER_SANDBOX,
 };
 pub use engine::{DiscardSink, Engine, FileEntry, OutputSink, Sandbox, SandboxSpec, SandboxStatus};
 pub use error::{Error, ErrorCode, Result};

@@ -18,7 +18,7 @@
 //! ```no_run
 //! # async fn serve() -> Result<(), paddock_core::Error> {
 //! use paddock_core::e2b::E2bConfig;
-//! use paddock_core::ServerConfig;
+//! use paddock_pool::http::ServerConfig;
 //!
 //! // The scheduler with the built-in engines (the `paddock` crate).
 //! let paddock = paddock::builder().start()?;
@@ -55,7 +55,8 @@ use std::sync::Arc;
 
 use actix_web::web;
 use paddock_core::e2b::{E2bConfig, TemplateConfig};
-use paddock_core::{Error, ServerConfig};
+use paddock_core::Error;
+use paddock_pool::http::ServerConfig;
 use paddock_pool::Paddock;
 
 pub use registry::ENVD_VERSION;

@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use dashmap::DashMap;
 use paddock_core::e2b::{E2bConfig, TemplateConfig};
-use paddock_core::ApiKey;
+use paddock_pool::http::ApiKey;
 use paddock_pool::{Caller, Paddock, SandboxHandle};
 use subtle::ConstantTimeEq;
 
@@ -111,7 +111,7 @@ impl Inner {
     pub(crate) fn new(
         paddock: Paddock,
         config: E2bConfig,
-        server: &paddock_core::ServerConfig,
+        server: &paddock_pool::http::ServerConfig,
         templates: BTreeMap<String, TemplateConfig>,
     ) -> Inner {
         Inner {

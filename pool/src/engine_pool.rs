@@ -21,10 +21,8 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use paddock_core::{
-    CancelToken, Engine, EngineName, Error, ErrorCode, NetworkPolicy, PoolConfig, Sandbox,
-    SandboxSpec,
-};
+use paddock_core::{CancelToken, Engine, EngineName, Error, ErrorCode, NetworkPolicy, Sandbox, SandboxSpec};
+use crate::PoolConfig;
 use serde::Serialize;
 
 use crate::engine_actor::{DestroyInstance, EngineActor, Recycle};

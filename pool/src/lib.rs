@@ -86,7 +86,7 @@ not_under_loom! {
     mod supervisor;
 
     pub use caller::Caller;
-    pub use config::SchedulerConfig;
+    pub use config::{PoolConfig, SchedulerConfig};
     pub use engine_pool::PoolStats;
     pub use messages::*;
     pub use paddock::{

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use paddock_core::budget::{OutputAllowance, TenantBudgets};
-use paddock_core::config::LimiterConfig;
+use crate::limiter::LimiterConfig;
 use paddock_core::interactive::ProcessShared;
 use paddock_core::{Error, ExecResult, OutputChunk, OutputSink};
 

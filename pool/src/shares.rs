@@ -6,7 +6,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
-use paddock_core::config::LimiterConfig;
+use crate::limiter::LimiterConfig;
 use paddock_core::{Error, ErrorCode};
 
 /// Per-tenant fair shares: open sandboxes and pool slots held.

@@ -14,7 +14,8 @@ use std::process::Stdio;
 
 use paddock::PaddockConfig;
 use paddock_core::e2b::TemplateConfig;
-use paddock_core::{ApiKey, EngineName, IsolationLevel};
+use paddock_core::{EngineName, IsolationLevel};
+use paddock_pool::http::ApiKey;
 
 /// The measuring script (run with the SDK's interpreter).
 const SCRIPT: &str = include_str!("e2b_bench.py");

@@ -39,7 +39,7 @@ use crate::run::UsageError;
 async fn sessions(nodes: &[Node], iterations: usize, as_json: bool) -> Result<(), UsageError> {
     let mut servers = Vec::new();
     for n in nodes {
-        let config = paddock_core::ServerConfig {
+        let config = paddock_pool::http::ServerConfig {
             listen: "127.0.0.1:0".into(),
             ..Default::default()
         };

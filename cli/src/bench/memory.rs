@@ -29,7 +29,8 @@ use std::time::{Duration, Instant};
 
 use paddock::PaddockConfig;
 use paddock_core::e2b::TemplateConfig;
-use paddock_core::{ApiKey, EngineName, IsolationLevel};
+use paddock_core::{EngineName, IsolationLevel};
+use paddock_pool::http::ApiKey;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

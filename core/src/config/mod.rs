@@ -12,28 +12,18 @@ use serde::de::DeserializeOwned;
 
 use crate::error::{Error, ErrorCode, Result};
 
-mod audit;
 mod container;
 mod egress;
 mod engines;
 mod isolate;
-mod limiter;
-mod policy;
-mod pool;
-mod server;
 mod subprocess;
 
-pub use audit::AuditConfig;
 pub use container::{
     ContainerConfig, OciRuntime, RunscPlatform, CONTAINER_OWN_ENV, USERNS_IDS_PER_SANDBOX,
 };
 pub use egress::EgressConfig;
 pub use engines::{EngineDef, EngineKind, MAX_ENGINE_DEFS};
 pub use isolate::IsolateConfig;
-pub use limiter::{LimiterConfig, DEFAULT_MAX_OUTPUT_BYTES_PER_TENANT, MAX_EXECUTIONS_PER_WINDOW};
-pub use policy::{PolicyConfig, Rule, RuleAction, RuleTarget, DEFAULT_MAX_CODE_LENGTH};
-pub use pool::PoolConfig;
-pub use server::{ApiKey, MetricsAccess, ServerConfig, TlsConfig};
 pub use subprocess::{CgroupMode, HandlerConfig, Startup, SubprocessConfig, WarmConfig};
 
 /// Parses a TOML document into a configuration type: any parse error (a bad value, an

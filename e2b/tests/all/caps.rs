@@ -6,7 +6,8 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use paddock_core::{ApiKey, ServerConfig};
+use paddock_pool::http::ApiKey;
+use paddock_pool::http::ServerConfig;
 use tokio::io::BufReader;
 use tokio::net::TcpStream;
 

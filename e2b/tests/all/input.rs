@@ -11,7 +11,9 @@ use base64::Engine as _;
 use http_body_util::BodyExt;
 use paddock::PaddockConfig;
 use paddock_core::e2b::{E2bConfig, TemplateConfig};
-use paddock_core::{ApiKey, EngineName, IsolationLevel, ServerConfig};
+use paddock_core::{EngineName, IsolationLevel};
+use paddock_pool::http::ApiKey;
+use paddock_pool::http::ServerConfig;
 use serde_json::{json, Value};
 use tokio::net::TcpStream;
 

@@ -17,7 +17,9 @@ use std::sync::Arc;
 
 use actix_web::http::header::{self, HeaderMap};
 use dashmap::DashMap;
-use paddock_core::{ApiKey, Error, ErrorCode, ServerConfig};
+use paddock_core::{Error, ErrorCode};
+use crate::http::ApiKey;
+use crate::http::ServerConfig;
 use subtle::ConstantTimeEq;
 
 use crate::Caller;

@@ -4,7 +4,8 @@
 use std::sync::atomic::Ordering;
 
 use actix_web::{web, HttpRequest, HttpResponse};
-use paddock_core::{EngineName, Error, ErrorCode, MetricsAccess};
+use paddock_core::{EngineName, Error, ErrorCode};
+use crate::http::MetricsAccess;
 use serde::Deserialize;
 
 use super::answers::{Health, Liveness, Readiness, ReadyState, ResultBytes, StatsAnswer};

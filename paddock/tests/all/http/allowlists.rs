@@ -5,7 +5,8 @@
 //! Sandboxes and executions pass the same check.
 
 use paddock::PaddockConfig;
-use paddock_core::{ApiKey, IsolationLevel};
+use paddock_core::IsolationLevel;
+use paddock_pool::http::ApiKey;
 use serde_json::json;
 
 use crate::http::client::Request;

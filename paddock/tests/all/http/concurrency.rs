@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use paddock::PaddockConfig;
-use paddock_core::PoolConfig;
+use paddock_pool::PoolConfig;
 use serde_json::json;
 
 use crate::http::client::post_json;

@@ -5,7 +5,8 @@
 
 use paddock::PaddockConfig;
 use paddock_core::ids::{is_random, longest_shared_prefix, parse_random, random_part};
-use paddock_core::{ApiKey, IsolationLevel};
+use paddock_core::IsolationLevel;
+use paddock_pool::http::ApiKey;
 use serde_json::{json, Value};
 
 use crate::http::client::{Request, Response};

@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 
 use paddock::PaddockBuilder;
 use paddock::PaddockConfig;
-use paddock_core::ServerConfig;
 use paddock_pool::http::HttpServerHandle;
+use paddock_pool::http::ServerConfig;
 use paddock_pool::Paddock;
 use serde_json::{json, Value};
 

@@ -229,7 +229,7 @@ async fn an_engine_chosen_by_level_is_the_first_registered_on_a_tie() {
     // The default (isolate) is not allowed, so the weakest engine that gives level
     // `none` is chosen: subprocess and noop tie, and subprocess was registered first
     // (not `noop`, which comes first by name).
-    let server = paddock_core::ServerConfig {
+    let server = paddock_pool::http::ServerConfig {
         allowed_levels: Some(vec![paddock_core::IsolationLevel::None]),
         ..Default::default()
     };

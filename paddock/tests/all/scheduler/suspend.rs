@@ -4,9 +4,10 @@
 use std::time::{Duration, Instant};
 
 use paddock::PaddockConfig;
-use paddock_core::{ErrorCode, ExecRequest, Outcome, PoolConfig, Program};
+use paddock_core::{ErrorCode, ExecRequest, Outcome, Program};
 use paddock_pool::audit::AuditOutcome;
 use paddock_pool::Paddock;
+use paddock_pool::PoolConfig;
 use serde_json::json;
 
 /// A long-running json-stdio handler: `invoke` suspends on `input.token` (or

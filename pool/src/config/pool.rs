@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use paddock_core::error::{Error, Result};
 
 /// Sizing, waiting and recycling of an engine pool.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -23,7 +23,7 @@ pub struct PoolConfig {
     /// Most instances of one pool at once (open sandboxes and running executions
     /// each hold one). Default: from the host, the lower of its memory / 64 MiB and
     /// its cores × 128, within 16..=4096 (256 on 2 cores and 24 GiB; see
-    /// [`crate::host::HostFacts::pool_max_size`]).
+    /// [`paddock_core::host::HostFacts::pool_max_size`]).
     pub max_size: usize,
     /// Most callers queued for an instance; beyond it `POOL_EXHAUSTED` at once.
     /// Default 1024.
@@ -81,7 +81,7 @@ impl Default for PoolConfig {
         PoolConfig {
             min_idle: 8,
             burst_idle_max: 8,
-            max_size: crate::host::HostFacts::this_host().pool_max_size(),
+            max_size: paddock_core::host::HostFacts::this_host().pool_max_size(),
             max_waiting: 1024,
             acquire_timeout_ms: 5_000,
             max_executions_per_engine: 1_000,

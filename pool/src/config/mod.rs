@@ -1,4 +1,8 @@
-//! [`SchedulerConfig`]: what the scheduler reads of the configuration.
+//! [`SchedulerConfig`]: what the scheduler reads of the configuration, and the
+//! `[pool]` section ([`PoolConfig`]). The other sections the scheduler reads live
+//! with what they configure: [`ServerConfig`] in [`crate::http`], [`AuditConfig`] in
+//! [`crate::audit`], [`LimiterConfig`] in [`crate::limiter`], [`PolicyConfig`] in
+//! [`crate::policy`].
 //!
 //! The whole document (`paddock::PaddockConfig`, in the `paddock` crate) names every
 //! section; the scheduler needs only its own, gathered here, and the engines'
@@ -7,10 +11,17 @@
 
 use std::collections::BTreeSet;
 
-use paddock_core::config::{
-    AuditConfig, LimiterConfig, LimitsConfig, PolicyConfig, PoolConfig, ServerConfig,
-};
+use paddock_core::config::LimitsConfig;
 use paddock_core::{AccessRules, EngineName, Result};
+
+use crate::audit::AuditConfig;
+use crate::http::ServerConfig;
+use crate::limiter::LimiterConfig;
+use crate::policy::PolicyConfig;
+
+mod pool;
+
+pub use pool::PoolConfig;
 
 /// The scheduler's part of the configuration: the sections it reads, by the names
 /// they have in the file, and the names of the `[engines.NAME]` engines.

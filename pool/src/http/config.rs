@@ -5,9 +5,9 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
-use crate::isolation::IsolationLevel;
-use crate::tenancy::{AccessRules, Allowed, NetworkKind};
+use paddock_core::error::{Error, Result};
+use paddock_core::isolation::IsolationLevel;
+use paddock_core::tenancy::{AccessRules, Allowed, NetworkKind};
 
 /// Settings of the HTTP server (`paddock serve`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
