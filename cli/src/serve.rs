@@ -280,8 +280,7 @@ pub(crate) async fn config(args: ConfigArgs) -> Result<i32, UsageError> {
 #[cfg(test)]
 mod tests {
     use super::exposure_warning;
-    use paddock_pool::http::ApiKey;
-    use paddock_pool::http::ServerConfig;
+    use paddock_pool::http::{ApiKey, ServerConfig};
 
     #[test]
     fn warns_beyond_loopback_without_keys_only() {

@@ -56,10 +56,7 @@ pub mod tenancy;
 pub mod valid;
 
 pub use cancel::{CancelToken, TokenState};
-pub use config::{
-    CgroupMode, ContainerConfig, EngineDef, EngineKind, HandlerConfig, IsolateConfig, LimitsConfig,
-    OciRuntime, RunscPlatform, SubprocessConfig, WarmConfig, USERNS_IDS_PER_SANDBOX,
-};
+pub use config::LimitsConfig;
 pub use engine::{DiscardSink, Engine, FileEntry, OutputSink, Sandbox, SandboxSpec, SandboxStatus};
 pub use error::{Error, ErrorCode, Result};
 pub use exec::{

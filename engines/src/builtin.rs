@@ -9,14 +9,14 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use paddock_core::config::{
-    ContainerConfig, EgressConfig, EngineDef, IsolateConfig, SubprocessConfig,
-};
-use paddock_core::{Engine, EngineKind, EngineName, ErrorCode, Limits, Result};
+use paddock_core::{Engine, EngineName, ErrorCode, Limits, Result};
 
 use crate::container::ContainerEngine;
 use crate::isolate::IsolateEngine;
 use crate::subprocess::SubprocessEngine;
+use crate::{
+    ContainerConfig, EgressConfig, EngineDef, EngineKind, IsolateConfig, SubprocessConfig,
+};
 
 /// The built-in engines [`builtin`] made, and the ones it could not.
 #[derive(Debug, Default)]

@@ -11,11 +11,11 @@
 //! This module exists for testing; it is public so the fuzz crate can reach it, and
 //! it is not part of Paddock's stable API.
 
-use paddock_core::config::CgroupMode;
 use paddock_core::fuzzing::{
     arbitrary_limit, arbitrary_string, interpreter, limit_field, Rng, LIMIT_FIELDS,
 };
 use paddock_core::{ErrorCode, Limits};
+use paddock_engines::CgroupMode;
 
 use crate::PaddockConfig;
 

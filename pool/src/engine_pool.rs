@@ -22,8 +22,9 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use paddock_core::{CancelToken, Engine, EngineName, Error, ErrorCode, NetworkPolicy, Sandbox, SandboxSpec};
-use crate::PoolConfig;
 use serde::Serialize;
+
+use crate::PoolConfig;
 
 use crate::engine_actor::{DestroyInstance, EngineActor, Recycle};
 use crate::slots::{Acquire, Slots, Waiter};

@@ -13,6 +13,7 @@ use actix::prelude::*;
 use dashmap::DashMap;
 use paddock_core::AccessRules;
 use paddock_core::{CancelToken, Engine, EngineName, Error, ErrorCode, ExecutionId, Limits};
+
 use crate::PoolConfig;
 
 use crate::audit::{Audit, OperatorAccess, RecordAccess};

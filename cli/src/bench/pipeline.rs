@@ -21,9 +21,9 @@ use actix::prelude::*;
 use paddock::PaddockConfig;
 use paddock_core::{
     CancelToken, DiscardSink, EngineName, ExecRequest, Program, Sandbox, SandboxSpec,
-    SubprocessConfig,
 };
 use paddock_engines::subprocess::SubprocessEngine;
+use paddock_engines::SubprocessConfig;
 use paddock_pool::noop::NoopEngine;
 use paddock_pool::{Execute, Paddock, Supervisor};
 use serde_json::json;

@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 use paddock::PaddockConfig;
 use paddock_core::{
     CancelToken, DiscardSink, Engine, ExecRequest, Language, Program, Sandbox, SandboxSpec,
-    SubprocessConfig,
 };
 use paddock_engines::subprocess::SubprocessEngine;
+use paddock_engines::SubprocessConfig;
 use serde_json::json;
 
 use super::{report, round, round3, summarize};

@@ -12,20 +12,6 @@ use serde::de::DeserializeOwned;
 
 use crate::error::{Error, ErrorCode, Result};
 
-mod container;
-mod egress;
-mod engines;
-mod isolate;
-mod subprocess;
-
-pub use container::{
-    ContainerConfig, OciRuntime, RunscPlatform, CONTAINER_OWN_ENV, USERNS_IDS_PER_SANDBOX,
-};
-pub use egress::EgressConfig;
-pub use engines::{EngineDef, EngineKind, MAX_ENGINE_DEFS};
-pub use isolate::IsolateConfig;
-pub use subprocess::{CgroupMode, HandlerConfig, Startup, SubprocessConfig, WarmConfig};
-
 /// Parses a TOML document into a configuration type: any parse error (a bad value, an
 /// unknown key) is `INVALID_CONFIG`, with the byte where it was found. The type's
 /// own `validate` is not called.

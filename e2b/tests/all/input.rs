@@ -12,8 +12,7 @@ use http_body_util::BodyExt;
 use paddock::PaddockConfig;
 use paddock_core::e2b::{E2bConfig, TemplateConfig};
 use paddock_core::{EngineName, IsolationLevel};
-use paddock_pool::http::ApiKey;
-use paddock_pool::http::ServerConfig;
+use paddock_pool::http::{ApiKey, ServerConfig};
 use serde_json::{json, Value};
 use tokio::net::TcpStream;
 

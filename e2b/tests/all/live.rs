@@ -11,8 +11,7 @@ use paddock::PaddockConfig;
 use paddock_core::e2b::{E2bConfig, TemplateConfig};
 use paddock_core::{EngineName, IsolationLevel, NetworkKind};
 use paddock_e2b::E2bApi;
-use paddock_pool::http::ApiKey;
-use paddock_pool::http::HttpServerHandle;
+use paddock_pool::http::{ApiKey, HttpServerHandle};
 use paddock_pool::Paddock;
 use serde_json::Value;
 

@@ -12,20 +12,19 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use paddock_core::config::{
-    ContainerConfig, EgressConfig, EngineDef, IsolateConfig, LimitsConfig, SubprocessConfig,
-    MAX_ENGINE_DEFS,
-};
+use paddock_core::config::LimitsConfig;
 use paddock_core::e2b::{E2bConfig, TemplateConfig};
 use paddock_core::fleet::FleetConfig;
 use paddock_core::{AccessRules, EngineName, Error, Result};
-use paddock_engines::BuiltinConfig;
+use paddock_engines::{
+    BuiltinConfig, ContainerConfig, EgressConfig, EngineDef, IsolateConfig, SubprocessConfig,
+    MAX_ENGINE_DEFS,
+};
 use paddock_pool::audit::AuditConfig;
 use paddock_pool::http::ServerConfig;
 use paddock_pool::limiter::LimiterConfig;
 use paddock_pool::policy::PolicyConfig;
-use paddock_pool::PoolConfig;
-use paddock_pool::SchedulerConfig;
+use paddock_pool::{PoolConfig, SchedulerConfig};
 
 #[cfg(test)]
 mod tests;

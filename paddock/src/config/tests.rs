@@ -1,9 +1,9 @@
 //! The checks of every section, through the whole document: each error names its key.
 
-use paddock_core::config::{
+use paddock_core::{EngineName, ErrorCode};
+use paddock_engines::{
     CgroupMode, ContainerConfig, OciRuntime, RunscPlatform, MAX_ENGINE_DEFS, USERNS_IDS_PER_SANDBOX,
 };
-use paddock_core::{EngineName, ErrorCode};
 
 use super::PaddockConfig;
 

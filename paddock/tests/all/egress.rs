@@ -5,9 +5,9 @@
 mod internet;
 
 use paddock::PaddockConfig;
-use paddock_core::config::EgressConfig;
 use paddock_core::egress::EgressVerdict;
 use paddock_core::{ExecRequest, NetworkPolicy, Program, SandboxSpec};
+use paddock_engines::EgressConfig;
 use paddock_pool::audit::AuditQuery;
 use paddock_pool::Caller;
 use paddock_telemetry::Telemetry;

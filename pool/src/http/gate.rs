@@ -18,10 +18,9 @@ use std::sync::Arc;
 use actix_web::http::header::{self, HeaderMap};
 use dashmap::DashMap;
 use paddock_core::{Error, ErrorCode};
-use crate::http::ApiKey;
-use crate::http::ServerConfig;
 use subtle::ConstantTimeEq;
 
+use super::{ApiKey, ServerConfig};
 use crate::Caller;
 
 /// How long a holder at a cap is told to wait.

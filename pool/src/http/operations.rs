@@ -5,9 +5,9 @@ use std::sync::atomic::Ordering;
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use paddock_core::{EngineName, Error, ErrorCode};
-use crate::http::MetricsAccess;
 use serde::Deserialize;
 
+use super::MetricsAccess;
 use super::answers::{Health, Liveness, Readiness, ReadyState, ResultBytes, StatsAnswer};
 use super::tenancy::account;
 use super::*;

@@ -55,6 +55,7 @@ mod tests {
     use crate::Paddock;
     use actix_web::test;
     use actix_web::App;
+
     use crate::http::ServerConfig;
 
     #[actix_web::test]

@@ -7,9 +7,8 @@ use std::time::Duration;
 
 use actix_web::{web, App, HttpServer};
 use paddock_core::{Error, ErrorCode};
-use crate::http::MetricsAccess;
-use crate::http::ServerConfig;
 
+use super::{MetricsAccess, ServerConfig};
 use super::gate::RequestGate;
 use super::results::{Bounds, ResultStore};
 use super::*;
@@ -292,7 +291,7 @@ pub fn start_with(
 /// The TLS settings of `[server.tls]`: its certificate chain and key, read now (an
 /// unreadable or unusable one is `INVALID_CONFIG` naming the field), on rustls with
 /// the ring provider; actix offers HTTP/1.1 by ALPN.
-fn tls_config(t: &crate::http::TlsConfig) -> Result<rustls::ServerConfig, Error> {
+fn tls_config(t: &super::TlsConfig) -> Result<rustls::ServerConfig, Error> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&t.cert)

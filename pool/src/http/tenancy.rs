@@ -13,8 +13,8 @@ use actix_web::http::StatusCode;
 use actix_web::middleware::Next;
 use actix_web::{web, HttpRequest, ResponseError};
 use paddock_core::ErrorCode;
-use crate::http::ServerConfig;
 
+use super::ServerConfig;
 use super::gate::{caller_of, Holder};
 use super::{ApiError, State};
 use crate::Caller;

@@ -6,16 +6,16 @@ use std::time::Duration;
 use actix::prelude::*;
 use paddock_core::{Engine, EngineName, Error, ErrorCode};
 
-use crate::audit::{Audit, AuditConfig, AuditEntry, AuditLog};
 use crate::clock::SystemClock;
-use crate::config::SchedulerConfig;
-use crate::limiter::{Limiter, LimiterConfig, LimiterCore};
-use crate::policy::{Policy, PolicyConfig};
 use crate::shares::Shares;
 use crate::streamer::{Streamer, StreamerConfig};
 use crate::supervisor::{Shared, Supervisor, SupervisorParts};
 use paddock_telemetry::Telemetry;
 
+use crate::audit::{Audit, AuditConfig, AuditEntry, AuditLog};
+use crate::config::SchedulerConfig;
+use crate::limiter::{Limiter, LimiterConfig, LimiterCore};
+use crate::policy::{Policy, PolicyConfig};
 use super::registry::{EngineRegistry, MadeEngines};
 use super::{Paddock, RuntimeHandle};
 

@@ -9,8 +9,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
 use paddock::PaddockConfig;
-use paddock_pool::http::ApiKey;
-use paddock_pool::http::ServerConfig;
+use paddock_pool::http::{ApiKey, ServerConfig};
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio_tungstenite::tungstenite::Message;

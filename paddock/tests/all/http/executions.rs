@@ -278,7 +278,7 @@ async fn a_pooled_execution_that_suspends_is_resumed_by_another_execution() {
     let mut config = paddock::PaddockConfig::default();
     config.subprocess.handlers.insert(
         "approval".into(),
-        paddock_core::HandlerConfig {
+        paddock_engines::HandlerConfig {
             command: vec!["python3".into(), script.to_string_lossy().into_owned()],
         },
     );

@@ -3,10 +3,8 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use paddock::PaddockBuilder;
-use paddock::PaddockConfig;
-use paddock_pool::http::HttpServerHandle;
-use paddock_pool::http::ServerConfig;
+use paddock::{PaddockBuilder, PaddockConfig};
+use paddock_pool::http::{HttpServerHandle, ServerConfig};
 use paddock_pool::Paddock;
 use serde_json::{json, Value};
 

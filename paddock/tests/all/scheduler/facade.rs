@@ -408,7 +408,7 @@ async fn a_suspended_handler_resumes_in_its_session_through_the_pipeline() {
     let mut config = PaddockConfig::default();
     config.subprocess.handlers.insert(
         "approval".into(),
-        paddock_core::HandlerConfig {
+        paddock_engines::HandlerConfig {
             command: vec!["python3".into(), script.to_string_lossy().into_owned()],
         },
     );

@@ -3,10 +3,11 @@
 
 use std::path::PathBuf;
 
+use paddock_core::config::check_env_names;
+use paddock_core::{Error, Result};
 use serde::{Deserialize, Serialize};
 
-use super::{check_env_names, EgressConfig, WarmConfig};
-use crate::error::{Error, Result};
+use crate::{EgressConfig, WarmConfig};
 
 /// Which OCI runtime the container engine drives.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -4,11 +4,11 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use paddock_core::config::check_env_names;
+use paddock_core::{Error, Language, Result};
 use serde::{Deserialize, Serialize};
 
-use super::{check_env_names, EgressConfig};
-use crate::error::{Error, Result};
-use crate::program::Language;
+use crate::EgressConfig;
 
 /// How the subprocess engine uses cgroups.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -3,11 +3,10 @@
 
 use std::path::PathBuf;
 
+use paddock_core::{EngineName, Error, Result};
 use serde::{Deserialize, Serialize};
 
-use super::{ContainerConfig, OciRuntime, RunscPlatform};
-use crate::error::{Error, Result};
-use crate::isolation::EngineName;
+use crate::{ContainerConfig, OciRuntime, RunscPlatform};
 
 /// The most engines `[engines]` may define.
 pub const MAX_ENGINE_DEFS: usize = 16;
