@@ -25,7 +25,6 @@ pub mod api;
 pub mod budget;
 pub mod cancel;
 pub mod config;
-pub mod e2b;
 pub mod egress;
 pub mod engine;
 pub mod error;
@@ -64,7 +63,7 @@ pub use exec::{
     Usage, WireResult,
 };
 pub use files::{ByteSource, FileEvent, FileEventKind, FileInfo, FileKind, FileReader, FileWatch};
-pub use fleet::{FleetConfig, OnNodeLoss};
+pub use fleet::OnNodeLoss;
 pub use hash::code_hash;
 #[cfg(not(loom))]
 pub use interactive::TcpConnection;

@@ -29,6 +29,7 @@
 
 mod accept;
 mod audit;
+mod config;
 mod control;
 mod forward;
 pub mod local;
@@ -43,5 +44,6 @@ mod version;
 mod wire;
 mod worker;
 
+pub use config::FleetConfig;
 pub use node::{Fleet, JoinError, Located};
 pub use shares::ShareCaps;

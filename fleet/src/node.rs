@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer, kv, stream};
 use dashmap::DashMap;
-use paddock_core::{unix_ms, EngineName, Error, ExecutionId, FleetConfig};
+use paddock_core::{unix_ms, EngineName, Error, ExecutionId};
 use paddock_pool::federation::EngineRoom;
 use paddock_pool::Paddock;
 use tokio::sync::{mpsc, watch, Semaphore};
@@ -19,6 +19,7 @@ use crate::names::Names;
 use crate::registry::Seen;
 use crate::store::Records;
 use crate::wire::Answer;
+use crate::FleetConfig;
 
 /// Why a node could not join its fleet.
 #[derive(Debug, thiserror::Error)]

@@ -13,8 +13,8 @@ use std::io::Write;
 use std::process::Stdio;
 
 use paddock::PaddockConfig;
-use paddock_core::e2b::TemplateConfig;
 use paddock_core::{EngineName, IsolationLevel};
+use paddock_e2b::TemplateConfig;
 use paddock_pool::http::ApiKey;
 
 /// The measuring script (run with the SDK's interpreter).

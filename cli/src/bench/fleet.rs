@@ -23,9 +23,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use paddock::PaddockConfig;
-use paddock_core::{EngineName, ExecRequest, FleetConfig, OnNodeLoss, Outcome, Program};
+use paddock_core::{EngineName, ExecRequest, OnNodeLoss, Outcome, Program};
 use paddock_fleet::local::{find_server, LocalCluster};
-use paddock_fleet::{Fleet, ShareCaps};
+use paddock_fleet::{Fleet, FleetConfig, ShareCaps};
 use paddock_pool::noop::NoopEngine;
 use paddock_pool::{Caller, Execute, Paddock};
 use serde_json::json;

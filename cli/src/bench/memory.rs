@@ -28,8 +28,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use paddock::PaddockConfig;
-use paddock_core::e2b::TemplateConfig;
 use paddock_core::{EngineName, IsolationLevel};
+use paddock_e2b::TemplateConfig;
 use paddock_pool::http::ApiKey;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

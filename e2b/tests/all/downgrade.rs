@@ -6,9 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use paddock::PaddockConfig;
-use paddock_core::e2b::E2bConfig;
 use paddock_core::{EngineName, ErrorCode, IsolationLevel, SandboxSpec};
-use paddock_e2b::E2bApi;
+use paddock_e2b::{E2bApi, E2bConfig};
 use paddock_pool::http::ApiKey;
 
 use crate::live::{send, Req, ALICE, BOB};

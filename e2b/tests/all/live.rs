@@ -8,9 +8,8 @@ use std::time::Duration;
 
 use http_body_util::BodyExt;
 use paddock::PaddockConfig;
-use paddock_core::e2b::{E2bConfig, TemplateConfig};
 use paddock_core::{EngineName, IsolationLevel, NetworkKind};
-use paddock_e2b::E2bApi;
+use paddock_e2b::{E2bApi, E2bConfig, TemplateConfig};
 use paddock_pool::http::{ApiKey, HttpServerHandle};
 use paddock_pool::Paddock;
 use serde_json::Value;

@@ -13,13 +13,13 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use paddock_core::config::LimitsConfig;
-use paddock_core::e2b::{E2bConfig, TemplateConfig};
-use paddock_core::fleet::FleetConfig;
 use paddock_core::{AccessRules, EngineName, Error, Result};
+use paddock_e2b::{E2bConfig, TemplateConfig};
 use paddock_engines::{
     BuiltinConfig, ContainerConfig, EgressConfig, EngineDef, IsolateConfig, SubprocessConfig,
     MAX_ENGINE_DEFS,
 };
+use paddock_fleet::FleetConfig;
 use paddock_pool::audit::AuditConfig;
 use paddock_pool::http::ServerConfig;
 use paddock_pool::limiter::LimiterConfig;
@@ -160,7 +160,7 @@ impl PaddockConfig {
             def.validate(name, &self.container)?;
         }
         for (name, t) in &self.templates {
-            paddock_core::e2b::check_template_name(name)
+            paddock_e2b::check_template_name(name)
                 .map_err(|e| Error::invalid_config(&format!("templates.{name}"), e.message))?;
             t.validate(name)?;
             if let Some(engine) = &t.engine {
