@@ -2,11 +2,13 @@
 //!
 //! The vocabulary of Paddock, the embeddable scheduler for running untrusted code:
 //! request and result types, the [`Engine`] / [`Sandbox`] contract every backend
-//! implements, the stable [`ErrorCode`]s, the configuration's shared types and loading, the
-//! json-stdio [`protocol`], and the [`CancelToken`] with exactly one terminal state.
+//! implements, the stable [`ErrorCode`]s, the configuration's shared types and
+//! loading ([`config`]), the json-stdio [`protocol`], and the [`CancelToken`] with
+//! exactly one terminal state.
 //!
 //! This crate has no actors and no engines; it is what every other Paddock crate and
-//! every embedder shares.
+//! every embedder shares. The sections of the configuration live with the crates they
+//! configure, and the whole document in the `paddock` crate.
 //!
 //! ```
 //! use paddock_core::{ExecRequest, Program, Language, ErrorCode};

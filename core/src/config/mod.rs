@@ -1,10 +1,11 @@
-//! Configuration: serde types with unknown fields refused, and validation that names
-//! the bad field with `INVALID_CONFIG`.
+//! Configuration: what every crate's sections share.
 //!
-//! Every field has a default, so an empty file (or none at all) is a valid config.
-//! The whole document, `PaddockConfig`, is the `paddock` crate's; this module holds
-//! the shared loading machinery ([`from_toml`], [`from_json`], [`check_env_names`])
-//! and, for now, the sections.
+//! Each section of the file is a type of the crate it configures (serde types with
+//! unknown fields refused, every field with a default, and a `validate` that names the
+//! bad field with `INVALID_CONFIG`); the whole document, `PaddockConfig`, is the
+//! `paddock` crate's. This module holds the loading machinery they share
+//! ([`from_toml`], [`from_json`], [`check_env_names`]) and [`LimitsConfig`], which
+//! every layer reads.
 
 pub use crate::tenancy::LimitsConfig;
 
