@@ -1,14 +1,12 @@
 //! `paddock doctor`: what this host supports.
 
 use clap::Args;
-use paddock_core::{
-    ContainerConfig, Engine, ExecRequest, IsolateConfig, Language, OciRuntime, Program,
-    SubprocessConfig,
-};
+use paddock_core::{Engine, ExecRequest, Language, Program};
 use paddock_engines::cgroup::{CgroupReport, Layout};
 use paddock_engines::container::ContainerEngine;
 use paddock_engines::isolate::IsolateEngine;
 use paddock_engines::subprocess::SubprocessEngine;
+use paddock_engines::{ContainerConfig, IsolateConfig, OciRuntime, SubprocessConfig};
 
 /// Arguments of `paddock doctor`.
 #[derive(Debug, Args)]

@@ -6,9 +6,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
+use paddock::PaddockConfig;
 use paddock_core::{
     EngineName, ErrorCode, ExecRequest, ExecResult, Language, LimitKind, Limits, NetworkPolicy,
-    Outcome, PaddockConfig, Program, StreamKind,
+    Outcome, Program, StreamKind,
 };
 use paddock_pool::{Execute, Paddock, StreamEvent};
 use tokio::io::AsyncWriteExt;
@@ -231,7 +232,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<i32, UsageError> {
     // warm worker would start an interpreter and then send it the code: slower than
     // running it cold.
     config.pool.min_idle = 0;
-    let mut startup = paddock_core::config::Startup::minimal();
+    let mut startup = paddock_engines::Startup::minimal();
     // A configuration that gives every execution a disk quota needs the backend.
     let d = &config.limits.defaults;
     startup.disks = d.disk_bytes.is_some() || d.disk_files.is_some();

@@ -4,7 +4,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use clap::Args;
-use paddock_core::PaddockConfig;
+use paddock::PaddockConfig;
 
 use crate::run::UsageError;
 
@@ -51,7 +51,7 @@ pub(crate) fn load_config(path: Option<&PathBuf>) -> Result<PaddockConfig, Usage
             config
                 .server
                 .api_keys
-                .push(paddock_core::ApiKey::new(key.trim(), tenant.trim()));
+                .push(paddock_pool::http::ApiKey::new(key.trim(), tenant.trim()));
         }
     }
     config.validate().map_err(|e| UsageError(e.to_string()))?;
@@ -187,7 +187,7 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<i32, UsageError> {
 /// What to warn about when the server listens beyond loopback without API keys:
 /// anyone who reaches the address then runs code as any tenant they claim.
 fn exposure_warning(
-    config: &paddock_core::ServerConfig,
+    config: &paddock_pool::http::ServerConfig,
     addr: std::net::SocketAddr,
 ) -> Option<String> {
     if !config.api_keys.is_empty() || addr.ip().is_loopback() {
@@ -211,7 +211,10 @@ fn open_files_limit() -> Option<u64> {
 /// hold (two descriptors each: the socket and the server's copy of it) would take
 /// more than half of the process's open-files `limit`: the cap would then not keep
 /// descriptors for authenticated work.
-fn descriptor_warning(config: &paddock_core::ServerConfig, limit: Option<u64>) -> Option<String> {
+fn descriptor_warning(
+    config: &paddock_pool::http::ServerConfig,
+    limit: Option<u64>,
+) -> Option<String> {
     let limit = limit?;
     let held = u64::from(config.max_unauthenticated_connections) * 2;
     (held > limit / 2).then(|| {
@@ -277,7 +280,7 @@ pub(crate) async fn config(args: ConfigArgs) -> Result<i32, UsageError> {
 #[cfg(test)]
 mod tests {
     use super::exposure_warning;
-    use paddock_core::{ApiKey, ServerConfig};
+    use paddock_pool::http::{ApiKey, ServerConfig};
 
     #[test]
     fn warns_beyond_loopback_without_keys_only() {

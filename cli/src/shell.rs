@@ -10,9 +10,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use paddock_core::{
-    EngineName, Limits, NetworkPolicy, PaddockConfig, SandboxSpec, TerminalSize, TerminalSpec,
-};
+use paddock::PaddockConfig;
+use paddock_core::{EngineName, Limits, NetworkPolicy, SandboxSpec, TerminalSize, TerminalSpec};
 use paddock_pool::Attachable;
 use rustix::termios::{self, OptionalActions, Termios};
 use tokio::io::AsyncReadExt;

@@ -5,8 +5,8 @@
 //! use std::sync::{Arc, Mutex};
 //!
 //! use paddock_conformance::broken::{Broken, Flaw};
-//! use paddock_core::{Engine, SubprocessConfig};
-//! use paddock_engines::subprocess::SubprocessEngine;
+//! use paddock_core::Engine;
+//! use paddock_engines::subprocess::{SubprocessConfig, SubprocessEngine};
 //!
 //! async fn suite_catches_a_lost_cancel() {
 //!     let results = paddock_conformance::run_all(|| async {

@@ -16,8 +16,8 @@
 //! ```no_run
 //! use std::sync::Arc;
 //!
-//! use paddock_core::{Engine, SubprocessConfig};
-//! use paddock_engines::subprocess::SubprocessEngine;
+//! use paddock_core::Engine;
+//! use paddock_engines::subprocess::{SubprocessConfig, SubprocessEngine};
 //!
 //! // One `#[test]` per case, in a module named `subprocess`.
 //! paddock_conformance::conformance_tests!(subprocess, || async {

@@ -2,11 +2,13 @@
 //!
 //! The vocabulary of Paddock, the embeddable scheduler for running untrusted code:
 //! request and result types, the [`Engine`] / [`Sandbox`] contract every backend
-//! implements, the stable [`ErrorCode`]s, configuration with validation, the
-//! json-stdio [`protocol`], and the [`CancelToken`] with exactly one terminal state.
+//! implements, the stable [`ErrorCode`]s, the configuration's shared types and
+//! loading ([`config`]), the json-stdio [`protocol`], and the [`CancelToken`] with
+//! exactly one terminal state.
 //!
 //! This crate has no actors and no engines; it is what every other Paddock crate and
-//! every embedder shares.
+//! every embedder shares. The sections of the configuration live with the crates they
+//! configure, and the whole document in the `paddock` crate.
 //!
 //! ```
 //! use paddock_core::{ExecRequest, Program, Language, ErrorCode};
@@ -25,7 +27,6 @@ pub mod api;
 pub mod budget;
 pub mod cancel;
 pub mod config;
-pub mod e2b;
 pub mod egress;
 pub mod engine;
 pub mod error;
@@ -58,11 +59,7 @@ pub mod usage;
 pub mod valid;
 
 pub use cancel::{CancelToken, TokenState};
-pub use config::{
-    ApiKey, AuditConfig, CgroupMode, ContainerConfig, EngineDef, EngineKind, HandlerConfig,
-    IsolateConfig, LimitsConfig, MetricsAccess, OciRuntime, PaddockConfig, PoolConfig,
-    RunscPlatform, ServerConfig, SubprocessConfig, TlsConfig, WarmConfig, USERNS_IDS_PER_SANDBOX,
-};
+pub use config::LimitsConfig;
 pub use engine::{DiscardSink, Engine, FileEntry, OutputSink, Sandbox, SandboxSpec, SandboxStatus};
 pub use error::{Error, ErrorCode, Result};
 pub use exec::{
@@ -73,7 +70,7 @@ pub use files::{
     check_metadata, ByteSource, FileEvent, FileEventKind, FileInfo, FileKind, FileMetadata,
     FileReader, FileWatch, MAX_METADATA_BYTES, MAX_METADATA_KEY, METADATA_XATTR_PREFIX,
 };
-pub use fleet::{FleetConfig, OnNodeLoss};
+pub use fleet::OnNodeLoss;
 pub use hash::code_hash;
 #[cfg(not(loom))]
 pub use interactive::TcpConnection;

@@ -17,8 +17,8 @@
 //!
 //! ```no_run
 //! # async fn serve() -> Result<(), paddock_core::Error> {
-//! use paddock_core::e2b::E2bConfig;
-//! use paddock_core::ServerConfig;
+//! use paddock_e2b::E2bConfig;
+//! use paddock_pool::http::ServerConfig;
 //!
 //! // The scheduler with the built-in engines (the `paddock` crate).
 //! let paddock = paddock::builder().start()?;
@@ -37,6 +37,7 @@
 mod access;
 mod admission;
 mod caps;
+mod config;
 mod connect;
 mod control;
 mod errors;
@@ -55,10 +56,14 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use actix_web::web;
-use paddock_core::e2b::{E2bConfig, TemplateConfig};
-use paddock_core::{Error, ServerConfig};
+use paddock_core::Error;
+use paddock_pool::http::ServerConfig;
 use paddock_pool::Paddock;
 
+pub use config::{
+    builtin_templates, check_template_name, E2bConfig, TemplateConfig, BASE_TEMPLATE,
+    CODE_INTERPRETER_TEMPLATE, E2B_HOME,
+};
 pub use registry::ENVD_VERSION;
 
 /// The port of the sandbox agent ("envd") in E2B's addressing.
@@ -93,9 +98,9 @@ impl E2bApi {
         templates: BTreeMap<String, TemplateConfig>,
     ) -> Result<E2bApi, Error> {
         config.validate()?;
-        let mut all = paddock_core::e2b::builtin_templates();
+        let mut all = crate::builtin_templates();
         for (name, t) in templates {
-            paddock_core::e2b::check_template_name(&name)?;
+            crate::check_template_name(&name)?;
             t.validate(&name)?;
             all.insert(name, t);
         }

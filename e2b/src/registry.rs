@@ -7,10 +7,11 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use dashmap::DashMap;
-use paddock_core::e2b::{E2bConfig, TemplateConfig};
-use paddock_core::ApiKey;
+use paddock_pool::http::ApiKey;
 use paddock_pool::{Caller, Paddock, SandboxHandle};
 use subtle::ConstantTimeEq;
+
+use crate::config::{E2bConfig, TemplateConfig};
 
 /// The version of E2B's sandbox agent whose features Paddock's agent routes give:
 /// the SDKs gate features by it (stdin closing needs 0.5.2; octet-stream and gzip
@@ -114,7 +115,7 @@ impl Inner {
     pub(crate) fn new(
         paddock: Paddock,
         config: E2bConfig,
-        server: &paddock_core::ServerConfig,
+        server: &paddock_pool::http::ServerConfig,
         templates: BTreeMap<String, TemplateConfig>,
     ) -> Inner {
         Inner {

@@ -1,17 +1,22 @@
 //! The built-in engines, made from the configuration.
 //!
 //! The scheduler (`paddock-pool`) registers engines by name and knows none of their
-//! types, nor this crate: the `paddock` crate's builder gives it a registry that asks
-//! [`builtin`] for the engines the config enables; the scheduler adds the ones its
-//! embedder registered, and keys its pools by [`EngineName`].
+//! types, nor this crate: the `paddock` crate's builder gives it a registry that holds
+//! the engines' part of the configuration ([`BuiltinConfig`]) and asks [`builtin`]
+//! for the engines it enables; the scheduler adds the ones its embedder registered,
+//! and keys its pools by [`EngineName`].
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use paddock_core::{Engine, EngineKind, EngineName, ErrorCode, PaddockConfig, Result};
+use paddock_core::{Engine, EngineName, ErrorCode, Limits, Result};
 
 use crate::container::ContainerEngine;
 use crate::isolate::IsolateEngine;
 use crate::subprocess::SubprocessEngine;
+use crate::{
+    ContainerConfig, EgressConfig, EngineDef, EngineKind, IsolateConfig, SubprocessConfig,
+};
 
 /// The built-in engines [`builtin`] made, and the ones it could not.
 #[derive(Debug, Default)]
@@ -24,6 +29,28 @@ pub struct Builtin {
     pub unavailable: Vec<(EngineName, String)>,
 }
 
+/// What the built-in engines read of the configuration: their sections, by the names
+/// they have in the file, and what the whole document decides for them.
+///
+/// `paddock::PaddockConfig::builtin` makes one from the whole document.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BuiltinConfig {
+    /// The default limits of every execution (`[limits]` over the built-in ones).
+    pub defaults: Limits,
+    /// The subprocess engine (`[subprocess]`).
+    pub subprocess: SubprocessConfig,
+    /// The QuickJS isolate engine (`[isolate]`).
+    pub isolate: IsolateConfig,
+    /// The OCI container engine (`[container]`), and the base of every
+    /// `[engines.NAME]` section.
+    pub container: ContainerConfig,
+    /// The egress gateway (`[egress]`), with `allow_private` decided: every engine
+    /// with a network gets it.
+    pub egress: EgressConfig,
+    /// The engines of names of their own (`[engines.NAME]`).
+    pub engines: BTreeMap<EngineName, EngineDef>,
+}
+
 /// The names of the built-in engines that [`builtin`] makes, in its order.
 pub const BUILTIN_NAMES: [EngineName; 3] = [
     EngineName::SUBPROCESS,
@@ -34,17 +61,17 @@ pub const BUILTIN_NAMES: [EngineName; 3] = [
 /// Makes every built-in engine that `config` enables and `wanted` accepts (by name),
 /// then the engines `[engines.NAME]` defines, in name order.
 ///
-/// Every engine gets the config's effective default limits. A container engine that
+/// Every engine gets the config's effective default limits, and the network ones its
+/// `[egress]`. A container engine that
 /// cannot start for want of a usable runtime (`ENGINE_FAILED`) is listed in
 /// [`Builtin::unavailable`] instead of failing the whole; any other error (an invalid
 /// section, say) is returned.
-pub fn builtin(config: &PaddockConfig, wanted: impl Fn(&EngineName) -> bool) -> Result<Builtin> {
-    let defaults = config.limits.effective_defaults();
+pub fn builtin(config: &BuiltinConfig, wanted: impl Fn(&EngineName) -> bool) -> Result<Builtin> {
+    let defaults = config.defaults.clone();
     let mut made = Builtin::default();
     if config.subprocess.enabled && wanted(&EngineName::SUBPROCESS) {
         let mut settings = config.subprocess.clone();
         settings.egress = config.egress.clone();
-        settings.egress.allow_private = Some(config.egress_private());
         let engine = SubprocessEngine::with_defaults(&settings, defaults.clone())?;
         made.engines.push(Arc::new(engine));
     }
@@ -58,7 +85,6 @@ pub fn builtin(config: &PaddockConfig, wanted: impl Fn(&EngineName) -> bool) -> 
     if config.container.enabled && wanted(&EngineName::CONTAINER) {
         let mut settings = config.container.clone();
         settings.egress = config.egress.clone();
-        settings.egress.allow_private = Some(config.egress_private());
         match ContainerEngine::with_defaults(&settings, defaults.clone()) {
             Ok(engine) => made.engines.push(Arc::new(engine)),
             Err(e) if e.code == ErrorCode::EngineFailed => {
@@ -81,7 +107,6 @@ pub fn builtin(config: &PaddockConfig, wanted: impl Fn(&EngineName) -> bool) -> 
             EngineKind::Container => {
                 let mut settings = def.container_config(&config.container);
                 settings.egress = config.egress.clone();
-                settings.egress.allow_private = Some(config.egress_private());
                 match ContainerEngine::named(name.clone(), &settings, defaults.clone()) {
                     Ok(engine) => made.engines.push(Arc::new(engine)),
                     Err(e) if e.code == ErrorCode::EngineFailed => {
@@ -97,73 +122,4 @@ pub fn builtin(config: &PaddockConfig, wanted: impl Fn(&EngineName) -> bool) -> 
         }
     }
     Ok(made)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn makes_only_what_the_config_enables_and_the_caller_wants() {
-        let mut config = PaddockConfig::default();
-        config.container.enabled = false;
-        let made = builtin(&config, |_| true).unwrap();
-        let names: Vec<_> = made.engines.iter().map(|e| e.name()).collect();
-        assert_eq!(names, [EngineName::SUBPROCESS, EngineName::ISOLATE]);
-
-        let made = builtin(&config, |n| *n != EngineName::SUBPROCESS).unwrap();
-        let names: Vec<_> = made.engines.iter().map(|e| e.name()).collect();
-        assert_eq!(names, [EngineName::ISOLATE]);
-
-        config.isolate.enabled = false;
-        config.subprocess.enabled = false;
-        let made = builtin(&config, |_| true).unwrap();
-        assert!(made.engines.is_empty() && made.unavailable.is_empty());
-    }
-
-    #[test]
-    fn a_container_runtime_that_is_missing_is_unavailable_not_fatal() {
-        let mut config = PaddockConfig::default();
-        config.subprocess.enabled = false;
-        config.isolate.enabled = false;
-        config.container.runtime_path = Some("/nonexistent/oci-runtime".into());
-        let made = builtin(&config, |_| true).unwrap();
-        assert!(made.engines.is_empty());
-        assert_eq!(made.unavailable.len(), 1, "{:?}", made.unavailable);
-        assert_eq!(made.unavailable[0].0, EngineName::CONTAINER);
-        assert!(
-            made.unavailable[0]
-                .1
-                .contains("container engine cannot start"),
-            "{:?}",
-            made.unavailable
-        );
-    }
-
-    #[test]
-    fn named_engines_come_after_the_built_ins_under_their_own_names() {
-        let mut config = PaddockConfig::from_toml_str(
-            "[engines.tiny]\nkind = \"container\"\nruntime_path = \"/nonexistent/oci-runtime\"\n",
-        )
-        .unwrap();
-        config.container.enabled = false;
-        config.isolate.enabled = false;
-        let made = builtin(&config, |_| true).unwrap();
-        let names: Vec<_> = made.engines.iter().map(|e| e.name()).collect();
-        assert_eq!(names, [EngineName::SUBPROCESS]);
-        // The section's engine runs with `[container]` disabled; here it cannot (no
-        // runtime at that path), and says so under its own name.
-        assert_eq!(made.unavailable.len(), 1, "{:?}", made.unavailable);
-        assert_eq!(made.unavailable[0].0, "tiny");
-        assert!(
-            made.unavailable[0]
-                .1
-                .contains("container engine `tiny` cannot start"),
-            "{:?}",
-            made.unavailable
-        );
-        // And it is left out like a built-in when not wanted.
-        let made = builtin(&config, |n| *n != "tiny").unwrap();
-        assert!(made.unavailable.is_empty(), "{:?}", made.unavailable);
-    }
 }

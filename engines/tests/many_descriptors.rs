@@ -4,10 +4,9 @@
 
 use std::os::fd::OwnedFd;
 
-use paddock_core::{
-    CancelToken, DiscardSink, Engine, ExecRequest, Program, SandboxSpec, SubprocessConfig,
-};
+use paddock_core::{CancelToken, DiscardSink, Engine, ExecRequest, Program, SandboxSpec};
 use paddock_engines::subprocess::SubprocessEngine;
+use paddock_engines::SubprocessConfig;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_with_more_descriptors_than_the_limit_still_spawns() {

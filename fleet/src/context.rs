@@ -9,11 +9,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream;
-use paddock_core::FleetConfig;
 use paddock_pool::Paddock;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::config::FleetConfig;
 use crate::names::Names;
 use crate::store::Records;
 

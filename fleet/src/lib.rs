@@ -29,6 +29,7 @@
 
 mod accept;
 mod audit;
+mod config;
 mod context;
 mod control;
 mod forward;
@@ -47,5 +48,6 @@ mod version;
 mod wire;
 mod worker;
 
+pub use config::FleetConfig;
 pub use node::{Fleet, JoinError, Located};
 pub use shares::ShareCaps;

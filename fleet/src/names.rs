@@ -23,7 +23,7 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 /// made of letters, digits, `-` and `_` only (and short), else `x` and its hex (so
 /// two different inputs never share a token).
 pub(crate) fn token(s: &str) -> String {
-    if paddock_core::fleet::is_token(s) && !s.starts_with('x') {
+    if crate::config::is_token(s) && !s.starts_with('x') {
         s.to_string()
     } else if s.len() <= 40 {
         format!("x{}", hex(s.as_bytes()))
@@ -152,13 +152,13 @@ mod tests {
         let mut seen = std::collections::HashSet::new();
         for s in odd {
             let t = token(s);
-            assert!(paddock_core::fleet::is_token(&t), "{s:?} -> {t}");
+            assert!(crate::config::is_token(&t), "{s:?} -> {t}");
             assert!(seen.insert(t), "{s:?} collides");
         }
         // `x2e` is not taken for itself: it would collide with `token(".")`.
         assert_ne!(token("x2e"), token("."));
         let long = "e".repeat(200);
-        assert!(paddock_core::fleet::is_token(&token(&long)));
+        assert!(crate::config::is_token(&token(&long)));
     }
 
     #[test]

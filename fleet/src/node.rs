@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer, kv, stream};
 use dashmap::DashMap;
-use paddock_core::{unix_ms, Error, ExecutionId, FleetConfig};
+use paddock_core::{unix_ms, Error, ExecutionId};
 use paddock_pool::Paddock;
 use tokio::sync::{watch, Semaphore};
 
@@ -25,6 +25,7 @@ use crate::registry::{Load, Membership};
 use crate::sessions::SessionBook;
 use crate::shares::{ShareBook, ShareCaps};
 use crate::store::Records;
+use crate::config::FleetConfig;
 
 /// Why a node could not join its fleet.
 #[derive(Debug, thiserror::Error)]

@@ -5,5 +5,5 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let _ = paddock_core::fuzzing::config_parse(data);
+    let _ = paddock::fuzzing::config_parse(data);
 });

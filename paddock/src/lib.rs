@@ -3,8 +3,9 @@
 //! Paddock, the embeddable scheduler for running untrusted code, whole: the scheduler
 //! of `paddock-pool` (policy, limiter, pools, streamer, audit, the [`Paddock`] handle
 //! and the HTTP API) with the built-in engines of `paddock-engines` (subprocess,
-//! QuickJS isolate, OCI container). [`builder()`] is the scheduler's
-//! [`PaddockBuilder`] with the built-in engines' registry ([`BuiltinEngines`]):
+//! QuickJS isolate, OCI container). [`builder()`] is the scheduler's builder over
+//! the whole configuration ([`PaddockConfig`], the document every layer's section is
+//! part of), with the built-in engines' registry ([`BuiltinEngines`]):
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), paddock::core::Error> {
@@ -33,16 +34,23 @@
 #![deny(unused_must_use, unsafe_op_in_unsafe_fn)]
 #![forbid(unsafe_code)]
 
-use std::sync::Arc;
-
-use paddock_core::{EngineName, Error, PaddockConfig};
-
 pub use paddock_core as core;
 pub use paddock_engines as engines;
 pub use paddock_pool::*;
 pub use paddock_telemetry as telemetry;
 
+mod builder;
+pub mod config;
+/// The configuration's generators and oracles for the fuzz target (and their `cargo
+/// test` runs); not part of the public API: built for tests and with the `fuzzing`
+/// feature only.
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod node;
+
+pub use builder::{BuiltinEngines, PaddockBuilder};
+pub use config::PaddockConfig;
 
 /// A builder with the embedded defaults and the built-in engines: the ones the
 /// config enables (subprocess and isolate by default, the container engine where
@@ -52,27 +60,11 @@ pub mod node;
 /// [`without`](PaddockBuilder::without); an engine registered with
 /// [`PaddockBuilder::engine`] under a built-in's name takes its place.
 pub fn builder() -> PaddockBuilder {
-    Paddock::builder().registry(Arc::new(BuiltinEngines))
+    PaddockBuilder::default()
 }
 
-/// The built-in engines' registry: [`paddock_engines::builtin`] makes what the config
-/// enables.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct BuiltinEngines;
-
-impl EngineRegistry for BuiltinEngines {
-    fn make(
-        &self,
-        config: &PaddockConfig,
-        wanted: &dyn Fn(&EngineName) -> bool,
-    ) -> Result<MadeEngines, Error> {
-        let made = paddock_engines::builtin(config, wanted)?;
-        Ok(MadeEngines {
-            engines: made.engines,
-            unavailable: made.unavailable,
-        })
-    }
-}
+#[cfg(test)]
+mod tests;
 
 /// The README's Rust examples, compiled as doctests so they stay true.
 #[doc = include_str!("../../README.md")]

@@ -9,7 +9,7 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! let mut config = paddock::core::PaddockConfig::default();
+//! let mut config = paddock::PaddockConfig::default();
 //! config.server.listen = "127.0.0.1:0".into();
 //! let node = paddock::node::Node::start(config).await?;
 //! println!("serving on http://{}", node.local_addr());
@@ -23,11 +23,13 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use paddock_core::{Error, PaddockConfig};
+use paddock_core::Error;
 use paddock_e2b::E2bApi;
 use paddock_fleet::{Fleet, JoinError, ShareCaps};
 use paddock_pool::http::{Extension, HttpServerHandle};
 use paddock_pool::{Paddock, ShutdownReport};
+
+use crate::PaddockConfig;
 
 /// Why a node did not start.
 #[derive(Debug, thiserror::Error)]

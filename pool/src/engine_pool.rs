@@ -21,11 +21,10 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use paddock_core::{
-    CancelToken, Engine, EngineName, Error, ErrorCode, NetworkPolicy, PoolConfig, Sandbox,
-    SandboxSpec,
-};
+use paddock_core::{CancelToken, Engine, EngineName, Error, ErrorCode, NetworkPolicy, Sandbox, SandboxSpec};
 use serde::Serialize;
+
+use crate::PoolConfig;
 
 use crate::engine_actor::{DestroyInstance, EngineActor, Recycle};
 use crate::slots::{Acquire, Slots, Waiter};

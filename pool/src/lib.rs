@@ -65,6 +65,7 @@ not_under_loom! {
     pub mod audit;
     mod caller;
     pub mod clock;
+    pub mod config;
     pub mod limiter;
     pub mod policy;
 
@@ -85,6 +86,7 @@ not_under_loom! {
     mod supervisor;
 
     pub use caller::Caller;
+    pub use config::{PoolConfig, SchedulerConfig};
     pub use engine_pool::PoolStats;
     pub use messages::*;
     pub use paddock::{

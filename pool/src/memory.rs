@@ -8,9 +8,10 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use paddock_core::budget::{OutputAllowance, TenantBudgets};
-use paddock_core::config::LimiterConfig;
 use paddock_core::interactive::ProcessShared;
 use paddock_core::{Error, ExecResult, OutputChunk, OutputSink};
+
+use crate::limiter::LimiterConfig;
 
 /// The budgets of every tenant.
 #[derive(Debug)]

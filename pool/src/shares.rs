@@ -6,8 +6,9 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
-use paddock_core::config::LimiterConfig;
 use paddock_core::{Error, ErrorCode};
+
+use crate::limiter::LimiterConfig;
 
 /// Per-tenant fair shares: open sandboxes and pool slots held.
 #[derive(Debug, Default)]

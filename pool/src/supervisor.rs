@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use dashmap::DashMap;
 use paddock_core::AccessRules;
-use paddock_core::{
-    CancelToken, Engine, EngineName, Error, ErrorCode, ExecutionId, Limits, PoolConfig,
-};
+use paddock_core::{CancelToken, Engine, EngineName, Error, ErrorCode, ExecutionId, Limits};
+
+use crate::PoolConfig;
 
 use crate::audit::{Audit, OperatorAccess, RecordAccess};
 use crate::caller::Caller;

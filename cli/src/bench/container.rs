@@ -15,11 +15,9 @@
 
 use std::time::Duration;
 
-use paddock_core::{
-    CancelToken, ContainerConfig, DiscardSink, Engine, ExecRequest, OciRuntime, Program,
-    RunscPlatform, Sandbox, SandboxSpec,
-};
+use paddock_core::{CancelToken, DiscardSink, Engine, ExecRequest, Program, Sandbox, SandboxSpec};
 use paddock_engines::container::ContainerEngine;
+use paddock_engines::{ContainerConfig, OciRuntime, RunscPlatform};
 use serde_json::json;
 
 use super::{report, round, round3, summarize, Summary};

@@ -12,8 +12,10 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::process::Stdio;
 
-use paddock_core::e2b::TemplateConfig;
-use paddock_core::{ApiKey, EngineName, IsolationLevel, PaddockConfig};
+use paddock::PaddockConfig;
+use paddock_core::{EngineName, IsolationLevel};
+use paddock_e2b::TemplateConfig;
+use paddock_pool::http::ApiKey;
 
 /// The measuring script (run with the SDK's interpreter).
 const SCRIPT: &str = include_str!("e2b_bench.py");

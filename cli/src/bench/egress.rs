@@ -25,9 +25,9 @@ use std::sync::Arc;
 
 use paddock_core::{
     CancelToken, DiscardSink, Engine, ExecRequest, NetworkPolicy, Program, Sandbox, SandboxSpec,
-    SubprocessConfig,
 };
 use paddock_engines::subprocess::SubprocessEngine;
+use paddock_engines::SubprocessConfig;
 use serde_json::json;
 
 use super::netns::{self, Netns};

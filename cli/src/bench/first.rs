@@ -29,7 +29,8 @@
 
 use std::time::{Duration, Instant};
 
-use paddock_core::{EngineName, ExecRequest, Language, PaddockConfig, Program, SandboxSpec};
+use paddock::PaddockConfig;
+use paddock_core::{EngineName, ExecRequest, Language, Program, SandboxSpec};
 use paddock_pool::Paddock;
 use serde_json::json;
 
@@ -315,9 +316,9 @@ fn first_cli(samples: usize, as_json: bool) -> Result<bool, UsageError> {
     ];
     // The runtime's own `run` of `/bin/true`, where the container engine starts.
     let runtime =
-        paddock_engines::container::ContainerEngine::new(&paddock_core::ContainerConfig {
+        paddock_engines::container::ContainerEngine::new(&paddock_engines::ContainerConfig {
             warm: false,
-            ..paddock_core::ContainerConfig::default()
+            ..paddock_engines::ContainerConfig::default()
         })
         .ok();
     let mut series: Vec<Vec<Duration>> = vec![Vec::new(); runs.len() + 1];
@@ -549,9 +550,10 @@ async fn python_once(sandbox: &dyn paddock_core::Sandbox) -> Result<Duration, St
 /// 'print(1)'` into that same running container, and against the subprocess
 /// engine's warm mode; interleaved in blocks of 20 after one block each to warm up.
 async fn first_repeat(samples: usize, as_json: bool) -> Result<bool, UsageError> {
-    use paddock_core::{ContainerConfig, Engine, Sandbox, SubprocessConfig};
+    use paddock_core::{Engine, Sandbox};
     use paddock_engines::container::ContainerEngine;
     use paddock_engines::subprocess::SubprocessEngine;
+    use paddock_engines::{ContainerConfig, SubprocessConfig};
     let skip = |why: String| {
         report(
             &json!({"scenario": "first_repeat", "skipped": why}),

@@ -22,11 +22,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use paddock_core::{
-    EngineName, ExecRequest, FleetConfig, OnNodeLoss, Outcome, PaddockConfig, Program,
-};
+use paddock::PaddockConfig;
+use paddock_core::{EngineName, ExecRequest, OnNodeLoss, Outcome, Program};
 use paddock_fleet::local::{find_server, LocalCluster};
-use paddock_fleet::{Fleet, ShareCaps};
+use paddock_fleet::{Fleet, FleetConfig, ShareCaps};
 use paddock_pool::noop::NoopEngine;
 use paddock_pool::{Caller, Execute, Paddock};
 use serde_json::json;
@@ -40,7 +39,7 @@ use crate::run::UsageError;
 async fn sessions(nodes: &[Node], iterations: usize, as_json: bool) -> Result<(), UsageError> {
     let mut servers = Vec::new();
     for n in nodes {
-        let config = paddock_core::ServerConfig {
+        let config = paddock_pool::http::ServerConfig {
             listen: "127.0.0.1:0".into(),
             ..Default::default()
         };

@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use paddock_core::{EngineName, ExecRequest, PaddockConfig, Program};
+use paddock::PaddockConfig;
+use paddock_core::{EngineName, ExecRequest, Program};
 use paddock_pool::Execute;
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};

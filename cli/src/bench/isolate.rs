@@ -20,10 +20,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use paddock_core::{
-    CancelToken, DiscardSink, Engine, ExecRequest, IsolateConfig, Language, Program, Sandbox,
-    SandboxSpec,
+    CancelToken, DiscardSink, Engine, ExecRequest, Language, Program, Sandbox, SandboxSpec,
 };
 use paddock_engines::isolate::IsolateEngine;
+use paddock_engines::IsolateConfig;
 use serde_json::{json, Value};
 
 use super::peers::{self, PeerStats};

@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use paddock_core::{ErrorCode, ExecRequest, ExecutionId, PaddockConfig, Program};
+use paddock::PaddockConfig;
+use paddock_core::{ErrorCode, ExecRequest, ExecutionId, Program};
 use paddock_pool::audit::{AuditConfig, AuditQuery};
 use serde_json::json;
 

@@ -27,8 +27,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use paddock_core::e2b::TemplateConfig;
-use paddock_core::{ApiKey, EngineName, IsolationLevel, PaddockConfig};
+use paddock::PaddockConfig;
+use paddock_core::{EngineName, IsolationLevel};
+use paddock_e2b::TemplateConfig;
+use paddock_pool::http::ApiKey;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

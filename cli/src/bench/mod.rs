@@ -24,7 +24,8 @@ mod warm;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use paddock_core::{SandboxSpec, SubprocessConfig};
+use paddock_core::SandboxSpec;
+use paddock_engines::SubprocessConfig;
 
 /// Arguments of `paddock bench`.
 #[derive(Debug, Args)]
@@ -415,7 +416,7 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32, crate::run::UsageError
             reply_spin_us,
             no_peers,
         } => {
-            let mut config = paddock_core::IsolateConfig::default();
+            let mut config = paddock_engines::IsolateConfig::default();
             config.idle_spin_us = idle_spin_us.unwrap_or(config.idle_spin_us);
             config.reply_spin_us = reply_spin_us.unwrap_or(config.reply_spin_us);
             let task = tokio::spawn(isolate::isolate(
@@ -468,7 +469,7 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32, crate::run::UsageError
             runsc_platform,
             user_namespace,
         } => {
-            use paddock_core::{OciRuntime, RunscPlatform};
+            use paddock_engines::{OciRuntime, RunscPlatform};
             let platform = match runsc_platform.as_str() {
                 "ptrace" => RunscPlatform::Ptrace,
                 "kvm" => RunscPlatform::Kvm,
@@ -499,11 +500,11 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32, crate::run::UsageError
             for rt in runtimes {
                 let code = if rt == OciRuntime::Runsc {
                     if optional_runsc {
-                        let probe = paddock_core::ContainerConfig {
+                        let probe = paddock_engines::ContainerConfig {
                             runtime: OciRuntime::Runsc,
                             runsc_platform: platform,
                             warm: false,
-                            ..paddock_core::ContainerConfig::default()
+                            ..paddock_engines::ContainerConfig::default()
                         };
                         if let Err(e) = paddock_engines::container::ContainerEngine::new(&probe) {
                             report(
@@ -574,10 +575,10 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32, crate::run::UsageError
                     let text = std::fs::read_to_string(&path).map_err(|e| {
                         crate::run::UsageError(format!("reading `{}`: {e}", path.display()))
                     })?;
-                    paddock_core::PaddockConfig::from_toml_str(&text)
+                    paddock::PaddockConfig::from_toml_str(&text)
                         .map_err(|e| crate::run::UsageError(format!("{}: {e}", path.display())))?
                 }
-                None => paddock_core::PaddockConfig::default(),
+                None => paddock::PaddockConfig::default(),
             };
             let mut names = Vec::new();
             for e in engines.iter().map(|e| e.trim()).filter(|e| !e.is_empty()) {
@@ -671,7 +672,7 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32, crate::run::UsageError
         } => {
             let mut config = SubprocessConfig::default();
             if cgroup == CgroupArg::Off {
-                config.cgroup = paddock_core::CgroupMode::Off;
+                config.cgroup = paddock_engines::CgroupMode::Off;
             }
             let spec = SandboxSpec {
                 network: match network {

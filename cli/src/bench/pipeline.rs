@@ -18,11 +18,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
+use paddock::PaddockConfig;
 use paddock_core::{
-    CancelToken, DiscardSink, EngineName, ExecRequest, PaddockConfig, Program, Sandbox,
-    SandboxSpec, SubprocessConfig,
+    CancelToken, DiscardSink, EngineName, ExecRequest, Program, Sandbox, SandboxSpec,
 };
 use paddock_engines::subprocess::SubprocessEngine;
+use paddock_engines::SubprocessConfig;
 use paddock_pool::noop::NoopEngine;
 use paddock_pool::{Execute, Paddock, Supervisor};
 use serde_json::json;
@@ -255,7 +256,7 @@ pub(super) fn noop_paddock(
     config.pool.max_executions_per_engine = u64::MAX / 2;
     // The scheduler alone: no built-in engine is made, the no-op engine is the only one.
     Paddock::builder()
-        .config(config)
+        .config(config.scheduler())
         .engine(Arc::new(NoopEngine::new()))
         .start()
 }

@@ -3,10 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use paddock_core::{
-    CancelToken, DiscardSink, ExecRequest, Program, Sandbox, SandboxSpec, SubprocessConfig,
-};
+use paddock_core::{CancelToken, DiscardSink, ExecRequest, Program, Sandbox, SandboxSpec};
 use paddock_engines::subprocess::SubprocessEngine;
+use paddock_engines::SubprocessConfig;
 use serde_json::json;
 
 use super::{report, round, round3, summarize, Summary};

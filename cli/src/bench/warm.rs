@@ -10,11 +10,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use paddock::PaddockConfig;
 use paddock_core::{
-    CancelToken, DiscardSink, Engine, ExecRequest, Language, PaddockConfig, Program, Sandbox,
-    SandboxSpec, SubprocessConfig,
+    CancelToken, DiscardSink, Engine, ExecRequest, Language, Program, Sandbox, SandboxSpec,
 };
 use paddock_engines::subprocess::SubprocessEngine;
+use paddock_engines::SubprocessConfig;
 use serde_json::json;
 
 use super::{report, round, round3, summarize};

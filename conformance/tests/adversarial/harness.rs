@@ -7,11 +7,12 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
+use paddock::PaddockConfig;
 use paddock_core::{
-    ContainerConfig, EngineName, ExecRequest, ExecResult, ExecutionId, HandlerConfig, Language,
-    PaddockConfig, Program, SandboxSpec,
+    EngineName, ExecRequest, ExecResult, ExecutionId, Language, Program, SandboxSpec,
 };
 use paddock_engines::container::ContainerEngine;
+use paddock_engines::{ContainerConfig, HandlerConfig};
 use paddock_pool::audit::AuditConfig;
 use paddock_pool::{Execute, Paddock, SandboxHandle};
 

@@ -8,8 +8,9 @@
 
 use std::sync::{Arc, OnceLock};
 
-use paddock_core::{ContainerConfig, Engine, OciRuntime};
+use paddock_core::Engine;
 use paddock_engines::container::ContainerEngine;
+use paddock_engines::{ContainerConfig, OciRuntime};
 
 /// The engine passes only listed host variables; the suite's ordinary one is listed.
 fn config(runtime: OciRuntime) -> ContainerConfig {

@@ -2,8 +2,9 @@
 
 use std::sync::Arc;
 
-use paddock_core::{Engine, SubprocessConfig};
+use paddock_core::Engine;
 use paddock_engines::subprocess::SubprocessEngine;
+use paddock_engines::SubprocessConfig;
 
 /// A fresh subprocess engine with the default configuration, warm workers off: every
 /// execution is a fresh process (the warm suite covers the default).

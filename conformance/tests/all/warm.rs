@@ -4,8 +4,9 @@
 
 use std::sync::{Arc, OnceLock};
 
-use paddock_core::{Engine, HandlerConfig, SubprocessConfig};
+use paddock_core::Engine;
 use paddock_engines::subprocess::SubprocessEngine;
+use paddock_engines::{HandlerConfig, SubprocessConfig};
 
 /// The conformance handler, written once into a directory that lives for the run.
 fn handler() -> HandlerConfig {

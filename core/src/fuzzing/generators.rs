@@ -1,4 +1,4 @@
-//! Generators: random strings, ids, numbers, JSON, frames, configs and HTTP bodies,
+//! Generators: random strings, ids, numbers, JSON, frames, limits and HTTP bodies,
 //! each reproducible from an [`Rng`] seed.
 
 use super::*;
@@ -152,65 +152,11 @@ pub fn arbitrary_frame(rng: &mut Rng) -> Frame {
     }
 }
 
-/// A random configuration that passes validation.
-pub fn arbitrary_config(rng: &mut Rng) -> PaddockConfig {
-    let mut config = PaddockConfig::default();
-    // Each limit is kept only if the validator accepts it on its own, so the config
-    // stays valid whatever the ranges are; the candidates cover both ends of every
-    // current range.
-    for field in 0..LIMIT_FIELDS {
-        let mut alone = Limits::default();
-        *limit_field(&mut alone, field) = arbitrary_limit(rng);
-        if alone.validate("limits", true).is_ok() {
-            *limit_field(&mut config.limits.defaults, field) = *limit_field(&mut alone, field);
-        }
-        // Half the time a ceiling too, at or above the default (a default above its
-        // ceiling is refused); otherwise none, or the built-in one where it holds.
-        let default = *limit_field(&mut config.limits.defaults, field);
-        if rng.one_in(2) {
-            let mut alone = Limits::default();
-            *limit_field(&mut alone, field) = arbitrary_limit(rng);
-            let candidate = *limit_field(&mut alone, field);
-            if alone.validate("limits.max", true).is_ok() && candidate >= default {
-                *limit_field(&mut config.limits.max, field) = candidate;
-            }
-        }
-        if let Some(d) = default {
-            let in_force = *limit_field(&mut config.limits.ceilings(), field);
-            if in_force.is_some_and(|c| d > c) {
-                *limit_field(&mut config.limits.max, field) = Some(d);
-            }
-        }
-    }
-    let s = &mut config.subprocess;
-    s.enabled = rng.one_in(2);
-    s.workdir_root = if rng.one_in(2) {
-        let segments = rng.index(4);
-        let mut path = String::new();
-        for _ in 0..=segments {
-            path.push('/');
-            path.push_str(&arbitrary_string(rng, 12).replace(['\0', '/'], "_"));
-        }
-        Some(path.into())
-    } else {
-        None
-    };
-    s.env_passthrough = (0..rng.index(4))
-        .map(|_| {
-            let name = arbitrary_string(rng, 16).replace(['\0', '='], "_");
-            format!("V{name}")
-        })
-        .collect();
-    s.python = interpreter(rng);
-    s.node = interpreter(rng);
-    s.shell = interpreter(rng);
-    s.cgroup = *rng.pick(&[CgroupMode::Auto, CgroupMode::Required, CgroupMode::Off]);
-    config
-}
+/// How many limits a [`Limits`] has.
+pub const LIMIT_FIELDS: usize = crate::limits::LIMIT_TABLE.len();
 
-pub(super) const LIMIT_FIELDS: usize = crate::limits::LIMIT_TABLE.len();
-
-pub(super) fn limit_field(limits: &mut Limits, field: usize) -> &mut Option<u64> {
+/// The `field`th limit of `limits` (in [`crate::limits::LIMIT_TABLE`] order).
+pub fn limit_field(limits: &mut Limits, field: usize) -> &mut Option<u64> {
     let [a, b, c, d, e, f, g, h, i, j] = limits.fields_mut();
     match field {
         0 => a,
@@ -226,7 +172,8 @@ pub(super) fn limit_field(limits: &mut Limits, field: usize) -> &mut Option<u64>
     }
 }
 
-pub(super) fn arbitrary_limit(rng: &mut Rng) -> Option<u64> {
+/// A random limit value: none, or a number at either end of the ranges in force.
+pub fn arbitrary_limit(rng: &mut Rng) -> Option<u64> {
     match rng.below(4) {
         0 => None,
         1 => Some(*rng.pick(&[
@@ -245,7 +192,8 @@ pub(super) fn arbitrary_limit(rng: &mut Rng) -> Option<u64> {
     }
 }
 
-pub(super) fn interpreter(rng: &mut Rng) -> String {
+/// A random interpreter name or path that the config validator accepts.
+pub fn interpreter(rng: &mut Rng) -> String {
     let rest = arbitrary_string(rng, 20).replace('\0', "_");
     format!("{}{rest}", rng.pick(&["python3", "node", "sh", "é"]))
 }

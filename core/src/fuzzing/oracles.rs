@@ -266,55 +266,6 @@ pub(super) fn check_protocol_error(e: &ProtocolError, max: Option<usize>) {
     assert_eq!(err.code, ErrorCode::ProtocolError);
 }
 
-/// Checks that a valid config survives TOML and JSON round trips.
-pub fn config_round_trip(config: &PaddockConfig) {
-    if let Err(e) = config.validate() {
-        panic!("config expected to be valid is not: {e}\n{config:?}");
-    }
-    let text = match toml::to_string(config) {
-        Ok(text) => text,
-        Err(e) => panic!("a valid config does not serialize to TOML: {e}\n{config:?}"),
-    };
-    match PaddockConfig::from_toml_str(&text) {
-        Ok(back) => assert_eq!(&back, config, "TOML round trip changed the config\n{text}"),
-        Err(e) => panic!("TOML written for a valid config is refused: {e}\n{text}"),
-    }
-    let json = match serde_json::to_string(config) {
-        Ok(json) => json,
-        Err(e) => panic!("a valid config does not serialize to JSON: {e}\n{config:?}"),
-    };
-    match PaddockConfig::from_json_str(&json) {
-        Ok(back) => assert_eq!(&back, config, "JSON round trip changed the config\n{json}"),
-        Err(e) => panic!("JSON written for a valid config is refused: {e}\n{json}"),
-    }
-}
-
-/// The `config_parse` oracle; returns whether `data` (read as lossy UTF-8) was
-/// accepted as TOML or as JSON.
-pub fn config_parse(data: &[u8]) -> bool {
-    let text = String::from_utf8_lossy(data);
-    let mut accepted = false;
-    for result in [
-        PaddockConfig::from_toml_str(&text),
-        PaddockConfig::from_json_str(&text),
-    ] {
-        match result {
-            Ok(config) => {
-                config_round_trip(&config);
-                accepted = true;
-            }
-            Err(e) => assert_eq!(
-                e.code,
-                ErrorCode::InvalidConfig,
-                "config parsing failed with the wrong code: {e}"
-            ),
-        }
-    }
-    let mut rng = Rng::from_bytes(data);
-    config_round_trip(&arbitrary_config(&mut rng));
-    accepted
-}
-
 /// What [`http_bodies`] saw.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct BodySummary {

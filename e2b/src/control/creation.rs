@@ -144,8 +144,8 @@ async fn create_inner(inner: &Arc<Inner>, req: &HttpRequest, body: &[u8]) -> Ans
     let new: NewSandbox = parse(body)?;
     let template_id = new
         .template_id
-        .unwrap_or_else(|| paddock_core::e2b::BASE_TEMPLATE.to_string());
-    paddock_core::e2b::check_template_name(&template_id)?;
+        .unwrap_or_else(|| crate::BASE_TEMPLATE.to_string());
+    crate::check_template_name(&template_id)?;
     // `team/name:tag` and `name:tag` name the template `name`.
     let name = template_id
         .rsplit('/')

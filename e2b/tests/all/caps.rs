@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use paddock_core::{ApiKey, ServerConfig};
+use paddock_pool::http::{ApiKey, ServerConfig};
 use tokio::io::BufReader;
 use tokio::net::TcpStream;
 

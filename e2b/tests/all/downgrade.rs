@@ -5,9 +5,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use paddock_core::e2b::E2bConfig;
-use paddock_core::{ApiKey, EngineName, ErrorCode, IsolationLevel, PaddockConfig, SandboxSpec};
-use paddock_e2b::E2bApi;
+use paddock::PaddockConfig;
+use paddock_core::{EngineName, ErrorCode, IsolationLevel, SandboxSpec};
+use paddock_e2b::{E2bApi, E2bConfig};
+use paddock_pool::http::ApiKey;
 
 use crate::live::{send, Req, ALICE, BOB};
 

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use http_body_util::BodyExt;
-use paddock_core::e2b::TemplateConfig;
+use paddock_e2b::TemplateConfig;
 use paddock_pool::Caller;
 use serde_json::{json, Value};
 

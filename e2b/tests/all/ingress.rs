@@ -6,8 +6,8 @@
 
 use std::time::{Duration, Instant};
 
-use paddock_core::e2b::TemplateConfig;
 use paddock_core::{EngineName, NetworkPolicy};
+use paddock_e2b::TemplateConfig;
 use serde_json::{json, Value};
 
 use crate::live::{envelope, open, send, Answer, E2bServer, Req, ALICE, BOB};

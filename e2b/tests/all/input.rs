@@ -9,8 +9,10 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use http_body_util::BodyExt;
-use paddock_core::e2b::{E2bConfig, TemplateConfig};
-use paddock_core::{ApiKey, EngineName, IsolationLevel, PaddockConfig, ServerConfig};
+use paddock::PaddockConfig;
+use paddock_core::{EngineName, IsolationLevel};
+use paddock_e2b::{E2bConfig, TemplateConfig};
+use paddock_pool::http::{ApiKey, ServerConfig};
 use serde_json::{json, Value};
 use tokio::net::TcpStream;
 

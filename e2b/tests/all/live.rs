@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http_body_util::BodyExt;
-use paddock_core::e2b::{E2bConfig, TemplateConfig};
-use paddock_core::{ApiKey, EngineName, IsolationLevel, NetworkKind, PaddockConfig};
-use paddock_e2b::E2bApi;
-use paddock_pool::http::HttpServerHandle;
+use paddock::PaddockConfig;
+use paddock_core::{EngineName, IsolationLevel, NetworkKind};
+use paddock_e2b::{E2bApi, E2bConfig, TemplateConfig};
+use paddock_pool::http::{ApiKey, HttpServerHandle};
 use paddock_pool::Paddock;
 use serde_json::Value;
 

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use http_body_util::BodyExt;
-use paddock_core::e2b::TemplateConfig;
+use paddock_e2b::TemplateConfig;
 use serde_json::{json, Value};
 
 use crate::live::{envelope, open, send, E2bServer, Req, ALICE, BOB};

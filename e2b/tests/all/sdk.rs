@@ -14,7 +14,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use paddock::node::Node;
-use paddock_core::PaddockConfig;
+use paddock::PaddockConfig;
 
 const ALICE: &str = "alice-key-0123456789abcdef";
 const BOB: &str = "bob-key-0123456789abcdef00";

@@ -1,7 +1,7 @@
 //! The template API's alias lookup (`Template.exists`): the server's templates,
 //! the same for every key, in E2B's shapes.
 
-use paddock_core::e2b::TemplateConfig;
+use paddock_e2b::TemplateConfig;
 use serde_json::json;
 
 use crate::live::{send, E2bServer, Req, ALICE, BOB};

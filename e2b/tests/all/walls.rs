@@ -4,8 +4,8 @@
 //! tenant A's sandbox on any route; tenant A reaches every one of them on its own
 //! sandbox (each is dispatched, none answers "no such route").
 
-use paddock_core::e2b::TemplateConfig;
 use paddock_e2b::table::{Rpc, RpcKind, AGENT, CONTROL, RPCS};
+use paddock_e2b::TemplateConfig;
 use serde_json::{json, Value};
 
 use crate::live::{envelope, send, Answer, E2bServer, Req, ALICE, BOB};

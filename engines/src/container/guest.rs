@@ -113,7 +113,7 @@ fn guest_dir(path: &str) -> Result<String> {
 
 /// A container process's environment: `passthrough` (host variables the
 /// configuration lists), then the variables the engine owns (`PATH`, `HOME`, `PWD`,
-/// `TMPDIR`, see `paddock_core::config::CONTAINER_OWN_ENV`), then `extra`.
+/// `TMPDIR`, see `crate::CONTAINER_OWN_ENV`), then `extra`.
 fn guest_vars(
     passthrough: &BTreeMap<String, String>,
     home: &str,
@@ -168,7 +168,7 @@ mod tests {
         let passthrough = crate::env::listed_env(host, &["LISTED".to_string()]);
         let extra = BTreeMap::from([("FROM_REQUEST".to_string(), "r".to_string())]);
         let vars = guest_vars(&passthrough, WORKSPACE, "/workspace/sub", &extra);
-        let own: Vec<&str> = paddock_core::config::CONTAINER_OWN_ENV.to_vec();
+        let own: Vec<&str> = crate::CONTAINER_OWN_ENV.to_vec();
         let mut names: Vec<&str> = vars.keys().map(String::as_str).collect();
         names.retain(|n| !own.contains(n));
         assert_eq!(names, ["FROM_REQUEST", "LISTED"], "{vars:?}");

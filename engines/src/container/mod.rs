@@ -33,6 +33,7 @@
 mod agent;
 mod bundle;
 mod cgroups;
+mod config;
 mod control;
 mod exec;
 mod files;
@@ -60,6 +61,9 @@ use paddock_core::{
 };
 
 pub use agent::{embedded_agent_size, AgentSource};
+pub use config::{
+    ContainerConfig, OciRuntime, RunscPlatform, CONTAINER_OWN_ENV, USERNS_IDS_PER_SANDBOX,
+};
 pub use runtime::RuntimeKind;
 pub use sandbox::ContainerSandbox;
 

@@ -32,11 +32,12 @@ use std::collections::BTreeMap;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
-use paddock_core::{Error, ErrorCode, ExecRequest, Language, Program, Result, WarmConfig};
+use paddock_core::{Error, ErrorCode, ExecRequest, Language, Program, Result};
 
 use super::sandbox::{ContainerSandbox, FileMount};
 use super::warm::{ContainerRunner, WarmContainer};
 use crate::warm::worker::Worker;
+use crate::WarmConfig;
 
 /// Where the runner scripts are bound inside a warm container.
 const RUNNERS_INSIDE: &str = "/tmp/.paddock-runners";

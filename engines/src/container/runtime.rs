@@ -4,7 +4,7 @@ use std::io::Read;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use paddock_core::OciRuntime;
+use crate::OciRuntime;
 
 use crate::host::spawn::{spawn, SpawnSpec, SpawnedChild};
 use crate::host::sys::{self, cstring};
@@ -106,7 +106,7 @@ pub(crate) fn candidates(
 /// applied by gVisor's kernel (runsc ignores it otherwise).
 pub(crate) fn global_flags(
     kind: RuntimeKind,
-    platform: paddock_core::RunscPlatform,
+    platform: crate::RunscPlatform,
     seccomp: bool,
 ) -> Vec<String> {
     match kind {

@@ -8,14 +8,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use paddock_core::{
-    Capabilities, ContainerConfig, EngineName, Error, ErrorCode, IsolationLevel, Language, Limits,
-    OciRuntime, ProgramKind, Result,
+    Capabilities, EngineName, Error, ErrorCode, IsolationLevel, Language, Limits, ProgramKind,
+    Result,
 };
 
 use super::runtime::{self, Runtime, RuntimeKind};
 use super::{agent, bundle, probe, runner, userns};
 use super::{ContainerEngine, EngineInner, RuntimeInfo, PREFIX};
 use crate::host::cgroup::Hierarchy;
+use crate::{ContainerConfig, OciRuntime};
 
 static NEXT_ENGINE: AtomicU64 = AtomicU64::new(0);
 

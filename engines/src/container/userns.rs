@@ -19,7 +19,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use paddock_core::{Error, ErrorCode, Result, USERNS_IDS_PER_SANDBOX};
+use paddock_core::{Error, ErrorCode, Result};
+
+use crate::USERNS_IDS_PER_SANDBOX;
 
 /// The directory of the slots' lock files, below [`lock_parent`].
 const LOCK_DIR: &str = "paddock-userns";

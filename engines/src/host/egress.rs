@@ -4,9 +4,10 @@
 
 use std::time::Duration;
 
-use paddock_core::config::EgressConfig;
 use paddock_core::Result;
 use paddock_egress::GatewayConfig;
+
+use crate::EgressConfig;
 
 /// The gateway settings for `config`, tried once: `Ok(Err(why))` when allowlists
 /// cannot be enforced on this host (no `nft`, no network namespaces, rules that do

@@ -34,6 +34,7 @@
 //! ```
 
 mod alloc;
+mod config;
 mod host;
 mod js;
 pub mod modules;
@@ -48,10 +49,11 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use paddock_core::{
     CancelToken, Capabilities, Engine, EngineName, Error, ErrorCode, ExecRequest, ExecResult,
-    IsolateConfig, IsolationLevel, Language, Limits, Program, ProgramKind, Result, Sandbox,
-    SandboxSpec, ValidRequest,
+    IsolationLevel, Language, Limits, Program, ProgramKind, Result, Sandbox, SandboxSpec,
+    ValidRequest,
 };
 
+pub use config::IsolateConfig;
 pub use modules::{HostFn, HostModules};
 pub use sandbox::IsolateSandbox;
 

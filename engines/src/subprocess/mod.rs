@@ -9,6 +9,7 @@
 //! Spawning never forks the host (`clone(CLONE_VM | CLONE_VFORK)`), so its cost does not grow
 //! with the embedding process's memory.
 
+mod config;
 mod exec;
 mod interactive;
 mod runner;
@@ -23,10 +24,11 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use paddock_core::{
-    Capabilities, CgroupMode, Engine, EngineName, Error, ErrorCode, IsolationLevel, Language,
-    Limits, ProgramKind, Result, Sandbox, SandboxSpec, SubprocessConfig,
+    Capabilities, Engine, EngineName, Error, ErrorCode, IsolationLevel, Language, Limits,
+    ProgramKind, Result, Sandbox, SandboxSpec,
 };
 
+pub use config::{CgroupMode, HandlerConfig, Startup, SubprocessConfig, WarmConfig};
 pub use sandbox::SubprocessSandbox;
 
 use crate::env;

@@ -21,7 +21,7 @@ use std::path::PathBuf;
 
 use paddock_core::{
     unix_ms, CancelToken, EngineName, Error, ErrorCode, ExecRequest, ExecResult, Language,
-    LimitKind, Limits, Outcome, OutputSink, Program, Result, Timings, Usage, WarmConfig,
+    LimitKind, Limits, Outcome, OutputSink, Program, Result, Timings, Usage,
 };
 use serde_json::json;
 
@@ -30,6 +30,7 @@ use super::workers::{Slot, Suspension, WorkerKey};
 use super::zygote::ForkRequest;
 use crate::host::spawn::SpawnSpec;
 use crate::warm::worker::{FramesOn, TurnEnd, TurnFault, Worker};
+use crate::WarmConfig;
 
 /// Suspended invocations one sandbox keeps at most.
 const MAX_SUSPENDED: usize = 1024;

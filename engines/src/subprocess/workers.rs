@@ -5,10 +5,11 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use paddock_core::{HandlerConfig, Language, Result, WarmConfig};
+use paddock_core::{Language, Result};
 
 use crate::warm::scripts::write_runners;
 use crate::warm::worker::Worker;
+use crate::{HandlerConfig, WarmConfig};
 
 /// What the engine prepared for warm mode.
 #[derive(Debug)]

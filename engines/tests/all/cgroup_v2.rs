@@ -263,10 +263,9 @@ fn a_sandbox_group_is_killed_through_cgroup_kill_where_the_v2_mount_offers_it() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subprocess_execution_runs_in_its_sandboxs_v2_leaf_and_its_setsid_child_dies() {
-    use paddock_core::{
-        CancelToken, DiscardSink, Engine, ExecRequest, Program, SandboxSpec, SubprocessConfig,
-    };
+    use paddock_core::{CancelToken, DiscardSink, Engine, ExecRequest, Program, SandboxSpec};
     use paddock_engines::subprocess::SubprocessEngine;
+    use paddock_engines::SubprocessConfig;
     if let Err(why) = v2_mount() {
         eprintln!("skipped: {why}");
         return;

@@ -9,10 +9,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use paddock_core::{
-    CancelToken, ContainerConfig, DiscardSink, Engine, ErrorCode, ExecRequest, ExecResult,
-    Language, LimitKind, Limits, OciRuntime, Outcome, Program, Sandbox, SandboxSpec,
+    CancelToken, DiscardSink, Engine, ErrorCode, ExecRequest, ExecResult, Language, LimitKind,
+    Limits, Outcome, Program, Sandbox, SandboxSpec,
 };
 use paddock_engines::container::{ContainerEngine, RuntimeKind};
+use paddock_engines::{ContainerConfig, OciRuntime};
 
 fn engine_with(runtime: OciRuntime) -> Option<ContainerEngine> {
     engine_of(&ContainerConfig {
@@ -1462,7 +1463,7 @@ fn as_tenant(mut r: ExecRequest, tenant: &str) -> ExecRequest {
 async fn a_fresh_container_sandboxs_first_snippets_run_on_runners_started_ahead() {
     const WAIT: f64 = 0.5;
     let config = ContainerConfig {
-        runners: paddock_core::WarmConfig {
+        runners: paddock_engines::WarmConfig {
             unused_ms: 300,
             ..Default::default()
         },

@@ -9,13 +9,13 @@ mod internet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use paddock_core::config::EgressConfig;
 use paddock_core::egress::{EgressVerdict, EgressVia};
 use paddock_core::{
     CancelToken, DiscardSink, Engine, ExecRequest, ExecResult, Language, NetworkPolicy, Program,
-    Sandbox, SandboxSpec, SubprocessConfig,
+    Sandbox, SandboxSpec,
 };
 use paddock_engines::subprocess::SubprocessEngine;
+use paddock_engines::{EgressConfig, SubprocessConfig};
 
 fn required() -> bool {
     std::env::var_os("PADDOCK_REQUIRE_CONTAINERS").is_some()
@@ -322,25 +322,25 @@ async fn an_allowlist_that_does_not_parse_is_refused_with_the_entry_named() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_allowlist_on_crun_holds_in_warm_and_cold_containers() {
-    on_the_container_engine(paddock_core::OciRuntime::Crun, "k").await;
+    on_the_container_engine(paddock_engines::OciRuntime::Crun, "k").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_allowlist_on_runc_holds_in_warm_and_cold_containers() {
-    on_the_container_engine(paddock_core::OciRuntime::Runc, "r").await;
+    on_the_container_engine(paddock_engines::OciRuntime::Runc, "r").await;
 }
 
-async fn on_the_container_engine(runtime: paddock_core::OciRuntime, tag: &str) {
+async fn on_the_container_engine(runtime: paddock_engines::OciRuntime, tag: &str) {
     let Some(net) = internet(tag) else {
         return;
     };
-    let config = paddock_core::ContainerConfig {
+    let config = paddock_engines::ContainerConfig {
         runtime,
         egress: EgressConfig {
             resolvers: vec![net.resolver().to_string()],
             ..EgressConfig::default()
         },
-        ..paddock_core::ContainerConfig::default()
+        ..paddock_engines::ContainerConfig::default()
     };
     let engine = match paddock_engines::container::ContainerEngine::new(&config) {
         Ok(e) => e,
@@ -466,13 +466,13 @@ async fn unrestricted_on_the_container_engine_goes_through_the_gateway_to_any_ho
     let Some(net) = internet("u") else {
         return;
     };
-    let config = paddock_core::ContainerConfig {
-        runtime: paddock_core::OciRuntime::Crun,
+    let config = paddock_engines::ContainerConfig {
+        runtime: paddock_engines::OciRuntime::Crun,
         egress: EgressConfig {
             resolvers: vec![net.resolver().to_string()],
             ..EgressConfig::default()
         },
-        ..paddock_core::ContainerConfig::default()
+        ..paddock_engines::ContainerConfig::default()
     };
     let engine = match paddock_engines::container::ContainerEngine::new(&config) {
         Ok(e) => e,

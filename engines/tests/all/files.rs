@@ -9,11 +9,12 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use paddock_core::{ContainerConfig, Engine, ErrorCode, Sandbox, SandboxSpec, SubprocessConfig};
+use paddock_core::{Engine, ErrorCode, Sandbox, SandboxSpec};
 use paddock_engines::container::ContainerEngine;
 use paddock_engines::isolate::IsolateEngine;
 use paddock_engines::subprocess::SubprocessEngine;
 use paddock_engines::workdir::{MAX_READ_BYTES, STREAM_BUFFER_BYTES};
+use paddock_engines::{ContainerConfig, SubprocessConfig};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
 
 /// A sandbox of every engine this host can run, by name.

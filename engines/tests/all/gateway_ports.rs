@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use paddock_core::{
-    Engine, ErrorCode, NetworkPolicy, ProcessSpec, Sandbox, SandboxSpec, SubprocessConfig,
-    TcpTarget,
+    Engine, ErrorCode, NetworkPolicy, ProcessSpec, Sandbox, SandboxSpec, TcpTarget,
 };
 use paddock_engines::subprocess::SubprocessEngine;
+use paddock_engines::SubprocessConfig;
 
 /// A server on the sandbox's loopback port 8000 that answers every connection.
 const SERVER: &str = "import socket

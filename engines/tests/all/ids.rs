@@ -5,13 +5,11 @@
 use std::sync::Arc;
 
 use paddock_core::ids::{longest_shared_prefix, random_part};
-use paddock_core::{
-    ContainerConfig, Engine, IsolateConfig, ProcessSpec, Sandbox, SandboxSpec, SubprocessConfig,
-    TerminalSpec,
-};
+use paddock_core::{Engine, ProcessSpec, Sandbox, SandboxSpec, TerminalSpec};
 use paddock_engines::container::ContainerEngine;
 use paddock_engines::isolate::IsolateEngine;
 use paddock_engines::subprocess::SubprocessEngine;
+use paddock_engines::{ContainerConfig, IsolateConfig, SubprocessConfig};
 
 /// Two of `n` ids of 122 random bits share 8 hex digits after their tag with a
 /// chance of about n²/2 · 2⁻³²: never, for the handfuls opened here.

@@ -4,10 +4,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use paddock_core::{
-    CancelToken, DiscardSink, Engine, ErrorCode, ExecRequest, ExecResult, IsolateConfig, Language,
-    LimitKind, Outcome, OutputChunk, OutputSink, Program, Sandbox, SandboxSpec, StreamKind,
+    CancelToken, DiscardSink, Engine, ErrorCode, ExecRequest, ExecResult, Language, LimitKind,
+    Outcome, OutputChunk, OutputSink, Program, Sandbox, SandboxSpec, StreamKind,
 };
 use paddock_engines::isolate::{HostModules, IsolateEngine};
+use paddock_engines::IsolateConfig;
 use serde_json::json;
 
 fn js(source: &str) -> ExecRequest {

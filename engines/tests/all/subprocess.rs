@@ -4,9 +4,9 @@ use std::time::{Duration, Instant};
 use paddock_core::{
     CancelToken, DiscardSink, Engine, ErrorCode, ExecRequest, ExecResult, Language, LimitKind,
     Limits, NetworkPolicy, Outcome, OutputChunk, OutputSink, Program, Sandbox, SandboxSpec,
-    SubprocessConfig,
 };
 use paddock_engines::subprocess::SubprocessEngine;
+use paddock_engines::SubprocessConfig;
 
 fn engine() -> SubprocessEngine {
     SubprocessEngine::new(&SubprocessConfig::default()).expect("engine starts")

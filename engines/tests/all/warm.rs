@@ -5,9 +5,10 @@ use std::time::{Duration, Instant};
 
 use paddock_core::{
     CancelToken, DiscardSink, Engine, ErrorCode, ExecRequest, ExecResult, Language, LimitKind,
-    Outcome, OutputChunk, OutputSink, Program, Sandbox, SandboxSpec, SubprocessConfig,
+    Outcome, OutputChunk, OutputSink, Program, Sandbox, SandboxSpec,
 };
 use paddock_engines::subprocess::SubprocessEngine;
+use paddock_engines::SubprocessConfig;
 use serde_json::json;
 
 fn warm_engine() -> SubprocessEngine {
@@ -415,9 +416,9 @@ async fn node_snippets_run_warm_too() {
 }
 
 /// The example handler shipped with the engines crate, in JavaScript.
-fn sum_handler() -> paddock_core::HandlerConfig {
+fn sum_handler() -> paddock_engines::HandlerConfig {
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/handlers/sum.js");
-    paddock_core::HandlerConfig {
+    paddock_engines::HandlerConfig {
         command: vec!["node".into(), script.to_string_lossy().into_owned()],
     }
 }
@@ -523,7 +524,7 @@ async fn handlers_suspend_and_resume_long_running_and_one_shot() {
         command.extend(extra.map(String::from));
         config
             .handlers
-            .insert(name.into(), paddock_core::HandlerConfig { command });
+            .insert(name.into(), paddock_engines::HandlerConfig { command });
     }
     let engine = SubprocessEngine::new(&config).unwrap();
     assert!(engine.capabilities().has_feature("suspend"));
@@ -601,7 +602,7 @@ async fn a_resume_reaches_the_worker_that_suspended_even_past_max_turns() {
     config.warm.max_turns = 1;
     config.handlers.insert(
         "approve".into(),
-        paddock_core::HandlerConfig {
+        paddock_engines::HandlerConfig {
             command: vec!["python3".into(), script.to_string_lossy().into_owned()],
         },
     );
@@ -867,7 +868,7 @@ async fn sandboxes_made_in_a_burst_start_node_once_the_burst_is_over() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forked_runner_that_is_replaced_takes_its_session_with_it_even_without_cgroups() {
     let config = SubprocessConfig {
-        cgroup: paddock_core::CgroupMode::Off,
+        cgroup: paddock_engines::CgroupMode::Off,
         ..Default::default()
     };
     let engine = SubprocessEngine::new(&config).unwrap();

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use paddock::core::PaddockConfig;
+use paddock::PaddockConfig;
 use paddock_fleet::local::{LocalCluster, LocalServer};
 pub use paddock_testkit::fleet::*;
 

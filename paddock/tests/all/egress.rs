@@ -4,9 +4,10 @@
 #[path = "../../../egress/tests/internet/mod.rs"]
 mod internet;
 
-use paddock_core::config::EgressConfig;
+use paddock::PaddockConfig;
 use paddock_core::egress::EgressVerdict;
-use paddock_core::{ExecRequest, NetworkPolicy, PaddockConfig, Program, SandboxSpec};
+use paddock_core::{ExecRequest, NetworkPolicy, Program, SandboxSpec};
+use paddock_engines::EgressConfig;
 use paddock_pool::audit::AuditQuery;
 use paddock_pool::Caller;
 use paddock_telemetry::Telemetry;

@@ -20,7 +20,7 @@ pub type OnLog = Arc<dyn Fn(&AuditEntry) + Send + Sync>;
 /// The number of entries [`AuditLog::search`] returns when the query sets no limit.
 pub const DEFAULT_SEARCH_LIMIT: usize = 100;
 
-pub use paddock_core::config::AuditConfig;
+pub use super::config::AuditConfig;
 
 /// Which entries [`AuditLog::search`] returns. Every filter is optional.
 ///

@@ -25,6 +25,7 @@
 
 mod access;
 mod actor;
+mod config;
 mod entry;
 mod log;
 mod sink;

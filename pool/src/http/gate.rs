@@ -17,9 +17,10 @@ use std::sync::Arc;
 
 use actix_web::http::header::{self, HeaderMap};
 use dashmap::DashMap;
-use paddock_core::{ApiKey, Error, ErrorCode, ServerConfig};
+use paddock_core::{Error, ErrorCode};
 use subtle::ConstantTimeEq;
 
+use super::{ApiKey, ServerConfig};
 use crate::Caller;
 
 /// How long a holder at a cap is told to wait.

@@ -8,6 +8,7 @@ mod answers;
 mod body;
 mod chunks;
 mod closing;
+mod config;
 mod connections;
 mod deadline;
 mod errors;
@@ -31,6 +32,7 @@ use paddock_core::{Error, ErrorCode};
 
 pub use body::{upload_source, UploadFeed};
 pub use closing::{client_gone, wake_at_end};
+pub use config::{ApiKey, MetricsAccess, ServerConfig, TlsConfig};
 pub use connections::authenticated;
 pub use deadline::{is_body_timeout, lift_body_timeout};
 pub use errors::{status_for, ApiError};

@@ -4,9 +4,10 @@
 use std::sync::atomic::Ordering;
 
 use actix_web::{web, HttpRequest, HttpResponse};
-use paddock_core::{EngineName, Error, ErrorCode, MetricsAccess};
+use paddock_core::{EngineName, Error, ErrorCode};
 use serde::Deserialize;
 
+use super::MetricsAccess;
 use super::answers::{Health, Liveness, Readiness, ReadyState, ResultBytes, StatsAnswer};
 use super::tenancy::account;
 use super::*;

@@ -55,7 +55,8 @@ mod tests {
     use crate::Paddock;
     use actix_web::test;
     use actix_web::App;
-    use paddock_core::ServerConfig;
+
+    use crate::http::ServerConfig;
 
     #[actix_web::test]
     async fn every_documented_route_is_served() {

@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix_web::{web, App, HttpServer};
-use paddock_core::{Error, ErrorCode, MetricsAccess, ServerConfig};
+use paddock_core::{Error, ErrorCode};
 
+use super::{MetricsAccess, ServerConfig};
 use super::gate::RequestGate;
 use super::results::{Bounds, ResultStore};
 use super::*;
@@ -290,7 +291,7 @@ pub fn start_with(
 /// The TLS settings of `[server.tls]`: its certificate chain and key, read now (an
 /// unreadable or unusable one is `INVALID_CONFIG` naming the field), on rustls with
 /// the ring provider; actix offers HTTP/1.1 by ALPN.
-fn tls_config(t: &paddock_core::TlsConfig) -> Result<rustls::ServerConfig, Error> {
+fn tls_config(t: &super::TlsConfig) -> Result<rustls::ServerConfig, Error> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&t.cert)
@@ -334,7 +335,7 @@ mod tests {
     fn unusable_tls_files_are_named() {
         let dir = tempfile::tempdir().unwrap();
         let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
-        let t = paddock_core::TlsConfig {
+        let t = crate::http::TlsConfig {
             listen: "127.0.0.1:0".into(),
             cert: cert.clone(),
             key: key.clone(),

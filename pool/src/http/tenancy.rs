@@ -12,8 +12,9 @@ use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::StatusCode;
 use actix_web::middleware::Next;
 use actix_web::{web, HttpRequest, ResponseError};
-use paddock_core::{ErrorCode, ServerConfig};
+use paddock_core::ErrorCode;
 
+use super::ServerConfig;
 use super::gate::{caller_of, Holder};
 use super::{ApiError, State};
 use crate::Caller;

@@ -34,6 +34,7 @@
 //! limit is configured, no tenant is tracked at all.
 
 mod actor;
+mod config;
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -52,10 +53,7 @@ pub use paddock_core::output::{truncate_output, truncation_marker};
 /// Longest accepted tenant name, in bytes.
 pub const MAX_TENANT_LEN: usize = 256;
 
-/// Largest accepted `max_executions_per_window` (it bounds a tenant's memory).
-pub use paddock_core::config::MAX_EXECUTIONS_PER_WINDOW;
-
-pub use paddock_core::config::LimiterConfig;
+pub use config::{LimiterConfig, DEFAULT_MAX_OUTPUT_BYTES_PER_TENANT, MAX_EXECUTIONS_PER_WINDOW};
 
 /// Whether per-tenant state must be kept.
 fn tracks_tenants(config: &LimiterConfig) -> bool {

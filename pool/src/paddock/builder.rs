@@ -4,30 +4,30 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
-use paddock_core::{Engine, EngineName, Error, ErrorCode, PaddockConfig};
+use paddock_core::{Engine, EngineName, Error, ErrorCode};
 
-use crate::audit::{Audit, AuditConfig, AuditEntry, AuditLog};
 use crate::clock::SystemClock;
-use crate::limiter::{Limiter, LimiterConfig, LimiterCore};
-use crate::policy::{Policy, PolicyConfig};
 use crate::shares::Shares;
 use crate::streamer::{Streamer, StreamerConfig};
 use crate::supervisor::{Shared, Supervisor, SupervisorParts};
 use paddock_telemetry::Telemetry;
 
+use crate::audit::{Audit, AuditConfig, AuditEntry, AuditLog};
+use crate::config::SchedulerConfig;
+use crate::limiter::{Limiter, LimiterConfig, LimiterCore};
+use crate::policy::{Policy, PolicyConfig};
 use super::registry::{EngineRegistry, MadeEngines};
 use super::{Paddock, RuntimeHandle};
 
 /// Why a builder without a registry cannot make what is asked of it, and what to do.
 const NO_REGISTRY: &str = "this builder has no engine registry (a `PaddockBuilder` of `paddock-pool` makes no engine of its own): use the `paddock` crate's builder, `paddock::builder()`, for the built-in engines, or register one with `PaddockBuilder::engine`";
 
-/// The engines to run, by name: those the registry makes from the config that
-/// neither `without` nor a registered engine of the same name displaces, then the
-/// registered ones; the default engine; and the engines the config enables that
+/// The engines to run, by name: those the registry makes that neither `without` nor
+/// a registered engine of the same name displaces, then the registered ones; the default engine; and the engines the config enables that
 /// cannot run on this host, with why.
 #[allow(clippy::type_complexity)]
 fn register_engines(
-    config: &PaddockConfig,
+    config: &SchedulerConfig,
     registry: Option<&dyn EngineRegistry>,
     registered: Vec<Arc<dyn Engine>>,
     without: &[EngineName],
@@ -35,7 +35,7 @@ fn register_engines(
 ) -> Result<(Vec<Arc<dyn Engine>>, EngineName, Vec<(EngineName, String)>), Error> {
     let mut names = std::collections::BTreeSet::new();
     for engine in &registered {
-        if config.engines.contains_key(&engine.name()) {
+        if config.named_engines.contains(&engine.name()) {
             return Err(Error::invalid_config(
                 &format!("engines.{}", engine.name()),
                 "an engine registered in code has this name; give the section another",
@@ -53,12 +53,12 @@ fn register_engines(
     }
     let first_registered = registered.first().map(|e| e.name());
     let made = match registry {
-        Some(registry) => registry.make(config, &|name: &EngineName| {
+        Some(registry) => registry.make(&|name: &EngineName| {
             !without.contains(name) && !names.contains(name)
         })?,
         None => {
             // A section of `[engines]` is an engine to make, and nothing here makes it.
-            if let Some(name) = config.engines.keys().find(|n| !without.contains(n)) {
+            if let Some(name) = config.named_engines.iter().find(|n| !without.contains(n)) {
                 return Err(Error::invalid_config(
                     &format!("engines.{name}"),
                     format!("no engine can be made from this section: {NO_REGISTRY}"),
@@ -78,7 +78,7 @@ fn register_engines(
         .engines
         .iter()
         .map(|e| e.name())
-        .find(|n| !config.engines.contains_key(n));
+        .find(|n| !config.named_engines.contains(n));
     let mut engines = made.engines;
     engines.extend(registered);
     // With only engines of `[engines.NAME]`, the default is the one asked for.
@@ -100,7 +100,7 @@ fn register_engines(
                 ),
             ));
         }
-        let why = if config.engines.is_empty() {
+        let why = if config.named_engines.is_empty() {
             "no engine is enabled; enable the subprocess engine or add one"
         } else {
             "no engine is enabled but those of [engines], which requests get only by naming them; enable a built-in engine, or make one of them the default engine"
@@ -130,7 +130,7 @@ fn register_engines(
 /// Configures and starts Paddock.
 #[must_use]
 pub struct PaddockBuilder {
-    config: PaddockConfig,
+    config: SchedulerConfig,
     registry: Option<Arc<dyn EngineRegistry>>,
     engines: Vec<Arc<dyn Engine>>,
     default_engine: Option<EngineName>,
@@ -158,7 +158,7 @@ impl std::fmt::Debug for PaddockBuilder {
 impl Default for PaddockBuilder {
     fn default() -> Self {
         PaddockBuilder {
-            config: PaddockConfig::default(),
+            config: SchedulerConfig::default(),
             registry: None,
             engines: Vec::new(),
             default_engine: None,
@@ -176,17 +176,20 @@ impl Default for PaddockBuilder {
 }
 
 impl PaddockBuilder {
-    /// The configuration (limits, pool sizing, the subprocess engine). Default: the
-    /// embedded defaults.
-    pub fn config(mut self, config: PaddockConfig) -> Self {
+    /// The scheduler's configuration (limits, pool sizing, server, audit, limiter,
+    /// policy, the names of the `[engines.NAME]` engines). Default: the embedded
+    /// defaults. The `paddock` crate's builder takes the whole document instead, and
+    /// gives this builder its part.
+    pub fn config(mut self, config: SchedulerConfig) -> Self {
         self.config = config;
         self
     }
 
-    /// The registry that makes engines from the config. Default: none, and only the
-    /// engines registered with [`engine`](Self::engine) run. The `paddock` crate's
-    /// `paddock::builder()` sets the built-in engines' registry (subprocess, isolate,
-    /// container, and the config's `[engines.NAME]` sections).
+    /// The registry that makes the engines the configuration enables. Default: none,
+    /// and only the engines registered with [`engine`](Self::engine) run. The
+    /// `paddock` crate's `paddock::builder()` sets the built-in engines' registry
+    /// (subprocess, isolate, container, and the config's `[engines.NAME]` sections),
+    /// which holds their sections.
     pub fn registry(mut self, registry: Arc<dyn EngineRegistry>) -> Self {
         self.registry = Some(registry);
         self
@@ -282,7 +285,8 @@ impl PaddockBuilder {
     }
 
     /// Which isolation levels and network policies each tenant may use. Default: the
-    /// config's `[server]` rules (`ServerConfig::access_rules`): everything without
+    /// config's `[server]` rules ([`SchedulerConfig::access_rules`]; the `paddock`
+    /// crate's builder adds `[egress] allow_private`): everything without
     /// API keys; with them, every level but `none` and every network but
     /// `unrestricted`, unless the operator allows them.
     pub fn access(mut self, rules: paddock_core::AccessRules) -> Self {
@@ -317,7 +321,7 @@ impl PaddockBuilder {
             self.default_engine,
         )?;
         let by_name_only: std::collections::HashSet<EngineName> =
-            self.config.engines.keys().cloned().collect();
+            self.config.named_engines.iter().cloned().collect();
         let mut described: Vec<(EngineName, paddock_core::Capabilities)> = engines
             .iter()
             .map(|e| (e.name(), e.capabilities().clone()))
@@ -423,55 +427,5 @@ impl PaddockBuilder {
                 thread: parking_lot::Mutex::new(Some(thread)),
             }),
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::noop::NoopEngine;
-
-    #[actix_rt::test]
-    async fn without_a_registry_only_the_engines_registered_in_code_run() {
-        let e = Paddock::builder().start().unwrap_err();
-        assert_eq!(e.code, ErrorCode::InvalidConfig);
-        assert!(
-            e.message.starts_with("no engine is registered")
-                && e.message.contains("`paddock::builder()`")
-                && e.message.contains("`PaddockBuilder::engine`"),
-            "{e}"
-        );
-
-        // The config enables subprocess and isolate by default: nothing makes them here.
-        let paddock = Paddock::builder()
-            .engine(Arc::new(NoopEngine::new()))
-            .start()
-            .unwrap();
-        assert_eq!(paddock.engines(), ["noop"]);
-        paddock.shutdown(Duration::from_secs(5)).await.unwrap();
-
-        let e = Paddock::builder()
-            .engine(Arc::new(NoopEngine::new()))
-            .default_engine(EngineName::SUBPROCESS)
-            .start()
-            .unwrap_err();
-        assert_eq!(e.code, ErrorCode::InvalidConfig);
-        assert!(
-            e.message.contains("`subprocess` is not among the configured engines")
-                && e.message.contains("`paddock::builder()`"),
-            "{e}"
-        );
-
-        let config = PaddockConfig::from_toml_str("[engines.tiny]\nkind = \"container\"\n").unwrap();
-        let e = Paddock::builder()
-            .config(config)
-            .engine(Arc::new(NoopEngine::new()))
-            .start()
-            .unwrap_err();
-        assert_eq!(e.code, ErrorCode::InvalidConfig);
-        assert!(
-            e.message.contains("`engines.tiny`") && e.message.contains("`paddock::builder()`"),
-            "{e}"
-        );
     }
 }

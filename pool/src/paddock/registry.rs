@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use paddock_core::{Engine, EngineName, Error, PaddockConfig};
+use paddock_core::{Engine, EngineName, Error};
 
 /// The engines a registry made, and the ones it could not.
 #[derive(Debug, Default)]
@@ -24,14 +24,16 @@ pub struct MadeEngines {
     pub unavailable: Vec<(EngineName, String)>,
 }
 
-/// Makes engines from the configuration.
+/// Makes the engines a configuration enables.
 ///
-/// Implemented by the `paddock` crate for the built-in engines; implement it to give
-/// a builder engines of your own that are made from the configuration, or register
-/// ready engines with [`PaddockBuilder::engine`](super::PaddockBuilder::engine)
-/// instead.
+/// A registry holds the sections of the engines it makes (the scheduler's own
+/// configuration names none of them). Implemented by the `paddock` crate for the
+/// built-in engines, which it makes with their sections of the whole document;
+/// implement it to give a builder engines of your own made from settings of your
+/// own, or register ready engines with
+/// [`PaddockBuilder::engine`](super::PaddockBuilder::engine) instead.
 pub trait EngineRegistry: Send + Sync + std::fmt::Debug {
-    /// Makes every engine `config` enables whose name `wanted` accepts: the builder
+    /// Makes every engine its configuration enables whose name `wanted` accepts: the builder
     /// leaves out the names its [`without`](super::PaddockBuilder::without) lists and
     /// those of the engines registered in code.
     ///
@@ -39,7 +41,6 @@ pub trait EngineRegistry: Send + Sync + std::fmt::Debug {
     /// an error (an invalid section, say) fails the builder's start.
     fn make(
         &self,
-        config: &PaddockConfig,
         wanted: &dyn Fn(&EngineName) -> bool,
     ) -> Result<MadeEngines, Error>;
 }

@@ -39,6 +39,7 @@
 //! takes about 5 µs in a release build (see the `check_cost_on_a_2k_snippet` test).
 
 mod builtin;
+mod config;
 
 use std::borrow::Cow;
 use std::fmt;
@@ -53,9 +54,6 @@ pub use builtin::builtin_rules;
 /// The name reported (in [`PolicyRefusal::rule`]) for a program over the length cap.
 pub const MAX_CODE_LENGTH_RULE: &str = "max-code-length";
 
-/// The default [`PolicyConfig::max_code_length`]: 100 000 bytes.
-pub use paddock_core::config::DEFAULT_MAX_CODE_LENGTH;
-
 /// The compiled-size budget of one rule's regex, and of each scope's [`RegexSet`].
 const REGEX_SIZE_LIMIT: usize = 1 << 20;
 const SET_SIZE_LIMIT: usize = 16 << 20;
@@ -63,7 +61,7 @@ const SET_SIZE_LIMIT: usize = 16 << 20;
 /// Longest accepted custom rule name.
 const MAX_RULE_NAME: usize = 64;
 
-pub use paddock_core::config::{PolicyConfig, Rule, RuleAction, RuleTarget};
+pub use config::{PolicyConfig, Rule, RuleAction, RuleTarget, DEFAULT_MAX_CODE_LENGTH};
 
 /// A program the policy refused: the rule that refused it (for telemetry) and the
 /// error to return (`CODE_BLOCKED` or `CODE_TOO_LONG`).

@@ -33,11 +33,12 @@
 use std::time::{Duration, Instant};
 
 use paddock_core::{
-    CancelToken, ContainerConfig, DiscardSink, ExecRequest, Language, Program, Sandbox, SandboxSpec,
+    CancelToken, DiscardSink, ExecRequest, Language, Program, Sandbox, SandboxSpec,
 };
 use paddock_engines::container::{ContainerEngine, ContainerSandbox};
 use paddock_engines::volume::{Disks, Quota};
 use paddock_engines::workdir::Workdir;
+use paddock_engines::ContainerConfig;
 use serde_json::json;
 
 use super::cpu::Cpu;

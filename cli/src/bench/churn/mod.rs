@@ -35,7 +35,8 @@ mod cpu;
 
 use std::time::{Duration, Instant};
 
-use paddock_core::{EngineName, PaddockConfig};
+use paddock::PaddockConfig;
+use paddock_core::EngineName;
 use paddock_pool::Paddock;
 use serde_json::json;
 

@@ -39,9 +39,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use paddock::PaddockConfig;
 use paddock_core::{
     EngineName, Error, ErrorCode, ExecRequest, ExecResult, ExecutionId, IsolationLevel, Language,
-    Limits, Outcome, PaddockConfig, Program, SandboxSpec, SandboxStatus,
+    Limits, Outcome, Program, SandboxSpec, SandboxStatus,
 };
 use paddock_engines::container::ContainerEngine;
 use paddock_engines::subprocess::SubprocessEngine;

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use paddock_core::ServerConfig;
+use paddock_pool::http::ServerConfig;
 use paddock_pool::Paddock;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -8,7 +8,8 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
-use paddock_core::{ApiKey, PaddockConfig, ServerConfig};
+use paddock::PaddockConfig;
+use paddock_pool::http::{ApiKey, ServerConfig};
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio_tungstenite::tungstenite::Message;

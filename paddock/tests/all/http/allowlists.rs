@@ -4,7 +4,9 @@
 //! operator allows them (`[egress] allow_private`, or the key's `allow_private`).
 //! Sandboxes and executions pass the same check.
 
-use paddock_core::{ApiKey, IsolationLevel, PaddockConfig};
+use paddock::PaddockConfig;
+use paddock_core::IsolationLevel;
+use paddock_pool::http::ApiKey;
 use serde_json::json;
 
 use crate::http::client::Request;

@@ -3,7 +3,8 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use paddock_core::{PaddockConfig, PoolConfig};
+use paddock::PaddockConfig;
+use paddock_pool::PoolConfig;
 use serde_json::json;
 
 use crate::http::client::post_json;

@@ -2,8 +2,11 @@
 
 use std::time::{Duration, Instant};
 
-use paddock_core::{ApiKey, IsolationLevel, PaddockConfig, PoolConfig};
+use paddock::PaddockConfig;
+use paddock_core::IsolationLevel;
+use paddock_pool::http::ApiKey;
 use paddock_pool::limiter::LimiterConfig;
+use paddock_pool::PoolConfig;
 use serde_json::{json, Value};
 
 use crate::http::client::{get, post_json, Request, Response};

@@ -275,10 +275,10 @@ async fn a_pooled_execution_that_suspends_is_resumed_by_another_execution() {
     let dir = tempfile::tempdir().unwrap();
     let script = dir.path().join("approval.py");
     std::fs::write(&script, APPROVAL).unwrap();
-    let mut config = paddock_core::PaddockConfig::default();
+    let mut config = paddock::PaddockConfig::default();
     config.subprocess.handlers.insert(
         "approval".into(),
-        paddock_core::HandlerConfig {
+        paddock_engines::HandlerConfig {
             command: vec!["python3".into(), script.to_string_lossy().into_owned()],
         },
     );

@@ -389,7 +389,7 @@ async fn a_tcp_stream_reaches_a_service_in_the_guest() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_policy_checks_background_commands_and_terminals() {
-    let config = paddock_core::PaddockConfig::from_toml_str(
+    let config = paddock::PaddockConfig::from_toml_str(
         r#"
 [[policy.custom_rules]]
 name = "no-netcat"

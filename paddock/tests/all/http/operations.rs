@@ -1,6 +1,7 @@
 //! `/healthz`, `/readyz`, `/metrics`, `/v1/stats` and `/v1/audit`.
 
-use paddock_core::{ApiKey, IsolationLevel};
+use paddock_core::IsolationLevel;
+use paddock_pool::http::ApiKey;
 use serde_json::Value;
 
 use crate::http::client::{get, Request, Response};
@@ -96,7 +97,7 @@ async fn health_readiness_metrics_and_stats() {
     assert!(
         pools.iter().any(|p| p["engine"] == "subprocess"
             && p["network"] == "none"
-            && p["max_size"] == paddock_core::PoolConfig::default().max_size),
+            && p["max_size"] == paddock_pool::PoolConfig::default().max_size),
         "{s}"
     );
     let audit = &s["audit"];

@@ -3,8 +3,10 @@
 //! key, or with another tenant's, gets the same answer for an object that exists
 //! (running, or paused) and for one that never did, on every route of the table.
 
+use paddock::PaddockConfig;
 use paddock_core::ids::{is_random, longest_shared_prefix, parse_random, random_part};
-use paddock_core::{ApiKey, IsolationLevel, PaddockConfig};
+use paddock_core::IsolationLevel;
+use paddock_pool::http::ApiKey;
 use serde_json::{json, Value};
 
 use crate::http::client::{Request, Response};

@@ -3,9 +3,9 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use paddock_core::{PaddockConfig, ServerConfig};
-use paddock_pool::http::HttpServerHandle;
-use paddock_pool::{Paddock, PaddockBuilder};
+use paddock::{PaddockBuilder, PaddockConfig};
+use paddock_pool::http::{HttpServerHandle, ServerConfig};
+use paddock_pool::Paddock;
 use serde_json::{json, Value};
 
 use crate::http::client::{Request, Streaming};

@@ -8,7 +8,9 @@
 
 use std::time::{Duration, Instant};
 
-use paddock_core::{ApiKey, IsolationLevel, NetworkKind, PaddockConfig};
+use paddock::PaddockConfig;
+use paddock_core::{IsolationLevel, NetworkKind};
+use paddock_pool::http::ApiKey;
 use paddock_pool::limiter::LimiterConfig;
 use serde_json::{json, Value};
 

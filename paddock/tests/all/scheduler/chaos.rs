@@ -11,10 +11,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use paddock::PaddockConfig;
 use paddock_core::{
     CancelToken, Capabilities, Engine, EngineName, Error, ErrorCode, ExecRequest, ExecResult,
-    FileEntry, IsolationLevel, Outcome, OutputSink, PaddockConfig, Program, ProgramKind, Result,
-    Sandbox, SandboxSpec, SandboxStatus,
+    FileEntry, IsolationLevel, Outcome, OutputSink, Program, ProgramKind, Result, Sandbox,
+    SandboxSpec, SandboxStatus,
 };
 use paddock_pool::Execute;
 

@@ -1,7 +1,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use paddock_core::{EngineName, ErrorCode, ExecRequest, Language, Outcome, PaddockConfig, Program};
+use paddock::PaddockConfig;
+use paddock_core::{EngineName, ErrorCode, ExecRequest, Language, Outcome, Program};
 use paddock_pool::noop::NoopEngine;
 use paddock_pool::{Execute, StreamEvent};
 
@@ -228,7 +229,7 @@ async fn an_engine_chosen_by_level_is_the_first_registered_on_a_tie() {
     // The default (isolate) is not allowed, so the weakest engine that gives level
     // `none` is chosen: subprocess and noop tie, and subprocess was registered first
     // (not `noop`, which comes first by name).
-    let server = paddock_core::ServerConfig {
+    let server = paddock_pool::http::ServerConfig {
         allowed_levels: Some(vec![paddock_core::IsolationLevel::None]),
         ..Default::default()
     };
@@ -407,7 +408,7 @@ async fn a_suspended_handler_resumes_in_its_session_through_the_pipeline() {
     let mut config = PaddockConfig::default();
     config.subprocess.handlers.insert(
         "approval".into(),
-        paddock_core::HandlerConfig {
+        paddock_engines::HandlerConfig {
             command: vec!["python3".into(), script.to_string_lossy().into_owned()],
         },
     );

@@ -12,10 +12,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use paddock::PaddockConfig;
 use paddock_core::{
     CancelToken, Capabilities, Engine, EngineName, Error, ErrorCode, ExecRequest, ExecResult,
-    ExecutionId, FileEntry, IsolationLevel, Language, Outcome, OutputChunk, OutputSink,
-    PaddockConfig, Program, ProgramKind, Result, Sandbox, SandboxSpec, SandboxStatus, StreamKind,
+    ExecutionId, FileEntry, IsolationLevel, Language, Outcome, OutputChunk, OutputSink, Program,
+    ProgramKind, Result, Sandbox, SandboxSpec, SandboxStatus, StreamKind,
 };
 use paddock_pool::audit::{AuditConfig, AuditEntry, AuditOutcome, AuditQuery, KillReason};
 use paddock_pool::limiter::LimiterConfig;

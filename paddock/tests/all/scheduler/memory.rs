@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use paddock_core::{ErrorCode, ExecRequest, PaddockConfig, ProcessSpec, Program, SandboxSpec};
+use paddock::PaddockConfig;
+use paddock_core::{ErrorCode, ExecRequest, ProcessSpec, Program, SandboxSpec};
 use paddock_pool::{Caller, Execute, Paddock, SandboxHandle, StreamEvent};
 
 const KIB: usize = 1 << 10;

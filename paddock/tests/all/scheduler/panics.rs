@@ -8,10 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use paddock::PaddockConfig;
 use paddock_core::{
     CancelToken, Capabilities, Engine, EngineName, Error, ErrorCode, ExecRequest, ExecResult,
-    FileEntry, IsolationLevel, OutputSink, PaddockConfig, ProcessSpec, Program, ProgramKind,
-    Result, Sandbox, SandboxSpec, SandboxStatus, TcpTarget, TerminalSpec,
+    FileEntry, IsolationLevel, OutputSink, ProcessSpec, Program, ProgramKind, Result, Sandbox,
+    SandboxSpec, SandboxStatus, TcpTarget, TerminalSpec,
 };
 use paddock_pool::{Paddock, SandboxHandle};
 

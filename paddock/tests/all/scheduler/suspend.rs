@@ -3,9 +3,10 @@
 
 use std::time::{Duration, Instant};
 
-use paddock_core::{ErrorCode, ExecRequest, Outcome, PaddockConfig, PoolConfig, Program};
+use paddock::PaddockConfig;
+use paddock_core::{ErrorCode, ExecRequest, Outcome, Program};
 use paddock_pool::audit::AuditOutcome;
-use paddock_pool::Paddock;
+use paddock_pool::{Paddock, PoolConfig};
 use serde_json::json;
 
 /// A long-running json-stdio handler: `invoke` suspends on `input.token` (or
@@ -42,7 +43,7 @@ fn start(pool: PoolConfig) -> Fixture {
     };
     config.subprocess.handlers.insert(
         "approval".into(),
-        paddock_core::HandlerConfig {
+        paddock_engines::HandlerConfig {
             command: vec!["python3".into(), script.to_string_lossy().into_owned()],
         },
     );

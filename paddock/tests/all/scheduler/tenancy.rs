@@ -4,9 +4,10 @@
 
 use std::time::{Duration, Instant};
 
+use paddock::PaddockConfig;
 use paddock_core::{
     AccessRules, Allowed, EngineName, ErrorCode, ExecRequest, IsolationLevel, Limits,
-    NetworkPolicy, PaddockConfig, Program, SandboxSpec, SandboxStatus,
+    NetworkPolicy, Program, SandboxSpec, SandboxStatus,
 };
 use paddock_pool::audit::AuditQuery;
 use paddock_pool::limiter::LimiterConfig;
@@ -330,8 +331,8 @@ async fn shares_ceilings_and_allowances_hold_through_the_facade() {
 fn two_keys() -> PaddockConfig {
     let mut c = PaddockConfig::default();
     c.server.api_keys = vec![
-        paddock_core::config::ApiKey::new("key-a-0123456789abcdef", "a"),
-        paddock_core::config::ApiKey::new("key-b-0123456789abcdef", "b"),
+        paddock_pool::http::ApiKey::new("key-a-0123456789abcdef", "a"),
+        paddock_pool::http::ApiKey::new("key-b-0123456789abcdef", "b"),
     ];
     c
 }

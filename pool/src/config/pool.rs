@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use paddock_core::error::{Error, Result};
 
 /// Sizing, waiting and recycling of an engine pool.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -23,7 +23,7 @@ pub struct PoolConfig {
     /// Most instances of one pool at once (open sandboxes and running executions
     /// each hold one). Default: from the host, the lower of its memory / 64 MiB and
     /// its cores × 128, within 16..=4096 (256 on 2 cores and 24 GiB; see
-    /// [`crate::host::HostFacts::pool_max_size`]).
+    /// [`paddock_core::host::HostFacts::pool_max_size`]).
     pub max_size: usize,
     /// Most callers queued for an instance; beyond it `POOL_EXHAUSTED` at once.
     /// Default 1024.
@@ -81,7 +81,7 @@ impl Default for PoolConfig {
         PoolConfig {
             min_idle: 8,
             burst_idle_max: 8,
-            max_size: crate::host::HostFacts::this_host().pool_max_size(),
+            max_size: paddock_core::host::HostFacts::this_host().pool_max_size(),
             max_waiting: 1024,
             acquire_timeout_ms: 5_000,
             max_executions_per_engine: 1_000,
@@ -162,31 +162,5 @@ impl PoolConfig {
             ));
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use crate::config::PaddockConfig;
-
-    #[test]
-    fn pool_values_are_checked() {
-        let e = PaddockConfig::from_toml_str("[pool]\nmax_size = 0\n").unwrap_err();
-        assert!(e.message.contains("pool.max_size"), "{}", e.message);
-        let e = PaddockConfig::from_toml_str("[pool]\nmin_idle = 100001\n").unwrap_err();
-        assert!(e.message.contains("pool.min_idle"), "{}", e.message);
-        // Above max_size is allowed (the default 8 with a smaller pool): the pool
-        // keeps max_size ready.
-        let c = PaddockConfig::from_toml_str("[pool]\nmin_idle = 9\nmax_size = 2\n").unwrap();
-        assert_eq!(c.pool.min_idle, 9);
-        let c = PaddockConfig::from_toml_str("[pool]\nmax_size = 2\nmin_idle = 0\n").unwrap();
-        assert_eq!(c.pool.max_size, 2);
-        let e =
-            PaddockConfig::from_toml_str("[pool]\nmax_processes_per_sandbox = 0\n").unwrap_err();
-        assert!(
-            e.message.contains("pool.max_processes_per_sandbox"),
-            "{}",
-            e.message
-        );
     }
 }

@@ -3,10 +3,11 @@
 
 use std::path::PathBuf;
 
+use paddock_core::config::check_env_names;
+use paddock_core::{Error, Result};
 use serde::{Deserialize, Serialize};
 
-use super::{check_env_names, EgressConfig, WarmConfig};
-use crate::error::{Error, Result};
+use crate::{EgressConfig, WarmConfig};
 
 /// Which OCI runtime the container engine drives.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -218,51 +219,5 @@ impl ContainerConfig {
             }
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::PaddockConfig;
-    use crate::error::ErrorCode;
-
-    #[test]
-    fn user_namespace_ranges_and_the_runsc_platform_are_checked() {
-        let c = PaddockConfig::from_toml_str(
-            "[container]\nruntime = \"runsc\"\nrunsc_platform = \"kvm\"\nuserns_slots = 8\n",
-        )
-        .unwrap();
-        assert_eq!(c.container.runtime, OciRuntime::Runsc);
-        assert_eq!(c.container.runsc_platform, RunscPlatform::Kvm);
-        assert_eq!(c.container.userns_slots, 8);
-        assert!(c.container.user_namespace);
-        for (doc, field) in [
-            (
-                "[container]\nuserns_first_id = 0\n",
-                "container.userns_first_id",
-            ),
-            ("[container]\nuserns_slots = 0\n", "container.userns_slots"),
-            (
-                "[container]\nuserns_first_id = 4294950000\nuserns_slots = 1\n",
-                "container.userns_slots",
-            ),
-            // The parser names the choices (a bad enum value carries no key).
-            (
-                "[container]\nrunsc_platform = \"vm\"\n",
-                "`ptrace`, `kvm`, `systrap`",
-            ),
-        ] {
-            let e = PaddockConfig::from_toml_str(doc).unwrap_err();
-            assert_eq!(e.code, ErrorCode::InvalidConfig, "{doc}");
-            assert!(e.message.contains(field), "{doc}: {e}");
-        }
-        // The last range may end at the largest id.
-        let c = ContainerConfig {
-            userns_first_id: u32::MAX - USERNS_IDS_PER_SANDBOX,
-            userns_slots: 1,
-            ..ContainerConfig::default()
-        };
-        assert!(c.validate().is_ok());
     }
 }

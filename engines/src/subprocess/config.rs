@@ -4,11 +4,11 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use paddock_core::config::check_env_names;
+use paddock_core::{Error, Language, Result};
 use serde::{Deserialize, Serialize};
 
-use super::EgressConfig;
-use crate::error::{Error, Result};
-use crate::program::Language;
+use crate::EgressConfig;
 
 /// How the subprocess engine uses cgroups.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -177,6 +177,58 @@ impl Default for WarmConfig {
     }
 }
 
+impl SubprocessConfig {
+    /// Checks every value is usable; the error names the first bad field.
+    pub fn validate(&self) -> Result<()> {
+        for (field, value) in [
+            ("subprocess.python", &self.python),
+            ("subprocess.node", &self.node),
+            ("subprocess.shell", &self.shell),
+        ] {
+            if value.trim().is_empty() || value.contains('\0') {
+                return Err(Error::invalid_config(
+                    field,
+                    "must name an interpreter (a command on PATH or an absolute path)",
+                ));
+            }
+        }
+        if let Some(root) = &self.workdir_root {
+            if !root.is_absolute() {
+                return Err(Error::invalid_config(
+                    "subprocess.workdir_root",
+                    format!("`{}` must be an absolute path", root.display()),
+                ));
+            }
+        }
+        self.warm.validate("subprocess.warm")?;
+        for (name, h) in &self.handlers {
+            let bad_name = name.is_empty()
+                || name.len() > 128
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+            if bad_name {
+                return Err(Error::invalid_config(
+                    "subprocess.handlers",
+                    format!(
+                        "handler name `{name}` must be 1 to 128 letters, digits, `-`, `_` or `.`"
+                    ),
+                ));
+            }
+            if h.command.is_empty()
+                || h.command[0].is_empty()
+                || h.command.iter().any(|a| a.contains('\0'))
+            {
+                return Err(Error::invalid_config(
+                    &format!("subprocess.handlers.{name}.command"),
+                    "must name a program, with arguments free of NUL bytes",
+                ));
+            }
+        }
+        check_env_names("subprocess.env_passthrough", &self.env_passthrough)
+    }
+}
+
 impl Default for SubprocessConfig {
     fn default() -> Self {
         SubprocessConfig {
@@ -191,49 +243,6 @@ impl Default for SubprocessConfig {
             handlers: BTreeMap::new(),
             egress: EgressConfig::default(),
             startup: Startup::default(),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use crate::config::PaddockConfig;
-    use crate::error::ErrorCode;
-
-    #[test]
-    fn handlers_and_warm_workers_are_checked() {
-        let c = PaddockConfig::from_toml_str(
-            "[subprocess.warm]\nenabled = true\n[subprocess.handlers.sum]\ncommand = [\"node\", \"sum.js\"]\n",
-        )
-        .unwrap();
-        assert!(c.subprocess.warm.enabled);
-        assert_eq!(c.subprocess.handlers["sum"].command, ["node", "sum.js"]);
-        for (doc, field) in [
-            (
-                "[subprocess.handlers.\"a b\"]\ncommand = [\"x\"]\n",
-                "subprocess.handlers",
-            ),
-            (
-                "[subprocess.handlers.x]\ncommand = []\n",
-                "subprocess.handlers.x.command",
-            ),
-            (
-                "[subprocess.warm]\nlanguages = [\"shell\"]\n",
-                "subprocess.warm.languages",
-            ),
-            ("[subprocess.warm]\nmax_turns = 0\n", "subprocess.warm"),
-            (
-                "[container.runners]\nlanguages = [\"shell\"]\n",
-                "container.runners.languages",
-            ),
-            (
-                "[container.runners]\nmax_rss_bytes = 1\n",
-                "container.runners",
-            ),
-        ] {
-            let e = PaddockConfig::from_toml_str(doc).unwrap_err();
-            assert_eq!(e.code, ErrorCode::InvalidConfig, "{doc}");
-            assert!(e.message.contains(field), "{doc}: {e}");
         }
     }
 }

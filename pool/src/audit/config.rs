@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use paddock_core::error::{Error, Result};
 
 /// Audit settings. Every field has a default, so `{}` keeps a 10 000-entry ring and
 /// no file.

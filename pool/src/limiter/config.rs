@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use paddock_core::error::{Error, Result};
 
 /// Most admissions `max_executions_per_window` may allow.
 pub const MAX_EXECUTIONS_PER_WINDOW: u32 = 1_000_000;
@@ -68,9 +68,9 @@ impl Default for LimiterConfig {
             max_tenants: 100_000,
             busy_retry_after_ms: 100,
             max_output_bytes_per_tenant: DEFAULT_MAX_OUTPUT_BYTES_PER_TENANT,
-            max_input_bytes_per_process: crate::input::DEFAULT_INPUT_BUFFER as u64,
+            max_input_bytes_per_process: paddock_core::input::DEFAULT_INPUT_BUFFER as u64,
             max_input_bytes_per_tenant: 16 << 20,
-            input_wait_ms: crate::input::DEFAULT_INPUT_WAIT.as_millis() as u64,
+            input_wait_ms: paddock_core::input::DEFAULT_INPUT_WAIT.as_millis() as u64,
         }
     }
 }
@@ -130,7 +130,7 @@ impl LimiterConfig {
 
     /// The memory budgets: output and input per tenant, input per process.
     fn validate_memory(&self) -> Result<()> {
-        use crate::budget::MAX_BUDGET_BYTES;
+        use paddock_core::budget::MAX_BUDGET_BYTES;
         let per_process = self.max_input_bytes_per_process;
         for (field, v, min, max) in [
             (
@@ -167,37 +167,13 @@ impl LimiterConfig {
     /// `budgets` (made with [`max_input_bytes_per_tenant`](Self::max_input_bytes_per_tenant)).
     pub fn input_limits(
         &self,
-        budgets: &crate::budget::TenantBudgets,
+        budgets: &paddock_core::budget::TenantBudgets,
         tenant: Option<&str>,
-    ) -> crate::input::InputLimits {
-        crate::input::InputLimits {
+    ) -> paddock_core::input::InputLimits {
+        paddock_core::input::InputLimits {
             buffer_bytes: usize::try_from(self.max_input_bytes_per_process).unwrap_or(usize::MAX),
             wait: std::time::Duration::from_millis(self.input_wait_ms),
             tenant: Some(budgets.for_tenant(tenant)),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use crate::config::PaddockConfig;
-
-    #[test]
-    fn limiter_and_policy_sections_are_checked() {
-        let e =
-            PaddockConfig::from_toml_str("[limiter]\nmax_executions_per_window = 0\n").unwrap_err();
-        assert!(
-            e.message.contains("limiter.max_executions_per_window"),
-            "{}",
-            e.message
-        );
-        let c = PaddockConfig::from_toml_str(
-            "[limiter]\nmax_executions_per_window = 5\n\n[policy]\nmax_code_length = 10\ndisable = [\"warn-while-true\"]\n",
-        )
-        .unwrap();
-        assert_eq!(c.limiter.max_executions_per_window, Some(5));
-        assert_eq!(c.policy.max_code_length, 10);
-        let e = PaddockConfig::from_toml_str("[policy]\nmax_lenght = 1\n").unwrap_err();
-        assert!(e.message.contains("max_lenght"), "{}", e.message);
     }
 }

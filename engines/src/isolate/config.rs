@@ -3,9 +3,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use paddock_core::{Error, Result};
 use serde::{Deserialize, Serialize};
-
-use crate::error::{Error, Result};
 
 /// Settings of the QuickJS isolate engine.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -3,11 +3,10 @@
 
 use std::path::PathBuf;
 
+use paddock_core::{EngineName, Error, Result};
 use serde::{Deserialize, Serialize};
 
-use super::{ContainerConfig, OciRuntime, RunscPlatform};
-use crate::error::{Error, Result};
-use crate::isolation::EngineName;
+use crate::{ContainerConfig, OciRuntime, RunscPlatform};
 
 /// The most engines `[engines]` may define.
 pub const MAX_ENGINE_DEFS: usize = 16;
@@ -102,85 +101,5 @@ impl EngineDef {
                 Error::new(e.code, message)
             }),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::PaddockConfig;
-    use crate::error::ErrorCode;
-
-    #[test]
-    fn named_engines_inherit_the_container_section_and_are_checked() {
-        let c = PaddockConfig::from_toml_str(
-            r#"
-            [container]
-            cpus = 2.0
-            runtime = "crun"
-            [engines.py311]
-            kind = "container"
-            rootfs = "/srv/rootfs/py311"
-            [engines.gvisor]
-            kind = "container"
-            runtime = "runsc"
-            "#,
-        )
-        .unwrap();
-        let py = c.engines[&EngineName::new("py311").unwrap()].container_config(&c.container);
-        assert_eq!(
-            py.rootfs.as_deref(),
-            Some(std::path::Path::new("/srv/rootfs/py311"))
-        );
-        assert_eq!((py.cpus, py.runtime), (2.0, OciRuntime::Crun));
-        let gv = c.engines[&EngineName::new("gvisor").unwrap()].container_config(&c.container);
-        assert_eq!((gv.rootfs, gv.runtime), (None, OciRuntime::Runsc));
-        // A round trip keeps them.
-        let text = toml::to_string(&c).unwrap();
-        assert_eq!(PaddockConfig::from_toml_str(&text).unwrap(), c);
-
-        for (text, names) in [
-            (
-                "[engines.container]\nkind = \"container\"",
-                "built-in engine's name",
-            ),
-            ("[engines.x]\nkind = \"vm\"", "unknown variant `vm`"),
-            ("[engines.x]\nrootfs = \"/r\"", "missing field `kind`"),
-            (
-                "[engines.x]\nkind = \"container\"\nmemory = 1",
-                "unknown field `memory`",
-            ),
-            ("[engines.Bad]\nkind = \"container\"", "engine name"),
-            (
-                "[engines.x]\nkind = \"container\"\nrootfs = \"relative\"",
-                "`engines.x.rootfs`",
-            ),
-            (
-                "[engines.x]\nkind = \"container\"\ncpus = 0.0",
-                "`engines.x.cpus`",
-            ),
-        ] {
-            let e = PaddockConfig::from_toml_str(text).unwrap_err();
-            assert_eq!(e.code, ErrorCode::InvalidConfig, "{text}");
-            assert!(e.message.contains(names), "{text}: {e}");
-        }
-        // A template names an engine there is.
-        let e = PaddockConfig::from_toml_str(
-            "[engines.tiny]\nkind = \"container\"\n[templates.t]\nengine = \"tyni\"\n",
-        )
-        .unwrap_err();
-        assert!(
-            e.message.contains("`templates.t.engine`") && e.message.contains("tiny"),
-            "{e}"
-        );
-        PaddockConfig::from_toml_str(
-            "[engines.tiny]\nkind = \"container\"\n[templates.t]\nengine = \"tiny\"\n",
-        )
-        .unwrap();
-        let many: String = (0..=MAX_ENGINE_DEFS)
-            .map(|i| format!("[engines.e{i}]\nkind = \"container\"\n"))
-            .collect();
-        let e = PaddockConfig::from_toml_str(&many).unwrap_err();
-        assert!(e.message.contains("at most 16"), "{e}");
     }
 }

@@ -1,8 +1,7 @@
 //! The egress gateway's settings (`[egress]`).
 
+use paddock_core::{Error, Result};
 use serde::{Deserialize, Serialize};
-
-use crate::error::{Error, Result};
 
 /// The egress gateway (`[egress]`): what every sandbox whose network is an
 /// allowlist gets, on the engines that enforce allowlists (see `docs/security.md`).

@@ -3,11 +3,8 @@
 
 use std::collections::BTreeMap;
 
+use paddock_core::{EngineName, Error, IsolationLevel, Limits, NetworkPolicy, Result};
 use serde::{Deserialize, Serialize};
-
-use crate::error::{Error, Result};
-use crate::isolation::{EngineName, IsolationLevel, NetworkPolicy};
-use crate::limits::Limits;
 
 /// The template an E2B `Sandbox.create()` opens when it names none.
 pub const BASE_TEMPLATE: &str = "base";
@@ -149,7 +146,7 @@ impl TemplateConfig {
     /// `INVALID_CONFIG` for a bad home, limits or variable name.
     pub fn validate(&self, name: &str) -> Result<()> {
         let field = |f: &str| format!("templates.{name}.{f}");
-        crate::engine::check_home(&field("home"), &self.home)
+        paddock_core::engine::check_home(&field("home"), &self.home)
             .map_err(|e| Error::invalid_config(&field("home"), e.message))?;
         self.limits
             .validate(&field("limits"), false)

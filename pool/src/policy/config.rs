@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::program::Language;
+use paddock_core::program::Language;
 
 /// The default `max_code_length` of the policy stage.
 pub const DEFAULT_MAX_CODE_LENGTH: usize = 100_000;
@@ -11,7 +11,7 @@ pub const DEFAULT_MAX_CODE_LENGTH: usize = 100_000;
 /// Policy settings. Every field has a default, so `{}` is the built-in policy.
 ///
 /// ```
-/// use paddock_core::config::PolicyConfig;
+/// use paddock_pool::policy::PolicyConfig;
 ///
 /// let c: PolicyConfig = serde_json::from_str(r#"{
 ///     "max_code_length": 20000,

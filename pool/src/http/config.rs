@@ -5,9 +5,9 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
-use crate::isolation::IsolationLevel;
-use crate::tenancy::{AccessRules, Allowed, NetworkKind};
+use paddock_core::error::{Error, Result};
+use paddock_core::isolation::IsolationLevel;
+use paddock_core::tenancy::{AccessRules, Allowed, NetworkKind};
 
 /// Settings of the HTTP server (`paddock serve`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -400,74 +400,5 @@ impl ServerConfig {
             ));
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use crate::config::PaddockConfig;
-    use crate::error::ErrorCode;
-
-    #[test]
-    fn the_close_linger_is_bounded() {
-        let c = PaddockConfig::from_toml_str("[server]\nclose_linger_ms = 2000\n").unwrap();
-        assert_eq!(c.server.close_linger_ms, 2000);
-        let e = PaddockConfig::from_toml_str("[server]\nclose_linger_ms = 60001\n").unwrap_err();
-        assert!(
-            e.message.contains("server.close_linger_ms"),
-            "{}",
-            e.message
-        );
-    }
-
-    #[test]
-    fn read_timeouts_and_unauthenticated_connection_caps_are_bounded() {
-        let c = PaddockConfig::from_toml_str(
-            "[server]\nbody_read_timeout_ms = 500\nheader_read_timeout_ms = 2000\n\
-             max_unauthenticated_connections = 10\n\
-             max_unauthenticated_connections_per_address = 10\n",
-        )
-        .unwrap();
-        assert_eq!(c.server.body_read_timeout_ms, 500);
-        assert_eq!(c.server.header_read_timeout_ms, 2000);
-        for (toml, field) in [
-            ("body_read_timeout_ms = 0", "server.body_read_timeout_ms"),
-            ("body_read_timeout_ms = 3600001", "server.body_read_timeout_ms"),
-            ("header_read_timeout_ms = 0", "server.header_read_timeout_ms"),
-            (
-                "max_unauthenticated_connections = 0",
-                "server.max_unauthenticated_connections",
-            ),
-            (
-                "max_unauthenticated_connections = 8\nmax_unauthenticated_connections_per_address = 9",
-                "server.max_unauthenticated_connections_per_address",
-            ),
-        ] {
-            let e = PaddockConfig::from_toml_str(&format!("[server]\n{toml}\n")).unwrap_err();
-            assert_eq!(e.code, ErrorCode::InvalidConfig);
-            assert!(e.message.contains(field), "{toml}: {}", e.message);
-        }
-    }
-
-    #[test]
-    fn the_tls_listener_is_checked() {
-        let ok = "[server]\nlisten = \"127.0.0.1:7878\"\n[server.tls]\nlisten = \"0.0.0.0:443\"\ncert = \"/etc/paddock/cert.pem\"\nkey = \"/etc/paddock/key.pem\"\n";
-        let c = PaddockConfig::from_toml_str(ok).unwrap();
-        assert_eq!(c.server.tls.as_ref().unwrap().listen, "0.0.0.0:443");
-        for (text, names) in [
-            (ok.replace("0.0.0.0:443", "443"), "`server.tls.listen`"),
-            (ok.replace("0.0.0.0:443", "127.0.0.1:7878"), "another port"),
-            (
-                ok.replace("/etc/paddock/key.pem", "key.pem"),
-                "`server.tls.key`",
-            ),
-            (
-                ok.replace("cert = \"/etc/paddock/cert.pem\"\n", ""),
-                "missing field `cert`",
-            ),
-        ] {
-            let e = PaddockConfig::from_toml_str(&text).unwrap_err();
-            assert!(e.message.contains(names), "{text}: {e}");
-        }
     }
 }
