@@ -18,6 +18,7 @@ use paddock_pool::Paddock;
 use tokio::sync::{watch, Semaphore};
 
 use crate::accept::{Federated, Parts};
+use crate::config::FleetConfig;
 use crate::context::Context;
 use crate::names::Names;
 use crate::orders::{EngineSlots, Orders};
@@ -25,7 +26,6 @@ use crate::registry::{Load, Membership};
 use crate::sessions::SessionBook;
 use crate::shares::{ShareBook, ShareCaps};
 use crate::store::Records;
-use crate::config::FleetConfig;
 
 /// Why a node could not join its fleet.
 #[derive(Debug, thiserror::Error)]

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use paddock_core::e2b::TemplateConfig;
+use paddock_e2b::TemplateConfig;
 use serde_json::{json, Value};
 
 use crate::live::{envelope, open, send, E2bServer, Req, ALICE, BOB};
