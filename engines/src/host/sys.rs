@@ -318,6 +318,57 @@ pub(crate) fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
+/// Whether the kernel lacks `listxattrat` (learned at the first call that says so).
+static NO_LISTXATTRAT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The size of the attribute names of entry `name` of directory `dir` (not
+/// following a symlink there), by `listxattrat(2)` (Linux 6.13): one system call,
+/// where going through `/proc/self/fd` costs a path walk in procfs. `None` where
+/// the kernel lacks the call (or a filter refuses it): the caller goes the long
+/// way.
+pub(crate) fn xattr_names_len(
+    dir: std::os::fd::BorrowedFd<'_>,
+    name: &std::ffi::CStr,
+) -> Option<usize> {
+    use std::os::fd::AsRawFd;
+    use std::sync::atomic::Ordering;
+    // The same number on every architecture with the unified table.
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    const SYS_LISTXATTRAT: libc::c_long = 465;
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    return None;
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    {
+        if name.is_empty() || NO_LISTXATTRAT.load(Ordering::Relaxed) {
+            return None;
+        }
+        // SAFETY: `dir` is an open descriptor and `name` a NUL-terminated string;
+        // a null list of size 0 asks for the size only, so nothing is written.
+        let n = unsafe {
+            libc::syscall(
+                SYS_LISTXATTRAT,
+                dir.as_raw_fd(),
+                name.as_ptr(),
+                libc::AT_SYMLINK_NOFOLLOW as libc::c_uint,
+                std::ptr::null_mut::<libc::c_char>(),
+                0usize,
+            )
+        };
+        if n >= 0 {
+            return Some(n as usize);
+        }
+        match std::io::Error::last_os_error().raw_os_error() {
+            Some(libc::ENOSYS) | Some(libc::EPERM) => {
+                NO_LISTXATTRAT.store(true, Ordering::Relaxed);
+                None
+            }
+            // A file system without attributes has none.
+            Some(libc::ENOTSUP) => Some(0),
+            _ => None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod read_small_tests {
     #[test]

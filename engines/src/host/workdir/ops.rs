@@ -223,8 +223,11 @@ impl Workdir {
             &st,
             target,
         );
-        if matches!(info.kind, FileKind::File | FileKind::Directory) {
-            // Through the directory's fd: `name` itself is not followed.
+        // Most files have no attributes: one system call says so, and only a file
+        // with some is read (through the directory's fd, `name` not followed).
+        if matches!(info.kind, FileKind::File | FileKind::Directory)
+            && crate::host::sys::xattr_names_len(dir.as_fd(), name) != Some(0)
+        {
             let at = fd_path(dir, name);
             info.metadata = paddock_core::metadata::read_metadata(&at, name.is_empty());
         }
