@@ -6,7 +6,9 @@ use std::path::Path;
 
 use rustix::fs::XattrFlags;
 
-use crate::files::{check_metadata, FileMetadata, MAX_METADATA_BYTES, METADATA_XATTR_PREFIX};
+use crate::files::{
+    check_metadata, FileMetadata, MAX_METADATA_BYTES, MAX_METADATA_KEY, METADATA_XATTR_PREFIX,
+};
 
 /// The attribute names of `path`, NUL-separated (`follow`: through a symlink at
 /// `path`). A file system without attributes has none.
@@ -32,19 +34,27 @@ fn names(path: &Path, follow: bool) -> io::Result<Vec<u8>> {
 }
 
 /// The user metadata of `path` (`follow`: through a symlink at `path`): its
-/// attributes in the [`METADATA_XATTR_PREFIX`] namespace, the prefix stripped. An
-/// attribute whose value is not printable ASCII, or that goes while it is read, is
-/// left out; a path that cannot be read has none.
+/// attributes in the [`METADATA_XATTR_PREFIX`] namespace, the prefix stripped,
+/// within the bounds [`check_metadata`] sets on what is written (a program in the
+/// sandbox may set others): an attribute whose key or value is not printable ASCII,
+/// whose key is longer than [`MAX_METADATA_KEY`], or that goes while it is read, is
+/// left out, and reading stops at [`MAX_METADATA_BYTES`] in all. A path that cannot
+/// be read has none.
 pub fn read_metadata(path: &Path, follow: bool) -> FileMetadata {
     let mut out = FileMetadata::new();
     let Ok(names) = names(path, follow) else {
         return out;
     };
+    let printable = |b: &[u8]| b.iter().all(|c| (0x20..=0x7e).contains(c));
+    let mut total = 0usize;
     let mut value = vec![0u8; MAX_METADATA_BYTES];
     for name in names.split(|b| *b == 0) {
         let Some(key) = name.strip_prefix(METADATA_XATTR_PREFIX.as_bytes()) else {
             continue;
         };
+        if key.is_empty() || key.len() > MAX_METADATA_KEY || !printable(key) {
+            continue;
+        }
         let Ok(key) = std::str::from_utf8(key) else {
             continue;
         };
@@ -55,9 +65,14 @@ pub fn read_metadata(path: &Path, follow: bool) -> FileMetadata {
         };
         let Ok(n) = read else { continue };
         let v = &value[..n];
-        if !key.is_empty() && v.iter().all(|b| (0x20..=0x7e).contains(b)) {
-            out.insert(key.to_string(), String::from_utf8_lossy(v).into_owned());
+        if !printable(v) {
+            continue;
         }
+        total += METADATA_XATTR_PREFIX.len() + key.len() + n;
+        if total > MAX_METADATA_BYTES {
+            break;
+        }
+        out.insert(key.to_string(), String::from_utf8_lossy(v).into_owned());
     }
     out
 }
@@ -174,5 +189,33 @@ mod tests {
         // A missing path has none, and cannot be given any.
         assert!(read_metadata(&dir.path().join("missing"), false).is_empty());
         assert!(replace_metadata(&dir.path().join("missing"), false, &one).is_err());
+    }
+
+    #[test]
+    fn what_a_program_sets_beyond_the_bounds_is_not_read() {
+        // tmpfs keeps more attributes on an inode than one ext4 block holds.
+        let Ok(dir) = tempfile::tempdir_in("/dev/shm") else {
+            eprintln!("skipped: no /dev/shm");
+            return;
+        };
+        let file = dir.path().join("f");
+        std::fs::write(&file, b"x").unwrap();
+        let big = vec![b'v'; 2000];
+        for k in ["a", "b", "c"] {
+            let name = format!("user.e2b.{k}");
+            if rustix::fs::setxattr(&file, name.as_str(), &big, XattrFlags::empty()).is_err() {
+                eprintln!("skipped: the file system keeps no 6 KB of user attributes");
+                return;
+            }
+        }
+        rustix::fs::setxattr(&file, "user.e2b.bad key\t", b"v", XattrFlags::empty()).unwrap();
+        let read = read_metadata(&file, false);
+        let bytes: usize = read
+            .iter()
+            .map(|(k, v)| METADATA_XATTR_PREFIX.len() + k.len() + v.len())
+            .sum();
+        assert!(bytes <= MAX_METADATA_BYTES, "{bytes}");
+        assert_eq!(read.len(), 2, "{:?}", read.keys());
+        assert!(!read.contains_key("bad key\t"));
     }
 }

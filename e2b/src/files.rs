@@ -161,6 +161,19 @@ fn upload_metadata(req: &HttpRequest) -> Result<FileMetadata, Box<HttpResponse>>
     Ok(meta)
 }
 
+/// Replaces the metadata of a file an upload just wrote with the upload's (none
+/// clears it). An engine that keeps no metadata is refused only when some is asked
+/// for.
+async fn replace_metadata(sbx: &Sbx, path: &str, meta: &FileMetadata) -> Result<(), HttpResponse> {
+    match sbx.handle.set_metadata(path, meta.clone()).await {
+        Ok(()) => Ok(()),
+        Err(e) if meta.is_empty() && e.code == paddock_core::ErrorCode::CapabilityNotSupported => {
+            Ok(())
+        }
+        Err(e) => Err(http_from(e)),
+    }
+}
+
 /// What an upload answers for a file it wrote: `{name, type, path}`, and its
 /// metadata when it has some.
 fn written(path: &str, meta: &FileMetadata) -> Value {
@@ -255,10 +268,7 @@ async fn write_raw(
     bytes.map_err(http_from)?;
     // Replaced whether or not the upload names any: an overwritten file keeps no
     // stale metadata.
-    sbx.handle
-        .set_metadata(&path, meta.clone())
-        .await
-        .map_err(http_from)?;
+    replace_metadata(sbx, &path, meta).await?;
     Ok(written(&path, meta))
 }
 
@@ -351,10 +361,7 @@ async fn write_parts(
         let (written_bytes, ()) =
             futures_util::join!(sbx.handle.write_from(&path, source, max_file), pump);
         written_bytes.map_err(http_from)?;
-        sbx.handle
-            .set_metadata(&path, meta.clone())
-            .await
-            .map_err(http_from)?;
+        replace_metadata(sbx, &path, meta).await?;
         answers.push(written(&path, meta));
     }
     if answers.is_empty() {

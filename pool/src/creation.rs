@@ -51,12 +51,15 @@ pub(crate) fn create(
             // which tears it down (every engine's sandbox does on drop).
             let _ = tx.send(made);
         } else {
+            // Uncounted when this ends, however it ends (a panic in destroy, or the
+            // runtime dropping the task).
+            let _counted = Uncount(task_destroying);
             if let Ok(sandbox) = made {
-                if let Err(e) = sandbox.destroy().await {
+                let destroyed = caught("destroy", async move { sandbox.destroy().await }).await;
+                if let Err(e) = destroyed {
                     tracing::warn!(error = %e, "destroying a sandbox whose caller went away");
                 }
             }
-            task_destroying.fetch_sub(1, Ordering::AcqRel);
         }
     });
     Creation {
@@ -91,8 +94,21 @@ impl Future for Creation {
     }
 }
 
+/// Takes one off the count it holds when dropped.
+struct Uncount(Arc<AtomicUsize>);
+
+impl Drop for Uncount {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 impl Drop for Creation {
     fn drop(&mut self) {
+        // Delivered (the usual end): nothing to count.
+        if self.state.load(Ordering::Acquire) != WAITING {
+            return;
+        }
         // Counted before the exchange, so that the task's decrement never comes
         // first.
         self.destroying.fetch_add(1, Ordering::AcqRel);
